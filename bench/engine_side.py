@@ -1,0 +1,102 @@
+"""barrierflow side of the benchmark, driven only through the CLI.
+
+``run_engine`` runs ``python -m barrierflow run bench_running_agg ... --until-caught-up``
+over a landing directory (one file per epoch), then reads the checkpoint log
+with ``python -m barrierflow checkpoints bench_running_agg --json`` and
+derives the figures from the COMPLETED epochs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PIPELINE", "EngineRunError", "run_engine", "data_epochs"]
+
+PIPELINE = "bench_running_agg"
+WARMUP_EPOCHS = 2
+STDERR_TAIL_LINES = 40
+
+
+class EngineRunError(RuntimeError):
+    """A barrierflow CLI subprocess failed; the message ends with its stderr tail."""
+
+
+def _run_cli(args: list[str]) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run ``python -m barrierflow ARGS``; return the completed process and its wall seconds."""
+    command = [sys.executable, "-m", "barrierflow", *args]
+    started = time.perf_counter()
+    completed = subprocess.run(command, capture_output=True, text=True)
+    wall_s = time.perf_counter() - started
+    if completed.returncode != 0:
+        tail = "\n".join(completed.stderr.splitlines()[-STDERR_TAIL_LINES:])
+        raise EngineRunError(f"`{' '.join(command)}` exited {completed.returncode}; stderr tail:\n{tail}")
+    return completed, wall_s
+
+
+def _checkpoints(warehouse: Path) -> list[dict[str, Any]]:
+    """The pipeline's checkpoint records, as printed by the ``checkpoints --json`` command."""
+    completed, _ = _run_cli(["checkpoints", PIPELINE, "--warehouse", str(warehouse), "--json"])
+    try:
+        records = json.loads(completed.stdout)
+    except json.JSONDecodeError as error:
+        raise EngineRunError(f"`checkpoints --json` printed no JSON array ({error}):\n{completed.stdout[:2000]}") from error
+    return sorted(records, key=lambda record: record["epoch"])
+
+
+def data_epochs(epochs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The epochs that consumed input, in epoch order."""
+    return [epoch for epoch in epochs if epoch["rows_in"] > 0]
+
+
+def _figures(epochs: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    """Throughput, latency and write-volume figures of the completed epochs."""
+    durations = [epoch["duration_ms"] / 1000 for epoch in epochs]
+    events = sum(epoch["rows_in"] for epoch in epochs)
+    processing_s = sum(durations)
+    steady = durations[WARMUP_EPOCHS:] or durations
+    return {
+        "events": events,
+        "epochs": len(epochs),
+        "wall_s": wall_s,
+        "processing_s": processing_s,
+        "startup_s": wall_s - processing_s,
+        "events_per_s": events / processing_s if processing_s else 0.0,
+        "wall_events_per_s": events / wall_s,
+        "steady_epoch_s": statistics.median(steady) if steady else 0.0,
+        "mean_bytes_written": statistics.fmean(e["bytes_written"] for e in epochs) if epochs else 0.0,
+    }
+
+
+def run_engine(input_dir: str | Path, work_dir: str | Path) -> dict[str, Any]:
+    """Run the benchmark pipeline over ``input_dir`` into a fresh ``<work_dir>/warehouse``.
+
+    ``events_per_s`` is total ``rows_in`` over the sum of epoch ``duration_ms``
+    (the processing loop); ``wall_events_per_s`` uses the subprocess wall time,
+    which also covers interpreter/JVM start-up (``startup_s`` = wall minus the
+    sum of epoch durations). The dict also holds ``warehouse``, the COMPLETED
+    epoch records (``completed``) and ``other_records`` (count of non-COMPLETED ones).
+    Raises :class:`EngineRunError` if either CLI call fails.
+    """
+    warehouse = Path(work_dir).resolve() / "warehouse"
+    shutil.rmtree(warehouse, ignore_errors=True)
+    _, wall_s = _run_cli([
+        "run", PIPELINE, "--warehouse", str(warehouse),
+        "--param", f"landing_dir={Path(input_dir).resolve()}",
+        "--param", "max_files_per_epoch=1",
+        "--until-caught-up",
+    ])  # fmt: skip
+    records = _checkpoints(warehouse)
+    completed = [record for record in records if record["status"] == "COMPLETED"]
+    return {
+        **_figures(completed, wall_s),
+        "warehouse": str(warehouse),
+        "completed": completed,
+        "other_records": len(records) - len(completed),
+    }

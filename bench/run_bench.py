@@ -1,0 +1,142 @@
+"""barrierflow benchmark: running aggregate vs Spark Structured Streaming, and incremental state bytes.
+
+Entry point of ``make bench``. Generates the event stream into the work dir,
+runs the barrierflow pipeline ``bench_running_agg`` over it (one file per
+epoch) through the CLI, runs the Structured Streaming baseline over the same
+files (one file per batch, two shuffle settings, each in a fresh process),
+then measures the bytes of state written by an epoch that changes 1% of 1M
+keys against a full zstd Parquet snapshot of that state.
+
+Throughput on both sides is events / processing time, where processing time
+is the sum of per-epoch (engine ``duration_ms``) or per-batch (Spark
+``triggerExecution``) durations: JVM/session start-up is excluded on both
+sides. Wall-clock figures are printed too. The last line is machine-readable:
+``events_per_s=N sss_events_per_s=N ratio=R incremental_bytes_ratio=F``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from engine_side import PIPELINE, EngineRunError, data_epochs, run_engine
+from generate import generate, generate_incremental
+from sss_baseline import compare_settings, describe, fastest
+from state_snapshot import full_snapshot_bytes
+
+TARGET_RATIO = 1.5
+TARGET_INCREMENTAL_RATIO = 0.05
+CHANGED_FRACTION = 0.01
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work-dir", default="./bench-work", help="scratch root, emptied first (default ./bench-work)")
+    parser.add_argument("--events", type=int, default=5_000_000)
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--files", type=int, default=20)
+    parser.add_argument("--incremental-keys", type=int, default=1_000_000, help="keys of the incremental scenario")
+    parser.add_argument("--seed", type=int, default=42)
+    return parser.parse_args(argv)
+
+
+def _mb(size: float) -> str:
+    """Bytes as megabytes for display."""
+    return f"{size / 1e6:,.1f} MB"
+
+
+def _prepare_inputs(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
+    """Empty the work dir and generate both input streams; return their directories."""
+    shutil.rmtree(work, ignore_errors=True)
+    stream, incremental = work / "input", work / "incremental-input"
+    started = time.perf_counter()
+    generate(stream, args.events, args.keys, args.files, args.seed)
+    generate_incremental(incremental, args.incremental_keys, CHANGED_FRACTION, args.seed)
+    print(f"generated {args.events:,} events / {args.keys:,} keys / {args.files} files and the "
+          f"{args.incremental_keys:,}-key incremental input in {time.perf_counter() - started:.1f}s")
+    return stream, incremental
+
+
+def _describe_engine(engine: dict[str, Any]) -> str:
+    """One human-readable line of the engine's throughput figures."""
+    return (
+        f"engine {PIPELINE}: {engine['events']:,} events in {engine['epochs']} epochs; "
+        f"sum of epochs {engine['processing_s']:.1f}s -> {engine['events_per_s']:,.0f} ev/s; "
+        f"process wall {engine['wall_s']:.1f}s (start-up {engine['startup_s']:.1f}s) -> "
+        f"{engine['wall_events_per_s']:,.0f} ev/s; steady epoch {engine['steady_epoch_s']:.2f}s; "
+        f"mean bytes written/epoch {_mb(engine['mean_bytes_written'])}"
+        + (f"; {engine['other_records']} non-COMPLETED records ignored" if engine["other_records"] else "")
+    )
+
+
+def _incremental_ratio(incremental: dict[str, Any], work: Path, keys: int) -> tuple[float, list[str]]:
+    """Epoch-2 state bytes over the full-snapshot bytes, with explanatory lines."""
+    epochs = data_epochs(incremental["completed"])
+    if len(epochs) < 2:
+        raise EngineRunError(f"incremental run completed {len(epochs)} epochs with input, expected 2")
+    second = epochs[1]
+    state_root = Path(incremental["warehouse"]) / PIPELINE / "state"
+    snapshot = full_snapshot_bytes(state_root, work / "incremental-snapshot", keys)
+    if snapshot.bytes == 0:
+        raise EngineRunError(f"no Delta state tables found under {state_root}")
+    ratio = second["state_bytes_written"] / snapshot.bytes
+    lines = [
+        f"incremental: epoch {second['epoch']} ({second['rows_in']:,} events over "
+        f"{round(keys * CHANGED_FRACTION):,} of {keys:,} keys) wrote {second['state_bytes_written']:,} state bytes; "
+        f"full snapshot (zstd Parquet) {snapshot.bytes:,} bytes -> ratio {ratio:.4f}",
+        *(f"  snapshot of {method}" for method in snapshot.methods),
+    ]
+    return ratio, lines
+
+
+def _missed_targets(ratio: float, incremental_ratio: float) -> list[str]:
+    """A ``TARGET MISSED`` line for each target the figures miss."""
+    misses = []
+    if ratio < TARGET_RATIO:
+        misses.append(f"TARGET MISSED: throughput ratio {ratio:.3f} < {TARGET_RATIO}")
+    if incremental_ratio >= TARGET_INCREMENTAL_RATIO:
+        misses.append(f"TARGET MISSED: incremental bytes ratio {incremental_ratio:.3f} >= {TARGET_INCREMENTAL_RATIO}")
+    return misses
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run every measurement and print the report; raises on a failed run."""
+    work = Path(args.work_dir).resolve()
+    stream, incremental_input = _prepare_inputs(args, work)
+    engine = run_engine(stream, work / "engine")
+    print(_describe_engine(engine))
+    incremental = run_engine(incremental_input, work / "incremental")
+    incremental_ratio, incremental_lines = _incremental_ratio(incremental, work, args.incremental_keys)
+    sss_results = compare_settings(stream, work / "sss")
+    for result in sss_results:
+        print(describe(result))
+    sss = fastest(sss_results)
+    ratio = engine["events_per_s"] / sss["batch_events_per_s"]
+    print(f"comparison: engine sum-of-epochs {engine['events_per_s']:,.0f} ev/s vs SSS "
+          f"(shuffle.partitions={sss['shuffle_partitions']}) sum-of-batches {sss['batch_events_per_s']:,.0f} ev/s "
+          f"-> {ratio:.3f}x; steady epoch {engine['steady_epoch_s']:.2f}s vs steady batch {sss['steady_batch_s']:.2f}s; "
+          f"wall-clock (engine incl. start-up, SSS query only): "
+          f"{engine['wall_events_per_s']:,.0f} vs {sss['events_per_s']:,.0f} ev/s")
+    for line in incremental_lines:
+        print(line)
+    for miss in _missed_targets(ratio, incremental_ratio):
+        print(miss)
+    print(f"events_per_s={engine['events_per_s']:.0f} sss_events_per_s={sss['batch_events_per_s']:.0f} "
+          f"ratio={ratio:.3f} incremental_bytes_ratio={incremental_ratio:.3f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # progress lines show up as they happen
+    try:
+        run(_parse_args(argv))
+    except RuntimeError as error:  # EngineRunError and SSS baseline failures
+        print(f"benchmark failed: {error}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from barrierflow.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,197 @@
+"""Value objects of the checkpoint protocol: barriers, manifests, records.
+
+A :class:`Barrier` fixes the end offsets of an epoch before it is processed;
+a :class:`Manifest` is the epoch's vote (the staged files of every table);
+a :class:`CheckpointRecord` is one row of the checkpoint log.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+__all__ = [
+    "EpochStatus",
+    "TableKind",
+    "Barrier",
+    "StagedFile",
+    "TableCommit",
+    "Manifest",
+    "CheckpointRecord",
+    "app_id",
+]
+
+
+class EpochStatus(str, enum.Enum):
+    """Where an epoch stands in the two-phase commit."""
+
+    PLANNED = "PLANNED"  # barrier written: offsets fixed, nothing processed
+    PRE_COMMITTED = "PRE_COMMITTED"  # manifest written: the vote
+    COMPLETED = "COMPLETED"  # every table committed: the completed checkpoint
+    ABORTED = "ABORTED"  # an attempt's staged files were discarded
+
+
+class TableKind(str, enum.Enum):
+    STATE = "state"
+    SINK = "sink"
+    DEAD_LETTER = "dead_letter"
+
+
+def app_id(pipeline: str, lineage_id: str) -> str:
+    """The Delta app-transaction id of one lineage of a pipeline."""
+    return f"barrierflow:{pipeline}:{lineage_id}"
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """Barrier n: the end offsets of every source for epoch n.
+
+    ``start_offsets`` are the previous barrier's end offsets, copied so that a
+    replay needs nothing but this document.
+    """
+
+    pipeline: str
+    lineage_id: str
+    epoch: int
+    start_offsets: Mapping[str, Any]
+    end_offsets: Mapping[str, Any]
+    processing_time_ms: int  # deterministic "now" of the epoch (TTL, timers)
+    planned_at: str
+    attempt_id: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "Barrier":
+        return cls(**doc)
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """A Parquet file written to staging, described from the writer's result."""
+
+    path: str  # relative to the table root
+    size: int
+    rows: int
+    stats: str  # Delta add-action stats JSON
+    partition_values: Mapping[str, str | None] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TableCommit:
+    """What one table's Delta commit for an epoch adds and removes."""
+
+    name: str
+    uri: str
+    kind: TableKind
+    schema_json: str  # Delta schema JSON of the files
+    partition_by: tuple[str, ...]
+    adds: tuple[StagedFile, ...]
+    removes: tuple[str, ...] = ()  # paths live at base_version, replaced by adds
+    base_version: int | None = None  # table version the epoch read (None: no table)
+    data_change: bool = True
+    primary_key: tuple[str, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.adds)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.adds)
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["kind"] = self.kind.value
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "TableCommit":
+        return cls(
+            name=doc["name"],
+            uri=doc["uri"],
+            kind=TableKind(doc["kind"]),
+            schema_json=doc["schema_json"],
+            partition_by=tuple(doc["partition_by"]),
+            adds=tuple(StagedFile(**f) for f in doc["adds"]),
+            removes=tuple(doc["removes"]),
+            base_version=doc["base_version"],
+            data_change=doc["data_change"],
+            primary_key=tuple(doc.get("primary_key", ())),
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The vote of epoch n: every table's staged files plus the epoch's metrics.
+
+    Written put-if-absent: the first durable manifest of an epoch wins and is
+    the only file set that can ever be committed for it.
+    """
+
+    pipeline: str
+    lineage_id: str
+    epoch: int
+    attempt_id: str
+    tables: tuple[TableCommit, ...]
+    max_event_time_us: int | None  # max event time seen so far (watermark basis)
+    watermark_us: int | None  # W(n)
+    rows_in: int
+    rows_out: int
+    dead_letters: int
+    process_ms: int
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(t.bytes for t in self.tables)
+
+    @property
+    def state_bytes_written(self) -> int:
+        return sum(t.bytes for t in self.tables if t.kind is TableKind.STATE)
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["tables"] = [t.to_json() for t in self.tables]
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "Manifest":
+        fields = dict(doc)
+        fields["tables"] = tuple(TableCommit.from_json(t) for t in doc["tables"])
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """One row of the checkpoint log (a Delta table that people can query)."""
+
+    pipeline: str
+    lineage_id: str
+    epoch: int
+    status: EpochStatus
+    attempt_id: str
+    recorded_at_us: int
+    offsets: str = "{}"  # JSON: end offsets per source
+    watermark_us: int | None = None
+    max_event_time_us: int | None = None
+    rows_in: int | None = None
+    rows_out: int | None = None
+    dead_letters: int | None = None
+    bytes_written: int | None = None
+    state_bytes_written: int | None = None
+    duration_ms: int | None = None
+    table_versions: str = "{}"  # JSON: table name -> Delta version (the consistent cut)
+    message: str = ""
+
+    def offsets_json(self) -> dict[str, Any]:
+        return json.loads(self.offsets)
+
+    def versions(self) -> dict[str, int]:
+        return json.loads(self.table_versions)

@@ -1,0 +1,101 @@
+"""The checkpoint log: a Delta table with one row per epoch status change.
+
+Rows are appended (blind appends never conflict), so several attempts may
+record the same transition; readers keep the first row per
+``(lineage_id, epoch, status)``. The log is a plain Delta table that people can
+query (``barrierflow checkpoints``, or SQL over ``_checkpoints``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Iterable
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import DeltaError, TableNotFoundError
+
+from barrierflow.checkpoint import CheckpointRecord, EpochStatus
+from barrierflow.errors import CheckpointError
+from barrierflow.layout import PipelineLayout
+
+__all__ = ["CheckpointLog", "now_us"]
+
+_SCHEMA = pa.schema(
+    [
+        ("pipeline", pa.string()),
+        ("lineage_id", pa.string()),
+        ("epoch", pa.int64()),
+        ("status", pa.string()),
+        ("attempt_id", pa.string()),
+        ("recorded_at_us", pa.int64()),
+        ("offsets", pa.string()),
+        ("watermark_us", pa.int64()),
+        ("max_event_time_us", pa.int64()),
+        ("rows_in", pa.int64()),
+        ("rows_out", pa.int64()),
+        ("dead_letters", pa.int64()),
+        ("bytes_written", pa.int64()),
+        ("state_bytes_written", pa.int64()),
+        ("duration_ms", pa.int64()),
+        ("table_versions", pa.string()),
+        ("message", pa.string()),
+    ]
+)
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class CheckpointLog:
+    """Append-only record of every epoch's transitions for one pipeline."""
+
+    def __init__(self, layout: PipelineLayout) -> None:
+        self._uri = layout.checkpoint_log
+
+    @property
+    def uri(self) -> str:
+        return self._uri
+
+    def append(self, record: CheckpointRecord) -> None:
+        row = dataclasses.asdict(record)
+        row["status"] = record.status.value
+        table = pa.Table.from_pylist([row], schema=_SCHEMA)
+        try:
+            write_deltalake(self._uri, table, mode="append")
+        except DeltaError as exc:
+            raise CheckpointError(f"cannot append to checkpoint log {self._uri}: {exc}") from exc
+
+    def records(self) -> list[CheckpointRecord]:
+        """Every distinct transition, in the order it was first recorded."""
+        try:
+            table = DeltaTable(self._uri).to_pyarrow_table()
+        except TableNotFoundError:
+            return []
+        except DeltaError as exc:
+            raise CheckpointError(f"cannot read checkpoint log {self._uri}: {exc}") from exc
+        rows = sorted(table.to_pylist(), key=lambda r: r["recorded_at_us"])
+        seen: set[tuple[str, int, str]] = set()
+        out: list[CheckpointRecord] = []
+        for row in rows:
+            ident = (row["lineage_id"], row["epoch"], row["status"])
+            if ident in seen:
+                continue
+            seen.add(ident)
+            row["status"] = EpochStatus(row["status"])
+            out.append(CheckpointRecord(**row))
+        return out
+
+    def lineage_records(self, lineage_id: str) -> list[CheckpointRecord]:
+        return [r for r in self.records() if r.lineage_id == lineage_id]
+
+    @staticmethod
+    def last_completed(records: Iterable[CheckpointRecord]) -> CheckpointRecord | None:
+        completed = [r for r in records if r.status is EpochStatus.COMPLETED]
+        return max(completed, key=lambda r: r.epoch) if completed else None
+
+    @staticmethod
+    def status_of(records: Iterable[CheckpointRecord], epoch: int) -> set[EpochStatus]:
+        return {r.status for r in records if r.epoch == epoch}

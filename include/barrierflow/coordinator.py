@@ -1,0 +1,431 @@
+"""The checkpoint coordinator: the epoch lifecycle of a pipeline.
+
+For epoch n of pipeline P (every step idempotent and safe to retry):
+
+  1. recover   -- read the checkpoint log; roll forward an epoch whose manifest
+                  is durable (commit is idempotent); discard staged files of
+                  attempts that lost; the last COMPLETED epoch is the restore point.
+  2. barrier   -- fix every source's end offsets for epoch n and write them
+                  put-if-absent before any processing; a retry reuses them.
+  3. process   -- the Spark job reads exactly the records between barrier n-1
+                  and barrier n, stages outputs and state, writes the manifest
+                  put-if-absent (the vote); the first durable manifest wins.
+  4. commit    -- one Delta commit per table carrying the app transaction
+                  (appId = P + lineage, version = n), skipped where already
+                  done; then the checkpoint log records n COMPLETED with the
+                  Delta version of every table (the consistent cut).
+  5. notify    -- post-commit work: remove staged files of losing attempts,
+                  compact state tables.
+
+A crash anywhere leaves a state from which the next attempt produces exactly
+the output of a failure-free run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+from barrierflow import faults, storage
+from barrierflow.checkpoint import Barrier, CheckpointRecord, EpochStatus, Manifest, app_id
+from barrierflow.checkpoint_log import CheckpointLog, now_us
+from barrierflow.delta_commit import commit_epoch_table
+from barrierflow.errors import CheckpointError, EpochInProgressError, FencedError
+from barrierflow.layout import STAGING_DIR, PipelineLayout
+from barrierflow.pipeline import Pipeline, PipelineDefinition
+from barrierflow.state.delta_state_backend import compact
+
+__all__ = ["CheckpointCoordinator", "EpochResult", "Recovery"]
+
+COMPACT_EVERY_EPOCHS = 10
+_LEASE_TTL_S = 6 * 3600
+
+
+@dataclass(frozen=True)
+class Recovery:
+    lineage_id: str
+    last_completed: CheckpointRecord | None
+    rolled_forward: tuple[int, ...]
+    pending_barrier: Barrier | None
+
+    @property
+    def last_completed_epoch(self) -> int:
+        return self.last_completed.epoch if self.last_completed else 0
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    epoch: int
+    record: CheckpointRecord
+
+
+class CheckpointCoordinator:
+    """Drives epochs of one pipeline in one warehouse."""
+
+    def __init__(
+        self,
+        definition: PipelineDefinition,
+        params: Mapping[str, Any],
+        warehouse: str,
+        spark_factory: Callable[[], Any] | None = None,
+        use_lease: bool = True,
+    ) -> None:
+        self.definition = definition
+        self.params = definition.resolve(params)
+        self.layout = PipelineLayout.of(warehouse, definition.name)
+        self.log = CheckpointLog(self.layout)
+        self._spark_factory = spark_factory
+        self._use_lease = use_lease
+        self._lease_token: str | None = None
+        self._pipeline: Pipeline | None = None
+
+    # -- metadata --------------------------------------------------------
+
+    @property
+    def pipeline(self) -> Pipeline:
+        if self._pipeline is None:
+            self._pipeline = self.definition.build(self.params)
+        return self._pipeline
+
+    def ensure_created(self) -> dict[str, Any]:
+        """Create the pipeline's metadata once; key groups never change after."""
+        lineage = uuid.uuid4().hex[:12]
+        meta = {
+            "name": self.definition.name,
+            "key_groups": self.definition.key_groups,
+            "created_at": _iso_now(),
+        }
+        storage.write_json_if_absent(self.layout.pipeline_meta, meta)
+        storage.write_json_if_absent(
+            storage.join_uri(self.layout.lineages, "0000000000.json"),
+            {"lineage_id": lineage, "start_epoch": 0, "started_at": _iso_now(), "reason": "created"},
+        )
+        existing = storage.read_json(self.layout.pipeline_meta)
+        assert existing is not None
+        if existing["key_groups"] != self.definition.key_groups:
+            raise CheckpointError(
+                f"pipeline {self.definition.name} was created with {existing['key_groups']} key groups; "
+                f"the code now declares {self.definition.key_groups}. Key groups (max parallelism) are "
+                "fixed at creation: restore into a new pipeline to change them"
+            )
+        return existing
+
+    def current_lineage(self) -> dict[str, Any]:
+        names = [n for n in storage.list_dir(self.layout.lineages) if n.endswith(".json")]
+        if not names:
+            raise CheckpointError(f"pipeline {self.definition.name} has no lineage yet: run an epoch first")
+        doc = storage.read_json(storage.join_uri(self.layout.lineages, names[-1]))
+        assert doc is not None
+        return doc
+
+    def app_id(self, lineage_id: str) -> str:
+        return app_id(self.definition.name, lineage_id)
+
+    # -- lease (epochs of one pipeline never run concurrently) -----------
+
+    def acquire_lease(self) -> None:
+        if not self._use_lease:
+            return
+        token = uuid.uuid4().hex
+        doc = {"token": token, "pid": os.getpid(), "host": socket.gethostname(), "acquired_at": time.time()}
+        for _ in range(2):
+            if storage.write_json_if_absent(self.layout.lease, doc):
+                self._lease_token = token
+                return
+            holder = storage.read_json(self.layout.lease)
+            if holder is None or _lease_is_stale(holder):
+                # The holder died: remove its lease (by content, not blindly).
+                if storage.read_json(self.layout.lease) == holder:
+                    os.unlink(storage.local_path(self.layout.lease))
+                continue
+            raise EpochInProgressError(
+                f"pipeline {self.definition.name} is running elsewhere (pid {holder['pid']} on "
+                f"{holder['host']}); epochs of one pipeline never run concurrently"
+            )
+        raise EpochInProgressError(f"could not acquire the epoch lease of {self.definition.name}")
+
+    def release_lease(self) -> None:
+        if self._lease_token is None:
+            return
+        holder = storage.read_json(self.layout.lease)
+        if holder and holder.get("token") == self._lease_token:
+            os.unlink(storage.local_path(self.layout.lease))
+        self._lease_token = None
+
+    # -- step 1: recover -------------------------------------------------
+
+    def recover(self) -> Recovery:
+        faults.maybe_fail("recover.start")
+        self.ensure_created()
+        lineage_id = self.current_lineage()["lineage_id"]
+        records = self.log.lineage_records(lineage_id)
+        last = CheckpointLog.last_completed(records)
+        rolled: list[int] = []
+        epoch = (last.epoch if last else 0) + 1
+        while True:
+            manifest_doc = storage.read_json(self.layout.manifest(lineage_id, epoch))
+            if manifest_doc is None:
+                break
+            # Pre-committed but not completed: roll forward.
+            manifest = Manifest.from_json(manifest_doc)
+            barrier = self._read_barrier(lineage_id, epoch)
+            assert barrier is not None
+            last = self._commit(barrier, manifest)
+            rolled.append(epoch)
+            epoch += 1
+        pending = self._read_barrier(lineage_id, epoch)
+        return Recovery(lineage_id, last, tuple(rolled), pending)
+
+    def _read_barrier(self, lineage_id: str, epoch: int) -> Barrier | None:
+        doc = storage.read_json(self.layout.barrier(lineage_id, epoch))
+        return Barrier.from_json(doc) if doc else None
+
+    # -- step 2: barrier -------------------------------------------------
+
+    def trigger_checkpoint(self, recovery: Recovery, arrival_cutoff_ms: int | None = None) -> Barrier | None:
+        """Barrier n (reused when it exists); None when no source has new input."""
+        if recovery.pending_barrier is not None:
+            return recovery.pending_barrier
+        epoch = recovery.last_completed_epoch + 1
+        lineage_id = recovery.lineage_id
+        previous = self._read_barrier(lineage_id, epoch - 1) if epoch > 1 else None
+        start = dict(previous.end_offsets) if previous else self._lineage_start_offsets()
+        end: dict[str, Any] = {}
+        has_input = False
+        for node in self.pipeline.sources:
+            assert node.source is not None
+            sid = node.source.source_id
+            offsets = node.source.plan(start.get(sid), arrival_cutoff_ms)
+            end[sid] = offsets
+            has_input = has_input or node.source.has_records(offsets)
+        if not has_input:
+            return None
+        barrier = Barrier(
+            pipeline=self.definition.name,
+            lineage_id=lineage_id,
+            epoch=epoch,
+            start_offsets=start,
+            end_offsets=end,
+            processing_time_ms=int(time.time() * 1000),
+            planned_at=_iso_now(),
+            attempt_id=uuid.uuid4().hex[:12],
+            params=self.params,
+        )
+        faults.maybe_fail("barrier.before_write")
+        uri = self.layout.barrier(lineage_id, epoch)
+        if storage.write_json_if_absent(uri, barrier.to_json()):
+            self.log.append(
+                CheckpointRecord(
+                    pipeline=self.definition.name,
+                    lineage_id=lineage_id,
+                    epoch=epoch,
+                    status=EpochStatus.PLANNED,
+                    attempt_id=barrier.attempt_id,
+                    recorded_at_us=now_us(),
+                    offsets=json.dumps(end, sort_keys=True),
+                )
+            )
+        faults.maybe_fail("barrier.after_write")
+        winner = self._read_barrier(lineage_id, epoch)
+        assert winner is not None
+        return winner
+
+    def _lineage_start_offsets(self) -> dict[str, Any]:
+        return dict(self.current_lineage().get("start_offsets") or {})
+
+    # -- step 3: process + pre-commit -------------------------------------
+
+    def process(self, barrier: Barrier, recovery: Recovery) -> Manifest:
+        existing = storage.read_json(self.layout.manifest(barrier.lineage_id, barrier.epoch))
+        if existing is not None:
+            return Manifest.from_json(existing)  # never recompute a voted epoch
+        from barrierflow.runtime import process_epoch
+
+        last = recovery.last_completed
+        if (last.epoch if last else 0) != barrier.epoch - 1:
+            raise FencedError(f"epoch {barrier.epoch} cannot run: epoch {barrier.epoch - 1} is not completed")
+        spark = self._spark()
+        # The barrier's params are the epoch's params: a retry replays the same job.
+        pipe = self.definition.build(barrier.params) if barrier.params else self.pipeline
+        manifest = process_epoch(
+            spark,
+            self.layout,
+            pipe,
+            barrier,
+            last.epoch if last else None,
+            last.watermark_us if last else None,
+            last.max_event_time_us if last else None,
+        )
+        self.log.append(
+            CheckpointRecord(
+                pipeline=self.definition.name,
+                lineage_id=barrier.lineage_id,
+                epoch=barrier.epoch,
+                status=EpochStatus.PRE_COMMITTED,
+                attempt_id=manifest.attempt_id,
+                recorded_at_us=now_us(),
+                offsets=json.dumps(barrier.end_offsets, sort_keys=True),
+                watermark_us=manifest.watermark_us,
+                max_event_time_us=manifest.max_event_time_us,
+                rows_in=manifest.rows_in,
+                rows_out=manifest.rows_out,
+                dead_letters=manifest.dead_letters,
+                bytes_written=manifest.bytes_written,
+                state_bytes_written=manifest.state_bytes_written,
+                duration_ms=manifest.process_ms,
+            )
+        )
+        return manifest
+
+    def _spark(self) -> Any:
+        if self._spark_factory is not None:
+            return self._spark_factory()
+        from barrierflow.spark import get_spark
+
+        return get_spark()
+
+    # -- step 4: commit --------------------------------------------------
+
+    def commit(self, barrier: Barrier, manifest: Manifest) -> CheckpointRecord:
+        return self._commit(barrier, manifest)
+
+    def _commit(self, barrier: Barrier, manifest: Manifest) -> CheckpointRecord:
+        started = time.monotonic()
+        records = self.log.lineage_records(manifest.lineage_id)
+        done = [r for r in records if r.epoch == manifest.epoch and r.status is EpochStatus.COMPLETED]
+        if done:
+            return done[0]
+        last = CheckpointLog.last_completed(records)
+        if (last.epoch if last else 0) != manifest.epoch - 1:
+            raise FencedError(
+                f"epoch {manifest.epoch} cannot commit: the last completed epoch is "
+                f"{last.epoch if last else 0}"
+            )
+        app = self.app_id(manifest.lineage_id)
+        versions: dict[str, int] = {}
+        for table in manifest.tables:
+            versions[table.name] = commit_epoch_table(table, app, manifest.epoch, manifest.attempt_id)
+        faults.maybe_fail("commit.before_completed")
+        planned = next((r for r in records if r.epoch == manifest.epoch and r.status is EpochStatus.PLANNED), None)
+        record = CheckpointRecord(
+            pipeline=self.definition.name,
+            lineage_id=manifest.lineage_id,
+            epoch=manifest.epoch,
+            status=EpochStatus.COMPLETED,
+            attempt_id=manifest.attempt_id,
+            recorded_at_us=now_us(),
+            offsets=json.dumps(barrier.end_offsets, sort_keys=True),
+            watermark_us=manifest.watermark_us,
+            max_event_time_us=manifest.max_event_time_us,
+            rows_in=manifest.rows_in,
+            rows_out=manifest.rows_out,
+            dead_letters=manifest.dead_letters,
+            bytes_written=manifest.bytes_written,
+            state_bytes_written=manifest.state_bytes_written,
+            duration_ms=_epoch_duration_ms(planned, manifest, started),
+            table_versions=json.dumps(versions, sort_keys=True),
+        )
+        self.log.append(record)
+        faults.maybe_fail("commit.after_completed")
+        return record
+
+    # -- step 5: notify --------------------------------------------------
+
+    def notify(self, record: CheckpointRecord, manifest: Manifest) -> None:
+        faults.maybe_fail("notify.start")
+        self._clean_staging(manifest)
+        if record.epoch % COMPACT_EVERY_EPOCHS == 0:
+            app = self.app_id(record.lineage_id)
+            for spec in self.pipeline.state_specs():
+                uri = self.layout.state_table(spec.operator_id, spec.name)
+                compact(spec, uri, app, record.epoch, manifest.attempt_id)
+
+    def _clean_staging(self, manifest: Manifest) -> None:
+        """Delete staged directories of attempts that lost the vote for this epoch."""
+        for table in manifest.tables:
+            epoch_dir = storage.join_uri(
+                table.uri, STAGING_DIR, manifest.lineage_id, f"{manifest.epoch:010d}"
+            )
+            for attempt in storage.list_dir(epoch_dir):
+                if attempt != manifest.attempt_id:
+                    storage.remove_tree(storage.join_uri(epoch_dir, attempt))
+
+    # -- the whole lifecycle ----------------------------------------------
+
+    def run_epoch(self, arrival_cutoff_ms: int | None = None) -> EpochResult | None:
+        """Steps 1-5 for the next epoch; None when there is no new input."""
+        recovery = self.recover()
+        barrier = self.trigger_checkpoint(recovery, arrival_cutoff_ms)
+        if barrier is None:
+            return None
+        manifest = self.process(barrier, recovery)
+        record = self.commit(barrier, manifest)
+        self.notify(record, manifest)
+        return EpochResult(barrier.epoch, record)
+
+    def run(self, epochs: int | None = None, until_caught_up: bool = False, on_epoch: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:
+        if epochs is None and not until_caught_up:
+            raise CheckpointError("give a number of epochs or until_caught_up=True")
+        self.acquire_lease()
+        results: list[EpochResult] = []
+        try:
+            while epochs is None or len(results) < epochs:
+                result = self.run_epoch()
+                if result is None:
+                    if until_caught_up:
+                        break
+                    if epochs is not None:
+                        break
+                else:
+                    results.append(result)
+                    if on_epoch:
+                        on_epoch(result)
+        finally:
+            self.release_lease()
+        return results
+
+    # -- reading -----------------------------------------------------------
+
+    def table_versions_at(self, epoch: int | None = None) -> tuple[CheckpointRecord | None, dict[str, int]]:
+        """The consistent cut: Delta version of every table as of ``epoch``."""
+        if not storage.exists(self.layout.lineages):
+            return None, {}
+        lineage_id = self.current_lineage()["lineage_id"]
+        records = [r for r in self.log.lineage_records(lineage_id) if r.status is EpochStatus.COMPLETED]
+        if epoch is not None:
+            records = [r for r in records if r.epoch == epoch]
+            if not records:
+                raise CheckpointError(f"epoch {epoch} is not a completed epoch of the current lineage")
+        record = max(records, key=lambda r: r.epoch) if records else None
+        return record, record.versions() if record else {}
+
+
+def _lease_is_stale(holder: Mapping[str, Any]) -> bool:
+    if time.time() - holder.get("acquired_at", 0) > _LEASE_TTL_S:
+        return True
+    if holder.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(holder["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _epoch_duration_ms(planned: CheckpointRecord | None, manifest: Manifest, commit_started: float) -> int:
+    return manifest.process_ms + int((time.monotonic() - commit_started) * 1000)
+
+
+def _iso_now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+

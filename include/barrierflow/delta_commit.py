@@ -1,0 +1,266 @@
+"""Staging Parquet files and committing them to Delta tables exactly once.
+
+Files are written by this process with pyarrow, so every add action comes from
+the writer's own result (path, size, row count, statistics), never from
+listing a directory. Timestamps are written as microsecond UTC (no INT96).
+"""
+
+from __future__ import annotations
+
+import json
+
+import os
+import time
+import uuid
+from typing import Any, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Schema, Transaction
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
+
+from barrierflow import faults
+from barrierflow.checkpoint import StagedFile, TableCommit
+from barrierflow.errors import CommitConflictError, FencedError, StorageError
+from barrierflow.storage import join_uri, local_path
+
+__all__ = [
+    "stage_table",
+    "commit_epoch_table",
+    "committed_version",
+    "open_table",
+    "live_paths",
+    "schema_json_of",
+    "arrow_schema_of",
+]
+
+_MAX_COMMIT_ATTEMPTS = 5
+
+
+
+def open_table(uri: str, version: int | None = None) -> DeltaTable | None:
+    """The Delta table at ``uri`` (at ``version``), or None if it does not exist."""
+    try:
+        return DeltaTable(uri, version=version)
+    except TableNotFoundError:
+        return None
+    except DeltaError as exc:
+        raise StorageError(f"cannot open Delta table {uri}: {exc}") from exc
+
+
+def schema_json_of(schema: pa.Schema) -> str:
+    return Schema.from_arrow(schema).to_json()
+
+
+def arrow_schema_of(schema_json: str) -> pa.Schema:
+    return pa.schema(Schema.from_json(schema_json).to_arrow())
+
+
+def live_paths(table: DeltaTable) -> set[str]:
+    actions = pa.table(table.get_add_actions(flatten=True))
+    return set(actions.column("path").to_pylist())
+
+
+def stage_table(
+    table_uri: str,
+    prefix: str,
+    data: pa.Table,
+    *,
+    sort_by: Sequence[str] = (),
+    partition_by: Sequence[str] = (),
+    max_rows_per_file: int = 2_000_000,
+) -> list[StagedFile]:
+    """Write ``data`` as Parquet under ``<table_uri>/<prefix>`` and describe it.
+
+    Rows are sorted (e.g. by key group) so that Parquet row-group statistics
+    let readers skip key groups they do not need. Partition columns are not
+    stored in the files, as the Delta protocol requires.
+    """
+    if data.num_rows == 0:
+        return []
+    if sort_by:
+        data = data.sort_by([(c, "ascending") for c in sort_by])
+    groups: list[tuple[dict[str, str | None], pa.Table]] = []
+    if partition_by:
+        keys = data.select(list(partition_by)).to_pylist()
+        distinct = sorted({tuple(k.values()) for k in keys}, key=repr)
+        for values in distinct:
+            mask = None
+            for col, val in zip(partition_by, values):
+                cond = pc.is_null(data[col]) if val is None else pc.equal(data[col], val)
+                mask = cond if mask is None else pc.and_(mask, cond)
+            part = data.filter(mask).drop_columns(list(partition_by))
+            groups.append(({c: None if v is None else str(v) for c, v in zip(partition_by, values)}, part))
+    else:
+        groups.append(({}, data))
+    staged: list[StagedFile] = []
+    for partition_values, part in groups:
+        for offset in range(0, part.num_rows, max_rows_per_file):
+            chunk = part.slice(offset, max_rows_per_file)
+            rel = f"{prefix}/part-{uuid.uuid4().hex}.parquet"
+            path = local_path(join_uri(table_uri, rel))
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                pq.write_table(
+                    chunk,
+                    path,
+                    compression="zstd",
+                    coerce_timestamps="us",
+                    use_deprecated_int96_timestamps=False,
+                    row_group_size=64 * 1024,
+                )
+                size = os.path.getsize(path)
+            except OSError as exc:
+                raise StorageError(f"cannot stage {path}: {exc}") from exc
+            staged.append(
+                StagedFile(
+                    path=rel,
+                    size=size,
+                    rows=chunk.num_rows,
+                    stats=_stats_json(chunk),
+                    partition_values=partition_values,
+                )
+            )
+    return staged
+
+
+def _stats_json(data: pa.Table) -> str:
+    # Only integer columns get min/max: exact and enough for key-group and
+    # epoch skipping; float/timestamp/string stats have subtle truncation rules.
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name in data.column_names:
+        col = data[name]
+        if pa.types.is_integer(col.type):
+            mm = pc.min_max(col).as_py()
+            if mm["min"] is not None:
+                mins[name], maxs[name] = mm["min"], mm["max"]
+            nulls[name] = col.null_count
+    return json.dumps(
+        {"numRecords": data.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+    )
+
+
+def committed_version(uri: str, app: str, epoch: int) -> int | None:
+    """The table version holding the commit of ``epoch`` for ``app``, if any."""
+    table = open_table(uri)
+    if table is None:
+        return None
+    current = table.transaction_version(app)
+    if current is None or current < epoch:
+        return None
+    for entry in table.history():
+        if entry.get("barrierflow.app_id") == app and entry.get("barrierflow.epoch") == epoch:
+            return int(entry["version"])
+    # Committed by an epoch later than ``epoch`` only (history trimmed): the
+    # table is already past it, which is all callers need to know.
+    return table.version()
+
+
+def commit_epoch_table(commit: TableCommit, app: str, epoch: int, attempt_id: str) -> int:
+    """Commit one table's share of epoch ``epoch``; idempotent. Returns its version.
+
+    Protocol (each step safe to retry):
+      1. Open the latest snapshot. If its app transaction for ``app`` is already
+         >= ``epoch``, the epoch is committed (by us or a concurrent attempt):
+         return the version that holds it, commit nothing.
+      2. Check that every file the manifest removes is still live; if not, the
+         table moved under the epoch (a zombie of an older epoch): fence it.
+      3. Commit adds + removes in one Delta transaction carrying the app
+         transaction ``(app, epoch)`` and commit metadata tracing the epoch.
+         delta-rs rejects the commit if a concurrent winner carried the same
+         app id, so two attempts can never both commit.
+      4. On any commit error, go back to step 1: re-read before deciding.
+    """
+    metadata = {
+        "barrierflow.app_id": app,
+        "barrierflow.epoch": epoch,
+        "barrierflow.attempt_id": attempt_id,
+        "barrierflow.table": commit.name,
+    }
+    properties = CommitProperties(
+        custom_metadata=metadata, app_transactions=[Transaction(app, epoch)], max_commit_retries=0
+    )
+    last_error: Exception | None = None
+    for _ in range(_MAX_COMMIT_ATTEMPTS):
+        # Step 1.
+        table = open_table(commit.uri)
+        if table is not None:
+            current = table.transaction_version(app)
+            if current is not None and current >= epoch:
+                version = committed_version(commit.uri, app, epoch)
+                assert version is not None
+                return version
+        adds = [_add_action(f, commit.data_change) for f in commit.adds]
+        schema = Schema.from_json(commit.schema_json)
+        try:
+            if table is None:
+                if commit.removes:
+                    raise FencedError(
+                        f"table {commit.name} does not exist but epoch {epoch} removes files from it"
+                    )
+                faults.maybe_fail("commit.before_delta_commit")
+                create_table_with_add_actions(
+                    commit.uri,
+                    schema,
+                    adds,
+                    mode="error",
+                    partition_by=list(commit.partition_by) or None,
+                    commit_properties=properties,
+                )
+            else:
+                # Step 2.
+                if commit.removes:
+                    missing = set(commit.removes) - live_paths(table)
+                    if missing:
+                        raise FencedError(
+                            f"epoch {epoch} of table {commit.name} would remove files that are no "
+                            f"longer live ({sorted(missing)[:3]}...): a newer commit replaced them"
+                        )
+                removes = [
+                    RemoveAction(path=p, data_change=commit.data_change, deletion_timestamp=_now_ms())
+                    for p in commit.removes
+                ]
+                faults.maybe_fail("commit.before_delta_commit")
+                # Step 3.
+                table.create_write_transaction(
+                    [*adds, *removes],
+                    mode="append",
+                    schema=schema,
+                    partition_by=list(commit.partition_by) or None,
+                    commit_properties=properties,
+                )
+        except (CommitFailedError, DeltaError, OSError) as exc:
+            # Step 4: a concurrent writer may have won; decide after re-reading.
+            last_error = exc
+            time.sleep(0.05)
+            continue
+        faults.maybe_fail("commit.after_delta_commit")
+        version = committed_version(commit.uri, app, epoch)
+        if version is not None:
+            return version
+    raise CommitConflictError(
+        f"could not commit epoch {epoch} to table {commit.name} after "
+        f"{_MAX_COMMIT_ATTEMPTS} attempts: {last_error}"
+    )
+
+
+def _add_action(f: StagedFile, data_change: bool) -> AddAction:
+    return AddAction(
+        path=f.path,
+        size=f.size,
+        partition_values=dict(f.partition_values),
+        modification_time=_now_ms(),
+        data_change=data_change,
+        stats=f.stats,
+    )
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+

@@ -1,0 +1,76 @@
+"""The one error hierarchy of barrierflow.
+
+Every error a user can meet derives from :class:`BarrierflowError`; library
+errors (delta-rs, Spark, the file system) are wrapped so that messages say what
+was wrong and what is allowed.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BarrierflowError",
+    "ConfigurationError",
+    "PipelineDefinitionError",
+    "UnknownPipelineError",
+    "ParameterError",
+    "StorageError",
+    "CheckpointError",
+    "EpochInProgressError",
+    "CommitConflictError",
+    "FencedError",
+    "QueryError",
+    "SourceError",
+    "InjectedFault",
+]
+
+
+class BarrierflowError(Exception):
+    """Base class of every barrierflow error."""
+
+
+class ConfigurationError(BarrierflowError):
+    """A setting (warehouse, master, environment variable) is invalid."""
+
+
+class PipelineDefinitionError(BarrierflowError):
+    """A pipeline is declared inconsistently (duplicate operator ids, bad types)."""
+
+
+class UnknownPipelineError(BarrierflowError):
+    """No pipeline of that name is registered."""
+
+
+class ParameterError(BarrierflowError):
+    """A pipeline parameter is missing, unknown, or of the wrong type."""
+
+
+class StorageError(BarrierflowError):
+    """Reading or writing the warehouse failed."""
+
+
+class CheckpointError(BarrierflowError):
+    """The checkpoint log is inconsistent or an epoch cannot proceed."""
+
+
+class EpochInProgressError(CheckpointError):
+    """Another attempt holds the pipeline's epoch lease."""
+
+
+class CommitConflictError(CheckpointError):
+    """A Delta commit lost a race that re-reading the table could not resolve."""
+
+
+class FencedError(CheckpointError):
+    """This attempt is stale: a newer epoch or lineage has committed."""
+
+
+class QueryError(BarrierflowError):
+    """A SQL query over the pipeline's tables failed."""
+
+
+class SourceError(BarrierflowError):
+    """A source cannot be read or planned (missing directory, changed table)."""
+
+
+class InjectedFault(BarrierflowError):
+    """Raised by the fault hook when asked to fail softly (tests only)."""

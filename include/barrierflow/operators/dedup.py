@@ -1,0 +1,58 @@
+"""Deduplication: keep the first record of each key, across all epochs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from barrierflow.operators.base import KEY_GROUP, Node, StateSpec, key_group_column, position_order
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["Deduplicate"]
+
+
+@dataclass
+class Deduplicate(Node):
+    key: tuple[str, ...] = ()
+    ttl: timedelta | None = None
+
+    def _spec(self, df_types: dict[str, pa.DataType] | None = None) -> StateSpec:
+        types = df_types or {}
+        return StateSpec(
+            operator_id=self.operator_id,
+            name="seen",
+            key_fields=tuple(pa.field(k, types.get(k, pa.string())) for k in self.key),
+            value_fields=(pa.field("first_epoch", pa.int64()),),
+            ttl_ms=int(self.ttl.total_seconds() * 1000) if self.ttl else None,
+        )
+
+    def state_specs(self) -> list[StateSpec]:
+        return [self._spec()]
+
+    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        spec = self._spec(ctx.arrow_types(df, self.key))
+        keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
+        # First occurrence within the epoch, by arrival position.
+        first = Window.partitionBy(*self.key).orderBy(*position_order())
+        firsts = keyed.withColumn("_rn", F.row_number().over(first)).where("_rn = 1").drop("_rn")
+        seen = ctx.state.read(spec, ctx.touched_key_groups(keyed)).select(*self.key)
+        fresh = firsts.join(seen, on=list(self.key), how="left_anti")
+        fresh = ctx.persist(fresh)
+        ctx.state.stage(
+            spec,
+            fresh.select(
+                *self.key,
+                KEY_GROUP,
+                F.lit(ctx.epoch).cast("long").alias("first_epoch"),
+                F.lit(False).alias("_deleted"),
+            ),
+        )
+        return fresh.drop(KEY_GROUP)

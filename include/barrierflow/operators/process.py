@@ -1,0 +1,203 @@
+"""Keyed process functions: user Python with per-key state, batched per key group.
+
+The epoch's records and the stored state are cogrouped by key group and
+handed to one Python call per key group as Arrow tables (never one call per
+key); inside, the runtime walks the keys in order and scopes the state
+handles to the current key, as Flink does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import pyarrow as pa
+
+from barrierflow.errors import PipelineDefinitionError
+from barrierflow.operators.base import KEY_GROUP, Node, StateSpec, key_group_column
+from barrierflow.state.descriptors import StateDescriptor
+from barrierflow.state.keyed import State, state_for
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["KeyedProcessFunction", "KeyedContext", "KeyedProcess"]
+
+
+class KeyedContext:
+    """What a process function sees for the current key."""
+
+    def __init__(self, key: tuple[Any, ...], epoch: int, processing_time_ms: int, states: dict[str, State]) -> None:
+        self.key = key
+        self.epoch = epoch
+        self.processing_time_ms = processing_time_ms
+        self._states = states
+
+    def get_state(self, descriptor: StateDescriptor) -> Any:
+        try:
+            return self._states[descriptor.name]
+        except KeyError:
+            raise PipelineDefinitionError(
+                f"state {descriptor.name!r} is not declared in state_descriptors"
+            ) from None
+
+
+class KeyedProcessFunction:
+    """Subclass and implement :meth:`process_element`; emit rows with ``out``.
+
+    Class attributes: ``state_descriptors`` (the per-key state it uses) and
+    ``output_schema`` (a pyarrow schema of the emitted rows).
+    """
+
+    state_descriptors: tuple[StateDescriptor, ...] = ()
+    output_schema: pa.Schema = pa.schema([])
+
+    def process_element(self, record: dict[str, Any], ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
+        raise NotImplementedError
+
+
+def _state_column(name: str) -> str:
+    return f"state_{name}"
+
+
+@dataclass
+class KeyedProcess(Node):
+    key: tuple[str, ...] = ()
+    function: KeyedProcessFunction | None = None
+
+    def __post_init__(self) -> None:
+        if self.function is None:
+            raise PipelineDefinitionError(f"process {self.operator_id}: a KeyedProcessFunction is required")
+        names = [d.name for d in self.function.state_descriptors]
+        if len(names) != len(set(names)):
+            raise PipelineDefinitionError(f"process {self.operator_id}: duplicate state names {names}")
+
+    def _spec(self, descriptor: StateDescriptor, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
+        types = key_types or {}
+        ttl = descriptor.ttl
+        return StateSpec(
+            operator_id=self.operator_id,
+            name=descriptor.name,
+            key_fields=tuple(pa.field(k, types.get(k, pa.string())) for k in self.key),
+            value_fields=(pa.field("value", descriptor.value_type),),
+            ttl_ms=ttl.ttl_ms if ttl else None,
+        )
+
+    def state_specs(self) -> list[StateSpec]:
+        assert self.function is not None
+        return [self._spec(d) for d in self.function.state_descriptors]
+
+    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        fn = self.function
+        assert fn is not None
+        key_types = ctx.arrow_types(df, self.key)
+        descriptors = fn.state_descriptors
+        specs = [self._spec(d, key_types) for d in descriptors]
+        keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
+        touched = ctx.touched_key_groups(keyed)
+        # All descriptors' live state, side by side in one wide frame.
+        state_frames = []
+        for d, spec in zip(descriptors, specs):
+            live = ctx.state.read(spec, touched)
+            cols = [F.col(k) for k in self.key] + [F.col(KEY_GROUP)]
+            for other in descriptors:
+                if other.name == d.name:
+                    cols.append(F.col("value").alias(_state_column(other.name)))
+                else:
+                    cols.append(F.lit(None).cast(from_arrow_schema(pa.schema([pa.field("v", other.value_type)]))["v"].dataType).alias(_state_column(other.name)))
+            state_frames.append(live.select(*cols))
+        if state_frames:
+            state_df = state_frames[0]
+            for other_df in state_frames[1:]:
+                state_df = state_df.unionByName(other_df)
+        else:
+            state_df = keyed.select(*self.key, KEY_GROUP).limit(0)
+
+        key_fields = [pa.field(k, key_types[k]) for k in self.key]
+        out_schema = pa.schema(
+            [
+                pa.field("_kind", pa.string()),
+                *key_fields,
+                pa.field(KEY_GROUP, pa.int32()),
+                *[pa.field(_state_column(d.name), d.value_type) for d in descriptors],
+                pa.field("_deleted", pa.bool_()),
+                *[pa.field(f"_out_{f.name}", f.type) for f in fn.output_schema],
+            ]
+        )
+        key_names = list(self.key)
+        epoch, processing_time_ms = ctx.epoch, ctx.processing_time_ms
+
+        def run_group(records: pa.Table, state: pa.Table) -> pa.Table:
+            return _run_key_group(fn, key_names, records, state, out_schema, epoch, processing_time_ms)
+
+        result = keyed.groupBy(KEY_GROUP).cogroup(state_df.groupBy(KEY_GROUP)).applyInArrow(
+            run_group, from_arrow_schema(out_schema)
+        )
+        result = ctx.persist(result)
+        for d, spec in zip(descriptors, specs):
+            changes = result.where(F.col("_kind") == F.lit(d.name)).select(
+                *self.key, KEY_GROUP, F.col(_state_column(d.name)).alias("value"), "_deleted"
+            )
+            ctx.state.stage(spec, changes)
+        outputs = result.where(F.col("_kind") == F.lit("_out"))
+        return outputs.select(*[F.col(f"_out_{f.name}").alias(f.name) for f in fn.output_schema])
+
+    def describe(self) -> dict[str, Any]:
+        assert self.function is not None
+        return {
+            **super().describe(),
+            "key": list(self.key),
+            "function": type(self.function).__qualname__,
+            "states": {d.name: d.signature() for d in self.function.state_descriptors},
+        }
+
+
+def _run_key_group(
+    fn: KeyedProcessFunction,
+    key_names: list[str],
+    records: pa.Table,
+    state: pa.Table,
+    out_schema: pa.Schema,
+    epoch: int,
+    processing_time_ms: int,
+) -> pa.Table:
+    """Process one key group: every key's records in arrival order, with its state."""
+    descriptors = fn.state_descriptors
+    stored: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in state.to_pylist():
+        key = tuple(row[k] for k in key_names)
+        slot = stored.setdefault(key, {})
+        for d in descriptors:
+            if row[_state_column(d.name)] is not None:
+                slot[d.name] = row[_state_column(d.name)]
+    if records.num_rows:
+        records = records.sort_by([(k, "ascending") for k in key_names] + [("_source", "ascending"), ("_file", "ascending"), ("_line", "ascending")])
+    rows_out: list[dict[str, Any]] = []
+    kg = None
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for rec in records.to_pylist():
+        kg = rec[KEY_GROUP]
+        by_key.setdefault(tuple(rec[k] for k in key_names), []).append(rec)
+    for key, recs in by_key.items():
+        handles = {d.name: state_for(d, stored.get(key, {}).get(d.name)) for d in descriptors}
+        kctx = KeyedContext(key, epoch, processing_time_ms, handles)
+        emitted: list[dict[str, Any]] = []
+        for rec in recs:
+            user = {k: v for k, v in rec.items() if not k.startswith("_")}
+            fn.process_element(user, kctx, emitted.append)
+        base = {k: v for k, v in zip(key_names, key)}
+        for row in emitted:
+            rows_out.append({"_kind": "_out", **base, KEY_GROUP: kg, **{f"_out_{k}": v for k, v in row.items()}})
+        for name, handle in handles.items():
+            if handle.dirty:
+                value = handle.stored
+                rows_out.append(
+                    {"_kind": name, **base, KEY_GROUP: kg, _state_column(name): value, "_deleted": value is None}
+                )
+    return pa.Table.from_pylist(rows_out, schema=out_schema)
+
+
+

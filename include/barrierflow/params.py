@@ -1,0 +1,89 @@
+"""Typed pipeline parameters, set from the CLI (and later the Airflow form)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from barrierflow.errors import ParameterError
+
+__all__ = ["Param", "REQUIRED", "resolve_params"]
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+_TYPES: dict[type, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+@dataclass(frozen=True)
+class Param:
+    """A declared pipeline parameter: name, type and default (or REQUIRED)."""
+
+    name: str
+    type: type
+    default: Any = REQUIRED
+    description: str = ""
+    minimum: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.type not in _TYPES:
+            raise ParameterError(f"parameter {self.name}: type must be one of str, int, float, bool")
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    @property
+    def json_type(self) -> str:
+        return _TYPES[self.type]
+
+    def coerce(self, value: Any) -> Any:
+        """Convert a CLI string (or a typed value) into this parameter's type."""
+        try:
+            if self.type is bool:
+                if isinstance(value, bool):
+                    out: Any = value
+                elif str(value).lower() in ("1", "true", "yes", "on"):
+                    out = True
+                elif str(value).lower() in ("0", "false", "no", "off"):
+                    out = False
+                else:
+                    raise ValueError(value)
+            elif self.type is int and isinstance(value, float):
+                raise ValueError(value)
+            else:
+                out = self.type(value)
+        except (TypeError, ValueError):
+            raise ParameterError(
+                f"parameter {self.name!r} expects {self.json_type}, got {value!r}"
+            ) from None
+        if self.minimum is not None and out < self.minimum:
+            raise ParameterError(f"parameter {self.name!r} must be >= {self.minimum}, got {out!r}")
+        return out
+
+
+def resolve_params(declared: tuple[Param, ...], given: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate ``given`` against ``declared``: unknown names and missing required ones fail."""
+    known = {p.name: p for p in declared}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ParameterError(
+            f"unknown parameter(s) {', '.join(unknown)}; this pipeline accepts: "
+            f"{', '.join(known) or 'none'}"
+        )
+    out: dict[str, Any] = {}
+    for param in declared:
+        if param.name in given:
+            out[param.name] = param.coerce(given[param.name])
+        elif param.required:
+            raise ParameterError(
+                f"missing required parameter {param.name!r} ({param.description or param.json_type}); "
+                f"pass --param {param.name}=VALUE"
+            )
+        else:
+            out[param.name] = param.default
+    return out

@@ -1,0 +1,236 @@
+"""The pipeline API: sources -> keyed operators -> sinks, with stable operator ids.
+
+A pipeline is declared by a build function that receives a
+:class:`PipelineBuilder` and the resolved parameters::
+
+    @pipeline("sensor_stats", params=[Param("landing_dir", str)])
+    def sensor_stats(p: PipelineBuilder, params: dict) -> None:
+        readings = p.source(FileSource("readings", params["landing_dir"], ...))
+        readings.key_by("sensor_id").aggregate("totals", Count(), ...).sink_to(DeltaSink.upsert(...))
+
+Declarative operators (deduplicate, running aggregates, event-time windows)
+compile to native Spark expressions; :meth:`KeyedStream.process` runs a
+:class:`~barrierflow.operators.process.KeyedProcessFunction` over whole key
+groups with Arrow.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Mapping
+
+from barrierflow.errors import PipelineDefinitionError
+from barrierflow.operators.aggregate import Aggregation, RunningAggregate
+from barrierflow.operators.base import Node, StateSpec
+from barrierflow.operators.dedup import Deduplicate
+from barrierflow.operators.process import KeyedProcess, KeyedProcessFunction
+from barrierflow.operators.watermark import WatermarkAssigner
+from barrierflow.operators.window import TumblingEventTimeWindows, TumblingWindow
+from barrierflow.params import Param, resolve_params
+from barrierflow.sinks.delta_sink import DeltaSink, SinkNode
+from barrierflow.sources.base import Source
+
+__all__ = [
+    "PipelineDefinition",
+    "PipelineBuilder",
+    "DataStream",
+    "KeyedStream",
+    "Pipeline",
+    "pipeline",
+    "DEFAULT_KEY_GROUPS",
+]
+
+DEFAULT_KEY_GROUPS = 128
+_ID = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass
+class SourceNode(Node):
+    source: Source | None = None
+
+    def apply(self, ctx: Any, df: Any) -> Any:  # sources are read by the runtime
+        raise NotImplementedError
+
+
+@dataclass
+class Pipeline:
+    """A built pipeline: its nodes in creation (hence topological) order."""
+
+    name: str
+    key_groups: int
+    nodes: list[Node]
+    params: dict[str, Any]
+    parallelism: int
+
+    @property
+    def sources(self) -> list[SourceNode]:
+        return [n for n in self.nodes if isinstance(n, SourceNode)]
+
+    @property
+    def sinks(self) -> list[SinkNode]:
+        return [n for n in self.nodes if isinstance(n, SinkNode)]
+
+    def state_specs(self) -> list[StateSpec]:
+        return [spec for n in self.nodes for spec in n.state_specs()]
+
+    def children(self, node: Node) -> list[Node]:
+        return [n for n in self.nodes if n.parent is node]
+
+    def side_output_names(self) -> list[str]:
+        return [name for n in self.nodes for name in n.side_outputs()]
+
+    def operator_ids(self) -> list[str]:
+        return [n.operator_id for n in self.nodes]
+
+
+class PipelineBuilder:
+    """Collects the nodes of a pipeline while its build function runs."""
+
+    def __init__(self, name: str, key_groups: int) -> None:
+        self.name = name
+        self.key_groups = key_groups
+        self.nodes: list[Node] = []
+
+    def _add(self, node: Node) -> Node:
+        if not _ID.match(node.operator_id):
+            raise PipelineDefinitionError(
+                f"operator id {node.operator_id!r} must be lower_snake_case (letters, digits, _)"
+            )
+        if any(n.operator_id == node.operator_id for n in self.nodes):
+            raise PipelineDefinitionError(f"duplicate operator id {node.operator_id!r} in {self.name}")
+        self.nodes.append(node)
+        return node
+
+    def source(self, source: Source) -> "DataStream":
+        node = self._add(SourceNode(operator_id=source.source_id, parent=None, source=source))
+        return DataStream(self, node)
+
+
+@dataclass(frozen=True)
+class DataStream:
+    builder: PipelineBuilder
+    node: Node
+
+    def _then(self, node: Node) -> "DataStream":
+        return DataStream(self.builder, self.builder._add(node))
+
+    def deduplicate(self, operator_id: str, key: str | tuple[str, ...], ttl: timedelta | None = None) -> "DataStream":
+        """Drop records whose key was seen before (in this or an earlier epoch)."""
+        keys = (key,) if isinstance(key, str) else tuple(key)
+        return self._then(Deduplicate(operator_id=operator_id, parent=self.node, key=keys, ttl=ttl))
+
+    def with_watermark(self, column: str, out_of_orderness: timedelta) -> "DataStream":
+        """W(n) = max(column) seen up to epoch n minus ``out_of_orderness``."""
+        if any(isinstance(n, WatermarkAssigner) for n in self.builder.nodes):
+            raise PipelineDefinitionError("a pipeline has at most one watermark assigner in this release")
+        return self._then(
+            WatermarkAssigner(
+                operator_id=f"watermark_{column}",
+                parent=self.node,
+                column=column,
+                out_of_orderness_us=int(out_of_orderness.total_seconds() * 1_000_000),
+            )
+        )
+
+    def key_by(self, *columns: str) -> "KeyedStream":
+        if not columns:
+            raise PipelineDefinitionError("key_by needs at least one column")
+        return KeyedStream(self.builder, self.node, tuple(columns))
+
+    def sink_to(self, sink: DeltaSink) -> None:
+        self._then(SinkNode(operator_id=f"sink_{sink.name}", parent=self.node, sink=sink))
+
+
+@dataclass(frozen=True)
+class KeyedStream:
+    builder: PipelineBuilder
+    node: Node
+    key: tuple[str, ...]
+
+    def _then(self, node: Node) -> DataStream:
+        return DataStream(self.builder, self.builder._add(node))
+
+    def aggregate(self, operator_id: str, *aggregations: Aggregation) -> DataStream:
+        """Running aggregates per key over all records so far (emits changed keys)."""
+        return self._then(
+            RunningAggregate(operator_id=operator_id, parent=self.node, key=self.key, aggregations=aggregations)
+        )
+
+    def window(
+        self,
+        operator_id: str,
+        assigner: TumblingEventTimeWindows,
+        *aggregations: Aggregation,
+        late_output: str | None = None,
+    ) -> DataStream:
+        """Event-time tumbling windows that fire once the watermark passes their end."""
+        if not any(isinstance(n, WatermarkAssigner) for n in self.builder.nodes):
+            raise PipelineDefinitionError(f"window {operator_id!r} needs with_watermark() upstream")
+        return self._then(
+            TumblingWindow(
+                operator_id=operator_id,
+                parent=self.node,
+                key=self.key,
+                assigner=assigner,
+                aggregations=aggregations,
+                late_output=late_output,
+            )
+        )
+
+    def process(self, operator_id: str, function: KeyedProcessFunction) -> DataStream:
+        """Run a keyed process function with per-key state over whole key groups."""
+        return self._then(KeyedProcess(operator_id=operator_id, parent=self.node, key=self.key, function=function))
+
+
+@dataclass(frozen=True)
+class PipelineDefinition:
+    """A registered pipeline: name, parameters and the function that builds it."""
+
+    name: str
+    build_fn: Callable[[PipelineBuilder, dict[str, Any]], None]
+    params: tuple[Param, ...] = ()
+    description: str = ""
+    key_groups: int = DEFAULT_KEY_GROUPS
+    parallelism_param: str | None = "parallelism"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def resolve(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        return resolve_params(self.params, given)
+
+    def build(self, given: Mapping[str, Any]) -> Pipeline:
+        params = self.resolve(given)
+        builder = PipelineBuilder(self.name, self.key_groups)
+        self.build_fn(builder, params)
+        if not any(isinstance(n, SourceNode) for n in builder.nodes):
+            raise PipelineDefinitionError(f"pipeline {self.name} declares no source")
+        parallelism = int(params.get(self.parallelism_param, 2)) if self.parallelism_param else 2
+        pipe = Pipeline(self.name, self.key_groups, builder.nodes, params, parallelism)
+        sink_names = [s.sink.name for s in pipe.sinks] + pipe.side_output_names()
+        dupes = {n for n in sink_names if sink_names.count(n) > 1}
+        if dupes or "dead_letter" in sink_names:
+            raise PipelineDefinitionError(
+                f"sink names must be unique and not 'dead_letter': {sorted(dupes | ({'dead_letter'} & set(sink_names)))}"
+            )
+        return pipe
+
+
+def pipeline(
+    name: str,
+    params: list[Param] | tuple[Param, ...] = (),
+    description: str = "",
+    key_groups: int = DEFAULT_KEY_GROUPS,
+) -> Callable[[Callable[[PipelineBuilder, dict[str, Any]], None]], PipelineDefinition]:
+    """Decorator turning a build function into a :class:`PipelineDefinition`."""
+    if not _ID.match(name):
+        raise PipelineDefinitionError(f"pipeline name {name!r} must be lower_snake_case")
+    if not 1 <= key_groups <= 32768:
+        raise PipelineDefinitionError("key_groups (max parallelism) must be between 1 and 32768")
+
+    def wrap(fn: Callable[[PipelineBuilder, dict[str, Any]], None]) -> PipelineDefinition:
+        return PipelineDefinition(
+            name=name, build_fn=fn, params=tuple(params), description=description or (fn.__doc__ or ""), key_groups=key_groups
+        )
+
+    return wrap

@@ -1,0 +1,1 @@
+"""Pipelines that ship with barrierflow."""

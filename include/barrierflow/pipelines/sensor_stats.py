@@ -1,0 +1,152 @@
+"""The reference pipeline ``sensor_stats``.
+
+Input: JSON Lines files ``{"event_id", "sensor_id", "ts", "temperature"}`` in
+``landing_dir``. Dedup by ``event_id``; watermark = max ts - out-of-orderness;
+outputs ``sensor_totals`` (upsert), ``sensor_minute`` (one-minute windows with
+count, avg, p75, p99), ``late_readings`` and ``alerts`` (three rising
+temperatures in a row per sensor, via a keyed process function).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from barrierflow.operators import Avg, Count, KeyedContext, KeyedProcessFunction, Max, Min, Percentile, Sum
+from barrierflow.operators.window import TumblingEventTimeWindows
+from barrierflow.params import Param
+from barrierflow.pipeline import PipelineBuilder, pipeline
+from barrierflow.sinks import DeltaSink
+from barrierflow.sources import FileSource, RecordError
+from barrierflow.state import ListStateDescriptor
+
+__all__ = ["sensor_stats", "parse_reading", "RisingTemperatureAlert", "READING_SCHEMA"]
+
+READING_SCHEMA = pa.schema(
+    [
+        pa.field("event_id", pa.string()),
+        pa.field("sensor_id", pa.string()),
+        pa.field("ts", pa.timestamp("us", tz="UTC")),
+        pa.field("temperature", pa.float64()),
+    ]
+)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _parse_ts(value: Any) -> datetime:
+    if isinstance(value, bool):
+        raise RecordError("ts must be an ISO-8601 string with a UTC offset or integer epoch milliseconds, not a boolean")
+    if isinstance(value, int):
+        try:
+            return _EPOCH + timedelta(milliseconds=value)
+        except OverflowError:
+            raise RecordError(f"ts {value} epoch milliseconds is out of range") from None
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            raise RecordError(f"ts {value!r} is not an ISO-8601 timestamp") from None
+        if parsed.utcoffset() is None:
+            raise RecordError(f"ts {value!r} has no UTC offset")
+        try:
+            return parsed.astimezone(timezone.utc)
+        except OverflowError:
+            raise RecordError(f"ts {value!r} is out of range in UTC") from None
+    raise RecordError(
+        f"ts must be an ISO-8601 string with a UTC offset or integer epoch milliseconds, not {type(value).__name__}"
+    )
+
+
+def parse_reading(line: str) -> dict[str, Any]:
+    """Validate one line of ``sensor_stats`` input; RecordError says why it is bad."""
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise RecordError(f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise RecordError(f"not a JSON object but a {type(obj).__name__}")
+    for field in ("event_id", "sensor_id"):
+        value = obj.get(field)
+        if not isinstance(value, str) or not value:
+            raise RecordError(f"{field} must be a non-empty string, got {value!r}"[:200])
+    if "ts" not in obj:
+        raise RecordError("ts is missing")
+    ts = _parse_ts(obj["ts"])
+    temperature = obj.get("temperature")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise RecordError(f"temperature must be a JSON number, got {temperature!r}"[:200])
+    try:
+        value = float(temperature)
+    except OverflowError:
+        raise RecordError("temperature is out of the range of a double") from None
+    if not math.isfinite(value):
+        raise RecordError(f"temperature must be finite, got {temperature!r}")
+    return {"event_id": obj["event_id"], "sensor_id": obj["sensor_id"], "ts": ts, "temperature": value}
+
+
+class RisingTemperatureAlert(KeyedProcessFunction):
+    """Alert on a reading strictly above the previous one, itself above the one before."""
+
+    last_two = ListStateDescriptor("last_two", pa.float64())
+    state_descriptors = (last_two,)
+    output_schema = pa.schema(
+        [
+            pa.field("sensor_id", pa.string()),
+            pa.field("event_id", pa.string()),
+            pa.field("ts", pa.timestamp("us", tz="UTC")),
+            pa.field("temperature", pa.float64()),
+        ]
+    )
+
+    def process_element(self, record: dict[str, Any], ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
+        state = ctx.get_state(self.last_two)
+        previous = state.get()
+        temperature = record["temperature"]
+        if len(previous) == 2 and temperature > previous[1] > previous[0]:
+            out({k: record[k] for k in ("sensor_id", "event_id", "ts", "temperature")})
+        state.update([*previous[-1:], temperature])
+
+
+@pipeline(
+    "sensor_stats",
+    params=[
+        Param("landing_dir", str, description="directory where *.jsonl reading files land"),
+        Param("max_files_per_epoch", int, 10, "files per epoch (bounded catch-up)", minimum=1),
+        Param("parallelism", int, 2, "Spark shuffle partitions for this epoch", minimum=1),
+        Param("out_of_orderness_seconds", int, 30, "watermark bound", minimum=0),
+    ],
+    description=__doc__ or "",
+)
+def sensor_stats(p: PipelineBuilder, params: dict[str, Any]) -> None:
+    readings = p.source(
+        FileSource(
+            "readings",
+            params["landing_dir"],
+            format="jsonl",
+            parser=parse_reading,
+            parser_schema=READING_SCHEMA,
+            max_files_per_epoch=params["max_files_per_epoch"],
+            suffixes=(".jsonl",),
+        )
+    )
+    valid = readings.deduplicate("dedup", key="event_id").with_watermark(
+        "ts", timedelta(seconds=params["out_of_orderness_seconds"])
+    )
+    by_sensor = valid.key_by("sensor_id")
+    by_sensor.aggregate(
+        "totals", Count(), Sum("temperature", "sum"), Min("temperature", "min"), Max("temperature", "max")
+    ).sink_to(DeltaSink.upsert("sensor_totals", key="sensor_id"))
+    by_sensor.window(
+        "minute_windows",
+        TumblingEventTimeWindows.of(timedelta(minutes=1), "ts"),
+        Count(),
+        Avg("temperature", "avg"),
+        Percentile("temperature", "p75", q=0.75),
+        Percentile("temperature", "p99", q=0.99),
+        late_output="late_readings",
+    ).sink_to(DeltaSink.append("sensor_minute"))
+    by_sensor.process("rising_alerts", RisingTemperatureAlert()).sink_to(DeltaSink.append("alerts"))

@@ -1,0 +1,222 @@
+"""Process + pre-commit of one epoch: the PySpark job behind a barrier.
+
+Reads exactly the records between barrier n-1 and barrier n, restores the
+keyed state it needs as of the last completed epoch, runs the operators,
+stages every table's files (invisible) and writes the manifest put-if-absent.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from barrierflow import faults, storage
+from barrierflow.checkpoint import Barrier, Manifest, StagedFile, TableCommit, TableKind, app_id
+from barrierflow.delta_commit import open_table, schema_json_of, stage_table
+from barrierflow.errors import CheckpointError
+from barrierflow.layout import PipelineLayout
+from barrierflow.operators.base import KEY_GROUP
+from barrierflow.pipeline import Pipeline, SourceNode
+from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
+from barrierflow.state.delta_state_backend import DeltaStateBackend
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["EpochContext", "process_epoch"]
+
+
+class EpochContext:
+    """Everything an operator may use while computing one epoch."""
+
+    def __init__(
+        self,
+        spark: "SparkSession",
+        layout: PipelineLayout,
+        pipeline: Pipeline,
+        barrier: Barrier,
+        last_completed_epoch: int | None,
+        watermark_prev_us: int | None,
+        max_event_time_prev_us: int | None,
+    ) -> None:
+        self.spark = spark
+        self.layout = layout
+        self.pipeline = pipeline
+        self.barrier = barrier
+        self.epoch = barrier.epoch
+        self.attempt_id = uuid.uuid4().hex[:12]  # per process attempt: unique staging names
+        self.app_id = app_id(pipeline.name, barrier.lineage_id)
+        self.key_groups = pipeline.key_groups
+        self.processing_time_ms = barrier.processing_time_ms
+        self.last_completed_epoch = last_completed_epoch
+        self.watermark_prev_us = watermark_prev_us
+        self.max_event_time_us = max_event_time_prev_us
+        self.watermark_us = watermark_prev_us
+        self.staging_prefix = ""
+        self.commits: dict[str, TableCommit] = {}
+        self.base_versions: dict[str, int] = {}
+        self.state = DeltaStateBackend(self)
+        self._persisted: list["DataFrame"] = []
+
+    # -- helpers for operators ----------------------------------------------
+
+    def persist(self, df: "DataFrame") -> "DataFrame":
+        """Cache a frame read more than once (parsing and state reads run once)."""
+        from pyspark import StorageLevel
+
+        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        self._persisted.append(df)
+        return df
+
+    def touched_key_groups(self, keyed: "DataFrame") -> list[int]:
+        return sorted(r[0] for r in keyed.select(KEY_GROUP).distinct().collect())
+
+    def arrow_schema(self, df: "DataFrame") -> pa.Schema:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        schema = to_arrow_schema(df.schema, timezone="UTC", prefers_large_types=False)
+        # Delta timestamps are UTC instants; make the zone explicit.
+        return pa.schema(
+            [
+                pa.field(f.name, pa.timestamp("us", tz="UTC"), f.nullable) if pa.types.is_timestamp(f.type) else f
+                for f in schema
+            ]
+        )
+
+    def arrow_types(self, df: "DataFrame", columns: tuple[str, ...]) -> dict[str, pa.DataType]:
+        schema = self.arrow_schema(df.select(*columns))
+        return {f.name: f.type for f in schema}
+
+    def to_arrow(self, df: "DataFrame", schema: pa.Schema) -> pa.Table:
+        table = df.toArrow()
+        if table.num_rows == 0 and table.num_columns == 0:
+            return schema.empty_table()
+        return table.select(schema.names).cast(schema)
+
+    def observe_event_time(self, max_us: int | None, out_of_orderness_us: int) -> None:
+        """Advance W(n) = max event time so far - out-of-orderness."""
+        if max_us is not None:
+            self.max_event_time_us = max(max_us, self.max_event_time_us or max_us)
+        if self.max_event_time_us is not None:
+            self.watermark_us = self.max_event_time_us - out_of_orderness_us
+
+    def emit(self, name: str, df: "DataFrame") -> None:
+        """A side output (e.g. late records), committed as an append sink."""
+        DeltaSink.append(name).pre_commit(self, df)
+
+    def stage(
+        self,
+        *,
+        name: str,
+        uri: str,
+        kind: TableKind,
+        data: pa.Table,
+        sort_by: tuple[str, ...] = (),
+        removes: tuple[str, ...] = (),
+        base_version: int | None = None,
+        primary_key: tuple[str, ...] = (),
+    ) -> None:
+        if name in self.commits:
+            raise CheckpointError(f"table {name} staged twice in epoch {self.epoch}")
+        files: list[StagedFile] = stage_table(uri, self.staging_prefix, data, sort_by=sort_by)
+        if base_version is None:
+            table = open_table(uri)
+            base_version = table.version() if table is not None else None
+        self.commits[name] = TableCommit(
+            name=name,
+            uri=uri,
+            kind=kind,
+            schema_json=schema_json_of(data.schema),
+            partition_by=(),
+            adds=tuple(files),
+            removes=removes,
+            base_version=base_version,
+            primary_key=primary_key,
+        )
+
+    def release(self) -> None:
+        for df in self._persisted:
+            df.unpersist()
+        self._persisted.clear()
+
+
+def process_epoch(
+    spark: "SparkSession",
+    layout: PipelineLayout,
+    pipe: Pipeline,
+    barrier: Barrier,
+    last_completed_epoch: int | None,
+    watermark_prev_us: int | None,
+    max_event_time_prev_us: int | None,
+) -> Manifest:
+    """Compute epoch ``barrier.epoch`` and vote with a manifest (put-if-absent).
+
+    Returns the manifest that won: this attempt's, or an earlier attempt's if
+    one was already durable (then this attempt's staged files are discarded).
+    """
+    from pyspark.sql import functions as F
+
+    started = time.monotonic()
+    ctx = EpochContext(spark, layout, pipe, barrier, last_completed_epoch, watermark_prev_us, max_event_time_prev_us)
+    ctx.staging_prefix = layout.staging_prefix(barrier.lineage_id, barrier.epoch, ctx.attempt_id)
+    spark.conf.set("spark.sql.shuffle.partitions", str(pipe.parallelism))
+    outputs: dict[int, "DataFrame"] = {}
+    dead_letters: list["DataFrame"] = []
+    rows_in = 0
+    try:
+        for node in pipe.nodes:
+            if isinstance(node, SourceNode):
+                assert node.source is not None
+                batch = node.source.read(spark, barrier.end_offsets[node.source.source_id], pipe.parallelism)
+                records = ctx.persist(batch.records)
+                dead = ctx.persist(batch.dead_letters)
+                rows_in += records.count() + dead.count()
+                dead_letters.append(dead)
+                outputs[id(node)] = records
+                faults.maybe_fail("process.after_read")
+                continue
+            assert node.parent is not None
+            df = node.apply(ctx, outputs[id(node.parent)])
+            if len(pipe.children(node)) > 1:
+                df = ctx.persist(df)
+            outputs[id(node)] = df
+        dead_df = dead_letters[0]
+        for other in dead_letters[1:]:
+            dead_df = dead_df.unionByName(other)
+        dead_df = dead_df.withColumn("_epoch", F.lit(barrier.epoch).cast("long"))
+        ctx.stage(
+            name="dead_letter",
+            uri=layout.dead_letter,
+            kind=TableKind.DEAD_LETTER,
+            data=ctx.to_arrow(dead_df, DEAD_LETTER_SCHEMA),
+        )
+        faults.maybe_fail("process.after_stage")
+    finally:
+        ctx.release()
+    commits = tuple(ctx.commits.values())
+    manifest = Manifest(
+        pipeline=pipe.name,
+        lineage_id=barrier.lineage_id,
+        epoch=barrier.epoch,
+        attempt_id=ctx.attempt_id,
+        tables=commits,
+        max_event_time_us=ctx.max_event_time_us,
+        watermark_us=ctx.watermark_us,
+        rows_in=rows_in,
+        rows_out=sum(c.rows for c in commits if c.kind is TableKind.SINK),
+        dead_letters=ctx.commits["dead_letter"].rows,
+        process_ms=int((time.monotonic() - started) * 1000),
+    )
+    faults.maybe_fail("process.before_manifest")
+    uri = layout.manifest(barrier.lineage_id, barrier.epoch)
+    if storage.write_json_if_absent(uri, manifest.to_json()):
+        faults.maybe_fail("process.after_manifest")
+        return manifest
+    # Another attempt voted first: its file set is the only one that may commit.
+    winner = Manifest.from_json(storage.read_json(uri))
+    for commit in commits:
+        DeltaSink.abort(commit, ctx.staging_prefix)
+    return winner

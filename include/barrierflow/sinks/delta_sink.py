@@ -1,0 +1,160 @@
+"""Exactly-once Delta sinks: a two-phase-commit sink per table.
+
+``begin_transaction`` names the attempt's staging directory inside the table;
+``pre_commit`` writes the epoch's rows there (invisible to readers) and
+returns the :class:`~barrierflow.checkpoint.TableCommit` that goes into the
+manifest; ``commit`` publishes it with one Delta commit carrying the app
+transaction (idempotent); ``abort`` deletes the staged files.
+
+Modes: ``append`` adds the epoch's rows; ``upsert`` keeps one current row per
+key by rewriting only the files that hold changed keys. Every row carries the
+``_epoch`` that wrote it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from barrierflow.checkpoint import TableCommit, TableKind
+from barrierflow.delta_commit import commit_epoch_table, open_table
+from barrierflow.errors import PipelineDefinitionError
+from barrierflow.operators.base import Node
+from barrierflow.storage import join_uri, local_path, remove_tree
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["DeltaSink", "SinkNode", "DEAD_LETTER_SCHEMA"]
+
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),
+        ("source_file", pa.string()),
+        ("line", pa.int64()),
+        ("raw", pa.string()),
+        ("reason", pa.string()),
+        ("_epoch", pa.int64()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class DeltaSink:
+    name: str
+    mode: str = "append"
+    key: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("append", "upsert"):
+            raise PipelineDefinitionError(f"sink {self.name}: mode must be 'append' or 'upsert'")
+        if self.mode == "upsert" and not self.key:
+            raise PipelineDefinitionError(f"sink {self.name}: an upsert sink needs key=")
+
+    @classmethod
+    def append(cls, name: str) -> "DeltaSink":
+        return cls(name, "append")
+
+    @classmethod
+    def upsert(cls, name: str, key: str | tuple[str, ...]) -> "DeltaSink":
+        return cls(name, "upsert", (key,) if isinstance(key, str) else tuple(key))
+
+    # -- two-phase commit ------------------------------------------------
+
+    def begin_transaction(self, ctx: Any) -> str:
+        """The table-relative staging directory of this attempt."""
+        return ctx.staging_prefix
+
+    def pre_commit(self, ctx: Any, df: "DataFrame") -> None:
+        """Stage the epoch's rows; the resulting TableCommit joins the manifest."""
+        from pyspark.sql import functions as F
+
+        self.begin_transaction(ctx)
+        uri = ctx.layout.sink_table(self.name)
+        rows = df.withColumn("_epoch", F.lit(ctx.epoch).cast("long"))
+        schema = ctx.arrow_schema(rows)
+        if self.mode == "append":
+            data = ctx.to_arrow(rows, schema)
+            ctx.stage(name=self.name, uri=uri, kind=TableKind.SINK, data=data, sort_by=())
+            return
+        missing = [k for k in self.key if k not in rows.columns]
+        if missing:
+            raise PipelineDefinitionError(f"upsert sink {self.name}: key column(s) {missing} not in its input")
+        table = open_table(uri)
+        removes: list[str] = []
+        base_version = None
+        data = ctx.to_arrow(rows, schema)
+        if table is not None and data.num_rows:
+            base_version = table.version()
+            kept, removes = self._rewrite(ctx, table, uri, rows, schema)
+            if kept is not None and kept.num_rows:
+                data = pa.concat_tables([kept.select(schema.names).cast(schema), data])
+        ctx.stage(
+            name=self.name,
+            uri=uri,
+            kind=TableKind.SINK,
+            data=data,
+            sort_by=self.key,
+            removes=tuple(removes),
+            base_version=base_version,
+            primary_key=self.key,
+        )
+
+    def _rewrite(
+        self, ctx: Any, table: Any, uri: str, rows: "DataFrame", schema: pa.Schema
+    ) -> tuple[pa.Table | None, list[str]]:
+        """Rows to keep from the files that hold changed keys, and those files."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        actions = pa.table(table.get_add_actions(flatten=True))
+        paths = actions.column("path").to_pylist()
+        if not paths:
+            return None, []
+        by_abs = {local_path(join_uri(uri, p)): p for p in paths}
+        current = (
+            ctx.spark.read.schema(from_arrow_schema(schema))
+            .parquet(*by_abs)
+            .withColumn("_path", F.col("_metadata.file_path"))
+        )
+        changed = rows.select(*self.key).distinct()
+        hit = current.join(changed, on=list(self.key), how="left_semi").select("_path").distinct()
+        hit_paths = [r["_path"] for r in hit.collect()]
+        if not hit_paths:
+            return None, []
+        removes = [by_abs[_strip_scheme(p)] for p in hit_paths]
+        kept = current.where(F.col("_path").isin(hit_paths)).join(changed, on=list(self.key), how="left_anti")
+        return ctx.to_arrow(kept.drop("_path"), schema), removes
+
+    @staticmethod
+    def commit(commit: TableCommit, app: str, epoch: int, attempt_id: str) -> int:
+        """Publish the staged files (idempotent); returns the table version."""
+        return commit_epoch_table(commit, app, epoch, attempt_id)
+
+    @staticmethod
+    def abort(commit: TableCommit, staging_prefix: str) -> None:
+        """Delete an attempt's staged files (only ever for uncommitted attempts)."""
+        remove_tree(join_uri(commit.uri, staging_prefix))
+
+
+def _strip_scheme(path: str) -> str:
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(path)
+    return unquote(parsed.path) if parsed.scheme == "file" else path
+
+
+@dataclass
+class SinkNode(Node):
+    sink: DeltaSink | None = None
+
+    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
+        assert self.sink is not None
+        self.sink.pre_commit(ctx, df)
+        return df
+
+    def describe(self) -> dict[str, Any]:
+        assert self.sink is not None
+        return {**super().describe(), "sink": self.sink.name, "mode": self.sink.mode, "key": list(self.sink.key)}

@@ -1,0 +1,35 @@
+"""Keyed state: descriptors, handles and the Delta state backend."""
+
+from barrierflow.state.descriptors import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    StateTtlConfig,
+    ValueStateDescriptor,
+)
+from barrierflow.state.keyed import (
+    AggregatingState,
+    ListState,
+    MapState,
+    ReducingState,
+    ValueState,
+)
+
+__all__ = [
+    "AggregateFunction",
+    "AggregatingState",
+    "AggregatingStateDescriptor",
+    "ListState",
+    "ListStateDescriptor",
+    "MapState",
+    "MapStateDescriptor",
+    "ReducingState",
+    "ReducingStateDescriptor",
+    "StateDescriptor",
+    "StateTtlConfig",
+    "ValueState",
+    "ValueStateDescriptor",
+]

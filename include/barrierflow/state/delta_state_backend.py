@@ -1,0 +1,170 @@
+"""Keyed state kept in Delta tables, one per (operator, state name).
+
+Incremental checkpoints: an epoch appends only the keys it changed, one row
+per key with the epoch that wrote it (a tombstone for a cleared key); the
+current value of a key is its row with the highest ``_epoch``. Files are
+sorted by key group, so Parquet statistics let an epoch read only the key
+groups it touches. :func:`compact` rewrites a table to one live row per key.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from barrierflow.checkpoint import TableKind
+from barrierflow.delta_commit import open_table
+from barrierflow.errors import CheckpointError
+from barrierflow.operators.base import KEY_GROUP, StateSpec
+from barrierflow.storage import join_uri
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from barrierflow.runtime import EpochContext
+
+__all__ = ["DeltaStateBackend", "latest_rows", "compact"]
+
+
+class DeltaStateBackend:
+    """Reads state as of the last completed epoch and stages this epoch's changes."""
+
+    def __init__(self, ctx: "EpochContext") -> None:
+        self._ctx = ctx
+
+    def _files(self, spec: StateSpec, key_groups: list[int] | None) -> list[str]:
+        ctx = self._ctx
+        uri = ctx.layout.state_table(spec.operator_id, spec.name)
+        table = open_table(uri)
+        if table is None:
+            return []
+        committed = table.transaction_version(ctx.app_id)
+        if committed is not None and ctx.last_completed_epoch is not None and committed > ctx.last_completed_epoch:
+            raise CheckpointError(
+                f"state table {spec.table_name} holds epoch {committed}, newer than the last "
+                f"completed epoch {ctx.last_completed_epoch}: run recovery first"
+            )
+        ctx.base_versions[spec.table_name] = table.version()
+        actions = pa.table(table.get_add_actions(flatten=True))
+        paths = actions.column("path").to_pylist()
+        if key_groups is None or f"min.{KEY_GROUP}" not in actions.column_names:
+            return [join_uri(uri, p) for p in paths]
+        wanted = sorted(set(key_groups))
+        lows = actions.column(f"min.{KEY_GROUP}").to_pylist()
+        highs = actions.column(f"max.{KEY_GROUP}").to_pylist()
+        out = []
+        for path, low, high in zip(paths, lows, highs):
+            # File skipping on key-group statistics: read a file only if it
+            # may hold one of the key groups this epoch touches.
+            if low is None or high is None or any(low <= g <= high for g in wanted):
+                out.append(join_uri(uri, path))
+        return out
+
+    def read(self, spec: StateSpec, key_groups: list[int] | None = None) -> "DataFrame":
+        """Live rows (latest per key, not deleted, not expired) of ``spec``."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        ctx = self._ctx
+        schema = from_arrow_schema(spec.arrow_schema())
+        files = self._files(spec, key_groups)
+        if not files:
+            df = ctx.spark.createDataFrame([], schema)
+        else:
+            df = ctx.spark.read.schema(schema).parquet(*files)
+            if key_groups is not None:
+                df = df.where(F.col(KEY_GROUP).isin(sorted(set(key_groups))))
+        keys = spec.key_columns
+        rest = [c for c in df.columns if c not in keys]
+        latest = df.groupBy(*keys).agg(F.max_by(F.struct(*rest), F.col("_epoch")).alias("_s")).select(*keys, "_s.*")
+        live = latest.where(~F.col("_deleted"))
+        if spec.ttl_ms is not None:
+            live = live.where(F.col("_updated_at_ms") + F.lit(spec.ttl_ms) > F.lit(ctx.processing_time_ms))
+        return live.drop("_deleted", "_epoch")
+
+    def stage(self, spec: StateSpec, changes: "DataFrame") -> None:
+        """Stage changed keys: ``changes`` has keys, key group, values and ``_deleted``."""
+        from pyspark.sql import functions as F
+
+        ctx = self._ctx
+        rows = changes.select(
+            *spec.key_columns,
+            F.col(KEY_GROUP).cast("int").alias(KEY_GROUP),
+            *spec.value_columns,
+            F.lit(ctx.processing_time_ms).cast("long").alias("_updated_at_ms"),
+            F.col("_deleted").cast("boolean"),
+            F.lit(ctx.epoch).cast("long").alias("_epoch"),
+        )
+        data = ctx.to_arrow(rows, spec.arrow_schema())
+        uri = ctx.layout.state_table(spec.operator_id, spec.name)
+        ctx.stage(
+            name=spec.table_name,
+            uri=uri,
+            kind=TableKind.STATE,
+            data=data,
+            sort_by=(KEY_GROUP, *spec.key_columns),
+            primary_key=tuple(spec.key_columns),
+        )
+
+
+def latest_rows(data: pa.Table, key_columns: list[str]) -> pa.Table:
+    """One row per key, the one with the highest ``_epoch``, tombstones dropped."""
+    if data.num_rows == 0:
+        return data
+    indexed = data.append_column("_row", pa.array(range(data.num_rows), pa.int64()))
+    ordered = indexed.sort_by([(k, "ascending") for k in key_columns] + [("_epoch", "descending")])
+    first = _first_of_runs(ordered.select(key_columns))
+    kept = ordered.filter(pa.array(first))
+    kept = kept.filter(pc.invert(kept["_deleted"]))
+    return kept.drop_columns(["_row"])
+
+
+def _first_of_runs(keys: pa.Table) -> list[bool]:
+    rows = list(zip(*[keys[c].to_pylist() for c in keys.column_names]))
+    return [i == 0 or rows[i] != rows[i - 1] for i in range(len(rows))]
+
+
+def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) -> int | None:
+    """Rewrite a state table to one live row per key; returns the new version.
+
+    A maintenance commit (``dataChange=false``) without an app transaction:
+    the logical content is unchanged, so readers and the consistent cut are
+    unaffected. Called between epochs, under the pipeline's epoch lease.
+    """
+    from deltalake import CommitProperties
+    from deltalake.exceptions import CommitFailedError
+    from deltalake.transaction import AddAction, RemoveAction
+
+    from barrierflow.delta_commit import live_paths, stage_table
+
+    table = open_table(uri)
+    if table is None:
+        return None
+    paths = sorted(live_paths(table))
+    if len(paths) <= 1:
+        return None
+    data = table.to_pyarrow_table()
+    compacted = latest_rows(data, spec.key_columns).cast(spec.arrow_schema())
+    staged = stage_table(uri, f"_compacted/{epoch:010d}-{attempt_id}", compacted, sort_by=(KEY_GROUP, *spec.key_columns))
+    now = time.time_ns() // 1_000_000
+    actions: list[Any] = [
+        AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now, data_change=False, stats=f.stats)
+        for f in staged
+    ]
+    actions += [RemoveAction(path=p, data_change=False, deletion_timestamp=now) for p in paths]
+    try:
+        table.create_write_transaction(
+            actions,
+            mode="append",
+            schema=table.schema(),
+            commit_properties=CommitProperties(
+                custom_metadata={"barrierflow.operation": "compact", "barrierflow.after_epoch": epoch},
+                max_commit_retries=0,
+            ),
+        )
+    except CommitFailedError:
+        return None  # someone else moved the table; compaction is best effort
+    return open_table(uri).version()  # type: ignore[union-attr]
