@@ -46,7 +46,9 @@ def _checkpoints(warehouse: Path) -> list[dict[str, Any]]:
     try:
         records = json.loads(completed.stdout)
     except json.JSONDecodeError as error:
-        raise EngineRunError(f"`checkpoints --json` printed no JSON array ({error}):\n{completed.stdout[:2000]}") from error
+        raise EngineRunError(
+            f"`checkpoints --json` printed no JSON array ({error}):\n{completed.stdout[:2000]}"
+        ) from error
     return sorted(records, key=lambda record: record["epoch"])
 
 

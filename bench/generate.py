@@ -50,9 +50,7 @@ def _temperature_strings(centi_degrees: np.ndarray) -> pa.Array:
     return pc.binary_join_element_wise(sign, whole, ".", hundredths, "")
 
 
-def _json_lines(
-    event_ids: np.ndarray, key_ids: np.ndarray, ts: np.ndarray, centi_degrees: np.ndarray
-) -> pa.Array:
+def _json_lines(event_ids: np.ndarray, key_ids: np.ndarray, ts: np.ndarray, centi_degrees: np.ndarray) -> pa.Array:
     """One newline-terminated JSON object per event, as an Arrow string array."""
     return pc.binary_join_element_wise(
         '{"event_id": "e',
@@ -74,9 +72,7 @@ def _string_buffer(lines: pa.Array) -> memoryview:
     return memoryview(lines.buffers()[2])[offsets[0] : offsets[-1]]
 
 
-def _write_event_file(
-    path: Path, first_event_id: int, key_ids: np.ndarray, rng: np.random.Generator
-) -> None:
+def _write_event_file(path: Path, first_event_id: int, key_ids: np.ndarray, rng: np.random.Generator) -> None:
     """Write one event file atomically; events get consecutive ids and timestamps."""
     count = len(key_ids)
     event_ids = np.arange(first_event_id, first_event_id + count, dtype=np.int64)
@@ -97,7 +93,9 @@ def _split_sizes(total: int, parts: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
-def generate(out_dir: str | Path, events: int = 5_000_000, keys: int = 100_000, files: int = 20, seed: int = 42) -> list[Path]:
+def generate(
+    out_dir: str | Path, events: int = 5_000_000, keys: int = 100_000, files: int = 20, seed: int = 42
+) -> list[Path]:
     """Write ``events`` events over ``keys`` uniformly random keys into ``files`` files.
 
     Timestamps increase with the global event index (plus jitter), so they
@@ -118,7 +116,9 @@ def generate(out_dir: str | Path, events: int = 5_000_000, keys: int = 100_000, 
     return paths
 
 
-def generate_incremental(out_dir: str | Path, keys: int = 1_000_000, changed_fraction: float = 0.01, seed: int = 42) -> list[Path]:
+def generate_incremental(
+    out_dir: str | Path, keys: int = 1_000_000, changed_fraction: float = 0.01, seed: int = 42
+) -> list[Path]:
     """Write the incremental-checkpoint scenario: two files.
 
     File 1 holds exactly one event for each of ``keys`` keys (in random order);
@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     paths = generate(args.out_dir, args.events, args.keys, args.files, args.seed)
     elapsed = time.perf_counter() - started
     size_mb = sum(p.stat().st_size for p in paths) / 1e6
-    print(f"wrote {args.events:,} events over {args.keys:,} keys into {len(paths)} files ({size_mb:,.1f} MB) in {elapsed:.1f}s")
+    print(f"wrote {args.events:,} events over {args.keys:,} keys into {len(paths)} files", end=" ")
+    print(f"({size_mb:,.1f} MB) in {elapsed:.1f}s")
 
 
 if __name__ == "__main__":

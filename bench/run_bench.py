@@ -56,8 +56,10 @@ def _prepare_inputs(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
     started = time.perf_counter()
     generate(stream, args.events, args.keys, args.files, args.seed)
     generate_incremental(incremental, args.incremental_keys, CHANGED_FRACTION, args.seed)
-    print(f"generated {args.events:,} events / {args.keys:,} keys / {args.files} files and the "
-          f"{args.incremental_keys:,}-key incremental input in {time.perf_counter() - started:.1f}s")
+    print(
+        f"generated {args.events:,} events / {args.keys:,} keys / {args.files} files and the "
+        f"{args.incremental_keys:,}-key incremental input in {time.perf_counter() - started:.1f}s"
+    )
     return stream, incremental
 
 
@@ -116,17 +118,21 @@ def run(args: argparse.Namespace) -> None:
         print(describe(result))
     sss = fastest(sss_results)
     ratio = engine["events_per_s"] / sss["batch_events_per_s"]
-    print(f"comparison: engine sum-of-epochs {engine['events_per_s']:,.0f} ev/s vs SSS "
-          f"(shuffle.partitions={sss['shuffle_partitions']}) sum-of-batches {sss['batch_events_per_s']:,.0f} ev/s "
-          f"-> {ratio:.3f}x; steady epoch {engine['steady_epoch_s']:.2f}s vs steady batch {sss['steady_batch_s']:.2f}s; "
-          f"wall-clock (engine incl. start-up, SSS query only): "
-          f"{engine['wall_events_per_s']:,.0f} vs {sss['events_per_s']:,.0f} ev/s")
+    print(
+        f"comparison: engine sum-of-epochs {engine['events_per_s']:,.0f} ev/s vs SSS "
+        f"(shuffle.partitions={sss['shuffle_partitions']}) sum-of-batches {sss['batch_events_per_s']:,.0f} ev/s "
+        f"-> {ratio:.3f}x; steady epoch {engine['steady_epoch_s']:.2f}s vs steady batch {sss['steady_batch_s']:.2f}s; "
+        f"wall-clock (engine incl. start-up, SSS query only): "
+        f"{engine['wall_events_per_s']:,.0f} vs {sss['events_per_s']:,.0f} ev/s"
+    )
     for line in incremental_lines:
         print(line)
     for miss in _missed_targets(ratio, incremental_ratio):
         print(miss)
-    print(f"events_per_s={engine['events_per_s']:.0f} sss_events_per_s={sss['batch_events_per_s']:.0f} "
-          f"ratio={ratio:.3f} incremental_bytes_ratio={incremental_ratio:.3f}")
+    print(
+        f"events_per_s={engine['events_per_s']:.0f} sss_events_per_s={sss['batch_events_per_s']:.0f} "
+        f"ratio={ratio:.3f} incremental_bytes_ratio={incremental_ratio:.3f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -38,12 +38,13 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.window import Window
 
-__all__ = ["EVENT_SCHEMA", "run_sss", "run_sss_isolated", "compare_settings", "fastest", "shuffle_settings"]
+__all__ = ["EVENT_SCHEMA", "compare_settings", "describe", "fastest", "run_sss", "run_sss_isolated", "shuffle_settings"]
 
 EVENT_SCHEMA = "event_id STRING, sensor_id STRING, ts LONG, temperature DOUBLE"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 DRIVER_MEMORY = "4g"
 WARMUP_BATCHES = 2
+MAX_PROGRESS_UPDATES = 100_000
 STDERR_TAIL_LINES = 40
 
 
@@ -59,6 +60,7 @@ def _spark_session() -> SparkSession:
         .appName("barrierflow-bench-sss")
         .config("spark.driver.memory", DRIVER_MEMORY)
         .config("spark.ui.enabled", "false")
+        .config("spark.sql.streaming.numRecentProgressUpdates", str(MAX_PROGRESS_UPDATES))
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .getOrCreate()
@@ -173,7 +175,9 @@ def run_sss_isolated(input_dir: str | Path, work_dir: str | Path, shuffle_partit
     completed = subprocess.run(command, capture_output=True, text=True)
     if completed.returncode != 0:
         tail = "\n".join(completed.stderr.splitlines()[-STDERR_TAIL_LINES:])
-        raise RuntimeError(f"SSS baseline (shuffle partitions {shuffle_partitions}) exited {completed.returncode}:\n{tail}")
+        raise RuntimeError(
+            f"SSS baseline (shuffle partitions {shuffle_partitions}) exited {completed.returncode}:\n{tail}"
+        )
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
@@ -222,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     for result in results:
         print(describe(result))
     best = fastest(results)
-    print(f"faster: shuffle.partitions={best['shuffle_partitions']} ({best['batch_events_per_s']:,.0f} ev/s per-batch basis)")
+    print(f"faster: shuffle.partitions={best['shuffle_partitions']}", end=" ")
+    print(f"({best['batch_events_per_s']:,.0f} ev/s per-batch basis)")
 
 
 if __name__ == "__main__":

@@ -105,7 +105,9 @@ def _table_snapshot(path: Path, name: str, out_dir: Path, known_keys: int) -> tu
     if found is not None:
         keys, source = found
         latest = _latest_per_key(rows, keys)
-        return _write_zstd(latest, out_file), f"{name}: {rows.num_rows:,} rows -> {latest.num_rows:,} keys by {keys} ({source})"
+        return _write_zstd(
+            latest, out_file
+        ), f"{name}: {rows.num_rows:,} rows -> {latest.num_rows:,} keys by {keys} ({source})"
     size = _write_zstd(rows, out_file)
     if rows.num_rows <= known_keys:
         return size, f"{name}: {rows.num_rows:,} rows, keys unknown, written as is"

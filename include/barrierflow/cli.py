@@ -1,0 +1,249 @@
+"""``barrierflow``: run pipelines epoch by epoch, inspect checkpoints, query state."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+from barrierflow.errors import BarrierflowError, ParameterError
+
+__all__ = ["main", "build_parser"]
+
+WAREHOUSE_ENV = "BARRIERFLOW_WAREHOUSE"
+
+
+def _warehouse(args: argparse.Namespace) -> str:
+    return args.warehouse or os.environ.get(WAREHOUSE_ENV) or "./warehouse"
+
+
+def _params(pairs: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ParameterError(f"--param expects NAME=VALUE, got {pair!r}")
+        out[name.strip()] = value
+    return out
+
+
+def _iso_us(us: int | None) -> str | None:
+    if us is None:
+        return None
+    return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pipeline", help="pipeline name (e.g. sensor_stats) or package.module:attribute")
+    p.add_argument(
+        "--warehouse",
+        help=f"warehouse directory or URI (default: ${WAREHOUSE_ENV} or ./warehouse)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="barrierflow",
+        description=(
+            "Exactly-once, checkpointed, stateful stream processing as barrier-delimited epochs: "
+            "PySpark computes each epoch, Delta Lake tables hold state and output, committed in two phases."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="recover, then run epochs (safe to re-run after any crash)")
+    _add_common(run)
+    run.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter (repeatable)")
+    group = run.add_mutually_exclusive_group(required=True)
+    group.add_argument("--epochs", type=int, metavar="N", help="run at most N epochs")
+    group.add_argument("--until-caught-up", action="store_true", help="run epochs until no source has new input")
+    run.add_argument("--master", help="Spark master (default: $BARRIERFLOW_SPARK_MASTER or local[*])")
+
+    status = sub.add_parser("status", help="last completed epoch, pending work, lineage, table versions")
+    _add_common(status)
+    status.add_argument("--json", action="store_true", help="print JSON")
+
+    checkpoints = sub.add_parser("checkpoints", help="the checkpoint log: one line per epoch")
+    _add_common(checkpoints)
+    checkpoints.add_argument("--json", action="store_true", help="print a JSON array")
+
+    query = sub.add_parser(
+        "query",
+        help="SQL over sinks, dead_letter and state tables as of a completed epoch",
+        description=(
+            "Tables: every sink by its name, dead_letter, every state table as <operator_id>__<state> "
+            "(current value per key; raw incremental rows in <operator_id>__<state>__changelog), "
+            "and checkpoints. All tables are read as of the same completed epoch."
+        ),
+    )
+    _add_common(query)
+    query.add_argument("sql", help="the SQL statement")
+    query.add_argument("--as-of-epoch", type=int, metavar="N", help="read every table as of completed epoch N")
+    query.add_argument("--format", choices=("table", "json", "csv"), default="table")
+
+    sub.add_parser("pipelines", help="list the registered pipelines and their parameters")
+    return parser
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from barrierflow.coordinator import CheckpointCoordinator, EpochResult
+    from barrierflow.registry import get_pipeline
+
+    if args.epochs is not None and args.epochs < 1:
+        raise ParameterError("--epochs must be >= 1")
+    if args.master:
+        os.environ["BARRIERFLOW_SPARK_MASTER"] = args.master
+    definition = get_pipeline(args.pipeline)
+    coordinator = CheckpointCoordinator(definition, _params(args.param), _warehouse(args))
+
+    def report(result: EpochResult) -> None:
+        r = result.record
+        print(
+            f"epoch {r.epoch} COMPLETED: rows_in={r.rows_in} rows_out={r.rows_out} "
+            f"dead_letters={r.dead_letters} watermark={_iso_us(r.watermark_us)} "
+            f"duration_ms={r.duration_ms} bytes_written={r.bytes_written}",
+            flush=True,
+        )
+
+    results = coordinator.run(epochs=args.epochs, until_caught_up=args.until_caught_up, on_epoch=report)
+    if not results:
+        print("no new input: nothing to do")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from barrierflow.checkpoint import EpochStatus
+    from barrierflow.checkpoint_log import CheckpointLog
+    from barrierflow.layout import PipelineLayout
+    from barrierflow.storage import exists, list_dir, read_json, join_uri
+
+    layout = PipelineLayout.of(_warehouse(args), args.pipeline)
+    if not exists(layout.pipeline_meta):
+        raise BarrierflowError(f"pipeline {args.pipeline!r} has never run in warehouse {layout.warehouse}")
+    meta = read_json(layout.pipeline_meta) or {}
+    lineages = [n for n in list_dir(layout.lineages) if n.endswith(".json")]
+    lineage = read_json(join_uri(layout.lineages, lineages[-1])) if lineages else {}
+    records = CheckpointLog(layout).lineage_records(lineage.get("lineage_id", ""))
+    last = CheckpointLog.last_completed(records)
+    pending = sorted(
+        {(r.epoch, r.status.value) for r in records if not last or r.epoch > last.epoch},
+    )
+    pending_epochs: dict[int, str] = {}
+    order = [s.value for s in EpochStatus]
+    for epoch, status in pending:
+        if order.index(status) >= order.index(pending_epochs.get(epoch, status)):
+            pending_epochs[epoch] = status
+    doc: dict[str, Any] = {
+        "pipeline": args.pipeline,
+        "warehouse": layout.warehouse,
+        "key_groups": meta.get("key_groups"),
+        "lineage_id": lineage.get("lineage_id"),
+        "last_completed_epoch": last.epoch if last else None,
+        "watermark": _iso_us(last.watermark_us) if last else None,
+        "offsets": last.offsets_json() if last else {},
+        "pending": [{"epoch": e, "status": s} for e, s in sorted(pending_epochs.items())],
+        "tables": last.versions() if last else {},
+    }
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(f"pipeline:             {doc['pipeline']} (key groups: {doc['key_groups']})")
+    print(f"lineage:              {doc['lineage_id']}")
+    print(f"last completed epoch: {doc['last_completed_epoch']}")
+    print(f"watermark:            {doc['watermark']}")
+    pending_text = ", ".join(f"{p['epoch']} {p['status']}" for p in doc["pending"]) or "none"
+    print(f"pending:              {pending_text}")
+    print("tables (Delta version at the last completed epoch):")
+    for name, version in sorted(doc["tables"].items()):
+        print(f"  {name:40s} v{version}")
+    return 0
+
+
+def _cmd_checkpoints(args: argparse.Namespace) -> int:
+    from barrierflow.checkpoint import EpochStatus
+    from barrierflow.checkpoint_log import CheckpointLog
+    from barrierflow.layout import PipelineLayout
+    from barrierflow.storage import exists
+
+    layout = PipelineLayout.of(_warehouse(args), args.pipeline)
+    if not exists(layout.pipeline_meta):
+        raise BarrierflowError(f"pipeline {args.pipeline!r} has never run in warehouse {layout.warehouse}")
+    rank = {s: i for i, s in enumerate(EpochStatus)}
+    latest: dict[tuple[str, int], Any] = {}
+    for r in CheckpointLog(layout).records():
+        ident = (r.lineage_id, r.epoch)
+        if ident not in latest or rank[r.status] > rank[latest[ident].status]:
+            latest[ident] = r
+    rows = [
+        {
+            "epoch": r.epoch,
+            "lineage_id": r.lineage_id,
+            "status": r.status.value,
+            "offsets": r.offsets_json(),
+            "watermark": _iso_us(r.watermark_us),
+            "rows_in": r.rows_in,
+            "rows_out": r.rows_out,
+            "dead_letters": r.dead_letters,
+            "duration_ms": r.duration_ms,
+            "bytes_written": r.bytes_written,
+            "state_bytes_written": r.state_bytes_written,
+            "recorded_at": _iso_us(r.recorded_at_us),
+            "table_versions": r.versions(),
+        }
+        for r in sorted(latest.values(), key=lambda r: r.recorded_at_us)
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'epoch':>5}  {'status':13} {'rows_in':>9} {'rows_out':>9} {'dead':>6} {'ms':>7} {'bytes':>10}  watermark")
+    for row in rows:
+        print(
+            f"{row['epoch']:>5}  {row['status']:13} {row['rows_in'] or '':>9} {row['rows_out'] or '':>9} "
+            f"{row['dead_letters'] if row['dead_letters'] is not None else '':>6} {row['duration_ms'] or '':>7} "
+            f"{row['bytes_written'] or '':>10}  {row['watermark'] or ''}"
+        )
+    return 0
+
+
+def _cmd_query(args: argparse.Namespace) -> int:
+    from barrierflow.query import format_rows, run_query
+
+    table = run_query(_warehouse(args), args.pipeline, args.sql, args.as_of_epoch)
+    print(format_rows(table, args.format))
+    return 0
+
+
+def _cmd_pipelines(args: argparse.Namespace) -> int:
+    from barrierflow.registry import get_pipeline, pipeline_names
+
+    for name in pipeline_names():
+        definition = get_pipeline(name)
+        print(name)
+        for p in definition.params:
+            default = "required" if p.required else f"default {p.default!r}"
+            print(f"  --param {p.name}=<{p.json_type}>  ({default}) {p.description}")
+    return 0
+
+
+_COMMANDS = {
+    "run": _cmd_run,
+    "status": _cmd_status,
+    "checkpoints": _cmd_checkpoints,
+    "query": _cmd_query,
+    "pipelines": _cmd_pipelines,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code = _COMMANDS[args.command](args)
+    except BarrierflowError as exc:
+        print(f"barrierflow: error: {exc}", file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    # delta-rs' runtime threads can abort the interpreter at exit; leave at once.
+    os._exit(code)

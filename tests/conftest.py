@@ -1,0 +1,24 @@
+"""Shared fixtures: one real Spark session (local[*]) for the whole test session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the reference implementation package
+
+os.environ.setdefault("BARRIERFLOW_DRIVER_MEMORY", "2g")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    from barrierflow.spark import get_spark
+
+    session = get_spark("local[2]")
+    yield session
+    session.stop()

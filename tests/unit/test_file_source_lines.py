@@ -1,0 +1,395 @@
+"""barrierflow.sources.file_source: planning, line enumeration and byte-range chunks."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pytest
+
+from barrierflow.errors import PipelineDefinitionError, SourceError
+from barrierflow.sources import file_source
+from barrierflow.sources.file_source import (
+    FileSource,
+    RecordError,
+    _count_lines,
+    _iter_lines,
+    _parse_task,
+    _parsed_schema,
+)
+
+# -- helpers -----------------------------------------------------------------
+
+
+def _task(path: Path | str, byte_start: int = 0, byte_end: int = -1, from_line: int = 0, to_line: int = -1) -> dict[str, Any]:
+    return {
+        "name": Path(path).name,
+        "path": str(path),
+        "byte_start": byte_start,
+        "byte_end": byte_end,
+        "from_line": from_line,
+        "to_line": to_line,
+    }
+
+
+def _expected_lines(data: bytes) -> list[tuple[int, bytes]]:
+    """Independent oracle: 1-based (line number, bytes without the \\n)."""
+    out = []
+    line_no, start = 1, 0
+    while start < len(data):
+        nl = data.find(b"\n", start)
+        if nl < 0:
+            out.append((line_no, data[start:]))
+            break
+        out.append((line_no, data[start:nl]))
+        line_no += 1
+        start = nl + 1
+    return out
+
+
+def _chunked(path: Path, size: int, chunk: int) -> list[tuple[int, bytes]]:
+    got: list[tuple[int, bytes]] = []
+    for start in range(0, size, chunk):
+        got.extend(_iter_lines(_task(path, start, min(size, start + chunk))))
+    return got
+
+
+@pytest.fixture
+def varied_file(tmp_path: Path) -> tuple[Path, bytes]:
+    """Lines of very different lengths: empty, \\r\\n-terminated, multi-byte UTF-8,
+    and a final line without a newline."""
+    rng = random.Random(1234)
+    parts: list[bytes] = []
+    for i in range(120):
+        kind = i % 6
+        if kind == 0:
+            body = b""
+        elif kind == 1:
+            body = b'{"i": %d, "pad": "%s"}' % (i, b"x" * rng.randint(0, 300))
+        elif kind == 2:
+            body = ("température é ✓ %d" % i).encode()
+        elif kind == 3:
+            body = b"y" * rng.randint(1, 3)
+        elif kind == 4:
+            body = b"\r"  # an empty \r\n line
+        else:
+            body = b"z" * rng.randint(40, 90)
+        ending = b"\r\n" if i % 4 == 1 else b"\n"
+        parts.append(body + ending)
+    parts.append(b'{"last": "line without a newline"}')
+    data = b"".join(parts)
+    path = tmp_path / "varied.jsonl"
+    path.write_bytes(data)
+    return path, data
+
+
+# -- _count_lines / whole-file _iter_lines -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "count"),
+    [
+        (b"", 0),
+        (b"a", 1),
+        (b"a\n", 1),
+        (b"a\nb", 2),
+        (b"a\nb\n", 2),
+        (b"\n", 1),
+        (b"\n\n", 2),
+        (b"a\r\nb\r\n", 2),
+    ],
+)
+def test_count_lines_agrees_with_whole_file_enumeration(tmp_path: Path, data: bytes, count: int) -> None:
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(data)
+    assert _count_lines(str(path)) == count
+    assert list(_iter_lines(_task(path))) == _expected_lines(data)
+    assert len(list(_iter_lines(_task(path)))) == count
+
+
+def test_whole_file_enumeration_of_varied_file(varied_file: tuple[Path, bytes]) -> None:
+    path, data = varied_file
+    lines = list(_iter_lines(_task(path)))
+    assert lines == _expected_lines(data)
+    assert lines[-1] == (121, b'{"last": "line without a newline"}')
+    assert lines[1][1].endswith(b"\r")  # \r is left for _decode to strip
+    assert _count_lines(str(path)) == 121
+
+
+def test_from_and_to_line_select_a_slice(varied_file: tuple[Path, bytes]) -> None:
+    path, data = varied_file
+    expected = _expected_lines(data)
+    assert list(_iter_lines(_task(path, from_line=10, to_line=20))) == expected[10:20]
+    assert list(_iter_lines(_task(path, from_line=115))) == expected[115:]
+    assert list(_iter_lines(_task(path, from_line=100, to_line=10_000))) == expected[100:]
+    assert list(_iter_lines(_task(path, from_line=121))) == []
+
+
+# -- byte-range chunking -------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64, 97, 500, 4096, 1 << 20])
+def test_byte_range_chunks_enumerate_every_line_exactly_once(varied_file: tuple[Path, bytes], chunk: int) -> None:
+    path, data = varied_file
+    assert _chunked(path, len(data), chunk) == _expected_lines(data)
+
+
+def test_byte_range_chunks_with_trailing_newline_and_crlf_boundaries(tmp_path: Path) -> None:
+    # Every split point of a small file, including between \r and \n.
+    data = b"ab\r\n\r\ncd\n\nefg\r\nh\n"
+    path = tmp_path / "small.jsonl"
+    path.write_bytes(data)
+    expected = _expected_lines(data)
+    for cut in range(len(data) + 1):
+        got = list(_iter_lines(_task(path, 0, cut))) + list(_iter_lines(_task(path, cut, len(data))))
+        assert got == expected, f"split at byte {cut}"
+
+
+def test_byte_range_owns_lines_starting_inside_it(tmp_path: Path) -> None:
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b"aaaa\nbbbb\ncccc\n")  # lines start at 0, 5, 10
+    assert list(_iter_lines(_task(path, 0, 5))) == [(1, b"aaaa")]
+    assert list(_iter_lines(_task(path, 1, 5))) == []  # mid-line start, no line starts in [1, 5)
+    assert list(_iter_lines(_task(path, 1, 6))) == [(2, b"bbbb")]
+    assert list(_iter_lines(_task(path, 5, 6))) == [(2, b"bbbb")]
+    assert list(_iter_lines(_task(path, 10, 15))) == [(3, b"cccc")]
+
+
+def test_tasks_chunk_only_whole_large_files(monkeypatch: pytest.MonkeyPatch, make_source: Callable[..., FileSource], write_file: Callable[..., Path], landing: Path) -> None:
+    monkeypatch.setattr(file_source, "_CHUNK_BYTES", 10)
+    write_file("a.jsonl", b"x" * 25)
+    write_file("b.jsonl", b"y" * 25)
+    write_file("c.jsonl", b"z" * 5)
+    src = make_source()
+    tasks = src._tasks(str(landing), [["a.jsonl", 0, None, 25], ["b.jsonl", 3, None, 25], ["c.jsonl", 0, 2, 5]])
+    a, b, c = str(landing / "a.jsonl"), str(landing / "b.jsonl"), str(landing / "c.jsonl")
+    assert tasks == [
+        ("a.jsonl", a, 0, -1, 0, 10),
+        ("a.jsonl", a, 0, -1, 10, 20),
+        ("a.jsonl", a, 0, -1, 20, 25),
+        ("b.jsonl", b, 3, -1, 0, -1),  # resumes at a line: not chunked
+        ("c.jsonl", c, 0, 2, 0, -1),  # bounded: not chunked
+    ]
+
+
+def test_tasks_file_exactly_one_chunk_is_not_split(monkeypatch: pytest.MonkeyPatch, make_source: Callable[..., FileSource], landing: Path) -> None:
+    monkeypatch.setattr(file_source, "_CHUNK_BYTES", 10)
+    tasks = make_source()._tasks(str(landing), [["a.jsonl", 0, None, 10], ["b.jsonl", 0, None, 20]])
+    assert [t[4:] for t in tasks] == [(0, -1), (0, 10), (10, 20)]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 5, 33, 256, 100_000])
+def test_tasks_then_iter_lines_reads_the_whole_file(
+    monkeypatch: pytest.MonkeyPatch, make_source: Callable[..., FileSource], varied_file: tuple[Path, bytes], chunk_bytes: int
+) -> None:
+    path, data = varied_file
+    monkeypatch.setattr(file_source, "_CHUNK_BYTES", chunk_bytes)
+    names = ("name", "path", "from_line", "to_line", "byte_start", "byte_end")
+    tasks = make_source(path=str(path.parent))._tasks(str(path.parent), [[path.name, 0, None, len(data)]])
+    got = [line for t in tasks for line in _iter_lines(dict(zip(names, t)))]
+    assert got == _expected_lines(data)
+
+
+# -- planning --------------------------------------------------------------------
+
+
+def test_plan_lexicographic_order_and_ignored_names(make_source: Callable[..., FileSource], write_file: Callable[..., Path], landing: Path) -> None:
+    for name in ("b.jsonl", "a.jsonl", "c.json", "_tmp.jsonl", ".partial.jsonl", "notes.txt", "B.jsonl"):
+        write_file(name, ["{}"])
+    (landing / "dir.jsonl").mkdir()
+    plan = make_source(max_files_per_epoch=100).plan(None, None)
+    assert [r[0] for r in plan["files"]] == ["B.jsonl", "a.jsonl", "b.jsonl", "c.json"]
+    assert plan["file"] == "c.json"
+    assert plan["line"] is None
+    assert all(r[1] == 0 and r[2] is None and r[3] == 3 for r in plan["files"])
+
+
+def test_plan_custom_suffixes(make_source: Callable[..., FileSource], write_file: Callable[..., Path]) -> None:
+    write_file("a.jsonl", ["{}"])
+    write_file("b.json", ["{}"])
+    plan = make_source(suffixes=(".jsonl",)).plan(None, None)
+    assert [r[0] for r in plan["files"]] == ["a.jsonl"]
+
+
+def test_plan_max_files_per_epoch_and_resume_after_last_file(make_source: Callable[..., FileSource], write_file: Callable[..., Path]) -> None:
+    for i in range(5):
+        write_file(f"f{i}.jsonl", ["{}", "{}"])
+    src = make_source(max_files_per_epoch=2)
+    first = src.plan(None, None)
+    assert [r[0] for r in first["files"]] == ["f0.jsonl", "f1.jsonl"]
+    second = src.plan(first, None)
+    assert [r[0] for r in second["files"]] == ["f2.jsonl", "f3.jsonl"]
+    third = src.plan(second, None)
+    assert [r[0] for r in third["files"]] == ["f4.jsonl"]
+    assert src.has_records(third)
+    idle = src.plan(third, None)
+    assert idle == {"file": "f4.jsonl", "line": None, "files": []}
+    assert not src.has_records(idle)
+
+
+def test_plan_on_empty_directory_is_idle(make_source: Callable[..., FileSource]) -> None:
+    assert make_source().plan(None, None) == {"file": None, "line": None, "files": []}
+
+
+def test_plan_picks_up_files_landing_later(make_source: Callable[..., FileSource], write_file: Callable[..., Path]) -> None:
+    src = make_source()
+    write_file("2024-01-01.jsonl", ["{}"])
+    first = src.plan(None, None)
+    write_file("2023-12-31.jsonl", ["{}"])  # sorts before the position: never read
+    write_file("2024-01-02.jsonl", ["{}"])
+    second = src.plan(first, None)
+    assert [r[0] for r in second["files"]] == ["2024-01-02.jsonl"]
+
+
+def test_plan_max_records_splits_inside_a_file_and_resumes(make_source: Callable[..., FileSource], write_file: Callable[..., Path]) -> None:
+    write_file("a.jsonl", [f'{{"n": {i}}}' for i in range(10)])
+    write_file("b.jsonl", [f'{{"n": {i}}}' for i in range(3)])
+    src = make_source(max_records_per_epoch=4, max_files_per_epoch=10)
+    e1 = src.plan(None, None)
+    assert [r[:3] for r in e1["files"]] == [["a.jsonl", 0, 4]]
+    assert (e1["file"], e1["line"]) == ("a.jsonl", 4)
+    e2 = src.plan(e1, None)
+    assert [r[:3] for r in e2["files"]] == [["a.jsonl", 4, 8]]
+    assert (e2["file"], e2["line"]) == ("a.jsonl", 8)
+    e3 = src.plan(e2, None)  # the rest of a.jsonl (2 records) plus 2 of b.jsonl
+    assert [r[:3] for r in e3["files"]] == [["a.jsonl", 8, None], ["b.jsonl", 0, 2]]
+    assert (e3["file"], e3["line"]) == ("b.jsonl", 2)
+    e4 = src.plan(e3, None)
+    assert [r[:3] for r in e4["files"]] == [["b.jsonl", 2, None]]
+    assert (e4["file"], e4["line"]) == ("b.jsonl", None)
+    assert src.plan(e4, None)["files"] == []
+
+
+def test_plan_max_records_ranges_read_every_line_once(make_source: Callable[..., FileSource], write_file: Callable[..., Path], landing: Path) -> None:
+    contents = {"a.jsonl": [f"a{i}" for i in range(7)], "b.jsonl": [f"b{i}" for i in range(5)], "c.jsonl": ["c0"]}
+    for name, lines in contents.items():
+        write_file(name, lines)
+    src = make_source(max_records_per_epoch=3, max_files_per_epoch=2)
+    seen: list[tuple[str, int, bytes]] = []
+    position = None
+    for _ in range(20):
+        plan = src.plan(position, None)
+        if not plan["files"]:
+            break
+        assert sum((r[2] if r[2] is not None else len(contents[r[0]])) - r[1] for r in plan["files"]) <= 3
+        for task in src._tasks(str(landing), plan["files"]):
+            t = dict(zip(("name", "path", "from_line", "to_line", "byte_start", "byte_end"), task))
+            seen.extend((t["name"], n, raw) for n, raw in _iter_lines(t))
+        position = plan
+    expected = [(name, i + 1, line.encode()) for name, lines in contents.items() for i, line in enumerate(lines)]
+    assert seen == expected
+
+
+def test_plan_records_file_sizes(make_source: Callable[..., FileSource], write_file: Callable[..., Path]) -> None:
+    path = write_file("a.jsonl", b'{"x": 1}\n{"x": 2}')
+    plan = make_source(max_records_per_epoch=1).plan(None, None)
+    assert plan["files"] == [["a.jsonl", 0, 1, path.stat().st_size]]
+
+
+def test_plan_arrival_cutoff_skips_newer_files(make_source: Callable[..., FileSource], write_file: Callable[..., Path]) -> None:
+    write_file("a.jsonl", ["{}"], mtime_ms=1_000_000)
+    write_file("b.jsonl", ["{}"], mtime_ms=2_000_000)
+    src = make_source()
+    assert [r[0] for r in src.plan(None, 1_500_000)["files"]] == ["a.jsonl"]
+    assert [r[0] for r in src.plan(None, 2_000_000)["files"]] == ["a.jsonl", "b.jsonl"]
+
+
+def test_plan_missing_directory_is_a_source_error(make_source: Callable[..., FileSource], tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="landing_dir"):
+        make_source(path=str(tmp_path / "missing")).plan(None, None)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"format": "csv"}, "format must be"),
+        ({"max_files_per_epoch": 0}, "max_files_per_epoch"),
+        ({"max_records_per_epoch": 0}, "max_records_per_epoch"),
+        ({"schema": pa.schema([("x", pa.int64())])}, "exactly one of"),  # both schema and parser
+        ({"parser": None, "parser_schema": None}, "exactly one of"),  # neither
+        ({"parser_schema": None}, "parser_schema"),
+    ],
+)
+def test_source_definition_errors(make_source: Callable[..., FileSource], kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(PipelineDefinitionError, match=match):
+        make_source(**kwargs)
+
+
+# -- _parse_task ----------------------------------------------------------------
+
+_SCHEMA = pa.schema([pa.field("n", pa.int64()), pa.field("label", pa.string())])
+
+
+def _parse(path: Path, parser: Callable[[str], dict[str, Any]]) -> list[dict[str, Any]]:
+    batches = list(_parse_task(_task(path), parser, _SCHEMA, _parsed_schema(_SCHEMA)))
+    for batch in batches:
+        assert batch.schema == _parsed_schema(_SCHEMA)
+    return pa.Table.from_batches(batches, schema=_parsed_schema(_SCHEMA)).to_pylist()
+
+
+def _strict_parser(text: str) -> dict[str, Any]:
+    if text.startswith("bad"):
+        raise RecordError(f"bad record: {text}")
+    if text == "empty-reason":
+        raise RecordError("")
+    if text == "boom":
+        raise KeyError("oops")
+    if text == "zero":
+        return {"n": 1 // 0, "label": ""}
+    return {"n": int(text), "label": f"#{text}"}
+
+
+def test_parse_task_routes_errors_to_dead_letters(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"1\nbad one\n\n   \n2\r\nboom\nzero\nempty-reason\n3")
+    rows = _parse(path, _strict_parser)
+    assert rows == [
+        {"n": 1, "label": "#1", "_file": "in.jsonl", "_line": 1, "_raw": None, "_error": None},
+        {"n": None, "label": None, "_file": "in.jsonl", "_line": 2, "_raw": "bad one", "_error": "bad record: bad one"},
+        # lines 3 and 4 are blank: skipped, not records
+        {"n": 2, "label": "#2", "_file": "in.jsonl", "_line": 5, "_raw": None, "_error": None},
+        {"n": None, "label": None, "_file": "in.jsonl", "_line": 6, "_raw": "boom", "_error": "parser failed: KeyError: 'oops'"},
+        {
+            "n": None,
+            "label": None,
+            "_file": "in.jsonl",
+            "_line": 7,
+            "_raw": "zero",
+            "_error": "parser failed: ZeroDivisionError: integer division or modulo by zero",
+        },
+        {"n": None, "label": None, "_file": "in.jsonl", "_line": 8, "_raw": "empty-reason", "_error": "invalid record"},
+        {"n": 3, "label": "#3", "_file": "in.jsonl", "_line": 9, "_raw": None, "_error": None},
+    ]
+
+
+def test_parse_task_invalid_utf8_is_a_dead_letter_without_calling_the_parser(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"1\n\xff\xfe2\n")
+    calls: list[str] = []
+
+    def parser(text: str) -> dict[str, Any]:
+        calls.append(text)
+        return {"n": int(text), "label": None}
+
+    rows = _parse(path, parser)
+    assert calls == ["1"]
+    assert rows[1]["_line"] == 2
+    assert rows[1]["_error"].startswith("not valid UTF-8")
+    assert rows[1]["_raw"] == "\ufffd\ufffd2"
+    assert rows[1]["n"] is None
+
+
+def test_parse_task_batches(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(f"{i}\n" for i in range(10)))
+    batches = list(_parse_task(_task(path), _strict_parser, _SCHEMA, _parsed_schema(_SCHEMA), batch_rows=4))
+    assert [b.num_rows for b in batches] == [4, 4, 2]
+    assert [r["n"] for b in batches for r in b.to_pylist()] == list(range(10))
+
+
+def test_parse_task_empty_range_yields_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text("1\n2\n")
+    assert list(_parse_task(_task(path, from_line=2), _strict_parser, _SCHEMA, _parsed_schema(_SCHEMA))) == []

@@ -1,0 +1,129 @@
+"""barrierflow.storage: URIs, put-if-absent and JSON documents on the local file system."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from barrierflow import storage
+from barrierflow.errors import ConfigurationError, StorageError
+
+
+def _temp_files(directory: Path) -> list[str]:
+    return [n for n in os.listdir(directory) if n.startswith(".tmp-")]
+
+
+def test_put_if_absent_first_writer_wins(tmp_path: Path) -> None:
+    uri = str(tmp_path / "docs" / "epoch-1.json")
+    assert storage.put_if_absent(uri, b"first") is True
+    assert storage.put_if_absent(uri, b"second") is False
+    assert Path(uri).read_bytes() == b"first"
+    assert _temp_files(tmp_path / "docs") == []
+
+
+def test_put_if_absent_creates_missing_directories(tmp_path: Path) -> None:
+    uri = str(tmp_path / "a" / "b" / "c" / "obj")
+    assert storage.put_if_absent(uri, b"x")
+    assert Path(uri).read_bytes() == b"x"
+
+
+def test_put_if_absent_accepts_file_uris(tmp_path: Path) -> None:
+    uri = f"file://{tmp_path}/obj"
+    assert storage.put_if_absent(uri, b"data")
+    assert (tmp_path / "obj").read_bytes() == b"data"
+    assert storage.exists(uri)
+
+
+def test_put_if_absent_concurrent_writers_exactly_one_wins(tmp_path: Path) -> None:
+    uri = str(tmp_path / "race" / "manifest.json")
+    writers = 16
+    start = threading.Barrier(writers)
+    results: dict[int, bool] = {}
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        try:
+            start.wait()
+            results[i] = storage.put_if_absent(uri, f"writer-{i}".encode())
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert errors == []
+    assert len(results) == writers
+    winners = [i for i, created in results.items() if created]
+    assert len(winners) == 1
+    assert Path(uri).read_bytes() == f"writer-{winners[0]}".encode()
+    assert os.listdir(tmp_path / "race") == ["manifest.json"]
+
+
+def test_put_if_absent_wraps_os_errors(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StorageError, match="cannot write"):
+        storage.put_if_absent(str(blocker / "child"), b"x")
+
+
+def test_write_json_if_absent_and_read_json_round_trip(tmp_path: Path) -> None:
+    uri = str(tmp_path / "doc.json")
+    doc = {"b": [1, 2, None], "a": {"nested": True}}
+    assert storage.write_json_if_absent(uri, doc) is True
+    assert storage.write_json_if_absent(uri, {"other": 1}) is False
+    assert storage.read_json(uri) == doc
+
+
+def test_read_json_missing_is_none(tmp_path: Path) -> None:
+    assert storage.read_json(str(tmp_path / "nope.json")) is None
+    assert storage.read_json(str(tmp_path / "no" / "dir" / "nope.json")) is None
+
+
+def test_read_json_invalid_document_is_a_storage_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(StorageError, match="cannot read"):
+        storage.read_json(str(path))
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/warehouse", "gs://bucket/w", "abfss://c@acct.dfs.core.windows.net/w"])
+def test_normalize_uri_rejects_object_stores(uri: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        storage.normalize_uri(uri)
+    assert uri in str(info.value)
+    assert "local paths" in str(info.value)
+
+
+def test_normalize_uri_local_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert storage.normalize_uri("/abs/path") == "/abs/path"
+    assert storage.normalize_uri("file:///abs/path") == "/abs/path"
+    assert storage.normalize_uri("rel/dir") == str(tmp_path / "rel" / "dir")
+    assert storage.normalize_uri("/a/b/../c") == "/a/c"
+    assert storage.normalize_uri("~/x") == os.path.join(os.path.expanduser("~"), "x")
+
+
+def test_join_uri_uses_slashes() -> None:
+    assert storage.join_uri("file:///w/", "/pipe/", "state") == "file:///w/pipe/state"
+    assert storage.join_uri("/w") == "/w"
+
+
+def test_list_dir_sorted_and_missing_is_empty(tmp_path: Path) -> None:
+    for name in ("b", "a", "c"):
+        (tmp_path / name).write_text("")
+    assert storage.list_dir(str(tmp_path)) == ["a", "b", "c"]
+    assert storage.list_dir(str(tmp_path / "missing")) == []
+
+
+def test_file_size_and_remove_tree(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "f").write_bytes(b"12345")
+    assert storage.file_size(str(tmp_path / "t" / "f")) == 5
+    storage.remove_tree(str(tmp_path / "t"))
+    assert not storage.exists(str(tmp_path / "t"))
+    storage.remove_tree(str(tmp_path / "t"))  # removing again is fine
