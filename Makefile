@@ -16,10 +16,12 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-# Until the Airflow issue lands, the main job is the reference pipeline run
-# from the CLI over a generated landing directory.
+# The main job on embedded defaults: sample input in ./landing, Spark
+# local[*], tables in ./warehouse. Re-running adds files and runs new epochs.
 run: setup
-	$(BIN)/barrierflow demo
+	$(BIN)/barrierflow generate ./landing --files 4 --start-index $$(ls landing 2>/dev/null | grep -c '\.jsonl$$')
+	$(BIN)/barrierflow run sensor_stats --param landing_dir=./landing --param max_files_per_epoch=2 --until-caught-up
+	$(BIN)/barrierflow query sensor_stats "SELECT * FROM sensor_totals ORDER BY sensor_id"
 
 test: setup
 	$(BIN)/pytest
@@ -28,7 +30,7 @@ bench: setup
 	$(BIN)/python bench/run_bench.py
 
 lock:
-	$(BIN)/pip freeze --exclude-editable | grep -vE '^(pip)==' > requirements.txt.new && mv requirements.txt.new requirements.txt
+	$(BIN)/pip freeze --all --exclude-editable | grep -vE '^(pip)==' > requirements.txt.new && mv requirements.txt.new requirements.txt
 
 clean:
 	rm -rf warehouse landing bench-work .pytest_cache

@@ -85,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--format", choices=("table", "json", "csv"), default="table")
 
     sub.add_parser("pipelines", help="list the registered pipelines and their parameters")
+
+    generate = sub.add_parser("generate", help="write sample sensor_stats input files into a landing directory")
+    generate.add_argument("landing_dir")
+    generate.add_argument("--files", type=int, default=6, help="number of files (default 6)")
+    generate.add_argument("--records-per-file", type=int, default=200, help="lines per file (default 200)")
+    generate.add_argument("--start-index", type=int, default=0, help="index of the first file (default 0)")
+    generate.add_argument("--seed", type=int, default=0)
     return parser
 
 
@@ -228,12 +235,26 @@ def _cmd_pipelines(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+
+    if args.files < 1 or args.records_per_file < 1 or args.start_index < 0:
+        raise ParameterError("--files and --records-per-file must be >= 1, --start-index >= 0")
+    spec = SensorStreamSpec(
+        n_files=args.start_index + args.files, records_per_file=args.records_per_file, seed=args.seed
+    )
+    paths = write_sensor_files(args.landing_dir, spec, start_index=args.start_index, count=args.files)
+    print(f"wrote {len(paths)} file(s) to {args.landing_dir}: {paths[0].name} .. {paths[-1].name}")
+    return 0
+
+
 _COMMANDS = {
     "run": _cmd_run,
     "status": _cmd_status,
     "checkpoints": _cmd_checkpoints,
     "query": _cmd_query,
     "pipelines": _cmd_pipelines,
+    "generate": _cmd_generate,
 }
 
 

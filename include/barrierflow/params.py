@@ -53,7 +53,7 @@ class Param:
                     out = False
                 else:
                     raise ValueError(value)
-            elif self.type is int and isinstance(value, float):
+            elif self.type is int and isinstance(value, (float, bool)):
                 raise ValueError(value)
             else:
                 out = self.type(value)
@@ -61,7 +61,9 @@ class Param:
             raise ParameterError(
                 f"parameter {self.name!r} expects {self.json_type}, got {value!r}"
             ) from None
-        if self.minimum is not None and out < self.minimum:
+        if self.type is float and out != out:
+            raise ParameterError(f"parameter {self.name!r} must be a number, got NaN")
+        if self.minimum is not None and not out >= self.minimum:
             raise ParameterError(f"parameter {self.name!r} must be >= {self.minimum}, got {out!r}")
         return out
 

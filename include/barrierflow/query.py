@@ -12,8 +12,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
-from datetime import date, datetime, timezone
+from datetime import date, datetime, time as dtime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -85,9 +87,14 @@ def run_query(warehouse: str, pipeline: str, sql: str, as_of_epoch: int | None =
         raise QueryError(f"query failed: {message}") from exc
 
 
+_LEADING_COMMENTS = r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*"
+
+
 def _with_views(sql: str, views: list[str]) -> str:
+    """Prefix the state views as CTEs, merging with the query's own WITH."""
     if not views:
         return sql
+    sql = re.sub(_LEADING_COMMENTS, "", sql, count=1, flags=re.DOTALL)
     match = re.match(r"^\s*with\s+(recursive\s+)?", sql, flags=re.IGNORECASE)
     if match:
         return f"WITH {match.group(1) or ''}{', '.join(views)}, {sql[match.end():]}"
@@ -99,16 +106,20 @@ def to_jsonable(value: Any) -> Any:
         if value.tzinfo is None:
             value = value.replace(tzinfo=timezone.utc)
         return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
-    if isinstance(value, date):
+    if isinstance(value, (date, dtime)):
         return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()  # durations as seconds: a plain JSON number
+    if isinstance(value, Decimal):
+        return str(value)  # exact: a float would round
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
     if isinstance(value, dict):
         return {k: to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, float) and value != value:
-        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # NaN and infinities are not valid JSON
     return value
 
 

@@ -7,6 +7,7 @@ stages every table's files (invisible) and writes the manifest put-if-absent.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["EpochContext", "process_epoch"]
+
+_log = logging.getLogger(__name__)
 
 
 class EpochContext:
@@ -70,6 +73,10 @@ class EpochContext:
         df = df.persist(StorageLevel.MEMORY_AND_DISK)
         self._persisted.append(df)
         return df
+
+    def track(self, *frames: "DataFrame") -> None:
+        """Release these (already persisted) frames at the end of the epoch."""
+        self._persisted.extend(frames)
 
     def touched_key_groups(self, keyed: "DataFrame") -> list[int]:
         return sorted(r[0] for r in keyed.select(KEY_GROUP).distinct().collect())
@@ -171,6 +178,7 @@ def process_epoch(
             if isinstance(node, SourceNode):
                 assert node.source is not None
                 batch = node.source.read(spark, barrier.end_offsets[node.source.source_id], pipe.parallelism)
+                ctx.track(*batch.shared)
                 records = ctx.persist(batch.records)
                 dead = ctx.persist(batch.dead_letters)
                 rows_in += records.count() + dead.count()
@@ -179,7 +187,9 @@ def process_epoch(
                 faults.maybe_fail("process.after_read")
                 continue
             assert node.parent is not None
+            node_started = time.monotonic()
             df = node.apply(ctx, outputs[id(node.parent)])
+            _log.info("epoch %d: %s took %.0f ms", barrier.epoch, node.operator_id, (time.monotonic() - node_started) * 1000)
             if len(pipe.children(node)) > 1:
                 df = ctx.persist(df)
             outputs[id(node)] = df

@@ -32,7 +32,7 @@ def get_spark(master: str | None = None) -> "SparkSession":
         .config("spark.sql.session.timeZone", "UTC")  # all event time is UTC
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")  # never INT96
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.sql.adaptive.enabled", os.environ.get("BARRIERFLOW_SPARK_AQE", "false"))
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

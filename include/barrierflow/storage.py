@@ -85,17 +85,18 @@ def put_if_absent(uri: str, data: bytes) -> bool:
     try:
         os.makedirs(directory, exist_ok=True)
         tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
         try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
             os.link(tmp, path)
             created = True
         except FileExistsError:
             created = False
         finally:
-            os.unlink(tmp)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
         if created:
             _fsync_dir(directory)
         return created

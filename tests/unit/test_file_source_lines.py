@@ -393,3 +393,16 @@ def test_parse_task_empty_range_yields_nothing(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
     path.write_text("1\n2\n")
     assert list(_parse_task(_task(path, from_line=2), _strict_parser, _SCHEMA, _parsed_schema(_SCHEMA))) == []
+
+
+def test_raw_task_strips_cr_skips_blank_lines_and_flags_bad_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "raw.jsonl"
+    path.write_bytes(b'{"a": 1}\r\n\n  \n\xc3\x28\n{"b": 2}')
+    rows = [r for batch in file_source._raw_task(_task(path)) for r in batch.to_pylist()]
+    assert [(r["_file"], r["_line"], r["_raw"]) for r in rows] == [
+        ("raw.jsonl", 1, '{"a": 1}'),
+        ("raw.jsonl", 4, "\ufffd("),
+        ("raw.jsonl", 5, '{"b": 2}'),
+    ]
+    assert rows[0]["_error"] is None and rows[2]["_error"] is None
+    assert rows[1]["_error"].startswith("not valid UTF-8")

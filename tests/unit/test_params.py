@@ -158,3 +158,12 @@ def test_resolve_does_not_mutate_the_given_mapping() -> None:
     given = {"landing_dir": "/d", "max_files": "4"}
     resolve_params(DECLARED, given)
     assert given == {"landing_dir": "/d", "max_files": "4"}
+
+
+def test_minimum_rejects_nan() -> None:
+    param = Param("ratio", float, minimum=0.0)
+    try:
+        out = param.coerce("nan")
+    except ParameterError:
+        return
+    raise AssertionError(f"coerce('nan') returned {out!r} instead of raising ParameterError")

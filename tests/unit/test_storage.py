@@ -127,3 +127,17 @@ def test_file_size_and_remove_tree(tmp_path: Path) -> None:
     storage.remove_tree(str(tmp_path / "t"))
     assert not storage.exists(str(tmp_path / "t"))
     storage.remove_tree(str(tmp_path / "t"))  # removing again is fine
+
+
+def test_put_if_absent_failed_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(storage.os, "fsync", no_space)
+    with pytest.raises(StorageError, match="No space left"):
+        storage.put_if_absent(str(tmp_path / "obj"), b"data")
+    monkeypatch.undo()
+    assert not (tmp_path / "obj").exists()
+    assert _temp_files(tmp_path) == [], "temporary file left behind"

@@ -158,7 +158,7 @@ class RunningAggregate(Node):
             F.collect_list(F.struct("_source", "_file", "_line", *[F.col(c).cast("double").alias(c) for c in columns]))
         )
         epoch = keyed.groupBy(*self.key, KEY_GROUP).agg(ordered.alias("_vals"))
-        prior = ctx.state.read(spec, ctx.touched_key_groups(keyed)).drop(KEY_GROUP, "_updated_at_ms")
+        prior = ctx.state.read(spec, keyed).drop(KEY_GROUP, "_updated_at_ms")
         prior = prior.select(*self.key, *[F.col(n).alias(f"_prev_{n}") for n, _, _ in accs])
         merged = epoch.join(prior, on=list(self.key), how="left")
         new_cols = []

@@ -43,7 +43,7 @@ class Deduplicate(Node):
         # First occurrence within the epoch, by arrival position.
         first = Window.partitionBy(*self.key).orderBy(*position_order())
         firsts = keyed.withColumn("_rn", F.row_number().over(first)).where("_rn = 1").drop("_rn")
-        seen = ctx.state.read(spec, ctx.touched_key_groups(keyed)).select(*self.key)
+        seen = ctx.state.read(spec, keyed).select(*self.key)
         fresh = firsts.join(seen, on=list(self.key), how="left_anti")
         fresh = ctx.persist(fresh)
         ctx.state.stage(

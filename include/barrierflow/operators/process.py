@@ -97,11 +97,10 @@ class KeyedProcess(Node):
         descriptors = fn.state_descriptors
         specs = [self._spec(d, key_types) for d in descriptors]
         keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
-        touched = ctx.touched_key_groups(keyed)
         # All descriptors' live state, side by side in one wide frame.
         state_frames = []
         for d, spec in zip(descriptors, specs):
-            live = ctx.state.read(spec, touched)
+            live = ctx.state.read(spec, keyed)
             cols = [F.col(k) for k in self.key] + [F.col(KEY_GROUP)]
             for other in descriptors:
                 if other.name == d.name:

@@ -27,6 +27,8 @@ class SourceBatch:
 
     records: "DataFrame"
     dead_letters: "DataFrame"
+    # Frames both outputs derive from; the runtime caches them so input is parsed once.
+    shared: tuple["DataFrame", ...] = ()
 
 
 class Source(Protocol):

@@ -213,7 +213,7 @@ class FileSource:
                 .alias("_error"),
                 "_value.*",
             )
-        parsed = parsed.withColumn("_source", F.lit(source_id))
+        parsed = parsed.withColumn("_source", F.lit(source_id)).persist()
         records = parsed.where(F.col("_error").isNull()).drop("_error", "_raw")
         fields = [f.name for f in (self.parser_schema if self.parser is not None else self.schema)]  # type: ignore[union-attr]
         records = records.select(*fields, "_source", "_file", "_line")
@@ -224,7 +224,7 @@ class FileSource:
             F.col("_raw").alias("raw"),
             F.col("_error").alias("reason"),
         )
-        return SourceBatch(records=records, dead_letters=dead)
+        return SourceBatch(records=records, dead_letters=dead, shared=(parsed,))
 
     def _read_parquet(self, spark: "SparkSession", base: str, ranges: list[list[Any]]) -> SourceBatch:
         from pyspark.sql import functions as F

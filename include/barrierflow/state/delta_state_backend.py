@@ -28,14 +28,18 @@ if TYPE_CHECKING:
 
 __all__ = ["DeltaStateBackend", "latest_rows", "compact"]
 
+# Below this many files, listing the touched key groups costs more than it saves.
+_PRUNE_MIN_FILES = 4
+
 
 class DeltaStateBackend:
     """Reads state as of the last completed epoch and stages this epoch's changes."""
 
     def __init__(self, ctx: "EpochContext") -> None:
         self._ctx = ctx
+        self._pruned: dict[str, list[int]] = {}
 
-    def _files(self, spec: StateSpec, key_groups: list[int] | None) -> list[str]:
+    def _files(self, spec: StateSpec, touched: "DataFrame | None") -> list[str]:
         ctx = self._ctx
         uri = ctx.layout.state_table(spec.operator_id, spec.name)
         table = open_table(uri)
@@ -50,9 +54,10 @@ class DeltaStateBackend:
         ctx.base_versions[spec.table_name] = table.version()
         actions = pa.table(table.get_add_actions(flatten=True))
         paths = actions.column("path").to_pylist()
-        if key_groups is None or f"min.{KEY_GROUP}" not in actions.column_names:
+        if touched is None or len(paths) < _PRUNE_MIN_FILES or f"min.{KEY_GROUP}" not in actions.column_names:
             return [join_uri(uri, p) for p in paths]
-        wanted = sorted(set(key_groups))
+        wanted = ctx.touched_key_groups(touched)
+        self._pruned[spec.table_name] = wanted
         lows = actions.column(f"min.{KEY_GROUP}").to_pylist()
         highs = actions.column(f"max.{KEY_GROUP}").to_pylist()
         out = []
@@ -63,20 +68,26 @@ class DeltaStateBackend:
                 out.append(join_uri(uri, path))
         return out
 
-    def read(self, spec: StateSpec, key_groups: list[int] | None = None) -> "DataFrame":
-        """Live rows (latest per key, not deleted, not expired) of ``spec``."""
+    def read(self, spec: StateSpec, touched: "DataFrame | None" = None) -> "DataFrame":
+        """Live rows (latest per key, not deleted, not expired) of ``spec``.
+
+        ``touched`` (the epoch's keyed records) lets the read skip files of key
+        groups the epoch does not touch, once a table has enough files for
+        that to pay off; without it every key group is read.
+        """
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 
         ctx = self._ctx
         schema = from_arrow_schema(spec.arrow_schema())
-        files = self._files(spec, key_groups)
+        files = self._files(spec, touched)
         if not files:
             df = ctx.spark.createDataFrame([], schema)
         else:
             df = ctx.spark.read.schema(schema).parquet(*files)
-            if key_groups is not None:
-                df = df.where(F.col(KEY_GROUP).isin(sorted(set(key_groups))))
+            wanted = self._pruned.get(spec.table_name)
+            if wanted is not None:
+                df = df.where(F.col(KEY_GROUP).isin(wanted))
         keys = spec.key_columns
         rest = [c for c in df.columns if c not in keys]
         latest = df.groupBy(*keys).agg(F.max_by(F.struct(*rest), F.col("_epoch")).alias("_s")).select(*keys, "_s.*")

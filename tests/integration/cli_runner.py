@@ -1,0 +1,34 @@
+"""Run the real ``barrierflow`` CLI in a subprocess (what a crash test kills)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+__all__ = ["barrierflow_cmd", "run_cli", "cli_env"]
+
+
+def barrierflow_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "barrierflow", *args]
+
+
+def cli_env(fault: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "BARRIERFLOW_FAULT"}
+    env["BARRIERFLOW_SPARK_MASTER"] = "local[2]"
+    if fault:
+        env["BARRIERFLOW_FAULT"] = fault
+    return env
+
+
+def run_sensor_stats(warehouse: Path, landing: Path, fault: str | None = None, extra: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    cmd = barrierflow_cmd(
+        "run", "sensor_stats", "--warehouse", str(warehouse),
+        "--param", f"landing_dir={landing}", "--param", "max_files_per_epoch=2", "--until-caught-up", *extra,
+    )
+    return subprocess.run(cmd, env=cli_env(fault), capture_output=True, text=True, timeout=600)
+
+
+run_cli = run_sensor_stats

@@ -1,0 +1,83 @@
+"""Concurrent attempts of the same epochs, and the guard that prevents them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+from cli_runner import barrierflow_cmd, cli_env, run_sensor_stats
+from sensor_check import (
+    assert_matches_reference,
+    assert_nothing_staged_visible,
+    assert_one_commit_per_table_per_epoch,
+    reference_for,
+)
+
+pytestmark = pytest.mark.slow
+
+_UNGUARDED = textwrap.dedent(
+    """
+    import sys
+    from barrierflow.coordinator import CheckpointCoordinator
+    from barrierflow.registry import get_pipeline
+    from barrierflow.errors import BarrierflowError
+
+    coordinator = CheckpointCoordinator(
+        get_pipeline("sensor_stats"),
+        {"landing_dir": sys.argv[1], "max_files_per_epoch": 2},
+        sys.argv[2],
+        use_lease=False,  # bypass the guard: both attempts race on every epoch
+    )
+    try:
+        coordinator.run(until_caught_up=True)
+    except BarrierflowError as exc:  # losing a race may fence this attempt
+        print("fenced:", exc)
+    """
+)
+
+
+def test_two_unguarded_attempts_race_and_output_is_exactly_once(tmp_path: Path) -> None:
+    landing, warehouse = tmp_path / "landing", tmp_path / "wh"
+    write_sensor_files(landing, SensorStreamSpec(n_files=6, records_per_file=60, seed=31))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _UNGUARDED, str(landing), str(warehouse)],
+            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for _ in range(2)
+    ]
+    for proc in procs:
+        proc.communicate(timeout=600)
+    final = run_sensor_stats(warehouse, landing)
+    assert final.returncode == 0, final.stderr[-2000:]
+    assert_matches_reference(warehouse, reference_for(landing, 2))
+    assert_one_commit_per_table_per_epoch(warehouse, 3)
+    assert_nothing_staged_visible(warehouse)
+
+
+def test_epoch_lease_refuses_a_second_run(tmp_path: Path) -> None:
+    landing, warehouse = tmp_path / "landing", tmp_path / "wh"
+    write_sensor_files(landing, SensorStreamSpec(n_files=6, records_per_file=40, seed=32))
+    cmd = barrierflow_cmd(
+        "run", "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}",
+        "--param", "max_files_per_epoch=1", "--until-caught-up",
+    )
+    first = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lease = warehouse / "sensor_stats" / "_lease"
+    deadline = time.monotonic() + 120
+    while not lease.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert lease.exists(), "the first run never took the epoch lease"
+    second = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert second.returncode == 1
+    assert "never run concurrently" in second.stderr
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-2000:]
+    assert not lease.exists()
+    assert_matches_reference(warehouse, reference_for(landing, 1))

@@ -1,0 +1,96 @@
+"""Crash and resume at every phase boundary: exactly-once output afterwards.
+
+Each case ends a real ``barrierflow run`` with SIGKILL at a fault point (the
+n-th crossing, so some crash inside epoch 2 after epoch 1 completed, and the
+commit cases crash between the Delta commits of different tables), then runs
+it again and checks the tables against the reference, exactly one Delta
+commit per table per epoch, and that no staged file became visible.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+from cli_runner import barrierflow_cmd, cli_env, run_sensor_stats
+from sensor_check import (
+    assert_matches_reference,
+    assert_nothing_staged_visible,
+    assert_one_commit_per_table_per_epoch,
+    reference_for,
+)
+
+pytestmark = pytest.mark.slow
+
+# (fault point, crossing): 9 tables commit per epoch, so commit.*:5 is in the
+# middle of epoch 1's commits and commit.after_delta_commit:12 inside epoch 2's.
+CASES = [
+    ("recover.start", 2),
+    ("barrier.before_write", 1),
+    ("barrier.after_write", 2),
+    ("process.after_read", 1),
+    ("process.after_stage", 2),
+    ("process.before_manifest", 1),
+    ("process.after_manifest", 2),
+    ("commit.before_delta_commit", 5),
+    ("commit.after_delta_commit", 12),
+    ("commit.before_completed", 1),
+    ("commit.after_completed", 2),
+    ("notify.start", 1),
+]
+
+
+@pytest.fixture(scope="module")
+def landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("crash") / "landing"
+    write_sensor_files(path, SensorStreamSpec(n_files=4, records_per_file=60, seed=21, late_rate=0.05))
+    return path
+
+
+@pytest.mark.parametrize(("point", "crossing"), CASES, ids=[f"{p}:{n}" for p, n in CASES])
+def test_crash_then_resume_is_exactly_once(point: str, crossing: int, landing: Path, tmp_path: Path) -> None:
+    warehouse = tmp_path / "wh"
+    crashed = run_sensor_stats(warehouse, landing, fault=f"{point}:{crossing}")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    resumed = run_sensor_stats(warehouse, landing)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_matches_reference(warehouse, reference_for(landing, 2))
+    assert_one_commit_per_table_per_epoch(warehouse, 2)
+    assert_nothing_staged_visible(warehouse)
+
+
+def test_kill_minus_nine_at_random_times(landing: Path, tmp_path: Path) -> None:
+    warehouse = tmp_path / "wh"
+    rng = random.Random(1234)
+    for _ in range(3):
+        proc = subprocess.Popen(
+            barrierflow_cmd(
+                "run", "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}",
+                "--param", "max_files_per_epoch=1", "--until-caught-up",
+            ),
+            env=cli_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        time.sleep(rng.uniform(4.0, 14.0))
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its JVM, as a lost machine would
+        proc.wait()
+    final = subprocess.run(
+        barrierflow_cmd(
+            "run", "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}",
+            "--param", "max_files_per_epoch=1", "--until-caught-up",
+        ),
+        env=cli_env(), capture_output=True, text=True, timeout=600,
+    )
+    assert final.returncode == 0, final.stderr[-2000:]
+    assert_matches_reference(warehouse, reference_for(landing, 1))
+    assert_one_commit_per_table_per_epoch(warehouse, 4)
+    assert_nothing_staged_visible(warehouse)
