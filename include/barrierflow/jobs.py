@@ -1,0 +1,46 @@
+"""Entry points of the PySpark jobs in ``spark_jobs/`` (what spark-submit runs).
+
+Each job performs one lifecycle step in its own process, reading everything it
+needs from the warehouse, so an orchestrator can run the steps as separate
+tasks (the Airflow DAG submits ``process_epoch`` with SparkSubmitOperator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from barrierflow.errors import BarrierflowError
+
+__all__ = ["process_epoch_main"]
+
+
+def process_epoch_main(argv: Sequence[str] | None = None) -> int:
+    """Process + pre-commit the planned epoch of a pipeline (step 3); idempotent."""
+    from barrierflow.cli import _params
+    from barrierflow.coordinator import CheckpointCoordinator
+    from barrierflow.registry import get_pipeline
+
+    parser = argparse.ArgumentParser(prog="process_epoch", description=process_epoch_main.__doc__)
+    parser.add_argument("pipeline")
+    parser.add_argument("--warehouse", default=os.environ.get("BARRIERFLOW_WAREHOUSE", "./warehouse"))
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    args = parser.parse_args(argv)
+    try:
+        coordinator = CheckpointCoordinator(get_pipeline(args.pipeline), _params(args.param), args.warehouse)
+        recovery = coordinator.recover()
+        barrier = recovery.pending_barrier
+        if barrier is None:
+            print(f"{args.pipeline}: no planned epoch to process")
+            return 0
+        manifest = coordinator.process(barrier, recovery)
+        print(
+            f"{args.pipeline}: epoch {manifest.epoch} pre-committed by attempt {manifest.attempt_id}: "
+            f"{manifest.rows_in} rows in, {manifest.rows_out} rows out, {manifest.bytes_written} bytes staged"
+        )
+        return 0
+    except BarrierflowError as exc:
+        print(f"process_epoch: error: {exc}", file=sys.stderr)
+        return 1

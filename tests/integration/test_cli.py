@@ -1,0 +1,99 @@
+"""The ``barrierflow`` command line, end to end in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli_runner import barrierflow_cmd, cli_env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(barrierflow_cmd(*args), env=env or cli_env(), capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+@pytest.mark.parametrize("command", ["run", "status", "checkpoints", "query", "generate"])
+def test_help_documents_every_command(command: str) -> None:
+    result = _cli(command, "--help")
+    assert result.returncode == 0
+    assert "usage: barrierflow " + command in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "nope", "--epochs", "1"], "unknown pipeline 'nope'"),
+        (["run", "sensor_stats", "--epochs", "1"], "missing required parameter 'landing_dir'"),
+        (["run", "sensor_stats", "--epochs", "1", "--param", "landing_dir=/no/such/dir"], "does not exist"),
+        (["run", "sensor_stats", "--epochs", "1", "--param", "landing_dir=.", "--param", "parallelism=two"], "expects integer"),
+        (["run", "sensor_stats", "--epochs", "1", "--param", "colour=red"], "unknown parameter(s) colour"),
+        (["run", "sensor_stats", "--epochs", "0", "--param", "landing_dir=."], "--epochs must be >= 1"),
+        (["status", "sensor_stats"], "has never run"),
+        (["query", "sensor_stats", "select 1"], "has no data"),
+    ],
+)
+def test_bad_input_exits_non_zero_with_a_clear_message(args: list[str], message: str, tmp_path: Path) -> None:
+    env = cli_env()
+    env["BARRIERFLOW_WAREHOUSE"] = str(tmp_path / "wh")
+    result = _cli(*args, cwd=tmp_path, env=env)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_run_status_checkpoints_query(tmp_path: Path) -> None:
+    env = cli_env()
+    env["BARRIERFLOW_WAREHOUSE"] = str(tmp_path / "wh")  # the env var sets the warehouse too
+    landing = tmp_path / "landing"
+    assert _cli("generate", str(landing), "--files", "3", "--records-per-file", "50", env=env).returncode == 0
+    run = _cli("run", "sensor_stats", "--param", f"landing_dir={landing}", "--param", "max_files_per_epoch=2", "--until-caught-up", env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "epoch 1 COMPLETED" in run.stdout and "epoch 2 COMPLETED" in run.stdout
+
+    status = json.loads(_cli("status", "sensor_stats", "--json", env=env).stdout)
+    assert status["last_completed_epoch"] == 2 and status["pending"] == [] and status["key_groups"] == 128
+    assert set(status["tables"]) >= {"sensor_totals", "sensor_minute", "alerts", "late_readings", "dead_letter", "dedup__seen"}
+
+    log = json.loads(_cli("checkpoints", "sensor_stats", "--json", env=env).stdout)
+    assert [(c["epoch"], c["status"]) for c in log] == [(1, "COMPLETED"), (2, "COMPLETED")]
+    assert all(c["rows_in"] > 0 and c["bytes_written"] > 0 and c["duration_ms"] > 0 for c in log)
+
+    now = json.loads(_cli("query", "sensor_stats", "--format", "json", "select sum(count) as n from sensor_totals", env=env).stdout)
+    then = json.loads(_cli("query", "sensor_stats", "--as-of-epoch", "1", "--format", "json", "select sum(count) as n from sensor_totals", env=env).stdout)
+    assert now[0]["n"] > then[0]["n"] > 0
+    rows = json.loads(_cli("query", "sensor_stats", "--format", "json", "select window_start from sensor_minute limit 1", env=env).stdout)
+    assert rows[0]["window_start"].endswith("Z")
+    csv_out = _cli("query", "sensor_stats", "--format", "csv", "select sensor_id from sensor_totals order by sensor_id", env=env).stdout
+    assert csv_out.splitlines()[0] == "sensor_id"
+    bad_epoch = _cli("query", "sensor_stats", "--as-of-epoch", "9", "select 1", env=env)
+    assert bad_epoch.returncode == 1 and "not a completed epoch" in bad_epoch.stderr
+
+
+def test_process_step_runs_as_a_separate_spark_job(tmp_path: Path) -> None:
+    """Steps in separate processes, as Airflow tasks run them: plan, spark job, commit."""
+    from barrierflow.coordinator import CheckpointCoordinator
+    from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+    from barrierflow.registry import get_pipeline
+    from barrierflow import storage
+
+    landing, warehouse = tmp_path / "landing", tmp_path / "wh"
+    write_sensor_files(landing, SensorStreamSpec(n_files=2, records_per_file=40, seed=51))
+    params = {"landing_dir": str(landing), "max_files_per_epoch": 2}
+    coordinator = CheckpointCoordinator(get_pipeline("sensor_stats"), params, str(warehouse))
+    barrier = coordinator.trigger_checkpoint(coordinator.recover())
+    assert barrier is not None and barrier.epoch == 1
+    job = subprocess.run(
+        [sys.executable, str(ROOT / "spark_jobs" / "process_epoch.py"), "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}"],
+        env=cli_env(), capture_output=True, text=True, timeout=600,
+    )
+    assert job.returncode == 0, job.stderr[-2000:]
+    assert "epoch 1 pre-committed" in job.stdout
+    assert storage.read_json(coordinator.layout.manifest(barrier.lineage_id, 1)) is not None
+    recovery = coordinator.recover()  # rolls the pre-committed epoch forward: the commit step
+    assert recovery.rolled_forward == (1,) and recovery.last_completed_epoch == 1
