@@ -93,6 +93,7 @@ class KeyedProcess(Node):
 
         fn = self.function
         assert fn is not None
+        _ship_user_module(fn)
         key_types = ctx.arrow_types(df, self.key)
         descriptors = fn.state_descriptors
         specs = [self._spec(d, key_types) for d in descriptors]
@@ -152,6 +153,22 @@ class KeyedProcess(Node):
             "function": type(self.function).__qualname__,
             "states": {d.name: d.signature() for d in self.function.state_descriptors},
         }
+
+
+def _ship_user_module(fn: KeyedProcessFunction) -> None:
+    """Pickle the user's module by value so workers need not import it.
+
+    A process function defined in an application module (or a test) is not
+    necessarily on the workers' path; shipping its module with the task makes
+    local and cluster runs behave the same.
+    """
+    import sys
+
+    from pyspark import cloudpickle
+
+    module = sys.modules.get(type(fn).__module__)
+    if module is not None and module.__name__ != "__main__" and not module.__name__.startswith("barrierflow."):
+        cloudpickle.register_pickle_by_value(module)
 
 
 def _run_key_group(
