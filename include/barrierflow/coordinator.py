@@ -262,25 +262,7 @@ class CheckpointCoordinator:
             last.watermark_us if last else None,
             last.max_event_time_us if last else None,
         )
-        self.log.append(
-            CheckpointRecord(
-                pipeline=self.definition.name,
-                lineage_id=barrier.lineage_id,
-                epoch=barrier.epoch,
-                status=EpochStatus.PRE_COMMITTED,
-                attempt_id=manifest.attempt_id,
-                recorded_at_us=now_us(),
-                offsets=json.dumps(barrier.end_offsets, sort_keys=True),
-                watermark_us=manifest.watermark_us,
-                max_event_time_us=manifest.max_event_time_us,
-                rows_in=manifest.rows_in,
-                rows_out=manifest.rows_out,
-                dead_letters=manifest.dead_letters,
-                bytes_written=manifest.bytes_written,
-                state_bytes_written=manifest.state_bytes_written,
-                duration_ms=manifest.process_ms,
-            )
-        )
+        self.log.append(_manifest_record(EpochStatus.PRE_COMMITTED, barrier, manifest, manifest.process_ms))
         return manifest
 
     def _spark(self) -> Any:
@@ -312,23 +294,11 @@ class CheckpointCoordinator:
         for table in manifest.tables:
             versions[table.name] = commit_epoch_table(table, app, manifest.epoch, manifest.attempt_id)
         faults.maybe_fail("commit.before_completed")
-        planned = next((r for r in records if r.epoch == manifest.epoch and r.status is EpochStatus.PLANNED), None)
-        record = CheckpointRecord(
-            pipeline=self.definition.name,
-            lineage_id=manifest.lineage_id,
-            epoch=manifest.epoch,
-            status=EpochStatus.COMPLETED,
-            attempt_id=manifest.attempt_id,
-            recorded_at_us=now_us(),
-            offsets=json.dumps(barrier.end_offsets, sort_keys=True),
-            watermark_us=manifest.watermark_us,
-            max_event_time_us=manifest.max_event_time_us,
-            rows_in=manifest.rows_in,
-            rows_out=manifest.rows_out,
-            dead_letters=manifest.dead_letters,
-            bytes_written=manifest.bytes_written,
-            state_bytes_written=manifest.state_bytes_written,
-            duration_ms=_epoch_duration_ms(planned, manifest, started),
+        record = _manifest_record(
+            EpochStatus.COMPLETED,
+            barrier,
+            manifest,
+            manifest.process_ms + int((time.monotonic() - started) * 1000),
             table_versions=json.dumps(versions, sort_keys=True),
         )
         self.log.append(record)
@@ -420,8 +390,28 @@ def _lease_is_stale(holder: Mapping[str, Any]) -> bool:
     return False
 
 
-def _epoch_duration_ms(planned: CheckpointRecord | None, manifest: Manifest, commit_started: float) -> int:
-    return manifest.process_ms + int((time.monotonic() - commit_started) * 1000)
+def _manifest_record(
+    status: EpochStatus, barrier: Barrier, manifest: Manifest, duration_ms: int, table_versions: str = "{}"
+) -> CheckpointRecord:
+    """A checkpoint-log row carrying the epoch's offsets and the manifest's metrics."""
+    return CheckpointRecord(
+        pipeline=manifest.pipeline,
+        lineage_id=manifest.lineage_id,
+        epoch=manifest.epoch,
+        status=status,
+        attempt_id=manifest.attempt_id,
+        recorded_at_us=now_us(),
+        offsets=json.dumps(barrier.end_offsets, sort_keys=True),
+        watermark_us=manifest.watermark_us,
+        max_event_time_us=manifest.max_event_time_us,
+        rows_in=manifest.rows_in,
+        rows_out=manifest.rows_out,
+        dead_letters=manifest.dead_letters,
+        bytes_written=manifest.bytes_written,
+        state_bytes_written=manifest.state_bytes_written,
+        duration_ms=duration_ms,
+        table_versions=table_versions,
+    )
 
 
 def _iso_now() -> str:

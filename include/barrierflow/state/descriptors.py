@@ -50,7 +50,8 @@ class StateDescriptor:
 
     @property
     def ttl(self) -> StateTtlConfig | None:
-        return None
+        # Every concrete descriptor has a ``ttl_config`` field (None: no TTL).
+        return getattr(self, "ttl_config", None)
 
     def signature(self) -> str:
         """Kind and stored type: what a savepoint checks for compatibility."""
@@ -70,10 +71,6 @@ class ValueStateDescriptor(StateDescriptor):
     def value_type(self) -> pa.DataType:
         return self.type
 
-    @property
-    def ttl(self) -> StateTtlConfig | None:
-        return self.ttl_config
-
 
 @dataclass(frozen=True)
 class ListStateDescriptor(StateDescriptor):
@@ -87,10 +84,6 @@ class ListStateDescriptor(StateDescriptor):
     @property
     def value_type(self) -> pa.DataType:
         return pa.list_(self.element_type)
-
-    @property
-    def ttl(self) -> StateTtlConfig | None:
-        return self.ttl_config
 
 
 @dataclass(frozen=True)
@@ -107,10 +100,6 @@ class MapStateDescriptor(StateDescriptor):
     def value_type(self) -> pa.DataType:
         return pa.map_(self.key_type, self.map_value_type)
 
-    @property
-    def ttl(self) -> StateTtlConfig | None:
-        return self.ttl_config
-
 
 @dataclass(frozen=True)
 class ReducingStateDescriptor(StateDescriptor):
@@ -125,10 +114,6 @@ class ReducingStateDescriptor(StateDescriptor):
     @property
     def value_type(self) -> pa.DataType:
         return self.type
-
-    @property
-    def ttl(self) -> StateTtlConfig | None:
-        return self.ttl_config
 
 
 class AggregateFunction(Protocol):
@@ -154,7 +139,3 @@ class AggregatingStateDescriptor(StateDescriptor):
     @property
     def value_type(self) -> pa.DataType:
         return self.accumulator_type
-
-    @property
-    def ttl(self) -> StateTtlConfig | None:
-        return self.ttl_config
