@@ -15,7 +15,7 @@ For epoch n of pipeline P (every step idempotent and safe to retry):
                   done; then the checkpoint log records n COMPLETED with the
                   Delta version of every table (the consistent cut).
   5. notify    -- post-commit work: remove staged files of losing attempts,
-                  compact state tables.
+                  compact state tables whose changelog outgrew their base.
 
 A crash anywhere leaves a state from which the next attempt produces exactly
 the output of a failure-free run.
@@ -39,11 +39,10 @@ from barrierflow.delta_commit import commit_epoch_table
 from barrierflow.errors import CheckpointError, EpochInProgressError, FencedError
 from barrierflow.layout import STAGING_DIR, PipelineLayout
 from barrierflow.pipeline import Pipeline, PipelineDefinition
-from barrierflow.state.delta_state_backend import compact
+from barrierflow.state.delta_state_backend import compact, needs_compaction
 
 __all__ = ["CheckpointCoordinator", "EpochResult", "Recovery"]
 
-COMPACT_EVERY_EPOCHS = 10
 _LEASE_TTL_S = 6 * 3600
 
 
@@ -274,10 +273,12 @@ class CheckpointCoordinator:
 
     # -- step 4: commit --------------------------------------------------
 
-    def commit(self, barrier: Barrier, manifest: Manifest) -> CheckpointRecord:
-        return self._commit(barrier, manifest)
+    def commit(self, barrier: Barrier, manifest: Manifest, epoch_started: float | None = None) -> CheckpointRecord:
+        """Step 4; ``epoch_started`` (time.monotonic at recover) makes the recorded
+        duration cover the whole epoch, else it is processing plus commit time."""
+        return self._commit(barrier, manifest, epoch_started)
 
-    def _commit(self, barrier: Barrier, manifest: Manifest) -> CheckpointRecord:
+    def _commit(self, barrier: Barrier, manifest: Manifest, epoch_started: float | None = None) -> CheckpointRecord:
         started = time.monotonic()
         records = self.log.lineage_records(manifest.lineage_id)
         done = [r for r in records if r.epoch == manifest.epoch and r.status is EpochStatus.COMPLETED]
@@ -298,7 +299,9 @@ class CheckpointCoordinator:
             EpochStatus.COMPLETED,
             barrier,
             manifest,
-            manifest.process_ms + int((time.monotonic() - started) * 1000),
+            int((time.monotonic() - epoch_started) * 1000)
+            if epoch_started is not None
+            else manifest.process_ms + int((time.monotonic() - started) * 1000),
             table_versions=json.dumps(versions, sort_keys=True),
         )
         self.log.append(record)
@@ -310,10 +313,10 @@ class CheckpointCoordinator:
     def notify(self, record: CheckpointRecord, manifest: Manifest) -> None:
         faults.maybe_fail("notify.start")
         self._clean_staging(manifest)
-        if record.epoch % COMPACT_EVERY_EPOCHS == 0:
-            app = self.app_id(record.lineage_id)
-            for spec in self.pipeline.state_specs():
-                uri = self.layout.state_table(spec.operator_id, spec.name)
+        app = self.app_id(record.lineage_id)
+        for spec in self.pipeline.state_specs():
+            uri = self.layout.state_table(spec.operator_id, spec.name)
+            if needs_compaction(uri):
                 compact(spec, uri, app, record.epoch, manifest.attempt_id)
 
     def _clean_staging(self, manifest: Manifest) -> None:
@@ -330,12 +333,13 @@ class CheckpointCoordinator:
 
     def run_epoch(self, arrival_cutoff_ms: int | None = None) -> EpochResult | None:
         """Steps 1-5 for the next epoch; None when there is no new input."""
+        started = time.monotonic()
         recovery = self.recover()
         barrier = self.trigger_checkpoint(recovery, arrival_cutoff_ms)
         if barrier is None:
             return None
         manifest = self.process(barrier, recovery)
-        record = self.commit(barrier, manifest)
+        record = self.commit(barrier, manifest, started)
         self.notify(record, manifest)
         return EpochResult(barrier.epoch, record)
 

@@ -177,10 +177,14 @@ def process_epoch(
         for node in pipe.nodes:
             if isinstance(node, SourceNode):
                 assert node.source is not None
-                batch = node.source.read(spark, barrier.end_offsets[node.source.source_id], pipe.parallelism)
+                source_index = pipe.sources.index(node)
+                batch = node.source.read(
+                    spark, barrier.end_offsets[node.source.source_id], pipe.parallelism, source_index
+                )
                 ctx.track(*batch.shared)
-                records = ctx.persist(batch.records)
-                dead = ctx.persist(batch.dead_letters)
+                # Sources that share a cached parse need no second cache.
+                records = batch.records if batch.shared else ctx.persist(batch.records)
+                dead = batch.dead_letters if batch.shared else ctx.persist(batch.dead_letters)
                 rows_in += records.count() + dead.count()
                 dead_letters.append(dead)
                 outputs[id(node)] = records

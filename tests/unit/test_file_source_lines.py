@@ -16,7 +16,7 @@ from barrierflow.sources.file_source import (
     RecordError,
     _count_lines,
     _iter_lines,
-    _parse_task,
+    _parse_lines,
     _parsed_schema,
 )
 
@@ -26,6 +26,7 @@ from barrierflow.sources.file_source import (
 def _task(path: Path | str, byte_start: int = 0, byte_end: int = -1, from_line: int = 0, to_line: int = -1) -> dict[str, Any]:
     return {
         "name": Path(path).name,
+        "fidx": 0,
         "path": str(path),
         "byte_start": byte_start,
         "byte_end": byte_end,
@@ -166,18 +167,18 @@ def test_tasks_chunk_only_whole_large_files(monkeypatch: pytest.MonkeyPatch, mak
     tasks = src._tasks(str(landing), [["a.jsonl", 0, None, 25], ["b.jsonl", 3, None, 25], ["c.jsonl", 0, 2, 5]])
     a, b, c = str(landing / "a.jsonl"), str(landing / "b.jsonl"), str(landing / "c.jsonl")
     assert tasks == [
-        ("a.jsonl", a, 0, -1, 0, 10),
-        ("a.jsonl", a, 0, -1, 10, 20),
-        ("a.jsonl", a, 0, -1, 20, 25),
-        ("b.jsonl", b, 3, -1, 0, -1),  # resumes at a line: not chunked
-        ("c.jsonl", c, 0, 2, 0, -1),  # bounded: not chunked
+        ("a.jsonl", 0, a, 0, -1, 0, 10),
+        ("a.jsonl", 0, a, 0, -1, 10, 20),
+        ("a.jsonl", 0, a, 0, -1, 20, 25),
+        ("b.jsonl", 1, b, 3, -1, 0, -1),  # resumes at a line: not chunked
+        ("c.jsonl", 2, c, 0, 2, 0, -1),  # bounded: not chunked
     ]
 
 
 def test_tasks_file_exactly_one_chunk_is_not_split(monkeypatch: pytest.MonkeyPatch, make_source: Callable[..., FileSource], landing: Path) -> None:
     monkeypatch.setattr(file_source, "_CHUNK_BYTES", 10)
     tasks = make_source()._tasks(str(landing), [["a.jsonl", 0, None, 10], ["b.jsonl", 0, None, 20]])
-    assert [t[4:] for t in tasks] == [(0, -1), (0, 10), (10, 20)]
+    assert [t[5:] for t in tasks] == [(0, -1), (0, 10), (10, 20)]
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 5, 33, 256, 100_000])
@@ -186,7 +187,7 @@ def test_tasks_then_iter_lines_reads_the_whole_file(
 ) -> None:
     path, data = varied_file
     monkeypatch.setattr(file_source, "_CHUNK_BYTES", chunk_bytes)
-    names = ("name", "path", "from_line", "to_line", "byte_start", "byte_end")
+    names = ("name", "fidx", "path", "from_line", "to_line", "byte_start", "byte_end")
     tasks = make_source(path=str(path.parent))._tasks(str(path.parent), [[path.name, 0, None, len(data)]])
     got = [line for t in tasks for line in _iter_lines(dict(zip(names, t)))]
     assert got == _expected_lines(data)
@@ -275,7 +276,7 @@ def test_plan_max_records_ranges_read_every_line_once(make_source: Callable[...,
             break
         assert sum((r[2] if r[2] is not None else len(contents[r[0]])) - r[1] for r in plan["files"]) <= 3
         for task in src._tasks(str(landing), plan["files"]):
-            t = dict(zip(("name", "path", "from_line", "to_line", "byte_start", "byte_end"), task))
+            t = dict(zip(("name", "fidx", "path", "from_line", "to_line", "byte_start", "byte_end"), task))
             seen.extend((t["name"], n, raw) for n, raw in _iter_lines(t))
         position = plan
     expected = [(name, i + 1, line.encode()) for name, lines in contents.items() for i, line in enumerate(lines)]
@@ -317,13 +318,14 @@ def test_source_definition_errors(make_source: Callable[..., FileSource], kwargs
         make_source(**kwargs)
 
 
-# -- _parse_task ----------------------------------------------------------------
+# -- _parse_lines: the Python parser stage over read lines ---------------------
 
 _SCHEMA = pa.schema([pa.field("n", pa.int64()), pa.field("label", pa.string())])
 
 
 def _parse(path: Path, parser: Callable[[str], dict[str, Any]]) -> list[dict[str, Any]]:
-    batches = list(_parse_task(_task(path), parser, _SCHEMA, _parsed_schema(_SCHEMA)))
+    lines = list(file_source._raw_task_per_line(_task(path)))
+    batches = [_parse_lines(b, parser, _SCHEMA, _parsed_schema(_SCHEMA)) for b in lines]
     for batch in batches:
         assert batch.schema == _parsed_schema(_SCHEMA)
     return pa.Table.from_batches(batches, schema=_parsed_schema(_SCHEMA)).to_pylist()
@@ -341,30 +343,30 @@ def _strict_parser(text: str) -> dict[str, Any]:
     return {"n": int(text), "label": f"#{text}"}
 
 
-def test_parse_task_routes_errors_to_dead_letters(tmp_path: Path) -> None:
+def test_parse_lines_routes_errors_to_dead_letters(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"1\nbad one\n\n   \n2\r\nboom\nzero\nempty-reason\n3")
     rows = _parse(path, _strict_parser)
     assert rows == [
-        {"n": 1, "label": "#1", "_file": "in.jsonl", "_line": 1, "_raw": None, "_error": None},
-        {"n": None, "label": None, "_file": "in.jsonl", "_line": 2, "_raw": "bad one", "_error": "bad record: bad one"},
+        {"n": 1, "label": "#1", "_fidx": 0, "_line": 1, "_raw": None, "_error": None},
+        {"n": None, "label": None, "_fidx": 0, "_line": 2, "_raw": "bad one", "_error": "bad record: bad one"},
         # lines 3 and 4 are blank: skipped, not records
-        {"n": 2, "label": "#2", "_file": "in.jsonl", "_line": 5, "_raw": None, "_error": None},
-        {"n": None, "label": None, "_file": "in.jsonl", "_line": 6, "_raw": "boom", "_error": "parser failed: KeyError: 'oops'"},
+        {"n": 2, "label": "#2", "_fidx": 0, "_line": 5, "_raw": None, "_error": None},
+        {"n": None, "label": None, "_fidx": 0, "_line": 6, "_raw": "boom", "_error": "parser failed: KeyError: 'oops'"},
         {
             "n": None,
             "label": None,
-            "_file": "in.jsonl",
+            "_fidx": 0,
             "_line": 7,
             "_raw": "zero",
             "_error": "parser failed: ZeroDivisionError: integer division or modulo by zero",
         },
-        {"n": None, "label": None, "_file": "in.jsonl", "_line": 8, "_raw": "empty-reason", "_error": "invalid record"},
-        {"n": 3, "label": "#3", "_file": "in.jsonl", "_line": 9, "_raw": None, "_error": None},
+        {"n": None, "label": None, "_fidx": 0, "_line": 8, "_raw": "empty-reason", "_error": "invalid record"},
+        {"n": 3, "label": "#3", "_fidx": 0, "_line": 9, "_raw": None, "_error": None},
     ]
 
 
-def test_parse_task_invalid_utf8_is_a_dead_letter_without_calling_the_parser(tmp_path: Path) -> None:
+def test_invalid_utf8_is_a_dead_letter_without_calling_the_parser(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"1\n\xff\xfe2\n")
     calls: list[str] = []
@@ -381,28 +383,48 @@ def test_parse_task_invalid_utf8_is_a_dead_letter_without_calling_the_parser(tmp
     assert rows[1]["n"] is None
 
 
-def test_parse_task_batches(tmp_path: Path) -> None:
+def test_parse_lines_keeps_batch_size_and_order(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
     path.write_text("".join(f"{i}\n" for i in range(10)))
-    batches = list(_parse_task(_task(path), _strict_parser, _SCHEMA, _parsed_schema(_SCHEMA), batch_rows=4))
+    lines = list(file_source._raw_task_per_line(_task(path), batch_rows=4))
+    batches = [_parse_lines(b, _strict_parser, _SCHEMA, _parsed_schema(_SCHEMA)) for b in lines]
     assert [b.num_rows for b in batches] == [4, 4, 2]
     assert [r["n"] for b in batches for r in b.to_pylist()] == list(range(10))
 
 
-def test_parse_task_empty_range_yields_nothing(tmp_path: Path) -> None:
+def test_empty_line_range_yields_nothing(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
     path.write_text("1\n2\n")
-    assert list(_parse_task(_task(path, from_line=2), _strict_parser, _SCHEMA, _parsed_schema(_SCHEMA))) == []
+    assert list(file_source._raw_task_per_line(_task(path, from_line=2))) == []
 
 
 def test_raw_task_strips_cr_skips_blank_lines_and_flags_bad_utf8(tmp_path: Path) -> None:
     path = tmp_path / "raw.jsonl"
     path.write_bytes(b'{"a": 1}\r\n\n  \n\xc3\x28\n{"b": 2}')
     rows = [r for batch in file_source._raw_task(_task(path)) for r in batch.to_pylist()]
-    assert [(r["_file"], r["_line"], r["_raw"]) for r in rows] == [
-        ("raw.jsonl", 1, '{"a": 1}'),
-        ("raw.jsonl", 4, "\ufffd("),
-        ("raw.jsonl", 5, '{"b": 2}'),
+    assert [(r["_fidx"], r["_line"], r["_raw"]) for r in rows] == [
+        (0, 1, '{"a": 1}'),
+        (0, 4, "\ufffd("),
+        (0, 5, '{"b": 2}'),
     ]
     assert rows[0]["_error"] is None and rows[2]["_error"] is None
     assert rows[1]["_error"].startswith("not valid UTF-8")
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 7, 64, 4096])
+def test_vectorised_raw_task_equals_line_by_line(tmp_path: Path, chunk_bytes: int) -> None:
+    """The fast Arrow path and the per-line path yield the same lines for every chunking."""
+    path = tmp_path / "v.jsonl"
+    lines = [f'{{"i": {i}, "pad": "{"x" * (i % 13)}"}}' for i in range(200)]
+    lines[17] = "   "  # blank: skipped
+    lines[40] = '{"crlf": 1}\r'
+    path.write_bytes("\n".join(lines).encode())  # no trailing newline on the last line
+    size = path.stat().st_size
+    fast, slow = [], []
+    for start in range(0, size, chunk_bytes):
+        task = {**_task(path, start, min(size, start + chunk_bytes))}
+        fast += [(r["_line"], r["_raw"]) for b in file_source._raw_task(task) for r in b.to_pylist()]
+        slow += [(r["_line"], r["_raw"]) for b in file_source._raw_task_per_line(task) for r in b.to_pylist()]
+    assert fast == slow
+    assert [n for n, _ in fast] == [n for n in range(1, 201) if n != 18]
+    assert (41, '{"crlf": 1}') in fast

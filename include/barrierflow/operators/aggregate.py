@@ -155,7 +155,7 @@ class RunningAggregate(Node):
         columns = sorted({c for _, c, _ in accs if c})
         keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
         ordered = F.array_sort(
-            F.collect_list(F.struct("_source", "_file", "_line", *[F.col(c).cast("double").alias(c) for c in columns]))
+            F.collect_list(F.struct("_seq", *[F.col(c).cast("double").alias(c) for c in columns]))
         )
         epoch = keyed.groupBy(*self.key, KEY_GROUP).agg(ordered.alias("_vals"))
         prior = ctx.state.read(spec, keyed).drop(KEY_GROUP, "_updated_at_ms")

@@ -96,4 +96,4 @@ def key_group_column(key: tuple[str, ...], key_groups: int) -> "Column":
 def position_order() -> list["Column"]:
     from pyspark.sql import functions as F
 
-    return [F.col("_source"), F.col("_file"), F.col("_line")]
+    return [F.col("_seq")]

@@ -190,7 +190,7 @@ def _run_key_group(
             if row[_state_column(d.name)] is not None:
                 slot[d.name] = row[_state_column(d.name)]
     if records.num_rows:
-        records = records.sort_by([(k, "ascending") for k in key_names] + [("_source", "ascending"), ("_file", "ascending"), ("_line", "ascending")])
+        records = records.sort_by([(k, "ascending") for k in key_names] + [("_seq", "ascending")])
     rows_out: list[dict[str, Any]] = []
     kg = None
     by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}

@@ -97,7 +97,7 @@ class TumblingWindow(Node):
         on_time = windowed.where(~F.col("_late"))
         value = F.col(self.value_column).cast("double") if self.value_column else F.lit(0.0)
         epoch_windows = on_time.groupBy(*self.key, "_start_us").agg(
-            F.array_sort(F.collect_list(F.struct("_source", "_file", "_line", value.alias("v")))).alias("_vals")
+            F.array_sort(F.collect_list(F.struct("_seq", value.alias("v")))).alias("_vals")
         ).select(
             *self.key,
             F.timestamp_micros("_start_us").alias("window_start"),

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import pyarrow as pa
 
 from barrierflow.errors import PipelineDefinitionError, SourceError
-from barrierflow.sources.base import SourceBatch
+from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
 from barrierflow.storage import join_uri, normalize_uri
 
 if TYPE_CHECKING:
@@ -75,31 +75,22 @@ class DeltaSource:
             )
         return sorted(after - before)
 
-    def read(self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int) -> SourceBatch:
+    def read(self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0) -> SourceBatch:
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 
         base = normalize_uri(self.table_uri)
         schema = from_arrow_schema(pa.schema(self._table(end["version"]).schema().to_arrow()))
         frames = []
-        for version in range(end["from_version"] + 1, end["version"] + 1):
-            for path in self._files_added(version):
-                df = spark.read.schema(schema).parquet(join_uri(base, path))
-                frames.append(
-                    df.select(
-                        "*",
-                        F.lit(self.source_id).alias("_source"),
-                        F.lit(f"v{version:020d}/{path}").alias("_file"),
-                        (F.col("_metadata.row_index") + 1).alias("_line"),
-                    )
-                )
-        if not frames:
-            records = spark.createDataFrame([], schema).select(
-                "*",
-                F.lit(self.source_id).alias("_source"),
-                F.lit("").alias("_file"),
-                F.lit(0).cast("long").alias("_line"),
+        # Arrival order: commit version, then file path, then row in the file.
+        added = [path for v in range(end["from_version"] + 1, end["version"] + 1) for path in self._files_added(v)]
+        for fidx, path in enumerate(added):
+            df = spark.read.schema(schema).parquet(join_uri(base, path))
+            frames.append(
+                df.select("*", arrival_seq(source_index, F.lit(fidx), F.col("_metadata.row_index") + 1).alias(SEQ))
             )
+        if not frames:
+            records = spark.createDataFrame([], schema).select("*", F.lit(0).cast("long").alias(SEQ))
         else:
             records = frames[0]
             for other in frames[1:]:

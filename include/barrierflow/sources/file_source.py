@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 import pyarrow as pa
 
 from barrierflow.errors import PipelineDefinitionError, SourceError
-from barrierflow.sources.base import SourceBatch
+from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
 from barrierflow.storage import join_uri, local_path, normalize_uri
 
 if TYPE_CHECKING:
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["FileSource", "RecordError", "LineParser"]
 
 _CHUNK_BYTES = 16 * 1024 * 1024
+# Files up to this size are read whole by Spark (a JVM string per file).
+_WHOLETEXT_MAX_BYTES = 256 * 1024 * 1024
 
 
 class RecordError(ValueError):
@@ -140,7 +142,7 @@ class FileSource:
 
     # -- reading ----------------------------------------------------------
 
-    def read(self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int) -> SourceBatch:
+    def read(self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0) -> SourceBatch:
         ranges = end.get("files") or []
         base = normalize_uri(self.path)
         for name, *_ in ranges:
@@ -150,31 +152,92 @@ class FileSource:
                     "landing files must be kept until their epoch is completed"
                 )
         if self.format == "parquet":
-            return self._read_parquet(spark, base, ranges)
-        return self._read_jsonl(spark, base, ranges, parallelism)
+            return self._read_parquet(spark, base, ranges, source_index)
+        return self._read_jsonl(spark, base, ranges, source_index, parallelism)
 
-    def _tasks(self, base: str, ranges: list[list[Any]]) -> list[tuple[str, str, int, int, int, int]]:
-        # (name, path, from_line, to_line (-1: to the end), byte_start, byte_end)
+    def _tasks(self, base: str, ranges: list[list[Any]]) -> list[tuple[str, int, str, int, int, int, int]]:
+        # (name, file index in the epoch, path, from_line, to_line (-1: to the end), byte_start, byte_end)
         tasks = []
-        for name, from_line, to_line, size in ranges:
+        for fidx, (name, from_line, to_line, size) in enumerate(ranges):
             path = local_path(join_uri(base, name))
             if from_line == 0 and to_line is None and size > _CHUNK_BYTES:
                 chunks = math.ceil(size / _CHUNK_BYTES)
                 for i in range(chunks):
-                    tasks.append((name, path, 0, -1, i * _CHUNK_BYTES, min(size, (i + 1) * _CHUNK_BYTES)))
+                    tasks.append((name, fidx, path, 0, -1, i * _CHUNK_BYTES, min(size, (i + 1) * _CHUNK_BYTES)))
             else:
-                tasks.append((name, path, from_line, -1 if to_line is None else to_line, 0, -1))
+                tasks.append((name, fidx, path, from_line, -1 if to_line is None else to_line, 0, -1))
         return tasks
 
-    def _read_jsonl(
-        self, spark: "SparkSession", base: str, ranges: list[list[Any]], parallelism: int
-    ) -> SourceBatch:
+    def _lines(self, spark: "SparkSession", base: str, ranges: list[list[Any]], parallelism: int) -> "DataFrame":
+        """The epoch's non-blank lines: ``_fidx, _line, _raw, _error`` (read natively).
+
+        Spark reads each file whole and splits it on newlines, which numbers
+        lines exactly and keeps parsing in the JVM; files too large for one
+        string are read in byte ranges by Python tasks instead. Lines are then
+        spread over ``parallelism`` partitions for parsing.
+        """
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        tasks = self._tasks(base, ranges)
-        task_schema = "name string, path string, from_line long, to_line long, byte_start long, byte_end long"
-        tasks_df = spark.createDataFrame(tasks or [], task_schema).repartition(max(1, len(tasks)))
+        frames = []
+        big = []
+        for fidx, (name, from_line, to_line, size) in enumerate(ranges):
+            if size > _WHOLETEXT_MAX_BYTES:
+                big.append([name, from_line, to_line, size, fidx])
+                continue
+            text = spark.read.text(local_path(join_uri(base, name)), wholetext=True)
+            # One trailing newline ends the last line; it does not start another.
+            split = F.split(F.regexp_replace("value", "\\n\\z", ""), "\n", -1)
+            # Splitting decodes the file (invalid bytes become U+FFFD), so
+            # validity is judged on the file's raw bytes first.
+            exploded = text.select(F.is_valid_utf8("value").alias("_file_ok"), F.posexplode(split).alias("_pos", "_raw"))
+            exploded = exploded.where(F.col("_pos") >= from_line)
+            if to_line is not None:
+                exploded = exploded.where(F.col("_pos") < to_line)
+            frames.append(
+                exploded.select(
+                    F.lit(fidx).cast("int").alias("_fidx"),
+                    (F.col("_pos") + 1).cast("long").alias("_line"),
+                    F.col("_raw"),
+                    (~F.col("_file_ok") & F.col("_raw").contains("\ufffd")).alias("_bad_utf8"),
+                )
+            )
+        lines = None
+        for frame in frames:
+            lines = frame if lines is None else lines.unionByName(frame)
+        if lines is not None:
+            raw = F.regexp_replace("_raw", "\r\\z", "")
+            lines = lines.select(
+                "_fidx",
+                "_line",
+                raw.alias("_raw"),
+                F.when(F.col("_bad_utf8"), F.lit("not valid UTF-8 (shown with U+FFFD replacements)"))
+                .cast("string")
+                .alias("_error"),
+            ).where(~F.regexp_like("_raw", F.lit("(?U)^\\s*$")))
+            lines = lines.repartition(max(2, parallelism))
+        if big:
+            big_files = {fidx for *_, fidx in big}
+            tasks = [t for t in self._tasks(base, ranges) if t[1] in big_files]
+            task_schema = "name string, fidx int, path string, from_line long, to_line long, byte_start long, byte_end long"
+            tasks_df = spark.createDataFrame(tasks, task_schema).repartition(len(tasks))
+
+            def raw_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                for batch in batches:
+                    for task in batch.to_pylist():
+                        yield from _raw_task(task)
+
+            chunked = tasks_df.mapInArrow(raw_batches, from_arrow_schema(_RAW_SCHEMA))
+            lines = chunked if lines is None else lines.unionByName(chunked)
+        if lines is None:
+            lines = spark.createDataFrame([], from_arrow_schema(_RAW_SCHEMA))
+        return lines
+
+    def _read_jsonl(self, spark: "SparkSession", base: str, ranges: list[list[Any]], source_index: int, parallelism: int = 2) -> SourceBatch:
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        lines = self._lines(spark, base, ranges, parallelism)
         source_id = self.source_id
         if self.parser is not None:
             assert self.parser_schema is not None
@@ -184,20 +247,13 @@ class FileSource:
 
             def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 for batch in batches:
-                    for task in batch.to_pylist():
-                        yield from _parse_task(task, parser, parser_schema, out_schema)
+                    yield _parse_lines(batch, parser, parser_schema, out_schema)
 
-            parsed = tasks_df.mapInArrow(parse_batches, from_arrow_schema(out_schema))
+            parsed = lines.mapInArrow(parse_batches, from_arrow_schema(out_schema))
         else:
             assert self.schema is not None
             spark_schema = from_arrow_schema(self.schema)
-
-            def raw_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-                for batch in batches:
-                    for task in batch.to_pylist():
-                        yield from _raw_task(task)
-
-            raw = tasks_df.mapInArrow(raw_batches, from_arrow_schema(_RAW_SCHEMA))
+            raw = lines
             value = F.from_json("_raw", spark_schema, {"mode": "PERMISSIVE"})
             raw = raw.withColumn("_value", value)
             required = [F.col(f"_value.{f.name}").isNull() for f in self.schema if not f.nullable]
@@ -205,7 +261,7 @@ class FileSource:
             for cond in required:
                 bad = bad | cond
             parsed = raw.select(
-                "_file",
+                "_fidx",
                 "_line",
                 "_raw",
                 F.when(F.col("_error").isNotNull(), F.col("_error"))
@@ -213,24 +269,26 @@ class FileSource:
                 .alias("_error"),
                 "_value.*",
             )
-        parsed = parsed.withColumn("_source", F.lit(source_id)).persist()
-        records = parsed.where(F.col("_error").isNull()).drop("_error", "_raw")
+        parsed = parsed.persist()
         fields = [f.name for f in (self.parser_schema if self.parser is not None else self.schema)]  # type: ignore[union-attr]
-        records = records.select(*fields, "_source", "_file", "_line")
+        records = parsed.where(F.col("_error").isNull()).select(
+            *fields, arrival_seq(source_index, F.col("_fidx"), F.col("_line")).alias(SEQ)
+        )
+        names = F.array(*[F.lit(name) for name, *_ in ranges]) if ranges else F.array().cast("array<string>")
         dead = parsed.where(F.col("_error").isNotNull()).select(
-            F.col("_source").alias("source"),
-            F.col("_file").alias("source_file"),
+            F.lit(source_id).alias("source"),
+            F.element_at(names, F.col("_fidx") + 1).alias("source_file"),
             F.col("_line").alias("line"),
             F.col("_raw").alias("raw"),
             F.col("_error").alias("reason"),
         )
         return SourceBatch(records=records, dead_letters=dead, shared=(parsed,))
 
-    def _read_parquet(self, spark: "SparkSession", base: str, ranges: list[list[Any]]) -> SourceBatch:
+    def _read_parquet(self, spark: "SparkSession", base: str, ranges: list[list[Any]], source_index: int) -> SourceBatch:
         from pyspark.sql import functions as F
 
         frames = []
-        for name, from_line, to_line, _ in ranges:
+        for fidx, (name, from_line, to_line, _) in enumerate(ranges):
             df = spark.read.parquet(local_path(join_uri(base, name))).select(
                 "*", F.col("_metadata.row_index").alias("_row_index")
             )
@@ -238,10 +296,7 @@ class FileSource:
             if to_line is not None:
                 df = df.where(F.col("_row_index") < to_line)
             frames.append(
-                df.withColumn("_source", F.lit(self.source_id))
-                .withColumn("_file", F.lit(name))
-                .withColumn("_line", F.col("_row_index") + 1)
-                .drop("_row_index")
+                df.withColumn(SEQ, arrival_seq(source_index, F.lit(fidx), F.col("_row_index") + 1)).drop("_row_index")
             )
         if not frames:
             raise SourceError(f"source {self.source_id}: nothing to read in an empty range")
@@ -253,7 +308,7 @@ class FileSource:
 
 
 _RAW_SCHEMA = pa.schema(
-    [("_file", pa.string()), ("_line", pa.int64()), ("_raw", pa.string()), ("_error", pa.string())]
+    [("_fidx", pa.int32()), ("_line", pa.int64()), ("_raw", pa.string()), ("_error", pa.string())]
 )
 
 
@@ -261,7 +316,7 @@ def _parsed_schema(parser_schema: pa.Schema) -> pa.Schema:
     return pa.schema(
         [
             *parser_schema,
-            pa.field("_file", pa.string()),
+            pa.field("_fidx", pa.int32()),
             pa.field("_line", pa.int64()),
             pa.field("_raw", pa.string()),
             pa.field("_error", pa.string()),
@@ -334,42 +389,88 @@ def _decode(raw: bytes) -> tuple[str, str | None]:
         return text.decode("utf-8", errors="replace"), f"not valid UTF-8: {exc.reason} at byte {exc.start}"
 
 
-def _raw_task(task: Mapping[str, Any], batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
-    files, lines, raws, errors = [], [], [], []
+def _read_task_bytes(task: Mapping[str, Any]) -> tuple[int, bytes]:
+    """(number of the first line, bytes of the lines the task owns)."""
+    path, start, end = task["path"], task["byte_start"], task["byte_end"]
+    with open(path, "rb") as fh:
+        if end < 0:
+            data = fh.read()
+            from_line, to_line = task["from_line"], task["to_line"]
+            if from_line == 0 and to_line < 0:
+                return 1, data
+            lines = data.split(b"\n")
+            if lines and lines[-1] == b"":
+                lines.pop()
+            stop = len(lines) if to_line < 0 else min(to_line, len(lines))
+            return from_line + 1, b"".join(line + b"\n" for line in lines[from_line:stop])
+        first = start
+        if start > 0:
+            fh.seek(start - 1)
+            if fh.read(1) != b"\n":
+                fh.readline()  # the rest of a line that the previous task owns
+                first = fh.tell()
+        line_no = 1 + _count_newlines_before(fh, first)
+        fh.seek(first)
+        data = fh.read(max(0, end - first))
+        if data and not data.endswith(b"\n"):
+            data += fh.readline()  # finish the last line that starts in this range
+        return line_no, data
+
+
+def _raw_task(task: Mapping[str, Any]) -> Iterator[pa.RecordBatch]:
+    """The task's non-blank lines as Arrow, split and decoded without Python loops."""
+    import pyarrow.compute as pc
+
+    first_line, data = _read_task_bytes(task)
+    if not data:
+        return
+    lines = pc.list_flatten(pc.split_pattern(pa.array([data], pa.binary()), b"\n"))
+    if data.endswith(b"\n"):
+        lines = lines.slice(0, len(lines) - 1)  # a trailing newline ends a line, it does not start one
+    numbers = pa.array(range(first_line, first_line + len(lines)), pa.int64())
+    try:
+        text = pc.replace_substring_regex(lines.cast(pa.string()), pattern="\r$", replacement="")
+    except pa.ArrowInvalid:
+        yield from _raw_task_per_line(task)  # invalid UTF-8 somewhere: find it line by line
+        return
+    keep = pc.invert(pc.equal(pc.utf8_trim_whitespace(text), ""))
+    text, numbers = text.filter(keep), numbers.filter(keep)
+    fidx = pa.array([task["fidx"]] * len(text), pa.int32())
+    errors = pa.nulls(len(text), pa.string())
+    yield pa.RecordBatch.from_arrays([fidx, numbers, text, errors], schema=_RAW_SCHEMA)
+
+
+def _raw_task_per_line(task: Mapping[str, Any], batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
+    fidx, lines, raws, errors = [], [], [], []
     for line_no, raw in _iter_lines(task):
         text, error = _decode(raw)
         if not text.strip():
             continue  # blank lines are skipped, by definition not records
-        files.append(task["name"])
+        fidx.append(task["fidx"])
         lines.append(line_no)
         raws.append(text)
         errors.append(error)
-        if len(files) >= batch_rows:
+        if len(fidx) >= batch_rows:
             yield pa.RecordBatch.from_arrays(
-                [pa.array(files), pa.array(lines, pa.int64()), pa.array(raws), pa.array(errors, pa.string())],
+                [pa.array(fidx, pa.int32()), pa.array(lines, pa.int64()), pa.array(raws), pa.array(errors, pa.string())],
                 schema=_RAW_SCHEMA,
             )
-            files, lines, raws, errors = [], [], [], []
-    if files:
+            fidx, lines, raws, errors = [], [], [], []
+    if fidx:
         yield pa.RecordBatch.from_arrays(
-            [pa.array(files), pa.array(lines, pa.int64()), pa.array(raws), pa.array(errors, pa.string())],
+            [pa.array(fidx, pa.int32()), pa.array(lines, pa.int64()), pa.array(raws), pa.array(errors, pa.string())],
             schema=_RAW_SCHEMA,
         )
 
 
-def _parse_task(
-    task: Mapping[str, Any],
-    parser: LineParser,
-    parser_schema: pa.Schema,
-    out_schema: pa.Schema,
-    batch_rows: int = 65536,
-) -> Iterator[pa.RecordBatch]:
+def _parse_lines(
+    batch: pa.RecordBatch, parser: LineParser, parser_schema: pa.Schema, out_schema: pa.Schema
+) -> pa.RecordBatch:
+    """Run the line parser over a batch of lines; its RecordError is the dead-letter reason."""
     rows: list[dict[str, Any]] = []
     null_record = {f.name: None for f in parser_schema}
-    for line_no, raw in _iter_lines(task):
-        text, error = _decode(raw)
-        if not text.strip():
-            continue
+    for line in batch.to_pylist():
+        text, error = line["_raw"], line["_error"]
         record: Mapping[str, Any] = null_record
         if error is None:
             try:
@@ -381,15 +482,10 @@ def _parse_task(
         rows.append(
             {
                 **(null_record if error else record),
-                "_file": task["name"],
-                "_line": line_no,
+                "_fidx": line["_fidx"],
+                "_line": line["_line"],
                 "_raw": text if error else None,
                 "_error": error,
             }
         )
-        if len(rows) >= batch_rows:
-            yield pa.RecordBatch.from_pylist(rows, schema=out_schema)
-            rows = []
-    if rows:
-        yield pa.RecordBatch.from_pylist(rows, schema=out_schema)
-
+    return pa.RecordBatch.from_pylist(rows, schema=out_schema)

@@ -26,10 +26,12 @@ if TYPE_CHECKING:
 
     from barrierflow.runtime import EpochContext
 
-__all__ = ["DeltaStateBackend", "latest_rows", "compact"]
+__all__ = ["DeltaStateBackend", "latest_rows", "needs_compaction", "compact"]
 
 # Below this many files, listing the touched key groups costs more than it saves.
 _PRUNE_MIN_FILES = 4
+# More files than this and a table is compacted whatever its row counts.
+_MAX_FILES = 32
 
 
 class DeltaStateBackend:
@@ -125,17 +127,33 @@ def latest_rows(data: pa.Table, key_columns: list[str]) -> pa.Table:
     """One row per key, the one with the highest ``_epoch``, tombstones dropped."""
     if data.num_rows == 0:
         return data
-    indexed = data.append_column("_row", pa.array(range(data.num_rows), pa.int64()))
-    ordered = indexed.sort_by([(k, "ascending") for k in key_columns] + [("_epoch", "descending")])
-    first = _first_of_runs(ordered.select(key_columns))
-    kept = ordered.filter(pa.array(first))
-    kept = kept.filter(pc.invert(kept["_deleted"]))
-    return kept.drop_columns(["_row"])
+    ordered = data.sort_by([(k, "ascending") for k in key_columns] + [("_epoch", "descending")])
+    n = ordered.num_rows
+    changed = None
+    for k in key_columns:  # a row starts a new key when any key column differs from the row before
+        col = ordered[k].combine_chunks()
+        diff = pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, n - 1)), True)
+        changed = diff if changed is None else pc.or_(changed, diff)
+    first = pa.concat_arrays([pa.array([True]), changed]) if changed is not None else pa.array([True] * n)
+    kept = ordered.filter(first)
+    return kept.filter(pc.invert(kept["_deleted"]))
 
 
-def _first_of_runs(keys: pa.Table) -> list[bool]:
-    rows = list(zip(*[keys[c].to_pylist() for c in keys.column_names]))
-    return [i == 0 or rows[i] != rows[i - 1] for i in range(len(rows))]
+def needs_compaction(uri: str) -> bool:
+    """Size-tiered policy: compact once the changelog outgrows the compacted base.
+
+    The base is the largest file (the last compaction); incremental epochs add
+    small files. Reads stay within ~2x the live rows, and compaction's full
+    rewrite is amortised over many epochs when few keys change.
+    """
+    table = open_table(uri)
+    if table is None:
+        return False
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows <= 1:
+        return False
+    rows = [n or 0 for n in actions.column("num_records").to_pylist()]
+    return actions.num_rows > _MAX_FILES or sum(rows) > 2 * max(rows)
 
 
 def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) -> int | None:
