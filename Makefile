@@ -24,7 +24,7 @@ run: setup
 	$(BIN)/barrierflow query sensor_stats "SELECT * FROM sensor_totals ORDER BY sensor_id"
 
 test: setup
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2
 
 bench: setup
 	$(BIN)/python bench/run_bench.py

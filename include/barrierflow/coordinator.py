@@ -24,6 +24,7 @@ the output of a failure-free run.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -42,6 +43,8 @@ from barrierflow.pipeline import Pipeline, PipelineDefinition
 from barrierflow.state.delta_state_backend import compact, needs_compaction
 
 __all__ = ["CheckpointCoordinator", "EpochResult", "Recovery"]
+
+_log = logging.getLogger(__name__)
 
 _LEASE_TTL_S = 6 * 3600
 
@@ -338,9 +341,20 @@ class CheckpointCoordinator:
         barrier = self.trigger_checkpoint(recovery, arrival_cutoff_ms)
         if barrier is None:
             return None
+        planned = time.monotonic()
         manifest = self.process(barrier, recovery)
+        processed = time.monotonic()
         record = self.commit(barrier, manifest, started)
+        committed = time.monotonic()
         self.notify(record, manifest)
+        _log.info(
+            "epoch %d: recover+barrier %.0f ms, process %.0f ms, commit %.0f ms, notify %.0f ms",
+            barrier.epoch,
+            (planned - started) * 1000,
+            (processed - planned) * 1000,
+            (committed - processed) * 1000,
+            (time.monotonic() - committed) * 1000,
+        )
         return EpochResult(barrier.epoch, record)
 
     def run(self, epochs: int | None = None, until_caught_up: bool = False, on_epoch: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:

@@ -185,7 +185,9 @@ def process_epoch(
                 # Sources that share a cached parse need no second cache.
                 records = batch.records if batch.shared else ctx.persist(batch.records)
                 dead = batch.dead_letters if batch.shared else ctx.persist(batch.dead_letters)
+                read_started = time.monotonic()
                 rows_in += records.count() + dead.count()
+                _log.info("epoch %d: reading %s took %.0f ms", barrier.epoch, node.operator_id, (time.monotonic() - read_started) * 1000)
                 dead_letters.append(dead)
                 outputs[id(node)] = records
                 faults.maybe_fail("process.after_read")
@@ -197,6 +199,7 @@ def process_epoch(
             if len(pipe.children(node)) > 1:
                 df = ctx.persist(df)
             outputs[id(node)] = df
+        tail_started = time.monotonic()
         dead_df = dead_letters[0]
         for other in dead_letters[1:]:
             dead_df = dead_df.unionByName(other)
@@ -207,6 +210,7 @@ def process_epoch(
             kind=TableKind.DEAD_LETTER,
             data=ctx.to_arrow(dead_df, DEAD_LETTER_SCHEMA),
         )
+        _log.info("epoch %d: dead letters took %.0f ms", barrier.epoch, (time.monotonic() - tail_started) * 1000)
         faults.maybe_fail("process.after_stage")
     finally:
         ctx.release()

@@ -260,13 +260,14 @@ class FileSource:
             bad = F.col("_value").isNull()
             for cond in required:
                 bad = bad | cond
+            reason = f"not a JSON object matching the schema {self.schema.to_string(show_schema_metadata=False)!r}"
+            error = F.when(F.col("_error").isNotNull(), F.col("_error")).when(bad, F.lit(reason.replace("\n", ", ")))
             parsed = raw.select(
                 "_fidx",
                 "_line",
-                "_raw",
-                F.when(F.col("_error").isNotNull(), F.col("_error"))
-                .when(bad, F.lit(f"not a JSON object matching the schema {self.schema.to_string(show_schema_metadata=False)!r}".replace("\n", ", ")))
-                .alias("_error"),
+                # Keep the raw text only for dead letters: the cache stays small.
+                F.when(error.isNotNull(), F.col("_raw")).alias("_raw"),
+                error.alias("_error"),
                 "_value.*",
             )
         parsed = parsed.persist()
