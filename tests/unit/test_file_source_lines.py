@@ -226,22 +226,22 @@ def test_plan_max_files_per_epoch_and_resume_after_last_file(make_source: Callab
     assert [r[0] for r in third["files"]] == ["f4.jsonl"]
     assert src.has_records(third)
     idle = src.plan(third, None)
-    assert idle == {"file": "f4.jsonl", "line": None, "files": []}
+    assert idle == {"file": "f4.jsonl", "line": None, "files": [], "consumed": 5}
     assert not src.has_records(idle)
 
 
 def test_plan_on_empty_directory_is_idle(make_source: Callable[..., FileSource]) -> None:
-    assert make_source().plan(None, None) == {"file": None, "line": None, "files": []}
+    assert make_source().plan(None, None) == {"file": None, "line": None, "files": [], "consumed": 0}
 
 
 def test_plan_picks_up_files_landing_later(make_source: Callable[..., FileSource], write_file: Callable[..., Path]) -> None:
     src = make_source()
     write_file("2024-01-01.jsonl", ["{}"])
     first = src.plan(None, None)
-    write_file("2023-12-31.jsonl", ["{}"])  # sorts before the position: never read
     write_file("2024-01-02.jsonl", ["{}"])
     second = src.plan(first, None)
     assert [r[0] for r in second["files"]] == ["2024-01-02.jsonl"]
+    assert second["consumed"] == 2
 
 
 def test_plan_max_records_splits_inside_a_file_and_resumes(make_source: Callable[..., FileSource], write_file: Callable[..., Path]) -> None:
@@ -428,3 +428,20 @@ def test_vectorised_raw_task_equals_line_by_line(tmp_path: Path, chunk_bytes: in
     assert fast == slow
     assert [n for n, _ in fast] == [n for n in range(1, 201) if n != 18]
     assert (41, '{"crlf": 1}') in fast
+
+
+def test_file_landing_behind_the_position_is_refused_not_dropped(
+    make_source: Callable[..., FileSource], write_file: Callable[..., Path]
+) -> None:
+    from barrierflow.errors import SourceError
+
+    write_file("b.jsonl", "1\n")
+    write_file("c.jsonl", "2\n")
+    src = make_source(max_files_per_epoch=1)
+    first = src.plan(None, None)
+    second = src.plan(first, None)
+    assert [r[0] for r in first["files"] + second["files"]] == ["b.jsonl", "c.jsonl"]
+    assert src.plan(second, None)["files"] == []  # idle, nothing behind
+    write_file("a.jsonl", "late\n")  # sorts before the position: would never be read
+    with pytest.raises(SourceError, match="1 file\\(s\\) landed .* before 'c.jsonl'"):
+        src.plan(second, None)

@@ -99,8 +99,21 @@ class FileSource:
     def plan(self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None) -> dict[str, Any]:
         pos_file = start["file"] if start else None
         pos_line = start["line"] if start else None
+        consumed = int(start.get("consumed", 0)) if start else 0
+        eligible = self._eligible(arrival_cutoff_ms)
+        if pos_file is not None:
+            # A file that lands with a name sorting before the stream position
+            # would never be read: refuse loudly rather than drop it silently.
+            behind = sum(1 for name in eligible if name <= pos_file)
+            if behind > consumed:
+                raise SourceError(
+                    f"source {self.source_id}: {behind - consumed} file(s) landed in {self.path} with names "
+                    f"sorting at or before {pos_file!r}, which the stream has already passed; files must "
+                    "land in lexicographic name order (e.g. prefix names with a timestamp). Move them to "
+                    "names after the position, or restore from an earlier savepoint."
+                )
         remaining: list[tuple[str, int]] = []
-        for name in self._eligible(arrival_cutoff_ms):
+        for name in eligible:
             if pos_file is None or name > pos_file:
                 remaining.append((name, 0))
             elif name == pos_file and pos_line is not None:
@@ -123,9 +136,10 @@ class FileSource:
             if budget == 0:
                 break
         if not ranges:
-            return {"file": pos_file, "line": pos_line, "files": []}
+            return {"file": pos_file, "line": pos_line, "files": [], "consumed": consumed}
         last_name, _, last_to, _ = ranges[-1]
-        return {"file": last_name, "line": last_to, "files": ranges}
+        new_files = sum(1 for name, *_ in ranges if name != pos_file)
+        return {"file": last_name, "line": last_to, "files": ranges, "consumed": consumed + new_files}
 
     def has_records(self, end: Mapping[str, Any]) -> bool:
         return bool(end.get("files"))
