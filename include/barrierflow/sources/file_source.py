@@ -366,12 +366,7 @@ def _iter_lines(task: Mapping[str, Any]) -> Iterator[tuple[int, bytes]]:
             for idx in range(from_line, stop):
                 yield idx + 1, lines[idx]
             return
-        first = start
-        if start > 0:
-            fh.seek(start - 1)
-            if fh.read(1) != b"\n":
-                fh.readline()  # the rest of a line that the previous task owns
-                first = fh.tell()
+        first = _first_owned_offset(fh, start)
         line_no = 1 + _count_newlines_before(fh, first)
         fh.seek(first)
         pos = first
@@ -382,6 +377,17 @@ def _iter_lines(task: Mapping[str, Any]) -> Iterator[tuple[int, bytes]]:
             pos += len(raw)
             yield line_no, raw[:-1] if raw.endswith(b"\n") else raw
             line_no += 1
+
+
+def _first_owned_offset(fh: Any, start: int) -> int:
+    """Offset of the first line starting at or after ``start`` (a range owns those)."""
+    if start == 0:
+        return 0
+    fh.seek(start - 1)
+    if fh.read(1) == b"\n":
+        return start
+    fh.readline()  # the rest of a line that the previous range owns
+    return int(fh.tell())
 
 
 def _count_newlines_before(fh: Any, offset: int) -> int:
@@ -418,12 +424,7 @@ def _read_task_bytes(task: Mapping[str, Any]) -> tuple[int, bytes]:
                 lines.pop()
             stop = len(lines) if to_line < 0 else min(to_line, len(lines))
             return from_line + 1, b"".join(line + b"\n" for line in lines[from_line:stop])
-        first = start
-        if start > 0:
-            fh.seek(start - 1)
-            if fh.read(1) != b"\n":
-                fh.readline()  # the rest of a line that the previous task owns
-                first = fh.tell()
+        first = _first_owned_offset(fh, start)
         line_no = 1 + _count_newlines_before(fh, first)
         fh.seek(first)
         data = fh.read(max(0, end - first))
