@@ -95,7 +95,7 @@ class TableCommit:
     partition_by: tuple[str, ...]
     adds: tuple[StagedFile, ...]
     removes: tuple[str, ...] = ()  # paths live at base_version, replaced by adds
-    base_version: int | None = None  # table version the epoch read (None: no table)
+    base_version: int | None = None  # table version the removes were computed at (upserts)
     data_change: bool = True
     primary_key: tuple[str, ...] = ()
 

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from typing import Any, Sequence
 
 from barrierflow.errors import BarrierflowError, ParameterError
+from barrierflow.params import parse_assignments
 
 __all__ = ["main", "build_parser"]
 
@@ -18,16 +19,6 @@ WAREHOUSE_ENV = "BARRIERFLOW_WAREHOUSE"
 
 def _warehouse(args: argparse.Namespace) -> str:
     return args.warehouse or os.environ.get(WAREHOUSE_ENV) or "./warehouse"
-
-
-def _params(pairs: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise ParameterError(f"--param expects NAME=VALUE, got {pair!r}")
-        out[name.strip()] = value
-    return out
 
 
 def _iso_us(us: int | None) -> str | None:
@@ -104,7 +95,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.master:
         os.environ["BARRIERFLOW_SPARK_MASTER"] = args.master
     definition = get_pipeline(args.pipeline)
-    coordinator = CheckpointCoordinator(definition, _params(args.param), _warehouse(args))
+    coordinator = CheckpointCoordinator(definition, parse_assignments(args.param), _warehouse(args))
 
     def report(result: EpochResult) -> None:
         r = result.record

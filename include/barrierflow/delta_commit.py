@@ -69,60 +69,44 @@ def stage_table(
     data: pa.Table,
     *,
     sort_by: Sequence[str] = (),
-    partition_by: Sequence[str] = (),
     max_rows_per_file: int = 2_000_000,
 ) -> list[StagedFile]:
     """Write ``data`` as Parquet under ``<table_uri>/<prefix>`` and describe it.
 
     Rows are sorted (e.g. by key group) so that Parquet row-group statistics
-    let readers skip key groups they do not need. Partition columns are not
-    stored in the files, as the Delta protocol requires.
+    let readers skip key groups they do not need; tables are clustered by
+    sorting, not partitioned.
     """
     if data.num_rows == 0:
         return []
     if sort_by:
         data = data.sort_by([(c, "ascending") for c in sort_by])
-    groups: list[tuple[dict[str, str | None], pa.Table]] = []
-    if partition_by:
-        keys = data.select(list(partition_by)).to_pylist()
-        distinct = sorted({tuple(k.values()) for k in keys}, key=repr)
-        for values in distinct:
-            mask = None
-            for col, val in zip(partition_by, values):
-                cond = pc.is_null(data[col]) if val is None else pc.equal(data[col], val)
-                mask = cond if mask is None else pc.and_(mask, cond)
-            part = data.filter(mask).drop_columns(list(partition_by))
-            groups.append(({c: None if v is None else str(v) for c, v in zip(partition_by, values)}, part))
-    else:
-        groups.append(({}, data))
     staged: list[StagedFile] = []
-    for partition_values, part in groups:
-        for offset in range(0, part.num_rows, max_rows_per_file):
-            chunk = part.slice(offset, max_rows_per_file)
-            rel = f"{prefix}/part-{uuid.uuid4().hex}.parquet"
-            path = local_path(join_uri(table_uri, rel))
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                pq.write_table(
-                    chunk,
-                    path,
-                    compression="zstd",
-                    coerce_timestamps="us",
-                    use_deprecated_int96_timestamps=False,
-                    row_group_size=64 * 1024,
-                )
-                size = os.path.getsize(path)
-            except OSError as exc:
-                raise StorageError(f"cannot stage {path}: {exc}") from exc
-            staged.append(
-                StagedFile(
-                    path=rel,
-                    size=size,
-                    rows=chunk.num_rows,
-                    stats=_stats_json(chunk),
-                    partition_values=partition_values,
-                )
+    for offset in range(0, data.num_rows, max_rows_per_file):
+        chunk = data.slice(offset, max_rows_per_file)
+        rel = f"{prefix}/part-{uuid.uuid4().hex}.parquet"
+        path = local_path(join_uri(table_uri, rel))
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            pq.write_table(
+                chunk,
+                path,
+                compression="zstd",
+                coerce_timestamps="us",
+                use_deprecated_int96_timestamps=False,
+                row_group_size=64 * 1024,
             )
+            size = os.path.getsize(path)
+        except OSError as exc:
+            raise StorageError(f"cannot stage {path}: {exc}") from exc
+        staged.append(
+            StagedFile(
+                path=rel,
+                size=size,
+                rows=chunk.num_rows,
+                stats=_stats_json(chunk),
+            )
+        )
     return staged
 
 

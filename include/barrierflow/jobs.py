@@ -13,13 +13,13 @@ import sys
 from typing import Sequence
 
 from barrierflow.errors import BarrierflowError
+from barrierflow.params import parse_assignments
 
 __all__ = ["process_epoch_main"]
 
 
 def process_epoch_main(argv: Sequence[str] | None = None) -> int:
     """Process + pre-commit the planned epoch of a pipeline (step 3); idempotent."""
-    from barrierflow.cli import _params
     from barrierflow.coordinator import CheckpointCoordinator
     from barrierflow.registry import get_pipeline
 
@@ -29,7 +29,7 @@ def process_epoch_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
     args = parser.parse_args(argv)
     try:
-        coordinator = CheckpointCoordinator(get_pipeline(args.pipeline), _params(args.param), args.warehouse)
+        coordinator = CheckpointCoordinator(get_pipeline(args.pipeline), parse_assignments(args.param), args.warehouse)
         recovery = coordinator.recover()
         barrier = recovery.pending_barrier
         if barrier is None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from barrierflow.errors import ParameterError
 
-__all__ = ["Param", "REQUIRED", "resolve_params"]
+__all__ = ["Param", "REQUIRED", "parse_assignments", "resolve_params"]
 
 
 class _Required:
@@ -88,4 +88,15 @@ def resolve_params(declared: tuple[Param, ...], given: Mapping[str, Any]) -> dic
             )
         else:
             out[param.name] = param.default
+    return out
+
+
+def parse_assignments(pairs: Sequence[str]) -> dict[str, str]:
+    """``["name=value", ...]`` (as given on a command line) to a dict of strings."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise ParameterError(f"--param expects NAME=VALUE, got {pair!r}")
+        out[name.strip()] = value
     return out

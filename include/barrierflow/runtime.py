@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from barrierflow import faults, storage
 from barrierflow.checkpoint import Barrier, Manifest, StagedFile, TableCommit, TableKind, app_id
-from barrierflow.delta_commit import open_table, schema_json_of, stage_table
+from barrierflow.delta_commit import schema_json_of, stage_table
 from barrierflow.errors import CheckpointError
 from barrierflow.layout import PipelineLayout
 from barrierflow.operators.base import KEY_GROUP
@@ -60,7 +60,6 @@ class EpochContext:
         self.watermark_us = watermark_prev_us
         self.staging_prefix = ""
         self.commits: dict[str, TableCommit] = {}
-        self.base_versions: dict[str, int] = {}
         self.state = DeltaStateBackend(self)
         self._persisted: list["DataFrame"] = []
 
@@ -129,9 +128,6 @@ class EpochContext:
         if name in self.commits:
             raise CheckpointError(f"table {name} staged twice in epoch {self.epoch}")
         files: list[StagedFile] = stage_table(uri, self.staging_prefix, data, sort_by=sort_by)
-        if base_version is None:
-            table = open_table(uri)
-            base_version = table.version() if table is not None else None
         self.commits[name] = TableCommit(
             name=name,
             uri=uri,

@@ -167,3 +167,13 @@ def test_minimum_rejects_nan() -> None:
     except ParameterError:
         return
     raise AssertionError(f"coerce('nan') returned {out!r} instead of raising ParameterError")
+
+
+def test_parse_assignments_splits_on_the_first_equals_sign() -> None:
+    from barrierflow.params import parse_assignments
+
+    assert parse_assignments(["a=1", "dir=/x=y", " b =", "c=2"]) == {"a": "1", "dir": "/x=y", "b": "", "c": "2"}
+    with pytest.raises(ParameterError, match="NAME=VALUE"):
+        parse_assignments(["novalue"])
+    with pytest.raises(ParameterError, match="NAME=VALUE"):
+        parse_assignments(["=1"])

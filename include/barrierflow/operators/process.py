@@ -89,7 +89,7 @@ class KeyedProcess(Node):
 
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
         from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import from_arrow_schema
+        from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
         fn = self.function
         assert fn is not None
@@ -107,7 +107,7 @@ class KeyedProcess(Node):
                 if other.name == d.name:
                     cols.append(F.col("value").alias(_state_column(other.name)))
                 else:
-                    cols.append(F.lit(None).cast(from_arrow_schema(pa.schema([pa.field("v", other.value_type)]))["v"].dataType).alias(_state_column(other.name)))
+                    cols.append(F.lit(None).cast(from_arrow_type(other.value_type)).alias(_state_column(other.name)))
             state_frames.append(live.select(*cols))
         if state_frames:
             state_df = state_frames[0]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Source", "SourceBatch", "SEQ", "arrival_seq", "DEAD_LETTER_COLUMNS"]
+__all__ = ["Source", "SourceBatch", "SEQ", "arrival_seq"]
 
 # Every record carries its arrival position packed in one long, ``_seq``:
 # (source index, file index within the epoch, line). Sorting by it gives
@@ -21,7 +21,6 @@ __all__ = ["Source", "SourceBatch", "SEQ", "arrival_seq", "DEAD_LETTER_COLUMNS"]
 # to shuffle and sort than file names.
 SEQ = "_seq"
 _FILE_BITS, _LINE_BITS = 20, 36
-DEAD_LETTER_COLUMNS = ("source", "source_file", "line", "raw", "reason")
 
 
 def arrival_seq(source_index: int, file_index: Any, line: Any) -> Any:

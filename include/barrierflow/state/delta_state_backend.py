@@ -53,7 +53,6 @@ class DeltaStateBackend:
                 f"state table {spec.table_name} holds epoch {committed}, newer than the last "
                 f"completed epoch {ctx.last_completed_epoch}: run recovery first"
             )
-        ctx.base_versions[spec.table_name] = table.version()
         actions = pa.table(table.get_add_actions(flatten=True))
         paths = actions.column("path").to_pylist()
         if touched is None or len(paths) < _PRUNE_MIN_FILES or f"min.{KEY_GROUP}" not in actions.column_names:
