@@ -17,6 +17,10 @@ For epoch n of pipeline P (every step idempotent and safe to retry):
   5. notify    -- post-commit work: remove staged files of losing attempts,
                   compact state tables whose changelog outgrew their base.
 
+A restore (``barrierflow.restore``) starts a new lineage whose first completed
+record is the restore point; a pipeline stopped with a savepoint plans no
+barrier until it is restored.
+
 A crash anywhere leaves a state from which the next attempt produces exactly
 the output of a failure-free run.
 """
@@ -37,7 +41,7 @@ from barrierflow import faults, storage
 from barrierflow.checkpoint import Barrier, CheckpointRecord, EpochStatus, Manifest, app_id
 from barrierflow.checkpoint_log import CheckpointLog, now_us
 from barrierflow.delta_commit import commit_epoch_table
-from barrierflow.errors import CheckpointError, EpochInProgressError, FencedError
+from barrierflow.errors import CheckpointError, EpochInProgressError, FencedError, PipelineStoppedError
 from barrierflow.layout import STAGING_DIR, PipelineLayout
 from barrierflow.pipeline import Pipeline, PipelineDefinition
 from barrierflow.state.delta_state_backend import compact, needs_compaction
@@ -131,9 +135,21 @@ class CheckpointCoordinator:
 
     # -- lease (epochs of one pipeline never run concurrently) -----------
 
-    def acquire_lease(self) -> None:
+    def acquire_lease(self, wait_s: float = 0.0) -> None:
+        """Take the pipeline's epoch lease, waiting up to ``wait_s`` for a holder to finish."""
         if not self._use_lease:
             return
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self._try_lease()
+                return
+            except EpochInProgressError:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+
+    def _try_lease(self) -> None:
         token = uuid.uuid4().hex
         doc = {"token": token, "pid": os.getpid(), "host": socket.gethostname(), "acquired_at": time.time()}
         for _ in range(2):
@@ -144,7 +160,10 @@ class CheckpointCoordinator:
             if holder is None or _lease_is_stale(holder):
                 # The holder died: remove its lease (by content, not blindly).
                 if storage.read_json(self.layout.lease) == holder:
-                    os.unlink(storage.local_path(self.layout.lease))
+                    try:
+                        os.unlink(storage.local_path(self.layout.lease))
+                    except FileNotFoundError:
+                        pass
                 continue
             raise EpochInProgressError(
                 f"pipeline {self.definition.name} is running elsewhere (pid {holder['pid']} on "
@@ -162,9 +181,19 @@ class CheckpointCoordinator:
 
     # -- step 1: recover -------------------------------------------------
 
+    def stopped(self) -> dict[str, Any] | None:
+        """The stop marker written by a stop-with-savepoint, or None when running."""
+        doc = storage.read_json(self.layout.stopped)
+        return dict(doc) if doc else None
+
     def recover(self) -> Recovery:
         faults.maybe_fail("recover.start")
         self.ensure_created()
+        if storage.exists(self.layout.restoring):
+            # A restore crashed half-way: finish it before anything reads state.
+            from barrierflow.restore import complete_pending_restore
+
+            complete_pending_restore(self)
         lineage_id = self.current_lineage()["lineage_id"]
         records = self.log.lineage_records(lineage_id)
         last = CheckpointLog.last_completed(records)
@@ -192,12 +221,21 @@ class CheckpointCoordinator:
 
     def trigger_checkpoint(self, recovery: Recovery, arrival_cutoff_ms: int | None = None) -> Barrier | None:
         """Barrier n (reused when it exists); None when no source has new input."""
+        stop = self.stopped()
+        if stop is not None:
+            # Checked first: a stopped pipeline does not even finish a planned epoch,
+            # so its state stays exactly at the savepoint.
+            _log.info("%s", _stopped_message(self.definition.name, stop))
+            return None
         if recovery.pending_barrier is not None:
             return recovery.pending_barrier
         epoch = recovery.last_completed_epoch + 1
         lineage_id = recovery.lineage_id
+        lineage = self.current_lineage()
         previous = self._read_barrier(lineage_id, epoch - 1) if epoch > 1 else None
-        start = dict(previous.end_offsets) if previous else self._lineage_start_offsets()
+        start = dict(previous.end_offsets) if previous else dict(lineage.get("start_offsets") or {})
+        # Parameters fixed by a restore (e.g. a new parallelism) hold for the whole lineage.
+        params = self.definition.resolve({**self.params, **(lineage.get("params") or {})})
         end: dict[str, Any] = {}
         has_input = False
         for node in self.pipeline.sources:
@@ -217,7 +255,7 @@ class CheckpointCoordinator:
             processing_time_ms=int(time.time() * 1000),
             planned_at=_iso_now(),
             attempt_id=uuid.uuid4().hex[:12],
-            params=self.params,
+            params=params,
         )
         faults.maybe_fail("barrier.before_write")
         uri = self.layout.barrier(lineage_id, epoch)
@@ -237,9 +275,6 @@ class CheckpointCoordinator:
         winner = self._read_barrier(lineage_id, epoch)
         assert winner is not None
         return winner
-
-    def _lineage_start_offsets(self) -> dict[str, Any]:
-        return dict(self.current_lineage().get("start_offsets") or {})
 
     # -- step 3: process + pre-commit -------------------------------------
 
@@ -292,6 +327,12 @@ class CheckpointCoordinator:
             raise FencedError(
                 f"epoch {manifest.epoch} cannot commit: the last completed epoch is "
                 f"{last.epoch if last else 0}"
+            )
+        current = self.current_lineage()["lineage_id"]
+        if current != manifest.lineage_id:
+            raise FencedError(
+                f"epoch {manifest.epoch} of lineage {manifest.lineage_id} cannot commit: the pipeline "
+                f"was restored into lineage {current}"
             )
         app = self.app_id(manifest.lineage_id)
         versions: dict[str, int] = {}
@@ -360,6 +401,9 @@ class CheckpointCoordinator:
     def run(self, epochs: int | None = None, until_caught_up: bool = False, on_epoch: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:
         if epochs is None and not until_caught_up:
             raise CheckpointError("give a number of epochs or until_caught_up=True")
+        stop = self.stopped()
+        if stop is not None:
+            raise PipelineStoppedError(_stopped_message(self.definition.name, stop))
         self.acquire_lease()
         results: list[EpochResult] = []
         try:
@@ -392,6 +436,13 @@ class CheckpointCoordinator:
                 raise CheckpointError(f"epoch {epoch} is not a completed epoch of the current lineage")
         record = max(records, key=lambda r: r.epoch) if records else None
         return record, record.versions() if record else {}
+
+
+def _stopped_message(name: str, stop: Mapping[str, Any]) -> str:
+    return (
+        f"pipeline {name} was stopped with savepoint {stop.get('savepoint')!r} at {stop.get('stopped_at')}: "
+        f"no epoch runs until it is restored (barrierflow savepoint restore {name} --savepoint {stop.get('savepoint')})"
+    )
 
 
 def _lease_is_stale(holder: Mapping[str, Any]) -> bool:

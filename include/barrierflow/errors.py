@@ -18,6 +18,9 @@ __all__ = [
     "EpochInProgressError",
     "CommitConflictError",
     "FencedError",
+    "PipelineStoppedError",
+    "SavepointError",
+    "IncompatibleSavepointError",
     "QueryError",
     "SourceError",
     "InjectedFault",
@@ -62,6 +65,28 @@ class CommitConflictError(CheckpointError):
 
 class FencedError(CheckpointError):
     """This attempt is stale: a newer epoch or lineage has committed."""
+
+
+class PipelineStoppedError(CheckpointError):
+    """The pipeline was stopped with a savepoint; restore it to resume."""
+
+
+class SavepointError(CheckpointError):
+    """A savepoint cannot be created, found, restored or disposed."""
+
+
+class IncompatibleSavepointError(SavepointError):
+    """A restore point does not match the pipeline's current operators and state.
+
+    ``dropped`` lists state in the restore point that the code no longer has
+    (or has with another schema); ``missing`` lists state the code declares
+    that the restore point lacks. Both are ``operator_id/state`` names.
+    """
+
+    def __init__(self, message: str, dropped: list[str], missing: list[str]) -> None:
+        super().__init__(message)
+        self.dropped = dropped
+        self.missing = missing
 
 
 class QueryError(BarrierflowError):

@@ -2,6 +2,8 @@
 
 ```
 <warehouse>/<pipeline>/_pipeline.json              key groups, created_at
+<warehouse>/<pipeline>/_stopped.json               present while stopped with a savepoint
+<warehouse>/<pipeline>/_restoring.json             a restore's intent until it completes
 <warehouse>/<pipeline>/_lineages/<seq>.json        lineage history
 <warehouse>/<pipeline>/_checkpoints                checkpoint log (Delta)
 <warehouse>/<pipeline>/_checkpoints/_epochs/<lineage>/<epoch>/barrier.json
@@ -10,6 +12,7 @@
 <warehouse>/<pipeline>/sinks/<name>                exactly-once outputs (Delta)
 <warehouse>/<pipeline>/dead_letter                 malformed input (Delta)
 <table>/_staging/<lineage>/<epoch>/<attempt>/...   pre-committed files, invisible
+<warehouse>/_savepoints/<pipeline>/<name>/         self-contained savepoints
 ```
 Staged files sit inside their table's directory because a Delta add action
 must point into the table; names starting with ``_`` are never read by Delta
@@ -55,6 +58,22 @@ class PipelineLayout:
     @property
     def lease(self) -> str:
         return join_uri(self.root, "_lease")
+
+    @property
+    def stopped(self) -> str:
+        return join_uri(self.root, "_stopped.json")
+
+    @property
+    def restoring(self) -> str:
+        return join_uri(self.root, "_restoring.json")
+
+    @property
+    def savepoints(self) -> str:
+        """Outside the pipeline's directory: vacuum and table rewrites never reach it."""
+        return join_uri(self.warehouse, "_savepoints", self.pipeline)
+
+    def savepoint(self, name: str) -> str:
+        return join_uri(self.savepoints, name)
 
     def epoch_dir(self, lineage_id: str, epoch: int) -> str:
         return join_uri(self.checkpoint_log, "_epochs", lineage_id, f"{epoch:010d}")

@@ -1,0 +1,140 @@
+"""Maintenance: compaction, checkpoint expiry and vacuum, under the epoch lease.
+
+:func:`run_maintenance`:
+  1. take the pipeline's epoch lease (waits for a running epoch; nothing
+     runs concurrently, so no running epoch can lose a file);
+  2. recover, so the checkpoint log ends at a completed epoch;
+  3. compact every state table that has more than one file (one live row
+     per key, ``dataChange=false``: the content at every version is unchanged);
+  4. expire completed checkpoints beyond the newest ``retained_checkpoints``
+     of the current lineage, and every checkpoint of earlier lineages: their
+     epoch directories go, so they can no longer be restored or queried;
+  5. vacuum every table with ``keep_versions`` = the versions of the retained
+     checkpoints: files a retained checkpoint reads are never deleted, whatever
+     the retention. Staged files live under ``_`` directories, which vacuum
+     never lists. Savepoints live outside every table and are never touched;
+  6. release the lease.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from deltalake.exceptions import DeltaError
+
+from barrierflow import storage
+from barrierflow.checkpoint import EpochStatus
+from barrierflow.delta_commit import open_table
+from barrierflow.errors import CheckpointError, ParameterError
+from barrierflow.pipeline import PipelineDefinition
+from barrierflow.savepoint import DEFAULT_LEASE_WAIT_S
+from barrierflow.state.delta_state_backend import compact
+
+__all__ = ["run_maintenance", "MaintenanceReport", "DEFAULT_RETAINED_CHECKPOINTS", "DEFAULT_VACUUM_RETENTION_HOURS"]
+
+DEFAULT_RETAINED_CHECKPOINTS = 10
+DEFAULT_VACUUM_RETENTION_HOURS = 168
+
+
+@dataclass(frozen=True)
+class MaintenanceReport:
+    pipeline: str
+    lineage_id: str
+    retained_epochs: tuple[int, ...]
+    expired_epochs: tuple[str, ...]  # "<lineage>/<epoch>"
+    compacted_tables: tuple[str, ...]
+    vacuumed_files: Mapping[str, int]  # table -> files deleted
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_maintenance(
+    definition: PipelineDefinition,
+    warehouse: str,
+    retained_checkpoints: int = DEFAULT_RETAINED_CHECKPOINTS,
+    vacuum_retention_hours: int = DEFAULT_VACUUM_RETENTION_HOURS,
+    params: Mapping[str, Any] | None = None,
+    lease_wait_s: float = DEFAULT_LEASE_WAIT_S,
+) -> MaintenanceReport:
+    """Steps 1-6 of the module docstring."""
+    from barrierflow.coordinator import CheckpointCoordinator
+
+    if not isinstance(retained_checkpoints, int) or retained_checkpoints < 1:
+        raise ParameterError(f"retained_checkpoints must be an integer >= 1, not {retained_checkpoints!r}")
+    if not isinstance(vacuum_retention_hours, int) or vacuum_retention_hours < 0:
+        raise ParameterError(f"vacuum_retention_hours must be an integer >= 0, not {vacuum_retention_hours!r}")
+    coordinator = CheckpointCoordinator(definition, params or {}, warehouse)
+    layout = coordinator.layout
+    coordinator.acquire_lease(wait_s=lease_wait_s)  # step 1
+    try:
+        recovery = coordinator.recover()  # step 2
+        last = recovery.last_completed
+        lineage_id = recovery.lineage_id
+        pipe = coordinator.pipeline
+        compacted: list[str] = []
+        if last is not None:  # step 3
+            app = coordinator.app_id(lineage_id)
+            for spec in pipe.state_specs():
+                uri = layout.state_table(spec.operator_id, spec.name)
+                if compact(spec, uri, app, last.epoch, f"maintenance-{uuid.uuid4().hex[:8]}") is not None:
+                    compacted.append(spec.table_name)
+        completed = sorted(
+            (r for r in coordinator.log.lineage_records(lineage_id) if r.status is EpochStatus.COMPLETED),
+            key=lambda r: r.epoch,
+        )
+        retained = completed[-retained_checkpoints:]
+        retained_epochs = {r.epoch for r in retained}
+        expired: list[str] = []
+        epochs_root = storage.join_uri(layout.checkpoint_log, "_epochs")
+        for lineage in storage.list_dir(epochs_root):  # step 4
+            for name in storage.list_dir(storage.join_uri(epochs_root, lineage)):
+                epoch = int(name)
+                if lineage == lineage_id and (epoch in retained_epochs or last is None or epoch > last.epoch):
+                    continue  # retained, or an epoch still in flight
+                storage.remove_tree(storage.join_uri(epochs_root, lineage, name))
+                expired.append(f"{lineage}/{epoch}")
+        keep: dict[str, set[int]] = {}
+        for record in retained:
+            for table, version in record.versions().items():
+                keep.setdefault(table, set()).add(version)
+        vacuumed: dict[str, int] = {}
+        for table_name, uri in _tables(coordinator):  # step 5
+            table = open_table(uri)
+            if table is None:
+                continue
+            try:
+                deleted = table.vacuum(
+                    retention_hours=vacuum_retention_hours,
+                    dry_run=False,
+                    enforce_retention_duration=False,
+                    keep_versions=sorted(keep.get(table_name, ())) or None,
+                )
+            except DeltaError as exc:
+                raise CheckpointError(f"cannot vacuum {uri}: {exc}") from exc
+            vacuumed[table_name] = len(deleted)
+        return MaintenanceReport(
+            pipeline=definition.name,
+            lineage_id=lineage_id,
+            retained_epochs=tuple(sorted(retained_epochs)),
+            expired_epochs=tuple(expired),
+            compacted_tables=tuple(compacted),
+            vacuumed_files=vacuumed,
+        )
+    finally:
+        coordinator.release_lease()  # step 6
+
+
+def _tables(coordinator: Any) -> list[tuple[str, str]]:
+    """Every Delta table of the pipeline: (name in the checkpoint cut, URI)."""
+    layout = coordinator.layout
+    out = [("_checkpoints", layout.checkpoint_log), ("dead_letter", layout.dead_letter)]
+    state_root = storage.join_uri(layout.root, "state")
+    for op in storage.list_dir(state_root):
+        for st in storage.list_dir(storage.join_uri(state_root, op)):
+            out.append((f"{op}__{st}", layout.state_table(op, st)))
+    for sink in storage.list_dir(storage.join_uri(layout.root, "sinks")):
+        out.append((sink, layout.sink_table(sink)))
+    return out

@@ -1,0 +1,422 @@
+"""Restore: start a new lineage from a savepoint or a retained completed epoch.
+
+:func:`restore` (each step idempotent; a crash is finished by the next
+``recover``, which sees the intent):
+
+  1. take the pipeline's epoch lease (never races a running epoch);
+  2. resolve the restore point: a savepoint (by name or path) or a completed
+     epoch of the current lineage whose checkpoint is still retained;
+  3. check it against the current code: key groups must match; state that
+     the code no longer declares (or declares with another schema) would be
+     dropped, state the code declares that the restore point lacks would start
+     empty. Either refuses with both lists unless ``allow_non_restored_state``;
+  4. write the intent ``_restoring.json`` put-if-absent: the new lineage id
+     and everything below needs, so a crash is rolled forward, never redone
+     differently;
+  5. replace every state table's content with the restore point's rows (or
+     nothing), in a commit carrying the new lineage's app transaction at the
+     restore epoch N;
+  6. with ``rewind_sinks``, remove from append sinks and ``dead_letter`` every
+     row of an epoch after N, and set upsert sinks back to their rows at N,
+     in commits carrying the same app transaction (an absent upsert sink is
+     always seeded: there is nothing to rewind, only a table to make whole);
+  7. record epoch N COMPLETED in the new lineage, with offsets, watermark and
+     the tables' versions after steps 5-6: the restore point is the new
+     lineage's consistent cut;
+  8. write the lineage document (the switch: from here on the new lineage is
+     current and epochs N+1, N+2, ... replay the input after the restore point);
+  9. remove the stop marker and the intent; release the lease.
+
+Because the app id names the lineage, replayed epochs are never mistaken for
+the old lineage's committed ones, and an old lineage's zombie is fenced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Mapping
+
+import pyarrow as pa
+from deltalake import CommitProperties, Schema, Transaction
+from deltalake.exceptions import DeltaError
+from deltalake.transaction import AddAction, create_table_with_add_actions
+
+from barrierflow import storage
+from barrierflow.checkpoint import CheckpointRecord, EpochStatus, app_id
+from barrierflow.checkpoint_log import CheckpointLog, now_us
+from barrierflow.delta_commit import open_table, stage_table
+from barrierflow.errors import CheckpointError, IncompatibleSavepointError, SavepointError
+from barrierflow.layout import PipelineLayout
+from barrierflow.operators.base import KEY_GROUP
+from barrierflow.pipeline import Pipeline, PipelineDefinition
+from barrierflow.savepoint import (
+    DEFAULT_LEASE_WAIT_S,
+    SavepointMetadata,
+    load_savepoint,
+    read_snapshot,
+    state_signature,
+)
+from barrierflow.state.delta_state_backend import latest_rows
+
+if TYPE_CHECKING:
+    from barrierflow.coordinator import CheckpointCoordinator
+
+__all__ = ["restore", "RestoreResult", "IncompatibleSavepointError", "complete_pending_restore", "check_compatibility"]
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    pipeline: str
+    lineage_id: str
+    previous_lineage_id: str
+    epoch: int  # the restore point: the next epoch is epoch + 1
+    restored_from: str  # "savepoint <name>" or "epoch <n> of lineage <id>"
+    restored_states: tuple[str, ...]
+    dropped_states: tuple[str, ...]
+    empty_states: tuple[str, ...]
+    rewound_sinks: Mapping[str, int]  # sink -> rows removed (append) or rows restored (upsert)
+    params: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_compatibility(
+    pipe: Pipeline, key_groups: int, saved: Mapping[str, tuple[tuple[str, str], ...]], allow_non_restored_state: bool
+) -> tuple[list[str], list[str], list[str]]:
+    """Step 3: (restored, dropped, empty) state names, or IncompatibleSavepointError."""
+    if key_groups != pipe.key_groups:
+        raise IncompatibleSavepointError(
+            f"the restore point has {key_groups} key groups and pipeline {pipe.name} declares "
+            f"{pipe.key_groups}; key groups (max parallelism) never change within a pipeline",
+            dropped=[],
+            missing=[],
+        )
+    current = {f"{s.operator_id}/{s.name}": state_signature(s.arrow_schema()) for s in pipe.state_specs()}
+    restored = sorted(n for n in current if n in saved and saved[n] == current[n])
+    changed = sorted(n for n in current if n in saved and saved[n] != current[n])
+    dropped = sorted(set(saved) - set(current)) + [f"{n} (schema changed)" for n in changed]
+    missing = sorted(set(current) - set(saved)) + [f"{n} (schema changed)" for n in changed]
+    if (dropped or missing) and not allow_non_restored_state:
+        lines = [f"the restore point does not match pipeline {pipe.name}'s operators and state:"]
+        if dropped:
+            lines.append("  would be dropped (in the restore point, not restorable into the code): " + ", ".join(dropped))
+        if missing:
+            lines.append("  missing (declared by the code, would start empty): " + ", ".join(missing))
+        lines.append("set allow_non_restored_state to restore anyway")
+        raise IncompatibleSavepointError("\n".join(lines), dropped=dropped, missing=missing)
+    empty = sorted(set(current) - set(restored))
+    return restored, dropped, empty
+
+
+def restore(
+    definition: PipelineDefinition,
+    warehouse: str,
+    savepoint: str | None = None,
+    epoch: int | None = None,
+    allow_non_restored_state: bool = False,
+    rewind_sinks: bool = False,
+    parallelism: int | None = None,
+    params: Mapping[str, Any] | None = None,
+    lease_wait_s: float = DEFAULT_LEASE_WAIT_S,
+) -> RestoreResult:
+    """Steps 1-9 of the module docstring; give exactly one of ``savepoint`` and ``epoch``."""
+    from barrierflow.coordinator import CheckpointCoordinator
+
+    if (savepoint is None) == (epoch is None):
+        raise SavepointError("restore needs exactly one of a savepoint (name or path) and a retained epoch")
+    if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
+        raise SavepointError(f"parallelism must be a positive integer, not {parallelism!r}")
+    coordinator = CheckpointCoordinator(definition, params or {}, warehouse)
+    layout = coordinator.layout
+    coordinator.acquire_lease(wait_s=lease_wait_s)  # step 1
+    try:
+        coordinator.recover()  # finishes an earlier crashed restore, rolls epochs forward
+        previous = coordinator.current_lineage()["lineage_id"]
+        intent = _restore_point(coordinator, savepoint, epoch)  # step 2
+        pipe = coordinator.pipeline
+        restored, dropped, empty = check_compatibility(  # step 3
+            pipe, intent["key_groups"], {k: tuple(tuple(c) for c in v) for k, v in intent["states"].items()},
+            allow_non_restored_state,
+        )
+        overrides = {definition.parallelism_param: parallelism} if parallelism and definition.parallelism_param else {}
+        intent.update(
+            lineage_id=uuid.uuid4().hex[:12],
+            previous_lineage_id=previous,
+            rewind_sinks=rewind_sinks,
+            params=overrides,
+            restored_states=restored,
+            dropped_states=dropped,
+            empty_states=empty,
+            started_at=_iso_now(),
+        )
+        if not storage.write_json_if_absent(layout.restoring, intent):  # step 4
+            raise CheckpointError(f"another restore of {definition.name} started concurrently; retry")
+        return _complete(coordinator, intent)
+    finally:
+        coordinator.release_lease()  # step 9
+
+
+def complete_pending_restore(coordinator: "CheckpointCoordinator") -> RestoreResult | None:
+    """Roll a crashed restore forward (called by ``recover``, under the caller's lease)."""
+    intent = storage.read_json(coordinator.layout.restoring)
+    return _complete(coordinator, intent) if intent else None
+
+
+def _restore_point(coordinator: "CheckpointCoordinator", savepoint: str | None, epoch: int | None) -> dict[str, Any]:
+    """Step 2: everything about the restore point, as a JSON document."""
+    layout = coordinator.layout
+    if savepoint is not None:
+        meta = load_savepoint(coordinator.definition.name, layout.warehouse, savepoint)
+        return {
+            "source": "savepoint",
+            "restored_from": f"savepoint {meta.name}",
+            "savepoint_uri": meta.uri,
+            "epoch": meta.epoch,
+            "key_groups": meta.key_groups,
+            "offsets": dict(meta.offsets),
+            "watermark_us": meta.watermark_us,
+            "max_event_time_us": meta.max_event_time_us,
+            "states": {s.name: [list(c) for c in s.schema] for s in meta.states if s.schema},
+        }
+    assert epoch is not None
+    lineage_id = coordinator.current_lineage()["lineage_id"]
+    records = [r for r in coordinator.log.lineage_records(lineage_id) if r.status is EpochStatus.COMPLETED]
+    match = [r for r in records if r.epoch == epoch]
+    retained = sorted(r.epoch for r in records if storage.exists(layout.epoch_dir(lineage_id, r.epoch)))
+    if not match or epoch not in retained:
+        raise SavepointError(
+            f"epoch {epoch} is not a retained completed epoch of {coordinator.definition.name}'s current "
+            f"lineage {lineage_id}; retained: {_ranges(retained) or 'none'} (or restore a savepoint)"
+        )
+    record = match[0]
+    versions = record.versions()
+    states: dict[str, Any] = {}
+    for spec_dir in _state_tables(layout):
+        op, st = spec_dir
+        name = f"{op}__{st}"
+        if name in versions:
+            table = open_table(layout.state_table(op, st), versions[name])
+            if table is not None:
+                states[f"{op}/{st}"] = [list(c) for c in state_signature(pa.schema(table.schema().to_arrow()))]
+    return {
+        "source": "epoch",
+        "restored_from": f"epoch {epoch} of lineage {lineage_id}",
+        "epoch": epoch,
+        "key_groups": coordinator.ensure_created()["key_groups"],
+        "offsets": record.offsets_json(),
+        "watermark_us": record.watermark_us,
+        "max_event_time_us": record.max_event_time_us,
+        "table_versions": versions,
+        "states": states,
+    }
+
+
+def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -> RestoreResult:
+    """Steps 5-9 from a durable intent; every step skips what is already done."""
+    layout = coordinator.layout
+    pipe = coordinator.pipeline
+    epoch = int(intent["epoch"])
+    lineage_id = intent["lineage_id"]
+    app = app_id(pipe.name, lineage_id)
+    restored = set(intent["restored_states"])
+    savepoint = _savepoint_of(intent)
+    for spec in pipe.state_specs():  # step 5
+        name = f"{spec.operator_id}/{spec.name}"
+        rows = _state_rows(layout, intent, savepoint, spec.operator_id, spec.name) if name in restored else None
+        schema = spec.arrow_schema()
+        data = rows.select(schema.names).cast(schema) if rows is not None else schema.empty_table()
+        _replace_content(
+            layout.state_table(spec.operator_id, spec.name), data, app, epoch, lineage_id, (KEY_GROUP, *spec.key_columns)
+        )
+    rewound: dict[str, int] = {}
+    for sink, mode in _sinks(pipe):  # step 6
+        uri = layout.dead_letter if mode == "dead_letter" else layout.sink_table(sink)
+        if mode == "upsert":
+            rows = _upsert_rows(layout, intent, savepoint, sink)
+            if rows is not None and (intent["rewind_sinks"] or open_table(uri) is None):
+                _replace_content(uri, rows, app, epoch, lineage_id, ())
+                rewound[sink] = rows.num_rows
+        elif intent["rewind_sinks"]:
+            rewound[sink] = _delete_after(uri, epoch, app)
+    # Step 7; the epoch directory marks the restore point as a retained checkpoint.
+    storage.write_json_if_absent(storage.join_uri(layout.epoch_dir(lineage_id, epoch), "restore.json"), dict(intent))
+    log = coordinator.log
+    done = [r for r in log.lineage_records(lineage_id) if r.status is EpochStatus.COMPLETED and r.epoch == epoch]
+    if not done:
+        log.append(
+            CheckpointRecord(
+                pipeline=pipe.name,
+                lineage_id=lineage_id,
+                epoch=epoch,
+                status=EpochStatus.COMPLETED,
+                attempt_id=f"restore-{lineage_id}",
+                recorded_at_us=now_us(),
+                offsets=json.dumps(intent["offsets"], sort_keys=True),
+                watermark_us=intent["watermark_us"],
+                max_event_time_us=intent["max_event_time_us"],
+                rows_in=0,
+                rows_out=0,
+                dead_letters=0,
+                bytes_written=0,
+                state_bytes_written=0,
+                duration_ms=0,
+                table_versions=json.dumps(_current_versions(layout, pipe), sort_keys=True),
+                message=f"restored from {intent['restored_from']}",
+            )
+        )
+    seq = len([n for n in storage.list_dir(layout.lineages) if n.endswith(".json")])
+    current = coordinator.current_lineage()
+    if current["lineage_id"] != lineage_id:  # step 8
+        storage.write_json_if_absent(
+            storage.join_uri(layout.lineages, f"{seq:010d}.json"),
+            {
+                "lineage_id": lineage_id,
+                "start_epoch": epoch,
+                "start_offsets": intent["offsets"],
+                "started_at": _iso_now(),
+                "reason": f"restored from {intent['restored_from']}",
+                "previous_lineage_id": intent["previous_lineage_id"],
+                "params": intent["params"],
+            },
+        )
+        if coordinator.current_lineage()["lineage_id"] != lineage_id:
+            raise CheckpointError(f"lineage {seq} of {pipe.name} was written concurrently; restore again")
+    for marker in (layout.stopped, layout.restoring):  # step 9
+        try:
+            os.unlink(storage.local_path(marker))
+        except FileNotFoundError:
+            pass
+    return RestoreResult(
+        pipeline=pipe.name,
+        lineage_id=lineage_id,
+        previous_lineage_id=intent["previous_lineage_id"],
+        epoch=epoch,
+        restored_from=intent["restored_from"],
+        restored_states=tuple(intent["restored_states"]),
+        dropped_states=tuple(intent["dropped_states"]),
+        empty_states=tuple(intent["empty_states"]),
+        rewound_sinks=rewound,
+        params=intent["params"],
+    )
+
+
+def _savepoint_of(intent: Mapping[str, Any]) -> SavepointMetadata | None:
+    if intent["source"] != "savepoint":
+        return None
+    doc = storage.read_json(storage.join_uri(intent["savepoint_uri"], "_savepoint.json"))
+    if doc is None:
+        raise SavepointError(f"savepoint at {intent['savepoint_uri']} disappeared during the restore")
+    return SavepointMetadata.from_json(doc, uri=intent["savepoint_uri"])
+
+
+def _state_rows(
+    layout: PipelineLayout, intent: Mapping[str, Any], savepoint: SavepointMetadata | None, op: str, state: str
+) -> pa.Table | None:
+    if savepoint is not None:
+        snap = next(s for s in savepoint.states if s.operator_id == op and s.state == state)
+        return read_snapshot(savepoint, snap.files)
+    version = intent["table_versions"].get(f"{op}__{state}")
+    table = open_table(layout.state_table(op, state), version) if version is not None else None
+    if table is None:
+        return None
+    data = table.to_pyarrow_table()
+    keys = data.schema.names[: data.schema.get_field_index(KEY_GROUP)]
+    return latest_rows(data, keys)
+
+
+def _upsert_rows(
+    layout: PipelineLayout, intent: Mapping[str, Any], savepoint: SavepointMetadata | None, sink: str
+) -> pa.Table | None:
+    if savepoint is not None:
+        snap = next((s for s in savepoint.sinks if s.name == sink), None)
+        return read_snapshot(savepoint, snap.files) if snap is not None else None
+    version = intent["table_versions"].get(sink)
+    table = open_table(layout.sink_table(sink), version) if version is not None else None
+    return table.to_pyarrow_table() if table is not None else None
+
+
+def _sinks(pipe: Pipeline) -> list[tuple[str, str]]:
+    out = [(n.sink.name, n.sink.mode) for n in pipe.sinks]
+    out += [(name, "append") for name in pipe.side_output_names()]
+    return out + [("dead_letter", "dead_letter")]
+
+
+def _replace_content(uri: str, data: pa.Table, app: str, epoch: int, lineage_id: str, sort_by: tuple[str, ...]) -> int:
+    """Make ``data`` the table's whole content in one commit carrying ``(app, epoch)``; idempotent."""
+    table = open_table(uri)
+    if table is not None and (table.transaction_version(app) or -1) >= epoch:
+        return table.version()
+    staged = stage_table(uri, f"_restored/{lineage_id}", data, sort_by=sort_by)
+    now = time.time_ns() // 1_000_000
+    adds = [
+        AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now, data_change=True, stats=f.stats)
+        for f in staged
+    ]
+    properties = CommitProperties(
+        custom_metadata={"barrierflow.operation": "restore", "barrierflow.app_id": app, "barrierflow.epoch": epoch},
+        app_transactions=[Transaction(app, epoch)],
+        max_commit_retries=0,
+    )
+    schema = Schema.from_arrow(data.schema)
+    try:
+        if table is None:
+            create_table_with_add_actions(uri, schema, adds, mode="error", commit_properties=properties)
+        else:
+            # Overwrite removes every live file itself, and takes the code's schema.
+            table.create_write_transaction(adds, mode="overwrite", schema=schema, commit_properties=properties)
+    except DeltaError as exc:
+        raise CheckpointError(f"cannot restore table {uri}: {exc}; run the restore again") from exc
+    result = open_table(uri)
+    assert result is not None
+    return result.version()
+
+
+def _delete_after(uri: str, epoch: int, app: str) -> int:
+    """Remove rows of epochs after ``epoch`` in one commit carrying ``(app, epoch)``; idempotent."""
+    table = open_table(uri)
+    if table is None or (table.transaction_version(app) or -1) >= epoch:
+        return 0
+    properties = CommitProperties(
+        custom_metadata={"barrierflow.operation": "rewind", "barrierflow.app_id": app, "barrierflow.epoch": epoch},
+        app_transactions=[Transaction(app, epoch)],
+        max_commit_retries=0,
+    )
+    try:
+        metrics = table.delete(f"_epoch > {int(epoch)}", commit_properties=properties)
+    except DeltaError as exc:
+        raise CheckpointError(f"cannot rewind sink {uri}: {exc}; run the restore again") from exc
+    return int(metrics.get("num_deleted_rows") or 0)
+
+
+def _current_versions(layout: PipelineLayout, pipe: Pipeline) -> dict[str, int]:
+    versions: dict[str, int] = {}
+    for spec in pipe.state_specs():
+        table = open_table(layout.state_table(spec.operator_id, spec.name))
+        if table is not None:
+            versions[spec.table_name] = table.version()
+    for sink, mode in _sinks(pipe):
+        table = open_table(layout.dead_letter if mode == "dead_letter" else layout.sink_table(sink))
+        if table is not None:
+            versions[sink] = table.version()
+    return versions
+
+
+def _state_tables(layout: PipelineLayout) -> list[tuple[str, str]]:
+    root = storage.join_uri(layout.root, "state")
+    return [(op, st) for op in storage.list_dir(root) for st in storage.list_dir(storage.join_uri(root, op))]
+
+
+def _ranges(epochs: list[int]) -> str:
+    if not epochs:
+        return ""
+    return f"{epochs[0]}-{epochs[-1]}" if epochs == list(range(epochs[0], epochs[-1] + 1)) else ", ".join(map(str, epochs))
+
+
+def _iso_now() -> str:
+    return datetime.now(timezone.utc).isoformat()

@@ -1,0 +1,363 @@
+"""Savepoints: self-contained, portable snapshots of a pipeline at a completed epoch.
+
+A savepoint lives at ``<warehouse>/_savepoints/<pipeline>/<name>/``, outside
+every table, so vacuum and table rewrites never touch it::
+
+    _savepoint.json                         metadata (written last: the savepoint exists once it does)
+    state/<operator>/<state>/part-*.parquet compacted state: one live row per key
+    sinks/<name>/part-*.parquet             upsert sinks' rows at the cut (for rewinds)
+
+The directory holds everything a restore needs (offsets, watermark, key
+groups, operator ids and state schemas), so it can be copied into another
+warehouse's ``_savepoints/<pipeline>/`` (or restored from any path).
+
+Creating one (:func:`create_savepoint`):
+  1. take the pipeline's epoch lease, waiting for a running epoch to finish;
+  2. recover (roll forward a pre-committed epoch), so the cut is the last
+     completed epoch;
+  3. write compacted state and upsert-sink rows of that cut into a hidden
+     temporary directory, then ``_savepoint.json``;
+  4. rename the directory to its name (atomic: a crash leaves only a hidden
+     directory, never a half savepoint);
+  5. with ``stop``, write the stop marker: no epoch runs until a restore;
+  6. release the lease.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from barrierflow import storage
+from barrierflow.checkpoint import CheckpointRecord
+from barrierflow.delta_commit import open_table
+from barrierflow.errors import SavepointError
+from barrierflow.layout import PipelineLayout
+from barrierflow.pipeline import Pipeline, PipelineDefinition
+from barrierflow.state.delta_state_backend import latest_rows
+
+__all__ = [
+    "SavepointMetadata",
+    "StateSnapshot",
+    "SinkSnapshot",
+    "create_savepoint",
+    "list_savepoints",
+    "load_savepoint",
+    "dispose_savepoint",
+    "read_snapshot",
+    "state_signature",
+    "FORMAT_VERSION",
+]
+
+FORMAT_VERSION = 1
+METADATA_FILE = "_savepoint.json"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# Waiting this long for a running epoch is enough for any epoch on a healthy cluster.
+DEFAULT_LEASE_WAIT_S = 600.0
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    """One state table in a savepoint: where its rows are and what they look like."""
+
+    operator_id: str
+    state: str
+    schema: tuple[tuple[str, str], ...]  # (column, Arrow type) of the table's rows
+    rows: int
+    files: tuple[str, ...]  # relative to the savepoint directory
+
+    @property
+    def name(self) -> str:
+        return f"{self.operator_id}/{self.state}"
+
+
+@dataclass(frozen=True)
+class SinkSnapshot:
+    """A sink at the savepoint's cut: its mode, and for upserts a copy of its rows."""
+
+    name: str
+    mode: str  # append | upsert | dead_letter
+    rows: int
+    files: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SavepointMetadata:
+    name: str
+    pipeline: str
+    uri: str
+    epoch: int
+    lineage_id: str
+    created_at: str
+    description: str
+    key_groups: int
+    offsets: Mapping[str, Any]
+    watermark_us: int | None
+    max_event_time_us: int | None
+    params: Mapping[str, Any]
+    operators: tuple[str, ...]
+    states: tuple[StateSnapshot, ...]
+    sinks: tuple[SinkSnapshot, ...]
+    size_bytes: int
+    stopped: bool = False
+    format_version: int = FORMAT_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], uri: str | None = None) -> "SavepointMetadata":
+        fields = dict(doc)
+        if fields.get("format_version") != FORMAT_VERSION:
+            raise SavepointError(
+                f"savepoint {fields.get('name')!r} has format version {fields.get('format_version')}; "
+                f"this release reads version {FORMAT_VERSION}"
+            )
+        fields["states"] = tuple(
+            StateSnapshot(**{**s, "schema": tuple(tuple(c) for c in s["schema"]), "files": tuple(s["files"])})
+            for s in doc["states"]
+        )
+        fields["sinks"] = tuple(SinkSnapshot(**{**s, "files": tuple(s["files"])}) for s in doc["sinks"])
+        fields["operators"] = tuple(doc["operators"])
+        if uri is not None:
+            fields["uri"] = uri  # where it is now, if it was copied
+        return cls(**fields)
+
+
+def state_signature(schema: pa.Schema) -> tuple[tuple[str, str], ...]:
+    """Comparable (column, type) pairs; large and small string/binary types count as one."""
+    return tuple((f.name, _normal_type(f.type)) for f in schema)
+
+
+def _normal_type(t: pa.DataType) -> str:
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return str(pa.string())
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return str(pa.binary())
+    if pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return f"list<{_normal_type(t.value_type)}>"
+    if pa.types.is_list(t):
+        return f"list<{_normal_type(t.value_type)}>"
+    if pa.types.is_struct(t):
+        return "struct<" + ", ".join(f"{f.name}: {_normal_type(f.type)}" for f in t) + ">"
+    if pa.types.is_map(t):
+        return f"map<{_normal_type(t.key_type)}, {_normal_type(t.item_type)}>"
+    return str(t)
+
+
+def create_savepoint(
+    definition: PipelineDefinition,
+    warehouse: str,
+    name: str | None = None,
+    description: str = "",
+    stop: bool = False,
+    params: Mapping[str, Any] | None = None,
+    lease_wait_s: float = DEFAULT_LEASE_WAIT_S,
+) -> SavepointMetadata:
+    """Snapshot the last completed epoch; steps 1-6 of the module docstring."""
+    from barrierflow.coordinator import CheckpointCoordinator
+
+    name = name or _default_name()
+    _check_name(name)
+    coordinator = CheckpointCoordinator(definition, params or {}, warehouse)
+    layout = coordinator.layout
+    if storage.exists(layout.savepoint(name)):
+        raise SavepointError(f"savepoint {name!r} of {definition.name} already exists; choose another name")
+    coordinator.acquire_lease(wait_s=lease_wait_s)  # step 1
+    try:
+        recovery = coordinator.recover()  # step 2
+        record = recovery.last_completed
+        if record is None:
+            raise SavepointError(
+                f"pipeline {definition.name} has no completed epoch in lineage {recovery.lineage_id}: "
+                "run an epoch before taking a savepoint"
+            )
+        metadata = _write(coordinator.pipeline, layout, record, name, description, stop, coordinator.params)
+        if stop:  # step 5
+            storage.write_json_if_absent(
+                layout.stopped, {"savepoint": name, "stopped_at": _iso_now(), "epoch": record.epoch}
+            )
+        return metadata
+    finally:
+        coordinator.release_lease()  # step 6
+
+
+def _write(
+    pipe: Pipeline,
+    layout: PipelineLayout,
+    record: CheckpointRecord,
+    name: str,
+    description: str,
+    stop: bool,
+    params: Mapping[str, Any],
+) -> SavepointMetadata:
+    """Steps 3-4: write into a hidden directory, then rename it into place."""
+    os.makedirs(storage.local_path(layout.savepoints), exist_ok=True)
+    tmp_uri = storage.join_uri(layout.savepoints, f".{name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = storage.local_path(tmp_uri)
+    try:
+        versions = record.versions()
+        states = tuple(_snapshot_state(layout, spec.operator_id, spec.name, versions, tmp) for spec in pipe.state_specs())
+        sinks = tuple(_snapshot_sink(layout, node.sink.name, node.sink.mode, versions, tmp) for node in pipe.sinks)
+        sinks += tuple(_snapshot_sink(layout, side, "append", versions, tmp) for side in pipe.side_output_names())
+        sinks += (_snapshot_sink(layout, "dead_letter", "dead_letter", versions, tmp),)
+        final_uri = layout.savepoint(name)
+        metadata = SavepointMetadata(
+            name=name,
+            pipeline=pipe.name,
+            uri=final_uri,
+            epoch=record.epoch,
+            lineage_id=record.lineage_id,
+            created_at=_iso_now(),
+            description=description,
+            key_groups=pipe.key_groups,
+            offsets=record.offsets_json(),
+            watermark_us=record.watermark_us,
+            max_event_time_us=record.max_event_time_us,
+            params=dict(params),
+            operators=tuple(pipe.operator_ids()),
+            states=states,
+            sinks=sinks,
+            size_bytes=_tree_size(tmp),
+            stopped=stop,
+        )
+        storage.write_json_if_absent(storage.join_uri(tmp_uri, METADATA_FILE), metadata.to_json())
+        try:
+            os.rename(tmp, storage.local_path(final_uri))
+        except OSError as exc:
+            raise SavepointError(f"cannot create savepoint {name!r} at {final_uri}: {exc}") from exc
+        return metadata
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _snapshot_state(
+    layout: PipelineLayout, operator_id: str, state: str, versions: Mapping[str, int], tmp: str
+) -> StateSnapshot:
+
+    table_name = f"{operator_id}__{state}"
+    uri = layout.state_table(operator_id, state)
+    table = open_table(uri, versions[table_name]) if table_name in versions else None
+    if table is None:
+        return StateSnapshot(operator_id, state, (), 0, ())
+    data = table.to_pyarrow_table()
+    keys = [f.name for f in data.schema][: data.schema.get_field_index("_key_group")]
+    live = latest_rows(data, keys)
+    rel = f"state/{operator_id}/{state}/part-00000.parquet"
+    _write_parquet(live, os.path.join(tmp, rel))
+    return StateSnapshot(operator_id, state, state_signature(live.schema), live.num_rows, (rel,))
+
+
+def _snapshot_sink(layout: PipelineLayout, name: str, mode: str, versions: Mapping[str, int], tmp: str) -> SinkSnapshot:
+    uri = layout.dead_letter if mode == "dead_letter" else layout.sink_table(name)
+    table = open_table(uri, versions[name]) if name in versions else None
+    if table is None:
+        return SinkSnapshot(name, mode, 0)
+    if mode != "upsert":
+        # Append outputs are rewound by epoch, not copied: the rows count is informative.
+        rows = sum(n or 0 for n in pa.table(table.get_add_actions(flatten=True)).column("num_records").to_pylist())
+        return SinkSnapshot(name, mode, rows)
+    data = table.to_pyarrow_table()
+    rel = f"sinks/{name}/part-00000.parquet"
+    _write_parquet(data, os.path.join(tmp, rel))
+    return SinkSnapshot(name, mode, data.num_rows, (rel,))
+
+
+def _write_parquet(data: pa.Table, path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pq.write_table(data, path, compression="zstd", coerce_timestamps="us", use_deprecated_int96_timestamps=False)
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def read_snapshot(metadata: SavepointMetadata, files: tuple[str, ...]) -> pa.Table | None:
+    """The rows of a state or sink snapshot, or None when it has no files."""
+    if not files:
+        return None
+    try:
+        parts = [pq.read_table(storage.local_path(storage.join_uri(metadata.uri, f))) for f in files]
+    except OSError as exc:
+        raise SavepointError(f"savepoint {metadata.name!r} is incomplete: {exc}") from exc
+    return pa.concat_tables(parts)
+
+
+def load_savepoint(pipeline: str, warehouse: str, savepoint: str) -> SavepointMetadata:
+    """A savepoint by name (in this warehouse) or by the path of its directory."""
+    layout = PipelineLayout.of(warehouse, pipeline)
+    candidates = [layout.savepoint(savepoint)] if _NAME.match(savepoint) else []
+    if "/" in savepoint or savepoint.startswith("file:"):
+        candidates.append(storage.normalize_uri(savepoint))
+    for uri in candidates:
+        doc = storage.read_json(storage.join_uri(uri, METADATA_FILE))
+        if doc is not None:
+            metadata = SavepointMetadata.from_json(doc, uri=uri)
+            if metadata.pipeline != pipeline:
+                raise SavepointError(
+                    f"savepoint {savepoint!r} belongs to pipeline {metadata.pipeline}, not {pipeline}"
+                )
+            return metadata
+    known = ", ".join(m.name for m in list_savepoints(pipeline, warehouse)) or "none"
+    raise SavepointError(
+        f"no savepoint {savepoint!r} for pipeline {pipeline} (give a name from {layout.savepoints} "
+        f"or the path of a savepoint directory; known: {known})"
+    )
+
+
+def list_savepoints(pipeline: str, warehouse: str) -> list[SavepointMetadata]:
+    """Every complete savepoint of ``pipeline`` in the warehouse, oldest first."""
+    layout = PipelineLayout.of(warehouse, pipeline)
+    out = []
+    for entry in storage.list_dir(layout.savepoints):
+        if entry.startswith("."):
+            continue  # a savepoint being written, or the debris of a crashed one
+        uri = layout.savepoint(entry)
+        doc = storage.read_json(storage.join_uri(uri, METADATA_FILE))
+        if doc is not None:
+            out.append(SavepointMetadata.from_json(doc, uri=uri))
+    return sorted(out, key=lambda m: (m.created_at, m.name))
+
+
+def dispose_savepoint(pipeline: str, warehouse: str, name: str) -> SavepointMetadata:
+    """Delete a savepoint: first its metadata (so it stops existing), then its files."""
+    _check_name(name)
+    metadata = load_savepoint(pipeline, warehouse, name)
+    layout = PipelineLayout.of(warehouse, pipeline)
+    stop = storage.read_json(layout.stopped)
+    if stop and stop.get("savepoint") == name:
+        raise SavepointError(
+            f"savepoint {name!r} is the one pipeline {pipeline} was stopped with; restore it "
+            "(or another savepoint) before disposing of it"
+        )
+    uri = layout.savepoint(name)
+    os.unlink(storage.local_path(storage.join_uri(uri, METADATA_FILE)))
+    storage.remove_tree(uri)
+    return metadata
+
+
+def _check_name(name: str) -> None:
+    if not _NAME.match(name):
+        raise SavepointError(
+            f"savepoint name {name!r} is invalid: use 1-128 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit"
+        )
+
+
+def _default_name() -> str:
+    return "sp-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+def _tree_size(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def _iso_now() -> str:
+    return datetime.now(timezone.utc).isoformat()

@@ -1,0 +1,199 @@
+"""Savepoints, restores and maintenance on real Spark and Delta, against the reference."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from barrierflow.coordinator import CheckpointCoordinator
+from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.errors import IncompatibleSavepointError, PipelineStoppedError, SavepointError
+from barrierflow.maintenance import run_maintenance
+from barrierflow.operators import Count, Max, Min, Sum
+from barrierflow.pipeline import PipelineBuilder, PipelineDefinition
+from barrierflow.pipelines.sensor_stats import READING_SCHEMA, parse_reading, sensor_stats
+from barrierflow.query import run_query
+from barrierflow.registry import get_pipeline
+from barrierflow.restore import restore
+from barrierflow.savepoint import create_savepoint, dispose_savepoint, list_savepoints
+from barrierflow.sinks import DeltaSink
+from barrierflow.sources import FileSource
+from reference.sensor_stats_reference import run_reference, split_epochs
+from sensor_check import assert_matches_reference, reference_for, table_snapshot
+
+MAX_FILES = 2
+
+
+@pytest.fixture
+def landing(tmp_path: Path) -> Path:
+    path = tmp_path / "landing"
+    write_sensor_files(path, SensorStreamSpec(n_files=8, records_per_file=100, seed=21, late_rate=0.05, duplicate_rate=0.1))
+    return path
+
+
+@pytest.fixture
+def run_epochs(spark: Any, landing: Path) -> Callable[..., list[int]]:
+    def run(warehouse: Path, epochs: int | None = None, definition: PipelineDefinition | None = None, **params: Any) -> list[int]:
+        given = {"landing_dir": str(landing), "max_files_per_epoch": MAX_FILES, **params}
+        coordinator = CheckpointCoordinator(definition or get_pipeline("sensor_stats"), given, str(warehouse), spark_factory=lambda: spark)
+        results = coordinator.run(epochs=epochs, until_caught_up=epochs is None)
+        return [r.epoch for r in results]
+
+    return run
+
+
+def _params(landing: Path) -> dict[str, Any]:
+    return {"landing_dir": str(landing), "max_files_per_epoch": MAX_FILES}
+
+
+def test_savepoint_then_restore_with_rewind_equals_reference(run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path) -> None:
+    warehouse = tmp_path / "wh"
+    assert run_epochs(warehouse, epochs=2) == [1, 2]
+    sp = create_savepoint(sensor_stats, str(warehouse), name="before-3", description="after epoch 2", params=_params(landing))
+    assert (sp.epoch, sp.name, sp.stopped) == (2, "before-3", False)
+    states = {s.name: s.rows for s in sp.states}
+    assert set(states) == {"dedup/seen", "totals/accumulators", "minute_windows/pending_windows", "rising_alerts/last_two"}
+    assert states["dedup/seen"] > 0 and states["totals/accumulators"] > 0
+    assert [m.name for m in list_savepoints("sensor_stats", str(warehouse))] == ["before-3"]
+    assert run_epochs(warehouse, epochs=2) == [3, 4]
+    result = restore(sensor_stats, str(warehouse), savepoint="before-3", rewind_sinks=True, params=_params(landing))
+    assert result.epoch == 2 and result.rewound_sinks["sensor_minute"] > 0
+    # The replay of epochs 3.. equals a history that never ran past epoch 2.
+    assert run_epochs(warehouse) == [3, 4]
+    assert_matches_reference(warehouse, reference_for(landing, MAX_FILES))
+    # The savepoint is untouched by the restore and can be disposed of afterwards.
+    dispose_savepoint("sensor_stats", str(warehouse), "before-3")
+    assert list_savepoints("sensor_stats", str(warehouse)) == []
+
+
+def test_restore_without_rewind_keeps_later_rows(run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path) -> None:
+    warehouse = tmp_path / "wh"
+    run_epochs(warehouse, epochs=3)
+    create_savepoint(sensor_stats, str(warehouse), name="sp", params=_params(landing))
+    run_epochs(warehouse, epochs=1)
+    before = table_snapshot(warehouse)["minute"]
+    restore(sensor_stats, str(warehouse), savepoint="sp", params=_params(landing))
+    assert table_snapshot(warehouse)["minute"] == before  # sinks untouched without rewind_sinks
+    run_epochs(warehouse, epochs=1)
+    epoch4 = [r for r in table_snapshot(warehouse)["minute"] if r["_epoch"] == 4]
+    assert len(epoch4) == 2 * len([r for r in before if r["_epoch"] == 4])  # replayed: at-least-once by request
+
+
+def test_restore_with_changed_parallelism_gives_identical_results(run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path) -> None:
+    straight, restored = tmp_path / "straight", tmp_path / "restored"
+    run_epochs(straight, parallelism=2)
+    run_epochs(restored, epochs=2, parallelism=2)
+    create_savepoint(sensor_stats, str(restored), name="p2", params=_params(landing))
+    run_epochs(restored, epochs=1)
+    result = restore(sensor_stats, str(restored), savepoint="p2", rewind_sinks=True, parallelism=5, params=_params(landing))
+    assert result.params == {"parallelism": 5}
+    run_epochs(restored)
+    barrier_params = _last_barrier_params(restored)
+    assert barrier_params["parallelism"] == 5
+    assert table_snapshot(restored) == table_snapshot(straight)
+
+
+def _last_barrier_params(warehouse: Path) -> dict[str, Any]:
+    from barrierflow import storage
+    from barrierflow.layout import PipelineLayout
+
+    coordinator = CheckpointCoordinator(sensor_stats, {"landing_dir": "x"}, str(warehouse))
+    lineage = coordinator.current_lineage()["lineage_id"]
+    record = coordinator.log.last_completed(coordinator.log.lineage_records(lineage))
+    assert record is not None
+    return storage.read_json(PipelineLayout.of(str(warehouse), "sensor_stats").barrier(lineage, record.epoch))["params"]
+
+
+def _without_alerts() -> PipelineDefinition:
+    """sensor_stats as it would be after someone deleted the rising_alerts operator."""
+
+    def build(p: PipelineBuilder, params: dict[str, Any]) -> None:
+        readings = p.source(
+            FileSource(
+                "readings",
+                params["landing_dir"],
+                format="jsonl",
+                parser=parse_reading,
+                parser_schema=READING_SCHEMA,
+                max_files_per_epoch=params["max_files_per_epoch"],
+                suffixes=(".jsonl",),
+            )
+        )
+        valid = readings.deduplicate("dedup", key="event_id").with_watermark(
+            "ts", timedelta(seconds=params["out_of_orderness_seconds"])
+        )
+        valid.key_by("sensor_id").aggregate(
+            "totals", Count(), Sum("temperature", "sum"), Min("temperature", "min"), Max("temperature", "max")
+        ).sink_to(DeltaSink.upsert("sensor_totals", key="sensor_id"))
+
+    return dataclasses.replace(sensor_stats, build_fn=build)
+
+
+def test_restore_refuses_removed_operator_unless_allowed(run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path) -> None:
+    warehouse = tmp_path / "wh"
+    run_epochs(warehouse, epochs=2)
+    create_savepoint(sensor_stats, str(warehouse), name="full", params=_params(landing))
+    smaller = _without_alerts()
+    with pytest.raises(IncompatibleSavepointError) as info:
+        restore(smaller, str(warehouse), savepoint="full", params=_params(landing))
+    assert "rising_alerts/last_two" in info.value.dropped
+    assert "minute_windows/pending_windows" in info.value.dropped
+    assert "allow_non_restored_state" in str(info.value)
+    result = restore(smaller, str(warehouse), savepoint="full", allow_non_restored_state=True, rewind_sinks=True, params=_params(landing))
+    assert "rising_alerts/last_two" in result.dropped_states and "totals/accumulators" in result.restored_states
+    assert run_epochs(warehouse, definition=smaller) == [3, 4]
+    totals = run_query(str(warehouse), "sensor_stats", "select sensor_id, count from sensor_totals").to_pylist()
+    expected = reference_for(landing, MAX_FILES).sensor_totals
+    assert {r["sensor_id"]: r["count"] for r in totals} == {k: v["count"] for k, v in expected.items()}
+
+
+def test_savepoint_copied_to_another_warehouse(run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path) -> None:
+    source, target = tmp_path / "source", tmp_path / "target"
+    run_epochs(source, epochs=2)
+    sp = create_savepoint(sensor_stats, str(source), name="portable", params=_params(landing))
+    copied = tmp_path / "copied-savepoint"
+    shutil.copytree(sp.uri, copied)
+    shutil.rmtree(source)  # nothing of the source warehouse is needed any more
+    restore(sensor_stats, str(target), savepoint=str(copied), params=_params(landing))
+    assert run_epochs(target) == [3, 4]
+    ref = run_reference(split_epochs(landing, MAX_FILES), 30)
+    snap = table_snapshot(target)
+    assert {r["sensor_id"]: r["count"] for r in snap["totals"]} == {k: v["count"] for k, v in ref.sensor_totals.items()}
+    assert sorted((r["sensor_id"], r["window_start"]) for r in snap["minute"]) == sorted(
+        (r["sensor_id"], r["window_start"]) for r in ref.sensor_minute if r["epoch"] > 2
+    )
+
+
+def test_stop_with_savepoint_blocks_epochs_until_restore(run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path) -> None:
+    warehouse = tmp_path / "wh"
+    run_epochs(warehouse, epochs=1)
+    sp = create_savepoint(sensor_stats, str(warehouse), name="stop", stop=True, params=_params(landing))
+    assert sp.stopped
+    with pytest.raises(PipelineStoppedError, match="stop"):
+        run_epochs(warehouse, epochs=1)
+    with pytest.raises(SavepointError, match="stopped"):
+        dispose_savepoint("sensor_stats", str(warehouse), "stop")
+    restore(sensor_stats, str(warehouse), savepoint="stop", params=_params(landing))
+    assert run_epochs(warehouse) == [2, 3, 4]
+    assert_matches_reference(warehouse, reference_for(landing, MAX_FILES))
+
+
+def test_restore_retained_epoch_and_maintenance(run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path) -> None:
+    warehouse = tmp_path / "wh"
+    run_epochs(warehouse)
+    report = run_maintenance(sensor_stats, str(warehouse), retained_checkpoints=2, vacuum_retention_hours=0, params=_params(landing))
+    assert report.retained_epochs == (3, 4)
+    assert len(report.expired_epochs) == 2
+    with pytest.raises(SavepointError, match="retained: 3-4"):
+        restore(sensor_stats, str(warehouse), epoch=1, params=_params(landing))
+    # Vacuum kept every file the retained checkpoints read: querying as of epoch 3 still works.
+    as_of_3 = run_query(str(warehouse), "sensor_stats", "select count(*) as n from sensor_minute", as_of_epoch=3).to_pylist()
+    restore(sensor_stats, str(warehouse), epoch=3, rewind_sinks=True, params=_params(landing))
+    assert run_query(str(warehouse), "sensor_stats", "select count(*) as n from sensor_minute").to_pylist() == as_of_3
+    assert run_epochs(warehouse) == [4]
+    assert_matches_reference(warehouse, reference_for(landing, MAX_FILES))
