@@ -35,6 +35,23 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_param(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="pipeline parameter (repeatable; default: the parameters of the last epoch)",
+    )
+
+
+def _params(args: argparse.Namespace, definition: Any) -> dict[str, Any]:
+    """Given parameters over those the pipeline's last epoch ran with."""
+    from barrierflow.coordinator import recorded_params
+
+    return {**recorded_params(definition.name, _warehouse(args)), **parse_assignments(args.param)}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="barrierflow",
@@ -74,6 +91,55 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("sql", help="the SQL statement")
     query.add_argument("--as-of-epoch", type=int, metavar="N", help="read every table as of completed epoch N")
     query.add_argument("--format", choices=("table", "json", "csv"), default="table")
+
+    savepoint = sub.add_parser(
+        "savepoint",
+        help="create, list, restore or dispose of savepoints",
+        description=(
+            "A savepoint is a self-contained copy of a pipeline's state at its last completed epoch "
+            "(compacted state, source offsets, watermark, operator ids and state schemas) under "
+            "<warehouse>/_savepoints/<pipeline>/<name>. It survives vacuum and can be copied to another "
+            "warehouse. Restoring starts a new lineage from a savepoint or a retained completed epoch."
+        ),
+    )
+    sp_sub = savepoint.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sp_create = sp_sub.add_parser("create", help="take a savepoint at the last completed epoch")
+    _add_common(sp_create)
+    sp_create.add_argument("--name", help="savepoint name (default: sp-<UTC time>-<random>)")
+    sp_create.add_argument("--description", default="", help="free text kept with the savepoint")
+    sp_create.add_argument("--stop", action="store_true", help="stop with savepoint: no epoch runs until a restore")
+    _add_param(sp_create)
+    sp_list = sp_sub.add_parser("list", help="list the pipeline's savepoints")
+    _add_common(sp_list)
+    sp_list.add_argument("--json", action="store_true", help="print a JSON array")
+    sp_restore = sp_sub.add_parser(
+        "restore", help="start a new lineage from a savepoint or a retained completed epoch"
+    )
+    _add_common(sp_restore)
+    point = sp_restore.add_mutually_exclusive_group(required=True)
+    point.add_argument("--savepoint", metavar="NAME|PATH", help="a savepoint name, or the path of a savepoint directory")
+    point.add_argument("--epoch", type=int, metavar="N", help="a retained completed epoch of the current lineage")
+    sp_restore.add_argument(
+        "--allow-non-restored-state",
+        action="store_true",
+        help="restore even if state would be dropped or start empty (operators removed, added or changed)",
+    )
+    sp_restore.add_argument(
+        "--rewind-sinks", action="store_true", help="remove sink rows written after the restore point (exactly-once replay)"
+    )
+    sp_restore.add_argument("--parallelism", type=int, metavar="N", help="parallelism of the new lineage's epochs")
+    _add_param(sp_restore)
+    sp_dispose = sp_sub.add_parser("dispose", help="delete a savepoint")
+    _add_common(sp_dispose)
+    sp_dispose.add_argument("name", help="the savepoint's name")
+
+    maintenance = sub.add_parser(
+        "maintenance", help="compact state, expire old checkpoints, vacuum (savepoints are never touched)"
+    )
+    _add_common(maintenance)
+    maintenance.add_argument("--retained-checkpoints", type=int, default=10, metavar="N", help="completed checkpoints to keep (default 10)")
+    maintenance.add_argument("--vacuum-retention-hours", type=int, default=168, metavar="H", help="vacuum retention (default 168)")
+    _add_param(maintenance)
 
     sub.add_parser("pipelines", help="list the registered pipelines and their parameters")
 
@@ -239,7 +305,82 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_savepoint(args: argparse.Namespace) -> int:
+    from barrierflow.registry import get_pipeline
+    from barrierflow.savepoint import create_savepoint, dispose_savepoint, list_savepoints
+
+    warehouse = _warehouse(args)
+    if args.action == "list":
+        savepoints = list_savepoints(args.pipeline, warehouse)
+        if args.json:
+            print(json.dumps([m.to_json() for m in savepoints], indent=2, default=str))
+            return 0
+        if not savepoints:
+            print(f"no savepoints of {args.pipeline} in {warehouse}")
+        for m in savepoints:
+            print(
+                f"{m.name}  epoch={m.epoch} lineage={m.lineage_id} created={m.created_at} "
+                f"size={m.size_bytes}B{' stopped' if m.stopped else ''}  {m.description}"
+            )
+        return 0
+    if args.action == "dispose":
+        m = dispose_savepoint(args.pipeline, warehouse, args.name)
+        print(f"disposed of savepoint {m.name} (epoch {m.epoch})")
+        return 0
+    definition = get_pipeline(args.pipeline)
+    if args.action == "create":
+        m = create_savepoint(
+            definition, warehouse, name=args.name, description=args.description, stop=args.stop, params=_params(args, definition)
+        )
+        print(f"savepoint {m.name} of {m.pipeline} at epoch {m.epoch}: {m.uri} ({m.size_bytes} bytes)")
+        if m.stopped:
+            print(f"{m.pipeline} is stopped: no epoch runs until it is restored")
+        return 0
+    from barrierflow.restore import restore
+
+    if args.parallelism is not None and args.parallelism < 1:
+        raise ParameterError("--parallelism must be >= 1")
+    result = restore(
+        definition,
+        warehouse,
+        savepoint=args.savepoint,
+        epoch=args.epoch,
+        allow_non_restored_state=args.allow_non_restored_state,
+        rewind_sinks=args.rewind_sinks,
+        parallelism=args.parallelism,
+        params=_params(args, definition),
+    )
+    print(
+        f"restored {result.pipeline} from {result.restored_from} into lineage {result.lineage_id}: "
+        f"the next epoch is {result.epoch + 1}"
+    )
+    for label, names in (("dropped", result.dropped_states), ("started empty", result.empty_states)):
+        if names:
+            print(f"  state {label}: {', '.join(names)}")
+    for sink, rows in sorted(result.rewound_sinks.items()):
+        print(f"  sink {sink} rewound ({rows} rows)")
+    return 0
+
+
+def _cmd_maintenance(args: argparse.Namespace) -> int:
+    from barrierflow.maintenance import run_maintenance
+    from barrierflow.registry import get_pipeline
+
+    definition = get_pipeline(args.pipeline)
+    report = run_maintenance(
+        definition,
+        _warehouse(args),
+        retained_checkpoints=args.retained_checkpoints,
+        vacuum_retention_hours=args.vacuum_retention_hours,
+        params=_params(args, definition),
+    )
+    print(json.dumps(report.to_json(), indent=2))
+    return 0
+
+
 _COMMANDS = {
+    "savepoint": _cmd_savepoint,
+    "maintenance": _cmd_maintenance,
     "run": _cmd_run,
     "status": _cmd_status,
     "checkpoints": _cmd_checkpoints,

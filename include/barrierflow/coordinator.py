@@ -46,7 +46,7 @@ from barrierflow.layout import STAGING_DIR, PipelineLayout
 from barrierflow.pipeline import Pipeline, PipelineDefinition
 from barrierflow.state.delta_state_backend import compact, needs_compaction
 
-__all__ = ["CheckpointCoordinator", "EpochResult", "Recovery"]
+__all__ = ["CheckpointCoordinator", "EpochResult", "Recovery", "recorded_params"]
 
 _log = logging.getLogger(__name__)
 
@@ -436,6 +436,24 @@ class CheckpointCoordinator:
                 raise CheckpointError(f"epoch {epoch} is not a completed epoch of the current lineage")
         record = max(records, key=lambda r: r.epoch) if records else None
         return record, record.versions() if record else {}
+
+
+def recorded_params(pipeline: str, warehouse: str) -> dict[str, Any]:
+    """The parameters the pipeline's newest barrier ran with ({} before the first epoch).
+
+    Savepoints, restores and maintenance build the pipeline only to know its
+    operators and tables, so the parameters of the last run are the right default.
+    """
+    layout = PipelineLayout.of(warehouse, pipeline)
+    root = storage.join_uri(layout.checkpoint_log, "_epochs")
+    barriers = [
+        storage.local_path(storage.join_uri(root, lineage, epoch, "barrier.json"))
+        for lineage in storage.list_dir(root)
+        for epoch in storage.list_dir(storage.join_uri(root, lineage))
+    ]
+    barriers = [b for b in barriers if os.path.exists(b)]
+    doc = storage.read_json(max(barriers, key=os.path.getmtime)) if barriers else None
+    return dict(doc.get("params") or {}) if doc else {}
 
 
 def _stopped_message(name: str, stop: Mapping[str, Any]) -> str:

@@ -132,6 +132,9 @@ def restore(
         raise SavepointError("restore needs exactly one of a savepoint (name or path) and a retained epoch")
     if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
         raise SavepointError(f"parallelism must be a positive integer, not {parallelism!r}")
+    if savepoint is not None:
+        # A savepoint carries its parameters, so it restores into an empty warehouse as is.
+        params = {**load_savepoint(definition.name, warehouse, savepoint).params, **(params or {})}
     coordinator = CheckpointCoordinator(definition, params or {}, warehouse)
     layout = coordinator.layout
     coordinator.acquire_lease(wait_s=lease_wait_s)  # step 1

@@ -18,7 +18,7 @@ def _cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None)
     return subprocess.run(barrierflow_cmd(*args), env=env or cli_env(), capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
-@pytest.mark.parametrize("command", ["run", "status", "checkpoints", "query", "generate"])
+@pytest.mark.parametrize("command", ["run", "status", "checkpoints", "query", "generate", "savepoint", "maintenance"])
 def test_help_documents_every_command(command: str) -> None:
     result = _cli(command, "--help")
     assert result.returncode == 0
@@ -36,6 +36,9 @@ def test_help_documents_every_command(command: str) -> None:
         (["run", "sensor_stats", "--epochs", "0", "--param", "landing_dir=."], "--epochs must be >= 1"),
         (["status", "sensor_stats"], "has never run"),
         (["query", "sensor_stats", "select 1"], "has no data"),
+        (["savepoint", "restore", "sensor_stats", "--savepoint", "nope"], "no savepoint 'nope'"),
+        (["savepoint", "create", "sensor_stats", "--name", "a b"], "savepoint name 'a b' is invalid"),
+        (["savepoint", "restore", "sensor_stats"], "one of the arguments --savepoint --epoch is required"),
     ],
 )
 def test_bad_input_exits_non_zero_with_a_clear_message(args: list[str], message: str, tmp_path: Path) -> None:
@@ -73,6 +76,20 @@ def test_run_status_checkpoints_query(tmp_path: Path) -> None:
     assert csv_out.splitlines()[0] == "sensor_id"
     bad_epoch = _cli("query", "sensor_stats", "--as-of-epoch", "9", "select 1", env=env)
     assert bad_epoch.returncode == 1 and "not a completed epoch" in bad_epoch.stderr
+
+    # Stop with savepoint, see runs refused, restore, dispose; maintenance.
+    created = _cli("savepoint", "create", "sensor_stats", "--name", "sp1", "--description", "by the CLI", "--stop", env=env)
+    assert created.returncode == 0 and "at epoch 2" in created.stdout and "stopped" in created.stdout, created.stderr
+    listed = json.loads(_cli("savepoint", "list", "sensor_stats", "--json", env=env).stdout)
+    assert [(m["name"], m["epoch"], m["description"], m["stopped"]) for m in listed] == [("sp1", 2, "by the CLI", True)]
+    refused = _cli("run", "sensor_stats", "--param", f"landing_dir={landing}", "--epochs", "1", env=env)
+    assert refused.returncode == 1 and "stopped with savepoint 'sp1'" in refused.stderr
+    restored = _cli("savepoint", "restore", "sensor_stats", "--savepoint", "sp1", "--rewind-sinks", env=env)
+    assert restored.returncode == 0 and "the next epoch is 3" in restored.stdout, restored.stderr
+    assert _cli("savepoint", "dispose", "sensor_stats", "sp1", env=env).returncode == 0
+    assert json.loads(_cli("savepoint", "list", "sensor_stats", "--json", env=env).stdout) == []
+    report = _cli("maintenance", "sensor_stats", "--retained-checkpoints", "1", env=env)
+    assert report.returncode == 0 and json.loads(report.stdout)["retained_epochs"] == [2], report.stderr
 
 
 def test_process_step_runs_as_a_separate_spark_job(tmp_path: Path) -> None:
