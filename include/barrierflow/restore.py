@@ -46,7 +46,7 @@ from deltalake import CommitProperties, Schema, Transaction
 from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, create_table_with_add_actions
 
-from barrierflow import storage
+from barrierflow import faults, storage
 from barrierflow.checkpoint import CheckpointRecord, EpochStatus, app_id
 from barrierflow.checkpoint_log import CheckpointLog, now_us
 from barrierflow.delta_commit import open_table, stage_table
@@ -160,6 +160,7 @@ def restore(
         )
         if not storage.write_json_if_absent(layout.restoring, intent):  # step 4
             raise CheckpointError(f"another restore of {definition.name} started concurrently; retry")
+        faults.maybe_fail("restore.after_intent")
         return _complete(coordinator, intent)
     finally:
         coordinator.release_lease()  # step 9
@@ -273,6 +274,7 @@ def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -
                 message=f"restored from {intent['restored_from']}",
             )
         )
+    faults.maybe_fail("restore.before_lineage")
     seq = len([n for n in storage.list_dir(layout.lineages) if n.endswith(".json")])
     current = coordinator.current_lineage()
     if current["lineage_id"] != lineage_id:  # step 8

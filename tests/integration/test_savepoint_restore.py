@@ -197,3 +197,25 @@ def test_restore_retained_epoch_and_maintenance(run_epochs: Callable[..., list[i
     assert run_query(str(warehouse), "sensor_stats", "select count(*) as n from sensor_minute").to_pylist() == as_of_3
     assert run_epochs(warehouse) == [4]
     assert_matches_reference(warehouse, reference_for(landing, MAX_FILES))
+
+
+@pytest.mark.parametrize("point", ["restore.after_intent", "restore.before_lineage"])
+def test_restore_killed_half_way_is_finished_by_the_next_run(
+    run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path, point: str
+) -> None:
+    import subprocess
+
+    from cli_runner import barrierflow_cmd, cli_env
+
+    warehouse = tmp_path / "wh"
+    run_epochs(warehouse, epochs=2)
+    create_savepoint(sensor_stats, str(warehouse), name="sp", params=_params(landing))
+    run_epochs(warehouse, epochs=1)
+    killed = subprocess.run(
+        barrierflow_cmd("savepoint", "restore", "sensor_stats", "--warehouse", str(warehouse), "--savepoint", "sp", "--rewind-sinks"),
+        env=cli_env(f"{point}:1:kill"), capture_output=True, text=True, timeout=300,
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    # The next run finishes the restore from its intent before anything reads state.
+    assert run_epochs(warehouse) == [3, 4]
+    assert_matches_reference(warehouse, reference_for(landing, MAX_FILES))
