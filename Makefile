@@ -4,24 +4,31 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench lock clean
+.PHONY: setup browser run test bench lock clean
 
 setup: $(STAMP)
 
 # Re-installs only when the pinned requirements or the package metadata change.
 $(STAMP): requirements.txt pyproject.toml
+	$(MAKE) browser
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-# The main job on embedded defaults: sample input in ./landing, Spark
-# local[*], tables in ./warehouse. Re-running adds files and runs new epochs.
+# The browser tests drive Debian's headless Chromium through chromedriver.
+APT := $(shell [ "$$(id -u)" = 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive apt-get -y -q
+browser:
+	@[ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] || \
+	$(APT) install chromium chromium-driver >/dev/null || \
+	{ $(APT) update >/dev/null && $(APT) install chromium chromium-driver >/dev/null; }
+
+# The main job on embedded defaults: Airflow on http://127.0.0.1:8080 (SQLite,
+# LocalExecutor, login admin/admin), Spark local[*], tables in ./warehouse, and
+# a generator writing sensor_stats input into ./landing. Ctrl-C stops it all.
 run: setup
-	$(BIN)/barrierflow generate ./landing --files 4 --start-index $$(ls landing 2>/dev/null | grep -c '\.jsonl$$')
-	$(BIN)/barrierflow run sensor_stats --param landing_dir=./landing --param max_files_per_epoch=2 --until-caught-up
-	$(BIN)/barrierflow query sensor_stats "SELECT * FROM sensor_totals ORDER BY sensor_id"
+	$(BIN)/python -m barrierflow.devserver
 
 test: setup
 	$(BIN)/pytest -n 2
@@ -30,7 +37,8 @@ bench: setup
 	$(BIN)/python bench/run_bench.py
 
 lock:
-	$(BIN)/pip freeze --all --exclude-editable | grep -vE '^(pip)==' > requirements.txt.new && mv requirements.txt.new requirements.txt
+	{ head -4 requirements.txt; $(BIN)/pip freeze --all --exclude-editable | grep -vE '^pip==' | sort -f; } > requirements.txt.new
+	mv requirements.txt.new requirements.txt
 
 clean:
-	rm -rf warehouse landing bench-work .pytest_cache
+	rm -rf warehouse landing bench-work .pytest_cache .airflow test-artifacts

@@ -3,6 +3,9 @@
 Each job performs one lifecycle step in its own process, reading everything it
 needs from the warehouse, so an orchestrator can run the steps as separate
 tasks (the Airflow DAG submits ``process_epoch`` with SparkSubmitOperator).
+A job holds the pipeline's epoch lease while it works (waiting up to
+``--lease-wait`` seconds for another step to finish), and does nothing for a
+pipeline stopped with a savepoint.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from typing import Sequence
 from barrierflow.errors import BarrierflowError
 from barrierflow.params import parse_assignments
 
-__all__ = ["process_epoch_main"]
+__all__ = ["process_epoch_main", "LEASE_WAIT_ENV", "DEFAULT_LEASE_WAIT_S"]
+
+LEASE_WAIT_ENV = "BARRIERFLOW_LEASE_WAIT_SECONDS"
+DEFAULT_LEASE_WAIT_S = 600.0
 
 
 def process_epoch_main(argv: Sequence[str] | None = None) -> int:
@@ -27,15 +33,31 @@ def process_epoch_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("pipeline")
     parser.add_argument("--warehouse", default=os.environ.get("BARRIERFLOW_WAREHOUSE", "./warehouse"))
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument(
+        "--lease-wait",
+        type=float,
+        default=float(os.environ.get(LEASE_WAIT_ENV) or DEFAULT_LEASE_WAIT_S),
+        metavar="SECONDS",
+        help=f"wait this long for the pipeline's epoch lease (default: ${LEASE_WAIT_ENV} or {DEFAULT_LEASE_WAIT_S:.0f})",
+    )
     args = parser.parse_args(argv)
     try:
         coordinator = CheckpointCoordinator(get_pipeline(args.pipeline), parse_assignments(args.param), args.warehouse)
-        recovery = coordinator.recover()
-        barrier = recovery.pending_barrier
-        if barrier is None:
-            print(f"{args.pipeline}: no planned epoch to process")
-            return 0
-        manifest = coordinator.process(barrier, recovery)
+        coordinator.acquire_lease(wait_s=args.lease_wait)
+        try:
+            recovery = coordinator.recover()
+            barrier = recovery.pending_barrier
+            stop = coordinator.stopped()
+            if barrier is not None and stop is not None:
+                # A stopped pipeline does not finish a planned epoch: its state stays at the savepoint.
+                print(f"{args.pipeline}: stopped with savepoint {stop.get('savepoint')!r}: epoch {barrier.epoch} is not processed")
+                return 0
+            if barrier is None:
+                print(f"{args.pipeline}: no planned epoch to process")
+                return 0
+            manifest = coordinator.process(barrier, recovery)
+        finally:
+            coordinator.release_lease()
         print(
             f"{args.pipeline}: epoch {manifest.epoch} pre-committed by attempt {manifest.attempt_id}: "
             f"{manifest.rows_in} rows in, {manifest.rows_out} rows out, {manifest.bytes_written} bytes staged"

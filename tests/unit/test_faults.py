@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -17,6 +18,7 @@ from barrierflow.errors import ConfigurationError, InjectedFault
 @pytest.fixture(autouse=True)
 def fresh_counter(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv(faults.ENV_VAR, raising=False)
+    monkeypatch.delenv(faults.STATE_ENV_VAR, raising=False)
     faults._crossings.clear()
     yield
     faults._crossings.clear()
@@ -92,8 +94,11 @@ def test_every_declared_point_is_accepted(monkeypatch: pytest.MonkeyPatch) -> No
             faults.maybe_fail(point)
 
 
-def _run(code: str, spec: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, faults.ENV_VAR: spec}
+def _run(code: str, spec: str, state_dir: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != faults.STATE_ENV_VAR}
+    env[faults.ENV_VAR] = spec
+    if state_dir is not None:
+        env[faults.STATE_ENV_VAR] = state_dir
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=60
     )
@@ -119,3 +124,38 @@ def test_kill_mode_not_reached_exits_normally() -> None:
     proc = _run(_KILL_SCRIPT, "commit.before_delta_commit:3")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "crossed once\nsurvived\n"
+
+
+# -- a crossing counter shared across processes (BARRIERFLOW_FAULT_STATE) -------------------
+
+
+def test_shared_counter_fires_once_across_processes(tmp_path: Path) -> None:
+    state = str(tmp_path / "faults")
+    first = _run(_KILL_SCRIPT, "commit.before_delta_commit:2", state)
+    assert first.returncode == -9 and first.stdout == "crossed once\n", first.stderr
+    # A retry is a fresh process: it sees the two crossings before it and passes.
+    retry = _run(_KILL_SCRIPT, "commit.before_delta_commit:2", state)
+    assert retry.returncode == 0 and retry.stdout == "crossed once\nsurvived\n", retry.stderr
+    assert (tmp_path / "faults" / "commit.before_delta_commit.count").read_text() == "4"
+
+
+def test_shared_counter_in_process_raise_mode(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(faults.ENV_VAR, "notify.start:2:raise,recover.start:1:raise")
+    monkeypatch.setenv(faults.STATE_ENV_VAR, str(tmp_path))
+    faults.maybe_fail("notify.start")
+    faults._crossings.clear()  # as if a new process: the files still count
+    with pytest.raises(InjectedFault, match=r"notify.start \(crossing 2\)"):
+        faults.maybe_fail("notify.start")
+    faults.maybe_fail("notify.start")
+    with pytest.raises(InjectedFault, match="recover.start"):
+        faults.maybe_fail("recover.start")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notify.start.count", "recover.start.count"]
+
+
+def test_unusable_state_dir_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(faults.ENV_VAR, "notify.start:1:raise")
+    monkeypatch.setenv(faults.STATE_ENV_VAR, str(blocker / "faults"))
+    with pytest.raises(ConfigurationError, match=faults.STATE_ENV_VAR):
+        faults.maybe_fail("notify.start")

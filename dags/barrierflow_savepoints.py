@@ -1,0 +1,5 @@
+"""Airflow DAGs ``barrierflow_<pipeline>_savepoint``: savepoint / stop-with-savepoint, manual runs."""
+
+from barrierflow.dags import savepoint_dags
+
+globals().update(savepoint_dags())

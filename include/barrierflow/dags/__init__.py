@@ -1,0 +1,57 @@
+"""barrierflow on Airflow 3: the DAGs that run pipelines epoch by epoch, and their settings.
+
+Modules (importing this package does not import Airflow, so
+:mod:`barrierflow.dags.environment` can configure Airflow first):
+
+- :mod:`~barrierflow.dags.environment` -- the Airflow environment (``make run``, tests)
+- :mod:`~barrierflow.dags.settings` -- deployment settings from environment variables
+- :mod:`~barrierflow.dags.params` -- pipeline params as typed DAG params
+- :mod:`~barrierflow.dags.assets` -- sinks as Airflow assets
+- :mod:`~barrierflow.dags.lifecycle` -- the epoch steps as retryable, stateless tasks
+- :mod:`~barrierflow.dags.spark_submit` -- step 3 as a SparkSubmitOperator
+- :mod:`~barrierflow.dags.pipeline_dag`, :mod:`~barrierflow.dags.savepoint_dag`,
+  :mod:`~barrierflow.dags.restore_dag`, :mod:`~barrierflow.dags.maintenance_dag` -- the DAGs
+- :mod:`~barrierflow.dags.factory` -- every DAG by id, for the files in ``dags/``
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "all_dags",
+    "pipeline_dags",
+    "savepoint_dags",
+    "restore_dags",
+    "maintenance_dags",
+    "build_pipeline_dag",
+    "build_savepoint_dag",
+    "build_restore_dag",
+    "build_maintenance_dag",
+    "DagSettings",
+    "configure_airflow",
+    "migrate_metadata_db",
+]
+
+_HOMES = {
+    "all_dags": "factory",
+    "pipeline_dags": "factory",
+    "savepoint_dags": "factory",
+    "restore_dags": "factory",
+    "maintenance_dags": "factory",
+    "build_pipeline_dag": "pipeline_dag",
+    "build_savepoint_dag": "savepoint_dag",
+    "build_restore_dag": "restore_dag",
+    "build_maintenance_dag": "maintenance_dag",
+    "DagSettings": "settings",
+    "configure_airflow": "environment",
+    "migrate_metadata_db": "environment",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: importing barrierflow.dags must not import Airflow before it is configured.
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,277 @@
+"""The epoch lifecycle as separately retryable steps (what the pipeline DAG's tasks call).
+
+Each function performs one step of :mod:`barrierflow.coordinator` for the
+pipeline's *current* epoch, holding the pipeline's epoch lease while it works
+(waiting a bounded time when another step holds it), and finds everything it
+needs in the warehouse: the pending barrier (``barrier.json``) and the vote
+(``manifest.json``) at :class:`~barrierflow.layout.PipelineLayout`. No step
+reads another step's return value, so any of them can be retried alone, and
+the next run after a failed one resumes from the last committed epoch.
+
+This module does not import Airflow: the DAG turns a :class:`StepReport` into
+log lines, a skip, or an asset event.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterator, Mapping
+
+from barrierflow import storage
+from barrierflow.checkpoint import Barrier, CheckpointRecord, EpochStatus, Manifest
+from barrierflow.checkpoint_log import CheckpointLog
+from barrierflow.coordinator import CheckpointCoordinator
+from barrierflow.errors import CheckpointError
+
+__all__ = [
+    "StepReport",
+    "epoch_lease",
+    "recover_step",
+    "barrier_step",
+    "commit_step",
+    "notify_step",
+    "run_epoch_steps",
+    "describe_offsets",
+    "cutoff_text",
+    "completed_epochs",
+]
+
+_log = logging.getLogger("barrierflow.dags")
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What a step did, for the task log and the UI (XCom); never read by another step.
+
+    ``proceed`` is False when the rest of the epoch must be skipped (no new
+    input, interval already covered, pipeline stopped).
+    """
+
+    pipeline: str
+    step: str
+    message: str
+    epoch: int | None = None
+    lineage_id: str | None = None
+    proceed: bool = True
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self), default=str))
+
+
+@contextmanager
+def epoch_lease(coordinator: CheckpointCoordinator, wait_s: float) -> Iterator[None]:
+    """Hold the pipeline's epoch lease for one step, waiting up to ``wait_s`` for it."""
+    coordinator.acquire_lease(wait_s=wait_s)
+    try:
+        yield
+    finally:
+        coordinator.release_lease()
+
+
+def cutoff_text(arrival_cutoff_ms: int | None) -> str:
+    if arrival_cutoff_ms is None:
+        return "no arrival cut-off"
+    return datetime.fromtimestamp(arrival_cutoff_ms / 1000, tz=timezone.utc).isoformat()
+
+
+def describe_offsets(offsets: Mapping[str, Any]) -> str:
+    """A short human description of end offsets per source."""
+    parts = []
+    for source, end in sorted(offsets.items()):
+        if isinstance(end, Mapping) and "files" in end:
+            files = [f[0] if isinstance(f, (list, tuple)) else str(f) for f in end.get("files") or []]
+            if files:
+                span = files[0] if len(files) == 1 else f"{files[0]} .. {files[-1]}"
+                parts.append(f"{source}: {len(files)} file(s) {span}")
+            else:
+                parts.append(f"{source}: position {end.get('file')!r}")
+        elif isinstance(end, Mapping) and "version" in end:
+            parts.append(f"{source}: versions {end.get('from_version')} -> {end['version']}")
+        else:
+            parts.append(f"{source}: {json.dumps(end, sort_keys=True, default=str)[:200]}")
+    return "; ".join(parts) or "no sources"
+
+
+def _stop_reason(coordinator: CheckpointCoordinator) -> str | None:
+    stop = coordinator.stopped()
+    if stop is None:
+        return None
+    return (
+        f"pipeline {coordinator.definition.name} is stopped with savepoint {stop.get('savepoint')!r} "
+        f"(since {stop.get('stopped_at')}): no epoch runs until it is restored"
+    )
+
+
+def recover_step(coordinator: CheckpointCoordinator, lease_wait_s: float) -> StepReport:
+    """Step 1: roll forward a voted epoch; report the restore point and any planned epoch."""
+    name = coordinator.definition.name
+    with epoch_lease(coordinator, lease_wait_s):
+        recovery = coordinator.recover()
+    last = recovery.last_completed
+    parts = [
+        f"restore point: epoch {last.epoch} (COMPLETED, watermark_us={last.watermark_us})"
+        if last
+        else "restore point: none (no epoch completed yet in this lineage)"
+    ]
+    if recovery.rolled_forward:
+        parts.append(f"rolled forward pre-committed epoch(s) {list(recovery.rolled_forward)}")
+    if recovery.pending_barrier is not None:
+        parts.append(
+            f"epoch {recovery.pending_barrier.epoch} is planned (barrier of {recovery.pending_barrier.planned_at}): "
+            "it will be replayed as recorded"
+        )
+    return StepReport(
+        pipeline=name,
+        step="recover",
+        message=f"{name} lineage {recovery.lineage_id}: " + "; ".join(parts),
+        epoch=recovery.last_completed_epoch,
+        lineage_id=recovery.lineage_id,
+        details={
+            "last_completed_epoch": recovery.last_completed_epoch,
+            "rolled_forward": list(recovery.rolled_forward),
+            "pending_epoch": recovery.pending_barrier.epoch if recovery.pending_barrier else None,
+        },
+    )
+
+
+def barrier_step(
+    coordinator: CheckpointCoordinator, arrival_cutoff_ms: int | None, lease_wait_s: float
+) -> StepReport:
+    """Step 2: plan (or replay) the barrier of the next epoch; ``proceed=False`` when there is none."""
+    name = coordinator.definition.name
+    with epoch_lease(coordinator, lease_wait_s):
+        recovery = coordinator.recover()
+        barrier = coordinator.trigger_checkpoint(recovery, arrival_cutoff_ms)
+        stop = _stop_reason(coordinator) if barrier is None else None
+    base = dict(pipeline=name, step="barrier", lineage_id=recovery.lineage_id)
+    cutoff = cutoff_text(arrival_cutoff_ms)
+    if barrier is None:
+        last = recovery.last_completed_epoch
+        if stop is not None:
+            message = f"{stop}; skipping process, commit and notify"
+        else:
+            message = (
+                f"no new input up to {cutoff}: nothing to do. Input that arrived by then is already "
+                f"covered by epoch {last} (the last completed epoch); epoch {last + 1} is not planned. "
+                "Skipping process, commit and notify"
+            )
+        return StepReport(
+            **base, message=message, epoch=last, proceed=False,
+            details={"stopped": stop is not None, "arrival_cutoff": cutoff},
+        )
+    replay = recovery.pending_barrier is not None
+    verb = f"replaying the barrier recorded at {barrier.planned_at}" if replay else "planned a new barrier"
+    return StepReport(
+        **base,
+        message=f"epoch {barrier.epoch}: {verb} (arrival cut-off {cutoff}): {describe_offsets(barrier.end_offsets)}",
+        epoch=barrier.epoch,
+        details={"replayed": replay, "attempt_id": barrier.attempt_id, "arrival_cutoff": cutoff},
+    )
+
+
+def _pending(coordinator: CheckpointCoordinator) -> tuple[str, CheckpointRecord | None, Barrier | None]:
+    """Lineage, last completed record, and the barrier of the epoch after it (if planned)."""
+    lineage_id = coordinator.current_lineage()["lineage_id"]
+    last = CheckpointLog.last_completed(coordinator.log.lineage_records(lineage_id))
+    epoch = (last.epoch if last else 0) + 1
+    doc = storage.read_json(coordinator.layout.barrier(lineage_id, epoch))
+    return lineage_id, last, Barrier.from_json(doc) if doc else None
+
+
+def commit_step(coordinator: CheckpointCoordinator, lease_wait_s: float) -> StepReport:
+    """Step 4: commit the planned epoch from its barrier and manifest (idempotent).
+
+    When no epoch is pending, the epoch this run planned is already COMPLETED
+    (by an earlier attempt of this task, or rolled forward by a recover): the
+    step reports it and succeeds.
+    """
+    name = coordinator.definition.name
+    with epoch_lease(coordinator, lease_wait_s):
+        lineage_id, last, barrier = _pending(coordinator)
+        if barrier is None:
+            if last is None:
+                raise CheckpointError(f"{name}: nothing to commit: no epoch is planned or completed in lineage {lineage_id}")
+            record = last
+            message = f"epoch {last.epoch} is already COMPLETED (committed by an earlier attempt or rolled forward)"
+        else:
+            manifest_doc = storage.read_json(coordinator.layout.manifest(lineage_id, barrier.epoch))
+            if manifest_doc is None:
+                stop = _stop_reason(coordinator)
+                if stop is not None:
+                    return StepReport(
+                        pipeline=name, step="commit", epoch=barrier.epoch, lineage_id=lineage_id, proceed=False,
+                        message=f"{stop}; planned epoch {barrier.epoch} is not committed",
+                    )
+                raise CheckpointError(
+                    f"{name}: epoch {barrier.epoch} has no manifest: the process step has not pre-committed it "
+                    "(no vote); the next run replays its barrier"
+                )
+            record = coordinator.commit(barrier, Manifest.from_json(manifest_doc))
+            message = f"epoch {record.epoch} COMPLETED"
+    versions = record.versions()
+    return StepReport(
+        pipeline=name,
+        step="commit",
+        message=(
+            f"{message}: rows_in={record.rows_in} rows_out={record.rows_out} dead_letters={record.dead_letters}; "
+            f"Delta versions {json.dumps(versions, sort_keys=True)}"
+        ),
+        epoch=record.epoch,
+        lineage_id=record.lineage_id,
+        details={"table_versions": versions, "rows_in": record.rows_in, "rows_out": record.rows_out},
+    )
+
+
+def notify_step(coordinator: CheckpointCoordinator, lease_wait_s: float) -> StepReport:
+    """Step 5: post-commit work for the last completed epoch (idempotent)."""
+    name = coordinator.definition.name
+    with epoch_lease(coordinator, lease_wait_s):
+        lineage_id, last, _ = _pending(coordinator)
+        if last is None:
+            return StepReport(pipeline=name, step="notify", lineage_id=lineage_id, message="no completed epoch: nothing to do")
+        manifest_doc = storage.read_json(coordinator.layout.manifest(lineage_id, last.epoch))
+        if manifest_doc is None:
+            # A restore point carries no manifest of this lineage: nothing was staged here.
+            return StepReport(
+                pipeline=name, step="notify", epoch=last.epoch, lineage_id=lineage_id,
+                message=f"epoch {last.epoch} has no manifest in this lineage (a restore point): nothing to clean",
+            )
+        coordinator.notify(last, Manifest.from_json(manifest_doc))
+    return StepReport(
+        pipeline=name, step="notify", epoch=last.epoch, lineage_id=lineage_id,
+        message=f"epoch {last.epoch}: staging of losing attempts cleaned, state compacted where needed",
+    )
+
+
+def run_epoch_steps(
+    coordinator: CheckpointCoordinator,
+    arrival_cutoff_ms: int | None,
+    lease_wait_s: float,
+    process: Callable[[], None],
+    on_report: Callable[[StepReport], None] = lambda report: None,
+) -> StepReport | None:
+    """Steps 1-5 of one more epoch, each under its own lease; ``process`` runs step 3
+    (the Spark job). Returns the commit report, or None when there is no new input."""
+    on_report(recover_step(coordinator, lease_wait_s))
+    planned = barrier_step(coordinator, arrival_cutoff_ms, lease_wait_s)
+    on_report(planned)
+    if not planned.proceed:
+        return None
+    process()
+    committed = commit_step(coordinator, lease_wait_s)
+    on_report(committed)
+    if not committed.proceed:
+        return None
+    on_report(notify_step(coordinator, lease_wait_s))
+    return committed
+
+
+def completed_epochs(coordinator: CheckpointCoordinator) -> list[int]:
+    """Completed epochs of the current lineage (for reports and tests)."""
+    lineage_id = coordinator.current_lineage()["lineage_id"]
+    return sorted({r.epoch for r in coordinator.log.lineage_records(lineage_id) if r.status is EpochStatus.COMPLETED})

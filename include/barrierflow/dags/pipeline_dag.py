@@ -1,0 +1,244 @@
+"""``barrierflow_<pipeline>``: one DAG run is one epoch (plus an optional bounded catch-up).
+
+``recover >> barrier >> process >> commit >> notify >> catch_up``, the five
+steps of :mod:`barrierflow.coordinator` (see :mod:`barrierflow.dags.lifecycle`).
+``barrier`` short-circuits the rest of the run when there is nothing to do
+(no new input by the run's ``data_interval_end``, or a pipeline stopped with a
+savepoint), so no asset event is emitted; ``commit`` carries an asset per sink.
+
+Ordering: ``max_active_runs=1`` serialises scheduled and manual runs. An
+Airflow 3 backfill counts its own ``max_active_runs`` (10 unless given), so
+``recover`` also waits, bounded, while an earlier run of this DAG is still
+running: epochs follow data intervals even in a parallel backfill.
+
+Building the DAG does no work: it reads environment variables and builds the
+pipeline's operator graph (no Spark, no warehouse access).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+from barrierflow.coordinator import CheckpointCoordinator
+from barrierflow.dags.assets import pipeline_sinks, sink_assets
+from barrierflow.dags.docs import pipeline_doc
+from barrierflow.dags.lifecycle import (
+    StepReport,
+    barrier_step,
+    commit_step,
+    notify_step,
+    recover_step,
+    run_epoch_steps,
+)
+from barrierflow.dags.params import CATCH_UP_PARAM, pipeline_dag_params, resolve_pipeline_params, unset_required_params
+from barrierflow.dags.settings import DagSettings, pipeline_dag_id
+from barrierflow.dags.spark_submit import ProcessEpochOperator, submit_process_job
+from barrierflow.errors import (
+    ConfigurationError,
+    EpochInProgressError,
+    ParameterError,
+    PipelineDefinitionError,
+    UnknownPipelineError,
+)
+from barrierflow.pipeline import PipelineDefinition
+from barrierflow.registry import get_pipeline
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG, Asset, Context
+
+__all__ = ["build_pipeline_dag", "arrival_cutoff_ms", "TASK_IDS"]
+
+TASK_IDS = ("recover", "barrier", "process", "commit", "notify", "catch_up")
+_log = logging.getLogger("barrierflow.dags")
+_PREVIOUS_RUN_POLL_S = 5.0
+
+
+def arrival_cutoff_ms(context: "Context") -> int | None:
+    """The run's barrier bound: input that arrived by ``data_interval_end`` (None: all input so far)."""
+    end = context.get("data_interval_end")
+    return int(end.timestamp() * 1000) if end is not None else None
+
+
+# Errors in what the run was asked to do: retrying the same request cannot fix them.
+_NOT_RETRYABLE = (ParameterError, PipelineDefinitionError, ConfigurationError, UnknownPipelineError)
+
+
+@contextmanager
+def _fail_fast() -> Iterator[None]:
+    """Turn a configuration or parameter error into a failure without retries."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    try:
+        yield
+    except _NOT_RETRYABLE as exc:
+        _log.error("%s", exc)
+        raise AirflowFailException(str(exc)) from exc
+
+
+def _report(report: StepReport) -> dict[str, Any]:
+    _log.info("%s %s: %s", report.pipeline, report.step, report.message)
+    return report.to_json()
+
+
+def _coordinator(definition: PipelineDefinition, context: "Context", warehouse: str) -> CheckpointCoordinator:
+    return CheckpointCoordinator(definition, resolve_pipeline_params(definition, context["params"]), warehouse)
+
+
+def _wait_for_earlier_runs(context: "Context", wait_s: float) -> None:
+    """Block (bounded) while a run of this DAG with an earlier logical date is running."""
+    from airflow.sdk import DagRunState
+
+    ti = context["ti"]
+    deadline = time.monotonic() + wait_s
+    announced = False
+    while True:
+        earlier = ti.get_previous_dagrun(state=DagRunState.RUNNING)
+        if earlier is None:
+            return
+        if time.monotonic() >= deadline:
+            raise EpochInProgressError(
+                f"run {earlier.run_id} of {ti.dag_id} (an earlier data interval) is still running after "
+                f"{wait_s:.0f}s; epochs run in data-interval order"
+            )
+        if not announced:
+            _log.info("waiting for the earlier run %s of %s to finish (epochs run in order)", earlier.run_id, ti.dag_id)
+            announced = True
+        time.sleep(min(_PREVIOUS_RUN_POLL_S, max(0.1, deadline - time.monotonic())))
+
+
+def _set_asset_events(context: "Context", assets: list["Asset"], report: StepReport) -> None:
+    """Attach the epoch to the asset events the task emits on success."""
+    events = context["outlet_events"]
+    for asset in assets:
+        events[asset].extra = {
+            "pipeline": report.pipeline,
+            "epoch": report.epoch,
+            "lineage_id": report.lineage_id,
+            "delta_version": (report.details.get("table_versions") or {}).get(asset.extra.get("sink", "")),
+        }
+
+
+def build_pipeline_dag(
+    pipeline: str | PipelineDefinition,
+    settings: DagSettings | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> "DAG":
+    """The epoch DAG of one pipeline (``barrierflow_<pipeline>``)."""
+    from airflow.sdk import DAG, CronDataIntervalTimetable, get_current_context, task
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    definition = pipeline if isinstance(pipeline, PipelineDefinition) else get_pipeline(pipeline)
+    name = definition.name
+    settings = settings or DagSettings.from_env(environ)
+    sinks = pipeline_sinks(definition, settings.warehouse, environ)
+    assets = sink_assets(sinks, name)
+    lease_wait = settings.lease_wait_s
+    warehouse = settings.warehouse
+    # A pipeline missing a required parameter would fail every scheduled run: manual runs only.
+    unset = unset_required_params(definition, environ)
+    schedule = CronDataIntervalTimetable(settings.schedule, timezone="UTC") if settings.schedule and not unset else None
+    summary = (definition.description or name).strip().splitlines()[0]
+
+    with DAG(
+        dag_id=pipeline_dag_id(name),
+        description=f"barrierflow pipeline {name}: {summary}"[:200],
+        schedule=schedule,
+        start_date=settings.start_date,
+        catchup=False,
+        max_active_runs=1,
+        default_args=settings.default_args(),
+        params=pipeline_dag_params(definition, environ),
+        doc_md=pipeline_doc(definition, settings, sinks, environ),
+        tags=["barrierflow", "pipeline"],
+    ) as dag:
+
+        @task(task_id="recover")
+        def recover() -> dict[str, Any]:
+            """Step 1: roll forward a voted epoch; the last COMPLETED epoch is the restore point."""
+            context = get_current_context()
+            with _fail_fast():
+                coordinator = _coordinator(definition, context, warehouse)
+            _wait_for_earlier_runs(context, lease_wait)
+            return _report(recover_step(coordinator, lease_wait))
+
+        @task.short_circuit(task_id="barrier")
+        def barrier() -> dict[str, Any] | bool:
+            """Step 2: record the epoch's end offsets before processing (a retry replays them)."""
+            context = get_current_context()
+            with _fail_fast():
+                coordinator = _coordinator(definition, context, warehouse)
+            report = barrier_step(coordinator, arrival_cutoff_ms(context), lease_wait)
+            payload = _report(report)
+            return payload if report.proceed else False
+
+        process = ProcessEpochOperator(
+            task_id="process",
+            pipeline=name,
+            warehouse=warehouse,
+            application=settings.process_application,
+            lease_wait_s=lease_wait,
+            conn_id=settings.spark_conn_id,
+            driver_memory=settings.driver_memory,
+            doc_md="Step 3: spark-submit `process_epoch.py`: stage outputs and state, write the manifest (the vote).",
+        )
+
+        @task(task_id="commit", outlets=assets)
+        def commit() -> dict[str, Any]:
+            """Step 4: one Delta commit per table (app transaction), then COMPLETED."""
+            context = get_current_context()
+            with _fail_fast():
+                coordinator = _coordinator(definition, context, warehouse)
+            report = commit_step(coordinator, lease_wait)
+            payload = _report(report)
+            if not report.proceed:
+                raise AirflowSkipException(report.message)
+            _set_asset_events(context, assets, report)
+            return payload
+
+        @task(task_id="notify")
+        def notify() -> dict[str, Any]:
+            """Step 5: clean staging of losing attempts, compact state."""
+            context = get_current_context()
+            with _fail_fast():
+                coordinator = _coordinator(definition, context, warehouse)
+            return _report(notify_step(coordinator, lease_wait))
+
+        @task(task_id="catch_up", outlets=assets)
+        def catch_up() -> dict[str, Any]:
+            """Up to catch_up_epochs - 1 more epochs with the same arrival cut-off."""
+            context = get_current_context()
+            extra = int(context["params"].get(CATCH_UP_PARAM) or 1) - 1
+            if extra < 1:
+                raise AirflowSkipException(f"{CATCH_UP_PARAM}=1: this run completes one epoch only")
+            with _fail_fast():
+                params = resolve_pipeline_params(definition, context["params"])
+                coordinator = CheckpointCoordinator(definition, params, warehouse)
+            cutoff = arrival_cutoff_ms(context)
+
+            def process_job() -> None:
+                submit_process_job(
+                    pipeline=name,
+                    warehouse=warehouse,
+                    application=settings.process_application,
+                    params=params,
+                    lease_wait_s=lease_wait,
+                    conn_id=settings.spark_conn_id,
+                    driver_memory=settings.driver_memory,
+                )
+
+            done: list[StepReport] = []
+            for _ in range(extra):
+                committed = run_epoch_steps(coordinator, cutoff, lease_wait, process_job, on_report=_report)
+                if committed is None:
+                    break
+                done.append(committed)
+            if not done:
+                raise AirflowSkipException("caught up: no further input up to this run's arrival cut-off")
+            _set_asset_events(context, assets, done[-1])
+            return {"epochs": [r.epoch for r in done]}
+
+        recover() >> barrier() >> process >> commit() >> notify() >> catch_up()
+    return dag

@@ -1,0 +1,135 @@
+"""``barrierflow_<pipeline>_restore``: restore from a savepoint or a retained epoch, as a manual run.
+
+One task calls :func:`barrierflow.restore.restore`. An incompatible restore
+point (state that would be dropped or is missing) fails the task at once,
+without retries, with the lists in the log; so does invalid input.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any, Mapping
+
+from barrierflow.dags.docs import restore_doc
+from barrierflow.dags.params import operational_params
+from barrierflow.dags.settings import DagSettings, restore_dag_id
+from barrierflow.errors import ParameterError, SavepointError
+from barrierflow.pipeline import PipelineDefinition
+from barrierflow.registry import get_pipeline
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
+
+__all__ = ["build_restore_dag", "restore_point"]
+
+_log = logging.getLogger("barrierflow.dags")
+
+
+def restore_point(savepoint: Any, epoch: Any) -> tuple[str | None, int | None]:
+    """Exactly one of a savepoint name or an epoch from the form; ParameterError otherwise."""
+    name = str(savepoint).strip() if savepoint is not None else ""
+    if (name == "") == (epoch is None):
+        raise ParameterError(
+            "give exactly one of 'savepoint' (a savepoint name or path) and 'epoch' (a retained completed epoch)"
+        )
+    if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1):
+        raise ParameterError(f"'epoch' must be a positive integer, got {epoch!r}")
+    return (name or None), epoch
+
+
+def build_restore_dag(
+    pipeline: str | PipelineDefinition,
+    settings: DagSettings | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> "DAG":
+    from airflow.sdk import DAG, Param, get_current_context, task
+    from airflow.sdk.exceptions import AirflowFailException
+
+    definition = pipeline if isinstance(pipeline, PipelineDefinition) else get_pipeline(pipeline)
+    settings = settings or DagSettings.from_env(environ)
+    warehouse = settings.warehouse
+
+    with DAG(
+        dag_id=restore_dag_id(definition.name),
+        description=f"restore barrierflow pipeline {definition.name} from a savepoint or a retained epoch",
+        schedule=None,
+        start_date=settings.start_date,
+        catchup=False,
+        max_active_runs=1,
+        default_args=settings.default_args(),
+        params={
+            "savepoint": Param(
+                "",
+                type=["null", "string"],
+                title="savepoint",
+                description="savepoint name (or directory path); leave empty to restore an epoch",
+            ),
+            "epoch": Param(
+                None,
+                type=["null", "integer"],
+                minimum=1,
+                title="epoch",
+                description="a retained completed epoch; leave empty to restore a savepoint",
+            ),
+            "allow_non_restored_state": Param(
+                False,
+                type="boolean",
+                title="allow_non_restored_state",
+                description="drop state in the restore point that the code no longer declares instead of failing",
+            ),
+            "rewind_sinks": Param(
+                False, type="boolean", title="rewind_sinks", description="rewind the sink tables to the restore point"
+            ),
+            "parallelism": Param(
+                None,
+                type=["null", "integer"],
+                minimum=1,
+                title="parallelism",
+                description="Spark parallelism from the restore on (empty: unchanged)",
+            ),
+        },
+        doc_md=restore_doc(definition, settings),
+        tags=["barrierflow", "restore"],
+    ) as dag:
+
+        @task(task_id="restore")
+        def restore() -> dict[str, Any]:
+            """Start a new lineage from the restore point."""
+            from barrierflow.restore import restore as restore_pipeline
+
+            params = get_current_context()["params"]
+            try:
+                savepoint, epoch = restore_point(params.get("savepoint"), params.get("epoch"))
+                result = restore_pipeline(
+                    definition,
+                    warehouse,
+                    savepoint=savepoint,
+                    epoch=epoch,
+                    allow_non_restored_state=bool(params.get("allow_non_restored_state")),
+                    rewind_sinks=bool(params.get("rewind_sinks")),
+                    parallelism=params.get("parallelism"),
+                    params=operational_params(definition, warehouse, environ),
+                    lease_wait_s=settings.lease_wait_s,
+                )
+            except (SavepointError, ParameterError) as exc:
+                # IncompatibleSavepointError (a SavepointError) lists what would be dropped or is
+                # missing; like a wrong name or bad input, a retry cannot fix it.
+                details = ""
+                for label in ("dropped", "missing"):
+                    items = getattr(exc, label, None)
+                    if items:
+                        details += f"\n  {label}: {', '.join(items)}"
+                _log.error("restore of %s refused: %s%s", definition.name, exc, details)
+                raise AirflowFailException(f"restore of {definition.name} refused: {exc}{details}") from exc
+            doc = _plain(result.to_json())
+            _log.info("restored %s: %s", definition.name, doc)
+            return doc
+
+        restore()
+    return dag
+
+
+def _plain(doc: Any) -> Any:
+    """JSON types only (tuples become lists), as the XCom shown in the UI."""
+    return json.loads(json.dumps(doc, default=str))

@@ -1,0 +1,157 @@
+"""Deployment settings of the barrierflow DAGs, read from the environment once per DAG file parse.
+
+Every value has a default that runs out of the box (Spark ``local[*]``, a
+``./warehouse`` next to where Airflow runs); each is overridable by an
+environment variable, which every Airflow component (DAG processor,
+scheduler, workers) should see alike:
+
+=====================================  ==========================================  ===================
+variable                               meaning                                     default
+=====================================  ==========================================  ===================
+``BARRIERFLOW_WAREHOUSE``              warehouse directory (made absolute)         ``./warehouse``
+``BARRIERFLOW_SCHEDULE``               cron or preset of the pipeline DAGs,        ``* * * * *``
+                                       ``none`` for manual runs only
+``BARRIERFLOW_MAINTENANCE_SCHEDULE``   cron or preset of ``barrierflow_maintenance``  ``@daily``
+``BARRIERFLOW_SPARK_CONN_ID``          Airflow Spark connection of ``process``     ``spark_default``
+``BARRIERFLOW_DRIVER_MEMORY``          spark-submit ``--driver-memory``            ``2g``
+``BARRIERFLOW_TASK_RETRIES``           retries of every task                       ``3``
+``BARRIERFLOW_RETRY_DELAY_SECONDS``    first retry delay (doubles each retry)      ``30``
+``BARRIERFLOW_MAX_RETRY_DELAY_SECONDS``  cap of the retry delay                    ``600``
+``BARRIERFLOW_LEASE_WAIT_SECONDS``     how long a step waits for the epoch lease   ``600``
+``BARRIERFLOW_SPARK_JOBS_DIR``         directory holding ``process_epoch.py``      ``<repo>/spark_jobs``
+=====================================  ==========================================  ===================
+
+Pipeline parameters get their DAG-param defaults from
+``BARRIERFLOW_<PIPELINE>__<PARAM>`` (see :func:`param_env_var`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+from barrierflow.errors import ConfigurationError
+from barrierflow.jobs import DEFAULT_LEASE_WAIT_S, LEASE_WAIT_ENV
+
+__all__ = [
+    "DagSettings",
+    "START_DATE",
+    "WAREHOUSE_ENV",
+    "SCHEDULE_ENV",
+    "pipeline_dag_id",
+    "savepoint_dag_id",
+    "restore_dag_id",
+    "MAINTENANCE_DAG_ID",
+    "param_env_var",
+]
+
+WAREHOUSE_ENV = "BARRIERFLOW_WAREHOUSE"
+SCHEDULE_ENV = "BARRIERFLOW_SCHEDULE"
+MAINTENANCE_SCHEDULE_ENV = "BARRIERFLOW_MAINTENANCE_SCHEDULE"
+SPARK_CONN_ID_ENV = "BARRIERFLOW_SPARK_CONN_ID"
+DRIVER_MEMORY_ENV = "BARRIERFLOW_DRIVER_MEMORY"
+RETRIES_ENV = "BARRIERFLOW_TASK_RETRIES"
+RETRY_DELAY_ENV = "BARRIERFLOW_RETRY_DELAY_SECONDS"
+MAX_RETRY_DELAY_ENV = "BARRIERFLOW_MAX_RETRY_DELAY_SECONDS"
+SPARK_JOBS_DIR_ENV = "BARRIERFLOW_SPARK_JOBS_DIR"
+
+# A fixed start date: with catchup=False only the latest interval is scheduled.
+START_DATE = datetime(2024, 1, 1, tzinfo=timezone.utc)
+MAINTENANCE_DAG_ID = "barrierflow_maintenance"
+_MANUAL = ("", "none", "manual", "null")
+
+
+def pipeline_dag_id(pipeline: str) -> str:
+    return f"barrierflow_{pipeline}"
+
+
+def savepoint_dag_id(pipeline: str) -> str:
+    return f"barrierflow_{pipeline}_savepoint"
+
+
+def restore_dag_id(pipeline: str) -> str:
+    return f"barrierflow_{pipeline}_restore"
+
+
+def param_env_var(pipeline: str, param: str) -> str:
+    """``BARRIERFLOW_<PIPELINE>__<PARAM>``: the default of a pipeline parameter in its DAG."""
+    return f"BARRIERFLOW_{pipeline.upper()}__{param.upper()}"
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[3]
+
+
+@dataclass(frozen=True)
+class DagSettings:
+    """Where and how the DAGs run; :meth:`from_env` reads the variables of the module docstring."""
+
+    warehouse: str
+    schedule: str | None = "* * * * *"
+    maintenance_schedule: str | None = "@daily"
+    spark_conn_id: str = "spark_default"
+    driver_memory: str = "2g"
+    retries: int = 3
+    retry_delay: timedelta = timedelta(seconds=30)
+    max_retry_delay: timedelta = timedelta(minutes=10)
+    lease_wait_s: float = DEFAULT_LEASE_WAIT_S
+    spark_jobs_dir: str = str(_repo_root() / "spark_jobs")
+    start_date: datetime = START_DATE
+
+    def __post_init__(self) -> None:
+        if not os.path.isabs(self.warehouse) and "://" not in self.warehouse:
+            raise ConfigurationError(f"the DAGs' warehouse must be absolute, got {self.warehouse!r}")
+        if self.retries < 0:
+            raise ConfigurationError(f"{RETRIES_ENV} must be >= 0, got {self.retries}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "DagSettings":
+        env = os.environ if environ is None else environ
+        warehouse = env.get(WAREHOUSE_ENV) or "./warehouse"
+        if "://" not in warehouse or warehouse.startswith("file://"):
+            warehouse = os.path.abspath(os.path.expanduser(warehouse.removeprefix("file://")))
+        return cls(
+            warehouse=warehouse,
+            schedule=_schedule(env.get(SCHEDULE_ENV, "* * * * *")),
+            maintenance_schedule=_schedule(env.get(MAINTENANCE_SCHEDULE_ENV, "@daily")),
+            spark_conn_id=env.get(SPARK_CONN_ID_ENV) or "spark_default",
+            driver_memory=env.get(DRIVER_MEMORY_ENV) or "2g",
+            retries=_number(env, RETRIES_ENV, 3, int),
+            retry_delay=timedelta(seconds=_number(env, RETRY_DELAY_ENV, 30.0, float)),
+            max_retry_delay=timedelta(seconds=_number(env, MAX_RETRY_DELAY_ENV, 600.0, float)),
+            lease_wait_s=_number(env, LEASE_WAIT_ENV, DEFAULT_LEASE_WAIT_S, float),
+            spark_jobs_dir=env.get(SPARK_JOBS_DIR_ENV) or str(_repo_root() / "spark_jobs"),
+        )
+
+    @property
+    def process_application(self) -> str:
+        """The spark-submit application of step 3."""
+        return os.path.join(self.spark_jobs_dir, "process_epoch.py")
+
+    def default_args(self) -> dict[str, Any]:
+        """Retries with exponential backoff on every task."""
+        return {
+            "owner": "barrierflow",
+            "retries": self.retries,
+            "retry_delay": self.retry_delay,
+            "retry_exponential_backoff": 2.0,
+            "max_retry_delay": self.max_retry_delay,
+        }
+
+
+def _schedule(value: str) -> str | None:
+    value = value.strip()
+    return None if value.lower() in _MANUAL else value
+
+
+def _number(env: Mapping[str, str], name: str, default: Any, kind: type) -> Any:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be a number, got {raw!r}") from None

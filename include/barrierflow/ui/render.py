@@ -1,0 +1,258 @@
+"""Server-rendered HTML of the checkpoints page (inline CSS, inline SVG, no scripts).
+
+Pure functions of :class:`~barrierflow.ui.history.PipelineHistory` values, so
+they are tested without a web server. Every value from the warehouse is
+HTML-escaped.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any, Iterable, Mapping, Sequence
+
+from barrierflow.ui.chart import chart_points, format_bytes, format_ms, render_epoch_chart
+from barrierflow.ui.history import EpochRow, PipelineHistory, iso_us
+
+__all__ = ["render_page", "render_pipeline", "DEFAULT_EPOCH_ROWS"]
+
+DEFAULT_EPOCH_ROWS = 100
+
+_CSS = """
+:root { color-scheme: light dark; --fg:#1f2328; --muted:#636c76; --bg:#ffffff; --panel:#f6f8fa;
+  --border:#d0d7de; --ok:#1a7f37; --warn:#9a6700; --bad:#cf222e; --accent:#0969da; }
+@media (prefers-color-scheme: dark) { :root { --fg:#e6edf3; --muted:#8d96a0; --bg:#0d1117; --panel:#161b22;
+  --border:#30363d; --ok:#3fb950; --warn:#d29922; --bad:#f85149; --accent:#4493f8; } }
+* { box-sizing: border-box; }
+body { margin: 0; padding: 16px 20px 40px; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif;
+  color: var(--fg); background: var(--bg); }
+h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 18px; margin: 28px 0 8px; }
+h3 { font-size: 15px; margin: 18px 0 6px; }
+a { color: var(--accent); }
+.muted { color: var(--muted); } .small { font-size: 12px; }
+header { display: flex; flex-wrap: wrap; gap: 8px 24px; align-items: baseline; border-bottom: 1px solid var(--border);
+  padding-bottom: 10px; }
+nav.bf-pipelines a { margin-right: 12px; }
+section.bf-pipeline { border: 1px solid var(--border); border-radius: 8px; padding: 4px 16px 16px; margin-top: 20px; }
+dl.bf-summary { display: grid; grid-template-columns: repeat(auto-fill, minmax(210px, 1fr)); gap: 8px; margin: 8px 0; }
+dl.bf-summary div { background: var(--panel); border: 1px solid var(--border); border-radius: 6px; padding: 6px 10px; }
+dl.bf-summary dt { font-size: 12px; color: var(--muted); } dl.bf-summary dd { margin: 0; font-weight: 600;
+  overflow-wrap: anywhere; }
+.bf-table-wrap { overflow-x: auto; }
+table { border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }
+table.bf-epochs { font-size: 13px; }
+th, td { border-bottom: 1px solid var(--border); padding: 4px 7px; text-align: right; white-space: nowrap; }
+th { position: sticky; top: 0; background: var(--panel); font-weight: 600; font-size: 12px; }
+td.l, th.l { text-align: left; } td.wrap { white-space: normal; overflow-wrap: anywhere; text-align: left; }
+.status { font-weight: 600; } .status-COMPLETED { color: var(--ok); } .status-ABORTED { color: var(--bad); }
+.status-PLANNED, .status-PRE_COMMITTED { color: var(--warn); }
+.error { color: var(--bad); font-weight: 600; }
+.bf-chart { max-width: 1100px; background: var(--panel); border: 1px solid var(--border); border-radius: 6px; }
+.bf-chart .bf-axis { font-size: 11px; fill: var(--muted); }
+.bf-chart .bf-grid { stroke: var(--border); stroke-width: 1; }
+.bf-chart .bf-baseline { stroke: var(--muted); stroke-width: 1; }
+code { font-size: 12px; }
+"""
+
+
+def _e(value: Any) -> str:
+    return "" if value is None else escape(str(value))
+
+
+def _num(value: int | None) -> str:
+    return "" if value is None else f"{value:,}"
+
+
+def _status(status: str) -> str:
+    return f'<span class="status status-{_e(status)}">{_e(status)}</span>'
+
+
+def _short_time(iso: str | None) -> str:
+    """``2024-01-02T03:04:05.678901Z`` -> ``2024-01-02 03:04:05Z`` (full value in the title)."""
+    if not iso:
+        return ""
+    text = iso.replace("T", " ")
+    if "." in text:
+        head, _, tail = text.partition(".")
+        zone = "Z" if tail.endswith("Z") else ""
+        text = head + zone
+    return f'<span title="{_e(iso)}">{_e(text)}</span>'
+
+
+def _summary(items: Iterable[tuple[str, str]]) -> str:
+    cells = "".join(f"<div><dt>{_e(k)}</dt><dd>{v}</dd></div>" for k, v in items)
+    return f'<dl class="bf-summary">{cells}</dl>'
+
+
+def _epochs_table(rows: Sequence[EpochRow], limit: int) -> str:
+    newest = sorted(rows, key=lambda r: r.recorded_at_us, reverse=True)
+    shown = newest[:limit]
+    head = (
+        "<tr><th>Epoch</th><th class=l>Lineage</th><th class=l>Status</th><th>Duration</th>"
+        "<th>Rows in</th><th>Rows out</th><th>Dead letters</th><th>Bytes written</th>"
+        "<th title='live bytes of the state tables at this epoch'>State size</th>"
+        "<th class=l>Watermark</th>"
+        "<th title='max event time seen minus the watermark'>Event-time lag</th>"
+        "<th title='commit time of the epoch minus the watermark'>Wall-clock lag</th>"
+        "<th class=l>Recorded</th></tr>"
+    )
+    body = []
+    for r in shown:
+        body.append(
+            f'<tr class="bf-epoch" data-epoch="{r.epoch}" data-status="{_e(r.status)}">'
+            f"<td>{r.epoch}</td><td class=l><code>{_e(r.lineage_id)}</code></td><td class=l>{_status(r.status)}</td>"
+            f"<td>{_e(format_ms(r.duration_ms))}</td><td>{_num(r.rows_in)}</td><td>{_num(r.rows_out)}</td>"
+            f"<td>{_num(r.dead_letters)}</td><td>{_e(format_bytes(r.bytes_written))}</td>"
+            f"<td>{_e(format_bytes(r.state_bytes))}</td><td class=l>{_short_time(r.watermark)}</td>"
+            f"<td>{_e(format_ms(r.event_time_lag_ms))}</td><td>{_e(format_ms(r.processing_lag_ms))}</td>"
+            f"<td class=l>{_short_time(r.recorded_at)}</td></tr>"
+        )
+    more = ""
+    if len(newest) > len(shown):
+        more = (
+            f'<p class="muted small">Showing the newest {len(shown)} of {len(newest)} epochs; '
+            f'add <code>?limit=N</code> for more, or use the JSON endpoint.</p>'
+        )
+    if not body:
+        return '<p class="muted">No epoch has been recorded yet.</p>'
+    return f'<div class="bf-table-wrap"><table class="bf-epochs"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table></div>{more}'
+
+
+def _savepoints_table(history: PipelineHistory) -> str:
+    if not history.savepoints_available:
+        return '<p class="muted">Savepoint support (<code>barrierflow.savepoint</code>) is not installed.</p>'
+    parts = []
+    if history.savepoints_error:
+        parts.append(f'<p class="error">Cannot list savepoints: {_e(history.savepoints_error)}</p>')
+    if not history.savepoints:
+        parts.append(
+            f'<p class="muted">No savepoint yet. Trigger the <code>{_e(history.savepoint_dag_id)}</code> DAG to take one.</p>'
+        )
+        return "".join(parts)
+    head = (
+        "<tr><th class=l>Name</th><th>Epoch</th><th class=l>Lineage</th><th class=l>Created</th>"
+        "<th>Size</th><th class=l>Stopped</th><th class=l>Description</th><th class=l>Location</th></tr>"
+    )
+    body = []
+    for sp in history.savepoints:
+        name = sp.get("name")
+        body.append(
+            f'<tr class="bf-savepoint" data-name="{_e(name)}"><td class=l><strong>{_e(name)}</strong></td>'
+            f"<td>{_e(sp.get('epoch'))}</td><td class=l><code>{_e(sp.get('lineage_id'))}</code></td>"
+            f"<td class=l>{_short_time(sp.get('created_at'))}</td><td>{_e(format_bytes(sp.get('size_bytes')))}</td>"
+            f"<td class=l>{'yes' if sp.get('stopped') else 'no'}</td><td class=wrap>{_e(sp.get('description'))}</td>"
+            f"<td class=wrap><code>{_e(sp.get('uri'))}</code></td></tr>"
+        )
+    parts.append(
+        f'<div class="bf-table-wrap"><table class="bf-savepoints"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table></div>'
+    )
+    return "".join(parts)
+
+
+def _lineages_table(history: PipelineHistory) -> str:
+    if not history.lineages:
+        return '<p class="muted">No lineage yet.</p>'
+    head = (
+        "<tr><th class=l>Lineage</th><th class=l>Seq</th><th>Start epoch</th><th class=l>Started</th>"
+        "<th class=l>Reason</th><th>Epochs completed</th><th>Last completed</th><th class=l>Details</th></tr>"
+    )
+    body = []
+    known = {"lineage_id", "start_epoch", "started_at", "reason"}
+    for lin in sorted(history.lineages, key=lambda x: x.seq, reverse=True):
+        extra = {k: v for k, v in lin.document.items() if k not in known}
+        details = ", ".join(f"{k}={_fmt_detail(v)}" for k, v in sorted(extra.items()))
+        current = ' <span class="status status-COMPLETED">current</span>' if lin.current else ""
+        body.append(
+            f'<tr class="bf-lineage"><td class=l><code>{_e(lin.lineage_id)}</code>{current}</td><td class=l>{_e(lin.seq)}</td>'
+            f"<td>{_e(lin.start_epoch)}</td><td class=l>{_short_time(lin.started_at)}</td><td class=l>{_e(lin.reason)}</td>"
+            f"<td>{lin.epochs_completed}</td><td>{_e(lin.last_completed_epoch)}</td><td class=wrap>{_e(details)}</td></tr>"
+        )
+    return f'<div class="bf-table-wrap"><table class="bf-lineages"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table></div>'
+
+
+def _fmt_detail(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def render_pipeline(history: PipelineHistory, *, epoch_rows: int = DEFAULT_EPOCH_ROWS) -> str:
+    """The ``<section>`` of one pipeline."""
+    anchor = f"pipeline-{history.pipeline}"
+    completed = [e for e in history.epochs if e.completed]
+    last = max(completed, key=lambda e: e.recorded_at_us) if completed else None
+    stopped = ""
+    if history.stopped:
+        stopped = f"stopped with savepoint {history.stopped.get('savepoint', '')}"
+    summary = _summary(
+        [
+            ("DAG", f"<code>{_e(history.dag_id)}</code>"),
+            ("Current lineage", f"<code>{_e(history.current_lineage_id)}</code>"),
+            ("Last completed epoch", _e(history.last_completed_epoch)),
+            ("Epochs completed", _e(len(completed))),
+            ("Watermark", _short_time(last.watermark) if last else ""),
+            ("State size", _e(format_bytes(last.state_bytes)) if last else ""),
+            ("Savepoints", _e(len(history.savepoints))),
+            ("Key groups", _e(history.key_groups)),
+            ("State", _e(stopped) if stopped else "running" if completed else "not started"),
+        ]
+    )
+    points, size_label = chart_points(history.epochs)
+    chart = render_epoch_chart(
+        points,
+        chart_id=f"epoch-chart-{history.pipeline}",
+        title=f"{history.pipeline}: epoch durations and {size_label}",
+        size_label=size_label,
+    )
+    error = f'<p class="error">Cannot read the checkpoint log: {_e(history.error)}</p>' if history.error else ""
+    size_note = (
+        "State size: the total bytes of the live files of every state table at the Delta versions the "
+        "epoch's checkpoint recorded (what a restore from that epoch reads)."
+        if size_label == "state size"
+        else "State bytes written (cumulative): the running sum of the state bytes each epoch committed."
+    )
+    return (
+        f'<section class="bf-pipeline" id="{_e(anchor)}" data-pipeline="{_e(history.pipeline)}">'
+        f"<h2>{_e(history.pipeline)}</h2>{error}{summary}"
+        f"<h3>Epoch durations and {_e(size_label)}</h3>{chart}"
+        f'<p class="muted small">{_e(size_note)} Duration: recover to commit, as recorded in the checkpoint log.</p>'
+        f"<h3>Savepoints</h3>{_savepoints_table(history)}"
+        f"<h3>Lineages</h3>{_lineages_table(history)}"
+        f"<h3>Epochs</h3>"
+        f'<p class="muted small">Watermark lag, two ways: <b>event-time lag</b> = max event time seen − watermark '
+        f"(the out-of-orderness the watermark waits for); <b>wall-clock lag</b> = commit time of the epoch − watermark "
+        f"(how far event time trails the clock).</p>"
+        f"{_epochs_table(history.epochs, epoch_rows)}</section>"
+    )
+
+
+def render_page(
+    histories: Sequence[PipelineHistory],
+    *,
+    warehouse: str,
+    generated_at_us: int | None = None,
+    epoch_rows: int = DEFAULT_EPOCH_ROWS,
+    user: str | None = None,
+    json_href: str = "api/pipelines",
+    links: Mapping[str, str] | None = None,
+) -> str:
+    """The whole HTML document."""
+    generated = iso_us(generated_at_us) if generated_at_us is not None else (histories[0].generated_at if histories else "")
+    nav = " ".join(f'<a href="#pipeline-{_e(h.pipeline)}">{_e(h.pipeline)}</a>' for h in histories)
+    extra_links = " · ".join(f'<a href="{_e(href)}">{_e(text)}</a>' for text, href in (links or {}).items())
+    body = "".join(render_pipeline(h, epoch_rows=epoch_rows) for h in histories)
+    if not histories:
+        body = (
+            '<p class="muted bf-empty">No pipeline in this warehouse yet. Each pipeline appears here after its first epoch '
+            f"(a directory with <code>_pipeline.json</code> under <code>{_e(warehouse)}</code>).</p>"
+        )
+    who = f' · signed in as <strong>{_e(user)}</strong>' if user else ""
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<title>barrierflow · checkpoints</title>"
+        f"<style>{_CSS}</style></head><body>"
+        "<header><h1>barrierflow · checkpoints</h1>"
+        f'<span class="muted small">warehouse <code>{_e(warehouse)}</code> · as of {_short_time(generated)}{who}</span>'
+        f'<span class="small"><a href="">refresh</a> · <a href="{_e(json_href)}">JSON</a>'
+        f"{' · ' + extra_links if extra_links else ''}</span></header>"
+        f'<nav class="bf-pipelines small">{nav}</nav>{body}</body></html>'
+    )

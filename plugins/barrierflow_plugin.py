@@ -1,0 +1,11 @@
+"""Airflow plugin: barrierflow's checkpoints page (parts in ``barrierflow.ui``)."""
+
+from airflow.plugins_manager import AirflowPlugin
+
+from barrierflow.ui.plugin import PLUGIN_NAME, external_view_spec, fastapi_app_spec
+
+
+class BarrierflowPlugin(AirflowPlugin):
+    name = PLUGIN_NAME
+    fastapi_apps = [fastapi_app_spec()]
+    external_views = [external_view_spec()]

@@ -1,0 +1,73 @@
+"""Real Airflow for the DAG tests: configured here, before anything imports airflow.
+
+Each pytest process (each xdist worker) gets its own ``AIRFLOW_HOME`` in a
+temporary directory with its own SQLite metadata database, migrated once per
+process: workers never share a database file. The configuration is
+:func:`barrierflow.dags.environment.configure_airflow`, the same as ``make run``:
+the project's ``dags/`` and ``plugins/``, no examples, ``spark_default`` =
+Spark ``local[2]`` (two cores on the test machines).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from barrierflow.dags.environment import configure_airflow
+
+# "<pid>:<home>": an xdist worker inherits the environment of the process that
+# started it (which may have loaded this file too) and must get its own home.
+_HOME_ENV = "BARRIERFLOW_TEST_AIRFLOW_HOME"
+_configured = os.environ.get(_HOME_ENV, "").partition(":")[0] == str(os.getpid())
+
+if not _configured:
+    if "airflow.settings" in sys.modules:
+        raise RuntimeError("airflow was imported before tests/airflow/conftest.py could configure it")
+    _base = Path(tempfile.mkdtemp(prefix="barrierflow-airflow-"))
+    atexit.register(shutil.rmtree, _base, True)
+    configure_airflow(_base / "home", warehouse=_base / "default-warehouse", spark_master="local[2]")
+    # dag.test() re-parses dags/ on every call; each test's DAGs differ (warehouse,
+    # asset URIs), so never keep a serialized DAG because it is younger than 30 s.
+    os.environ["AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL"] = "0"
+    os.environ[_HOME_ENV] = f"{os.getpid()}:{_base / 'home'}"
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # sensor_check helpers
+
+
+@pytest.fixture(scope="session", autouse=True)
+def airflow_db() -> Iterator[None]:
+    """The metadata database of this process, created once."""
+    from barrierflow.dags.environment import migrate_metadata_db
+
+    migrate_metadata_db()
+    yield
+
+
+@pytest.fixture
+def warehouse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's warehouse, also seen by the DAG files that ``dag.test()`` re-parses.
+
+    A sink's asset is identified by name *and* URI (the sink table), so each
+    test's DAG declares assets with new URIs under the same names. Airflow
+    activates an asset only if no active asset holds its name; retiring
+    unreferenced ones is the scheduler's job (``_update_asset_orphanage``),
+    and no scheduler runs here, so the previous test's assets are retired by
+    hand: this test's commits then emit their asset events.
+    """
+    from sqlalchemy import delete
+
+    from airflow.models.asset import AssetActive
+    from airflow.utils.session import create_session
+
+    path = tmp_path / "wh"
+    monkeypatch.setenv("BARRIERFLOW_WAREHOUSE", str(path))
+    with create_session() as session:
+        session.execute(delete(AssetActive))
+    return path

@@ -1,0 +1,253 @@
+"""``barrierflow_sensor_stats`` run for real: Airflow ``dag.test()``, spark-submit, Delta tables.
+
+Every case compares the tables with the plain-Python reference and checks
+exactly one Delta commit per table per epoch, so a lost or duplicated record,
+or a re-planned barrier, fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from barrierflow import storage
+from barrierflow.coordinator import CheckpointCoordinator
+from barrierflow.dags import build_pipeline_dag
+from barrierflow.dags.lifecycle import completed_epochs
+from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.registry import get_pipeline
+from dag_runs import (
+    RunOutcome,
+    asset_events,
+    dag_settings,
+    fault_plan,
+    minute,
+    run_dag,
+    running_dag_run,
+    set_mtime,
+    task_logs,
+    xcom,
+)
+from reference.sensor_stats_reference import run_reference
+from sensor_check import (
+    assert_matches_reference,
+    assert_nothing_staged_visible,
+    assert_one_commit_per_table_per_epoch,
+    reference_for,
+)
+
+pytestmark = pytest.mark.slow
+
+SINKS = ["sensor_totals", "sensor_minute", "alerts", "late_readings"]
+EPOCH_TASKS = ("process", "commit", "notify")
+
+
+def _landing(tmp_path: Path, files: int, seed: int) -> Path:
+    landing = tmp_path / "landing"
+    write_sensor_files(landing, SensorStreamSpec(n_files=files, records_per_file=40, seed=seed, late_rate=0.05))
+    return landing
+
+
+def _dag(warehouse: Path, landing: Path, **settings: object):
+    return build_pipeline_dag(
+        "sensor_stats",
+        dag_settings(warehouse, **settings),
+        environ={"BARRIERFLOW_SENSOR_STATS__LANDING_DIR": str(landing)},
+    )
+
+
+def _coordinator(warehouse: Path, landing: Path) -> CheckpointCoordinator:
+    return CheckpointCoordinator(get_pipeline("sensor_stats"), {"landing_dir": str(landing)}, str(warehouse))
+
+
+def _barrier_doc(warehouse: Path, landing: Path, epoch: int) -> dict:
+    coordinator = _coordinator(warehouse, landing)
+    lineage = coordinator.current_lineage()["lineage_id"]
+    doc = storage.read_json(coordinator.layout.barrier(lineage, epoch))
+    assert doc is not None, f"no barrier for epoch {epoch}"
+    return doc
+
+
+def _epoch_files(warehouse: Path, landing: Path, epoch: int) -> list[str]:
+    return [f[0] for f in _barrier_doc(warehouse, landing, epoch)["end_offsets"]["readings"]["files"]]
+
+
+def _assert_skipped_after_barrier(run: RunOutcome) -> None:
+    assert run.state == "success", run
+    assert run.state_of("recover") == "success" and run.state_of("barrier") == "success"
+    assert all(run.state_of(t) == "skipped" for t in (*EPOCH_TASKS, "catch_up")), run.tasks
+    assert asset_events(run) == []
+
+
+def test_epochs_through_the_dag_equal_the_reference(
+    tmp_path: Path, warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    landing = _landing(tmp_path, files=2, seed=5)
+    dag = _dag(warehouse, landing)
+
+    # One run, two epochs: the lifecycle tasks complete epoch 1, catch_up epoch 2.
+    first = run_dag(dag, minute(2035, 1, 1, 0, 1), {"max_files_per_epoch": 1, "catch_up_epochs": 3})
+    assert first.state == "success", first.tasks
+    assert {t: s for t, (s, _) in first.tasks.items()} == dict.fromkeys(first.tasks, "success")
+    assert completed_epochs(_coordinator(warehouse, landing)) == [1, 2]
+    events = asset_events(first)
+    assets = sorted(f"barrierflow.sensor_stats.{s}" for s in SINKS)
+    assert sorted(name for task, name, _ in events if task == "commit") == assets
+    assert sorted(name for task, name, _ in events if task == "catch_up") == assets
+    assert {(task, extra["epoch"]) for task, _, extra in events} == {("commit", 1), ("catch_up", 2)}
+    versions = {(task, name): extra["delta_version"] for task, name, extra in events}
+    assert versions[("commit", "barrierflow.sensor_stats.sensor_totals")] == 0
+    assert versions[("catch_up", "barrierflow.sensor_stats.sensor_totals")] == 1
+    assert xcom(first, "catch_up") == {"epochs": [2]}  # the third epoch had no input
+    barrier = xcom(first, "barrier")
+    assert barrier["epoch"] == 1 and barrier["details"]["replayed"] is False
+
+    task_logs(caplog, capfd)
+    idle = run_dag(dag, minute(2035, 1, 1, 0, 2), {"max_files_per_epoch": 1})
+    _assert_skipped_after_barrier(idle)
+    assert "no new input up to 2035-01-01T00:02:00+00:00: nothing to do" in task_logs(caplog, capfd)
+
+    assert_matches_reference(warehouse, reference_for(landing, 1))
+    assert_one_commit_per_table_per_epoch(warehouse, 2)
+    assert_nothing_staged_visible(warehouse)
+
+
+def test_a_failure_in_every_task_is_retried_to_exactly_once_output(tmp_path: Path, warehouse: Path) -> None:
+    landing = _landing(tmp_path, files=2, seed=11)
+    dag = _dag(warehouse, landing)
+    # Each task fails once; the crossing counter is shared by the tasks and the
+    # Spark job, so each fault fires in the first attempt only and Airflow's retry
+    # (a fresh attempt, and for process a fresh spark-submit) gets through.
+    faults = ",".join(
+        [
+            "recover.start:1:raise",
+            "barrier.before_write:1:raise",  # before the barrier is recorded
+            "process.after_read:1:kill",  # the Spark driver dies mid-epoch, before voting
+            "commit.after_delta_commit:4:raise",  # between the Delta commits of two tables
+            "notify.start:1:raise",
+        ]
+    )
+    with fault_plan(faults, tmp_path / "faults"):
+        run = run_dag(dag, minute(2035, 1, 2, 0, 1), {"max_files_per_epoch": 2})
+    assert run.state == "success", run.tasks
+    for task_id in ("recover", "barrier", "process", "commit", "notify"):
+        assert run.tasks[task_id] == ("success", 2), (task_id, run.tasks)
+    assert_matches_reference(warehouse, reference_for(landing, 2))
+    assert_one_commit_per_table_per_epoch(warehouse, 1)
+    assert_nothing_staged_visible(warehouse)
+    assert [extra["epoch"] for _, _, extra in asset_events(run)] == [1] * 4
+
+
+def test_the_run_after_a_failed_one_resumes_from_the_last_committed_epoch(
+    tmp_path: Path, warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    landing = _landing(tmp_path, files=1, seed=17)
+    dag = _dag(warehouse, landing, retries=0)
+
+    # Run 1 fails right after recording epoch 1's barrier (no retries).
+    with fault_plan("barrier.after_write:1:raise", tmp_path / "faults-1"):
+        failed = run_dag(dag, minute(2035, 1, 3, 0, 1))
+    assert failed.state == "failed" and failed.state_of("barrier") == "failed", failed.tasks
+    assert failed.state_of("process") == "upstream_failed"
+    planned = _barrier_doc(warehouse, landing, 1)
+
+    # Run 2 replays the recorded barrier (never re-plans it), processes it, then
+    # fails after the Delta commits of epoch 1 but before it is recorded COMPLETED.
+    task_logs(caplog, capfd)
+    with fault_plan("commit.before_completed:1:raise", tmp_path / "faults-2"):
+        second = run_dag(dag, minute(2035, 1, 3, 0, 2))
+    out = task_logs(caplog, capfd)
+    assert second.state == "failed" and second.state_of("commit") == "failed", second.tasks
+    assert second.state_of("process") == "success"
+    assert "epoch 1 is planned" in out and "it will be replayed as recorded" in out
+    assert f"epoch 1: replaying the barrier recorded at {planned['planned_at']}" in out
+    assert _barrier_doc(warehouse, landing, 1) == planned
+    assert completed_epochs(_coordinator(warehouse, landing)) == []
+
+    # Run 3 rolls epoch 1 forward from its durable vote (no reprocessing); no input is left.
+    third = run_dag(dag, minute(2035, 1, 3, 0, 3))
+    out = task_logs(caplog, capfd)
+    _assert_skipped_after_barrier(third)
+    assert "rolled forward pre-committed epoch(s) [1]" in out
+    assert completed_epochs(_coordinator(warehouse, landing)) == [1]
+    assert_matches_reference(warehouse, reference_for(landing, 1))
+    assert_one_commit_per_table_per_epoch(warehouse, 1)
+    assert_nothing_staged_visible(warehouse)
+
+
+def test_backfill_runs_one_epoch_per_data_interval_in_order(
+    tmp_path: Path, warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    landing = _landing(tmp_path, files=3, seed=23)
+    files = sorted(landing.glob("*.jsonl"))
+    start = minute(2025, 3, 1, 6, 0)
+    # Arrival times: two files in the first minute, none in the second, one in the
+    # third (the DAG's schedule cuts one-minute data intervals).
+    for path, seconds in zip(files, (10, 40, 150)):
+        set_mtime(path, start + timedelta(seconds=seconds))
+    dag = _dag(warehouse, landing)
+    conf = {"max_files_per_epoch": 10}  # only the data interval bounds an epoch
+    interval_ends = [start + timedelta(minutes=k) for k in (1, 2, 3)]
+
+    task_logs(caplog, capfd)
+    for end in interval_ends:  # what a backfill over [06:00, 06:03) runs, in order
+        run = run_dag(dag, end, conf)
+        assert run.state == "success", (end, run.tasks)
+    coordinator = _coordinator(warehouse, landing)
+    assert completed_epochs(coordinator) == [1, 2]
+    names = [p.name for p in files]
+    assert [_epoch_files(warehouse, landing, e) for e in (1, 2)] == [names[:2], names[2:]]
+    assert "no new input up to 2025-03-01T06:02:00+00:00: nothing to do" in task_logs(caplog, capfd)
+
+    # Repeating the range is a no-op that says so, interval by interval.
+    for end in interval_ends:
+        _assert_skipped_after_barrier(run_dag(dag, end, conf))
+        assert f"no new input up to {end.isoformat()}: nothing to do" in task_logs(caplog, capfd)
+    assert completed_epochs(coordinator) == [1, 2]
+
+    assert_matches_reference(warehouse, run_reference([files[:2], files[2:]], 30))
+    assert_one_commit_per_table_per_epoch(warehouse, 2)
+
+
+def test_a_pipeline_without_its_required_param_fails_at_once_saying_how_to_set_it(
+    warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    dag = build_pipeline_dag("sensor_stats", dag_settings(warehouse, retries=2), environ={})
+    run = run_dag(dag, minute(2035, 1, 4, 0, 1))
+    assert run.state == "failed" and run.tasks["recover"] == ("failed", 1)  # no retries: they cannot help
+    out = task_logs(caplog, capfd)
+    assert "missing required parameter(s) landing_dir" in out and "BARRIERFLOW_SENSOR_STATS__LANDING_DIR" in out
+    assert not warehouse.exists()
+
+
+def test_json_reports_are_pushed_for_the_ui(tmp_path: Path, warehouse: Path) -> None:
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    dag = _dag(warehouse, landing)
+    run = run_dag(dag, minute(2035, 1, 5, 0, 1))
+    _assert_skipped_after_barrier(run)
+    report = xcom(run, "recover")
+    assert report["step"] == "recover" and report["details"]["last_completed_epoch"] == 0
+    assert json.loads(json.dumps(report)) == report
+
+
+def test_a_run_waits_while_an_earlier_run_is_still_running(
+    tmp_path: Path, warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # An Airflow 3 backfill runs up to its own max_active_runs (10 unless given)
+    # at once, whatever the DAG's max_active_runs: recover waits for earlier runs.
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    dag = _dag(warehouse, landing, retries=0, lease_wait_s=3)
+    assert run_dag(dag, minute(2035, 1, 6, 0, 1)).state == "success"  # the DAG is now in the database
+    with running_dag_run(dag, minute(2035, 1, 6, 0, 2)) as earlier:
+        task_logs(caplog, capfd)
+        blocked = run_dag(dag, minute(2035, 1, 6, 0, 3))
+        out = task_logs(caplog, capfd)
+        assert blocked.state == "failed" and blocked.state_of("recover") == "failed", blocked.tasks
+        assert f"waiting for the earlier run {earlier} of barrierflow_sensor_stats to finish" in out
+        assert "epochs run in data-interval order" in out
+    assert run_dag(dag, minute(2035, 1, 6, 0, 4)).state == "success"  # the earlier run ended

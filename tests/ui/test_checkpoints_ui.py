@@ -1,0 +1,209 @@
+"""End to end in a browser: log in, watch sensor_stats commit epochs, take a savepoint through the
+trigger form, and find it (and the epoch chart) on the checkpoints page.
+
+One test function on purpose: the steps build on each other and share one
+server, and a single test keeps pytest-xdist from starting a second server.
+Each step saves a screenshot in ``test-artifacts/ui/``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+from urllib.parse import quote
+
+import pytest
+
+from barrierflow.ui.history import pipeline_history
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(1200)]
+
+PIPELINE = "sensor_stats"
+DAG_ID = "barrierflow_sensor_stats"
+SAVEPOINT_DAG_ID = "barrierflow_sensor_stats_savepoint"
+T = TypeVar("T")
+
+
+class Step:
+    """Screenshots named after the step, and a log of how long each step took."""
+
+    def __init__(self, driver: Any, artifacts: Path) -> None:
+        self.driver = driver
+        self.artifacts = artifacts
+        self.n = 0
+        self.started = time.monotonic()
+        for old in artifacts.glob("*.png"):
+            old.unlink()
+
+    def shot(self, name: str) -> Path:
+        self.n += 1
+        path = self.artifacts / f"{self.n:02d}-{name}.png"
+        self.driver.save_screenshot(str(path))
+        print(f"[{time.monotonic() - self.started:6.1f} s] {path.name}")
+        return path
+
+
+def wait_for(
+    driver: Any,
+    condition: Callable[[], T | None | bool],
+    timeout_s: float,
+    what: str,
+    *,
+    refresh_every_s: float | None = None,
+    poll_s: float = 1.0,
+) -> T:
+    """Poll ``condition`` (exceptions count as "not yet") until it is truthy; reload the page now and then."""
+    deadline = time.monotonic() + timeout_s
+    last_refresh = time.monotonic()
+    last_error: BaseException | None = None
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value  # type: ignore[return-value]
+        except Exception as exc:  # noqa: BLE001 - stale elements, not-yet-rendered pages
+            last_error = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last error: {last_error!r})")
+        if refresh_every_s is not None and time.monotonic() - last_refresh > refresh_every_s:
+            driver.refresh()
+            last_refresh = time.monotonic()
+        time.sleep(poll_s)
+
+
+def _completed_epochs(warehouse: Path) -> list[int]:
+    if not (warehouse / PIPELINE / "_pipeline.json").exists():
+        return []
+    history = pipeline_history(str(warehouse), PIPELINE, state_size=False)
+    return [e.epoch for e in history.epochs if e.completed]
+
+
+def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    d, url = browser, devserver.url
+    step = Step(d, artifacts)
+
+    def css(selector: str) -> list[Any]:
+        return d.find_elements(By.CSS_SELECTOR, selector)
+
+    # 1. Log in with the fixed dev login.
+    d.get(f"{url}/")
+    wait_for(d, lambda: css("input[name=username]"), 120, "the login form")
+    step.shot("login")
+    css("input[name=username]")[0].send_keys(devserver.user)
+    css("input[name=password]")[0].send_keys(devserver.password)
+    css("button[type=submit]")[0].click()
+    wait_for(d, lambda: "/auth/login" not in d.current_url and css("button[aria-label=Browse]"), 120, "the home page")
+    step.shot("home")
+
+    # 2. The pipeline's DAG is listed (the DAG processor may still be parsing).
+    d.get(f"{url}/dags?search={quote(DAG_ID)}")
+    wait_for(d, lambda: css(f"a[href$='/dags/{DAG_ID}']"), 300, f"{DAG_ID} in the DAG list", refresh_every_s=10)
+    step.shot("dags")
+
+    # 3. Epochs commit: scheduled runs succeed in the UI and the checkpoint log records COMPLETED epochs.
+    d.get(f"{url}/dags/{DAG_ID}/runs")
+
+    def committed() -> bool:
+        states = [e.text.strip().lower() for e in css("[data-testid=table-cell-state]")]
+        return "success" in states and len(_completed_epochs(devserver.warehouse)) >= 1
+
+    wait_for(d, committed, 480, "a successful epoch run and a COMPLETED epoch", refresh_every_s=15, poll_s=3)
+    step.shot("epoch-runs")
+    epochs_before = _completed_epochs(devserver.warehouse)
+
+    # 4. A savepoint through the DAG's trigger form (the savepoint_name field of the params form).
+    name = f"ui-{time.strftime('%Y%m%d-%H%M%S')}"
+    d.get(f"{url}/dags/{SAVEPOINT_DAG_ID}")
+    trigger = wait_for(d, lambda: css("[data-testid=trigger-dag-button]"), 120, "the Trigger button")
+    trigger[0].click()
+    field = wait_for(d, lambda: [e for e in css("#element_savepoint_name") if e.is_displayed()], 60, "the savepoint_name field")
+    field[0].send_keys(name)
+    description = css("#element_description")
+    if description:
+        description[0].send_keys("taken by the browser test")
+    step.shot("savepoint-trigger-form")
+    wait_for(d, lambda: [e for e in css("[data-testid=trigger-dag-submit]") if e.is_enabled()], 30, "the submit button")[0].click()
+
+    # The run this form created, found through the REST API by its conf.
+    def our_run() -> str | None:
+        status, doc = devserver.api.get(f"/api/v2/dags/{SAVEPOINT_DAG_ID}/dagRuns?limit=50&order_by=-run_after")
+        for run in (doc or {}).get("dag_runs", []) if status == 200 else []:
+            if (run.get("conf") or {}).get("savepoint_name") == name:
+                return str(run["dag_run_id"])
+        return None
+
+    run_id = wait_for(d, our_run, 60, f"the savepoint run for {name!r}")
+    step.shot("savepoint-triggered")
+
+    # 5. Watch that run succeed on the runs page.
+    d.get(f"{url}/dags/{SAVEPOINT_DAG_ID}/runs")
+
+    def run_state() -> str | None:
+        for row in css("table tbody tr"):
+            ids = row.find_elements(By.CSS_SELECTOR, "[data-testid=table-cell-dag_run_id]")
+            if ids and ids[0].text.strip() == run_id:
+                state = row.find_elements(By.CSS_SELECTOR, "[data-testid=table-cell-state]")[0].text.strip().lower()
+                if state == "failed":
+                    raise AssertionError(f"savepoint run {run_id} failed; see {devserver.log}")
+                return state if state == "success" else None
+        return None
+
+    try:
+        wait_for(d, run_state, 420, f"savepoint run {run_id} to succeed", refresh_every_s=10, poll_s=2)
+    except AssertionError:
+        step.shot("savepoint-run-FAILED")
+        raise
+    step.shot("savepoint-run-success")
+
+    # 6. The checkpoints page in Airflow's navigation (Browse > Checkpoints), shown in the UI's frame.
+    d.get(f"{url}/")
+    wait_for(d, lambda: css("button[aria-label=Browse]"), 60, "the navigation")[0].click()
+    item = wait_for(
+        d, lambda: [e for e in d.find_elements(By.XPATH, "//*[normalize-space(text())='Checkpoints']") if e.is_displayed()],
+        30, "the Checkpoints menu item",
+    )
+    step.shot("browse-menu")
+    item[0].click()
+    wait_for(d, lambda: "/plugin/barrierflow-checkpoints" in d.current_url, 30, "the plugin route")
+    frame = wait_for(d, lambda: [f for f in css("iframe") if "/barrierflow/" in (f.get_attribute("src") or "")], 60, "the page frame")
+    d.switch_to.frame(frame[0])
+    try:
+        wait_for(d, lambda: css(f"tr.bf-savepoint[data-name='{name}']"), 60, "the savepoint inside the frame")
+    finally:
+        d.switch_to.default_content()
+    step.shot("checkpoints-in-airflow")
+
+    # 7. The page itself: the new savepoint, the epochs, and the SVG chart.
+    d.get(f"{url}/barrierflow/")
+    section = wait_for(d, lambda: css(f"section#pipeline-{PIPELINE}"), 60, "the sensor_stats section")[0]
+    savepoint_row = section.find_elements(By.CSS_SELECTOR, f"tr.bf-savepoint[data-name='{name}']")
+    assert savepoint_row, f"savepoint {name!r} not on the checkpoints page"
+    assert "taken by the browser test" in savepoint_row[0].text
+    chart = section.find_elements(By.CSS_SELECTOR, f"svg#epoch-chart-{PIPELINE}")
+    assert chart, "no epoch chart"
+    bars = chart[0].find_elements(By.CSS_SELECTOR, "rect.bf-bar")
+    assert len(bars) >= len(epochs_before) >= 1
+    completed_rows = section.find_elements(By.CSS_SELECTOR, "tr.bf-epoch[data-status=COMPLETED]")
+    assert {int(r.get_attribute("data-epoch")) for r in completed_rows} >= set(epochs_before)
+    assert section.find_elements(By.CSS_SELECTOR, "tr.bf-lineage")
+    d.execute_script("document.getElementById(arguments[0]).scrollIntoView()", f"epoch-chart-{PIPELINE}")
+    step.shot("checkpoints-chart")
+    d.set_window_size(1440, 2400)
+    d.get(f"{url}/barrierflow/")
+    wait_for(d, lambda: css(f"svg#epoch-chart-{PIPELINE}"), 60, "the chart")
+    step.shot("checkpoints-page")
+    d.set_window_size(1440, 1000)
+
+    # The JSON endpoint answers the signed-in browser with the same data.
+    d.get(f"{url}/barrierflow/api/pipelines/{PIPELINE}")
+    body = d.find_element(By.TAG_NAME, "body").text
+    assert f'"name":"{name}"' in body.replace(" ", "") and '"status":"COMPLETED"' in body.replace(" ", "")
+
+    # Without the session cookie the page is not served: the browser is sent to the login page.
+    d.delete_all_cookies()
+    d.get(f"{url}/barrierflow/")
+    wait_for(d, lambda: "/auth/login" in d.current_url, 30, "the redirect to the login page")
+    step.shot("checkpoints-logged-out")
