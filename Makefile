@@ -31,7 +31,7 @@ run: setup
 	$(BIN)/python -m barrierflow.devserver
 
 test: setup
-	$(BIN)/pytest -n 2
+	$(BIN)/pytest -n 2 --durations=25
 
 bench: setup
 	$(BIN)/python bench/run_bench.py

@@ -22,3 +22,9 @@ def spark() -> Iterator[object]:
     session = get_spark("local[2]")
     yield session
     session.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Start the longest test (the browser session, minutes) first, so with
+    pytest-xdist it runs beside the rest instead of alone at the end."""
+    items.sort(key=lambda item: 0 if item.get_closest_marker("browser") else 1)

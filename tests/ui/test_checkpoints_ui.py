@@ -1,5 +1,6 @@
 """End to end in a browser: log in, watch sensor_stats commit epochs, take a savepoint through the
-trigger form, and find it (and the epoch chart) on the checkpoints page.
+trigger form, find it (and the epoch chart) on the checkpoints page, restore it through the
+restore DAG's form, and query the state from a shell.
 
 One test function on purpose: the steps build on each other and share one
 server, and a single test keeps pytest-xdist from starting a second server.
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(1200)]
 PIPELINE = "sensor_stats"
 DAG_ID = "barrierflow_sensor_stats"
 SAVEPOINT_DAG_ID = "barrierflow_sensor_stats_savepoint"
+RESTORE_DAG_ID = "barrierflow_sensor_stats_restore"
 T = TypeVar("T")
 
 
@@ -201,6 +203,43 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     d.get(f"{url}/barrierflow/api/pipelines/{PIPELINE}")
     body = d.find_element(By.TAG_NAME, "body").text
     assert f'"name":"{name}"' in body.replace(" ", "") and '"status":"COMPLETED"' in body.replace(" ", "")
+
+    # 8. Restore the savepoint through the restore DAG's trigger form, as the README's first session does.
+    d.get(f"{url}/dags/{RESTORE_DAG_ID}")
+    wait_for(d, lambda: css("[data-testid=trigger-dag-button]"), 120, "the restore Trigger button")[0].click()
+    field = wait_for(d, lambda: [e for e in css("#element_savepoint") if e.is_displayed()], 60, "the savepoint field")
+    field[0].send_keys(name)
+    step.shot("restore-trigger-form")
+    wait_for(d, lambda: [e for e in css("[data-testid=trigger-dag-submit]") if e.is_enabled()], 30, "the submit button")[0].click()
+
+    def restore_state() -> str | None:
+        status, doc = devserver.api.get(f"/api/v2/dags/{RESTORE_DAG_ID}/dagRuns?limit=50&order_by=-run_after")
+        for run in (doc or {}).get("dag_runs", []) if status == 200 else []:
+            if (run.get("conf") or {}).get("savepoint") == name:
+                if run["state"] == "failed":
+                    raise AssertionError(f"restore run {run['dag_run_id']} failed; see {devserver.log}")
+                return run["state"] if run["state"] == "success" else None
+        return None
+
+    wait_for(d, restore_state, 420, f"the restore of {name!r} to succeed", poll_s=3)
+    d.get(f"{url}/dags/{RESTORE_DAG_ID}/runs")
+    wait_for(d, lambda: "success" in [e.text.strip().lower() for e in css("[data-testid=table-cell-state]")], 60, "the restore run in the UI", refresh_every_s=10)
+    step.shot("restore-run-success")
+    history = pipeline_history(str(devserver.warehouse), PIPELINE, state_size=False)
+    assert len(history.lineages) >= 2, "a restore starts a new lineage"
+
+    # 9. Query the restored state from a shell, as the README shows.
+    import json
+    import subprocess
+    import sys
+
+    query = subprocess.run(
+        [sys.executable, "-m", "barrierflow", "query", PIPELINE, "--warehouse", str(devserver.warehouse),
+         "--format", "json", "SELECT sensor_id, count FROM sensor_totals ORDER BY sensor_id"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert query.returncode == 0, query.stderr
+    assert json.loads(query.stdout) and all(r["count"] > 0 for r in json.loads(query.stdout))
 
     # Without the session cookie the page is not served: the browser is sent to the login page.
     d.delete_all_cookies()
