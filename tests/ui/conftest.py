@@ -2,7 +2,7 @@
 
 The ``devserver`` fixture starts exactly what ``make run`` starts, on a free
 port of 127.0.0.1, with a temporary AIRFLOW_HOME, warehouse and landing
-directory, once per test session, and stops it (Ctrl-C, i.e. SIGINT, then
+directory, once per test module, and stops it (Ctrl-C, i.e. SIGINT, then
 SIGKILL of whatever is left of its process tree) at the end. Screenshots and
 the server's log go to ``test-artifacts/ui/``.
 
@@ -107,7 +107,9 @@ def artifacts() -> Path:
     return ARTIFACTS
 
 
-@pytest.fixture(scope="session")
+# Module scope: the server (which schedules an epoch every minute) stops as soon
+# as the browser test is done instead of loading the machine for the rest of the run.
+@pytest.fixture(scope="module")
 def devserver(artifacts: Path) -> Iterator[DevServer]:
     reason = _browser_missing()
     if reason:
@@ -153,7 +155,7 @@ def devserver(artifacts: Path) -> Iterator[DevServer]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(devserver: DevServer) -> Iterator[Any]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
