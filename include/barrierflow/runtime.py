@@ -62,6 +62,7 @@ class EpochContext:
         self.commits: dict[str, TableCommit] = {}
         self.state = DeltaStateBackend(self)
         self._persisted: list["DataFrame"] = []
+        self._collected: dict[int, tuple["DataFrame", pa.Table]] = {}
 
     # -- helpers for operators ----------------------------------------------
 
@@ -101,6 +102,15 @@ class EpochContext:
         if table.num_rows == 0 and table.num_columns == 0:
             return schema.empty_table()
         return table.select(schema.names).cast(schema)
+
+    def remember_arrow(self, df: "DataFrame", table: pa.Table) -> None:
+        """Record that ``table`` holds exactly the rows of ``df`` (already collected)."""
+        self._collected[id(df)] = (df, table)
+
+    def arrow_of(self, df: "DataFrame") -> pa.Table | None:
+        """The rows of ``df`` if an operator already collected them, else None."""
+        entry = self._collected.get(id(df))
+        return entry[1] if entry is not None and entry[0] is df else None
 
     def observe_event_time(self, max_us: int | None, out_of_orderness_us: int) -> None:
         """Advance W(n) = max event time so far - out-of-orderness."""
@@ -144,6 +154,11 @@ class EpochContext:
         for df in self._persisted:
             df.unpersist()
         self._persisted.clear()
+        self._collected.clear()
+
+
+class _OrderedReadRequired(Exception):
+    """An unordered read met a bad line: the epoch is recomputed with ordered reads."""
 
 
 def process_epoch(
@@ -157,59 +172,24 @@ def process_epoch(
 ) -> Manifest:
     """Compute epoch ``barrier.epoch`` and vote with a manifest (put-if-absent).
 
-    Returns the manifest that won: this attempt's, or an earlier attempt's if
-    one was already durable (then this attempt's staged files are discarded).
+    1. Compute the epoch (:func:`_compute`). Sources whose consumers do not
+       need arrival order are read unordered; if such a read met a bad line,
+       the attempt's staged files are deleted and the epoch is computed
+       again with ordered reads, which produce the dead letters.
+    2. Write the manifest put-if-absent. Returns the manifest that won: this
+       attempt's, or an earlier attempt's if one was already durable (then
+       this attempt's staged files are discarded).
     """
-    from pyspark.sql import functions as F
-
     started = time.monotonic()
     ctx = EpochContext(spark, layout, pipe, barrier, last_completed_epoch, watermark_prev_us, max_event_time_prev_us)
-    ctx.staging_prefix = layout.staging_prefix(barrier.lineage_id, barrier.epoch, ctx.attempt_id)
-    spark.conf.set("spark.sql.shuffle.partitions", str(pipe.parallelism))
-    outputs: dict[int, "DataFrame"] = {}
-    dead_letters: list["DataFrame"] = []
-    rows_in = 0
     try:
-        for node in pipe.nodes:
-            if isinstance(node, SourceNode):
-                assert node.source is not None
-                source_index = pipe.sources.index(node)
-                batch = node.source.read(
-                    spark, barrier.end_offsets[node.source.source_id], pipe.parallelism, source_index
-                )
-                ctx.track(*batch.shared)
-                # Sources that share a cached parse need no second cache.
-                records = batch.records if batch.shared else ctx.persist(batch.records)
-                dead = batch.dead_letters if batch.shared else ctx.persist(batch.dead_letters)
-                read_started = time.monotonic()
-                rows_in += records.count() + dead.count()
-                _log.info("epoch %d: reading %s took %.0f ms", barrier.epoch, node.operator_id, (time.monotonic() - read_started) * 1000)
-                dead_letters.append(dead)
-                outputs[id(node)] = records
-                faults.maybe_fail("process.after_read")
-                continue
-            assert node.parent is not None
-            node_started = time.monotonic()
-            df = node.apply(ctx, outputs[id(node.parent)])
-            _log.info("epoch %d: %s took %.0f ms", barrier.epoch, node.operator_id, (time.monotonic() - node_started) * 1000)
-            if len(pipe.children(node)) > 1:
-                df = ctx.persist(df)
-            outputs[id(node)] = df
-        tail_started = time.monotonic()
-        dead_df = dead_letters[0]
-        for other in dead_letters[1:]:
-            dead_df = dead_df.unionByName(other)
-        dead_df = dead_df.withColumn("_epoch", F.lit(barrier.epoch).cast("long"))
-        ctx.stage(
-            name="dead_letter",
-            uri=layout.dead_letter,
-            kind=TableKind.DEAD_LETTER,
-            data=ctx.to_arrow(dead_df, DEAD_LETTER_SCHEMA),
-        )
-        _log.info("epoch %d: dead letters took %.0f ms", barrier.epoch, (time.monotonic() - tail_started) * 1000)
-        faults.maybe_fail("process.after_stage")
-    finally:
-        ctx.release()
+        rows_in = _compute(ctx, ordered_only=False)
+    except _OrderedReadRequired:
+        for commit in ctx.commits.values():
+            DeltaSink.abort(commit, ctx.staging_prefix)
+        _log.info("epoch %d: bad input lines; computing again with ordered reads", barrier.epoch)
+        ctx = EpochContext(spark, layout, pipe, barrier, last_completed_epoch, watermark_prev_us, max_event_time_prev_us)
+        rows_in = _compute(ctx, ordered_only=True)
     commits = tuple(ctx.commits.values())
     manifest = Manifest(
         pipeline=pipe.name,
@@ -234,3 +214,79 @@ def process_epoch(
     for commit in commits:
         DeltaSink.abort(commit, ctx.staging_prefix)
     return winner
+
+
+def _compute(ctx: EpochContext, ordered_only: bool) -> int:
+    """Run every node of the pipeline and stage every table; returns rows in."""
+    from pyspark.sql import functions as F
+
+    pipe, barrier, spark = ctx.pipeline, ctx.barrier, ctx.spark
+    ctx.staging_prefix = ctx.layout.staging_prefix(barrier.lineage_id, barrier.epoch, ctx.attempt_id)
+    spark.conf.set("spark.sql.shuffle.partitions", str(pipe.parallelism))
+    outputs: dict[int, "DataFrame"] = {}
+    dead_letters: list["DataFrame"] = []
+    observed: list[tuple[Any, "DataFrame"]] = []
+    unordered: list[bool] = []
+    rows_in = 0
+    try:
+        for node in pipe.nodes:
+            if isinstance(node, SourceNode):
+                assert node.source is not None
+                source_index = pipe.sources.index(node)
+                ordered = ordered_only or any(child.needs_arrival_order for child in pipe.children(node))
+                batch = node.source.read(
+                    spark, barrier.end_offsets[node.source.source_id], pipe.parallelism, source_index, ordered=ordered
+                )
+                if batch.observation is not None:
+                    # Counted while the operators run; checked once they have.
+                    records, dead = batch.records, batch.dead_letters
+                    observed.append((batch.observation, records))
+                else:
+                    ctx.track(*batch.shared)
+                    # Sources that share a cached parse need no second cache.
+                    records = batch.records if batch.shared else ctx.persist(batch.records)
+                    dead = batch.dead_letters if batch.shared else ctx.persist(batch.dead_letters)
+                    read_started = time.monotonic()
+                    rows_in += records.count() + dead.count()
+                    _log.info("epoch %d: reading %s took %.0f ms", barrier.epoch, node.operator_id, (time.monotonic() - read_started) * 1000)
+                dead_letters.append(dead)
+                unordered.append(batch.observation is not None)
+                outputs[id(node)] = records
+                faults.maybe_fail("process.after_read")
+                continue
+            assert node.parent is not None
+            node_started = time.monotonic()
+            df = node.apply(ctx, outputs[id(node.parent)])
+            _log.info("epoch %d: %s took %.0f ms", barrier.epoch, node.operator_id, (time.monotonic() - node_started) * 1000)
+            if len(pipe.children(node)) > 1:
+                df = ctx.persist(df)
+            outputs[id(node)] = df
+        for observation, records in observed:
+            metrics = _metrics(observation, records)
+            if metrics["bad"]:
+                raise _OrderedReadRequired()
+            rows_in += metrics["good"]
+        tail_started = time.monotonic()
+        # Unordered reads have no dead letters (a bad line forces an ordered read).
+        frames = [df for df, checked in zip(dead_letters, unordered) if not checked]
+        if frames:
+            dead_df = frames[0]
+            for other in frames[1:]:
+                dead_df = dead_df.unionByName(other)
+            dead_df = dead_df.withColumn("_epoch", F.lit(barrier.epoch).cast("long"))
+            dead_rows = ctx.to_arrow(dead_df, DEAD_LETTER_SCHEMA)
+        else:
+            dead_rows = DEAD_LETTER_SCHEMA.empty_table()
+        ctx.stage(name="dead_letter", uri=ctx.layout.dead_letter, kind=TableKind.DEAD_LETTER, data=dead_rows)
+        _log.info("epoch %d: dead letters took %.0f ms", barrier.epoch, (time.monotonic() - tail_started) * 1000)
+        faults.maybe_fail("process.after_stage")
+    finally:
+        ctx.release()
+    return rows_in
+
+
+def _metrics(observation: Any, records: "DataFrame") -> dict[str, int]:
+    """An unordered read's counts; computes the records if no operator did."""
+    if not observation._jo.future().isCompleted():
+        records.count()
+    return observation.get

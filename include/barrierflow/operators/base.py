@@ -22,6 +22,10 @@ class Node:
     operator_id: str
     parent: "Node | None"
 
+    # Whether the operator reads the ``_seq`` arrival position of its input
+    # records; a source whose consumers all do without it may skip numbering lines.
+    needs_arrival_order = True
+
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
         raise NotImplementedError
 

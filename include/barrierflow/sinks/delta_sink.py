@@ -75,8 +75,13 @@ class DeltaSink:
         uri = ctx.layout.sink_table(self.name)
         rows = df.withColumn("_epoch", F.lit(ctx.epoch).cast("long"))
         schema = ctx.arrow_schema(rows)
-        if self.mode == "append":
+        collected = ctx.arrow_of(df)
+        if collected is not None:
+            epochs = pa.array([ctx.epoch] * collected.num_rows, pa.int64())
+            data = collected.append_column("_epoch", epochs).select(schema.names).cast(schema)
+        else:
             data = ctx.to_arrow(rows, schema)
+        if self.mode == "append":
             ctx.stage(name=self.name, uri=uri, kind=TableKind.SINK, data=data, sort_by=())
             return
         missing = [k for k in self.key if k not in rows.columns]
@@ -85,7 +90,6 @@ class DeltaSink:
         table = open_table(uri)
         removes: list[str] = []
         base_version = None
-        data = ctx.to_arrow(rows, schema)
         if table is not None and data.num_rows:
             base_version = table.version()
             kept, removes = self._rewrite(ctx, table, uri, rows, schema)

@@ -42,6 +42,12 @@ class SourceBatch:
     dead_letters: "DataFrame"
     # Frames both outputs derive from; the runtime caches them so input is parsed once.
     shared: tuple["DataFrame", ...] = ()
+    # An unordered read (no ``_seq``, nothing cached) counts its input while
+    # the operators run: a ``pyspark.sql.Observation`` with metrics ``good``
+    # (the records) and ``bad`` (lines that would be dead letters). Any bad
+    # line means the epoch is recomputed with an ordered read, which numbers
+    # lines for the dead-letter table.
+    observation: Any = None
 
 
 class Source(Protocol):
@@ -53,8 +59,14 @@ class Source(Protocol):
     def has_records(self, end: Mapping[str, Any]) -> bool:
         """Whether the planned range holds any input."""
 
-    def read(self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0) -> SourceBatch:
-        """Exactly the records of the planned range, with the ``_seq`` column."""
+    def read(
+        self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0, ordered: bool = True
+    ) -> SourceBatch:
+        """Exactly the records of the planned range, with the ``_seq`` column.
+
+        With ``ordered=False`` (no consumer needs arrival order) a source may
+        leave out ``_seq`` and return a batch with an ``observation``.
+        """
 
     def describe(self) -> dict[str, Any]:
         """Stable description for savepoints and docs."""

@@ -75,7 +75,9 @@ class DeltaSource:
             )
         return sorted(after - before)
 
-    def read(self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0) -> SourceBatch:
+    def read(
+        self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0, ordered: bool = True
+    ) -> SourceBatch:
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 

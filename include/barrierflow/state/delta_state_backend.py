@@ -110,7 +110,11 @@ class DeltaStateBackend:
             F.col("_deleted").cast("boolean"),
             F.lit(ctx.epoch).cast("long").alias("_epoch"),
         )
-        data = ctx.to_arrow(rows, spec.arrow_schema())
+        self.stage_arrow(spec, ctx.to_arrow(rows, spec.arrow_schema()))
+
+    def stage_arrow(self, spec: StateSpec, data: pa.Table) -> None:
+        """Stage state rows already collected, in :meth:`StateSpec.arrow_schema` form."""
+        ctx = self._ctx
         uri = ctx.layout.state_table(spec.operator_id, spec.name)
         ctx.stage(
             name=spec.table_name,

@@ -1,0 +1,195 @@
+"""Running aggregates over unordered reads, on real Spark and Delta.
+
+Checks the fast path end to end: whole JSON Lines files read without line
+numbers, exact decimal sums, the sorted-fold fallback, and the ordered
+recompute an epoch falls back to when it meets a bad line. Expected values
+come from :func:`_reference`, a plain-Python model of the documented rules.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from decimal import ROUND_HALF_UP, Decimal, localcontext
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from barrierflow.coordinator import CheckpointCoordinator
+from barrierflow.layout import PipelineLayout
+from barrierflow.operators import Avg, Count, Max, Min, Sum
+from barrierflow.params import Param
+from barrierflow.pipeline import PipelineBuilder, pipeline
+from barrierflow.query import run_query
+from barrierflow.sinks import DeltaSink
+from barrierflow.sources import FileSource
+
+READINGS = pa.schema(
+    [
+        pa.field("event_id", pa.string(), nullable=False),
+        pa.field("sensor_id", pa.string(), nullable=False),
+        pa.field("temperature", pa.float64(), nullable=False),
+    ]
+)
+
+
+@pipeline("running_totals", params=[Param("landing_dir", str), Param("parallelism", int, 2)])
+def running_totals(p: PipelineBuilder, params: dict[str, Any]) -> None:
+    readings = p.source(FileSource("readings", params["landing_dir"], schema=READINGS, max_files_per_epoch=1))
+    readings.key_by("sensor_id").aggregate(
+        "totals", Count(), Sum("temperature", "sum"), Min("temperature", "min"), Max("temperature", "max"),
+        Avg("temperature", "avg"),
+    ).sink_to(DeltaSink.append("totals_updates"))  # fmt: skip
+
+
+def _exact_decimal(x: float) -> Decimal | None:
+    """The value Spark sums for ``x`` in ``decimal(38,18)``, or None when it is not exact."""
+    if not math.isfinite(x) or abs(x) >= 1e20:
+        return None
+    with localcontext() as context:
+        context.prec = 80
+        d = Decimal(repr(x)).quantize(Decimal("1e-18"), rounding=ROUND_HALF_UP)
+    return d if float(d) == x else None
+
+
+def _epoch_sum(values: list[float]) -> float:
+    exact = [_exact_decimal(x) for x in values]
+    if all(d is not None for d in exact) and max(abs(x) for x in values) * len(values) < 1e19:
+        with localcontext() as context:
+            context.prec = 80
+            return float(sum(exact, Decimal(0)))  # type: ignore[arg-type]
+    total = 0.0
+    for x in sorted(values):
+        total += x
+    return total
+
+
+def _reference(files: list[list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per-sensor count/sum/min/max after all files, one epoch per file."""
+    totals: dict[str, dict[str, Any]] = {}
+    for records in files:
+        by_sensor: dict[str, list[float]] = {}
+        for r in records:
+            by_sensor.setdefault(r["sensor_id"], []).append(float(r["temperature"]))
+        for sensor, values in by_sensor.items():
+            t = totals.setdefault(sensor, {"count": 0, "sum": 0.0, "min": math.inf, "max": -math.inf})
+            t["count"] += len(values)
+            t["sum"] += _epoch_sum(values)
+            t["min"] = min(t["min"], *values)
+            t["max"] = max(t["max"], *values)
+    return totals
+
+
+def _write(landing: Path, name: str, lines: list[str | bytes]) -> None:
+    landing.mkdir(parents=True, exist_ok=True)
+    data = b"".join((line if isinstance(line, bytes) else line.encode()) + b"\n" for line in lines)
+    (landing / name).write_bytes(data)
+
+
+def _record(i: int, sensor: str, temperature: float) -> dict[str, Any]:
+    return {"event_id": f"e{i}", "sensor_id": sensor, "temperature": temperature}
+
+
+def _run(spark: Any, landing: Path, warehouse: Path, parallelism: int = 2) -> list[Any]:
+    params = {"landing_dir": str(landing), "parallelism": parallelism}
+    return CheckpointCoordinator(running_totals, params, str(warehouse), spark_factory=lambda: spark).run(until_caught_up=True)
+
+
+def _totals(warehouse: Path) -> dict[str, dict[str, Any]]:
+    sql = "select sensor_id, count, sum, min, max, avg from totals_updates"
+    latest: dict[str, dict[str, Any]] = {}
+    rows = run_query(str(warehouse), "running_totals", sql + " order by _epoch").to_pylist()
+    for row in rows:
+        latest[row.pop("sensor_id")] = row
+    return latest
+
+
+# Values that exercise each path: short decimals (exact), values without an
+# exact decimal(38,18) form (sorted fold), and values large enough that a
+# partial sum could overflow (sorted fold).
+_SPECIAL = {
+    "short": [21.37, 19.5, -3.25, 0.1, 0.2, 0.3, 100.0, 1e-3],
+    "long_digits": [1.2345678901234567e-5, 2.5, 7.0e-19, 3.3],
+    "huge": [9e18, 9e18, -1.5, 4.25e18],
+    "beyond": [1.5e25, 2.0, 3.0e-30],
+}
+
+
+def test_sums_are_exact_or_sorted_and_identical_at_any_parallelism(spark: Any, tmp_path: Path) -> None:
+    landing = tmp_path / "landing"
+    files: list[list[dict[str, Any]]] = []
+    i = 0
+    for epoch in range(3):
+        records = []
+        for sensor, values in _SPECIAL.items():
+            for v in values:
+                records.append(_record(i, sensor, v * (epoch + 1)))
+                i += 1
+        files.append(records)
+        _write(landing, f"part-{epoch:03d}.jsonl", [json.dumps(r) for r in records])
+    tables = []
+    for parallelism in (1, 3, 7):
+        warehouse = tmp_path / f"wh-{parallelism}"
+        completed = _run(spark, landing, warehouse, parallelism)
+        assert [c.record.rows_in for c in completed] == [len(f) for f in files]
+        tables.append(_totals(warehouse))
+    assert tables[0] == tables[1] == tables[2], "parallelism changed a result"
+    expected = _reference(files)
+    assert set(tables[0]) == set(expected)
+    for sensor, want in expected.items():
+        got = tables[0][sensor]
+        assert got["count"] == want["count"] and got["min"] == want["min"] and got["max"] == want["max"], sensor
+        assert got["sum"] == want["sum"], (sensor, got["sum"], want["sum"])
+        assert got["avg"] == want["sum"] / want["count"], sensor
+
+
+def test_bad_lines_make_the_epoch_compute_again_with_ordered_reads(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    landing = tmp_path / "landing"
+    clean = [_record(n, f"s{n % 3}", 20.0 + n) for n in range(6)]
+    _write(landing, "a.jsonl", [json.dumps(r) for r in clean[:3]] + ["", "  \r"])
+    lines: list[str | bytes] = [
+        json.dumps(clean[3]),
+        "{not json",
+        json.dumps({"event_id": "x", "temperature": 1.0}),  # no sensor_id
+        b'{"event_id": "y", "sensor_id": "s\xff", "temperature": 2.0}',  # invalid UTF-8
+        "\u00a0",  # blank: Unicode white space only
+        json.dumps(clean[4]) + "\r",
+        json.dumps(clean[5]),
+    ]
+    _write(landing, "b.jsonl", lines)
+    warehouse = tmp_path / "wh"
+    with caplog.at_level(logging.INFO, logger="barrierflow.runtime"):
+        completed = _run(spark, landing, warehouse)
+    ordered = [r.getMessage() for r in caplog.records if "computing again with ordered reads" in r.getMessage()]
+    assert len(ordered) == 1 and "epoch 2" in ordered[0]
+    assert [c.record.rows_in for c in completed] == [3, 6]
+    assert [c.record.dead_letters for c in completed] == [0, 3]
+    dead = run_query(str(warehouse), "running_totals", "select source_file, line, reason, _epoch from dead_letter order by line")
+    assert [(r["source_file"], r["line"], r["_epoch"]) for r in dead.to_pylist()] == [
+        ("b.jsonl", 2, 2),
+        ("b.jsonl", 3, 2),
+        ("b.jsonl", 4, 2),
+    ]
+    want = _reference([clean[:3], clean[3:]])
+    got = _totals(warehouse)
+    assert {s: {k: got[s][k] for k in ("count", "sum", "min", "max")} for s in got} == want
+    # The discarded unordered attempt left no file behind in any table.
+    layout = PipelineLayout.of(str(warehouse), "running_totals")
+    from deltalake import DeltaTable
+
+    for uri in (layout.sink_table("totals_updates"), layout.dead_letter):
+        live = {os.path.normpath(p) for p in DeltaTable(uri).file_uris()}
+        on_disk = {
+            os.path.normpath(os.path.join(root, f))
+            for root, _, names in os.walk(uri)
+            if "_delta_log" not in root
+            for f in names
+            if f.endswith(".parquet")
+        }
+        assert on_disk == live, uri
