@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from datetime import datetime, timezone
 from typing import Iterable
 
 import pyarrow as pa
@@ -20,7 +21,7 @@ from barrierflow.checkpoint import CheckpointRecord, EpochStatus
 from barrierflow.errors import CheckpointError
 from barrierflow.layout import PipelineLayout
 
-__all__ = ["CheckpointLog", "now_us"]
+__all__ = ["CheckpointLog", "iso_now", "iso_us", "now_us"]
 
 _SCHEMA = pa.schema(
     [
@@ -47,6 +48,18 @@ _SCHEMA = pa.schema(
 
 def now_us() -> int:
     return time.time_ns() // 1000
+
+
+def iso_now() -> str:
+    """The current time as ISO 8601 UTC, for the JSON documents of the warehouse."""
+    return datetime.now(timezone.utc).isoformat()
+
+
+def iso_us(us: int | None) -> str | None:
+    """A microsecond epoch timestamp as ISO 8601 UTC (``...Z``)."""
+    if us is None:
+        return None
+    return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 class CheckpointLog:

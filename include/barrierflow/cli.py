@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import sys
-from datetime import datetime, timezone
 from typing import Any, Sequence
 
 from barrierflow.errors import BarrierflowError, ParameterError
@@ -19,12 +18,6 @@ WAREHOUSE_ENV = "BARRIERFLOW_WAREHOUSE"
 
 def _warehouse(args: argparse.Namespace) -> str:
     return args.warehouse or os.environ.get(WAREHOUSE_ENV) or "./warehouse"
-
-
-def _iso_us(us: int | None) -> str | None:
-    if us is None:
-        return None
-    return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -153,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from barrierflow.checkpoint_log import iso_us
     from barrierflow.coordinator import CheckpointCoordinator, EpochResult
     from barrierflow.registry import get_pipeline
 
@@ -167,7 +161,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         r = result.record
         print(
             f"epoch {r.epoch} COMPLETED: rows_in={r.rows_in} rows_out={r.rows_out} "
-            f"dead_letters={r.dead_letters} watermark={_iso_us(r.watermark_us)} "
+            f"dead_letters={r.dead_letters} watermark={iso_us(r.watermark_us)} "
             f"duration_ms={r.duration_ms} bytes_written={r.bytes_written}",
             flush=True,
         )
@@ -180,7 +174,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from barrierflow.checkpoint import EpochStatus
-    from barrierflow.checkpoint_log import CheckpointLog
+    from barrierflow.checkpoint_log import CheckpointLog, iso_us
     from barrierflow.layout import PipelineLayout
     from barrierflow.storage import exists, list_dir, read_json, join_uri
 
@@ -206,7 +200,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         "key_groups": meta.get("key_groups"),
         "lineage_id": lineage.get("lineage_id"),
         "last_completed_epoch": last.epoch if last else None,
-        "watermark": _iso_us(last.watermark_us) if last else None,
+        "watermark": iso_us(last.watermark_us) if last else None,
         "offsets": last.offsets_json() if last else {},
         "pending": [{"epoch": e, "status": s} for e, s in sorted(pending_epochs.items())],
         "tables": last.versions() if last else {},
@@ -228,7 +222,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_checkpoints(args: argparse.Namespace) -> int:
     from barrierflow.checkpoint import EpochStatus
-    from barrierflow.checkpoint_log import CheckpointLog
+    from barrierflow.checkpoint_log import CheckpointLog, iso_us
     from barrierflow.layout import PipelineLayout
     from barrierflow.storage import exists
 
@@ -247,14 +241,14 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
             "lineage_id": r.lineage_id,
             "status": r.status.value,
             "offsets": r.offsets_json(),
-            "watermark": _iso_us(r.watermark_us),
+            "watermark": iso_us(r.watermark_us),
             "rows_in": r.rows_in,
             "rows_out": r.rows_out,
             "dead_letters": r.dead_letters,
             "duration_ms": r.duration_ms,
             "bytes_written": r.bytes_written,
             "state_bytes_written": r.state_bytes_written,
-            "recorded_at": _iso_us(r.recorded_at_us),
+            "recorded_at": iso_us(r.recorded_at_us),
             "table_versions": r.versions(),
         }
         for r in sorted(latest.values(), key=lambda r: r.recorded_at_us)

@@ -34,12 +34,11 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
 from barrierflow import faults, storage
 from barrierflow.checkpoint import Barrier, CheckpointRecord, EpochStatus, Manifest, app_id
-from barrierflow.checkpoint_log import CheckpointLog, now_us
+from barrierflow.checkpoint_log import CheckpointLog, iso_now, now_us
 from barrierflow.delta_commit import commit_epoch_table
 from barrierflow.errors import CheckpointError, EpochInProgressError, FencedError, PipelineStoppedError
 from barrierflow.layout import STAGING_DIR, PipelineLayout
@@ -105,12 +104,12 @@ class CheckpointCoordinator:
         meta = {
             "name": self.definition.name,
             "key_groups": self.definition.key_groups,
-            "created_at": _iso_now(),
+            "created_at": iso_now(),
         }
         storage.write_json_if_absent(self.layout.pipeline_meta, meta)
         storage.write_json_if_absent(
             storage.join_uri(self.layout.lineages, "0000000000.json"),
-            {"lineage_id": lineage, "start_epoch": 0, "started_at": _iso_now(), "reason": "created"},
+            {"lineage_id": lineage, "start_epoch": 0, "started_at": iso_now(), "reason": "created"},
         )
         existing = storage.read_json(self.layout.pipeline_meta)
         assert existing is not None
@@ -253,7 +252,7 @@ class CheckpointCoordinator:
             start_offsets=start,
             end_offsets=end,
             processing_time_ms=int(time.time() * 1000),
-            planned_at=_iso_now(),
+            planned_at=iso_now(),
             attempt_id=uuid.uuid4().hex[:12],
             params=params,
         )
@@ -499,10 +498,6 @@ def _manifest_record(
         duration_ms=duration_ms,
         table_versions=table_versions,
     )
-
-
-def _iso_now() -> str:
-    return datetime.now(timezone.utc).isoformat()
 
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from barrierflow.storage import join_uri, normalize_uri
+from barrierflow.storage import join_uri, list_dir, normalize_uri
 
 __all__ = ["PipelineLayout", "STAGING_DIR"]
 
@@ -86,6 +86,11 @@ class PipelineLayout:
 
     def state_table(self, operator_id: str, state_name: str) -> str:
         return join_uri(self.root, "state", operator_id, state_name)
+
+    def state_tables(self) -> list[tuple[str, str]]:
+        """``(operator_id, state_name)`` of every state table in storage, sorted."""
+        root = join_uri(self.root, "state")
+        return [(op, st) for op in list_dir(root) for st in list_dir(join_uri(root, op))]
 
     def sink_table(self, name: str) -> str:
         return join_uri(self.root, "sinks", name)

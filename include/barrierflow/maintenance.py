@@ -131,10 +131,8 @@ def _tables(coordinator: Any) -> list[tuple[str, str]]:
     """Every Delta table of the pipeline: (name in the checkpoint cut, URI)."""
     layout = coordinator.layout
     out = [("_checkpoints", layout.checkpoint_log), ("dead_letter", layout.dead_letter)]
-    state_root = storage.join_uri(layout.root, "state")
-    for op in storage.list_dir(state_root):
-        for st in storage.list_dir(storage.join_uri(state_root, op)):
-            out.append((f"{op}__{st}", layout.state_table(op, st)))
+    for op, st in layout.state_tables():
+        out.append((f"{op}__{st}", layout.state_table(op, st)))
     for sink in storage.list_dir(storage.join_uri(layout.root, "sinks")):
         out.append((sink, layout.sink_table(sink)))
     return out

@@ -38,7 +38,6 @@ import os
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Mapping
 
 import pyarrow as pa
@@ -48,7 +47,7 @@ from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from barrierflow import faults, storage
 from barrierflow.checkpoint import CheckpointRecord, EpochStatus, app_id
-from barrierflow.checkpoint_log import CheckpointLog, now_us
+from barrierflow.checkpoint_log import iso_now, now_us
 from barrierflow.delta_commit import open_table, stage_table
 from barrierflow.errors import CheckpointError, IncompatibleSavepointError, SavepointError
 from barrierflow.layout import PipelineLayout
@@ -132,16 +131,17 @@ def restore(
         raise SavepointError("restore needs exactly one of a savepoint (name or path) and a retained epoch")
     if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
         raise SavepointError(f"parallelism must be a positive integer, not {parallelism!r}")
-    if savepoint is not None:
+    meta = load_savepoint(definition.name, warehouse, savepoint) if savepoint is not None else None
+    if meta is not None:
         # A savepoint carries its parameters, so it restores into an empty warehouse as is.
-        params = {**load_savepoint(definition.name, warehouse, savepoint).params, **(params or {})}
+        params = {**meta.params, **(params or {})}
     coordinator = CheckpointCoordinator(definition, params or {}, warehouse)
     layout = coordinator.layout
     coordinator.acquire_lease(wait_s=lease_wait_s)  # step 1
     try:
         coordinator.recover()  # finishes an earlier crashed restore, rolls epochs forward
         previous = coordinator.current_lineage()["lineage_id"]
-        intent = _restore_point(coordinator, savepoint, epoch)  # step 2
+        intent = _restore_point(coordinator, meta, epoch)  # step 2
         pipe = coordinator.pipeline
         restored, dropped, empty = check_compatibility(  # step 3
             pipe, intent["key_groups"], {k: tuple(tuple(c) for c in v) for k, v in intent["states"].items()},
@@ -156,7 +156,7 @@ def restore(
             restored_states=restored,
             dropped_states=dropped,
             empty_states=empty,
-            started_at=_iso_now(),
+            started_at=iso_now(),
         )
         if not storage.write_json_if_absent(layout.restoring, intent):  # step 4
             raise CheckpointError(f"another restore of {definition.name} started concurrently; retry")
@@ -172,11 +172,12 @@ def complete_pending_restore(coordinator: "CheckpointCoordinator") -> RestoreRes
     return _complete(coordinator, intent) if intent else None
 
 
-def _restore_point(coordinator: "CheckpointCoordinator", savepoint: str | None, epoch: int | None) -> dict[str, Any]:
-    """Step 2: everything about the restore point, as a JSON document."""
+def _restore_point(
+    coordinator: "CheckpointCoordinator", meta: SavepointMetadata | None, epoch: int | None
+) -> dict[str, Any]:
+    """Step 2: everything about the restore point (a loaded savepoint or an epoch), as a JSON document."""
     layout = coordinator.layout
-    if savepoint is not None:
-        meta = load_savepoint(coordinator.definition.name, layout.warehouse, savepoint)
+    if meta is not None:
         return {
             "source": "savepoint",
             "restored_from": f"savepoint {meta.name}",
@@ -201,8 +202,7 @@ def _restore_point(coordinator: "CheckpointCoordinator", savepoint: str | None, 
     record = match[0]
     versions = record.versions()
     states: dict[str, Any] = {}
-    for spec_dir in _state_tables(layout):
-        op, st = spec_dir
+    for op, st in layout.state_tables():
         name = f"{op}__{st}"
         if name in versions:
             table = open_table(layout.state_table(op, st), versions[name])
@@ -284,7 +284,7 @@ def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -
                 "lineage_id": lineage_id,
                 "start_epoch": epoch,
                 "start_offsets": intent["offsets"],
-                "started_at": _iso_now(),
+                "started_at": iso_now(),
                 "reason": f"restored from {intent['restored_from']}",
                 "previous_lineage_id": intent["previous_lineage_id"],
                 "params": intent["params"],
@@ -412,16 +412,7 @@ def _current_versions(layout: PipelineLayout, pipe: Pipeline) -> dict[str, int]:
     return versions
 
 
-def _state_tables(layout: PipelineLayout) -> list[tuple[str, str]]:
-    root = storage.join_uri(layout.root, "state")
-    return [(op, st) for op in storage.list_dir(root) for st in storage.list_dir(storage.join_uri(root, op))]
-
-
 def _ranges(epochs: list[int]) -> str:
     if not epochs:
         return ""
     return f"{epochs[0]}-{epochs[-1]}" if epochs == list(range(epochs[0], epochs[-1] + 1)) else ", ".join(map(str, epochs))
-
-
-def _iso_now() -> str:
-    return datetime.now(timezone.utc).isoformat()

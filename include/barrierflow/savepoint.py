@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from barrierflow import storage
 from barrierflow.checkpoint import CheckpointRecord
+from barrierflow.checkpoint_log import iso_now
 from barrierflow.delta_commit import open_table
 from barrierflow.errors import SavepointError
 from barrierflow.layout import PipelineLayout
@@ -184,7 +185,7 @@ def create_savepoint(
         metadata = _write(coordinator.pipeline, layout, record, name, description, stop, coordinator.params)
         if stop:  # step 5
             storage.write_json_if_absent(
-                layout.stopped, {"savepoint": name, "stopped_at": _iso_now(), "epoch": record.epoch}
+                layout.stopped, {"savepoint": name, "stopped_at": iso_now(), "epoch": record.epoch}
             )
         return metadata
     finally:
@@ -217,7 +218,7 @@ def _write(
             uri=final_uri,
             epoch=record.epoch,
             lineage_id=record.lineage_id,
-            created_at=_iso_now(),
+            created_at=iso_now(),
             description=description,
             key_groups=pipe.key_groups,
             offsets=record.offsets_json(),
@@ -357,7 +358,3 @@ def _default_name() -> str:
 
 def _tree_size(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
-
-
-def _iso_now() -> str:
-    return datetime.now(timezone.utc).isoformat()

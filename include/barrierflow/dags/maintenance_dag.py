@@ -7,11 +7,11 @@ the warehouse is skipped, saying so.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from barrierflow.dags.docs import maintenance_doc
+from barrierflow.dags.operations import operation_dag, xcom_json
 from barrierflow.dags.params import operational_params
 from barrierflow.dags.settings import MAINTENANCE_DAG_ID, DagSettings
 from barrierflow.registry import get_pipeline, pipeline_names
@@ -33,21 +33,18 @@ def build_maintenance_dag(
     settings: DagSettings | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> "DAG":
-    from airflow.sdk import DAG, Param, get_current_context, task
+    from airflow.sdk import Param, get_current_context, task
     from airflow.sdk.exceptions import AirflowSkipException
 
     names = list(pipelines) if pipelines is not None else pipeline_names()
     settings = settings or DagSettings.from_env(environ)
     warehouse = settings.warehouse
 
-    with DAG(
+    with operation_dag(
         dag_id=MAINTENANCE_DAG_ID,
         description="barrierflow checkpoint retention and Delta vacuum for every pipeline",
         schedule=settings.maintenance_schedule,
-        start_date=settings.start_date,
-        catchup=False,
-        max_active_runs=1,
-        default_args=settings.default_args(),
+        settings=settings,
         params={
             "retained_checkpoints": Param(
                 10,
@@ -65,7 +62,7 @@ def build_maintenance_dag(
             ),
         },
         doc_md=maintenance_doc(names, settings),
-        tags=["barrierflow", "maintenance"],
+        tag="maintenance",
     ) as dag:
         for name in names:
 
@@ -88,14 +85,9 @@ def build_maintenance_dag(
                     params=operational_params(definition, warehouse, environ),
                     lease_wait_s=settings.lease_wait_s,
                 )
-                doc = _plain(report.to_json())
+                doc = xcom_json(report.to_json())
                 _log.info("maintenance of %s: %s", pipeline, doc)
                 return doc
 
             maintain(name)
     return dag
-
-
-def _plain(doc: Any) -> Any:
-    """JSON types only (tuples become lists), as the XCom shown in the UI."""
-    return json.loads(json.dumps(doc, default=str))

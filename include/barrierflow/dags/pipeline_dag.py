@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.dags.assets import pipeline_sinks, sink_assets
 from barrierflow.dags.docs import pipeline_doc
+from barrierflow.dags.operations import fail_without_retry
 from barrierflow.dags.lifecycle import (
     StepReport,
     barrier_step,
@@ -64,18 +64,6 @@ def arrival_cutoff_ms(context: "Context") -> int | None:
 
 # Errors in what the run was asked to do: retrying the same request cannot fix them.
 _NOT_RETRYABLE = (ParameterError, PipelineDefinitionError, ConfigurationError, UnknownPipelineError)
-
-
-@contextmanager
-def _fail_fast() -> Iterator[None]:
-    """Turn a configuration or parameter error into a failure without retries."""
-    from airflow.sdk.exceptions import AirflowFailException
-
-    try:
-        yield
-    except _NOT_RETRYABLE as exc:
-        _log.error("%s", exc)
-        raise AirflowFailException(str(exc)) from exc
 
 
 def _report(report: StepReport) -> dict[str, Any]:
@@ -159,7 +147,7 @@ def build_pipeline_dag(
         def recover() -> dict[str, Any]:
             """Step 1: roll forward a voted epoch; the last COMPLETED epoch is the restore point."""
             context = get_current_context()
-            with _fail_fast():
+            with fail_without_retry(None, *_NOT_RETRYABLE):
                 coordinator = _coordinator(definition, context, warehouse)
             _wait_for_earlier_runs(context, lease_wait)
             return _report(recover_step(coordinator, lease_wait))
@@ -168,7 +156,7 @@ def build_pipeline_dag(
         def barrier() -> dict[str, Any] | bool:
             """Step 2: record the epoch's end offsets before processing (a retry replays them)."""
             context = get_current_context()
-            with _fail_fast():
+            with fail_without_retry(None, *_NOT_RETRYABLE):
                 coordinator = _coordinator(definition, context, warehouse)
             report = barrier_step(coordinator, arrival_cutoff_ms(context), lease_wait)
             payload = _report(report)
@@ -189,7 +177,7 @@ def build_pipeline_dag(
         def commit() -> dict[str, Any]:
             """Step 4: one Delta commit per table (app transaction), then COMPLETED."""
             context = get_current_context()
-            with _fail_fast():
+            with fail_without_retry(None, *_NOT_RETRYABLE):
                 coordinator = _coordinator(definition, context, warehouse)
             report = commit_step(coordinator, lease_wait)
             payload = _report(report)
@@ -202,7 +190,7 @@ def build_pipeline_dag(
         def notify() -> dict[str, Any]:
             """Step 5: clean staging of losing attempts, compact state."""
             context = get_current_context()
-            with _fail_fast():
+            with fail_without_retry(None, *_NOT_RETRYABLE):
                 coordinator = _coordinator(definition, context, warehouse)
             return _report(notify_step(coordinator, lease_wait))
 
@@ -213,7 +201,7 @@ def build_pipeline_dag(
             extra = int(context["params"].get(CATCH_UP_PARAM) or 1) - 1
             if extra < 1:
                 raise AirflowSkipException(f"{CATCH_UP_PARAM}=1: this run completes one epoch only")
-            with _fail_fast():
+            with fail_without_retry(None, *_NOT_RETRYABLE):
                 params = resolve_pipeline_params(definition, context["params"])
                 coordinator = CheckpointCoordinator(definition, params, warehouse)
             cutoff = arrival_cutoff_ms(context)

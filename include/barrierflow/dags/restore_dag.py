@@ -7,11 +7,11 @@ without retries, with the lists in the log; so does invalid input.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import TYPE_CHECKING, Any, Mapping
 
 from barrierflow.dags.docs import restore_doc
+from barrierflow.dags.operations import fail_without_retry, operation_dag, xcom_json
 from barrierflow.dags.params import operational_params
 from barrierflow.dags.settings import DagSettings, restore_dag_id
 from barrierflow.errors import ParameterError, SavepointError
@@ -43,21 +43,16 @@ def build_restore_dag(
     settings: DagSettings | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> "DAG":
-    from airflow.sdk import DAG, Param, get_current_context, task
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow.sdk import Param, get_current_context, task
 
     definition = pipeline if isinstance(pipeline, PipelineDefinition) else get_pipeline(pipeline)
     settings = settings or DagSettings.from_env(environ)
     warehouse = settings.warehouse
 
-    with DAG(
+    with operation_dag(
         dag_id=restore_dag_id(definition.name),
         description=f"restore barrierflow pipeline {definition.name} from a savepoint or a retained epoch",
-        schedule=None,
-        start_date=settings.start_date,
-        catchup=False,
-        max_active_runs=1,
-        default_args=settings.default_args(),
+        settings=settings,
         params={
             "savepoint": Param(
                 "",
@@ -90,7 +85,7 @@ def build_restore_dag(
             ),
         },
         doc_md=restore_doc(definition, settings),
-        tags=["barrierflow", "restore"],
+        tag="restore",
     ) as dag:
 
         @task(task_id="restore")
@@ -99,7 +94,9 @@ def build_restore_dag(
             from barrierflow.restore import restore as restore_pipeline
 
             params = get_current_context()["params"]
-            try:
+            # IncompatibleSavepointError (a SavepointError) lists what would be dropped or is
+            # missing; like a wrong name or bad input, a retry cannot fix it.
+            with fail_without_retry(f"restore of {definition.name} refused", SavepointError, ParameterError):
                 savepoint, epoch = restore_point(params.get("savepoint"), params.get("epoch"))
                 result = restore_pipeline(
                     definition,
@@ -112,24 +109,9 @@ def build_restore_dag(
                     params=operational_params(definition, warehouse, environ),
                     lease_wait_s=settings.lease_wait_s,
                 )
-            except (SavepointError, ParameterError) as exc:
-                # IncompatibleSavepointError (a SavepointError) lists what would be dropped or is
-                # missing; like a wrong name or bad input, a retry cannot fix it.
-                details = ""
-                for label in ("dropped", "missing"):
-                    items = getattr(exc, label, None)
-                    if items:
-                        details += f"\n  {label}: {', '.join(items)}"
-                _log.error("restore of %s refused: %s%s", definition.name, exc, details)
-                raise AirflowFailException(f"restore of {definition.name} refused: {exc}{details}") from exc
-            doc = _plain(result.to_json())
+            doc = xcom_json(result.to_json())
             _log.info("restored %s: %s", definition.name, doc)
             return doc
 
         restore()
     return dag
-
-
-def _plain(doc: Any) -> Any:
-    """JSON types only (tuples become lists), as the XCom shown in the UI."""
-    return json.loads(json.dumps(doc, default=str))

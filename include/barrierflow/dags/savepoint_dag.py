@@ -8,11 +8,11 @@ pipeline: its epoch DAG then skips every run, saying why, until a restore.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import TYPE_CHECKING, Any, Mapping
 
 from barrierflow.dags.docs import savepoint_doc
+from barrierflow.dags.operations import fail_without_retry, operation_dag, xcom_json
 from barrierflow.dags.params import operational_params
 from barrierflow.dags.settings import DagSettings, savepoint_dag_id
 from barrierflow.errors import ParameterError, SavepointError
@@ -32,21 +32,16 @@ def build_savepoint_dag(
     settings: DagSettings | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> "DAG":
-    from airflow.sdk import DAG, Param, get_current_context, task
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow.sdk import Param, get_current_context, task
 
     definition = pipeline if isinstance(pipeline, PipelineDefinition) else get_pipeline(pipeline)
     settings = settings or DagSettings.from_env(environ)
     warehouse = settings.warehouse
 
-    with DAG(
+    with operation_dag(
         dag_id=savepoint_dag_id(definition.name),
         description=f"savepoint (or stop with savepoint) of barrierflow pipeline {definition.name}",
-        schedule=None,
-        start_date=settings.start_date,
-        catchup=False,
-        max_active_runs=1,
-        default_args=settings.default_args(),
+        settings=settings,
         params={
             "savepoint_name": Param(
                 "",
@@ -63,7 +58,7 @@ def build_savepoint_dag(
             ),
         },
         doc_md=savepoint_doc(definition, settings),
-        tags=["barrierflow", "savepoint"],
+        tag="savepoint",
     ) as dag:
 
         @task(task_id="savepoint")
@@ -72,7 +67,8 @@ def build_savepoint_dag(
             from barrierflow.savepoint import create_savepoint
 
             params = get_current_context()["params"]
-            try:
+            # A bad name, an existing savepoint, no completed epoch: a retry cannot help.
+            with fail_without_retry(f"savepoint of {definition.name} failed", SavepointError, ParameterError):
                 metadata = create_savepoint(
                     definition,
                     warehouse,
@@ -82,10 +78,7 @@ def build_savepoint_dag(
                     params=operational_params(definition, warehouse, environ),
                     lease_wait_s=settings.lease_wait_s,
                 )
-            except (SavepointError, ParameterError) as exc:
-                # A bad name, an existing savepoint, no completed epoch: a retry cannot help.
-                raise AirflowFailException(f"savepoint of {definition.name} failed: {exc}") from exc
-            doc = _plain(metadata.to_json())
+            doc = xcom_json(metadata.to_json())
             _log.info(
                 "savepoint %r of %s at epoch %s written to %s%s",
                 doc["name"], definition.name, doc["epoch"], doc["uri"],
@@ -95,8 +88,3 @@ def build_savepoint_dag(
 
         savepoint()
     return dag
-
-
-def _plain(doc: Any) -> Any:
-    """JSON types only (tuples become lists), as the XCom shown in the UI."""
-    return json.loads(json.dumps(doc, default=str))

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from barrierflow import storage
 from barrierflow.checkpoint import CheckpointRecord, EpochStatus
-from barrierflow.checkpoint_log import CheckpointLog
+from barrierflow.checkpoint_log import CheckpointLog, iso_us
 from barrierflow.layout import PipelineLayout
 
 __all__ = [
@@ -82,13 +82,6 @@ def savepoint_dag_id_for(pipeline: str) -> str:
     from barrierflow.dags.settings import savepoint_dag_id
 
     return savepoint_dag_id(pipeline)
-
-
-def iso_us(us: int | None) -> str | None:
-    """A microsecond epoch timestamp as ISO 8601 UTC (``...Z``)."""
-    if us is None:
-        return None
-    return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)
