@@ -2,13 +2,19 @@
 
 Results never depend on how Spark partitions the data, so changing the
 parallelism between epochs gives bit-identical state. Running sums get
-there without ordering records: an epoch's sum per key is exact, each value
-taken as its decimal form (``decimal(38,18)``, which holds every double
-between 1e-18 and 1e20 that is written with at most 18 decimals), rounded
-once to a double and added to the stored sum. A key whose epoch has a value
-outside that range (or values large enough that a partial sum could
-overflow it) instead folds its epoch's values sorted ascending, which is
-just as independent of partitioning.
+there without ordering records: an epoch's sum per key is the exact sum of
+the values' decimal forms, rounded once to a double and added to the stored
+sum. Which exact method a key uses depends only on its epoch's values:
+
+1. Micro-units: every value is below 1e9 in magnitude and a whole number of
+   millionths (``round(v * 1e6) / 1e6 == v``): integer sum of the
+   millionths, exact while it stays below 2**53, then one IEEE division.
+2. Otherwise ``decimal(38,18)`` (every double between 1e-18 and 1e20 that
+   is written with at most 18 decimals), in a second, small job over only
+   those keys.
+3. A value outside that range, or values so large that a partial sum could
+   overflow it: the epoch's values folded sorted ascending.
+
 Window aggregates (:meth:`Aggregation.result`) fold a window's values in
 arrival order.
 """
@@ -20,6 +26,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import KEY_GROUP, Node, StateSpec, key_group_column
@@ -32,6 +39,13 @@ __all__ = ["Aggregation", "Count", "Sum", "Min", "Max", "Avg", "Percentile", "Ru
 _EXACT_SUM_TYPE = "decimal(38,18)"
 # Below the type's 1e20 limit by a margin, so no partial sum can overflow.
 _EXACT_SUM_BOUND = 1e19
+# Micro-units: values below 1e9 have |round(v * 1e6)| < 1e15, an exact
+# integer double; integer sums stay exact as doubles below 2**53, and a
+# long partial sum cannot overflow while n x max|units| < 9e18.
+_MICRO = 1e6
+_MICRO_VALUE_BOUND = 1e9
+_MICRO_SUM_BOUND = float(2**53)
+_LONG_BOUND = 9e18
 
 
 @dataclass(frozen=True)
@@ -165,108 +179,112 @@ class RunningAggregate(Node):
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
         """Fold the epoch's records into each touched key's accumulators.
 
-        1. Aggregate the epoch per key natively: count, exact decimal sums
-           (with counts of values that have no exact decimal form), min, max.
-        2. Read the touched keys' prior accumulators and merge.
-        3. Collect the new accumulators once; keys whose sum could not be
-           exact get their epoch sum from the sorted fold (:func:`_sorted_sums`).
+        1. Aggregate the epoch per key natively and collect it once: count,
+           exact decimal sums rounded to doubles (with the flags of keys whose
+           sum cannot be exact), min, max.
+        2. Read the touched keys' prior accumulators on the driver (resident
+           between epochs, see :mod:`barrierflow.state.resident`).
+        3. Merge with the same IEEE double arithmetic Spark would use
+           (:func:`_merge`); keys whose sum could not be taken in micro-units
+           get their epoch sum from :func:`_fallback_sums`.
         4. Stage the changed keys as this epoch's state rows; emit them.
         """
+        spec = self._spec(ctx.arrow_types(df, self.key))
+        keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
+        epoch = ctx.to_arrow(keyed.groupBy(*self.key, KEY_GROUP).agg(*self._epoch_aggregates()), self._epoch_schema(spec))
+        key_groups = pc.unique(epoch[KEY_GROUP]).to_pylist()
+        prior = ctx.state.read_arrow(spec, key_groups)
+        state, flagged = self._merge(spec, epoch, prior, ctx.processing_time_ms, ctx.epoch)
+        for col, keys in flagged.items():
+            if keys.num_rows:
+                state = _patch_sums(state, col, _fallback_sums(ctx, keyed, self.key, col, keys), self.key, keys)
+        ctx.state.stage_arrow(spec, state)
+        outputs = self._outputs_arrow(state)
+        out = _frame_of(ctx, outputs)
+        # Sinks take the collected rows instead of computing them again.
+        ctx.remember_arrow(out, outputs)
+        return out
+
+    def _epoch_aggregates(self) -> list["Column"]:
         from pyspark.sql import functions as F
 
-        spec = self._spec(ctx.arrow_types(df, self.key))
-        accs = self._accumulators()
-        sum_columns = [col for name, col, _ in accs if name.startswith("sum_")]
-        keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
         aggregates = [F.count(F.lit(1)).alias("_n")]
-        for name, col, _ in accs:
+        for name, col, _ in self._accumulators():
             if name == "count":
                 continue
             value = F.col(col).cast("double")
             if name.startswith("sum_"):
-                exact = value.try_cast(_EXACT_SUM_TYPE)
-                is_exact = exact.isNotNull() & (exact.cast("double") == value)
-                aggregates += [
-                    # try_sum: keys large enough to overflow are flagged, never raise.
-                    F.try_sum(F.when(is_exact, exact)).alias(f"_dsum_{col}"),
-                    F.count_if(is_exact).alias(f"_nexact_{col}"),
-                    F.max(F.when(is_exact, F.abs(value))).alias(f"_maxabs_{col}"),
-                    F.count_if(value.isNotNull() & ~is_exact).alias(f"_ninexact_{col}"),
-                ]
+                scaled = F.round(value * F.lit(_MICRO))
+                exact = (F.abs(value) < F.lit(_MICRO_VALUE_BOUND)) & (scaled / F.lit(_MICRO) == value)
+                units = F.when(exact, scaled.cast("long"))
+                # try_sum: a key large enough to overflow is flagged below, never raises.
+                total = F.try_sum(units)
+                bound = F.max(F.abs(units)).cast("double") * F.count_if(exact)
+                inexact = (
+                    (F.count_if(value.isNotNull() & ~F.coalesce(exact, F.lit(False))) > 0)
+                    | F.coalesce(bound >= F.lit(_LONG_BOUND), F.lit(False))
+                    | F.coalesce(F.abs(total).cast("double") >= F.lit(_MICRO_SUM_BOUND), F.lit(False))
+                )
+                # Below 2**53 the integer is an exact double: one correctly rounded division.
+                aggregates += [(total.cast("double") / F.lit(_MICRO)).alias(f"_esum_{col}"), inexact.alias(f"_inexact_{col}")]
             elif name.startswith("min_"):
                 aggregates.append(F.min(value).alias(f"_emin_{col}"))
             else:
                 aggregates.append(F.max(value).alias(f"_emax_{col}"))
-        epoch = ctx.persist(keyed.groupBy(*self.key, KEY_GROUP).agg(*aggregates))
-        prior = ctx.state.read(spec, epoch).drop(KEY_GROUP, "_updated_at_ms")
-        prior = prior.select(*self.key, *[F.col(n).alias(f"_prev_{n}") for n, _, _ in accs])
-        merged = epoch.join(prior, on=list(self.key), how="left")
-        columns = []
-        for name, col, _ in accs:
-            prev = F.col(f"_prev_{name}")
-            if name == "count":
-                new = F.coalesce(prev, F.lit(0)) + F.col("_n")
-            elif name.startswith("sum_"):
-                exact_sum = F.when(_inexact(col), F.lit(0.0)).otherwise(F.col(f"_dsum_{col}").cast("double"))
-                new = F.coalesce(prev, F.lit(0.0)) + F.coalesce(exact_sum, F.lit(0.0))
+        return aggregates
+
+    def _epoch_schema(self, spec: StateSpec) -> pa.Schema:
+        fields = [*spec.key_fields, pa.field(KEY_GROUP, pa.int32()), pa.field("_n", pa.int64())]
+        for name, col, _ in self._accumulators():
+            if name.startswith("sum_"):
+                fields += [pa.field(f"_esum_{col}", pa.float64()), pa.field(f"_inexact_{col}", pa.bool_())]
             elif name.startswith("min_"):
-                new = F.least(prev, F.col(f"_emin_{col}"))
-            else:
-                new = F.greatest(prev, F.col(f"_emax_{col}"))
-            columns.append(new.cast("long" if name == "count" else "double").alias(name))
-        extras = []
-        for col in sum_columns:
-            extras += [
-                _inexact(col).alias(f"_inexact_{col}"),
-                F.coalesce(F.col(f"_prev_sum_{col}"), F.lit(0.0)).cast("double").alias(f"_base_{col}"),
-            ]
-        rows = ctx.persist(merged.select(
-            *self.key,
-            F.col(KEY_GROUP).cast("int").alias(KEY_GROUP),
-            *columns,
-            F.lit(ctx.processing_time_ms).cast("long").alias("_updated_at_ms"),
-            F.lit(False).alias("_deleted"),
-            F.lit(ctx.epoch).cast("long").alias("_epoch"),
-            *extras,
-        ))
-        schema = spec.arrow_schema()
-        for col in sum_columns:
-            schema = schema.append(pa.field(f"_inexact_{col}", pa.bool_())).append(pa.field(f"_base_{col}", pa.float64()))
-        table = ctx.to_arrow(rows, schema)
-        patched = False
-        for col in sum_columns:
-            flagged = table.filter(table[f"_inexact_{col}"])
-            if flagged.num_rows:
-                table = _patch_sums(table, col, _sorted_sums(ctx, keyed, self.key, col, flagged.select(list(self.key))), self.key)
-                patched = True
-        state = table.select(spec.arrow_schema().names)
-        ctx.state.stage_arrow(spec, state)
-        out = (ctx.spark.createDataFrame(state) if patched else rows).select(*self.key, *self._outputs())
-        # Sinks take the collected rows instead of computing them again.
-        ctx.remember_arrow(out, self._outputs_arrow(state))
-        return out
+                fields.append(pa.field(f"_emin_{col}", pa.float64()))
+            elif name.startswith("max_"):
+                fields.append(pa.field(f"_emax_{col}", pa.float64()))
+        return pa.schema(fields)
 
-    def _outputs(self) -> list["Column"]:
-        from pyspark.sql import functions as F
+    def _merge(
+        self, spec: StateSpec, epoch: pa.Table, prior: pa.Table, processing_time_ms: int, epoch_number: int
+    ) -> tuple[pa.Table, dict[str, pa.Table]]:
+        """New accumulators of the epoch's keys, and per sum column the keys to fold sorted.
 
-        outputs = []
-        for agg in self.aggregations:
-            if isinstance(agg, Count):
-                outputs.append(F.col("count").alias(agg.name))
-            elif isinstance(agg, Sum):
-                outputs.append(F.col(f"sum_{agg.column}").alias(agg.name))
-            elif isinstance(agg, Avg):
-                outputs.append((F.col(f"sum_{agg.column}") / F.col("count")).alias(agg.name))
-            elif isinstance(agg, Min):
-                outputs.append(F.col(f"min_{agg.column}").alias(agg.name))
+        Arithmetic as Spark's: count + n, double sum + the rounded exact
+        epoch sum (0.0 for a flagged key, patched later), and ``least`` /
+        ``greatest`` with Spark's NaN ordering (NaN above every number).
+        """
+        accs = self._accumulators()
+        previous = prior.select([*self.key, *[n for n, _, _ in accs]]).rename_columns(
+            [*self.key, *[f"_prev_{n}" for n, _, _ in accs]]
+        )
+        merged = epoch.join(previous, keys=list(self.key), join_type="left outer")
+        columns: dict[str, pa.ChunkedArray] = {k: merged[k] for k in self.key}
+        columns[KEY_GROUP] = merged[KEY_GROUP]
+        flagged: dict[str, pa.Table] = {}
+        bases: dict[str, pa.ChunkedArray] = {}
+        for name, col, _ in accs:
+            prev = merged[f"_prev_{name}"]
+            if name == "count":
+                columns[name] = pc.add(pc.fill_null(prev, 0), merged["_n"])
+            elif name.startswith("sum_"):
+                inexact = merged[f"_inexact_{col}"]
+                epoch_sum = pc.if_else(inexact, 0.0, pc.fill_null(merged[f"_esum_{col}"], 0.0))
+                bases[col] = pc.fill_null(prev, 0.0)
+                columns[name] = pc.add(bases[col], epoch_sum)
+                flagged[col] = merged.filter(inexact).select(list(self.key))
+            elif name.startswith("min_"):
+                columns[name] = _least(prev, merged[f"_emin_{col}"])
             else:
-                outputs.append(F.col(f"max_{agg.column}").alias(agg.name))
-        return outputs
+                columns[name] = _greatest(prev, merged[f"_emax_{col}"])
+        n = merged.num_rows
+        columns["_updated_at_ms"] = pa.array([processing_time_ms] * n, pa.int64()) if n else pa.array([], pa.int64())
+        columns["_deleted"] = pa.array([False] * n, pa.bool_())
+        columns["_epoch"] = pa.array([epoch_number] * n, pa.int64())
+        state = pa.table(columns).cast(spec.arrow_schema())
+        return state, flagged
 
     def _outputs_arrow(self, state: pa.Table) -> pa.Table:
-        """:meth:`_outputs` computed on the collected state rows (same IEEE arithmetic)."""
-        import pyarrow.compute as pc
-
+        """The output columns (Avg = sum / count, IEEE division) of the new state rows."""
         columns: dict[str, pa.Array] = {k: state[k] for k in self.key}
         for agg in self.aggregations:
             if isinstance(agg, Count):
@@ -285,45 +303,75 @@ class RunningAggregate(Node):
         return {**super().describe(), "key": list(self.key), "aggregations": [a.name for a in self.aggregations]}
 
 
-def _inexact(column: str) -> "Column":
-    """Whether a key's epoch sum of ``column`` cannot be the exact decimal sum.
+def _fallback_sums(
+    ctx: Any, keyed: "DataFrame", key: tuple[str, ...], column: str, keys: pa.Table
+) -> dict[tuple[Any, ...], float]:
+    """Epoch sums of ``column`` for ``keys`` (methods 2 and 3 of the module docstring).
 
-    True when a value has no exact decimal form, or when the values are so
-    large that some partial sum could leave the decimal range: with
-    n x max|x| below 1e19 no partial sum can overflow, whatever the
-    partitioning, so the exact sum never depends on it.
-    """
-    from pyspark.sql import functions as F
-
-    bound = F.col(f"_maxabs_{column}") * F.col(f"_nexact_{column}")
-    return (F.col(f"_ninexact_{column}") > 0) | F.coalesce(bound >= F.lit(_EXACT_SUM_BOUND), F.lit(False))
-
-
-def _sorted_sums(ctx: Any, keyed: "DataFrame", key: tuple[str, ...], column: str, keys: pa.Table) -> dict[tuple[Any, ...], float]:
-    """Epoch sums of ``column`` for ``keys``, folded over the values sorted ascending.
-
-    The fallback for keys with a value outside the exact decimal range: the
-    sorted order depends only on the values, never on how Spark partitioned
-    them, so the result is still the same at any parallelism.
+    The exact ``decimal(38,18)`` sum, or for a key with a value outside that
+    range (or values large enough that a partial sum could overflow it) the
+    values folded sorted ascending. Both depend only on the key's values,
+    never on how Spark partitioned them.
     """
     from pyspark.sql import functions as F
 
     wanted = ctx.spark.createDataFrame(keys)
-    values = F.array_sort(F.collect_list(F.col(column).cast("double")))
-    folded = (
+    value = F.col(column).cast("double")
+    exact = value.try_cast(_EXACT_SUM_TYPE)
+    is_exact = exact.isNotNull() & (exact.cast("double") == value)
+    bound = F.max(F.when(is_exact, F.abs(value))) * F.count_if(is_exact)
+    inexact = (F.count_if(value.isNotNull() & ~is_exact) > 0) | F.coalesce(bound >= F.lit(_EXACT_SUM_BOUND), F.lit(False))
+    values = F.array_sort(F.collect_list(value))
+    sums = (
         keyed.join(F.broadcast(wanted), on=list(key), how="left_semi")
         .groupBy(*key)
-        .agg(F.aggregate(values, F.lit(0.0), lambda acc, x: acc + x).alias("_sum"))
+        .agg(
+            inexact.alias("_inexact"),
+            # try_sum: never raises; a key that could overflow is inexact above.
+            F.coalesce(F.try_sum(F.when(is_exact, exact)).cast("double"), F.lit(0.0)).alias("_exact"),
+            F.aggregate(values, F.lit(0.0), lambda acc, x: acc + x).alias("_sorted"),
+        )
     )
-    return {tuple(row[k] for k in key): row["_sum"] for row in folded.collect()}
+    return {tuple(row[k] for k in key): row["_sorted"] if row["_inexact"] else row["_exact"] for row in sums.collect()}
 
 
-def _patch_sums(table: pa.Table, column: str, sums: dict[tuple[Any, ...], float], key: tuple[str, ...]) -> pa.Table:
-    """Replace ``sum_<column>`` of the flagged rows by base + their sorted-fold sum."""
+def _patch_sums(
+    state: pa.Table, column: str, sums: dict[tuple[Any, ...], float], key: tuple[str, ...], keys: pa.Table
+) -> pa.Table:
+    """Add the fallback epoch sums of ``keys`` to their (base) ``sum_<column>``.
+
+    The merge left those keys at their prior sum (epoch sum 0.0), so the
+    patched value is exactly base + sorted-fold sum.
+    """
     name = f"sum_{column}"
-    flags = table[f"_inexact_{column}"].to_pylist()
-    bases = table[f"_base_{column}"].to_pylist()
-    current = table[name].to_pylist()
-    keys = list(zip(*(table[k].to_pylist() for k in key)))
-    values = [bases[i] + sums[keys[i]] if flags[i] else current[i] for i in range(table.num_rows)]
-    return table.set_column(table.schema.get_field_index(name), name, pa.array(values, pa.float64()))
+    wanted = set(zip(*(keys[k].to_pylist() for k in key)))
+    current = state[name].to_pylist()
+    rows = zip(*(state[k].to_pylist() for k in key))
+    values = [value + sums[row] if row in wanted else value for row, value in zip(rows, current)]
+    return state.set_column(state.schema.get_field_index(name), name, pa.array(values, pa.float64()))
+
+
+def _least(prev: pa.ChunkedArray, value: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Spark's ``least(prev, value)`` on doubles: nulls skipped, NaN above every number."""
+    take_value = pc.or_kleene(
+        pc.is_null(prev),
+        pc.and_kleene(pc.is_valid(value), pc.or_kleene(pc.is_nan(prev), pc.less(value, prev))),
+    )
+    return pc.if_else(pc.fill_null(take_value, False), value, prev)
+
+
+def _greatest(prev: pa.ChunkedArray, value: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Spark's ``greatest(prev, value)`` on doubles: nulls skipped, NaN above every number."""
+    take_value = pc.or_kleene(
+        pc.is_null(prev),
+        pc.and_kleene(
+            pc.is_valid(value),
+            pc.and_kleene(pc.invert(pc.is_nan(prev)), pc.or_kleene(pc.is_nan(value), pc.greater(value, prev))),
+        ),
+    )
+    return pc.if_else(pc.fill_null(take_value, False), value, prev)
+
+
+def _frame_of(ctx: Any, table: pa.Table) -> "DataFrame":
+    """The operator's output as a DataFrame for downstream nodes."""
+    return ctx.spark.createDataFrame(table)

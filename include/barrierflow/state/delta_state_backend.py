@@ -19,6 +19,7 @@ from barrierflow.checkpoint import TableKind
 from barrierflow.delta_commit import open_table
 from barrierflow.errors import CheckpointError
 from barrierflow.operators.base import KEY_GROUP, StateSpec
+from barrierflow.state import resident
 from barrierflow.storage import join_uri
 
 if TYPE_CHECKING:
@@ -40,19 +41,29 @@ class DeltaStateBackend:
     def __init__(self, ctx: "EpochContext") -> None:
         self._ctx = ctx
         self._pruned: dict[str, list[int]] = {}
+        # Per state table read whole on the driver: its snapshot and live rows.
+        self._bases: dict[str, tuple[resident.Snapshot, pa.Table]] = {}
 
-    def _files(self, spec: StateSpec, touched: "DataFrame | None") -> list[str]:
+    def _open(self, spec: StateSpec) -> Any:
+        """The state table as of the last completed epoch, or None before its first commit."""
         ctx = self._ctx
-        uri = ctx.layout.state_table(spec.operator_id, spec.name)
-        table = open_table(uri)
+        table = open_table(ctx.layout.state_table(spec.operator_id, spec.name))
         if table is None:
-            return []
+            return None
         committed = table.transaction_version(ctx.app_id)
         if committed is not None and ctx.last_completed_epoch is not None and committed > ctx.last_completed_epoch:
             raise CheckpointError(
                 f"state table {spec.table_name} holds epoch {committed}, newer than the last "
                 f"completed epoch {ctx.last_completed_epoch}: run recovery first"
             )
+        return table
+
+    def _files(self, spec: StateSpec, touched: "DataFrame | None") -> list[str]:
+        ctx = self._ctx
+        uri = ctx.layout.state_table(spec.operator_id, spec.name)
+        table = self._open(spec)
+        if table is None:
+            return []
         actions = pa.table(table.get_add_actions(flatten=True))
         paths = actions.column("path").to_pylist()
         if touched is None or len(paths) < _PRUNE_MIN_FILES or f"min.{KEY_GROUP}" not in actions.column_names:
@@ -97,6 +108,42 @@ class DeltaStateBackend:
             live = live.where(F.col("_updated_at_ms") + F.lit(spec.ttl_ms) > F.lit(ctx.processing_time_ms))
         return live.drop("_deleted", "_epoch")
 
+    def read_arrow(self, spec: StateSpec, key_groups: list[int]) -> pa.Table:
+        """Live rows of ``spec`` in ``key_groups``, on the driver (``spec.arrow_schema()`` columns).
+
+        For operators that merge collected rows on the driver. The rows come
+        from the resident copy when it is exactly the table's current
+        snapshot (:mod:`barrierflow.state.resident`), else from the table's
+        files, read whole when small enough to keep resident for the next
+        epoch and only for ``key_groups`` otherwise.
+        """
+        ctx = self._ctx
+        uri = ctx.layout.state_table(spec.operator_id, spec.name)
+        schema = spec.arrow_schema()
+        table = self._open(spec)
+        snapshot = resident.Snapshot.of(table)
+        live = resident.lookup(uri, snapshot)
+        if live is None:
+            if table is None:
+                live = schema.empty_table()
+            else:
+                actions = pa.table(table.get_add_actions(flatten=True))
+                stored = sum(n or 0 for n in actions.column("num_records").to_pylist())
+                whole = stored <= resident.max_rows()
+                dataset = table.to_pyarrow_dataset()
+                selected = None if whole else pc.field(KEY_GROUP).isin(key_groups)
+                stored_rows = dataset.to_table(filter=selected).select(schema.names).cast(schema)
+                live = latest_rows(stored_rows, spec.key_columns)
+                if not whole:
+                    snapshot = resident.Snapshot(None, None)
+        if snapshot.version is not None or table is None:
+            self._bases[spec.table_name] = (snapshot, live)
+        rows = live.filter(pc.is_in(live[KEY_GROUP], pa.array(key_groups, pa.int32())))
+        if spec.ttl_ms is not None:
+            alive = pc.greater(pc.add(rows["_updated_at_ms"], spec.ttl_ms), ctx.processing_time_ms)
+            rows = rows.filter(alive)
+        return rows
+
     def stage(self, spec: StateSpec, changes: "DataFrame") -> None:
         """Stage changed keys: ``changes`` has keys, key group, values and ``_deleted``."""
         from pyspark.sql import functions as F
@@ -113,9 +160,19 @@ class DeltaStateBackend:
         self.stage_arrow(spec, ctx.to_arrow(rows, spec.arrow_schema()))
 
     def stage_arrow(self, spec: StateSpec, data: pa.Table) -> None:
-        """Stage state rows already collected, in :meth:`StateSpec.arrow_schema` form."""
+        """Stage state rows already collected, in :meth:`StateSpec.arrow_schema` form.
+
+        If :meth:`read_arrow` read the whole table, the live rows after this
+        epoch stay resident, pending its commit.
+        """
         ctx = self._ctx
         uri = ctx.layout.state_table(spec.operator_id, spec.name)
+        base = self._bases.get(spec.table_name)
+        if base is not None:
+            snapshot, live = base
+            unchanged = live.join(data.select(spec.key_columns), keys=spec.key_columns, join_type="left anti")
+            changed = data.filter(pc.invert(data["_deleted"]))
+            resident.stage(uri, snapshot, ctx.attempt_id, pa.concat_tables([unchanged.select(data.schema.names), changed]))
         ctx.stage(
             name=spec.table_name,
             uri=uri,
@@ -178,8 +235,11 @@ def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) ->
     paths = sorted(live_paths(table))
     if len(paths) <= 1:
         return None
-    data = table.to_pyarrow_table()
-    compacted = latest_rows(data, spec.key_columns).cast(spec.arrow_schema())
+    before = resident.Snapshot.of(table)
+    live = resident.lookup(uri, before)
+    if live is None:
+        live = latest_rows(table.to_pyarrow_table(), spec.key_columns)
+    compacted = live.select(spec.arrow_schema().names).cast(spec.arrow_schema())
     staged = stage_table(uri, f"_compacted/{epoch:010d}-{attempt_id}", compacted, sort_by=(KEY_GROUP, *spec.key_columns))
     now = time.time_ns() // 1_000_000
     actions: list[Any] = [
@@ -199,4 +259,6 @@ def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) ->
         )
     except CommitFailedError:
         return None  # someone else moved the table; compaction is best effort
-    return open_table(uri).version()  # type: ignore[union-attr]
+    version = open_table(uri).version()  # type: ignore[union-attr]
+    resident.advance(uri, before, version)
+    return version
