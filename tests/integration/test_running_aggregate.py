@@ -27,6 +27,8 @@ from barrierflow.pipeline import PipelineBuilder, pipeline
 from barrierflow.query import run_query
 from barrierflow.sinks import DeltaSink
 from barrierflow.sources import FileSource
+from barrierflow.state import resident
+from barrierflow.state.delta_state_backend import latest_rows
 
 READINGS = pa.schema(
     [
@@ -113,6 +115,9 @@ def _totals(warehouse: Path) -> dict[str, dict[str, Any]]:
 # partial sum could overflow (sorted fold).
 _SPECIAL = {
     "short": [21.37, 19.5, -3.25, 0.1, 0.2, 0.3, 100.0, 1e-3],
+    # Seven decimals, or a millionths sum beyond 2**53: decimal(38,18), not micro-units.
+    "seven_decimals": [0.1234567, 1.0, -2.5],
+    "micro_sum_bound": [999999999.999999] * 12,
     "long_digits": [1.2345678901234567e-5, 2.5, 7.0e-19, 3.3],
     "huge": [9e18, 9e18, -1.5, 4.25e18],
     "beyond": [1.5e25, 2.0, 3.0e-30],
@@ -193,3 +198,30 @@ def test_bad_lines_make_the_epoch_compute_again_with_ordered_reads(
             if f.endswith(".parquet")
         }
         assert on_disk == live, uri
+
+
+def test_resident_state_is_used_only_while_it_is_the_tables_snapshot(spark: Any, tmp_path: Path) -> None:
+    landing = tmp_path / "landing"
+    files = [[_record(10 * e + n, "abc"[n % 3], 1.5 * n + e) for n in range(6)] for e in range(3)]
+    for e, records in enumerate(files):
+        _write(landing, f"part-{e:03d}.jsonl", [json.dumps(r) for r in records])
+    warehouse = tmp_path / "wh"
+    _run(spark, landing, warehouse)
+    from deltalake import DeltaTable
+
+    uri = PipelineLayout.of(str(warehouse), "running_totals").state_table("totals", "accumulators")
+    table = DeltaTable(uri)
+    copy = resident.lookup(uri, resident.Snapshot.of(table))
+    assert copy is not None, "three epochs in one process left no resident copy"
+    stored = latest_rows(table.to_pyarrow_table(), ["sensor_id"])
+    assert copy.sort_by("sensor_id").to_pylist() == stored.select(copy.schema.names).sort_by("sensor_id").to_pylist()
+    # A commit from elsewhere: the copy no longer describes the table, so the
+    # next epoch must read the table (where sensor a has no state any more).
+    table.delete("sensor_id = 'a'")
+    assert resident.lookup(uri, resident.Snapshot.of(DeltaTable(uri))) is None
+    extra = [_record(100 + n, "ab"[n % 2], 2.0 + n) for n in range(4)]
+    _write(landing, "part-003.jsonl", [json.dumps(r) for r in extra])
+    _run(spark, landing, warehouse)
+    got = _totals(warehouse)
+    assert got["a"]["count"] == 2 and got["a"]["sum"] == 2.0 + 4.0
+    assert got["b"]["count"] == 6 + 2 and got["c"]["count"] == 6
