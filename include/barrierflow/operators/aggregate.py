@@ -180,8 +180,8 @@ class RunningAggregate(Node):
         """Fold the epoch's records into each touched key's accumulators.
 
         1. Aggregate the epoch per key natively and collect it once: count,
-           exact decimal sums rounded to doubles (with the flags of keys whose
-           sum cannot be exact), min, max.
+           exact sums in micro-units rounded to doubles (with the flags of
+           keys that need another method), min, max.
         2. Read the touched keys' prior accumulators on the driver (resident
            between epochs, see :mod:`barrierflow.state.resident`).
         3. Merge with the same IEEE double arithmetic Spark would use
@@ -247,7 +247,7 @@ class RunningAggregate(Node):
     def _merge(
         self, spec: StateSpec, epoch: pa.Table, prior: pa.Table, processing_time_ms: int, epoch_number: int
     ) -> tuple[pa.Table, dict[str, pa.Table]]:
-        """New accumulators of the epoch's keys, and per sum column the keys to fold sorted.
+        """New accumulators of the epoch's keys, and per sum column the keys for :func:`_fallback_sums`.
 
         Arithmetic as Spark's: count + n, double sum + the rounded exact
         epoch sum (0.0 for a flagged key, patched later), and ``least`` /
@@ -261,7 +261,6 @@ class RunningAggregate(Node):
         columns: dict[str, pa.ChunkedArray] = {k: merged[k] for k in self.key}
         columns[KEY_GROUP] = merged[KEY_GROUP]
         flagged: dict[str, pa.Table] = {}
-        bases: dict[str, pa.ChunkedArray] = {}
         for name, col, _ in accs:
             prev = merged[f"_prev_{name}"]
             if name == "count":
@@ -269,15 +268,14 @@ class RunningAggregate(Node):
             elif name.startswith("sum_"):
                 inexact = merged[f"_inexact_{col}"]
                 epoch_sum = pc.if_else(inexact, 0.0, pc.fill_null(merged[f"_esum_{col}"], 0.0))
-                bases[col] = pc.fill_null(prev, 0.0)
-                columns[name] = pc.add(bases[col], epoch_sum)
+                columns[name] = pc.add(pc.fill_null(prev, 0.0), epoch_sum)
                 flagged[col] = merged.filter(inexact).select(list(self.key))
             elif name.startswith("min_"):
                 columns[name] = _least(prev, merged[f"_emin_{col}"])
             else:
                 columns[name] = _greatest(prev, merged[f"_emax_{col}"])
         n = merged.num_rows
-        columns["_updated_at_ms"] = pa.array([processing_time_ms] * n, pa.int64()) if n else pa.array([], pa.int64())
+        columns["_updated_at_ms"] = pa.array([processing_time_ms] * n, pa.int64())
         columns["_deleted"] = pa.array([False] * n, pa.bool_())
         columns["_epoch"] = pa.array([epoch_number] * n, pa.int64())
         state = pa.table(columns).cast(spec.arrow_schema())
