@@ -191,7 +191,8 @@ class RunningAggregate(Node):
         """
         spec = self._spec(ctx.arrow_types(df, self.key))
         keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
-        epoch = ctx.to_arrow(keyed.groupBy(*self.key, KEY_GROUP).agg(*self._epoch_aggregates()), self._epoch_schema(spec))
+        aggregated = keyed.groupBy(*self.key, KEY_GROUP).agg(*self._epoch_aggregates())
+        epoch = ctx.to_arrow(aggregated, ctx.arrow_schema(aggregated))
         key_groups = pc.unique(epoch[KEY_GROUP]).to_pylist()
         prior = ctx.state.read_arrow(spec, key_groups)
         state, flagged = self._merge(spec, epoch, prior, ctx.processing_time_ms, ctx.epoch)
@@ -200,7 +201,7 @@ class RunningAggregate(Node):
                 state = _patch_sums(state, col, _fallback_sums(ctx, keyed, self.key, col, keys), self.key, keys)
         ctx.state.stage_arrow(spec, state)
         outputs = self._outputs_arrow(state)
-        out = _frame_of(ctx, outputs)
+        out = ctx.spark.createDataFrame(outputs)
         # Sinks take the collected rows instead of computing them again.
         ctx.remember_arrow(out, outputs)
         return out
@@ -232,17 +233,6 @@ class RunningAggregate(Node):
             else:
                 aggregates.append(F.max(value).alias(f"_emax_{col}"))
         return aggregates
-
-    def _epoch_schema(self, spec: StateSpec) -> pa.Schema:
-        fields = [*spec.key_fields, pa.field(KEY_GROUP, pa.int32()), pa.field("_n", pa.int64())]
-        for name, col, _ in self._accumulators():
-            if name.startswith("sum_"):
-                fields += [pa.field(f"_esum_{col}", pa.float64()), pa.field(f"_inexact_{col}", pa.bool_())]
-            elif name.startswith("min_"):
-                fields.append(pa.field(f"_emin_{col}", pa.float64()))
-            elif name.startswith("max_"):
-                fields.append(pa.field(f"_emax_{col}", pa.float64()))
-        return pa.schema(fields)
 
     def _merge(
         self, spec: StateSpec, epoch: pa.Table, prior: pa.Table, processing_time_ms: int, epoch_number: int
@@ -368,8 +358,3 @@ def _greatest(prev: pa.ChunkedArray, value: pa.ChunkedArray) -> pa.ChunkedArray:
         ),
     )
     return pc.if_else(pc.fill_null(take_value, False), value, prev)
-
-
-def _frame_of(ctx: Any, table: pa.Table) -> "DataFrame":
-    """The operator's output as a DataFrame for downstream nodes."""
-    return ctx.spark.createDataFrame(table)

@@ -202,8 +202,7 @@ class FileSource:
         observation = Observation()
         observed = parsed.observe(observation, F.count_if(good).alias("good"), F.count_if(bad).alias("bad"))
         records = observed.where(good).select("_value.*")
-        empty = spark.createDataFrame([], "source string, source_file string, line long, raw string, reason string")
-        return SourceBatch(records=records, dead_letters=empty, observation=observation)
+        return SourceBatch(records=records, dead_letters=_no_dead_letters(spark), observation=observation)
 
     def _tasks(self, base: str, ranges: list[list[Any]]) -> list[tuple[str, int, str, int, int, int, int]]:
         # (name, file index in the epoch, path, from_line, to_line (-1: to the end), byte_start, byte_end)
@@ -354,13 +353,17 @@ class FileSource:
         records = frames[0]
         for other in frames[1:]:
             records = records.unionByName(other)
-        empty = spark.createDataFrame([], "source string, source_file string, line long, raw string, reason string")
-        return SourceBatch(records=records, dead_letters=empty)
+        return SourceBatch(records=records, dead_letters=_no_dead_letters(spark))
 
 
 _RAW_SCHEMA = pa.schema(
     [("_fidx", pa.int32()), ("_line", pa.int64()), ("_raw", pa.string()), ("_error", pa.string())]
 )
+
+
+def _no_dead_letters(spark: "SparkSession") -> "DataFrame":
+    """An empty dead-letter frame, for reads that cannot produce dead letters."""
+    return spark.createDataFrame([], "source string, source_file string, line long, raw string, reason string")
 
 
 def _parsed_schema(parser_schema: pa.Schema) -> pa.Schema:

@@ -64,7 +64,7 @@ class DeltaStateBackend:
         table = self._open(spec)
         if table is None:
             return []
-        actions = pa.table(table.get_add_actions(flatten=True))
+        actions = _add_actions(table)
         paths = actions.column("path").to_pylist()
         if touched is None or len(paths) < _PRUNE_MIN_FILES or f"min.{KEY_GROUP}" not in actions.column_names:
             return [join_uri(uri, p) for p in paths]
@@ -119,24 +119,18 @@ class DeltaStateBackend:
         """
         ctx = self._ctx
         uri = ctx.layout.state_table(spec.operator_id, spec.name)
-        schema = spec.arrow_schema()
         table = self._open(spec)
         snapshot = resident.Snapshot.of(table)
         live = resident.lookup(uri, snapshot)
-        if live is None:
-            if table is None:
-                live = schema.empty_table()
-            else:
-                actions = pa.table(table.get_add_actions(flatten=True))
-                stored = sum(n or 0 for n in actions.column("num_records").to_pylist())
-                whole = stored <= resident.max_rows()
-                dataset = table.to_pyarrow_dataset()
-                selected = None if whole else pc.field(KEY_GROUP).isin(key_groups)
-                stored_rows = dataset.to_table(filter=selected).select(schema.names).cast(schema)
-                live = latest_rows(stored_rows, spec.key_columns)
-                if not whole:
-                    snapshot = resident.Snapshot(None, None)
-        if snapshot.version is not None or table is None:
+        whole = True
+        if live is None and table is None:
+            live = spec.arrow_schema().empty_table()
+        elif live is None:
+            whole = _stored_rows(table) <= resident.max_rows()
+            selected = None if whole else pc.field(KEY_GROUP).isin(key_groups)
+            stored = table.to_pyarrow_dataset().to_table(filter=selected)
+            live = latest_rows(stored.select(spec.arrow_schema().names).cast(spec.arrow_schema()), spec.key_columns)
+        if whole:  # the base a resident copy for the next epoch starts from
             self._bases[spec.table_name] = (snapshot, live)
         rows = live.filter(pc.is_in(live[KEY_GROUP], pa.array(key_groups, pa.int32())))
         if spec.ttl_ms is not None:
@@ -183,6 +177,15 @@ class DeltaStateBackend:
         )
 
 
+def _add_actions(table: Any) -> pa.Table:
+    """The live files of a Delta snapshot, with flattened statistics."""
+    return pa.table(table.get_add_actions(flatten=True))
+
+
+def _stored_rows(table: Any) -> int:
+    return sum(n or 0 for n in _add_actions(table).column("num_records").to_pylist())
+
+
 def latest_rows(data: pa.Table, key_columns: list[str]) -> pa.Table:
     """One row per key, the one with the highest ``_epoch``, tombstones dropped."""
     if data.num_rows == 0:
@@ -209,7 +212,7 @@ def needs_compaction(uri: str) -> bool:
     table = open_table(uri)
     if table is None:
         return False
-    actions = pa.table(table.get_add_actions(flatten=True))
+    actions = _add_actions(table)
     if actions.num_rows <= 1:
         return False
     rows = [n or 0 for n in actions.column("num_records").to_pylist()]
