@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from datetime import datetime, timezone
-from typing import Iterable
+from typing import Any, Iterable
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -20,6 +20,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from barrierflow.checkpoint import CheckpointRecord, EpochStatus
 from barrierflow.errors import CheckpointError
 from barrierflow.layout import PipelineLayout
+from barrierflow.storage import local_path
 
 __all__ = ["CheckpointLog", "iso_now", "iso_us", "now_us"]
 
@@ -67,6 +68,10 @@ class CheckpointLog:
 
     def __init__(self, layout: PipelineLayout) -> None:
         self._uri = layout.checkpoint_log
+        # Rows already read, per live data file: the log only grows, so each
+        # read opens just the files added since the previous one.
+        self._table: DeltaTable | None = None
+        self._rows_by_file: dict[str, list[dict[str, Any]]] = {}
 
     @property
     def uri(self) -> str:
@@ -84,12 +89,13 @@ class CheckpointLog:
     def records(self) -> list[CheckpointRecord]:
         """Every distinct transition, in the order it was first recorded."""
         try:
-            table = DeltaTable(self._uri).to_pyarrow_table()
+            rows = self._rows()
         except TableNotFoundError:
             return []
-        except DeltaError as exc:
+        except (DeltaError, OSError, pa.ArrowException) as exc:
+            self._table = None
             raise CheckpointError(f"cannot read checkpoint log {self._uri}: {exc}") from exc
-        rows = sorted(table.to_pylist(), key=lambda r: r["recorded_at_us"])
+        rows = sorted(rows, key=lambda r: r["recorded_at_us"])
         seen: set[tuple[str, int, str]] = set()
         out: list[CheckpointRecord] = []
         for row in rows:
@@ -100,6 +106,27 @@ class CheckpointLog:
             row["status"] = EpochStatus(row["status"])
             out.append(CheckpointRecord(**row))
         return out
+
+    def _rows(self) -> list[dict[str, Any]]:
+        """Rows of the table's live files, reading only files not read before.
+
+        A file that vanished (the table was rewritten or re-created) makes
+        the next read start over from a freshly opened table.
+        """
+        if self._table is None:
+            self._table = DeltaTable(self._uri)
+        else:
+            self._table.update_incremental()
+        live = self._table.file_uris()
+        fresh = [uri for uri in live if uri not in self._rows_by_file]
+        try:
+            rows = _read_rows(fresh)
+        except FileNotFoundError:
+            self._table, self._rows_by_file = DeltaTable(self._uri), {}
+            live = fresh = self._table.file_uris()
+            rows = _read_rows(fresh)
+        self._rows_by_file = {uri: self._rows_by_file.get(uri) or rows[uri] for uri in live}
+        return [dict(row) for uri in live for row in self._rows_by_file[uri]]
 
     def lineage_records(self, lineage_id: str) -> list[CheckpointRecord]:
         return [r for r in self.records() if r.lineage_id == lineage_id]
@@ -112,3 +139,18 @@ class CheckpointLog:
     @staticmethod
     def status_of(records: Iterable[CheckpointRecord], epoch: int) -> set[EpochStatus]:
         return {r.status for r in records if r.epoch == epoch}
+
+
+def _read_rows(uris: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Rows per data file; columns a file predates read as null."""
+    import pyarrow.dataset as ds
+
+    out: dict[str, list[dict[str, Any]]] = {uri: [] for uri in uris}
+    if not uris:
+        return out
+    by_path = {local_path(uri): uri for uri in uris}
+    dataset = ds.dataset(list(by_path), schema=_SCHEMA, format="parquet")
+    table = dataset.to_table(columns=[*_SCHEMA.names, "__filename"])
+    for row in table.to_pylist():
+        out[by_path[row.pop("__filename")]].append(row)
+    return out

@@ -92,6 +92,8 @@ def stage_table(
                 chunk,
                 path,
                 compression="zstd",
+                # Floating-point values rarely repeat: a dictionary costs time and bytes.
+                use_dictionary=[f.name for f in chunk.schema if not pa.types.is_floating(f.type)],
                 coerce_timestamps="us",
                 use_deprecated_int96_timestamps=False,
                 row_group_size=64 * 1024,

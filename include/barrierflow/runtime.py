@@ -62,7 +62,7 @@ class EpochContext:
         self.commits: dict[str, TableCommit] = {}
         self.state = DeltaStateBackend(self)
         self._persisted: list["DataFrame"] = []
-        self._collected: dict[int, tuple["DataFrame", pa.Table]] = {}
+        self._frames: dict[int, tuple[pa.Table, "DataFrame"]] = {}
 
     # -- helpers for operators ----------------------------------------------
 
@@ -103,14 +103,15 @@ class EpochContext:
             return schema.empty_table()
         return table.select(schema.names).cast(schema)
 
-    def remember_arrow(self, df: "DataFrame", table: pa.Table) -> None:
-        """Record that ``table`` holds exactly the rows of ``df`` (already collected)."""
-        self._collected[id(df)] = (df, table)
-
-    def arrow_of(self, df: "DataFrame") -> pa.Table | None:
-        """The rows of ``df`` if an operator already collected them, else None."""
-        entry = self._collected.get(id(df))
-        return entry[1] if entry is not None and entry[0] is df else None
+    def frame(self, rows: "DataFrame | pa.Table") -> "DataFrame":
+        """``rows`` as a Spark frame; an Arrow table is converted once per epoch."""
+        if not isinstance(rows, pa.Table):
+            return rows
+        entry = self._frames.get(id(rows))
+        if entry is None or entry[0] is not rows:
+            entry = (rows, self.spark.createDataFrame(rows))
+            self._frames[id(rows)] = entry
+        return entry[1]
 
     def observe_event_time(self, max_us: int | None, out_of_orderness_us: int) -> None:
         """Advance W(n) = max event time so far - out-of-orderness."""
@@ -154,7 +155,7 @@ class EpochContext:
         for df in self._persisted:
             df.unpersist()
         self._persisted.clear()
-        self._collected.clear()
+        self._frames.clear()
 
 
 class _OrderedReadRequired(Exception):
@@ -223,10 +224,9 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
     pipe, barrier, spark = ctx.pipeline, ctx.barrier, ctx.spark
     ctx.staging_prefix = ctx.layout.staging_prefix(barrier.lineage_id, barrier.epoch, ctx.attempt_id)
     spark.conf.set("spark.sql.shuffle.partitions", str(pipe.parallelism))
-    outputs: dict[int, "DataFrame"] = {}
+    outputs: dict[int, "DataFrame | pa.Table"] = {}
     dead_letters: list["DataFrame"] = []
     observed: list[tuple[Any, "DataFrame"]] = []
-    unordered: list[bool] = []
     rows_in = 0
     try:
         for node in pipe.nodes:
@@ -239,9 +239,10 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                 )
                 if batch.observation is not None:
                     # Counted while the operators run; checked once they have.
-                    records, dead = batch.records, batch.dead_letters
+                    records = batch.records
                     observed.append((batch.observation, records))
                 else:
+                    assert batch.dead_letters is not None
                     ctx.track(*batch.shared)
                     # Sources that share a cached parse need no second cache.
                     records = batch.records if batch.shared else ctx.persist(batch.records)
@@ -249,16 +250,16 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                     read_started = time.monotonic()
                     rows_in += records.count() + dead.count()
                     _log.info("epoch %d: reading %s took %.0f ms", barrier.epoch, node.operator_id, (time.monotonic() - read_started) * 1000)
-                dead_letters.append(dead)
-                unordered.append(batch.observation is not None)
+                    dead_letters.append(dead)
                 outputs[id(node)] = records
                 faults.maybe_fail("process.after_read")
                 continue
             assert node.parent is not None
             node_started = time.monotonic()
-            df = node.apply(ctx, outputs[id(node.parent)])
+            rows = outputs[id(node.parent)]
+            df = node.apply(ctx, rows if node.accepts_arrow else ctx.frame(rows))
             _log.info("epoch %d: %s took %.0f ms", barrier.epoch, node.operator_id, (time.monotonic() - node_started) * 1000)
-            if len(pipe.children(node)) > 1:
+            if len(pipe.children(node)) > 1 and not isinstance(df, pa.Table):
                 df = ctx.persist(df)
             outputs[id(node)] = df
         for observation, records in observed:
@@ -268,10 +269,9 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
             rows_in += metrics["good"]
         tail_started = time.monotonic()
         # Unordered reads have no dead letters (a bad line forces an ordered read).
-        frames = [df for df, checked in zip(dead_letters, unordered) if not checked]
-        if frames:
-            dead_df = frames[0]
-            for other in frames[1:]:
+        if dead_letters:
+            dead_df = dead_letters[0]
+            for other in dead_letters[1:]:
                 dead_df = dead_df.unionByName(other)
             dead_df = dead_df.withColumn("_epoch", F.lit(barrier.epoch).cast("long"))
             dead_rows = ctx.to_arrow(dead_df, DEAD_LETTER_SCHEMA)

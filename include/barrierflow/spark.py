@@ -4,15 +4,34 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Hashable, TypeVar
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["get_spark", "launched_by_spark_submit", "MASTER_ENV"]
+__all__ = ["get_spark", "launched_by_spark_submit", "session_cached", "MASTER_ENV"]
 
 MASTER_ENV = "BARRIERFLOW_SPARK_MASTER"
 _session: "SparkSession | None" = None
+_T = TypeVar("_T")
+_cached: dict[Hashable, tuple[Any, Any]] = {}
+
+
+def session_cached(key: Hashable, build: Callable[[], _T]) -> _T:
+    """``build()`` once per Spark context, e.g. Column expressions.
+
+    Every Column operation is a py4j round trip; an operator that builds the
+    same expressions every epoch pays tens of milliseconds for nothing.
+    """
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    hit = _cached.get(key)
+    if hit is not None and hit[0] is context:
+        return hit[1]  # type: ignore[no-any-return]
+    value = build()
+    _cached[key] = (context, value)
+    return value
 
 
 def launched_by_spark_submit() -> bool:

@@ -7,8 +7,11 @@ the values' decimal forms, rounded once to a double and added to the stored
 sum. Which exact method a key uses depends only on its epoch's values:
 
 1. Micro-units: every value is below 1e9 in magnitude and a whole number of
-   millionths (``round(v * 1e6) / 1e6 == v``): integer sum of the
+   millionths (``rint(v * 1e6) / 1e6 == v``): integer sum of the
    millionths, exact while it stays below 2**53, then one IEEE division.
+   (``rint`` rounds half to even, cheaply; a value whose ``v * 1e6`` is a
+   tie is never a whole number of millionths, so the rounding mode of ties
+   cannot matter.)
 2. Otherwise ``decimal(38,18)`` (every double between 1e-18 and 1e20 that
    is written with at most 18 decimals), in a second, small job over only
    those keys.
@@ -30,6 +33,7 @@ import pyarrow.compute as pc
 
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import KEY_GROUP, Node, StateSpec, key_group_column
+from barrierflow.spark import session_cached
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -176,7 +180,7 @@ class RunningAggregate(Node):
     # Arrival order never matters here: sums are exact (see the module docstring).
     needs_arrival_order = False
 
-    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
+    def apply(self, ctx: Any, df: "DataFrame") -> pa.Table:
         """Fold the epoch's records into each touched key's accumulators.
 
         1. Aggregate the epoch per key natively and collect it once: count,
@@ -187,11 +191,13 @@ class RunningAggregate(Node):
         3. Merge with the same IEEE double arithmetic Spark would use
            (:func:`_merge`); keys whose sum could not be taken in micro-units
            get their epoch sum from :func:`_fallback_sums`.
-        4. Stage the changed keys as this epoch's state rows; emit them.
+        4. Stage the changed keys as this epoch's state rows; emit them as
+           Arrow (already on the driver; see ``Node.accepts_arrow``).
         """
         spec = self._spec(ctx.arrow_types(df, self.key))
         keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
-        aggregated = keyed.groupBy(*self.key, KEY_GROUP).agg(*self._epoch_aggregates())
+        aggregates = session_cached(("running_aggregate", self.aggregations), self._epoch_aggregates)
+        aggregated = keyed.groupBy(*self.key, KEY_GROUP).agg(*aggregates)
         epoch = ctx.to_arrow(aggregated, ctx.arrow_schema(aggregated))
         key_groups = pc.unique(epoch[KEY_GROUP]).to_pylist()
         prior = ctx.state.read_arrow(spec, key_groups)
@@ -200,11 +206,7 @@ class RunningAggregate(Node):
             if keys.num_rows:
                 state = _patch_sums(state, col, _fallback_sums(ctx, keyed, self.key, col, keys), self.key, keys)
         ctx.state.stage_arrow(spec, state)
-        outputs = self._outputs_arrow(state)
-        out = ctx.spark.createDataFrame(outputs)
-        # Sinks take the collected rows instead of computing them again.
-        ctx.remember_arrow(out, outputs)
-        return out
+        return self._outputs_arrow(state)
 
     def _epoch_aggregates(self) -> list["Column"]:
         from pyspark.sql import functions as F
@@ -215,7 +217,7 @@ class RunningAggregate(Node):
                 continue
             value = F.col(col).cast("double")
             if name.startswith("sum_"):
-                scaled = F.round(value * F.lit(_MICRO))
+                scaled = F.rint(value * F.lit(_MICRO))
                 exact = (F.abs(value) < F.lit(_MICRO_VALUE_BOUND)) & (scaled / F.lit(_MICRO) == value)
                 units = F.when(exact, scaled.cast("long"))
                 # try_sum: a key large enough to overflow is flagged below, never raises.

@@ -25,8 +25,12 @@ class Node:
     # Whether the operator reads the ``_seq`` arrival position of its input
     # records; a source whose consumers all do without it may skip numbering lines.
     needs_arrival_order = True
+    # Whether ``apply`` also takes a ``pyarrow.Table``: an operator whose
+    # result is already on the driver returns it as Arrow, and only
+    # consumers without this flag get it as a Spark frame.
+    accepts_arrow = False
 
-    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
+    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame | pa.Table":
         raise NotImplementedError
 
     def state_specs(self) -> list["StateSpec"]:
@@ -94,7 +98,12 @@ def key_group_column(key: tuple[str, ...], key_groups: int) -> "Column":
     """Key group of a key: a fixed hash modulo the max parallelism (native Spark)."""
     from pyspark.sql import functions as F
 
-    return F.pmod(F.xxhash64(*[F.col(k) for k in key]), F.lit(key_groups)).cast("int")
+    from barrierflow.spark import session_cached
+
+    def build() -> "Column":
+        return F.pmod(F.xxhash64(*[F.col(k) for k in key]), F.lit(key_groups)).cast("int")
+
+    return session_cached(("key_group", tuple(key), key_groups), build)
 
 
 def position_order() -> list["Column"]:

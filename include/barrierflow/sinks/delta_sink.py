@@ -67,24 +67,15 @@ class DeltaSink:
         """The table-relative staging directory of this attempt."""
         return ctx.staging_prefix
 
-    def pre_commit(self, ctx: Any, df: "DataFrame") -> None:
+    def pre_commit(self, ctx: Any, df: "DataFrame | pa.Table") -> None:
         """Stage the epoch's rows; the resulting TableCommit joins the manifest."""
-        from pyspark.sql import functions as F
-
         self.begin_transaction(ctx)
         uri = ctx.layout.sink_table(self.name)
-        rows = df.withColumn("_epoch", F.lit(ctx.epoch).cast("long"))
-        schema = ctx.arrow_schema(rows)
-        collected = ctx.arrow_of(df)
-        if collected is not None:
-            epochs = pa.array([ctx.epoch] * collected.num_rows, pa.int64())
-            data = collected.append_column("_epoch", epochs).select(schema.names).cast(schema)
-        else:
-            data = ctx.to_arrow(rows, schema)
+        data = _with_epoch(ctx, df)
         if self.mode == "append":
             ctx.stage(name=self.name, uri=uri, kind=TableKind.SINK, data=data, sort_by=())
             return
-        missing = [k for k in self.key if k not in rows.columns]
+        missing = [k for k in self.key if k not in data.column_names]
         if missing:
             raise PipelineDefinitionError(f"upsert sink {self.name}: key column(s) {missing} not in its input")
         table = open_table(uri)
@@ -92,9 +83,9 @@ class DeltaSink:
         base_version = None
         if table is not None and data.num_rows:
             base_version = table.version()
-            kept, removes = self._rewrite(ctx, table, uri, rows, schema)
+            kept, removes = self._rewrite(ctx, table, uri, data.select(list(self.key)), data.schema)
             if kept is not None and kept.num_rows:
-                data = pa.concat_tables([kept.select(schema.names).cast(schema), data])
+                data = pa.concat_tables([kept.select(data.schema.names).cast(data.schema), data])
         ctx.stage(
             name=self.name,
             uri=uri,
@@ -107,7 +98,7 @@ class DeltaSink:
         )
 
     def _rewrite(
-        self, ctx: Any, table: Any, uri: str, rows: "DataFrame", schema: pa.Schema
+        self, ctx: Any, table: Any, uri: str, keys: pa.Table, schema: pa.Schema
     ) -> tuple[pa.Table | None, list[str]]:
         """Rows to keep from the files that hold changed keys, and those files."""
         from pyspark.sql import functions as F
@@ -123,7 +114,7 @@ class DeltaSink:
             .parquet(*by_abs)
             .withColumn("_path", F.col("_metadata.file_path"))
         )
-        changed = rows.select(*self.key).distinct()
+        changed = ctx.spark.createDataFrame(keys).distinct()
         hit = current.join(changed, on=list(self.key), how="left_semi").select("_path").distinct()
         hit_paths = [r["_path"] for r in hit.collect()]
         if not hit_paths:
@@ -143,6 +134,17 @@ class DeltaSink:
         remove_tree(join_uri(commit.uri, staging_prefix))
 
 
+def _with_epoch(ctx: Any, rows: "DataFrame | pa.Table") -> pa.Table:
+    """The epoch's rows on the driver with the ``_epoch`` column (never null)."""
+    from pyspark.sql import functions as F
+
+    if isinstance(rows, pa.Table):
+        epochs = pa.array([ctx.epoch] * rows.num_rows, pa.int64())
+        return rows.append_column(pa.field("_epoch", pa.int64(), nullable=False), epochs)
+    df = rows.withColumn("_epoch", F.lit(ctx.epoch).cast("long"))
+    return ctx.to_arrow(df, ctx.arrow_schema(df))
+
+
 def _strip_scheme(path: str) -> str:
     from urllib.parse import unquote, urlparse
 
@@ -154,7 +156,9 @@ def _strip_scheme(path: str) -> str:
 class SinkNode(Node):
     sink: DeltaSink | None = None
 
-    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
+    accepts_arrow = True
+
+    def apply(self, ctx: Any, df: "DataFrame | pa.Table") -> "DataFrame | pa.Table":
         assert self.sink is not None
         self.sink.pre_commit(ctx, df)
         return df

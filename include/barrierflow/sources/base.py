@@ -39,7 +39,8 @@ class SourceBatch:
     """One epoch's records of a source plus the input it could not parse."""
 
     records: "DataFrame"
-    dead_letters: "DataFrame"
+    # None for an unordered read: its bad lines force an ordered read.
+    dead_letters: "DataFrame | None"
     # Frames both outputs derive from; the runtime caches them so input is parsed once.
     shared: tuple["DataFrame", ...] = ()
     # An unordered read (no ``_seq``, nothing cached) counts its input while
