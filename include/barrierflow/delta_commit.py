@@ -138,9 +138,17 @@ def committed_version(uri: str, app: str, epoch: int) -> int | None:
     current = table.transaction_version(app)
     if current is None or current < epoch:
         return None
-    for entry in table.history():
-        if entry.get("barrierflow.app_id") == app and entry.get("barrierflow.epoch") == epoch:
-            return int(entry["version"])
+    # Newest first, widening the window: the commit is almost always the
+    # latest, and reading the whole history would grow with every epoch.
+    limit = 4
+    while True:
+        entries = table.history(limit=limit)
+        for entry in entries:
+            if entry.get("barrierflow.app_id") == app and entry.get("barrierflow.epoch") == epoch:
+                return int(entry["version"])
+        if len(entries) < limit:
+            break
+        limit *= 8
     # Committed by an epoch later than ``epoch`` only (history trimmed): the
     # table is already past it, which is all callers need to know.
     return table.version()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -59,7 +60,7 @@ class EpochContext:
         self.max_event_time_us = max_event_time_prev_us
         self.watermark_us = watermark_prev_us
         self.staging_prefix = ""
-        self.commits: dict[str, TableCommit] = {}
+        self._staging: dict[str, tuple[str, Future[TableCommit]]] = {}
         self.state = DeltaStateBackend(self)
         self._persisted: list["DataFrame"] = []
         self._frames: dict[int, tuple[pa.Table, "DataFrame"]] = {}
@@ -136,26 +137,57 @@ class EpochContext:
         base_version: int | None = None,
         primary_key: tuple[str, ...] = (),
     ) -> None:
-        if name in self.commits:
+        """Write a table's share of the epoch under the staging prefix, in the background.
+
+        Parquet encoding releases the GIL, so tables stage while the epoch
+        goes on; :meth:`commits` waits for them.
+        """
+        if name in self._staging:
             raise CheckpointError(f"table {name} staged twice in epoch {self.epoch}")
-        files: list[StagedFile] = stage_table(uri, self.staging_prefix, data, sort_by=sort_by)
-        self.commits[name] = TableCommit(
-            name=name,
-            uri=uri,
-            kind=kind,
-            schema_json=schema_json_of(data.schema),
-            partition_by=(),
-            adds=tuple(files),
-            removes=removes,
-            base_version=base_version,
-            primary_key=primary_key,
-        )
+        prefix = self.staging_prefix
+
+        def write() -> TableCommit:
+            files: list[StagedFile] = stage_table(uri, prefix, data, sort_by=sort_by)
+            return TableCommit(
+                name=name,
+                uri=uri,
+                kind=kind,
+                schema_json=schema_json_of(data.schema),
+                partition_by=(),
+                adds=tuple(files),
+                removes=removes,
+                base_version=base_version,
+                primary_key=primary_key,
+            )
+
+        self._staging[name] = (uri, _staging_pool().submit(write))
+
+    def commits(self) -> dict[str, TableCommit]:
+        """Every table staged so far; waits for files still being written."""
+        return {name: future.result() for name, (_, future) in self._staging.items()}
+
+    def discard_staged(self) -> None:
+        """Delete this attempt's staged files, once writes in flight have ended."""
+        for uri, future in self._staging.values():
+            wait([future])
+            storage.remove_tree(storage.join_uri(uri, self.staging_prefix))
+        self._staging.clear()
 
     def release(self) -> None:
         for df in self._persisted:
             df.unpersist()
         self._persisted.clear()
         self._frames.clear()
+
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def _staging_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="barrierflow-stage")
+    return _pool
 
 
 class _OrderedReadRequired(Exception):
@@ -186,12 +218,12 @@ def process_epoch(
     try:
         rows_in = _compute(ctx, ordered_only=False)
     except _OrderedReadRequired:
-        for commit in ctx.commits.values():
-            DeltaSink.abort(commit, ctx.staging_prefix)
+        ctx.discard_staged()
         _log.info("epoch %d: bad input lines; computing again with ordered reads", barrier.epoch)
         ctx = EpochContext(spark, layout, pipe, barrier, last_completed_epoch, watermark_prev_us, max_event_time_prev_us)
         rows_in = _compute(ctx, ordered_only=True)
-    commits = tuple(ctx.commits.values())
+    staged = ctx.commits()
+    commits = tuple(staged.values())
     manifest = Manifest(
         pipeline=pipe.name,
         lineage_id=barrier.lineage_id,
@@ -202,7 +234,7 @@ def process_epoch(
         watermark_us=ctx.watermark_us,
         rows_in=rows_in,
         rows_out=sum(c.rows for c in commits if c.kind is TableKind.SINK),
-        dead_letters=ctx.commits["dead_letter"].rows,
+        dead_letters=staged["dead_letter"].rows,
         process_ms=int((time.monotonic() - started) * 1000),
     )
     faults.maybe_fail("process.before_manifest")
@@ -278,6 +310,7 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
         else:
             dead_rows = DEAD_LETTER_SCHEMA.empty_table()
         ctx.stage(name="dead_letter", uri=ctx.layout.dead_letter, kind=TableKind.DEAD_LETTER, data=dead_rows)
+        ctx.commits()  # every staged file written (or its error raised) before the fault point
         _log.info("epoch %d: dead letters took %.0f ms", barrier.epoch, (time.monotonic() - tail_started) * 1000)
         faults.maybe_fail("process.after_stage")
     finally:

@@ -445,3 +445,30 @@ def test_file_landing_behind_the_position_is_refused_not_dropped(
     write_file("a.jsonl", "late\n")  # sorts before the position: would never be read
     with pytest.raises(SourceError, match="1 file\\(s\\) landed .* before 'c.jsonl'"):
         src.plan(second, None)
+
+
+# -- the byte check in front of Spark's JSON reader ----------------------------
+
+_PLAIN = b'{"id": "a", "tags": [1, 2], "nested": {"x": [3]}}\r\n\n  \n{"id": "\xc3\xa9\xf0\x9f\x8c\xa1"}'
+
+
+@pytest.mark.parametrize(
+    "data, plain",
+    [
+        (_PLAIN, True),
+        (b"", True),
+        (b'{"a": 1}\n[{"a": 2}]\n', False),  # a top-level array is several records to the JSON reader
+        (b'{"a": 1}\n \t[]\n', False),
+        (b"[", False),
+        (b'{"a": "[x"}\n"]"\n', True),  # a bracket after the line's first brace is inside the object
+        (b'{"a": "b\x00"}\n', False),  # NUL bytes make the reader guess UTF-16/32
+        (b'\xef\xbb\xbf{"a": 1}\n', False),
+        (b'{"a": "\xff"}\n', False),
+        (b'{"a": "\xc0\x80"}\n', False),  # overlong: the reader would decode it
+        (b'{"a": "\xed\xa0\x80"}\n', False),  # a UTF-16 surrogate
+    ],
+)
+def test_plain_json_lines_rules_out_what_the_json_reader_reads_differently(tmp_path: Path, data: bytes, plain: bool) -> None:
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(data)
+    assert file_source._plain_json_lines(str(path)) is plain
