@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
@@ -19,10 +20,11 @@ import pyarrow as pa
 
 from barrierflow.errors import PipelineDefinitionError, SourceError
 from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
+from barrierflow.spark import session_cached
 from barrierflow.storage import join_uri, local_path, normalize_uri
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 __all__ = ["FileSource", "RecordError", "LineParser"]
 
@@ -181,26 +183,32 @@ class FileSource:
         """Whole files parsed by Spark's JSON reader in one pass, split across cores, without line numbers.
 
         Spark's JSON reader and ``from_json`` (the ordered read) run the same
-        parser on the same ``\\n``-separated lines, with three differences:
+        parser on the same ``\\n``-separated lines, with four differences:
         the reader takes a top-level array as several records, decodes the
-        raw bytes (lenient with some invalid UTF-8) and guesses UTF-16/32 from
-        NUL bytes. So it is used only for files whose bytes rule all three
-        out (:func:`_plain_json_lines`); otherwise this returns ``None`` and
-        the ordered read is used. A line is blank, good or bad by the rules
-        of the ordered read, so with no bad line both reads give the same
-        records. Bad lines are only counted (the batch's ``observation``);
-        dead letters need line numbers, so an epoch with any bad line is
-        computed again with the ordered read.
+        raw bytes (lenient with some invalid UTF-8), skips a byte-order mark
+        and guesses UTF-16/32 from NUL bytes. So it is used only for files
+        whose bytes rule all four out (:func:`_plain_json_lines`); otherwise
+        this returns ``None`` and the ordered read is used. A line is blank,
+        good or bad by the rules of the ordered read, so with no bad line
+        both reads give the same records. Bad lines are only counted (the
+        batch's ``observation``); dead letters need line numbers, so an epoch
+        with any bad line is computed again with the ordered read.
         """
+        assert self.schema is not None
+        paths = [local_path(join_uri(base, name)) for name, *_ in ranges]
+        # The byte check runs while Spark builds the (lazy) plan.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            plain = pool.submit(lambda: all(_plain_json_lines(path) for path in paths))
+            batch = self._json_reader_batch(spark, paths)
+            return batch if plain.result() else None
+
+    def _json_reader_batch(self, spark: "SparkSession", paths: list[str]) -> SourceBatch:
+        """The lazy plan of :meth:`_read_jsonl_unordered`: good records, counted lines."""
         from pyspark.sql import Observation
-        from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
         from pyspark.sql.types import StringType, StructField, StructType
 
         assert self.schema is not None
-        paths = [local_path(join_uri(base, name)) for name, *_ in ranges]
-        if not all(_plain_json_lines(path) for path in paths):
-            return None
         fields = [f.name for f in self.schema]
         corrupt = _unused_name("_corrupt_line", fields)
         schema = StructType([*from_arrow_schema(self.schema).fields, StructField(corrupt, StringType())])
@@ -211,16 +219,10 @@ class FileSource:
             .option("lineSep", "\n")
             .json(paths)
         )
-        good = F.col(corrupt).isNull()
-        for f in self.schema:
-            if not f.nullable:
-                good = good & F.col(f.name).isNotNull()
-        # The reader skips lines of JSON whitespace; other blank lines come
-        # back as corrupt and are skipped here, as the ordered read does.
-        blank = F.coalesce(F.regexp_like(corrupt, F.lit("(?U)^\\s*$")), F.lit(False))
+        required = tuple(f.name for f in self.schema if not f.nullable)
+        good, counts = session_cached(("json_reader_checks", corrupt, required), lambda: _line_checks(corrupt, required))
         observation = Observation()
-        observed = parsed.observe(observation, F.count_if(good).alias("good"), F.count_if(~good & ~blank).alias("bad"))
-        records = observed.where(good).select(*fields)
+        records = parsed.observe(observation, *counts).where(good).select(*fields)
         return SourceBatch(records=records, dead_letters=None, observation=observation)
 
     def _tasks(self, base: str, ranges: list[list[Any]]) -> list[tuple[str, int, str, int, int, int, int]]:
@@ -395,6 +397,19 @@ def _parsed_schema(parser_schema: pa.Schema) -> pa.Schema:
             pa.field("_error", pa.string()),
         ]
     )
+
+
+def _line_checks(corrupt: str, required: tuple[str, ...]) -> tuple["Column", list["Column"]]:
+    """The JSON reader's good-record condition and the ``good``/``bad`` line counts."""
+    from pyspark.sql import functions as F
+
+    good = F.col(corrupt).isNull()
+    for name in required:
+        good = good & F.col(name).isNotNull()
+    # The reader skips lines of JSON whitespace; other blank lines come back
+    # as corrupt and are skipped here, as the ordered read does.
+    blank = F.coalesce(F.regexp_like(corrupt, F.lit("(?U)^\\s*$")), F.lit(False))
+    return good, [F.count_if(good).alias("good"), F.count_if(~good & ~blank).alias("bad")]
 
 
 def _plain_json_lines(path: str) -> bool:

@@ -172,7 +172,7 @@ class DeltaStateBackend:
             uri=uri,
             kind=TableKind.STATE,
             data=data,
-            sort_by=(KEY_GROUP, *spec.key_columns),
+            sort_by=(KEY_GROUP,),  # key-group pruning needs no order within a group
             primary_key=tuple(spec.key_columns),
         )
 
