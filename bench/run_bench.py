@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> None:
     ratio = engine["events_per_s"] / sss["batch_events_per_s"]
     print(
         f"comparison: engine sum-of-epochs {engine['events_per_s']:,.0f} ev/s vs SSS "
-        f"(shuffle.partitions={sss['shuffle_partitions']}) sum-of-batches {sss['batch_events_per_s']:,.0f} ev/s "
+        f"(shuffle.partitions={sss['shuffle_partitions']}, JVM options {sss['java_options'] or '(defaults)'}) sum-of-batches {sss['batch_events_per_s']:,.0f} ev/s "
         f"-> {ratio:.3f}x; steady epoch {engine['steady_epoch_s']:.2f}s vs steady batch {sss['steady_batch_s']:.2f}s; "
         f"wall-clock (engine incl. start-up, SSS query only): "
         f"{engine['wall_events_per_s']:,.0f} vs {sss['events_per_s']:,.0f} ev/s"

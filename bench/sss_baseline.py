@@ -14,9 +14,13 @@ Timing excludes SparkSession (JVM) startup. Two figures are reported:
   durations from ``query.recentProgress`` (the same basis as the engine's
   sum of epoch durations).
 
-CLI: ``python bench/sss_baseline.py INPUT_DIR [--work-dir W] [--shuffle-partitions N] [--json]``.
-Without ``--shuffle-partitions`` both settings (core count and 8) run, each in a
-fresh Python/JVM process, and the faster is reported.
+CLI: ``python bench/sss_baseline.py INPUT_DIR [--work-dir W] [--shuffle-partitions N]
+[--java-options OPTS] [--json]``. Without ``--shuffle-partitions`` every setting
+runs, each in a fresh Python/JVM process, and the fastest is reported: shuffle
+partitions at the core count and at 8, each with the JVM's default collector
+and with the driver options barrierflow's own sessions use
+(``barrierflow.spark.DRIVER_JAVA_OPTIONS``), so the baseline gets every JVM
+setting the engine gets.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.window import Window
 
+from barrierflow.spark import DRIVER_JAVA_OPTIONS
+
 __all__ = ["EVENT_SCHEMA", "compare_settings", "describe", "fastest", "run_sss", "run_sss_isolated", "shuffle_settings"]
 
 EVENT_SCHEMA = "event_id STRING, sensor_id STRING, ts LONG, temperature DOUBLE"
@@ -53,11 +59,17 @@ def shuffle_settings() -> list[int]:
     return sorted({os.cpu_count() or 1, 8})
 
 
-def _spark_session() -> SparkSession:
+def java_settings() -> list[str]:
+    """Driver JVM options to try: the JVM's defaults and barrierflow's."""
+    return ["", DRIVER_JAVA_OPTIONS]
+
+
+def _spark_session(java_options: str = "") -> SparkSession:
     """Get or create the local session with the RocksDB state store configured."""
     spark = (
         SparkSession.builder.master("local[*]")
         .appName("barrierflow-bench-sss")
+        .config("spark.driver.extraJavaOptions", java_options)
         .config("spark.driver.memory", DRIVER_MEMORY)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.streaming.numRecentProgressUpdates", str(MAX_PROGRESS_UPDATES))
@@ -129,18 +141,18 @@ def _verify(spark: SparkSession, input_dir: str, output: Path) -> dict[str, int]
     return {"result_keys": result["keys"], "result_events": int(result["events"] or 0), "distinct_keys": distinct_keys}
 
 
-def run_sss(input_dir: str | Path, work_dir: str | Path, shuffle_partitions: int) -> dict[str, Any]:
+def run_sss(input_dir: str | Path, work_dir: str | Path, shuffle_partitions: int, java_options: str = "") -> dict[str, Any]:
     """Run the baseline once over ``input_dir`` with fresh checkpoint/output dirs under ``work_dir``.
 
     Returns ``events_per_s``, ``wall_s``, ``steady_batch_s`` and ``batches`` plus
     ``batch_s`` (per-batch seconds), ``batch_sum_s``, ``batch_events_per_s``,
-    ``events``, ``shuffle_partitions`` and the verification counts
+    ``events``, ``shuffle_partitions``, ``java_options`` and the verification counts
     ``result_keys``/``result_events``/``distinct_keys``/``verified``.
     """
     work = Path(work_dir)
     checkpoint = _fresh_dir(work / "checkpoint")
     output = _fresh_dir(work / "output")
-    spark = _spark_session()
+    spark = _spark_session(java_options)
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
     started = time.perf_counter()
     query = _start_query(spark, str(input_dir), checkpoint, output)
@@ -153,6 +165,7 @@ def run_sss(input_dir: str | Path, work_dir: str | Path, shuffle_partitions: int
     batch_sum_s = sum(durations)
     return {
         "shuffle_partitions": shuffle_partitions,
+        "java_options": java_options,
         "events": events,
         "wall_s": wall_s,
         "events_per_s": events / wall_s,
@@ -166,24 +179,32 @@ def run_sss(input_dir: str | Path, work_dir: str | Path, shuffle_partitions: int
     }
 
 
-def run_sss_isolated(input_dir: str | Path, work_dir: str | Path, shuffle_partitions: int) -> dict[str, Any]:
+def run_sss_isolated(
+    input_dir: str | Path, work_dir: str | Path, shuffle_partitions: int, java_options: str = ""
+) -> dict[str, Any]:
     """:func:`run_sss` in a fresh Python/JVM process, so no run inherits another's warm JVM."""
     command = [
         sys.executable, str(Path(__file__).resolve()), str(input_dir),
-        "--work-dir", str(work_dir), "--shuffle-partitions", str(shuffle_partitions), "--json",
+        "--work-dir", str(work_dir), "--shuffle-partitions", str(shuffle_partitions),
+        f"--java-options={java_options}", "--json",
     ]  # fmt: skip
     completed = subprocess.run(command, capture_output=True, text=True)
     if completed.returncode != 0:
         tail = "\n".join(completed.stderr.splitlines()[-STDERR_TAIL_LINES:])
         raise RuntimeError(
-            f"SSS baseline (shuffle partitions {shuffle_partitions}) exited {completed.returncode}:\n{tail}"
+            f"SSS baseline (shuffle partitions {shuffle_partitions}, JVM options {java_options!r}) "
+            f"exited {completed.returncode}:\n{tail}"
         )
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
 def compare_settings(input_dir: str | Path, work_dir: str | Path) -> list[dict[str, Any]]:
-    """Run every shuffle setting in isolation, each in its own sub-directory of ``work_dir``."""
-    return [run_sss_isolated(input_dir, Path(work_dir) / f"shuffle-{n}", n) for n in shuffle_settings()]
+    """Run every setting in isolation, each in its own sub-directory of ``work_dir``."""
+    return [
+        run_sss_isolated(input_dir, Path(work_dir) / f"shuffle-{n}-jvm-{i}", n, options)
+        for n in shuffle_settings()
+        for i, options in enumerate(java_settings())
+    ]
 
 
 def fastest(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -195,7 +216,8 @@ def describe(result: dict[str, Any]) -> str:
     """One human-readable line of figures for a run."""
     check = "OK" if result["verified"] else "MISMATCH"
     return (
-        f"SSS shuffle.partitions={result['shuffle_partitions']}: {result['events']:,} events in "
+        f"SSS shuffle.partitions={result['shuffle_partitions']} JVM options {result['java_options'] or '(defaults)'}: "
+        f"{result['events']:,} events in "
         f"{result['batches']} batches; query wall {result['wall_s']:.1f}s -> {result['events_per_s']:,.0f} ev/s; "
         f"sum of batches {result['batch_sum_s']:.1f}s -> {result['batch_events_per_s']:,.0f} ev/s; "
         f"steady batch {result['steady_batch_s']:.2f}s; "
@@ -208,6 +230,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("input_dir", help="directory of events-NNNNNN.jsonl files")
     parser.add_argument("--work-dir", help="checkpoint/output root (default: a temporary directory)")
     parser.add_argument("--shuffle-partitions", type=int, help="run only this setting, in this process")
+    parser.add_argument("--java-options", default="", help="driver JVM options of that run (default: none)")
     parser.add_argument("--json", action="store_true", help="print the result dict as JSON on the last line")
     return parser.parse_args(argv)
 
@@ -217,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-sss-") as scratch:
         work_dir = args.work_dir or scratch
         if args.shuffle_partitions is not None:
-            results = [run_sss(args.input_dir, work_dir, args.shuffle_partitions)]
+            results = [run_sss(args.input_dir, work_dir, args.shuffle_partitions, args.java_options)]
         else:
             results = compare_settings(args.input_dir, work_dir)
     if args.json:
@@ -226,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     for result in results:
         print(describe(result))
     best = fastest(results)
-    print(f"faster: shuffle.partitions={best['shuffle_partitions']}", end=" ")
+    print(f"fastest: shuffle.partitions={best['shuffle_partitions']} JVM options {best['java_options'] or '(defaults)'}", end=" ")
     print(f"({best['batch_events_per_s']:,.0f} ev/s per-batch basis)")
 
 

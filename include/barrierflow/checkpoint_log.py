@@ -19,6 +19,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from barrierflow.checkpoint import CheckpointRecord, EpochStatus
 from barrierflow.errors import CheckpointError
+from barrierflow.delta_commit import TABLE_CONFIGURATION
 from barrierflow.layout import PipelineLayout
 from barrierflow.storage import local_path
 
@@ -82,7 +83,7 @@ class CheckpointLog:
         row["status"] = record.status.value
         table = pa.Table.from_pylist([row], schema=_SCHEMA)
         try:
-            write_deltalake(self._uri, table, mode="append")
+            write_deltalake(self._uri, table, mode="append", configuration=TABLE_CONFIGURATION)
         except DeltaError as exc:
             raise CheckpointError(f"cannot append to checkpoint log {self._uri}: {exc}") from exc
 

@@ -48,7 +48,7 @@ from deltalake.transaction import AddAction, create_table_with_add_actions
 from barrierflow import faults, storage
 from barrierflow.checkpoint import CheckpointRecord, EpochStatus, app_id
 from barrierflow.checkpoint_log import iso_now, now_us
-from barrierflow.delta_commit import open_table, stage_table
+from barrierflow.delta_commit import TABLE_CONFIGURATION, open_table, stage_table
 from barrierflow.errors import CheckpointError, IncompatibleSavepointError, SavepointError
 from barrierflow.layout import PipelineLayout
 from barrierflow.operators.base import KEY_GROUP
@@ -371,7 +371,9 @@ def _replace_content(uri: str, data: pa.Table, app: str, epoch: int, lineage_id:
     schema = Schema.from_arrow(data.schema)
     try:
         if table is None:
-            create_table_with_add_actions(uri, schema, adds, mode="error", commit_properties=properties)
+            create_table_with_add_actions(
+                uri, schema, adds, mode="error", configuration=TABLE_CONFIGURATION, commit_properties=properties
+            )
         else:
             # Overwrite removes every live file itself, and takes the code's schema.
             table.create_write_transaction(adds, mode="overwrite", schema=schema, commit_properties=properties)

@@ -9,9 +9,13 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, TypeVar
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["get_spark", "launched_by_spark_submit", "session_cached", "MASTER_ENV"]
+__all__ = ["get_spark", "launched_by_spark_submit", "session_cached", "MASTER_ENV", "DRIVER_JAVA_OPTIONS"]
 
 MASTER_ENV = "BARRIERFLOW_SPARK_MASTER"
+# The throughput collector: on a few cores, G1's concurrent threads take CPU
+# from the tasks (epochs measured ~15% faster on 2 cores). Applies when this
+# process starts the JVM; $BARRIERFLOW_DRIVER_JAVA_OPTIONS replaces it.
+DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC"
 _session: "SparkSession | None" = None
 _T = TypeVar("_T")
 _cached: dict[Hashable, tuple[Any, Any]] = {}
@@ -71,6 +75,7 @@ def get_spark(master: str | None = None) -> "SparkSession":
         .config("spark.driver.memory", os.environ.get("BARRIERFLOW_DRIVER_MEMORY", "2g"))
         .config("spark.sql.sources.ignoreMissingFiles", "false")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.driver.extraJavaOptions", os.environ.get("BARRIERFLOW_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS))
     )
     _session = builder.getOrCreate()
     _session.sparkContext.setLogLevel("ERROR")

@@ -222,7 +222,7 @@ class RunningAggregate(Node):
                 units = F.when(exact, scaled.cast("long"))
                 # try_sum: a key large enough to overflow is flagged below, never raises.
                 total = F.try_sum(units)
-                bound = F.max(F.abs(units)).cast("double") * F.count_if(exact)
+                bound = F.max(F.abs(units)).cast("double") * F.count(F.lit(1))  # n >= the exact values
                 inexact = (
                     (F.count_if(value.isNotNull() & ~F.coalesce(exact, F.lit(False))) > 0)
                     | F.coalesce(bound >= F.lit(_LONG_BOUND), F.lit(False))
