@@ -18,8 +18,8 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from barrierflow.checkpoint import CheckpointRecord, EpochStatus
-from barrierflow.errors import CheckpointError
 from barrierflow.delta_commit import TABLE_CONFIGURATION
+from barrierflow.errors import CheckpointError
 from barrierflow.layout import PipelineLayout
 from barrierflow.storage import local_path
 
@@ -126,7 +126,7 @@ class CheckpointLog:
             self._table, self._rows_by_file = DeltaTable(self._uri), {}
             live = fresh = self._table.file_uris()
             rows = _read_rows(fresh)
-        self._rows_by_file = {uri: self._rows_by_file.get(uri) or rows[uri] for uri in live}
+        self._rows_by_file = {uri: rows[uri] if uri in rows else self._rows_by_file[uri] for uri in live}
         return [dict(row) for uri in live for row in self._rows_by_file[uri]]
 
     def lineage_records(self, lineage_id: str) -> list[CheckpointRecord]:
