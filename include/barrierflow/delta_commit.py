@@ -32,6 +32,8 @@ __all__ = [
     "committed_version",
     "open_table",
     "live_paths",
+    "add_actions",
+    "stored_rows",
     "schema_json_of",
     "arrow_schema_of",
     "TABLE_CONFIGURATION",
@@ -64,9 +66,18 @@ def arrow_schema_of(schema_json: str) -> pa.Schema:
     return pa.schema(Schema.from_json(schema_json).to_arrow())
 
 
+def add_actions(table: DeltaTable) -> pa.Table:
+    """The live files of a Delta snapshot, with flattened statistics."""
+    return pa.table(table.get_add_actions(flatten=True))
+
+
 def live_paths(table: DeltaTable) -> set[str]:
-    actions = pa.table(table.get_add_actions(flatten=True))
-    return set(actions.column("path").to_pylist())
+    return set(add_actions(table).column("path").to_pylist())
+
+
+def stored_rows(table: DeltaTable) -> int:
+    """Rows in the snapshot's live files (from the log's statistics, no data read)."""
+    return sum(n or 0 for n in add_actions(table).column("num_records").to_pylist())
 
 
 def stage_table(

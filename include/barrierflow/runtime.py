@@ -170,7 +170,7 @@ class EpochContext:
         """Delete this attempt's staged files, once writes in flight have ended."""
         for uri, future in self._staging.values():
             wait([future])
-            storage.remove_tree(storage.join_uri(uri, self.staging_prefix))
+            DeltaSink.abort(uri, self.staging_prefix)
         self._staging.clear()
 
     def release(self) -> None:
@@ -244,8 +244,7 @@ def process_epoch(
         return manifest
     # Another attempt voted first: its file set is the only one that may commit.
     winner = Manifest.from_json(storage.read_json(uri))
-    for commit in commits:
-        DeltaSink.abort(commit, ctx.staging_prefix)
+    ctx.discard_staged()
     return winner
 
 

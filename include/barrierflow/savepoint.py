@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from barrierflow import storage
 from barrierflow.checkpoint import CheckpointRecord
 from barrierflow.checkpoint_log import iso_now
-from barrierflow.delta_commit import open_table
+from barrierflow.delta_commit import open_table, stored_rows
 from barrierflow.errors import SavepointError
 from barrierflow.layout import PipelineLayout
 from barrierflow.pipeline import Pipeline, PipelineDefinition
@@ -265,8 +265,7 @@ def _snapshot_sink(layout: PipelineLayout, name: str, mode: str, versions: Mappi
         return SinkSnapshot(name, mode, 0)
     if mode != "upsert":
         # Append outputs are rewound by epoch, not copied: the rows count is informative.
-        rows = sum(n or 0 for n in pa.table(table.get_add_actions(flatten=True)).column("num_records").to_pylist())
-        return SinkSnapshot(name, mode, rows)
+        return SinkSnapshot(name, mode, stored_rows(table))
     data = table.to_pyarrow_table()
     rel = f"sinks/{name}/part-00000.parquet"
     _write_parquet(data, os.path.join(tmp, rel))

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from barrierflow.spark import session_cached
+
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
@@ -97,8 +99,6 @@ def user_columns(df: "DataFrame") -> list[str]:
 def key_group_column(key: tuple[str, ...], key_groups: int) -> "Column":
     """Key group of a key: a fixed hash modulo the max parallelism (native Spark)."""
     from pyspark.sql import functions as F
-
-    from barrierflow.spark import session_cached
 
     def build() -> "Column":
         return F.pmod(F.xxhash64(*[F.col(k) for k in key]), F.lit(key_groups)).cast("int")

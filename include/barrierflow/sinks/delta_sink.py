@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from barrierflow.checkpoint import TableCommit, TableKind
-from barrierflow.delta_commit import commit_epoch_table, open_table
+from barrierflow.delta_commit import add_actions, commit_epoch_table, open_table
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node
 from barrierflow.storage import join_uri, local_path, remove_tree
@@ -104,8 +104,7 @@ class DeltaSink:
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        actions = pa.table(table.get_add_actions(flatten=True))
-        paths = actions.column("path").to_pylist()
+        paths = add_actions(table).column("path").to_pylist()
         if not paths:
             return None, []
         by_abs = {local_path(join_uri(uri, p)): p for p in paths}
@@ -129,9 +128,9 @@ class DeltaSink:
         return commit_epoch_table(commit, app, epoch, attempt_id)
 
     @staticmethod
-    def abort(commit: TableCommit, staging_prefix: str) -> None:
-        """Delete an attempt's staged files (only ever for uncommitted attempts)."""
-        remove_tree(join_uri(commit.uri, staging_prefix))
+    def abort(uri: str, staging_prefix: str) -> None:
+        """Delete an attempt's staged files in table ``uri`` (only ever for uncommitted attempts)."""
+        remove_tree(join_uri(uri, staging_prefix))
 
 
 def _with_epoch(ctx: Any, rows: "DataFrame | pa.Table") -> pa.Table:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import pyarrow as pa
 
+from barrierflow.delta_commit import live_paths
 from barrierflow.errors import PipelineDefinitionError, SourceError
 from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
 from barrierflow.storage import join_uri, normalize_uri
@@ -61,12 +62,10 @@ class DeltaSource:
         return {"type": "delta", "id": self.source_id, "table_uri": self.table_uri}
 
     def _files_added(self, version: int) -> list[str]:
-        after = set(pa.table(self._table(version).get_add_actions(flatten=True)).column("path").to_pylist())
+        after = live_paths(self._table(version))
         if version == 0:
             return sorted(after)
-        before = set(
-            pa.table(self._table(version - 1).get_add_actions(flatten=True)).column("path").to_pylist()
-        )
+        before = live_paths(self._table(version - 1))
         removed = before - after
         if removed:
             raise SourceError(

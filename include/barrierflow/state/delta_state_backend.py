@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barrierflow.checkpoint import TableKind
-from barrierflow.delta_commit import open_table
+from barrierflow.delta_commit import add_actions, open_table, stored_rows
 from barrierflow.errors import CheckpointError
 from barrierflow.operators.base import KEY_GROUP, StateSpec
 from barrierflow.state import resident
@@ -64,7 +64,7 @@ class DeltaStateBackend:
         table = self._open(spec)
         if table is None:
             return []
-        actions = _add_actions(table)
+        actions = add_actions(table)
         paths = actions.column("path").to_pylist()
         if touched is None or len(paths) < _PRUNE_MIN_FILES or f"min.{KEY_GROUP}" not in actions.column_names:
             return [join_uri(uri, p) for p in paths]
@@ -126,7 +126,7 @@ class DeltaStateBackend:
         if live is None and table is None:
             live = spec.arrow_schema().empty_table()
         elif live is None:
-            whole = _stored_rows(table) <= resident.max_rows()
+            whole = stored_rows(table) <= resident.max_rows()
             selected = None if whole else pc.field(KEY_GROUP).isin(key_groups)
             stored = table.to_pyarrow_dataset().to_table(filter=selected)
             live = latest_rows(stored.select(spec.arrow_schema().names).cast(spec.arrow_schema()), spec.key_columns)
@@ -177,15 +177,6 @@ class DeltaStateBackend:
         )
 
 
-def _add_actions(table: Any) -> pa.Table:
-    """The live files of a Delta snapshot, with flattened statistics."""
-    return pa.table(table.get_add_actions(flatten=True))
-
-
-def _stored_rows(table: Any) -> int:
-    return sum(n or 0 for n in _add_actions(table).column("num_records").to_pylist())
-
-
 def latest_rows(data: pa.Table, key_columns: list[str]) -> pa.Table:
     """One row per key, the one with the highest ``_epoch``, tombstones dropped."""
     if data.num_rows == 0:
@@ -212,7 +203,7 @@ def needs_compaction(uri: str) -> bool:
     table = open_table(uri)
     if table is None:
         return False
-    actions = _add_actions(table)
+    actions = add_actions(table)
     if actions.num_rows <= 1:
         return False
     rows = [n or 0 for n in actions.column("num_records").to_pylist()]
@@ -243,7 +234,7 @@ def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) ->
     if live is None:
         live = latest_rows(table.to_pyarrow_table(), spec.key_columns)
     compacted = live.select(spec.arrow_schema().names).cast(spec.arrow_schema())
-    staged = stage_table(uri, f"_compacted/{epoch:010d}-{attempt_id}", compacted, sort_by=(KEY_GROUP, *spec.key_columns))
+    staged = stage_table(uri, f"_compacted/{epoch:010d}-{attempt_id}", compacted, sort_by=(KEY_GROUP,))
     now = time.time_ns() // 1_000_000
     actions: list[Any] = [
         AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now, data_change=False, stats=f.stats)
