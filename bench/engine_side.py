@@ -14,10 +14,11 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PIPELINE", "EngineRunError", "run_engine", "data_epochs"]
+__all__ = ["PIPELINE", "EngineRunError", "run_engine", "data_epochs", "processing_seconds"]
 
 PIPELINE = "bench_running_agg"
 WARMUP_EPOCHS = 2
@@ -57,11 +58,35 @@ def data_epochs(epochs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [epoch for epoch in epochs if epoch["rows_in"] > 0]
 
 
+def _interval(epoch: dict[str, Any]) -> tuple[float, float]:
+    """(start, end) of an epoch in seconds: it completed at ``recorded_at`` after ``duration_ms``."""
+    end = datetime.fromisoformat(epoch["recorded_at"].replace("Z", "+00:00")).timestamp()
+    return end - epoch["duration_ms"] / 1000, end
+
+
+def processing_seconds(epochs: list[dict[str, Any]]) -> float:
+    """Time during which at least one epoch was in progress (the union of their intervals).
+
+    Epochs overlap with two concurrent checkpoints, so summing their
+    durations would count the overlap twice; for epochs one after the other
+    it is the sum of their durations.
+    """
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(_interval(epoch) for epoch in epochs):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def _figures(epochs: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     """Throughput, latency and write-volume figures of the completed epochs."""
     durations = [epoch["duration_ms"] / 1000 for epoch in epochs]
+    ends = [_interval(epoch)[1] for epoch in epochs]
+    # Completion to completion: an epoch's share of the time once they overlap.
+    periods = [later - earlier for earlier, later in zip(ends, ends[1:])][WARMUP_EPOCHS - 1 :]
     events = sum(epoch["rows_in"] for epoch in epochs)
-    processing_s = sum(durations)
+    processing_s = processing_seconds(epochs)
     steady = durations[WARMUP_EPOCHS:] or durations
     return {
         "events": events,
@@ -71,19 +96,23 @@ def _figures(epochs: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
         "startup_s": wall_s - processing_s,
         "events_per_s": events / processing_s if processing_s else 0.0,
         "wall_events_per_s": events / wall_s,
-        "steady_epoch_s": statistics.median(steady) if steady else 0.0,
+        "steady_epoch_s": statistics.median(periods) if periods else (statistics.median(steady) if steady else 0.0),
+        "steady_latency_s": statistics.median(steady) if steady else 0.0,
         "mean_bytes_written": statistics.fmean(e["bytes_written"] for e in epochs) if epochs else 0.0,
     }
 
 
-def run_engine(input_dir: str | Path, work_dir: str | Path) -> dict[str, Any]:
+def run_engine(input_dir: str | Path, work_dir: str | Path, run_args: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run the benchmark pipeline over ``input_dir`` into a fresh ``<work_dir>/warehouse``.
 
-    ``events_per_s`` is total ``rows_in`` over the sum of epoch ``duration_ms``
-    (the processing loop); ``wall_events_per_s`` uses the subprocess wall time,
-    which also covers interpreter/JVM start-up (``startup_s`` = wall minus the
-    sum of epoch durations). The dict also holds ``warehouse``, the COMPLETED
+    ``events_per_s`` is total ``rows_in`` over the time during which an epoch
+    was in progress (:func:`processing_seconds`); ``wall_events_per_s`` uses
+    the subprocess wall time, which also covers interpreter/JVM start-up
+    (``startup_s`` = wall minus that processing time). ``steady_epoch_s`` is
+    the median time between completions after the warm-up epochs,
+    ``steady_latency_s`` the median epoch duration. The dict also holds ``warehouse``, the COMPLETED
     epoch records (``completed``) and ``other_records`` (count of non-COMPLETED ones).
+    ``run_args`` go to ``barrierflow run`` (e.g. ``--max-concurrent-checkpoints 1``).
     Raises :class:`EngineRunError` if either CLI call fails.
     """
     warehouse = Path(work_dir).resolve() / "warehouse"
@@ -92,7 +121,7 @@ def run_engine(input_dir: str | Path, work_dir: str | Path) -> dict[str, Any]:
         "run", PIPELINE, "--warehouse", str(warehouse),
         "--param", f"landing_dir={Path(input_dir).resolve()}",
         "--param", "max_files_per_epoch=1",
-        "--until-caught-up",
+        "--until-caught-up", *run_args,
     ])  # fmt: skip
     records = _checkpoints(warehouse)
     completed = [record for record in records if record["status"] == "COMPLETED"]

@@ -62,6 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--epochs", type=int, metavar="N", help="run at most N epochs")
     group.add_argument("--until-caught-up", action="store_true", help="run epochs until no source has new input")
     run.add_argument("--master", help="Spark master (default: $BARRIERFLOW_SPARK_MASTER or local[*])")
+    run.add_argument(
+        "--max-concurrent-checkpoints",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="2 (default): the next epoch reads its input while the current one commits; "
+        "1: each epoch starts after the previous one completed. Output is the same either way",
+    )
 
     status = sub.add_parser("status", help="last completed epoch, pending work, lineage, table versions")
     _add_common(status)
@@ -166,7 +174,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    results = coordinator.run(epochs=args.epochs, until_caught_up=args.until_caught_up, on_epoch=report)
+    results = coordinator.run(
+        epochs=args.epochs,
+        until_caught_up=args.until_caught_up,
+        on_epoch=report,
+        max_concurrent_checkpoints=args.max_concurrent_checkpoints,
+    )
     if not results:
         print("no new input: nothing to do")
     return 0

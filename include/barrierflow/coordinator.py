@@ -17,6 +17,15 @@ For epoch n of pipeline P (every step idempotent and safe to retry):
   5. notify    -- post-commit work: remove staged files of losing attempts,
                   compact state tables whose changelog outgrew their base.
 
+Two concurrent checkpoints (``run(max_concurrent_checkpoints=2)``, Flink's
+setting of that name): once epoch n starts its state-dependent work, the
+coordinator injects barrier n+1 (its offsets follow from barrier n alone) and
+epoch n+1 reads its input while epoch n stages, votes and commits. Epoch n+1
+touches state, sinks' tables, the previous watermark and its vote only after
+epoch n completed (``EpochContext.restore_point``), so its output is the
+output of running the two one after the other; if epoch n fails, epoch n+1
+stops before its vote and its barrier is reused by the next run.
+
 A restore (``barrierflow.restore``) starts a new lineage whose first completed
 record is the restore point; a pipeline stopped with a savepoint plans no
 barrier until it is restored.
@@ -31,8 +40,10 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -43,6 +54,7 @@ from barrierflow.delta_commit import commit_epoch_table
 from barrierflow.errors import CheckpointError, EpochInProgressError, FencedError, PipelineStoppedError
 from barrierflow.layout import STAGING_DIR, PipelineLayout
 from barrierflow.pipeline import Pipeline, PipelineDefinition
+from barrierflow.runtime import completed_future, process_epoch
 from barrierflow.state import resident
 from barrierflow.state.delta_state_backend import compact, needs_compaction
 
@@ -69,6 +81,17 @@ class Recovery:
 class EpochResult:
     epoch: int
     record: CheckpointRecord
+
+
+@dataclass(frozen=True)
+class _PendingCheckpoint:
+    """An epoch whose barrier is written and whose process + pre-commit runs in a worker."""
+
+    barrier: Barrier
+    restore_point: "Future[CheckpointRecord | None]"  # epoch n-1's completed checkpoint
+    restoring: threading.Event  # set once the epoch waits for (or has) its restore point
+    vote: "Future[tuple[Manifest, bool]]"  # the manifest, and whether this process wrote it
+    started: float  # time.monotonic() when the epoch began (its duration's start)
 
 
 class CheckpointCoordinator:
@@ -229,9 +252,16 @@ class CheckpointCoordinator:
             return None
         if recovery.pending_barrier is not None:
             return recovery.pending_barrier
-        epoch = recovery.last_completed_epoch + 1
-        lineage_id = recovery.lineage_id
+        return self._inject_barrier(recovery.lineage_id, recovery.last_completed_epoch + 1, arrival_cutoff_ms)
+
+    def _inject_barrier(self, lineage_id: str, epoch: int, arrival_cutoff_ms: int | None) -> Barrier | None:
+        """Barrier ``epoch``, planned from barrier ``epoch - 1``'s end offsets (reused when it exists)."""
         lineage = self.current_lineage()
+        if lineage["lineage_id"] != lineage_id:
+            raise FencedError(
+                f"epoch {epoch} of lineage {lineage_id} cannot start: the pipeline was restored into "
+                f"lineage {lineage['lineage_id']}"
+            )
         previous = self._read_barrier(lineage_id, epoch - 1) if epoch > 1 else None
         start = dict(previous.end_offsets) if previous else dict(lineage.get("start_offsets") or {})
         # Parameters fixed by a restore (e.g. a new parallelism) hold for the whole lineage.
@@ -279,28 +309,28 @@ class CheckpointCoordinator:
     # -- step 3: process + pre-commit -------------------------------------
 
     def process(self, barrier: Barrier, recovery: Recovery) -> Manifest:
+        last = recovery.last_completed
+        _check_follows(barrier, last)
+        manifest, voted = self._vote(barrier, completed_future(last))
+        if voted:
+            self.log.append(_manifest_record(EpochStatus.PRE_COMMITTED, barrier, manifest, manifest.process_ms))
+        return manifest
+
+    def _vote(
+        self,
+        barrier: Barrier,
+        restore_point: "Future[CheckpointRecord | None]",
+        on_restore: Callable[[], None] | None = None,
+    ) -> tuple[Manifest, bool]:
+        """Step 3 without the checkpoint-log row: the winning manifest, and whether this call computed it."""
         existing = storage.read_json(self.layout.manifest(barrier.lineage_id, barrier.epoch))
         if existing is not None:
-            return Manifest.from_json(existing)  # never recompute a voted epoch
-        from barrierflow.runtime import process_epoch
-
-        last = recovery.last_completed
-        if (last.epoch if last else 0) != barrier.epoch - 1:
-            raise FencedError(f"epoch {barrier.epoch} cannot run: epoch {barrier.epoch - 1} is not completed")
+            return Manifest.from_json(existing), False  # never recompute a voted epoch
         spark = self._spark()
         # The barrier's params are the epoch's params: a retry replays the same job.
-        pipe = self.definition.build(barrier.params) if barrier.params else self.pipeline
-        manifest = process_epoch(
-            spark,
-            self.layout,
-            pipe,
-            barrier,
-            last.epoch if last else None,
-            last.watermark_us if last else None,
-            last.max_event_time_us if last else None,
-        )
-        self.log.append(_manifest_record(EpochStatus.PRE_COMMITTED, barrier, manifest, manifest.process_ms))
-        return manifest
+        # Built per epoch: the coordinator plans the next barrier with its own copy meanwhile.
+        pipe = self.definition.build(barrier.params or self.params)
+        return process_epoch(spark, self.layout, pipe, barrier, restore_point, on_restore), True
 
     def _spark(self) -> Any:
         if self._spark_factory is not None:
@@ -377,57 +407,126 @@ class CheckpointCoordinator:
 
     # -- the whole lifecycle ----------------------------------------------
 
-    def run_epoch(self, arrival_cutoff_ms: int | None = None) -> EpochResult | None:
-        """Steps 1-5 for the next epoch; None when there is no new input."""
-        started = time.monotonic()
-        recovery = self.recover()
-        barrier = self.trigger_checkpoint(recovery, arrival_cutoff_ms)
-        if barrier is None:
-            return None
-        # Starting the Spark session is the process's cost, not the epoch's:
-        # epoch durations leave it out (as Spark's batch durations do).
-        session_started = time.monotonic()
-        self._spark()
-        started += time.monotonic() - session_started
-        planned = time.monotonic()
-        manifest = self.process(barrier, recovery)
-        processed = time.monotonic()
-        record = self.commit(barrier, manifest, started)
-        committed = time.monotonic()
-        self.notify(record, manifest)
-        _log.info(
-            "epoch %d: recover+barrier %.0f ms, process %.0f ms, commit %.0f ms, notify %.0f ms",
-            barrier.epoch,
-            (planned - started) * 1000,
-            (processed - planned) * 1000,
-            (committed - processed) * 1000,
-            (time.monotonic() - committed) * 1000,
-        )
-        return EpochResult(barrier.epoch, record)
+    def run(
+        self,
+        epochs: int | None = None,
+        until_caught_up: bool = False,
+        on_epoch: Callable[[EpochResult], None] | None = None,
+        max_concurrent_checkpoints: int = 2,
+    ) -> list[EpochResult]:
+        """Steps 1-5 for ``epochs`` epochs, or until no source has new input.
 
-    def run(self, epochs: int | None = None, until_caught_up: bool = False, on_epoch: Callable[[EpochResult], None] | None = None) -> list[EpochResult]:
+        With ``max_concurrent_checkpoints=2`` the next epoch reads its input
+        while the current one commits (see the module docstring); with 1,
+        each epoch starts after the previous one completed.
+        """
         if epochs is None and not until_caught_up:
             raise CheckpointError("give a number of epochs or until_caught_up=True")
+        if max_concurrent_checkpoints not in (1, 2):
+            raise CheckpointError(
+                f"max_concurrent_checkpoints is {max_concurrent_checkpoints}: allowed are 1 and 2 "
+                "(epoch n+1 never votes before epoch n completed, so a third would only wait)"
+            )
         stop = self.stopped()
         if stop is not None:
             raise PipelineStoppedError(_stopped_message(self.definition.name, stop))
         self.acquire_lease()
         results: list[EpochResult] = []
         try:
-            while epochs is None or len(results) < epochs:
-                result = self.run_epoch()
-                if result is None:
-                    if until_caught_up:
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="barrierflow-epoch") as workers:
+                while epochs is None or len(results) < epochs:
+                    current = self._start(workers)
+                    if current is None:
                         break
-                    if epochs is not None:
-                        break
-                else:
-                    results.append(result)
-                    if on_epoch:
-                        on_epoch(result)
+                    # Chained epochs; when the chain ends (no input left at injection,
+                    # or one checkpoint at a time), the next round recovers and looks again.
+                    while current is not None:
+                        more = epochs is None or len(results) + 1 < epochs
+                        following = self._inject_next(workers, current) if more and max_concurrent_checkpoints > 1 else None
+                        record = self._complete(current, following)
+                        result = EpochResult(record.epoch, record)
+                        results.append(result)
+                        if on_epoch:
+                            on_epoch(result)
+                        current = following
         finally:
             self.release_lease()
         return results
+
+    def _start(self, workers: ThreadPoolExecutor, arrival_cutoff_ms: int | None = None) -> _PendingCheckpoint | None:
+        """Steps 1-2 and the launch of step 3; None when there is no new input."""
+        started = time.monotonic()
+        recovery = self.recover()
+        barrier = self.trigger_checkpoint(recovery, arrival_cutoff_ms)
+        if barrier is None:
+            return None
+        last = recovery.last_completed
+        _check_follows(barrier, last)
+        # Starting the Spark session is the process's cost, not the epoch's:
+        # epoch durations leave it out (as Spark's batch durations do).
+        session_started = time.monotonic()
+        self._spark()
+        started += time.monotonic() - session_started
+        return self._launch(workers, barrier, completed_future(last), started)
+
+    def _launch(
+        self,
+        workers: ThreadPoolExecutor,
+        barrier: Barrier,
+        restore_point: "Future[CheckpointRecord | None]",
+        started: float,
+    ) -> _PendingCheckpoint:
+        restoring = threading.Event()
+
+        def vote() -> tuple[Manifest, bool]:
+            try:
+                return self._vote(barrier, restore_point, restoring.set)
+            finally:
+                restoring.set()  # also when it failed or found a manifest: never leave the coordinator waiting
+
+        return _PendingCheckpoint(barrier, restore_point, restoring, workers.submit(vote), started)
+
+    def _inject_next(self, workers: ThreadPoolExecutor, current: _PendingCheckpoint) -> _PendingCheckpoint | None:
+        """Barrier n+1 and its worker, once epoch n began its state-dependent work."""
+        current.restoring.wait()
+        if current.vote.done() and current.vote.exception() is not None:
+            return None
+        started = time.monotonic()
+        barrier = self._inject_barrier(current.barrier.lineage_id, current.barrier.epoch + 1, None)
+        if barrier is None:
+            return None
+        return self._launch(workers, barrier, Future(), started)
+
+    def _complete(self, current: _PendingCheckpoint, following: _PendingCheckpoint | None) -> CheckpointRecord:
+        """Steps 3 (the log row), 4 and 5 of ``current``; then ``following`` may touch state."""
+        barrier = current.barrier
+        try:
+            waited = time.monotonic()
+            manifest, voted = current.vote.result()
+            if voted:
+                self.log.append(_manifest_record(EpochStatus.PRE_COMMITTED, barrier, manifest, manifest.process_ms))
+            processed = time.monotonic()
+            record = self._commit(barrier, manifest, current.started)
+            committed = time.monotonic()
+            self.notify(record, manifest)
+        except BaseException:
+            if following is not None:
+                following.restore_point.set_exception(
+                    CheckpointError(f"epoch {barrier.epoch + 1} stopped before its vote: epoch {barrier.epoch} failed")
+                )
+                wait([following.vote])  # it stops before its vote; its barrier is reused later
+            raise
+        if following is not None:
+            following.restore_point.set_result(record)
+        _log.info(
+            "epoch %d: until the vote %.0f ms (last %.0f ms waited), commit %.0f ms, notify %.0f ms",
+            barrier.epoch,
+            (processed - current.started) * 1000,
+            (processed - waited) * 1000,
+            (committed - processed) * 1000,
+            (time.monotonic() - committed) * 1000,
+        )
+        return record
 
     # -- reading -----------------------------------------------------------
 
@@ -461,6 +560,11 @@ def recorded_params(pipeline: str, warehouse: str) -> dict[str, Any]:
     barriers = [b for b in barriers if os.path.exists(b)]
     doc = storage.read_json(max(barriers, key=os.path.getmtime)) if barriers else None
     return dict(doc.get("params") or {}) if doc else {}
+
+
+def _check_follows(barrier: Barrier, last: CheckpointRecord | None) -> None:
+    if (last.epoch if last else 0) != barrier.epoch - 1:
+        raise FencedError(f"epoch {barrier.epoch} cannot run: epoch {barrier.epoch - 1} is not completed")
 
 
 def _stopped_message(name: str, stop: Mapping[str, Any]) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import threading
 from collections import Counter
 
 from barrierflow.errors import ConfigurationError, InjectedFault
@@ -45,6 +46,7 @@ FAULT_POINTS = (
 )
 
 _crossings: Counter[str] = Counter()
+_crossings_lock = threading.Lock()  # two epochs may be in flight (concurrent checkpoints)
 
 
 def _parse(spec: str) -> dict[str, tuple[int, str]]:
@@ -71,8 +73,9 @@ def maybe_fail(point: str) -> None:
     plan = _parse(spec)
     if point not in plan:
         return
-    _crossings[point] += 1
-    crossing = _crossings[point]
+    with _crossings_lock:
+        _crossings[point] += 1
+        crossing = _crossings[point]
     state_dir = os.environ.get(STATE_ENV_VAR)
     if state_dir:
         crossing = _persistent_crossing(state_dir, point)

@@ -8,17 +8,18 @@ stages every table's files (invisible) and writes the manifest put-if-absent.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 
 from barrierflow import faults, storage
-from barrierflow.checkpoint import Barrier, Manifest, StagedFile, TableCommit, TableKind, app_id
+from barrierflow.checkpoint import Barrier, CheckpointRecord, Manifest, StagedFile, TableCommit, TableKind, app_id
 from barrierflow.delta_commit import schema_json_of, stage_table
-from barrierflow.errors import CheckpointError
+from barrierflow.errors import CheckpointError, FencedError
 from barrierflow.layout import PipelineLayout
 from barrierflow.operators.base import KEY_GROUP
 from barrierflow.pipeline import Pipeline, SourceNode
@@ -28,13 +29,20 @@ from barrierflow.state.delta_state_backend import DeltaStateBackend
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["EpochContext", "process_epoch"]
+__all__ = ["EpochContext", "process_epoch", "completed_future"]
 
 _log = logging.getLogger(__name__)
 
 
 class EpochContext:
-    """Everything an operator may use while computing one epoch."""
+    """Everything an operator may use while computing one epoch.
+
+    The epoch builds on the completed checkpoint of epoch n-1, handed in as
+    a future: with two concurrent checkpoints, epoch n starts reading its
+    input while epoch n-1 still commits. Everything that depends on n-1
+    (state, sinks' tables, the previous watermark, the vote) goes through
+    :meth:`restore_point`, which waits for it.
+    """
 
     def __init__(
         self,
@@ -42,9 +50,8 @@ class EpochContext:
         layout: PipelineLayout,
         pipeline: Pipeline,
         barrier: Barrier,
-        last_completed_epoch: int | None,
-        watermark_prev_us: int | None,
-        max_event_time_prev_us: int | None,
+        restore_point: "Future[CheckpointRecord | None]",
+        on_restore: Callable[[], None] | None = None,
     ) -> None:
         self.spark = spark
         self.layout = layout
@@ -55,15 +62,62 @@ class EpochContext:
         self.app_id = app_id(pipeline.name, barrier.lineage_id)
         self.key_groups = pipeline.key_groups
         self.processing_time_ms = barrier.processing_time_ms
-        self.last_completed_epoch = last_completed_epoch
-        self.watermark_prev_us = watermark_prev_us
-        self.max_event_time_us = max_event_time_prev_us
-        self.watermark_us = watermark_prev_us
+        self._restore_point = restore_point
+        self._on_restore = on_restore
+        self._restored = False
+        self._last_completed: CheckpointRecord | None = None
+        self._max_event_time_us: int | None = None
+        self._watermark_us: int | None = None
         self.staging_prefix = ""
         self._staging: dict[str, tuple[str, Future[TableCommit]]] = {}
         self.state = DeltaStateBackend(self)
         self._persisted: list["DataFrame"] = []
         self._frames: dict[int, tuple[pa.Table, "DataFrame"]] = {}
+
+    # -- the completed checkpoint this epoch builds on ------------------------
+
+    def restore_point(self) -> CheckpointRecord | None:
+        """The completed checkpoint of epoch n-1 (None before the first); waits until it completed.
+
+        The first call ends the epoch's state-independent work: ``on_restore``
+        tells the coordinator, which may then inject the next barrier.
+        """
+        if not self._restored:
+            if self._on_restore is not None:
+                self._on_restore()
+            waiting = time.monotonic()
+            record = self._restore_point.result()
+            _log.info("epoch %d: restore point after %.0f ms", self.epoch, (time.monotonic() - waiting) * 1000)
+            completed = record.epoch if record else 0
+            if completed != self.epoch - 1:
+                raise FencedError(f"epoch {self.epoch} cannot run: the last completed epoch is {completed}")
+            self._last_completed = record
+            self._max_event_time_us = record.max_event_time_us if record else None
+            self._watermark_us = record.watermark_us if record else None
+            self._restored = True
+        return self._last_completed
+
+    @property
+    def last_completed_epoch(self) -> int | None:
+        record = self.restore_point()
+        return record.epoch if record else None
+
+    @property
+    def watermark_prev_us(self) -> int | None:
+        """W(n-1), the watermark at the start of this epoch."""
+        record = self.restore_point()
+        return record.watermark_us if record else None
+
+    @property
+    def max_event_time_us(self) -> int | None:
+        self.restore_point()
+        return self._max_event_time_us
+
+    @property
+    def watermark_us(self) -> int | None:
+        """W(n) as observed so far in this epoch."""
+        self.restore_point()
+        return self._watermark_us
 
     # -- helpers for operators ----------------------------------------------
 
@@ -116,10 +170,11 @@ class EpochContext:
 
     def observe_event_time(self, max_us: int | None, out_of_orderness_us: int) -> None:
         """Advance W(n) = max event time so far - out-of-orderness."""
+        self.restore_point()
         if max_us is not None:
-            self.max_event_time_us = max(max_us, self.max_event_time_us or max_us)
-        if self.max_event_time_us is not None:
-            self.watermark_us = self.max_event_time_us - out_of_orderness_us
+            self._max_event_time_us = max(max_us, self._max_event_time_us or max_us)
+        if self._max_event_time_us is not None:
+            self._watermark_us = self._max_event_time_us - out_of_orderness_us
 
     def emit(self, name: str, df: "DataFrame") -> None:
         """A side output (e.g. late records), committed as an append sink."""
@@ -181,13 +236,22 @@ class EpochContext:
 
 
 _pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 def _staging_pool() -> ThreadPoolExecutor:
     global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="barrierflow-stage")
-    return _pool
+    with _pool_lock:  # two epochs may stage at once
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="barrierflow-stage")
+        return _pool
+
+
+def completed_future(record: CheckpointRecord | None) -> "Future[CheckpointRecord | None]":
+    """A restore point that is already known (the last completed checkpoint at recovery)."""
+    future: Future[CheckpointRecord | None] = Future()
+    future.set_result(record)
+    return future
 
 
 class _OrderedReadRequired(Exception):
@@ -199,29 +263,38 @@ def process_epoch(
     layout: PipelineLayout,
     pipe: Pipeline,
     barrier: Barrier,
-    last_completed_epoch: int | None,
-    watermark_prev_us: int | None,
-    max_event_time_prev_us: int | None,
+    restore_point: "Future[CheckpointRecord | None]",
+    on_restore: Callable[[], None] | None = None,
 ) -> Manifest:
     """Compute epoch ``barrier.epoch`` and vote with a manifest (put-if-absent).
+
+    ``restore_point`` resolves to the completed checkpoint of epoch n-1
+    (see :meth:`EpochContext.restore_point`).
 
     1. Compute the epoch (:func:`_compute`). Sources whose consumers do not
        need arrival order are read unordered; if such a read met a bad line,
        the attempt's staged files are deleted and the epoch is computed
        again with ordered reads, which produce the dead letters.
-    2. Write the manifest put-if-absent. Returns the manifest that won: this
+    2. Wait for the restore point: no vote before epoch n-1 completed.
+    3. Write the manifest put-if-absent. Returns the manifest that won: this
        attempt's, or an earlier attempt's if one was already durable (then
        this attempt's staged files are discarded).
     """
     started = time.monotonic()
-    ctx = EpochContext(spark, layout, pipe, barrier, last_completed_epoch, watermark_prev_us, max_event_time_prev_us)
+    ctx = EpochContext(spark, layout, pipe, barrier, restore_point, on_restore)
     try:
-        rows_in = _compute(ctx, ordered_only=False)
-    except _OrderedReadRequired:
+        try:
+            rows_in = _compute(ctx, ordered_only=False)
+        except _OrderedReadRequired:
+            ctx.discard_staged()
+            _log.info("epoch %d: bad input lines; computing again with ordered reads", barrier.epoch)
+            ctx = EpochContext(spark, layout, pipe, barrier, restore_point, on_restore)
+            rows_in = _compute(ctx, ordered_only=True)
+        ctx.restore_point()
+    except BaseException:
+        # E.g. epoch n-1 failed to complete: this attempt can never vote.
         ctx.discard_staged()
-        _log.info("epoch %d: bad input lines; computing again with ordered reads", barrier.epoch)
-        ctx = EpochContext(spark, layout, pipe, barrier, last_completed_epoch, watermark_prev_us, max_event_time_prev_us)
-        rows_in = _compute(ctx, ordered_only=True)
+        raise
     staged = ctx.commits()
     commits = tuple(staged.values())
     manifest = Manifest(

@@ -68,7 +68,11 @@ class DeltaSink:
         return ctx.staging_prefix
 
     def pre_commit(self, ctx: Any, df: "DataFrame | pa.Table") -> None:
-        """Stage the epoch's rows; the resulting TableCommit joins the manifest."""
+        """Stage the epoch's rows; the resulting TableCommit joins the manifest.
+
+        Starts once the previous epoch completed (an upsert rewrites its files).
+        """
+        ctx.restore_point()
         self.begin_transaction(ctx)
         uri = ctx.layout.sink_table(self.name)
         data = _with_epoch(ctx, df)

@@ -36,7 +36,10 @@ _MAX_FILES = 32
 
 
 class DeltaStateBackend:
-    """Reads state as of the last completed epoch and stages this epoch's changes."""
+    """Reads state as of the last completed epoch and stages this epoch's changes.
+
+    Every method first waits for that epoch to complete (``ctx.restore_point``).
+    """
 
     def __init__(self, ctx: "EpochContext") -> None:
         self._ctx = ctx
@@ -47,14 +50,15 @@ class DeltaStateBackend:
     def _open(self, spec: StateSpec) -> Any:
         """The state table as of the last completed epoch, or None before its first commit."""
         ctx = self._ctx
+        last = ctx.last_completed_epoch  # waits for epoch n-1 to complete
         table = open_table(ctx.layout.state_table(spec.operator_id, spec.name))
         if table is None:
             return None
         committed = table.transaction_version(ctx.app_id)
-        if committed is not None and ctx.last_completed_epoch is not None and committed > ctx.last_completed_epoch:
+        if committed is not None and last is not None and committed > last:
             raise CheckpointError(
                 f"state table {spec.table_name} holds epoch {committed}, newer than the last "
-                f"completed epoch {ctx.last_completed_epoch}: run recovery first"
+                f"completed epoch {last}: run recovery first"
             )
         return table
 
@@ -160,6 +164,7 @@ class DeltaStateBackend:
         epoch stay resident, pending its commit.
         """
         ctx = self._ctx
+        ctx.restore_point()
         uri = ctx.layout.state_table(spec.operator_id, spec.name)
         base = self._bases.get(spec.table_name)
         if base is not None:
