@@ -12,7 +12,8 @@ Timing excludes SparkSession (JVM) startup. Two figures are reported:
   availableNow completion (includes query start-up and gaps between batches);
 * ``batch_events_per_s``: events / sum of per-batch ``triggerExecution``
   durations from ``query.recentProgress`` (the same basis as the engine's
-  sum of epoch durations).
+  processing time: batches never overlap, so their sum is the time during
+  which a batch was in progress).
 
 CLI: ``python bench/sss_baseline.py INPUT_DIR [--work-dir W] [--shuffle-partitions N]
 [--java-options OPTS] [--json]``. Without ``--shuffle-partitions`` every setting
