@@ -199,13 +199,14 @@ def run_sss_isolated(
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
+def settings() -> list[tuple[str, int, str]]:
+    """Every setting tried: (sub-directory name, shuffle partitions, driver JVM options)."""
+    return [(f"shuffle-{n}-jvm-{i}", n, options) for n in shuffle_settings() for i, options in enumerate(java_settings())]
+
+
 def compare_settings(input_dir: str | Path, work_dir: str | Path) -> list[dict[str, Any]]:
     """Run every setting in isolation, each in its own sub-directory of ``work_dir``."""
-    return [
-        run_sss_isolated(input_dir, Path(work_dir) / f"shuffle-{n}-jvm-{i}", n, options)
-        for n in shuffle_settings()
-        for i, options in enumerate(java_settings())
-    ]
+    return [run_sss_isolated(input_dir, Path(work_dir) / name, n, options) for name, n, options in settings()]
 
 
 def fastest(results: list[dict[str, Any]]) -> dict[str, Any]:

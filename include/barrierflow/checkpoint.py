@@ -186,7 +186,7 @@ class CheckpointRecord:
     dead_letters: int | None = None
     bytes_written: int | None = None
     state_bytes_written: int | None = None
-    duration_ms: int | None = None
+    duration_ms: int | None = None  # barrier to completion; neighbours overlap with two concurrent checkpoints
     table_versions: str = "{}"  # JSON: table name -> Delta version (the consistent cut)
     message: str = ""
 
