@@ -442,22 +442,29 @@ class CheckpointCoordinator:
                     # or one checkpoint at a time), the next round recovers and looks again.
                     while current is not None:
                         more = epochs is None or len(results) + 1 < epochs
-                        following = self._inject_next(workers, current) if more and max_concurrent_checkpoints > 1 else None
+                        following, injection_error = None, None
+                        if more and max_concurrent_checkpoints > 1:
+                            try:
+                                following = self._inject_next(workers, current)
+                            except Exception as exc:  # epoch n still completes; then the error surfaces
+                                injection_error = exc
                         record = self._complete(current, following)
                         result = EpochResult(record.epoch, record)
                         results.append(result)
                         if on_epoch:
                             on_epoch(result)
+                        if injection_error is not None:
+                            raise injection_error
                         current = following
         finally:
             self.release_lease()
         return results
 
-    def _start(self, workers: ThreadPoolExecutor, arrival_cutoff_ms: int | None = None) -> _PendingCheckpoint | None:
+    def _start(self, workers: ThreadPoolExecutor) -> _PendingCheckpoint | None:
         """Steps 1-2 and the launch of step 3; None when there is no new input."""
         started = time.monotonic()
         recovery = self.recover()
-        barrier = self.trigger_checkpoint(recovery, arrival_cutoff_ms)
+        barrier = self.trigger_checkpoint(recovery)
         if barrier is None:
             return None
         last = recovery.last_completed

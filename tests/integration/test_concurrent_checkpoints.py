@@ -122,8 +122,10 @@ def test_only_one_or_two_concurrent_checkpoints(coordinator: Callable[[Path], Ch
         ("notify.start:1:raise", 1),
         # Epoch 2 fails while reading, beside epoch 1's commit: epoch 1 still completes.
         ("process.after_read:2:raise", 1),
+        # Barrier 2 cannot be injected while epoch 1 runs: epoch 1 still completes.
+        ("barrier.after_write:2:raise", 1),
     ],
-    ids=["epoch-1-commit", "epoch-1-notify", "epoch-2-read"],
+    ids=["epoch-1-commit", "epoch-1-notify", "epoch-2-read", "barrier-2"],
 )
 def test_a_failure_on_either_side_leaves_a_state_a_rerun_finishes_exactly_once(
     coordinator: Callable[[Path], CheckpointCoordinator],
