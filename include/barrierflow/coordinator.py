@@ -54,7 +54,7 @@ from barrierflow.delta_commit import commit_epoch_table
 from barrierflow.errors import CheckpointError, EpochInProgressError, FencedError, PipelineStoppedError
 from barrierflow.layout import STAGING_DIR, PipelineLayout
 from barrierflow.pipeline import Pipeline, PipelineDefinition
-from barrierflow.runtime import completed_future, process_epoch
+from barrierflow.runtime import check_follows, completed_future, process_epoch
 from barrierflow.state import resident
 from barrierflow.state.delta_state_backend import compact, needs_compaction
 
@@ -310,7 +310,7 @@ class CheckpointCoordinator:
 
     def process(self, barrier: Barrier, recovery: Recovery) -> Manifest:
         last = recovery.last_completed
-        _check_follows(barrier, last)
+        check_follows(barrier.epoch, last)
         manifest, voted = self._vote(barrier, completed_future(last))
         if voted:
             self.log.append(_manifest_record(EpochStatus.PRE_COMMITTED, barrier, manifest, manifest.process_ms))
@@ -468,7 +468,7 @@ class CheckpointCoordinator:
         if barrier is None:
             return None
         last = recovery.last_completed
-        _check_follows(barrier, last)
+        check_follows(barrier.epoch, last)
         # Starting the Spark session is the process's cost, not the epoch's:
         # epoch durations leave it out (as Spark's batch durations do).
         session_started = time.monotonic()
@@ -567,11 +567,6 @@ def recorded_params(pipeline: str, warehouse: str) -> dict[str, Any]:
     barriers = [b for b in barriers if os.path.exists(b)]
     doc = storage.read_json(max(barriers, key=os.path.getmtime)) if barriers else None
     return dict(doc.get("params") or {}) if doc else {}
-
-
-def _check_follows(barrier: Barrier, last: CheckpointRecord | None) -> None:
-    if (last.epoch if last else 0) != barrier.epoch - 1:
-        raise FencedError(f"epoch {barrier.epoch} cannot run: epoch {barrier.epoch - 1} is not completed")
 
 
 def _stopped_message(name: str, stop: Mapping[str, Any]) -> str:

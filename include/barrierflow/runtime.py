@@ -29,7 +29,7 @@ from barrierflow.state.delta_state_backend import DeltaStateBackend
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["EpochContext", "process_epoch", "completed_future"]
+__all__ = ["EpochContext", "process_epoch", "completed_future", "check_follows"]
 
 _log = logging.getLogger(__name__)
 
@@ -88,9 +88,7 @@ class EpochContext:
             waiting = time.monotonic()
             record = self._restore_point.result()
             _log.info("epoch %d: restore point after %.0f ms", self.epoch, (time.monotonic() - waiting) * 1000)
-            completed = record.epoch if record else 0
-            if completed != self.epoch - 1:
-                raise FencedError(f"epoch {self.epoch} cannot run: the last completed epoch is {completed}")
+            check_follows(self.epoch, record)
             self._last_completed = record
             self._max_event_time_us = record.max_event_time_us if record else None
             self._watermark_us = record.watermark_us if record else None
@@ -245,6 +243,13 @@ def _staging_pool() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="barrierflow-stage")
         return _pool
+
+
+def check_follows(epoch: int, last: CheckpointRecord | None) -> None:
+    """Epoch ``epoch`` may only build on the completed checkpoint of epoch ``epoch - 1``."""
+    completed = last.epoch if last else 0
+    if completed != epoch - 1:
+        raise FencedError(f"epoch {epoch} cannot run: the last completed epoch is {completed}")
 
 
 def completed_future(record: CheckpointRecord | None) -> "Future[CheckpointRecord | None]":
