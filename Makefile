@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser run test bench lock clean
+.PHONY: setup browser run test bench bench-airflow lock clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,10 @@ test: setup
 
 bench: setup
 	$(BIN)/python bench/run_bench.py
+
+# The make-run stack for 6 minutes per process mode (warm engine, then spark-submit), one after the other.
+bench-airflow: setup
+	$(BIN)/python bench/airflow_bench.py --keep bench-work/airflow
 
 lock:
 	{ head -4 requirements.txt; $(BIN)/pip freeze --all --exclude-editable | grep -vE '^pip==' | sort -f; } > requirements.txt.new

@@ -1,4 +1,13 @@
-"""Shared fixtures: one real Spark session (local[*]) for the whole test session."""
+"""Shared fixtures: one warm Spark engine per test process, as production runs epochs.
+
+Each pytest process (each xdist worker) starts its own Spark Connect engine
+(``barrierflow engine``'s command, master ``local[2]``) on a free loopback
+port, the first time a test needs Spark; every in-process epoch, the
+``spark`` fixture and the DAG tasks run by ``dag.test()`` use it. PySpark's
+Connect mode is process-wide, so classic sessions (``local[2]`` in this
+process's JVM) are exercised in subprocesses: the CLI crash tests and the
+spark-submit DAG mode.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +24,36 @@ sys.path.insert(0, str(ROOT / "tests"))  # the reference implementation package
 os.environ.setdefault("BARRIERFLOW_DRIVER_MEMORY", "2g")
 
 
+# "<pid>:<port>": an xdist worker inherits the environment of the process that started it.
+_ENGINE_ENV = "BARRIERFLOW_TEST_ENGINE_PORT"
+if os.environ.get(_ENGINE_ENV, "").partition(":")[0] != str(os.getpid()):
+    from barrierflow.devserver import free_port
+
+    os.environ[_ENGINE_ENV] = f"{os.getpid()}:{free_port()}"
+ENGINE_PORT = int(os.environ[_ENGINE_ENV].partition(":")[2])
+ENGINE_ADDRESS = f"sc://127.0.0.1:{ENGINE_PORT}"
+
+
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
+def spark_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """This process's Spark engine; in-process epochs find it through ``$BARRIERFLOW_SPARK_REMOTE``."""
+    from barrierflow.engine import EngineConfig, LocalEngine
+    from barrierflow.spark import REMOTE_ENV
+
+    log = (tmp_path_factory.mktemp("engine") / "engine.log").open("wb")
+    engine = LocalEngine(EngineConfig(port=ENGINE_PORT, master="local[2]", driver_memory="2g"), log=log)
+    engine.start(wait_s=300)
+    os.environ[REMOTE_ENV] = engine.address
+    yield engine
+    engine.stop()
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def spark(spark_engine: object) -> object:
     from barrierflow.spark import get_spark
 
-    session = get_spark("local[2]")
-    yield session
-    session.stop()
+    return get_spark(remote=ENGINE_ADDRESS)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from barrierflow.errors import BarrierflowError, ParameterError
 from barrierflow.params import parse_assignments
+from barrierflow.spark import MASTER_ENV, REMOTE_ENV
 
 __all__ = ["main", "build_parser"]
 
@@ -61,7 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
     group = run.add_mutually_exclusive_group(required=True)
     group.add_argument("--epochs", type=int, metavar="N", help="run at most N epochs")
     group.add_argument("--until-caught-up", action="store_true", help="run epochs until no source has new input")
-    run.add_argument("--master", help="Spark master (default: $BARRIERFLOW_SPARK_MASTER or local[*])")
+    engine = run.add_mutually_exclusive_group()
+    engine.add_argument(
+        "--remote",
+        metavar="sc://HOST:PORT",
+        help="run epochs on a warm Spark Connect engine (default: $BARRIERFLOW_SPARK_REMOTE; see 'barrierflow engine')",
+    )
+    engine.add_argument(
+        "--master", help="start Spark in this process on this master (default: $BARRIERFLOW_SPARK_MASTER or local[*])"
+    )
     run.add_argument(
         "--max-concurrent-checkpoints",
         type=int,
@@ -144,6 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("pipelines", help="list the registered pipelines and their parameters")
 
+    engine = sub.add_parser(
+        "engine",
+        help="run the warm Spark engine (a Spark Connect server) in the foreground",
+        description="A long-lived Spark application that epochs run on: point 'run --remote', "
+        "$BARRIERFLOW_SPARK_REMOTE or the DAGs' Spark Connect connection at the address it prints.",
+    )
+    engine.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    engine.add_argument("--port", type=int, default=15002, help="Spark Connect port (default 15002)")
+    engine.add_argument("--master", default="local[*]", help="Spark master of the engine (default local[*])")
+    engine.add_argument("--driver-memory", default="2g", help="the engine driver's memory (default 2g)")
+
     generate = sub.add_parser("generate", help="write sample sensor_stats input files into a landing directory")
     generate.add_argument("landing_dir")
     generate.add_argument("--files", type=int, default=6, help="number of files (default 6)")
@@ -161,7 +181,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.epochs is not None and args.epochs < 1:
         raise ParameterError("--epochs must be >= 1")
     if args.master:
-        os.environ["BARRIERFLOW_SPARK_MASTER"] = args.master
+        os.environ[MASTER_ENV] = args.master
+        os.environ.pop(REMOTE_ENV, None)
+    if args.remote:
+        os.environ[REMOTE_ENV] = args.remote
     definition = get_pipeline(args.pipeline)
     coordinator = CheckpointCoordinator(definition, parse_assignments(args.param), _warehouse(args))
 
@@ -183,6 +206,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not results:
         print("no new input: nothing to do")
     return 0
+
+
+def _cmd_engine(args: argparse.Namespace) -> int:
+    from barrierflow.engine import EngineConfig, serve
+
+    return serve(EngineConfig(host=args.host, port=args.port, master=args.master, driver_memory=args.driver_memory))
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -394,6 +423,7 @@ _COMMANDS = {
     "query": _cmd_query,
     "pipelines": _cmd_pipelines,
     "generate": _cmd_generate,
+    "engine": _cmd_engine,
 }
 
 

@@ -55,6 +55,7 @@ from barrierflow.errors import CheckpointError, EpochInProgressError, FencedErro
 from barrierflow.layout import STAGING_DIR, PipelineLayout
 from barrierflow.pipeline import Pipeline, PipelineDefinition
 from barrierflow.runtime import check_follows, completed_future, process_epoch
+from barrierflow.spark import engine_lost
 from barrierflow.state import resident
 from barrierflow.state.delta_state_backend import compact, needs_compaction
 
@@ -316,6 +317,19 @@ class CheckpointCoordinator:
             self.log.append(_manifest_record(EpochStatus.PRE_COMMITTED, barrier, manifest, manifest.process_ms))
         return manifest
 
+    def process_planned(self) -> Manifest | None:
+        """Step 3 as its own task or job runs it: recover, then process + pre-commit the planned epoch.
+
+        None when no epoch is planned, or when the pipeline is stopped with a
+        savepoint (a stopped pipeline does not finish a planned epoch: its
+        state stays exactly at the savepoint). Returns the winning manifest.
+        """
+        recovery = self.recover()
+        barrier = recovery.pending_barrier
+        if barrier is None or self.stopped() is not None:
+            return None
+        return self.process(barrier, recovery)
+
     def _vote(
         self,
         barrier: Barrier,
@@ -330,14 +344,20 @@ class CheckpointCoordinator:
         # The barrier's params are the epoch's params: a retry replays the same job.
         # Built per epoch: the coordinator plans the next barrier with its own copy meanwhile.
         pipe = self.definition.build(barrier.params or self.params)
-        return process_epoch(spark, self.layout, pipe, barrier, restore_point, on_restore), True
+        try:
+            return process_epoch(spark, self.layout, pipe, barrier, restore_point, on_restore), True
+        except Exception as exc:
+            lost = engine_lost(spark, exc)
+            if lost is not None:
+                raise lost from exc
+            raise
 
     def _spark(self) -> Any:
         if self._spark_factory is not None:
             return self._spark_factory()
         from barrierflow.spark import get_spark
 
-        return get_spark()
+        return get_spark(session_name=self.definition.name)
 
     # -- step 4: commit --------------------------------------------------
 
@@ -394,6 +414,22 @@ class CheckpointCoordinator:
             uri = self.layout.state_table(spec.operator_id, spec.name)
             if needs_compaction(uri):
                 compact(spec, uri, app, record.epoch, manifest.attempt_id)
+
+    def notify_completed(self) -> tuple[CheckpointRecord | None, bool]:
+        """Step 5 for the last completed epoch of the current lineage (idempotent).
+
+        Returns that record and whether it was notified: a restore point has
+        no manifest in its lineage (nothing was staged there), so it is not.
+        """
+        lineage_id = self.current_lineage()["lineage_id"]
+        last = CheckpointLog.last_completed(self.log.lineage_records(lineage_id))
+        if last is None:
+            return None, False
+        manifest_doc = storage.read_json(self.layout.manifest(lineage_id, last.epoch))
+        if manifest_doc is None:
+            return last, False
+        self.notify(last, Manifest.from_json(manifest_doc))
+        return last, True
 
     def _clean_staging(self, manifest: Manifest) -> None:
         """Delete staged directories of attempts that lost the vote for this epoch."""

@@ -11,7 +11,11 @@ From a fresh clone, ``python -m barrierflow.devserver``:
 2. fixes the login: the simple auth manager with user ``admin`` and a known
    password (``admin`` unless ``--password``/``$BARRIERFLOW_DEV_PASSWORD``),
    written to the auth manager's passwords file;
-3. runs what ``airflow standalone`` runs (``db migrate``, API server, DAG
+3. starts the warm Spark engine (:class:`barrierflow.engine.LocalEngine`, a
+   Spark Connect server on 127.0.0.1, ``--engine-port``, 15002 by default) as
+   the ``spark_connect_default`` connection, so epochs run on a Spark that
+   stays up; the sensor_stats input generator starts at the same time;
+4. runs what ``airflow standalone`` runs (``db migrate``, API server, DAG
    processor, scheduler, triggerer) as child processes, with the API server
    bound to 127.0.0.1 and up before the scheduler starts. Not ``airflow
    standalone`` itself: in Airflow 3.3 it also starts the scheduler's and
@@ -19,12 +23,16 @@ From a fresh clone, ``python -m barrierflow.devserver``:
    setting changes the address), which a development server must not do;
    here they are skipped (``--skip-serve-logs``) and the API server reads the
    task logs from ``AIRFLOW_HOME/logs`` directly;
-4. once the API answers, makes sure ``barrierflow_sensor_stats`` is unpaused
-   (a DAG created paused by an earlier configuration stays paused otherwise);
-5. writes a ``sensor_stats`` input file into the landing directory every few
+5. starts the DAG processor once the first one-minute interval holding
+   generated input has ended: with ``catchup=False`` a new DAG's first run is
+   the interval that ended last before it was parsed, so that run commits
+   input rather than reporting "no new input"; then makes sure
+   ``barrierflow_sensor_stats`` is unpaused (a DAG paused by an earlier
+   configuration stays paused otherwise);
+6. writes a ``sensor_stats`` input file into the landing directory every few
    seconds (:mod:`barrierflow.datagen`: a ``.``-prefixed temporary name, then
    an atomic rename), continuing after the files already there;
-6. prints the URL and the login, and runs until Ctrl-C (or SIGTERM), then
+7. prints the URL and the login, and runs until Ctrl-C (or SIGTERM), then
    stops Airflow and every process it started: SIGTERM to each component
    (scheduler first, API server last), then SIGTERM and finally SIGKILL to
    whatever is left of the process tree. This process is made a *child
@@ -54,6 +62,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from barrierflow.dags.settings import param_env_var, pipeline_dag_id
+from barrierflow.engine import DEFAULT_ENGINE_PORT, EngineConfig, LocalEngine
+from barrierflow.errors import EngineUnavailableError
 
 __all__ = [
     "DevServerConfig",
@@ -104,6 +114,7 @@ class DevServerConfig:
     warehouse: Path
     landing: Path
     port: int = DEFAULT_PORT
+    engine_port: int = DEFAULT_ENGINE_PORT
     user: str = DEFAULT_USER
     password: str = DEFAULT_PASSWORD
     generate_every_s: float = 5.0  # 0 disables the input generator
@@ -114,6 +125,10 @@ class DevServerConfig:
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
+
+    @property
+    def engine(self) -> EngineConfig:
+        return EngineConfig(host=HOST, port=self.engine_port)
 
     @property
     def checkpoints_url(self) -> str:
@@ -129,7 +144,9 @@ def devserver_environment(config: DevServerConfig, base: Mapping[str, str] | Non
     from barrierflow.dags.environment import airflow_environment
 
     env = dict(os.environ if base is None else base)
-    env.update(airflow_environment(config.home, root=config.root, warehouse=config.warehouse))
+    env.update(
+        airflow_environment(config.home, root=config.root, warehouse=config.warehouse, engine_address=config.engine.address)
+    )
     env.update(
         {
             "AIRFLOW__API__HOST": HOST,
@@ -267,8 +284,8 @@ class ApiClient:
         status, doc = self.get(f"/api/v2/dags/{dag_id}")
         return doc if status == 200 and isinstance(doc, dict) else None
 
-    def unpause(self, dag_id: str) -> bool:
-        status, _ = self.patch(f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    def set_paused(self, dag_id: str, paused: bool) -> bool:
+        status, _ = self.patch(f"/api/v2/dags/{dag_id}", {"is_paused": paused})
         return status == 200
 
 
@@ -311,6 +328,7 @@ class InputGenerator(threading.Thread):
         self.seed = seed
         self.stop_event = threading.Event()
         self.written = 0
+        self.first_written_at: float | None = None  # wall-clock time of this session's first file
 
     def next_index(self) -> int:
         from barrierflow.datagen import SensorStreamSpec, sensor_file_name
@@ -332,6 +350,8 @@ class InputGenerator(threading.Thread):
         spec = SensorStreamSpec(n_files=index + 1, records_per_file=self.records_per_file, seed=self.seed)
         (path,) = write_sensor_files(self.landing, spec, start_index=index, count=1)
         self.written += 1
+        if self.first_written_at is None:
+            self.first_written_at = path.stat().st_mtime
         return path
 
     def run(self) -> None:
@@ -493,6 +513,16 @@ class AirflowProcesses:
         self._threads.append(thread)
         return proc
 
+    def adopt(self, name: str, proc: subprocess.Popen[bytes] | None) -> None:
+        """Watch and stop ``proc`` (started elsewhere, e.g. the Spark engine) like a component."""
+        if proc is None:
+            return
+        self.procs[name] = proc
+        if proc.stdout is not None:
+            thread = threading.Thread(target=_pump, args=(name, proc), name=f"out-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
     def migrate(self, timeout_s: float = 600.0) -> int:
         """``airflow db migrate`` (creates the SQLite database the first time); its exit code."""
         proc = self._spawn("db", ("db", "migrate"))
@@ -505,9 +535,11 @@ class AirflowProcesses:
     def start_api_server(self) -> None:
         self.procs["api-server"] = self._spawn("api-server", ("api-server", "--host", HOST, "--port", str(self.port)))
 
-    def start_components(self) -> None:
+    def start_components(self, *names: str) -> None:
+        """Start the named components (all when none is named)."""
         for name, args in self.COMPONENTS:
-            self.procs[name] = self._spawn(name, args)
+            if not names or name in names:
+                self.procs[name] = self._spawn(name, args)
 
     def exited(self) -> tuple[str, int] | None:
         """The first component that exited, with its exit code."""
@@ -617,6 +649,7 @@ def _banner(config: DevServerConfig) -> str:
         f"  login:             {config.user} / {config.password}",
         f"  checkpoints page:  {config.checkpoints_url}   (Browse > Checkpoints)",
         f"  DAG:               {config.url}/dags/{config.dag_id}",
+        f"  Spark engine:      {config.engine.address}   (Spark Connect; connection spark_connect_default)",
         f"  warehouse:         {config.warehouse}",
         f"  landing dir:       {config.landing}"
         + (f"   (a new file every {config.generate_every_s:g} s)" if config.generate_every_s > 0 else ""),
@@ -638,9 +671,10 @@ def _raise_stop(signum: int, frame: Any) -> None:
 
 def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
     """Start everything, wait for Ctrl-C / SIGTERM, stop everything. Returns the exit code."""
-    if port_in_use(config.port):
-        _say(f"error: port {config.port} on {HOST} is already in use (another Airflow?); use --port")
-        return 2
+    for port, what in ((config.port, "--port"), (config.engine_port, "--engine-port")):
+        if port_in_use(port):
+            _say(f"error: port {port} on {HOST} is already in use (another barrierflow?); use {what}")
+            return 2
     for directory in (config.home, config.warehouse, config.landing):
         directory.mkdir(parents=True, exist_ok=True)
     write_password_file(config.password_file, config.user, config.password)
@@ -655,8 +689,16 @@ def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
     generator: InputGenerator | None = None
     stopping = threading.Event()
     airflow = AirflowProcesses(env, config.root, config.port)
+    engine = LocalEngine(config.engine, log=subprocess.PIPE, env=env)
     code = 0
     try:
+        if config.generate_every_s > 0:
+            # Input from the start: the schedule's first interval then holds some (step 5).
+            generator = InputGenerator(config.landing, config.generate_every_s, config.records_per_file)
+            generator.start()
+        _say(f"starting the Spark engine (Spark Connect) on {config.engine.address}")
+        engine.start(wait_s=None)
+        airflow.adopt("engine", engine.proc)
         _say(f"preparing the metadata database in {config.home}")
         migrated = airflow.migrate()
         if migrated != 0:
@@ -671,20 +713,31 @@ def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
         if (gone := airflow.exited()) is not None:
             _say(f"error: Airflow {gone[0]} exited with code {gone[1]}")
             return 1
-        _say("starting the DAG processor, scheduler and triggerer")
-        airflow.start_components()
-        if config.generate_every_s > 0:
-            generator = InputGenerator(config.landing, config.generate_every_s, config.records_per_file)
-            generator.start()
+        engine.wait_ready(ready_timeout_s)
+        _say("starting the scheduler and triggerer")
+        airflow.start_components("scheduler", "triggerer")
         _say(_banner(config))
+        if generator is not None:
+            # Step 5: the first interval the DAG processor sees must hold input.
+            wait_until(lambda: generator.first_written_at is not None, 60.0, 0.2, stopping)
+            ready_at = first_interval_end(generator.first_written_at or time.time())
+            if ready_at > time.time():
+                _say(f"starting the DAG processor at {time.strftime('%H:%M:%S', time.localtime(ready_at))}, "
+                     "when the first minute of input has ended")
+                time.sleep(max(0.0, ready_at - time.time()))
+        _say("starting the DAG processor")
+        airflow.start_components("dag-processor")
         threading.Thread(
             target=_ensure_unpaused, args=(client, config.dag_id, stopping), name="unpause", daemon=True
         ).start()
         while (gone := airflow.exited()) is None:
             time.sleep(0.5)
             _reap_orphans(keep={p.pid for p in airflow.procs.values()})
-        _say(f"Airflow {gone[0]} exited with code {gone[1]}: stopping everything")
+        _say(f"{gone[0]} exited with code {gone[1]}: stopping everything")
         code = gone[1] or 1
+    except EngineUnavailableError as exc:
+        _say(f"error: {exc}")
+        code = 1
     except (_Stop, KeyboardInterrupt) as exc:
         _say(f"stopping ({exc or 'SIGINT'})...")
     finally:
@@ -695,12 +748,18 @@ def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
             generator.stop()
         started = time.monotonic()
         killed = airflow.stop(baseline)
+        engine.stop()
         if killed:
             _say(f"killed {len(killed)} process(es) that ignored SIGTERM: {killed}")
         for s, handler in previous.items():
             signal.signal(s, handler)
         _say(f"stopped in {time.monotonic() - started:.1f} s")
     return code
+
+
+def first_interval_end(first_input_at: float, interval_s: float = 60.0) -> float:
+    """When the first schedule interval (aligned to ``interval_s``) holding ``first_input_at`` ends."""
+    return (int(first_input_at // interval_s) + 1) * interval_s
 
 
 def _ensure_unpaused(client: ApiClient, dag_id: str, stop: threading.Event, timeout_s: float = 600.0) -> None:
@@ -714,13 +773,12 @@ def _ensure_unpaused(client: ApiClient, dag_id: str, stop: threading.Event, time
                 found.update(doc)
             return doc is not None
 
-        if not wait_until(registered, timeout_s, 10.0, stop):
-            if stop.is_set():
-                return
-            _say(f"note: DAG {dag_id} did not appear within {timeout_s:.0f} s (see the DAG import errors in the UI)")
+        if not wait_until(registered, timeout_s, 2.0, stop):
+            if not stop.is_set():
+                _say(f"note: DAG {dag_id} did not appear within {timeout_s:.0f} s (see the DAG import errors in the UI)")
             return
         if found.get("is_paused"):
-            if client.unpause(dag_id):
+            if client.set_paused(dag_id, False):
                 _say(f"unpaused {dag_id}")
             else:
                 _say(f"note: could not unpause {dag_id}")
@@ -738,6 +796,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", type=Path, help="AIRFLOW_HOME (default <repo>/.airflow)")
     p.add_argument("--warehouse", type=Path, help="barrierflow warehouse (default <repo>/warehouse)")
     p.add_argument("--landing", type=Path, help="sensor_stats landing directory (default <repo>/landing)")
+    p.add_argument(
+        "--engine-port", type=int, default=DEFAULT_ENGINE_PORT,
+        help=f"the Spark engine's Spark Connect port (default {DEFAULT_ENGINE_PORT}; 0 = any free port)",
+    )
     p.add_argument("--interval", type=float, default=5.0, help="seconds between generated input files (0: no generator)")
     p.add_argument("--records-per-file", type=int, default=200)
     p.add_argument("--user", default=DEFAULT_USER, help=f"login name (default {DEFAULT_USER})")
@@ -759,6 +821,7 @@ def config_from_args(args: argparse.Namespace) -> DevServerConfig:
         warehouse=(args.warehouse or root / "warehouse").resolve(),
         landing=(args.landing or root / "landing").resolve(),
         port=port,
+        engine_port=args.engine_port if args.engine_port else free_port(),
         user=args.user,
         password=args.password,
         generate_every_s=max(0.0, args.interval),

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "BarrierflowError",
     "ConfigurationError",
+    "EngineUnavailableError",
     "PipelineDefinitionError",
     "UnknownPipelineError",
     "ParameterError",
@@ -33,6 +34,10 @@ class BarrierflowError(Exception):
 
 class ConfigurationError(BarrierflowError):
     """A setting (warehouse, master, environment variable) is invalid."""
+
+
+class EngineUnavailableError(BarrierflowError):
+    """The Spark engine (a Spark Connect server) does not answer at its address; a retry may succeed."""
 
 
 class PipelineDefinitionError(BarrierflowError):

@@ -45,19 +45,15 @@ def process_epoch_main(argv: Sequence[str] | None = None) -> int:
         coordinator = CheckpointCoordinator(get_pipeline(args.pipeline), parse_assignments(args.param), args.warehouse)
         coordinator.acquire_lease(wait_s=args.lease_wait)
         try:
-            recovery = coordinator.recover()
-            barrier = recovery.pending_barrier
+            manifest = coordinator.process_planned()
             stop = coordinator.stopped()
-            if barrier is not None and stop is not None:
-                # A stopped pipeline does not finish a planned epoch: its state stays at the savepoint.
-                print(f"{args.pipeline}: stopped with savepoint {stop.get('savepoint')!r}: epoch {barrier.epoch} is not processed")
-                return 0
-            if barrier is None:
-                print(f"{args.pipeline}: no planned epoch to process")
-                return 0
-            manifest = coordinator.process(barrier, recovery)
         finally:
             coordinator.release_lease()
+        if manifest is None:
+            # A stopped pipeline does not finish a planned epoch: its state stays at the savepoint.
+            reason = f"stopped with savepoint {stop.get('savepoint')!r}" if stop else "no planned epoch to process"
+            print(f"{args.pipeline}: {reason}")
+            return 0
         print(
             f"{args.pipeline}: epoch {manifest.epoch} pre-committed by attempt {manifest.attempt_id}: "
             f"{manifest.rows_in} rows in, {manifest.rows_out} rows out, {manifest.bytes_written} bytes staged"

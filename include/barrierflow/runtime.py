@@ -24,6 +24,7 @@ from barrierflow.layout import PipelineLayout
 from barrierflow.operators.base import KEY_GROUP
 from barrierflow.pipeline import Pipeline, SourceNode
 from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
+from barrierflow.spark import observation_done
 from barrierflow.state.delta_state_backend import DeltaStateBackend
 
 if TYPE_CHECKING:
@@ -397,6 +398,6 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
 
 def _metrics(observation: Any, records: "DataFrame") -> dict[str, int]:
     """An unordered read's counts; computes the records if no operator did."""
-    if not observation._jo.future().isCompleted():
+    if not observation_done(observation):
         records.count()
     return observation.get

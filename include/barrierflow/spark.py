@@ -1,41 +1,140 @@
-"""The Spark session barrierflow runs epochs in (``local[*]`` by default)."""
+"""The Spark session barrierflow runs epochs in: a warm Spark Connect engine or an embedded one.
+
+Two kinds of session, one engine code:
+
+- **remote** (``sc://host:port``, Spark Connect): the epoch's plans go to a
+  long-lived Spark application (``barrierflow engine``, or a cluster's
+  Connect endpoint). Nothing is started per epoch, so an epoch runs warm.
+  Chosen by ``remote=``, ``$BARRIERFLOW_SPARK_REMOTE`` or PySpark's own
+  ``$SPARK_REMOTE``.
+- **classic** (``local[*]``, ``local-cluster[...]``, ``spark://...``): this
+  process starts the Spark driver (a JVM) itself, or is the driver that
+  ``spark-submit`` started. Chosen by ``master=`` or ``$BARRIERFLOW_SPARK_MASTER``;
+  ``local[*]`` when nothing is given.
+
+PySpark switches a whole process into Connect mode once a remote session
+exists (``pyspark.sql.functions`` then builds Connect expressions), so one
+process uses one kind of session only.
+"""
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import uuid
+from urllib.parse import urlparse
 from typing import TYPE_CHECKING, Any, Callable, Hashable, TypeVar
+
+from barrierflow.errors import ConfigurationError, EngineUnavailableError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["get_spark", "launched_by_spark_submit", "session_cached", "MASTER_ENV", "DRIVER_JAVA_OPTIONS"]
+__all__ = [
+    "get_spark",
+    "engine_address",
+    "is_remote_session",
+    "observation_done",
+    "engine_lost",
+    "launched_by_spark_submit",
+    "session_cached",
+    "MASTER_ENV",
+    "REMOTE_ENV",
+    "DRIVER_JAVA_OPTIONS",
+    "session_conf",
+]
 
 MASTER_ENV = "BARRIERFLOW_SPARK_MASTER"
+REMOTE_ENV = "BARRIERFLOW_SPARK_REMOTE"
 # The throughput collector: on a few cores, G1's concurrent threads take CPU
 # from the tasks (epochs measured ~15% faster on 2 cores). Applies when this
 # process starts the JVM; $BARRIERFLOW_DRIVER_JAVA_OPTIONS replaces it.
 DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC"
-_session: "SparkSession | None" = None
+# SQL settings every epoch relies on, whoever started the application: they
+# are set per session, so a shared Connect engine gets them from each client.
+def session_conf() -> dict[str, str]:
+    return {
+        "spark.sql.session.timeZone": "UTC",  # all event time is UTC
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",  # never INT96
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.adaptive.enabled": os.environ.get("BARRIERFLOW_SPARK_AQE", "false"),
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.sources.ignoreMissingFiles": "false",
+    }
+_sessions: dict[str, "SparkSession"] = {}
+_addresses: dict[int, str] = {}  # id(remote session) -> the engine's address, for error messages
+_SESSION_NAMESPACE = uuid.UUID("0f6d1c2e-5b8a-4c1e-9a57-3d2b6f0e8c41")
+_SESSION_GENERATIONS = 8
 _T = TypeVar("_T")
 _cached: dict[Hashable, tuple[Any, Any]] = {}
 
 
+def engine_address(remote: str | None = None) -> str | None:
+    """The Spark Connect address to use (``sc://...``), or None for a classic session."""
+    return remote or os.environ.get(REMOTE_ENV) or os.environ.get("SPARK_REMOTE") or None
+
+
+def is_remote_session(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (a client of a remote engine)."""
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+    return isinstance(spark, RemoteSession)
+
+
 def session_cached(key: Hashable, build: Callable[[], _T]) -> _T:
-    """``build()`` once per Spark context, e.g. Column expressions.
+    """``build()`` once per session, e.g. Column expressions.
 
-    Every Column operation is a py4j round trip; an operator that builds the
-    same expressions every epoch pays tens of milliseconds for nothing.
+    In a classic session every Column operation is a py4j round trip; an
+    operator that builds the same expressions every epoch pays tens of
+    milliseconds for nothing. (Connect expressions are plain Python objects;
+    caching them is harmless.)
     """
-    from pyspark import SparkContext
-
-    context = SparkContext._active_spark_context
+    owner = _session_owner()
     hit = _cached.get(key)
-    if hit is not None and hit[0] is context:
+    if hit is not None and hit[0] is owner:
         return hit[1]  # type: ignore[no-any-return]
     value = build()
-    _cached[key] = (context, value)
+    _cached[key] = (owner, value)
     return value
+
+
+def _session_owner() -> Any:
+    from pyspark.sql.utils import is_remote
+
+    if is_remote():
+        from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+        return RemoteSession.getActiveSession()
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context
+
+
+def observation_done(observation: Any) -> bool:
+    """Whether an action already delivered ``observation``'s metrics (reading them would not block)."""
+    jo = getattr(observation, "_jo", None)
+    if jo is not None:  # classic: a JVM future
+        return bool(jo.future().isCompleted())
+    # Connect: the metrics arrive with the result of the first action that ran the plan.
+    return bool(getattr(observation, "_result", None))
+
+
+def engine_lost(spark: Any, exc: BaseException) -> EngineUnavailableError | None:
+    """An :class:`EngineUnavailableError` naming the engine if ``exc`` means ``spark``'s engine went away."""
+    address = _addresses.get(id(spark))
+    if address is None:
+        return None
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+
+    text = str(exc)
+    lost = ("UNAVAILABLE", "RETRIES_EXCEEDED", "Connection refused", "Socket closed", "failed to connect")
+    if isinstance(exc, SparkConnectGrpcException) and any(marker in text for marker in lost):
+        return EngineUnavailableError(
+            f"the Spark engine at {address} was lost ({_first_line(exc)}); the epoch did not vote, "
+            "so the next attempt on a live engine replays its barrier"
+        )
+    return None
 
 
 def launched_by_spark_submit() -> bool:
@@ -43,40 +142,161 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def get_spark(master: str | None = None) -> "SparkSession":
-    """One session per process; ``master`` or ``$BARRIERFLOW_SPARK_MASTER`` picks the cluster.
+def get_spark(master: str | None = None, remote: str | None = None, session_name: str | None = None) -> "SparkSession":
+    """One session per process and engine.
 
-    Without either, Spark runs ``local[*]``, except under ``spark-submit``,
-    where the submitted ``--master`` holds.
+    ``remote`` (or the environment, see :func:`engine_address`) connects to a
+    Spark Connect engine; raises :class:`EngineUnavailableError` naming the
+    address when it does not answer. Otherwise a classic session on
+    ``master``, ``$BARRIERFLOW_SPARK_MASTER`` or ``local[*]``. In a driver
+    that ``spark-submit`` started, the submitted ``--master`` (the Airflow
+    Spark connection) holds: no environment variable overrides it.
+
+    ``session_name`` (a pipeline's name) makes every process that drives
+    that pipeline join the same Connect session on the engine: the session's
+    Python UDF workers stay warm from one Airflow task to the next, and the
+    engine keeps one session per pipeline instead of one per epoch (each
+    session starts its own Python worker daemon, which Spark 4.2 keeps until
+    the application ends).
     """
-    global _session
-    if _session is not None:
-        return _session
+    if master is None and remote is None and launched_by_spark_submit():
+        return _classic_session(None)  # spark-submit's --master holds; no environment overrides it
+    address = remote or (engine_address() if master is None else None)
+    if address is not None:
+        return _remote_session(address, session_name)
+    return _classic_session(master)
+
+
+def session_ids(session_name: str) -> list[str]:
+    """The Connect session ids a pipeline's processes try, in order.
+
+    The first that the engine has not closed wins; every process tries the
+    same list, so they meet in one session. A session closes only when it
+    stayed idle past the engine's session timeout; the next id serves then.
+    """
+    return [str(uuid.uuid5(_SESSION_NAMESPACE, f"barrierflow/{session_name}#{n}")) for n in range(_SESSION_GENERATIONS)]
+
+
+def with_session_id(address: str, session_id: str) -> str:
+    separator = ";" if "/;" in address else ("" if address.endswith("/") else "/") + ";"
+    return f"{address}{separator}session_id={session_id}"
+
+
+def _remote_session(address: str, session_name: str | None) -> "SparkSession":
+    if not address.startswith("sc://"):
+        raise ConfigurationError(f"Spark Connect address {address!r}: expected sc://host:port")
+    key = f"{address}#{session_name}"
+    session = _sessions.get(key)
+    if session is not None:
+        return session
+    if "classic" in _sessions:
+        raise ConfigurationError(
+            f"this process already runs a classic Spark session; it cannot also use the Spark Connect "
+            f"engine at {address} (PySpark's Connect mode is process-wide)"
+        )
+    # An id in the address is the user's choice; else one session per pipeline (or a fresh one).
+    candidates = [address] if session_name is None or "session_id=" in address else [
+        with_session_id(address, sid) for sid in session_ids(session_name)
+    ]
+    for url in candidates:
+        session = _connect(url, address)
+        if session is not None:
+            _sessions[key] = session
+            return session
+    raise EngineUnavailableError(
+        f"the Spark engine at {address} refused all {len(candidates)} session ids of {session_name!r} as closed"
+    )
+
+
+def _connect(url: str, address: str) -> "SparkSession | None":
+    """A session at ``url`` after one round trip; None when the engine closed that session id."""
     from pyspark.sql import SparkSession
 
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    _check_reachable(address)
+    try:
+        session = SparkSession.builder.remote(url).create()
+    except Exception as exc:  # noqa: BLE001 - e.g. a malformed address
+        raise ConfigurationError(f"Spark Connect address {address!r}: {_first_line(exc)}") from exc
+    # PySpark waits up to 10 minutes for a lost engine; an epoch fails within about
+    # half a minute instead, and the task's own retry (or the next run) takes over.
+    session.client.set_retry_policies([DefaultPolicy(max_retries=8, backoff_multiplier=2.0, initial_backoff=200, max_backoff=5000)])
+    try:
+        session.version  # noqa: B018 - the first round trip: fail here, naming the address
+        for key, value in session_conf().items():
+            session.conf.set(key, value)
+        _addresses[id(session)] = address
+        return session
+    except Exception as exc:  # noqa: BLE001 - gRPC errors have no common base worth naming
+        _discard(session)
+        if "SESSION_CLOSED" in str(exc):
+            return None
+        raise EngineUnavailableError(
+            f"the Spark engine at {address} did not answer ({type(exc).__name__}: {_first_line(exc)}); "
+            "start it (barrierflow engine, or make run) or point the Spark Connect connection at a live one"
+        ) from exc
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on an engine that is down: PySpark's own retries back off for minutes."""
+    parsed = urlparse("http://" + address.removeprefix("sc://"))
+    host, port = parsed.hostname or "localhost", parsed.port or 15002
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return
+    except OSError as exc:
+        raise EngineUnavailableError(
+            f"the Spark engine at {address} is not reachable ({exc.strerror or exc}); start it "
+            "(barrierflow engine, or make run) or point the Spark Connect connection at a live one"
+        ) from exc
+
+
+def _discard(session: Any) -> None:
+    """Close a session this process could not use, and stop PySpark from handing it out again."""
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+    session.client.close()
+    if RemoteSession._default_session is session:
+        RemoteSession._default_session = None
+    if getattr(RemoteSession._active_session, "session", None) is session:
+        RemoteSession._active_session.session = None
+
+
+def _classic_session(master: str | None) -> "SparkSession":
+    session = _sessions.get("classic")
+    if session is not None:
+        return session
+    from pyspark.sql import SparkSession
+    from pyspark.sql.utils import is_remote
+
+    if is_remote():
+        raise ConfigurationError(
+            "this process already uses a Spark Connect engine; it cannot also start a classic Spark "
+            "session (PySpark's Connect mode is process-wide)"
+        )
     # Python workers must run the interpreter that has barrierflow's packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    chosen = master or os.environ.get(MASTER_ENV)
-    if chosen is None and not launched_by_spark_submit():
-        chosen = "local[*]"
+    chosen = None if launched_by_spark_submit() else master or os.environ.get(MASTER_ENV) or "local[*]"
     builder = SparkSession.builder.appName("barrierflow")
     if chosen is not None:
         # Under spark-submit without an explicit choice, --master (the Airflow Spark connection) holds.
         builder = builder.master(chosen)
     builder = (
-        builder.config("spark.sql.session.timeZone", "UTC")  # all event time is UTC
-        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")  # never INT96
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.adaptive.enabled", os.environ.get("BARRIERFLOW_SPARK_AQE", "false"))
-        .config("spark.sql.shuffle.partitions", "2")
+        builder.config(map=session_conf())
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", os.environ.get("BARRIERFLOW_DRIVER_MEMORY", "2g"))
-        .config("spark.sql.sources.ignoreMissingFiles", "false")
         .config("spark.python.worker.reuse", "true")
         .config("spark.driver.extraJavaOptions", os.environ.get("BARRIERFLOW_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS))
     )
-    _session = builder.getOrCreate()
-    _session.sparkContext.setLogLevel("ERROR")
-    return _session
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    _sessions["classic"] = session
+    return session
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else ""

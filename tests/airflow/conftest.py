@@ -4,8 +4,9 @@ Each pytest process (each xdist worker) gets its own ``AIRFLOW_HOME`` in a
 temporary directory with its own SQLite metadata database, migrated once per
 process: workers never share a database file. The configuration is
 :func:`barrierflow.dags.environment.configure_airflow`, the same as ``make run``:
-the project's ``dags/`` and ``plugins/``, no examples, ``spark_default`` =
-Spark ``local[2]`` (two cores on the test machines).
+the project's ``dags/`` and ``plugins/``, no examples, ``spark_connect_default``
+= this process's warm engine (``tests/conftest.py``), ``spark_default`` = Spark
+``local[2]`` for the spark-submit mode (two cores on the test machines).
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ if not _configured:
         raise RuntimeError("airflow was imported before tests/airflow/conftest.py could configure it")
     _base = Path(tempfile.mkdtemp(prefix="barrierflow-airflow-"))
     atexit.register(shutil.rmtree, _base, True)
-    configure_airflow(_base / "home", warehouse=_base / "default-warehouse", spark_master="local[2]")
+    # This process's engine (tests/conftest.py, loaded first, chose its port).
+    _engine = f"sc://127.0.0.1:{os.environ['BARRIERFLOW_TEST_ENGINE_PORT'].partition(':')[2]}"
+    configure_airflow(
+        _base / "home", warehouse=_base / "default-warehouse", spark_master="local[2]", engine_address=_engine
+    )
     # dag.test() re-parses dags/ on every call; each test's DAGs differ (warehouse,
     # asset URIs), so never keep a serialized DAG because it is younger than 30 s.
     os.environ["AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL"] = "0"
@@ -42,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # 
 
 
 @pytest.fixture(scope="session", autouse=True)
-def airflow_db() -> Iterator[None]:
-    """The metadata database of this process, created once."""
+def airflow_db(spark_engine: object) -> Iterator[None]:
+    """The metadata database of this process, created once (and the engine the DAGs' ``process`` uses)."""
     from barrierflow.dags.environment import migrate_metadata_db
 
     migrate_metadata_db()

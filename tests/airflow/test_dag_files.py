@@ -137,11 +137,16 @@ def test_pipeline_dag_shape(dagbag: Any, pipeline: str) -> None:
     order = ["recover", "barrier", "process", "commit", "notify", "catch_up"]
     for upstream, downstream in zip(order, order[1:]):
         assert dag.get_task(downstream).upstream_task_ids == {upstream}
-    process = dag.get_task("process")
-    assert isinstance(process, SparkSubmitOperator)
-    assert process.application.endswith("spark_jobs/process_epoch.py") and Path(process.application).is_file()
-    assert process._conn_id == "spark_default"
+    process = dag.get_task("process")  # the default: a Spark Connect client of the warm engine
+    assert not isinstance(process, SparkSubmitOperator) and "warm Spark engine" in process.doc_md
+    from barrierflow.dags import build_pipeline_dag
     from barrierflow.dags.params import unset_required_params
+    from barrierflow.dags.settings import DagSettings
+
+    submitted = build_pipeline_dag(pipeline, DagSettings(warehouse="/wh", process_mode="spark-submit")).get_task("process")
+    assert isinstance(submitted, SparkSubmitOperator)
+    assert submitted.application.endswith("spark_jobs/process_epoch.py") and Path(submitted.application).is_file()
+    assert submitted._conn_id == "spark_default"
 
     if unset_required_params(get_pipeline(pipeline)):
         assert dag.schedule is None  # a required parameter has no default: manual runs only

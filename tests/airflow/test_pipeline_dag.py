@@ -8,6 +8,8 @@ or a re-planned barrier, fails the test.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -117,7 +119,8 @@ def test_epochs_through_the_dag_equal_the_reference(
 
 def test_a_failure_in_every_task_is_retried_to_exactly_once_output(tmp_path: Path, warehouse: Path) -> None:
     landing = _landing(tmp_path, files=2, seed=11)
-    dag = _dag(warehouse, landing)
+    # The spark-submit mode: process is a Spark application of its own, whose driver the fault kills.
+    dag = _dag(warehouse, landing, process_mode="spark-submit")
     # Each task fails once; the crossing counter is shared by the tasks and the
     # Spark job, so each fault fires in the first attempt only and Airflow's retry
     # (a fresh attempt, and for process a fresh spark-submit) gets through.
@@ -251,3 +254,49 @@ def test_a_run_waits_while_an_earlier_run_is_still_running(
         assert f"waiting for the earlier run {earlier} of barrierflow_sensor_stats to finish" in out
         assert "epochs run in data-interval order" in out
     assert run_dag(dag, minute(2035, 1, 6, 0, 4)).state == "success"  # the earlier run ended
+
+
+def test_a_dead_engine_fails_process_naming_it_and_the_retry_succeeds_once_it_is_back(
+    tmp_path: Path, warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from barrierflow.dags.environment import engine_connection
+    from barrierflow.devserver import free_port
+    from barrierflow.engine import EngineConfig, LocalEngine
+
+    landing = _landing(tmp_path, files=1, seed=29)
+    config = EngineConfig(port=free_port(), master="local[2]", driver_memory="1g")
+    monkeypatch.setenv("AIRFLOW_CONN_BACKUP_ENGINE", engine_connection(config.address))
+    dag = _dag(
+        warehouse, landing, spark_conn_id="backup_engine", retries=2,
+        retry_delay=timedelta(seconds=20), max_retry_delay=timedelta(seconds=30),
+    )
+    engine = LocalEngine(config, log=(tmp_path / "engine.log").open("wb"))
+
+    def start_after_the_first_failure() -> None:
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.utils.session import create_session
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            with create_session() as session:
+                ti = session.query(TaskInstance).filter_by(dag_id=dag.dag_id, task_id="process").first()
+                if ti is not None and str(getattr(ti.state, "value", ti.state)) == "up_for_retry":
+                    break
+            time.sleep(0.2)
+        engine.start(wait_s=300)
+
+    starter = threading.Thread(target=start_after_the_first_failure)
+    task_logs(caplog, capfd)
+    try:
+        starter.start()
+        run = run_dag(dag, minute(2035, 1, 7, 0, 1))
+    finally:
+        starter.join()
+        engine.stop()
+    out = task_logs(caplog, capfd)
+    assert run.state == "success", run.tasks
+    assert run.tries("process") == 2, run.tasks
+    assert f"the Spark engine at {config.address}/ is not reachable" in out
+    assert_matches_reference(warehouse, reference_for(landing, 10))
+    assert_one_commit_per_table_per_epoch(warehouse, 1)

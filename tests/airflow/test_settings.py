@@ -16,7 +16,7 @@ def test_defaults_run_out_of_the_box(tmp_path: Path, monkeypatch: pytest.MonkeyP
     settings = DagSettings.from_env({})
     assert settings.warehouse == str(tmp_path / "warehouse")  # ./warehouse, made absolute
     assert settings.schedule == "* * * * *" and settings.maintenance_schedule == "@daily"
-    assert settings.spark_conn_id == "spark_default"
+    assert settings.process_mode == "connect" and settings.conn_id == "spark_connect_default"
     assert settings.retries == 3 and settings.retry_delay == timedelta(seconds=30)
     assert settings.default_args()["retry_exponential_backoff"] == 2.0
     assert Path(settings.process_application).is_file()

@@ -132,7 +132,7 @@ def devserver(artifacts: Path) -> Iterator[DevServer]:
     command = [
         sys.executable, "-m", "barrierflow.devserver",
         "--port", str(port), "--home", str(home), "--warehouse", str(warehouse), "--landing", str(landing),
-        "--interval", "4", "--ready-timeout", str(SERVER_START_TIMEOUT_S),
+        "--engine-port", "0", "--interval", "4", "--ready-timeout", str(SERVER_START_TIMEOUT_S),
     ]
     started = time.monotonic()
     with open(log, "wb") as out:

@@ -8,7 +8,7 @@ from typing import Mapping
 
 from barrierflow.dags.assets import SinkInfo, asset_name
 from barrierflow.dags.params import CATCH_UP_PARAM, param_default, unset_required_params
-from barrierflow.dags.settings import DagSettings, param_env_var, restore_dag_id, savepoint_dag_id
+from barrierflow.dags.settings import CONNECT_MODE, DagSettings, param_env_var, restore_dag_id, savepoint_dag_id
 from barrierflow.pipeline import PipelineDefinition
 
 __all__ = ["pipeline_doc", "savepoint_doc", "restore_doc", "maintenance_doc"]
@@ -21,7 +21,7 @@ committed exactly once in two phases:
 |---|---|
 | `recover` | 1. read the checkpoint log; roll forward an epoch whose manifest is durable; the last COMPLETED epoch is the restore point |
 | `barrier` | 2. fix every source's end offsets (input that arrived by the run's `data_interval_end`) and record them *before* processing; a retry replays the recorded barrier. No new input, or a pipeline stopped with a savepoint: the rest of the run is skipped and says why |
-| `process` | 3. spark-submit `process_epoch.py`: read exactly the barrier's records, stage outputs and state invisibly, write the manifest (the vote) |
+| `process` | 3. on the Spark engine (see below): read exactly the barrier's records, stage outputs and state invisibly, write the manifest (the vote) |
 | `commit` | 4. one Delta commit per table with the app transaction (pipeline, epoch), then COMPLETED in the checkpoint log; emits an asset event per sink |
 | `notify` | 5. clean losing attempts' staging, compact state |
 | `catch_up` | up to `catch_up_epochs - 1` more epochs (same arrival cut-off), each through steps 1-5 |
@@ -43,6 +43,12 @@ def _schedule_text(definition: PipelineDefinition, settings: DagSettings, enviro
         env = ", ".join(f"`{param_env_var(definition.name, n)}`" for n in unset)
         return f"manual runs only until {env} is set (then `{settings.schedule}`, env `BARRIERFLOW_SCHEDULE`)"
     return f"`{settings.schedule or 'manual runs only'}` (env `BARRIERFLOW_SCHEDULE`)"
+
+
+def _process_text(settings: DagSettings) -> str:
+    if settings.process_mode == CONNECT_MODE:
+        return f"on the warm Spark engine of connection `{settings.conn_id}` (Spark Connect)"
+    return f"as a spark-submit on connection `{settings.conn_id}` (a new Spark application per epoch)"
 
 
 def pipeline_doc(definition: PipelineDefinition, settings: DagSettings, sinks: list[SinkInfo], environ: Mapping[str, str] | None = None) -> str:
@@ -67,7 +73,7 @@ def pipeline_doc(definition: PipelineDefinition, settings: DagSettings, sinks: l
 ## How a run works
 {_LIFECYCLE}
 Schedule: {_schedule_text(definition, settings, environ)}; warehouse `{settings.warehouse}`
-(env `BARRIERFLOW_WAREHOUSE`); Spark connection `{settings.spark_conn_id}`.
+(env `BARRIERFLOW_WAREHOUSE`); `process` runs {_process_text(settings)}.
 A **backfill** over a range runs one epoch per data interval, in order; an
 interval already covered is a no-op that says so in the `barrier` log.
 

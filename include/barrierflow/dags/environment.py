@@ -23,6 +23,8 @@ from typing import Mapping, MutableMapping
 __all__ = [
     "LOCAL_SPARK_CONNECTION",
     "SPARK_CONN_ENV",
+    "ENGINE_CONN_ENV",
+    "engine_connection",
     "airflow_environment",
     "configure_airflow",
     "migrate_metadata_db",
@@ -32,6 +34,15 @@ __all__ = [
 # The default Spark connection (``spark_default``): Spark embedded in the worker, local[*].
 LOCAL_SPARK_CONNECTION = json.dumps({"conn_type": "spark", "host": "local[*]"})
 SPARK_CONN_ENV = "AIRFLOW_CONN_SPARK_DEFAULT"
+# The warm engine's connection (``spark_connect_default``), the Apache Spark provider's Spark Connect type.
+ENGINE_CONN_ENV = "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"
+
+
+def engine_connection(address: str) -> str:
+    """``spark_connect_default`` as an ``AIRFLOW_CONN_*`` value for the engine at ``sc://host:port``."""
+    netloc = address.removeprefix("sc://").split("/", 1)[0]
+    host, _, port = netloc.rpartition(":")
+    return json.dumps({"conn_type": "spark_connect", "host": f"sc://{host}", "port": int(port)})
 
 
 def repo_root() -> Path:
@@ -45,6 +56,7 @@ def airflow_environment(
     root: str | os.PathLike[str] | None = None,
     warehouse: str | os.PathLike[str] | None = None,
     spark_master: str | None = None,
+    engine_address: str | None = None,
 ) -> dict[str, str]:
     """The environment variables that configure Airflow for barrierflow.
 
@@ -52,7 +64,8 @@ def airflow_environment(
     the DAGs and plugins folders are the project's ``dags/`` and ``plugins/``;
     example DAGs are off. ``warehouse`` (made absolute) sets
     ``BARRIERFLOW_WAREHOUSE``; ``spark_master`` sets the default Spark
-    connection (``local[*]`` when not given). The venv's ``bin`` goes first on
+    connection (``local[*]`` when not given); ``engine_address`` (``sc://host:port``)
+    sets the warm engine's ``spark_connect_default``. The venv's ``bin`` goes first on
     ``PATH`` so that ``spark-submit`` and ``airflow`` are the project's own.
     """
     home_path = Path(home).resolve()
@@ -81,6 +94,8 @@ def airflow_environment(
     }
     if warehouse is not None:
         env["BARRIERFLOW_WAREHOUSE"] = os.path.abspath(os.fspath(warehouse))
+    if engine_address is not None:
+        env[ENGINE_CONN_ENV] = engine_connection(engine_address)
     return env
 
 
@@ -90,6 +105,7 @@ def configure_airflow(
     root: str | os.PathLike[str] | None = None,
     warehouse: str | os.PathLike[str] | None = None,
     spark_master: str | None = None,
+    engine_address: str | None = None,
     environ: MutableMapping[str, str] | None = None,
 ) -> Mapping[str, str]:
     """Apply :func:`airflow_environment` to ``environ`` (``os.environ`` by default).
@@ -107,7 +123,7 @@ def configure_airflow(
                 "configure_airflow() must run before airflow is imported: this process already "
                 f"configured Airflow with AIRFLOW_HOME={current!r}"
             )
-    env = airflow_environment(home, root=root, warehouse=warehouse, spark_master=spark_master)
+    env = airflow_environment(home, root=root, warehouse=warehouse, spark_master=spark_master, engine_address=engine_address)
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     target.update(env)
     return env

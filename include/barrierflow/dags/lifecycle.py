@@ -1,12 +1,13 @@
 """The epoch lifecycle as separately retryable steps (what the pipeline DAG's tasks call).
 
-Each function performs one step of :mod:`barrierflow.coordinator` for the
-pipeline's *current* epoch, holding the pipeline's epoch lease while it works
-(waiting a bounded time when another step holds it), and finds everything it
-needs in the warehouse: the pending barrier (``barrier.json``) and the vote
-(``manifest.json``) at :class:`~barrierflow.layout.PipelineLayout`. No step
-reads another step's return value, so any of them can be retried alone, and
-the next run after a failed one resumes from the last committed epoch.
+Each function performs one step of :class:`~barrierflow.coordinator.CheckpointCoordinator`
+for the pipeline's *current* epoch, holding the pipeline's epoch lease while
+it works (waiting a bounded time when another step holds it). Everything a
+step needs (the pending barrier, the vote) the coordinator reads from the
+warehouse, exactly as its own ``run`` loop does: this module never touches
+storage. No step reads another step's return value, so any of them can be
+retried alone, and the next run after a failed one resumes from the last
+committed epoch.
 
 This module does not import Airflow: the DAG turns a :class:`StepReport` into
 log lines, a skip, or an asset event.
@@ -21,9 +22,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Mapping
 
-from barrierflow import storage
-from barrierflow.checkpoint import Barrier, CheckpointRecord, EpochStatus, Manifest
-from barrierflow.checkpoint_log import CheckpointLog
+from barrierflow.checkpoint import EpochStatus
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.errors import CheckpointError
 
@@ -32,6 +31,7 @@ __all__ = [
     "epoch_lease",
     "recover_step",
     "barrier_step",
+    "process_step",
     "commit_step",
     "notify_step",
     "run_epoch_steps",
@@ -174,45 +174,63 @@ def barrier_step(
     )
 
 
-def _pending(coordinator: CheckpointCoordinator) -> tuple[str, CheckpointRecord | None, Barrier | None]:
-    """Lineage, last completed record, and the barrier of the epoch after it (if planned)."""
-    lineage_id = coordinator.current_lineage()["lineage_id"]
-    last = CheckpointLog.last_completed(coordinator.log.lineage_records(lineage_id))
-    epoch = (last.epoch if last else 0) + 1
-    doc = storage.read_json(coordinator.layout.barrier(lineage_id, epoch))
-    return lineage_id, last, Barrier.from_json(doc) if doc else None
+def process_step(coordinator: CheckpointCoordinator, lease_wait_s: float) -> StepReport:
+    """Step 3: process + pre-commit the planned epoch on the coordinator's Spark (idempotent).
+
+    A voted epoch is never computed again (the first durable manifest wins);
+    a stopped pipeline's planned epoch is not processed.
+    """
+    name = coordinator.definition.name
+    with epoch_lease(coordinator, lease_wait_s):
+        manifest = coordinator.process_planned()
+        stop = _stop_reason(coordinator) if manifest is None else None
+    if manifest is None:
+        message = f"{stop}; the planned epoch is not processed" if stop else "no planned epoch to process"
+        return StepReport(pipeline=name, step="process", message=message, proceed=False)
+    return StepReport(
+        pipeline=name,
+        step="process",
+        message=(
+            f"epoch {manifest.epoch} pre-committed by attempt {manifest.attempt_id}: rows_in={manifest.rows_in} "
+            f"rows_out={manifest.rows_out} dead_letters={manifest.dead_letters}, {manifest.bytes_written} bytes "
+            f"staged in {manifest.process_ms} ms"
+        ),
+        epoch=manifest.epoch,
+        lineage_id=manifest.lineage_id,
+        details={"attempt_id": manifest.attempt_id, "process_ms": manifest.process_ms, "rows_in": manifest.rows_in},
+    )
 
 
 def commit_step(coordinator: CheckpointCoordinator, lease_wait_s: float) -> StepReport:
-    """Step 4: commit the planned epoch from its barrier and manifest (idempotent).
+    """Step 4: commit the planned epoch from its barrier and vote (idempotent).
 
-    When no epoch is pending, the epoch this run planned is already COMPLETED
-    (by an earlier attempt of this task, or rolled forward by a recover): the
+    Committing a voted epoch is exactly the coordinator's roll-forward. When
+    no epoch is pending, the epoch this run planned is already COMPLETED (by
+    an earlier attempt of this task, or rolled forward by a recover): the
     step reports it and succeeds.
     """
     name = coordinator.definition.name
     with epoch_lease(coordinator, lease_wait_s):
-        lineage_id, last, barrier = _pending(coordinator)
-        if barrier is None:
-            if last is None:
-                raise CheckpointError(f"{name}: nothing to commit: no epoch is planned or completed in lineage {lineage_id}")
-            record = last
-            message = f"epoch {last.epoch} is already COMPLETED (committed by an earlier attempt or rolled forward)"
-        else:
-            manifest_doc = storage.read_json(coordinator.layout.manifest(lineage_id, barrier.epoch))
-            if manifest_doc is None:
-                stop = _stop_reason(coordinator)
-                if stop is not None:
-                    return StepReport(
-                        pipeline=name, step="commit", epoch=barrier.epoch, lineage_id=lineage_id, proceed=False,
-                        message=f"{stop}; planned epoch {barrier.epoch} is not committed",
-                    )
-                raise CheckpointError(
-                    f"{name}: epoch {barrier.epoch} has no manifest: the process step has not pre-committed it "
-                    "(no vote); the next run replays its barrier"
-                )
-            record = coordinator.commit(barrier, Manifest.from_json(manifest_doc))
-            message = f"epoch {record.epoch} COMPLETED"
+        recovery = coordinator.recover()
+        stop = _stop_reason(coordinator)
+    pending, record = recovery.pending_barrier, recovery.last_completed
+    if pending is not None and not recovery.rolled_forward:
+        if stop is not None:
+            return StepReport(
+                pipeline=name, step="commit", epoch=pending.epoch, lineage_id=recovery.lineage_id, proceed=False,
+                message=f"{stop}; planned epoch {pending.epoch} is not committed",
+            )
+        raise CheckpointError(
+            f"{name}: epoch {pending.epoch} has no manifest: the process step has not pre-committed it "
+            "(no vote); the next run replays its barrier"
+        )
+    if record is None:
+        raise CheckpointError(f"{name}: nothing to commit: no epoch is planned or completed in lineage {recovery.lineage_id}")
+    message = (
+        f"epoch {record.epoch} COMPLETED"
+        if recovery.rolled_forward
+        else f"epoch {record.epoch} is already COMPLETED (committed by an earlier attempt or rolled forward)"
+    )
     versions = record.versions()
     return StepReport(
         pipeline=name,
@@ -231,19 +249,16 @@ def notify_step(coordinator: CheckpointCoordinator, lease_wait_s: float) -> Step
     """Step 5: post-commit work for the last completed epoch (idempotent)."""
     name = coordinator.definition.name
     with epoch_lease(coordinator, lease_wait_s):
-        lineage_id, last, _ = _pending(coordinator)
-        if last is None:
-            return StepReport(pipeline=name, step="notify", lineage_id=lineage_id, message="no completed epoch: nothing to do")
-        manifest_doc = storage.read_json(coordinator.layout.manifest(lineage_id, last.epoch))
-        if manifest_doc is None:
-            # A restore point carries no manifest of this lineage: nothing was staged here.
-            return StepReport(
-                pipeline=name, step="notify", epoch=last.epoch, lineage_id=lineage_id,
-                message=f"epoch {last.epoch} has no manifest in this lineage (a restore point): nothing to clean",
-            )
-        coordinator.notify(last, Manifest.from_json(manifest_doc))
+        last, notified = coordinator.notify_completed()
+    if last is None:
+        return StepReport(pipeline=name, step="notify", message="no completed epoch: nothing to do")
+    if not notified:
+        return StepReport(
+            pipeline=name, step="notify", epoch=last.epoch, lineage_id=last.lineage_id,
+            message=f"epoch {last.epoch} has no manifest in this lineage (a restore point): nothing to clean",
+        )
     return StepReport(
-        pipeline=name, step="notify", epoch=last.epoch, lineage_id=lineage_id,
+        pipeline=name, step="notify", epoch=last.epoch, lineage_id=last.lineage_id,
         message=f"epoch {last.epoch}: staging of losing attempts cleaned, state compacted where needed",
     )
 

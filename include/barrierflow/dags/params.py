@@ -34,6 +34,9 @@ __all__ = [
 ]
 
 CATCH_UP_PARAM = "catch_up_epochs"
+# A run drains what arrived by its cut-off, up to this many epochs: an input
+# rate above one epoch's size per interval never builds a backlog.
+DEFAULT_CATCH_UP_EPOCHS = 5
 
 
 def param_default(definition: PipelineDefinition, param: PipelineParam, environ: Mapping[str, str] | None = None) -> Any:
@@ -77,7 +80,7 @@ def pipeline_dag_params(definition: PipelineDefinition, environ: Mapping[str, st
             description += f" (default {param.default!r}; ${env_var} overrides it)"
         out[param.name] = Param(default, description=description, title=param.name, **schema)
     out[CATCH_UP_PARAM] = Param(
-        1,
+        DEFAULT_CATCH_UP_EPOCHS,
         type="integer",
         minimum=1,
         title=CATCH_UP_PARAM,

@@ -1,7 +1,14 @@
-"""``barrierflow_<pipeline>``: one DAG run is one epoch (plus an optional bounded catch-up).
+"""``barrierflow_<pipeline>``: one DAG run is one epoch, plus a bounded catch-up.
 
 ``recover >> barrier >> process >> commit >> notify >> catch_up``, the five
 steps of :mod:`barrierflow.coordinator` (see :mod:`barrierflow.dags.lifecycle`).
+``process`` runs on the warm Spark engine through Spark Connect (the
+``spark_connect_default`` connection) or, with ``BARRIERFLOW_PROCESS_MODE=spark-submit``,
+as a spark-submit of ``spark_jobs/process_epoch.py`` (a new Spark application
+per epoch, for clusters that only take batch submissions). ``catch_up`` runs
+up to ``catch_up_epochs - 1`` more epochs with the run's arrival cut-off, so
+a run drains what arrived in its interval even when that is more than one
+epoch's ``max_files_per_epoch``.
 ``barrier`` short-circuits the rest of the run when there is nothing to do
 (no new input by the run's ``data_interval_end``, or a pipeline stopped with a
 savepoint), so no asset event is emitted; ``commit`` carries an asset per sink.
@@ -19,7 +26,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.dags.assets import pipeline_sinks, sink_assets
@@ -30,11 +38,13 @@ from barrierflow.dags.lifecycle import (
     barrier_step,
     commit_step,
     notify_step,
+    process_step,
     recover_step,
     run_epoch_steps,
 )
 from barrierflow.dags.params import CATCH_UP_PARAM, pipeline_dag_params, resolve_pipeline_params, unset_required_params
-from barrierflow.dags.settings import DagSettings, pipeline_dag_id
+from barrierflow.dags.settings import CONNECT_MODE, SPARK_SUBMIT_MODE, DagSettings, pipeline_dag_id
+from barrierflow.dags.spark_connect import engine_spark_factory
 from barrierflow.dags.spark_submit import ProcessEpochOperator, submit_process_job
 from barrierflow.errors import (
     ConfigurationError,
@@ -54,6 +64,10 @@ __all__ = ["build_pipeline_dag", "arrival_cutoff_ms", "TASK_IDS"]
 TASK_IDS = ("recover", "barrier", "process", "commit", "notify", "catch_up")
 _log = logging.getLogger("barrierflow.dags")
 _PREVIOUS_RUN_POLL_S = 5.0
+_PROCESS_DOCS = {
+    CONNECT_MODE: "Step 3 on the warm Spark engine (Spark Connect): stage outputs and state, write the manifest (the vote).",
+    SPARK_SUBMIT_MODE: "Step 3: spark-submit `process_epoch.py`: stage outputs and state, write the manifest (the vote).",
+}
 
 
 def arrival_cutoff_ms(context: "Context") -> int | None:
@@ -71,8 +85,24 @@ def _report(report: StepReport) -> dict[str, Any]:
     return report.to_json()
 
 
-def _coordinator(definition: PipelineDefinition, context: "Context", warehouse: str) -> CheckpointCoordinator:
-    return CheckpointCoordinator(definition, resolve_pipeline_params(definition, context["params"]), warehouse)
+@contextmanager
+def _epoch_task(
+    definition: PipelineDefinition, settings: DagSettings
+) -> Iterator[tuple["Context", CheckpointCoordinator]]:
+    """What every epoch task starts with: its context and a coordinator on the run's params.
+
+    Errors a retry cannot fix (bad params, a bad setting) fail the task at
+    once, wherever in the task they are raised; the rest are retried.
+    """
+    from airflow.sdk import get_current_context
+
+    context = get_current_context()
+    with fail_without_retry(None, *_NOT_RETRYABLE):
+        params = resolve_pipeline_params(definition, context["params"])
+        spark_factory = (
+            engine_spark_factory(settings.conn_id, definition.name) if settings.process_mode == CONNECT_MODE else None
+        )
+        yield context, CheckpointCoordinator(definition, params, settings.warehouse, spark_factory=spark_factory)
 
 
 def _wait_for_earlier_runs(context: "Context", wait_s: float) -> None:
@@ -115,7 +145,7 @@ def build_pipeline_dag(
     environ: Mapping[str, str] | None = None,
 ) -> "DAG":
     """The epoch DAG of one pipeline (``barrierflow_<pipeline>``)."""
-    from airflow.sdk import DAG, CronDataIntervalTimetable, get_current_context, task
+    from airflow.sdk import DAG, CronDataIntervalTimetable, task
     from airflow.sdk.exceptions import AirflowSkipException
 
     definition = pipeline if isinstance(pipeline, PipelineDefinition) else get_pipeline(pipeline)
@@ -146,40 +176,44 @@ def build_pipeline_dag(
         @task(task_id="recover")
         def recover() -> dict[str, Any]:
             """Step 1: roll forward a voted epoch; the last COMPLETED epoch is the restore point."""
-            context = get_current_context()
-            with fail_without_retry(None, *_NOT_RETRYABLE):
-                coordinator = _coordinator(definition, context, warehouse)
-            _wait_for_earlier_runs(context, lease_wait)
-            return _report(recover_step(coordinator, lease_wait))
+            with _epoch_task(definition, settings) as (context, coordinator):
+                _wait_for_earlier_runs(context, lease_wait)
+                return _report(recover_step(coordinator, lease_wait))
 
         @task.short_circuit(task_id="barrier")
         def barrier() -> dict[str, Any] | bool:
             """Step 2: record the epoch's end offsets before processing (a retry replays them)."""
-            context = get_current_context()
-            with fail_without_retry(None, *_NOT_RETRYABLE):
-                coordinator = _coordinator(definition, context, warehouse)
-            report = barrier_step(coordinator, arrival_cutoff_ms(context), lease_wait)
+            with _epoch_task(definition, settings) as (context, coordinator):
+                report = barrier_step(coordinator, arrival_cutoff_ms(context), lease_wait)
             payload = _report(report)
             return payload if report.proceed else False
 
-        process = ProcessEpochOperator(
-            task_id="process",
-            pipeline=name,
-            warehouse=warehouse,
-            application=settings.process_application,
-            lease_wait_s=lease_wait,
-            conn_id=settings.spark_conn_id,
-            driver_memory=settings.driver_memory,
-            doc_md="Step 3: spark-submit `process_epoch.py`: stage outputs and state, write the manifest (the vote).",
-        )
+        if settings.process_mode == CONNECT_MODE:
+
+            @task(task_id="process", doc_md=_PROCESS_DOCS[CONNECT_MODE])
+            def process_on_engine() -> dict[str, Any]:
+                """Step 3 on the warm engine: stage outputs and state, write the manifest (the vote)."""
+                with _epoch_task(definition, settings) as (_, coordinator):
+                    return _report(process_step(coordinator, lease_wait))
+
+            process: Any = process_on_engine()
+        else:
+            process = ProcessEpochOperator(
+                task_id="process",
+                pipeline=name,
+                warehouse=warehouse,
+                application=settings.process_application,
+                lease_wait_s=lease_wait,
+                conn_id=settings.conn_id,
+                driver_memory=settings.driver_memory,
+                doc_md=_PROCESS_DOCS[SPARK_SUBMIT_MODE],
+            )
 
         @task(task_id="commit", outlets=assets)
         def commit() -> dict[str, Any]:
             """Step 4: one Delta commit per table (app transaction), then COMPLETED."""
-            context = get_current_context()
-            with fail_without_retry(None, *_NOT_RETRYABLE):
-                coordinator = _coordinator(definition, context, warehouse)
-            report = commit_step(coordinator, lease_wait)
+            with _epoch_task(definition, settings) as (context, coordinator):
+                report = commit_step(coordinator, lease_wait)
             payload = _report(report)
             if not report.proceed:
                 raise AirflowSkipException(report.message)
@@ -189,40 +223,38 @@ def build_pipeline_dag(
         @task(task_id="notify")
         def notify() -> dict[str, Any]:
             """Step 5: clean staging of losing attempts, compact state."""
-            context = get_current_context()
-            with fail_without_retry(None, *_NOT_RETRYABLE):
-                coordinator = _coordinator(definition, context, warehouse)
-            return _report(notify_step(coordinator, lease_wait))
+            with _epoch_task(definition, settings) as (_, coordinator):
+                return _report(notify_step(coordinator, lease_wait))
 
         @task(task_id="catch_up", outlets=assets)
         def catch_up() -> dict[str, Any]:
             """Up to catch_up_epochs - 1 more epochs with the same arrival cut-off."""
-            context = get_current_context()
-            extra = int(context["params"].get(CATCH_UP_PARAM) or 1) - 1
-            if extra < 1:
-                raise AirflowSkipException(f"{CATCH_UP_PARAM}=1: this run completes one epoch only")
-            with fail_without_retry(None, *_NOT_RETRYABLE):
-                params = resolve_pipeline_params(definition, context["params"])
-                coordinator = CheckpointCoordinator(definition, params, warehouse)
-            cutoff = arrival_cutoff_ms(context)
+            with _epoch_task(definition, settings) as (context, coordinator):
+                extra = int(context["params"].get(CATCH_UP_PARAM) or 1) - 1
+                if extra < 1:
+                    raise AirflowSkipException(f"{CATCH_UP_PARAM}=1: this run completes one epoch only")
+                cutoff = arrival_cutoff_ms(context)
 
-            def process_job() -> None:
-                submit_process_job(
-                    pipeline=name,
-                    warehouse=warehouse,
-                    application=settings.process_application,
-                    params=params,
-                    lease_wait_s=lease_wait,
-                    conn_id=settings.spark_conn_id,
-                    driver_memory=settings.driver_memory,
-                )
+                def process_epoch() -> None:
+                    if settings.process_mode == CONNECT_MODE:
+                        _report(process_step(coordinator, lease_wait))
+                    else:
+                        submit_process_job(
+                            pipeline=name,
+                            warehouse=warehouse,
+                            application=settings.process_application,
+                            params=coordinator.params,
+                            lease_wait_s=lease_wait,
+                            conn_id=settings.conn_id,
+                            driver_memory=settings.driver_memory,
+                        )
 
-            done: list[StepReport] = []
-            for _ in range(extra):
-                committed = run_epoch_steps(coordinator, cutoff, lease_wait, process_job, on_report=_report)
-                if committed is None:
-                    break
-                done.append(committed)
+                done: list[StepReport] = []
+                for _ in range(extra):
+                    committed = run_epoch_steps(coordinator, cutoff, lease_wait, process_epoch, on_report=_report)
+                    if committed is None:
+                        break
+                    done.append(committed)
             if not done:
                 raise AirflowSkipException("caught up: no further input up to this run's arrival cut-off")
             _set_asset_events(context, assets, done[-1])

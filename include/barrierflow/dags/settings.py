@@ -12,7 +12,12 @@ variable                               meaning                                  
 ``BARRIERFLOW_SCHEDULE``               cron or preset of the pipeline DAGs,        ``* * * * *``
                                        ``none`` for manual runs only
 ``BARRIERFLOW_MAINTENANCE_SCHEDULE``   cron or preset of ``barrierflow_maintenance``  ``@daily``
-``BARRIERFLOW_SPARK_CONN_ID``          Airflow Spark connection of ``process``     ``spark_default``
+``BARRIERFLOW_PROCESS_MODE``           how ``process`` runs: ``connect`` (on the   ``connect``
+                                       warm engine) or ``spark-submit`` (a new
+                                       Spark application per epoch)
+``BARRIERFLOW_SPARK_CONN_ID``          Airflow connection of ``process``           ``spark_connect_default``
+                                       (``spark_connect`` type in connect mode,    (``spark_default`` in
+                                       ``spark`` type in spark-submit mode)        spark-submit mode)
 ``BARRIERFLOW_DRIVER_MEMORY``          spark-submit ``--driver-memory``            ``2g``
 ``BARRIERFLOW_TASK_RETRIES``           retries of every task                       ``3``
 ``BARRIERFLOW_RETRY_DELAY_SECONDS``    first retry delay (doubles each retry)      ``30``
@@ -46,12 +51,20 @@ __all__ = [
     "restore_dag_id",
     "MAINTENANCE_DAG_ID",
     "param_env_var",
+    "CONNECT_MODE",
+    "SPARK_SUBMIT_MODE",
+    "DEFAULT_CONN_IDS",
 ]
 
 WAREHOUSE_ENV = "BARRIERFLOW_WAREHOUSE"
 SCHEDULE_ENV = "BARRIERFLOW_SCHEDULE"
 MAINTENANCE_SCHEDULE_ENV = "BARRIERFLOW_MAINTENANCE_SCHEDULE"
 SPARK_CONN_ID_ENV = "BARRIERFLOW_SPARK_CONN_ID"
+PROCESS_MODE_ENV = "BARRIERFLOW_PROCESS_MODE"
+CONNECT_MODE = "connect"
+SPARK_SUBMIT_MODE = "spark-submit"
+# The connection each mode uses unless BARRIERFLOW_SPARK_CONN_ID names another.
+DEFAULT_CONN_IDS = {CONNECT_MODE: "spark_connect_default", SPARK_SUBMIT_MODE: "spark_default"}
 DRIVER_MEMORY_ENV = "BARRIERFLOW_DRIVER_MEMORY"
 RETRIES_ENV = "BARRIERFLOW_TASK_RETRIES"
 RETRY_DELAY_ENV = "BARRIERFLOW_RETRY_DELAY_SECONDS"
@@ -92,7 +105,8 @@ class DagSettings:
     warehouse: str
     schedule: str | None = "* * * * *"
     maintenance_schedule: str | None = "@daily"
-    spark_conn_id: str = "spark_default"
+    process_mode: str = CONNECT_MODE
+    spark_conn_id: str | None = None  # None: the mode's default connection
     driver_memory: str = "2g"
     retries: int = 3
     retry_delay: timedelta = timedelta(seconds=30)
@@ -104,6 +118,10 @@ class DagSettings:
     def __post_init__(self) -> None:
         if not os.path.isabs(self.warehouse) and "://" not in self.warehouse:
             raise ConfigurationError(f"the DAGs' warehouse must be absolute, got {self.warehouse!r}")
+        if self.process_mode not in DEFAULT_CONN_IDS:
+            raise ConfigurationError(
+                f"{PROCESS_MODE_ENV} is {self.process_mode!r}: allowed are {', '.join(sorted(DEFAULT_CONN_IDS))}"
+            )
         if self.retries < 0:
             raise ConfigurationError(f"{RETRIES_ENV} must be >= 0, got {self.retries}")
 
@@ -113,11 +131,13 @@ class DagSettings:
         warehouse = env.get(WAREHOUSE_ENV) or "./warehouse"
         if "://" not in warehouse or warehouse.startswith("file://"):
             warehouse = os.path.abspath(os.path.expanduser(warehouse.removeprefix("file://")))
+        mode = (env.get(PROCESS_MODE_ENV) or CONNECT_MODE).strip().lower()
         return cls(
             warehouse=warehouse,
             schedule=_schedule(env.get(SCHEDULE_ENV, "* * * * *")),
             maintenance_schedule=_schedule(env.get(MAINTENANCE_SCHEDULE_ENV, "@daily")),
-            spark_conn_id=env.get(SPARK_CONN_ID_ENV) or "spark_default",
+            process_mode=mode,
+            spark_conn_id=env.get(SPARK_CONN_ID_ENV) or None,
             driver_memory=env.get(DRIVER_MEMORY_ENV) or "2g",
             retries=_number(env, RETRIES_ENV, 3, int),
             retry_delay=timedelta(seconds=_number(env, RETRY_DELAY_ENV, 30.0, float)),
@@ -125,6 +145,11 @@ class DagSettings:
             lease_wait_s=_number(env, LEASE_WAIT_ENV, DEFAULT_LEASE_WAIT_S, float),
             spark_jobs_dir=env.get(SPARK_JOBS_DIR_ENV) or str(_repo_root() / "spark_jobs"),
         )
+
+    @property
+    def conn_id(self) -> str:
+        """The Airflow connection of the ``process`` step."""
+        return self.spark_conn_id or DEFAULT_CONN_IDS[self.process_mode]
 
     @property
     def process_application(self) -> str:

@@ -1,0 +1,197 @@
+"""The warm engine: a long-lived Spark application that epochs run on, through Spark Connect.
+
+Starting a Spark application costs seconds (a JVM, a cold JIT, Python
+workers); an epoch of a few thousand records costs less than that once warm.
+So the Airflow tasks do not start Spark: they connect to one Spark Connect
+server (``sc://host:port``) that stays up between epochs. Every pipeline joins
+its own session there (:func:`barrierflow.spark.get_spark`), so its Python
+UDF workers stay warm too.
+
+``barrierflow engine`` runs the server in the foreground (what
+``docker-compose.yaml`` runs); ``make run`` and the tests start the same
+command through :class:`LocalEngine`. The server is PySpark's own
+(``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer
+spark-internal``); its master is ``local[*]`` unless told otherwise (a
+standalone cluster's ``spark://host:7077`` works the same way). Its Python
+workers run this interpreter, which has barrierflow and pyarrow.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Mapping
+
+from barrierflow.errors import EngineUnavailableError
+from barrierflow.spark import DRIVER_JAVA_OPTIONS
+
+__all__ = [
+    "CONNECT_SERVER_CLASS",
+    "DEFAULT_ENGINE_PORT",
+    "EngineConfig",
+    "LocalEngine",
+    "serve",
+    "wait_until_listening",
+]
+
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+DEFAULT_ENGINE_PORT = 15002  # Spark Connect's own default
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine is started; :meth:`command` and :meth:`environment` are all a launcher needs."""
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_ENGINE_PORT
+    master: str = "local[*]"
+    driver_memory: str = "2g"
+    # A pipeline's session outlives idle hours (a paused DAG); after this it closes and the next is used.
+    session_timeout: str = "24h"
+    extra_conf: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"sc://{self.host}:{self.port}"
+
+    def conf(self) -> dict[str, str]:
+        conf = {
+            "spark.app.name": "barrierflow-engine",
+            "spark.connect.grpc.binding.address": self.host,
+            "spark.connect.grpc.binding.port": str(self.port),
+            "spark.connect.session.manager.defaultSessionTimeout": self.session_timeout,
+            "spark.ui.enabled": "false",
+            "spark.log.level": "WARN",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.python.worker.reuse": "true",
+            "spark.pyspark.python": sys.executable,
+            "spark.driver.extraJavaOptions": os.environ.get("BARRIERFLOW_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS),
+        }
+        if self.host in ("127.0.0.1", "localhost"):
+            # A loopback engine keeps its driver's ports on loopback too.
+            conf["spark.driver.host"] = "127.0.0.1"
+            conf["spark.driver.bindAddress"] = "127.0.0.1"
+        conf.update(self.extra_conf)
+        return conf
+
+    def command(self) -> list[str]:
+        spark_submit = Path(sys.executable).with_name("spark-submit")
+        cmd = [str(spark_submit) if spark_submit.exists() else "spark-submit", "--class", CONNECT_SERVER_CLASS]
+        cmd += ["--master", self.master, "--driver-memory", self.driver_memory]
+        for key, value in sorted(self.conf().items()):
+            cmd += ["--conf", f"{key}={value}"]
+        return [*cmd, "spark-internal"]
+
+    def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Python workers (and the driver's Python side) run this interpreter."""
+        env = dict(os.environ if base is None else base)
+        bin_dir = str(Path(sys.executable).parent)
+        env["PATH"] = os.pathsep.join([bin_dir, *[p for p in env.get("PATH", "").split(os.pathsep) if p and p != bin_dir]])
+        env["PYSPARK_PYTHON"] = sys.executable
+        env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        # The engine is a server, not a client of another one.
+        for key in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "BARRIERFLOW_SPARK_REMOTE"):
+            env.pop(key, None)
+        return env
+
+
+def wait_until_listening(host: str, port: int, timeout_s: float, proc: subprocess.Popen[Any] | None = None) -> None:
+    """Block until ``host:port`` accepts connections; raise if ``proc`` exits first or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise EngineUnavailableError(f"the Spark engine exited with code {proc.returncode} before it listened on {host}:{port}")
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            raise EngineUnavailableError(f"the Spark engine did not listen on {host}:{port} within {timeout_s:.0f} s")
+        time.sleep(0.25)
+
+
+class LocalEngine:
+    """The engine as a child process of this one (its own process group, stopped with it)."""
+
+    def __init__(self, config: EngineConfig, log: IO[bytes] | int | None = None, env: Mapping[str, str] | None = None) -> None:
+        self.config = config
+        self._log = log
+        self._env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return self.config.address
+
+    def start(self, wait_s: float | None = 120.0) -> "LocalEngine":
+        """Launch the server; wait up to ``wait_s`` for it to listen (None: return at once, see :meth:`wait_ready`)."""
+        self.proc = subprocess.Popen(
+            self.config.command(),
+            env=self.config.environment(self._env),
+            stdout=self._log,  # None: this process's own output
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        if wait_s is not None:
+            self.wait_ready(wait_s)
+        return self
+
+    def wait_ready(self, wait_s: float) -> None:
+        """Block until the server listens; stops it and raises if it exited or ``wait_s`` passed."""
+        try:
+            wait_until_listening(self.config.host, self.config.port, wait_s, self.proc)
+        except BaseException:
+            self.stop()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL the whole engine (the JVM and its Python workers): a crash, for tests."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM (Spark shuts down its workers), SIGKILL after ``grace_s``."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> "LocalEngine":
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve(config: EngineConfig) -> int:
+    """Run the engine in the foreground until SIGTERM / Ctrl-C (``barrierflow engine``); its exit code."""
+    stop: list[int] = []
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda signum, frame: stop.append(signum))
+    engine = LocalEngine(config)
+    try:
+        engine.start(wait_s=300.0)
+        print(f"barrierflow engine: Spark Connect at {config.address} (master {config.master}); Ctrl-C stops it", flush=True)
+        while not stop and engine.proc is not None and engine.proc.poll() is None:
+            time.sleep(0.5)
+    except EngineUnavailableError as exc:
+        print(f"barrierflow engine: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        engine.stop()
+    return 0 if stop else 1
