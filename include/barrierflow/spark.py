@@ -268,13 +268,16 @@ def _classic_session(master: str | None) -> "SparkSession":
     if session is not None:
         return session
     from pyspark.sql import SparkSession
-    from pyspark.sql.utils import is_remote
 
-    if is_remote():
+    if _addresses:
         raise ConfigurationError(
             "this process already uses a Spark Connect engine; it cannot also start a classic Spark "
             "session (PySpark's Connect mode is process-wide)"
         )
+    # PySpark marks Connect mode in the environment, which child processes inherit: a
+    # classic session started by a child of a Connect client must clear it first.
+    for key in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
+        os.environ.pop(key, None)
     # Python workers must run the interpreter that has barrierflow's packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -17,7 +17,8 @@ def barrierflow_cmd(*args: str) -> list[str]:
 
 def cli_env(fault: str | None = None) -> dict[str, str]:
     # A classic Spark in the CLI's own process (the test process itself uses the engine).
-    env = {k: v for k, v in os.environ.items() if k not in ("BARRIERFLOW_FAULT", "BARRIERFLOW_SPARK_REMOTE")}
+    drop = ("BARRIERFLOW_FAULT", "BARRIERFLOW_SPARK_REMOTE", "SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env["BARRIERFLOW_SPARK_MASTER"] = "local[2]"
     if fault:
         env["BARRIERFLOW_FAULT"] = fault
