@@ -276,12 +276,16 @@ def test_a_dead_engine_fails_process_naming_it_and_the_retry_succeeds_once_it_is
     def start_after_the_first_failure() -> None:
         from airflow.models.taskinstance import TaskInstance
         from airflow.utils.session import create_session
+        from airflow.utils.state import TaskInstanceState
 
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             with create_session() as session:
-                ti = session.query(TaskInstance).filter_by(dag_id=dag.dag_id, task_id="process").first()
-                if ti is not None and str(getattr(ti.state, "value", ti.state)) == "up_for_retry":
+                # Earlier tests' runs of this DAG share the database: look for this run's retry only.
+                waiting = session.query(TaskInstance).filter_by(
+                    dag_id=dag.dag_id, task_id="process", state=TaskInstanceState.UP_FOR_RETRY
+                ).first()
+                if waiting is not None:
                     break
             time.sleep(0.2)
         engine.start(wait_s=300)
