@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 __all__ = [
     "get_spark",
     "engine_address",
-    "is_remote_session",
     "observation_done",
     "engine_lost",
     "launched_by_spark_submit",
@@ -73,13 +72,6 @@ _cached: dict[Hashable, tuple[Any, Any]] = {}
 def engine_address(remote: str | None = None) -> str | None:
     """The Spark Connect address to use (``sc://...``), or None for a classic session."""
     return remote or os.environ.get(REMOTE_ENV) or os.environ.get("SPARK_REMOTE") or None
-
-
-def is_remote_session(spark: Any) -> bool:
-    """Whether ``spark`` is a Spark Connect session (a client of a remote engine)."""
-    from pyspark.sql.connect.session import SparkSession as RemoteSession
-
-    return isinstance(spark, RemoteSession)
 
 
 def session_cached(key: Hashable, build: Callable[[], _T]) -> _T:
@@ -211,7 +203,6 @@ def _remote_session(address: str, session_name: str | None) -> "SparkSession":
 def _connect(url: str, address: str) -> "SparkSession | None":
     """A session at ``url`` after one round trip; None when the engine closed that session id."""
     from pyspark.sql import SparkSession
-
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
     _check_reachable(address)
