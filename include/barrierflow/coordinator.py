@@ -263,20 +263,11 @@ class CheckpointCoordinator:
                 f"epoch {epoch} of lineage {lineage_id} cannot start: the pipeline was restored into "
                 f"lineage {lineage['lineage_id']}"
             )
-        previous = self._read_barrier(lineage_id, epoch - 1) if epoch > 1 else None
-        start = dict(previous.end_offsets) if previous else dict(lineage.get("start_offsets") or {})
-        # Parameters fixed by a restore (e.g. a new parallelism) hold for the whole lineage.
-        params = self.definition.resolve({**self.params, **(lineage.get("params") or {})})
-        end: dict[str, Any] = {}
-        has_input = False
-        for node in self.pipeline.sources:
-            assert node.source is not None
-            sid = node.source.source_id
-            offsets = node.source.plan(start.get(sid), arrival_cutoff_ms)
-            end[sid] = offsets
-            has_input = has_input or node.source.has_records(offsets)
+        start, end, has_input = self._plan_offsets(lineage, epoch, arrival_cutoff_ms)
         if not has_input:
             return None
+        # Parameters fixed by a restore (e.g. a new parallelism) hold for the whole lineage.
+        params = self.definition.resolve({**self.params, **(lineage.get("params") or {})})
         barrier = Barrier(
             pipeline=self.definition.name,
             lineage_id=lineage_id,
@@ -306,6 +297,37 @@ class CheckpointCoordinator:
         winner = self._read_barrier(lineage_id, epoch)
         assert winner is not None
         return winner
+
+    def _plan_offsets(
+        self, lineage: Mapping[str, Any], epoch: int, arrival_cutoff_ms: int | None
+    ) -> tuple[dict[str, Any], dict[str, Any], bool]:
+        """Start and end offsets per source of epoch ``epoch``, and whether any source has records."""
+        previous = self._read_barrier(lineage["lineage_id"], epoch - 1) if epoch > 1 else None
+        start = dict(previous.end_offsets) if previous else dict(lineage.get("start_offsets") or {})
+        end: dict[str, Any] = {}
+        has_input = False
+        for node in self.pipeline.sources:
+            assert node.source is not None
+            sid = node.source.source_id
+            offsets = node.source.plan(start.get(sid), arrival_cutoff_ms)
+            end[sid] = offsets
+            has_input = has_input or node.source.has_records(offsets)
+        return start, end, has_input
+
+    def has_new_input(self, arrival_cutoff_ms: int | None = None) -> bool:
+        """Whether the next epoch would have input now (a planned epoch counts); records nothing.
+
+        False for a stopped pipeline. Reads what a barrier injection reads
+        (the last barrier, the sources' listings) without writing a barrier.
+        """
+        if self.stopped() is not None:
+            return False
+        lineage = self.current_lineage()
+        last = CheckpointLog.last_completed(self.log.lineage_records(lineage["lineage_id"]))
+        epoch = (last.epoch if last else 0) + 1
+        if self._read_barrier(lineage["lineage_id"], epoch) is not None:
+            return True
+        return self._plan_offsets(lineage, epoch, arrival_cutoff_ms)[2]
 
     # -- step 3: process + pre-commit -------------------------------------
 

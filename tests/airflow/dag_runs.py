@@ -104,14 +104,14 @@ def asset_events(run: RunOutcome) -> list[tuple[str, str, dict[str, Any]]]:
     return [(task, name, dict(extra or {})) for task, name, extra in rows]
 
 
-def xcom(run: RunOutcome, task_id: str) -> Any:
-    """The return value of a task of the run (None when it pushed none)."""
+def xcom(run: RunOutcome, task_id: str, key: str = "return_value") -> Any:
+    """An XCom of a task of the run, its return value by default (None when it pushed none)."""
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     with create_session() as session:
         row = session.scalars(
-            XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key="return_value")
+            XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key=key)
         ).first()
         return XComModel.deserialize_value(row) if row is not None else None
 

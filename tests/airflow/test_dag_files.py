@@ -134,7 +134,7 @@ def test_pipeline_dag_shape(dagbag: Any, pipeline: str) -> None:
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
     dag = dagbag.get_dag(f"barrierflow_{pipeline}")
-    order = ["recover", "barrier", "process", "commit", "notify", "catch_up"]
+    order = ["barrier", "process", "commit", "catch_up"]
     for upstream, downstream in zip(order, order[1:]):
         assert dag.get_task(downstream).upstream_task_ids == {upstream}
     process = dag.get_task("process")  # the default: a Spark Connect client of the warm engine
@@ -153,7 +153,7 @@ def test_pipeline_dag_shape(dagbag: Any, pipeline: str) -> None:
     else:
         assert type(dag.timetable).__name__ == "CronDataIntervalTimetable"  # real data intervals: the barrier's bound
         assert dag.timetable.expression == "* * * * *" and dag.start_date is not None
-    for task_id in ("barrier", "commit", "notify"):
+    for task_id in ("barrier", "commit"):
         assert dag.get_task(task_id).doc_md or dag.get_task(task_id).doc
 
 
@@ -202,7 +202,7 @@ def test_each_sink_is_an_asset_of_commit(dagbag: Any, pipeline: str) -> None:
     warehouse = os.environ["BARRIERFLOW_WAREHOUSE"]
     assert [a.uri for a in outlets] == [f"file://{warehouse}/{pipeline}/sinks/{s}" for s in sinks]
     assert [a.name for a in dag.get_task("catch_up").outlets] == [a.name for a in outlets]
-    for task_id in ("recover", "barrier", "process", "notify"):
+    for task_id in ("barrier", "process"):
         assert not dag.get_task(task_id).outlets
 
 

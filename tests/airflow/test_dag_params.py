@@ -23,7 +23,7 @@ SENSOR = get_pipeline("sensor_stats")
 def test_dag_params_carry_type_minimum_description_and_default() -> None:
     params = pipeline_dag_params(SENSOR, {})
     files = params["max_files_per_epoch"]
-    assert files.value == 10 and files.schema == {"type": "integer", "minimum": 1, "title": "max_files_per_epoch"}
+    assert files.value == 20 and files.schema == {"type": "integer", "minimum": 1, "title": "max_files_per_epoch"}
     assert "files per epoch" in files.description and "BARRIERFLOW_SENSOR_STATS__MAX_FILES_PER_EPOCH" in files.description
     landing = params["landing_dir"]
     assert landing.value is None and landing.schema["type"] == ["null", "string"]
@@ -46,7 +46,7 @@ def test_catch_up_epochs_is_reserved() -> None:
 
 def test_resolve_ignores_dag_only_params_and_names_the_variable_when_missing() -> None:
     resolved = resolve_pipeline_params(SENSOR, {"landing_dir": "/in", "parallelism": 4, "catch_up_epochs": 3})
-    assert resolved == {"landing_dir": "/in", "max_files_per_epoch": 10, "parallelism": 4, "out_of_orderness_seconds": 30}
+    assert resolved == {"landing_dir": "/in", "max_files_per_epoch": 20, "parallelism": 4, "out_of_orderness_seconds": 30}
     with pytest.raises(ParameterError, match=r"landing_dir.*BARRIERFLOW_SENSOR_STATS__LANDING_DIR"):
         resolve_pipeline_params(SENSOR, {"landing_dir": None})
 

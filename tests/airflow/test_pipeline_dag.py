@@ -44,7 +44,7 @@ from sensor_check import (
 pytestmark = pytest.mark.slow
 
 SINKS = ["sensor_totals", "sensor_minute", "alerts", "late_readings"]
-EPOCH_TASKS = ("process", "commit", "notify")
+EPOCH_TASKS = ("process", "commit")
 
 
 def _landing(tmp_path: Path, files: int, seed: int) -> Path:
@@ -79,7 +79,7 @@ def _epoch_files(warehouse: Path, landing: Path, epoch: int) -> list[str]:
 
 def _assert_skipped_after_barrier(run: RunOutcome) -> None:
     assert run.state == "success", run
-    assert run.state_of("recover") == "success" and run.state_of("barrier") == "success"
+    assert run.state_of("barrier") == "success"
     assert all(run.state_of(t) == "skipped" for t in (*EPOCH_TASKS, "catch_up")), run.tasks
     assert asset_events(run) == []
 
@@ -124,20 +124,23 @@ def test_a_failure_in_every_task_is_retried_to_exactly_once_output(tmp_path: Pat
     # Each task fails once; the crossing counter is shared by the tasks and the
     # Spark job, so each fault fires in the first attempt only and Airflow's retry
     # (a fresh attempt, and for process a fresh spark-submit) gets through.
+    # barrier and commit each run two steps, and each of those steps fails once.
     faults = ",".join(
         [
-            "recover.start:1:raise",
-            "barrier.before_write:1:raise",  # before the barrier is recorded
+            "recover.start:1:raise",  # step 1, in barrier's first attempt
+            "barrier.before_write:1:raise",  # step 2, before the barrier is recorded (second attempt)
             "process.after_read:1:kill",  # the Spark driver dies mid-epoch, before voting
-            "commit.after_delta_commit:4:raise",  # between the Delta commits of two tables
-            "notify.start:1:raise",
+            "commit.after_delta_commit:4:raise",  # step 4, between the Delta commits of two tables
+            "notify.start:1:raise",  # step 5, after the epoch COMPLETED (commit's second attempt)
         ]
     )
     with fault_plan(faults, tmp_path / "faults"):
         run = run_dag(dag, minute(2035, 1, 2, 0, 1), {"max_files_per_epoch": 2})
     assert run.state == "success", run.tasks
-    for task_id in ("recover", "barrier", "process", "commit", "notify"):
-        assert run.tasks[task_id] == ("success", 2), (task_id, run.tasks)
+    assert {t: run.tasks[t] for t in ("barrier", "process", "commit")} == {
+        "barrier": ("success", 3), "process": ("success", 2), "commit": ("success", 3)
+    }, run.tasks
+    assert run.state_of("catch_up") == "skipped"  # no input left: commit skipped it
     assert_matches_reference(warehouse, reference_for(landing, 2))
     assert_one_commit_per_table_per_epoch(warehouse, 1)
     assert_nothing_staged_visible(warehouse)
@@ -165,7 +168,6 @@ def test_the_run_after_a_failed_one_resumes_from_the_last_committed_epoch(
     out = task_logs(caplog, capfd)
     assert second.state == "failed" and second.state_of("commit") == "failed", second.tasks
     assert second.state_of("process") == "success"
-    assert "epoch 1 is planned" in out and "it will be replayed as recorded" in out
     assert f"epoch 1: replaying the barrier recorded at {planned['planned_at']}" in out
     assert _barrier_doc(warehouse, landing, 1) == planned
     assert completed_epochs(_coordinator(warehouse, landing)) == []
@@ -220,7 +222,7 @@ def test_a_pipeline_without_its_required_param_fails_at_once_saying_how_to_set_i
 ) -> None:
     dag = build_pipeline_dag("sensor_stats", dag_settings(warehouse, retries=2), environ={})
     run = run_dag(dag, minute(2035, 1, 4, 0, 1))
-    assert run.state == "failed" and run.tasks["recover"] == ("failed", 1)  # no retries: they cannot help
+    assert run.state == "failed" and run.tasks["barrier"] == ("failed", 1)  # no retries: they cannot help
     out = task_logs(caplog, capfd)
     assert "missing required parameter(s) landing_dir" in out and "BARRIERFLOW_SENSOR_STATS__LANDING_DIR" in out
     assert not warehouse.exists()
@@ -232,8 +234,9 @@ def test_json_reports_are_pushed_for_the_ui(tmp_path: Path, warehouse: Path) -> 
     dag = _dag(warehouse, landing)
     run = run_dag(dag, minute(2035, 1, 5, 0, 1))
     _assert_skipped_after_barrier(run)
-    report = xcom(run, "recover")
-    assert report["step"] == "recover" and report["details"]["last_completed_epoch"] == 0
+    report = xcom(run, "barrier", key="report")
+    assert report["step"] == "barrier" and report["details"]["last_completed_epoch"] == 0
+    assert report["proceed"] is False
     assert json.loads(json.dumps(report)) == report
 
 
@@ -241,7 +244,7 @@ def test_a_run_waits_while_an_earlier_run_is_still_running(
     tmp_path: Path, warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     # An Airflow 3 backfill runs up to its own max_active_runs (10 unless given)
-    # at once, whatever the DAG's max_active_runs: recover waits for earlier runs.
+    # at once, whatever the DAG's max_active_runs: barrier waits for earlier runs.
     landing = tmp_path / "landing"
     landing.mkdir()
     dag = _dag(warehouse, landing, retries=0, lease_wait_s=3)
@@ -250,7 +253,7 @@ def test_a_run_waits_while_an_earlier_run_is_still_running(
         task_logs(caplog, capfd)
         blocked = run_dag(dag, minute(2035, 1, 6, 0, 3))
         out = task_logs(caplog, capfd)
-        assert blocked.state == "failed" and blocked.state_of("recover") == "failed", blocked.tasks
+        assert blocked.state == "failed" and blocked.state_of("barrier") == "failed", blocked.tasks
         assert f"waiting for the earlier run {earlier} of barrierflow_sensor_stats to finish" in out
         assert "epochs run in data-interval order" in out
     assert run_dag(dag, minute(2035, 1, 6, 0, 4)).state == "success"  # the earlier run ended

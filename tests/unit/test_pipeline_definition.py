@@ -217,7 +217,7 @@ def test_sensor_stats_operators_and_state(tmp_path: Path) -> None:
     assert pipe.parallelism == 3
     assert pipe.params == {
         "landing_dir": str(tmp_path),
-        "max_files_per_epoch": 10,
+        "max_files_per_epoch": 20,
         "parallelism": 3,
         "out_of_orderness_seconds": 30,
     }
@@ -240,7 +240,7 @@ def test_sensor_stats_operators_and_state(tmp_path: Path) -> None:
     assert pipe.side_output_names() == ["late_readings"]
     source = pipe.sources[0].source
     assert source.path == str(tmp_path)
-    assert source.max_files_per_epoch == 10
+    assert source.max_files_per_epoch == 20
     assert pipe.nodes[2].out_of_orderness_us == 30_000_000
 
 

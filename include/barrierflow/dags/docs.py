@@ -17,15 +17,15 @@ _LIFECYCLE = """\
 Each DAG run is one **epoch**, a barrier-delimited slice of the stream,
 committed exactly once in two phases:
 
-| task | lifecycle step |
+| task | lifecycle steps |
 |---|---|
-| `recover` | 1. read the checkpoint log; roll forward an epoch whose manifest is durable; the last COMPLETED epoch is the restore point |
-| `barrier` | 2. fix every source's end offsets (input that arrived by the run's `data_interval_end`) and record them *before* processing; a retry replays the recorded barrier. No new input, or a pipeline stopped with a savepoint: the rest of the run is skipped and says why |
+| `barrier` | 1. read the checkpoint log; roll forward an epoch whose manifest is durable; the last COMPLETED epoch is the restore point. 2. fix every source's end offsets (input that arrived by the run's `data_interval_end`) and record them *before* processing; a retry replays the recorded barrier. No new input, or a pipeline stopped with a savepoint: the rest of the run is skipped and says why |
 | `process` | 3. on the Spark engine (see below): read exactly the barrier's records, stage outputs and state invisibly, write the manifest (the vote) |
-| `commit` | 4. one Delta commit per table with the app transaction (pipeline, epoch), then COMPLETED in the checkpoint log; emits an asset event per sink |
-| `notify` | 5. clean losing attempts' staging, compact state |
+| `commit` | 4. one Delta commit per table with the app transaction (pipeline, epoch), then COMPLETED in the checkpoint log; emits an asset event per sink. 5. clean losing attempts' staging, compact state. Skips `catch_up` when no further input arrived by the cut-off |
 | `catch_up` | up to `catch_up_epochs - 1` more epochs (same arrival cut-off), each through steps 1-5 |
 
+Steps 1-2 and 4-5 share a task because each task costs a scheduling round
+trip and a task process, more than those steps themselves.
 Every step is idempotent and retried with exponential backoff; state passes
 between tasks through the warehouse (barrier and manifest documents), never
 through XCom. Epochs never overlap: one active run, and an epoch lease that

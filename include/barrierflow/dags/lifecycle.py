@@ -23,13 +23,12 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Mapping
 
 from barrierflow.checkpoint import EpochStatus
-from barrierflow.coordinator import CheckpointCoordinator
+from barrierflow.coordinator import CheckpointCoordinator, Recovery
 from barrierflow.errors import CheckpointError
 
 __all__ = [
     "StepReport",
     "epoch_lease",
-    "recover_step",
     "barrier_step",
     "process_step",
     "commit_step",
@@ -107,11 +106,7 @@ def _stop_reason(coordinator: CheckpointCoordinator) -> str | None:
     )
 
 
-def recover_step(coordinator: CheckpointCoordinator, lease_wait_s: float) -> StepReport:
-    """Step 1: roll forward a voted epoch; report the restore point and any planned epoch."""
-    name = coordinator.definition.name
-    with epoch_lease(coordinator, lease_wait_s):
-        recovery = coordinator.recover()
+def _recovery_text(recovery: Recovery) -> str:
     last = recovery.last_completed
     parts = [
         f"restore point: epoch {last.epoch} (COMPLETED, watermark_us={last.watermark_us})"
@@ -120,57 +115,48 @@ def recover_step(coordinator: CheckpointCoordinator, lease_wait_s: float) -> Ste
     ]
     if recovery.rolled_forward:
         parts.append(f"rolled forward pre-committed epoch(s) {list(recovery.rolled_forward)}")
-    if recovery.pending_barrier is not None:
-        parts.append(
-            f"epoch {recovery.pending_barrier.epoch} is planned (barrier of {recovery.pending_barrier.planned_at}): "
-            "it will be replayed as recorded"
-        )
-    return StepReport(
-        pipeline=name,
-        step="recover",
-        message=f"{name} lineage {recovery.lineage_id}: " + "; ".join(parts),
-        epoch=recovery.last_completed_epoch,
-        lineage_id=recovery.lineage_id,
-        details={
-            "last_completed_epoch": recovery.last_completed_epoch,
-            "rolled_forward": list(recovery.rolled_forward),
-            "pending_epoch": recovery.pending_barrier.epoch if recovery.pending_barrier else None,
-        },
-    )
+    return "; ".join(parts)
 
 
 def barrier_step(
     coordinator: CheckpointCoordinator, arrival_cutoff_ms: int | None, lease_wait_s: float
 ) -> StepReport:
-    """Step 2: plan (or replay) the barrier of the next epoch; ``proceed=False`` when there is none."""
+    """Steps 1 and 2: recover (roll forward a voted epoch; the last COMPLETED
+    epoch is the restore point), then plan (or replay) the barrier of the next
+    epoch; ``proceed=False`` when there is none."""
     name = coordinator.definition.name
     with epoch_lease(coordinator, lease_wait_s):
         recovery = coordinator.recover()
         barrier = coordinator.trigger_checkpoint(recovery, arrival_cutoff_ms)
         stop = _stop_reason(coordinator) if barrier is None else None
     base = dict(pipeline=name, step="barrier", lineage_id=recovery.lineage_id)
+    recovered = {
+        "last_completed_epoch": recovery.last_completed_epoch,
+        "rolled_forward": list(recovery.rolled_forward),
+    }
     cutoff = cutoff_text(arrival_cutoff_ms)
+    prefix = f"{name} lineage {recovery.lineage_id}: {_recovery_text(recovery)}. "
     if barrier is None:
         last = recovery.last_completed_epoch
         if stop is not None:
-            message = f"{stop}; skipping process, commit and notify"
+            message = f"{stop}; skipping process and commit"
         else:
             message = (
                 f"no new input up to {cutoff}: nothing to do. Input that arrived by then is already "
                 f"covered by epoch {last} (the last completed epoch); epoch {last + 1} is not planned. "
-                "Skipping process, commit and notify"
+                "Skipping process and commit"
             )
         return StepReport(
-            **base, message=message, epoch=last, proceed=False,
-            details={"stopped": stop is not None, "arrival_cutoff": cutoff},
+            **base, message=prefix + message, epoch=last, proceed=False,
+            details={**recovered, "stopped": stop is not None, "arrival_cutoff": cutoff},
         )
     replay = recovery.pending_barrier is not None
     verb = f"replaying the barrier recorded at {barrier.planned_at}" if replay else "planned a new barrier"
     return StepReport(
         **base,
-        message=f"epoch {barrier.epoch}: {verb} (arrival cut-off {cutoff}): {describe_offsets(barrier.end_offsets)}",
+        message=prefix + f"epoch {barrier.epoch}: {verb} (arrival cut-off {cutoff}): {describe_offsets(barrier.end_offsets)}",
         epoch=barrier.epoch,
-        details={"replayed": replay, "attempt_id": barrier.attempt_id, "arrival_cutoff": cutoff},
+        details={**recovered, "replayed": replay, "attempt_id": barrier.attempt_id, "arrival_cutoff": cutoff},
     )
 
 
@@ -272,7 +258,6 @@ def run_epoch_steps(
 ) -> StepReport | None:
     """Steps 1-5 of one more epoch, each under its own lease; ``process`` runs step 3
     (the Spark job). Returns the commit report, or None when there is no new input."""
-    on_report(recover_step(coordinator, lease_wait_s))
     planned = barrier_step(coordinator, arrival_cutoff_ms, lease_wait_s)
     on_report(planned)
     if not planned.proceed:

@@ -1,21 +1,26 @@
 """``barrierflow_<pipeline>``: one DAG run is one epoch, plus a bounded catch-up.
 
-``recover >> barrier >> process >> commit >> notify >> catch_up``, the five
-steps of :mod:`barrierflow.coordinator` (see :mod:`barrierflow.dags.lifecycle`).
-``process`` runs on the warm Spark engine through Spark Connect (the
+``barrier >> process >> commit >> catch_up`` drive the five steps of
+:mod:`barrierflow.coordinator` (see :mod:`barrierflow.dags.lifecycle`):
+``barrier`` recovers (step 1) and plans or replays the barrier (step 2);
+``process`` is step 3, on the warm Spark engine through Spark Connect (the
 ``spark_connect_default`` connection) or, with ``BARRIERFLOW_PROCESS_MODE=spark-submit``,
 as a spark-submit of ``spark_jobs/process_epoch.py`` (a new Spark application
-per epoch, for clusters that only take batch submissions). ``catch_up`` runs
-up to ``catch_up_epochs - 1`` more epochs with the run's arrival cut-off, so
-a run drains what arrived in its interval even when that is more than one
-epoch's ``max_files_per_epoch``.
+per epoch, for clusters that only take batch submissions); ``commit`` commits
+(step 4) and notifies (step 5). Steps 1-2 and 4-5 are small documents and
+Delta commits, so each pair is one task: every task costs a scheduling round
+trip and a task process, which dominate an epoch on a warm engine.
+``catch_up`` runs up to ``catch_up_epochs - 1`` more epochs with the run's
+arrival cut-off, so a run drains what arrived in its interval even when that
+is more than one epoch's ``max_files_per_epoch``; ``commit`` skips it (without
+starting it) when no further input arrived by that cut-off.
 ``barrier`` short-circuits the rest of the run when there is nothing to do
 (no new input by the run's ``data_interval_end``, or a pipeline stopped with a
 savepoint), so no asset event is emitted; ``commit`` carries an asset per sink.
 
 Ordering: ``max_active_runs=1`` serialises scheduled and manual runs. An
 Airflow 3 backfill counts its own ``max_active_runs`` (10 unless given), so
-``recover`` also waits, bounded, while an earlier run of this DAG is still
+``barrier`` also waits, bounded, while an earlier run of this DAG is still
 running: epochs follow data intervals even in a parallel backfill.
 
 Building the DAG does no work: it reads environment variables and builds the
@@ -39,7 +44,6 @@ from barrierflow.dags.lifecycle import (
     commit_step,
     notify_step,
     process_step,
-    recover_step,
     run_epoch_steps,
 )
 from barrierflow.dags.params import CATCH_UP_PARAM, pipeline_dag_params, resolve_pipeline_params, unset_required_params
@@ -47,6 +51,7 @@ from barrierflow.dags.settings import CONNECT_MODE, SPARK_SUBMIT_MODE, DagSettin
 from barrierflow.dags.spark_connect import engine_spark_factory
 from barrierflow.dags.spark_submit import ProcessEpochOperator, submit_process_job
 from barrierflow.errors import (
+    BarrierflowError,
     ConfigurationError,
     EpochInProgressError,
     ParameterError,
@@ -59,9 +64,9 @@ from barrierflow.registry import get_pipeline
 if TYPE_CHECKING:
     from airflow.sdk import DAG, Asset, Context
 
-__all__ = ["build_pipeline_dag", "arrival_cutoff_ms", "TASK_IDS"]
+__all__ = ["build_pipeline_dag", "arrival_cutoff_ms", "TASK_IDS", "REPORT_KEY"]
 
-TASK_IDS = ("recover", "barrier", "process", "commit", "notify", "catch_up")
+TASK_IDS = ("barrier", "process", "commit", "catch_up")
 _log = logging.getLogger("barrierflow.dags")
 _PREVIOUS_RUN_POLL_S = 5.0
 _PROCESS_DOCS = {
@@ -80,9 +85,20 @@ def arrival_cutoff_ms(context: "Context") -> int | None:
 _NOT_RETRYABLE = (ParameterError, PipelineDefinitionError, ConfigurationError, UnknownPipelineError)
 
 
+REPORT_KEY = "report"
+
+
 def _report(report: StepReport) -> dict[str, Any]:
     _log.info("%s %s: %s", report.pipeline, report.step, report.message)
     return report.to_json()
+
+
+def _push_report(context: "Context", report: StepReport) -> dict[str, Any]:
+    """Log the report and keep it as the task's ``report`` XCom: a short-circuit
+    task's return value is its condition, so the report needs its own key."""
+    payload = _report(report)
+    context["ti"].xcom_push(REPORT_KEY, payload)
+    return payload
 
 
 @contextmanager
@@ -125,6 +141,19 @@ def _wait_for_earlier_runs(context: "Context", wait_s: float) -> None:
             _log.info("waiting for the earlier run %s of %s to finish (epochs run in order)", earlier.run_id, ti.dag_id)
             announced = True
         time.sleep(min(_PREVIOUS_RUN_POLL_S, max(0.1, deadline - time.monotonic())))
+
+
+def _more_input(coordinator: CheckpointCoordinator, cutoff_ms: int | None) -> bool:
+    """Whether another epoch has input by the cut-off; the epoch is committed either way.
+
+    A source that cannot plan (e.g. a file landed behind the stream
+    position) is the next barrier's error to report, not this commit's.
+    """
+    try:
+        return coordinator.has_new_input(cutoff_ms)
+    except BarrierflowError as exc:
+        _log.warning("catch_up is skipped: the next epoch cannot be planned: %s", exc)
+        return False
 
 
 def _set_asset_events(context: "Context", assets: list["Asset"], report: StepReport) -> None:
@@ -173,19 +202,13 @@ def build_pipeline_dag(
         tags=["barrierflow", "pipeline"],
     ) as dag:
 
-        @task(task_id="recover")
-        def recover() -> dict[str, Any]:
-            """Step 1: roll forward a voted epoch; the last COMPLETED epoch is the restore point."""
-            with _epoch_task(definition, settings) as (context, coordinator):
-                _wait_for_earlier_runs(context, lease_wait)
-                return _report(recover_step(coordinator, lease_wait))
-
         @task.short_circuit(task_id="barrier")
         def barrier() -> dict[str, Any] | bool:
-            """Step 2: record the epoch's end offsets before processing (a retry replays them)."""
+            """Steps 1-2: recover, then record the epoch's end offsets before processing (a retry replays them)."""
             with _epoch_task(definition, settings) as (context, coordinator):
+                _wait_for_earlier_runs(context, lease_wait)
                 report = barrier_step(coordinator, arrival_cutoff_ms(context), lease_wait)
-            payload = _report(report)
+                payload = _push_report(context, report)
             return payload if report.proceed else False
 
         if settings.process_mode == CONNECT_MODE:
@@ -209,22 +232,26 @@ def build_pipeline_dag(
                 doc_md=_PROCESS_DOCS[SPARK_SUBMIT_MODE],
             )
 
-        @task(task_id="commit", outlets=assets)
-        def commit() -> dict[str, Any]:
-            """Step 4: one Delta commit per table (app transaction), then COMPLETED."""
+        @task.short_circuit(task_id="commit", outlets=assets)
+        def commit() -> dict[str, Any] | bool:
+            """Steps 4-5: one Delta commit per table (app transaction), COMPLETED, then notify.
+
+            Returns False (``catch_up`` is skipped without starting) when no
+            further input arrived by the run's cut-off.
+            """
             with _epoch_task(definition, settings) as (context, coordinator):
                 report = commit_step(coordinator, lease_wait)
-            payload = _report(report)
-            if not report.proceed:
-                raise AirflowSkipException(report.message)
-            _set_asset_events(context, assets, report)
-            return payload
-
-        @task(task_id="notify")
-        def notify() -> dict[str, Any]:
-            """Step 5: clean staging of losing attempts, compact state."""
-            with _epoch_task(definition, settings) as (_, coordinator):
-                return _report(notify_step(coordinator, lease_wait))
+                payload = _push_report(context, report)
+                if not report.proceed:
+                    raise AirflowSkipException(report.message)
+                _set_asset_events(context, assets, report)
+                _report(notify_step(coordinator, lease_wait))
+                if int(context["params"].get(CATCH_UP_PARAM) or 1) > 1 and _more_input(
+                    coordinator, arrival_cutoff_ms(context)
+                ):
+                    return payload
+            _log.info("no further input up to this run's arrival cut-off: catch_up is skipped")
+            return False
 
         @task(task_id="catch_up", outlets=assets)
         def catch_up() -> dict[str, Any]:
@@ -260,5 +287,5 @@ def build_pipeline_dag(
             _set_asset_events(context, assets, done[-1])
             return {"epochs": [r.epoch for r in done]}
 
-        recover() >> barrier() >> process >> commit() >> notify() >> catch_up()
+        barrier() >> process >> commit() >> catch_up()
     return dag

@@ -115,7 +115,7 @@ class RisingTemperatureAlert(KeyedProcessFunction):
     "sensor_stats",
     params=[
         Param("landing_dir", str, description="directory where *.jsonl reading files land"),
-        Param("max_files_per_epoch", int, 10, "files per epoch (bounded catch-up)", minimum=1),
+        Param("max_files_per_epoch", int, 20, "files per epoch at most (bounds an epoch after a backlog)", minimum=1),
         Param("parallelism", int, 2, "Spark shuffle partitions for this epoch", minimum=1),
         Param("out_of_orderness_seconds", int, 30, "watermark bound", minimum=0),
     ],
