@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
@@ -19,10 +19,10 @@ import pyarrow as pa
 from barrierflow import faults, storage
 from barrierflow.checkpoint import Barrier, CheckpointRecord, Manifest, StagedFile, TableCommit, TableKind, app_id
 from barrierflow.delta_commit import schema_json_of, stage_table
-from barrierflow.errors import CheckpointError, FencedError
+from barrierflow.errors import CheckpointError, FencedError, PipelineDefinitionError
 from barrierflow.layout import PipelineLayout
 from barrierflow.operators.base import KEY_GROUP
-from barrierflow.pipeline import Pipeline, SourceNode
+from barrierflow.pipeline import Node, Pipeline, SourceNode
 from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
 from barrierflow.spark import observation_done
 from barrierflow.state.delta_state_backend import DeltaStateBackend
@@ -33,6 +33,12 @@ if TYPE_CHECKING:
 __all__ = ["EpochContext", "process_epoch", "completed_future", "check_follows"]
 
 _log = logging.getLogger(__name__)
+
+# Operators of independent branches run as concurrent Spark jobs (one thread
+# each). Most of a small epoch's time is per-job latency (planning, scheduling,
+# the round trip to the engine), which branches overlap; a big epoch's jobs
+# share the executors as any concurrent jobs do.
+MAX_CONCURRENT_OPERATORS = 4
 
 
 class EpochContext:
@@ -70,7 +76,10 @@ class EpochContext:
         self._max_event_time_us: int | None = None
         self._watermark_us: int | None = None
         self.staging_prefix = ""
-        self._staging: dict[str, tuple[str, Future[TableCommit]]] = {}
+        # Operators of independent branches run in threads (see _apply_operators).
+        self._lock = threading.RLock()
+        self._node = threading.local()
+        self._staging: dict[str, tuple[tuple[int, int], str, Future[TableCommit]]] = {}
         self.state = DeltaStateBackend(self)
         self._persisted: list["DataFrame"] = []
         self._frames: dict[int, tuple[pa.Table, "DataFrame"]] = {}
@@ -83,18 +92,19 @@ class EpochContext:
         The first call ends the epoch's state-independent work: ``on_restore``
         tells the coordinator, which may then inject the next barrier.
         """
-        if not self._restored:
-            if self._on_restore is not None:
-                self._on_restore()
-            waiting = time.monotonic()
-            record = self._restore_point.result()
-            _log.info("epoch %d: restore point after %.0f ms", self.epoch, (time.monotonic() - waiting) * 1000)
-            check_follows(self.epoch, record)
-            self._last_completed = record
-            self._max_event_time_us = record.max_event_time_us if record else None
-            self._watermark_us = record.watermark_us if record else None
-            self._restored = True
-        return self._last_completed
+        with self._lock:
+            if not self._restored:
+                if self._on_restore is not None:
+                    self._on_restore()
+                waiting = time.monotonic()
+                record = self._restore_point.result()
+                _log.info("epoch %d: restore point after %.0f ms", self.epoch, (time.monotonic() - waiting) * 1000)
+                check_follows(self.epoch, record)
+                self._last_completed = record
+                self._max_event_time_us = record.max_event_time_us if record else None
+                self._watermark_us = record.watermark_us if record else None
+                self._restored = True
+            return self._last_completed
 
     @property
     def last_completed_epoch(self) -> int | None:
@@ -148,8 +158,13 @@ class EpochContext:
         )
 
     def arrow_types(self, df: "DataFrame", columns: tuple[str, ...]) -> dict[str, pa.DataType]:
-        schema = self.arrow_schema(df.select(*columns))
-        return {f.name: f.type for f in schema}
+        # The frame's own schema: PySpark caches it on the frame, and operators
+        # of sibling branches share their input frame (one analysis, not one each).
+        schema = self.arrow_schema(df)
+        missing = [name for name in columns if schema.get_field_index(name) < 0]
+        if missing:
+            raise PipelineDefinitionError(f"column(s) {missing} are not in the input; it has {schema.names}")
+        return {name: schema.field(name).type for name in columns}
 
     def to_arrow(self, df: "DataFrame", schema: pa.Schema) -> pa.Table:
         table = df.toArrow()
@@ -161,19 +176,21 @@ class EpochContext:
         """``rows`` as a Spark frame; an Arrow table is converted once per epoch."""
         if not isinstance(rows, pa.Table):
             return rows
-        entry = self._frames.get(id(rows))
-        if entry is None or entry[0] is not rows:
-            entry = (rows, self.spark.createDataFrame(rows))
-            self._frames[id(rows)] = entry
-        return entry[1]
+        with self._lock:
+            entry = self._frames.get(id(rows))
+            if entry is None or entry[0] is not rows:
+                entry = (rows, self.spark.createDataFrame(rows))
+                self._frames[id(rows)] = entry
+            return entry[1]
 
     def observe_event_time(self, max_us: int | None, out_of_orderness_us: int) -> None:
         """Advance W(n) = max event time so far - out-of-orderness."""
         self.restore_point()
-        if max_us is not None:
-            self._max_event_time_us = max(max_us, self._max_event_time_us or max_us)
-        if self._max_event_time_us is not None:
-            self._watermark_us = self._max_event_time_us - out_of_orderness_us
+        with self._lock:
+            if max_us is not None:
+                self._max_event_time_us = max(max_us, self._max_event_time_us or max_us)
+            if self._max_event_time_us is not None:
+                self._watermark_us = self._max_event_time_us - out_of_orderness_us
 
     def emit(self, name: str, df: "DataFrame") -> None:
         """A side output (e.g. late records), committed as an append sink."""
@@ -196,8 +213,6 @@ class EpochContext:
         Parquet encoding releases the GIL, so tables stage while the epoch
         goes on; :meth:`commits` waits for them.
         """
-        if name in self._staging:
-            raise CheckpointError(f"table {name} staged twice in epoch {self.epoch}")
         prefix = self.staging_prefix
 
         def write() -> TableCommit:
@@ -214,15 +229,27 @@ class EpochContext:
                 primary_key=primary_key,
             )
 
-        self._staging[name] = (uri, _staging_pool().submit(write))
+        with self._lock:
+            if name in self._staging:
+                raise CheckpointError(f"table {name} staged twice in epoch {self.epoch}")
+            # Pipeline order, whatever order concurrent branches staged in: the
+            # manifest (and so the commit order) does not depend on thread timing.
+            node_index = getattr(self._node, "index", len(self.pipeline.nodes))
+            order = (node_index, sum(1 for key, *_ in self._staging.values() if key[0] == node_index))
+            self._staging[name] = (order, uri, _staging_pool().submit(write))
+
+    def run_as(self, node_index: int) -> None:
+        """Mark the calling thread as running the pipeline's node ``node_index``."""
+        self._node.index = node_index
 
     def commits(self) -> dict[str, TableCommit]:
-        """Every table staged so far; waits for files still being written."""
-        return {name: future.result() for name, (_, future) in self._staging.items()}
+        """Every table staged so far, in pipeline order; waits for files still being written."""
+        ordered = sorted(self._staging.items(), key=lambda item: item[1][0])
+        return {name: future.result() for name, (_, _, future) in ordered}
 
     def discard_staged(self) -> None:
         """Delete this attempt's staged files, once writes in flight have ended."""
-        for uri, future in self._staging.values():
+        for _, uri, future in self._staging.values():
             wait([future])
             DeltaSink.abort(uri, self.staging_prefix)
         self._staging.clear()
@@ -363,15 +390,7 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                     dead_letters.append(dead)
                 outputs[id(node)] = records
                 faults.maybe_fail("process.after_read")
-                continue
-            assert node.parent is not None
-            node_started = time.monotonic()
-            rows = outputs[id(node.parent)]
-            df = node.apply(ctx, rows if node.accepts_arrow else ctx.frame(rows))
-            _log.info("epoch %d: %s took %.0f ms", barrier.epoch, node.operator_id, (time.monotonic() - node_started) * 1000)
-            if len(pipe.children(node)) > 1 and not isinstance(df, pa.Table):
-                df = ctx.persist(df)
-            outputs[id(node)] = df
+        _apply_operators(ctx, outputs)
         for observation, records in observed:
             metrics = _metrics(observation, records)
             if metrics["bad"]:
@@ -394,6 +413,57 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
     finally:
         ctx.release()
     return rows_in
+
+
+def _apply_operators(ctx: EpochContext, outputs: dict[int, "DataFrame | pa.Table"]) -> None:
+    """Apply every operator once its input is in ``outputs``; independent branches run concurrently.
+
+    Each operator runs in a worker thread as soon as its parent's output is
+    ready (at most :data:`MAX_CONCURRENT_OPERATORS` at a time). After an
+    error no further operator starts; those running finish, then the first
+    error is raised.
+    """
+    pipe = ctx.pipeline
+    index = {id(node): i for i, node in enumerate(pipe.nodes)}
+    waiting = [node for node in pipe.nodes if not isinstance(node, SourceNode)]
+    fan_out = {id(node): len(pipe.children(node)) for node in pipe.nodes}
+
+    def apply(node: Node) -> "DataFrame | pa.Table":
+        ctx.run_as(index[id(node)])
+        started = time.monotonic()
+        assert node.parent is not None
+        rows = outputs[id(node.parent)]
+        df = node.apply(ctx, rows if node.accepts_arrow else ctx.frame(rows))
+        if fan_out[id(node)] > 1 and not isinstance(df, pa.Table):
+            df = ctx.persist(df)
+        _log.info("epoch %d: %s took %.0f ms", ctx.epoch, node.operator_id, (time.monotonic() - started) * 1000)
+        return df
+
+    running: dict[Future[Any], Node] = {}
+    error: BaseException | None = None
+    with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_OPERATORS, thread_name_prefix="barrierflow-operator") as pool:
+        while True:
+            if error is None:
+                ready = [node for node in waiting if id(node.parent) in outputs]
+                for node in ready:
+                    waiting.remove(node)
+                    running[pool.submit(apply, node)] = node
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                node = running.pop(future)
+                try:
+                    outputs[id(node)] = future.result()
+                except BaseException as exc:  # the first error wins; the others are logged
+                    if error is None:
+                        error = exc
+                    else:
+                        _log.warning("epoch %d: %s also failed: %s", ctx.epoch, node.operator_id, exc)
+    if error is not None:
+        raise error
+    if waiting:
+        raise CheckpointError(f"operators {[n.operator_id for n in waiting]} have no input in the pipeline")
 
 
 def _metrics(observation: Any, records: "DataFrame") -> dict[str, int]:

@@ -174,20 +174,26 @@ def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(spark: Any,
     ],
 )
 def test_spark_line_reader_equals_the_python_reader(spark: Any, tmp_path: Path, content: bytes) -> None:
-    """Spark splits files natively; the Python byte-range reader is the oracle."""
+    """Spark splits files natively, all of an epoch's files in one read; the Python
+    byte-range reader is the oracle. Names Spark encodes in its file metadata
+    (space, %, +, #, non-ASCII) must map back to their files."""
     from barrierflow.sources import file_source
 
     landing = tmp_path / "landing"
     landing.mkdir()
-    (landing / "f.jsonl").write_bytes(content)
+    names = ["a b%20.jsonl", "f.jsonl", "p+q#1\u00e9.jsonl"]
+    for name in names:
+        (landing / name).write_bytes(content)
     source = FileSource("s", str(landing), schema=EVENTS)
-    for from_line, to_line in [(0, None), (1, None), (1, 3)]:
-        ranges = [["f.jsonl", from_line, to_line, len(content)]]
-        got = sorted(tuple(r) for r in source._lines(spark, str(landing), ranges, 2).collect())
-        task = {"name": "f.jsonl", "fidx": 0, "path": str(landing / "f.jsonl"), "from_line": from_line,
+    # Each file its own range in the same epoch: whole, from line 1, lines 1-2.
+    ranges = [[name, f, t, len(content)] for name, (f, t) in zip(names, [(0, None), (1, None), (1, 3)])]
+    got = sorted(tuple(r) for r in source._lines(spark, str(landing), ranges, 2).collect())
+    expected = []
+    for fidx, (name, from_line, to_line, _) in enumerate(ranges):
+        task = {"name": name, "fidx": fidx, "path": str(landing / name), "from_line": from_line,
                 "to_line": -1 if to_line is None else to_line, "byte_start": 0, "byte_end": -1}
-        expected = sorted(
+        expected += [
             (r["_fidx"], r["_line"], r["_raw"], r["_error"] is not None)
             for b in file_source._raw_task_per_line(task) for r in b.to_pylist()
-        )
-        assert [(f, n, raw, err is not None) for f, n, raw, err in got] == expected
+        ]
+    assert [(f, n, raw, err is not None) for f, n, raw, err in got] == sorted(expected)

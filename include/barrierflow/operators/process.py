@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import KEY_GROUP, Node, StateSpec, key_group_column
@@ -87,7 +88,12 @@ class KeyedProcess(Node):
         assert self.function is not None
         return [self._spec(d) for d in self.function.state_descriptors]
 
-    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
+    def apply(self, ctx: Any, df: "DataFrame") -> pa.Table:
+        """Run the function over every key group the epoch touches; stage state changes.
+
+        Returns the emitted rows as Arrow (collected with the state changes in
+        one job; see ``Node.accepts_arrow``).
+        """
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
@@ -136,14 +142,16 @@ class KeyedProcess(Node):
         result = keyed.groupBy(KEY_GROUP).cogroup(state_df.groupBy(KEY_GROUP)).applyInArrow(
             run_group, from_arrow_schema(out_schema)
         )
-        result = ctx.persist(result)
+        # One job: state changes and emitted rows come back together, split here.
+        rows = ctx.to_arrow(result, out_schema)
+        kinds = rows["_kind"]
         for d, spec in zip(descriptors, specs):
-            changes = result.where(F.col("_kind") == F.lit(d.name)).select(
-                *self.key, KEY_GROUP, F.col(_state_column(d.name)).alias("value"), "_deleted"
+            changes = rows.filter(pc.equal(kinds, d.name))
+            ctx.state.stage_rows(
+                spec, changes.rename_columns([("value" if c == _state_column(d.name) else c) for c in changes.column_names])
             )
-            ctx.state.stage(spec, changes)
-        outputs = result.where(F.col("_kind") == F.lit("_out"))
-        return outputs.select(*[F.col(f"_out_{f.name}").alias(f.name) for f in fn.output_schema])
+        outputs = rows.filter(pc.equal(kinds, "_out"))
+        return outputs.select([f"_out_{f.name}" for f in fn.output_schema]).rename_columns(fn.output_schema.names)
 
     def describe(self) -> dict[str, Any]:
         assert self.function is not None

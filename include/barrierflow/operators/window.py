@@ -77,7 +77,12 @@ class TumblingWindow(Node):
     def side_outputs(self) -> list[str]:
         return [self.late_output] if self.late_output else []
 
-    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
+    def apply(self, ctx: Any, df: "DataFrame") -> pa.Table:
+        """Late records to the side output; fold the epoch into pending windows; fire.
+
+        Returns the fired windows as Arrow (collected with the state changes
+        in one job; see ``Node.accepts_arrow``).
+        """
         from pyspark.sql import functions as F
 
         spec = self._spec(ctx.arrow_types(df, self.key))
@@ -113,22 +118,25 @@ class TumblingWindow(Node):
         window_end = F.timestamp_micros(F.unix_micros(F.col("window_start")) + F.lit(size))
         merged = merged.withColumn("window_end", window_end)
         fires = (F.unix_micros(F.col("window_end")) <= F.lit(wm)) if wm is not None else F.lit(False)
-        merged = ctx.persist(merged.withColumn("_fires", fires).withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups)))
-        changes = merged.where(F.col("_new_values").isNotNull() | F.col("_fires")).where(
-            F.col("_old_values").isNotNull() | ~F.col("_fires")
-        )
-        ctx.state.stage(
-            spec,
-            changes.select(*keys, KEY_GROUP, "window_values", F.col("_fires").alias("_deleted")),
-        )
-        fired = merged.where("_fires")
+        merged = merged.withColumn("_fires", fires)
+        # A state change: new values, or a stored window that fires (its tombstone).
+        changed = (F.col("_new_values").isNotNull() | F.col("_fires")) & (F.col("_old_values").isNotNull() | ~F.col("_fires"))
         count = F.size("window_values")
-        return fired.select(
-            *self.key,
-            "window_start",
+        results = [a.result(F.col("window_values"), count).alias(a.name) for a in self.aggregations]
+        # One job: state changes and fired windows come back together, split here.
+        rows = merged.where(changed | F.col("_fires")).select(
+            *keys,
+            key_group_column(self.key, ctx.key_groups).alias(KEY_GROUP),
+            "window_values",
+            F.col("_fires").alias("_deleted"),
+            changed.alias("_changed"),
             "window_end",
-            *[a.result(F.col("window_values"), count).alias(a.name) for a in self.aggregations],
+            *results,
         )
+        table = ctx.to_arrow(rows, ctx.arrow_schema(rows))
+        ctx.state.stage_rows(spec, table.filter(table["_changed"]))
+        fired = table.filter(table["_deleted"])
+        return fired.select([*self.key, "window_start", "window_end", *[a.name for a in self.aggregations]])
 
     def describe(self) -> dict[str, Any]:
         return {

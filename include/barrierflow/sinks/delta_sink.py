@@ -104,7 +104,14 @@ class DeltaSink:
     def _rewrite(
         self, ctx: Any, table: Any, uri: str, keys: pa.Table, schema: pa.Schema
     ) -> tuple[pa.Table | None, list[str]]:
-        """Rows to keep from the files that hold changed keys, and those files."""
+        """Rows to keep from the files that hold changed keys, and those files.
+
+        One Spark job: every stored row is flagged by whether its key
+        changed, and the rows of files holding a changed key are collected
+        with their file and flag.
+        """
+        import pyarrow.compute as pc
+        from pyspark.sql import Window
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -117,14 +124,18 @@ class DeltaSink:
             .parquet(*by_abs)
             .withColumn("_path", F.col("_metadata.file_path"))
         )
-        changed = ctx.spark.createDataFrame(keys).distinct()
-        hit = current.join(changed, on=list(self.key), how="left_semi").select("_path").distinct()
-        hit_paths = [r["_path"] for r in hit.collect()]
-        if not hit_paths:
+        changed = ctx.spark.createDataFrame(keys).distinct().withColumn("_changed", F.lit(True))
+        flagged = current.join(F.broadcast(changed), on=list(self.key), how="left").withColumn(
+            "_changed", F.coalesce(F.col("_changed"), F.lit(False))
+        )
+        hit = flagged.withColumn("_hit", F.max("_changed").over(Window.partitionBy("_path"))).where("_hit")
+        flags = pa.schema([pa.field("_path", pa.string()), pa.field("_changed", pa.bool_())])
+        rows = ctx.to_arrow(hit, pa.schema([*schema, *flags]))
+        if not rows.num_rows:
             return None, []
-        removes = [by_abs[_strip_scheme(p)] for p in hit_paths]
-        kept = current.where(F.col("_path").isin(hit_paths)).join(changed, on=list(self.key), how="left_anti")
-        return ctx.to_arrow(kept.drop("_path"), schema), removes
+        removes = [by_abs[_strip_scheme(p)] for p in pc.unique(rows["_path"]).to_pylist()]
+        kept = rows.filter(pc.invert(rows["_changed"])).select(schema.names)
+        return kept, removes
 
     @staticmethod
     def commit(commit: TableCommit, app: str, epoch: int, attempt_id: str) -> int:

@@ -249,32 +249,43 @@ class FileSource:
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        frames = []
-        big = []
-        for fidx, (name, from_line, to_line, size) in enumerate(ranges):
-            if size > _WHOLETEXT_MAX_BYTES:
-                big.append([name, from_line, to_line, size, fidx])
-                continue
-            text = spark.read.text(local_path(join_uri(base, name)), wholetext=True)
+        big = [[name, f, t, size, fidx] for fidx, (name, f, t, size) in enumerate(ranges) if size > _WHOLETEXT_MAX_BYTES]
+        whole = [(fidx, name, f, t) for fidx, (name, f, t, size) in enumerate(ranges) if size <= _WHOLETEXT_MAX_BYTES]
+        lines = None
+        if whole:
+            # One relation over every file (one listing, one plan, small files
+            # packed into few tasks); each row says which file it is.
+            text = spark.read.text([local_path(join_uri(base, name)) for _, name, _, _ in whole], wholetext=True)
+            # Spark gives the name URI-encoded; '+' is left as is, so it is
+            # escaped before decoding (which would read it as a space).
+            name = F.url_decode(F.replace(F.col("_metadata.file_name"), F.lit("+"), F.lit("%2B")))
+
+            def by_name(value: Callable[[int, int, int | None], int | None], kind: str) -> "Column":
+                entries = [x for fidx, n, f, t in whole for x in (F.lit(n), F.lit(value(fidx, f, t)).cast(kind))]
+                return F.create_map(*entries)[name]
+
+            fidx = by_name(lambda fidx, f, t: fidx, "int")
+            # A name that does not map back would lose its lines: fail instead.
+            fidx = F.when(fidx.isNull(), F.raise_error(F.concat(F.lit("unmapped input file "), name))).otherwise(fidx)
             # One trailing newline ends the last line; it does not start another.
             split = F.split(F.regexp_replace("value", "\\n\\z", ""), "\n", -1)
             # Splitting decodes the file (invalid bytes become U+FFFD), so
             # validity is judged on the file's raw bytes first.
-            exploded = text.select(F.is_valid_utf8("value").alias("_file_ok"), F.posexplode(split).alias("_pos", "_raw"))
-            exploded = exploded.where(F.col("_pos") >= from_line)
-            if to_line is not None:
-                exploded = exploded.where(F.col("_pos") < to_line)
-            frames.append(
-                exploded.select(
-                    F.lit(fidx).cast("int").alias("_fidx"),
-                    (F.col("_pos") + 1).cast("long").alias("_line"),
-                    F.col("_raw"),
-                    (~F.col("_file_ok") & F.col("_raw").contains("\ufffd")).alias("_bad_utf8"),
-                )
+            exploded = text.select(
+                fidx.alias("_fidx"),
+                by_name(lambda fidx, f, t: f, "long").alias("_from"),
+                by_name(lambda fidx, f, t: t, "long").alias("_to"),
+                F.is_valid_utf8("value").alias("_file_ok"),
+                F.posexplode(split).alias("_pos", "_raw"),
             )
-        lines = None
-        for frame in frames:
-            lines = frame if lines is None else lines.unionByName(frame)
+            lines = exploded.where(
+                (F.col("_pos") >= F.col("_from")) & (F.col("_to").isNull() | (F.col("_pos") < F.col("_to")))
+            ).select(
+                F.col("_fidx").cast("int").alias("_fidx"),
+                (F.col("_pos") + 1).cast("long").alias("_line"),
+                F.col("_raw"),
+                (~F.col("_file_ok") & F.col("_raw").contains("\ufffd")).alias("_bad_utf8"),
+            )
         if lines is not None:
             raw = F.regexp_replace("_raw", "\r\\z", "")
             lines = lines.select(

@@ -157,6 +157,16 @@ class DeltaStateBackend:
         )
         self.stage_arrow(spec, ctx.to_arrow(rows, spec.arrow_schema()))
 
+    def stage_rows(self, spec: StateSpec, changes: pa.Table) -> None:
+        """:meth:`stage` for changes already collected (keys, key group, values, ``_deleted``)."""
+        ctx = self._ctx
+        n = changes.num_rows
+        columns = {name: changes[name] for name in (*spec.key_columns, KEY_GROUP, *spec.value_columns, "_deleted")}
+        columns["_updated_at_ms"] = pa.array([ctx.processing_time_ms] * n, pa.int64())
+        columns["_epoch"] = pa.array([ctx.epoch] * n, pa.int64())
+        schema = spec.arrow_schema()
+        self.stage_arrow(spec, pa.table(columns).select(schema.names).cast(schema))
+
     def stage_arrow(self, spec: StateSpec, data: pa.Table) -> None:
         """Stage state rows already collected, in :meth:`StateSpec.arrow_schema` form.
 
