@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from barrierflow.errors import BarrierflowError, ParameterError
+from barrierflow.errors import BarrierflowError, ConfigurationError, ParameterError
 from barrierflow.params import parse_assignments
 from barrierflow.spark import MASTER_ENV, REMOTE_ENV
 
@@ -163,6 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--port", type=int, default=15002, help="Spark Connect port (default 15002)")
     engine.add_argument("--master", default="local[*]", help="Spark master of the engine (default local[*])")
     engine.add_argument("--driver-memory", default="2g", help="the engine driver's memory (default 2g)")
+    engine.add_argument(
+        "--warm-up-epochs",
+        type=int,
+        metavar="N",
+        help="throwaway sensor_stats epochs run once it listens, so the first real epochs run warm "
+        "(default 4 for a local[...] master, 0 otherwise: the warm-up reads files on this machine)",
+    )
 
     generate = sub.add_parser("generate", help="write sample sensor_stats input files into a landing directory")
     generate.add_argument("landing_dir")
@@ -209,9 +216,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_engine(args: argparse.Namespace) -> int:
-    from barrierflow.engine import EngineConfig, serve
+    from barrierflow.engine import EngineConfig, default_warm_up_epochs, serve
 
-    return serve(EngineConfig(host=args.host, port=args.port, master=args.master, driver_memory=args.driver_memory))
+    warm_up = default_warm_up_epochs(args.master) if args.warm_up_epochs is None else args.warm_up_epochs
+    if warm_up < 0:
+        raise ConfigurationError(f"--warm-up-epochs is {warm_up}: give 0 (no warm-up) or more")
+    return serve(
+        EngineConfig(
+            host=args.host, port=args.port, master=args.master, driver_memory=args.driver_memory, warm_up_epochs=warm_up
+        )
+    )
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

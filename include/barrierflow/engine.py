@@ -26,10 +26,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Mapping
+from typing import IO, Any, Callable, Mapping
 
 from barrierflow.errors import EngineUnavailableError
 from barrierflow.spark import DRIVER_JAVA_OPTIONS
+from barrierflow.warmup import DEFAULT_WARM_UP_EPOCHS
 
 __all__ = [
     "CONNECT_SERVER_CLASS",
@@ -37,6 +38,7 @@ __all__ = [
     "EngineConfig",
     "LocalEngine",
     "serve",
+    "default_warm_up_epochs",
     "wait_until_listening",
 ]
 
@@ -55,10 +57,25 @@ class EngineConfig:
     # A pipeline's session outlives idle hours (a paused DAG); after this it closes and the next is used.
     session_timeout: str = "24h"
     extra_conf: Mapping[str, str] = field(default_factory=dict)
+    # Throwaway epochs run once the engine listens (barrierflow.warmup), in the
+    # session of ``warm_up_session``; 0: none.
+    warm_up_epochs: int = 0
+    warm_up_session: str = "sensor_stats"
 
     @property
     def address(self) -> str:
         return f"sc://{self.host}:{self.port}"
+
+    @property
+    def client_address(self) -> str:
+        """Where a client on this machine connects (a wildcard bind is reached on loopback)."""
+        return f"sc://{_client_host(self.host)}:{self.port}"
+
+    def warm_up_command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "barrierflow.warmup", self.client_address,
+            "--epochs", str(self.warm_up_epochs), "--session", self.warm_up_session,
+        ]
 
     def conf(self) -> dict[str, str]:
         conf = {
@@ -125,6 +142,7 @@ class LocalEngine:
         self._log = log
         self._env = env
         self.proc: subprocess.Popen[bytes] | None = None
+        self.warm_up_proc: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> str:
@@ -145,21 +163,53 @@ class LocalEngine:
         return self
 
     def wait_ready(self, wait_s: float) -> None:
-        """Block until the server listens; stops it and raises if it exited or ``wait_s`` passed."""
+        """Block until the server listens, then start its warm-up (if configured).
+
+        Stops the engine and raises if it exited or ``wait_s`` passed.
+        """
         try:
-            wait_until_listening(self.config.host, self.config.port, wait_s, self.proc)
+            wait_until_listening(_client_host(self.config.host), self.config.port, wait_s, self.proc)
         except BaseException:
             self.stop()
             raise
+        if self.config.warm_up_epochs > 0 and self.warm_up_proc is None:
+            self.warm_up_proc = subprocess.Popen(
+                self.config.warm_up_command(),
+                env=self.config.environment(self._env),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def wait_warm(self, wait_s: float, stop: Callable[[], bool] = lambda: False) -> tuple[bool, str]:
+        """Wait up to ``wait_s`` for the warm-up; (whether it succeeded, what it printed last).
+
+        The warm-up is best effort: a failed or slow one leaves the engine
+        serving, only colder. No warm-up configured counts as success.
+        """
+        proc = self.warm_up_proc
+        if proc is None:
+            return True, "no warm-up"
+        deadline = time.monotonic() + wait_s
+        while proc.poll() is None and time.monotonic() < deadline and not stop():
+            time.sleep(0.25)
+        if proc.poll() is None:
+            _kill_group(proc)
+            return False, f"warm-up still running after {wait_s:.0f} s: stopped"
+        assert proc.stdout is not None
+        lines = proc.stdout.read().decode("utf-8", "replace").strip().splitlines()
+        return proc.returncode == 0, (lines[-1] if lines else f"warm-up exited with code {proc.returncode}")
 
     def kill(self) -> None:
         """SIGKILL the whole engine (the JVM and its Python workers): a crash, for tests."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        if self.proc is not None:
+            _kill_group(self.proc)
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM (Spark shuts down its workers), SIGKILL after ``grace_s``."""
+        if self.warm_up_proc is not None:
+            _kill_group(self.warm_up_proc)
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
@@ -178,6 +228,24 @@ class LocalEngine:
         self.stop()
 
 
+def default_warm_up_epochs(master: str) -> int:
+    """The warm-up reads files on this machine: only a local master's engine is warmed by default."""
+    return DEFAULT_WARM_UP_EPOCHS if master.startswith("local") else 0
+
+
+def _client_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def _kill_group(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
 def serve(config: EngineConfig) -> int:
     """Run the engine in the foreground until SIGTERM / Ctrl-C (``barrierflow engine``); its exit code."""
     stop: list[int] = []
@@ -187,6 +255,10 @@ def serve(config: EngineConfig) -> int:
     try:
         engine.start(wait_s=300.0)
         print(f"barrierflow engine: Spark Connect at {config.address} (master {config.master}); Ctrl-C stops it", flush=True)
+        if config.warm_up_epochs > 0:
+            print(f"barrierflow engine: warming up ({config.warm_up_epochs} throwaway epochs)", flush=True)
+            ok, said = engine.wait_warm(600.0, stop=lambda: bool(stop))
+            print(said if ok else f"barrierflow engine: warm-up failed (serving anyway): {said}", flush=True)
         while not stop and engine.proc is not None and engine.proc.poll() is None:
             time.sleep(0.5)
     except EngineUnavailableError as exc:

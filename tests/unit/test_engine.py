@@ -65,3 +65,16 @@ def test_the_dev_server_unpauses_after_the_first_interval_holding_input() -> Non
     assert first_interval_end(120.0) == 180.0  # a file at a boundary belongs to the interval it starts
     assert first_interval_end(125.5) == 180.0
     assert first_interval_end(179.9) == 180.0
+
+
+def test_a_local_engine_warms_up_by_default_and_a_cluster_engine_does_not() -> None:
+    from barrierflow.engine import default_warm_up_epochs
+    from barrierflow.warmup import DEFAULT_WARM_UP_EPOCHS
+
+    assert default_warm_up_epochs("local[*]") == DEFAULT_WARM_UP_EPOCHS > 0
+    assert default_warm_up_epochs("local-cluster[2,1,1024]") == DEFAULT_WARM_UP_EPOCHS
+    assert default_warm_up_epochs("spark://master:7077") == 0  # its executors cannot read this machine's files
+    assert EngineConfig().warm_up_epochs == 0  # an engine started from code warms up only when asked
+    # The warm-up is a client of the engine: a wildcard bind is reached on loopback.
+    cmd = EngineConfig(host="0.0.0.0", port=15123, warm_up_epochs=3, warm_up_session="clicks").warm_up_command()
+    assert cmd[1:] == ["-m", "barrierflow.warmup", "sc://127.0.0.1:15123", "--epochs", "3", "--session", "clicks"]
