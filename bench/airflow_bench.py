@@ -8,7 +8,7 @@ Airflow home, warehouse and landing directory, free ports), lets the
 generator and the schedule run for ``--minutes`` (6 by default), then reads:
 
 - from Airflow's REST API: every run of ``barrierflow_sensor_stats`` (state,
-  start, end) and every ``process`` task instance (duration);
+  start, end) and every task instance (duration; medians per task are printed);
 - from the warehouse: the checkpoint log (each COMPLETED epoch, when, and the
   files its barrier took);
 - from the landing directory: each file's arrival time (modification time).
@@ -17,8 +17,11 @@ and prints, per mode: completed epochs, median DAG-run duration, median
 ``process`` duration, seconds from the URL being printed to the first
 completed epoch, end-to-end latency per input file (arrival to its epoch's
 COMPLETED record; median and p90), and the backlog (files landed but in no
-completed epoch) at the first epoch and at the end. The last line is
-machine-readable, one ``key=value`` per figure and mode.
+completed epoch) when the first and when the last epoch completed (the same
+phase of the one-minute schedule, so the two compare), its largest value at
+any epoch's completion, and at the end (which also counts the files of the
+interval still open, 0 to 12 depending on when in the minute the run ends).
+The last line is machine-readable, one ``key=value`` per figure and mode.
 """
 
 from __future__ import annotations
@@ -56,7 +59,10 @@ class Figures:
     latency_median_s: float | None
     latency_p90_s: float | None
     backlog_first: int | None
+    backlog_last: int | None  # at the last completed epoch: the same phase of the schedule as backlog_first
+    backlog_max: int | None  # the largest backlog at any epoch's completion
     backlog_end: int
+    task_medians: dict[str, float]  # median duration of each task that ran (success), by task id
 
 
 def _ts(text: str | None) -> float | None:
@@ -120,12 +126,11 @@ def _api_figures(port: int) -> tuple[list[float], list[float], int]:
         if run.get("state") == "success" and start and end:
             run_s.append(end - start)
     _, tis = client.get(f"/api/v2/dags/{DAG_ID}/dagRuns/~/taskInstances?limit=1000")
-    process_s = [
-        float(ti["duration"])
-        for ti in tis.get("task_instances", [])
-        if ti.get("task_id") == "process" and ti.get("state") == "success" and ti.get("duration") is not None
-    ]
-    return run_s, process_s, len(runs.get("dag_runs", []))
+    durations: dict[str, list[float]] = {}
+    for ti in tis.get("task_instances", []):
+        if ti.get("state") == "success" and ti.get("duration") is not None:
+            durations.setdefault(ti["task_id"], []).append(float(ti["duration"]))
+    return run_s, durations, len(runs.get("dag_runs", []))
 
 
 def _epochs(warehouse: Path) -> list[tuple[float, list[str]]]:
@@ -161,7 +166,7 @@ def measure(mode: str, minutes: float, keep: Path | None) -> Figures:
             raise SystemExit(f"[{mode}] the stack printed no URL (see {log_path})")
         time.sleep(minutes * 60)
         end = time.time()
-        run_s, process_s, runs = _api_figures(info["port"])
+        run_s, durations, runs = _api_figures(info["port"])
     finally:
         _stop_stack(proc)
     landing = work / "landing"
@@ -174,12 +179,15 @@ def measure(mode: str, minutes: float, keep: Path | None) -> Figures:
         epochs=len(epochs),
         runs=runs,
         median_run_s=_median(run_s),
-        median_process_s=_median(process_s),
+        median_process_s=_median(durations.get("process", [])),
         url_to_first_epoch_s=first - info["url_at"] if first is not None else None,
         latency_median_s=_median(latencies),
         latency_p90_s=_p90(latencies),
         backlog_first=_backlog(arrivals, epochs, first) if first is not None else None,
+        backlog_last=_backlog(arrivals, epochs, epochs[-1][0]) if epochs else None,
+        backlog_max=max(_backlog(arrivals, epochs, done) for done, _ in epochs) if epochs else None,
         backlog_end=_backlog(arrivals, epochs, end),
+        task_medians={task: statistics.median(values) for task, values in sorted(durations.items())},
     )
     if keep is None:
         shutil.rmtree(work, ignore_errors=True)
@@ -202,8 +210,12 @@ def report(results: list[Figures]) -> None:
         ("end-to-end latency median", lambda f: _fmt(f.latency_median_s, " s")),
         ("end-to-end latency p90 (target <= 120 s)", lambda f: _fmt(f.latency_p90_s, " s")),
         ("backlog at first epoch (files)", lambda f: _fmt(f.backlog_first)),
-        ("backlog at end (files; target <= first)", lambda f: _fmt(f.backlog_end)),
+        ("backlog at last epoch (files; target <= first)", lambda f: _fmt(f.backlog_last)),
+        ("largest backlog at an epoch (files)", lambda f: _fmt(f.backlog_max)),
+        ("backlog at end (files, with the open interval's)", lambda f: _fmt(f.backlog_end)),
     ]
+    for task in sorted({t for f in results for t in f.task_medians}):
+        rows.append((f"median {task} task (successful runs)", lambda f, t=task: _fmt(f.task_medians.get(t), " s")))
     width = max(len(r[0]) for r in rows)
     print(f"{'':{width}}  " + "  ".join(f"{f.mode:>14}" for f in results))
     for label, cell in rows:
@@ -218,6 +230,7 @@ def report(results: list[Figures]) -> None:
             f"{key}_first_epoch_s={_fmt(f.url_to_first_epoch_s)}",
             f"{key}_latency_p90_s={_fmt(f.latency_p90_s)}",
             f"{key}_backlog_first={_fmt(f.backlog_first)}",
+            f"{key}_backlog_last={_fmt(f.backlog_last)}",
             f"{key}_backlog_end={f.backlog_end}",
         ]
     print(" ".join(parts), flush=True)
