@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from barrierflow.dags.settings import param_env_var, pipeline_dag_id
+from barrierflow.dags.settings import PROCESS_MODE_ENV, SPARK_SUBMIT_MODE, DagSettings, param_env_var, pipeline_dag_id
 from barrierflow.engine import DEFAULT_ENGINE_PORT, EngineConfig, LocalEngine
 from barrierflow.warmup import DEFAULT_WARM_UP_EPOCHS
 from barrierflow.errors import EngineUnavailableError
@@ -818,8 +818,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=5.0, help="seconds between generated input files (0: no generator)")
     p.add_argument("--records-per-file", type=int, default=200)
     p.add_argument(
-        "--warm-up-epochs", type=int, default=DEFAULT_WARM_UP_EPOCHS,
-        help=f"throwaway epochs the new engine runs before the schedule starts (default {DEFAULT_WARM_UP_EPOCHS}; 0: none)",
+        "--warm-up-epochs", type=int,
+        help=f"throwaway epochs the new engine runs while Airflow starts (default {DEFAULT_WARM_UP_EPOCHS}, "
+        f"or 0 when ${PROCESS_MODE_ENV}={SPARK_SUBMIT_MODE}: then no epoch runs on the engine)",
     )
     p.add_argument("--user", default=DEFAULT_USER, help=f"login name (default {DEFAULT_USER})")
     p.add_argument(
@@ -829,6 +830,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for the API server")
     return p
+
+
+def _default_warm_up() -> int:
+    """Warm the engine only when the DAG's ``process`` runs on it."""
+    return 0 if DagSettings.from_env(os.environ).process_mode == SPARK_SUBMIT_MODE else DEFAULT_WARM_UP_EPOCHS
 
 
 def config_from_args(args: argparse.Namespace) -> DevServerConfig:
@@ -845,7 +851,7 @@ def config_from_args(args: argparse.Namespace) -> DevServerConfig:
         password=args.password,
         generate_every_s=max(0.0, args.interval),
         records_per_file=args.records_per_file,
-        warm_up_epochs=max(0, args.warm_up_epochs),
+        warm_up_epochs=max(0, args.warm_up_epochs) if args.warm_up_epochs is not None else _default_warm_up(),
     )
 
 
