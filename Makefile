@@ -4,13 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser run test bench bench-airflow lock clean
+.PHONY: setup browser postgres run test bench bench-airflow lock clean
 
 setup: $(STAMP)
 
 # Re-installs only when the pinned requirements or the package metadata change.
 $(STAMP): requirements.txt pyproject.toml
-	$(MAKE) browser
+	$(MAKE) browser postgres
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
@@ -24,8 +24,14 @@ browser:
 	$(APT) install chromium chromium-driver >/dev/null || \
 	{ $(APT) update >/dev/null && $(APT) install chromium chromium-driver >/dev/null; }
 
-# The main job on embedded defaults: Airflow on http://127.0.0.1:8080 (SQLite,
-# LocalExecutor, login admin/admin), Spark local[*], tables in ./warehouse, and
+# make run keeps Airflow's metadata in Debian's PostgreSQL server (started by make run itself).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || \
+	$(APT) install postgresql >/dev/null || \
+	{ $(APT) update >/dev/null && $(APT) install postgresql >/dev/null; }
+
+# The main job on embedded defaults: Airflow on http://127.0.0.1:8080 (PostgreSQL
+# on loopback, LocalExecutor, login admin/admin), Spark local[*], tables in ./warehouse, and
 # a generator writing sensor_stats input into ./landing. Ctrl-C stops it all.
 run: setup
 	$(BIN)/python -m barrierflow.devserver

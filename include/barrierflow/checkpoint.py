@@ -49,7 +49,11 @@ class Barrier:
     """Barrier n: the end offsets of every source for epoch n.
 
     ``start_offsets`` are the previous barrier's end offsets, copied so that a
-    replay needs nothing but this document.
+    replay needs nothing but this document. ``arrival_cutoff_ms`` bounded the
+    input the epoch took (None: everything that had arrived), and
+    ``planned_by`` is the run that planned it (an Airflow run id, or
+    ``barrierflow run``); barriers written before these fields read as None
+    and "".
     """
 
     pipeline: str
@@ -61,6 +65,8 @@ class Barrier:
     planned_at: str
     attempt_id: str
     params: Mapping[str, Any] = field(default_factory=dict)
+    arrival_cutoff_ms: int | None = None
+    planned_by: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -189,6 +195,7 @@ class CheckpointRecord:
     duration_ms: int | None = None  # barrier to completion; neighbours overlap with two concurrent checkpoints
     table_versions: str = "{}"  # JSON: table name -> Delta version (the consistent cut)
     message: str = ""
+    arrival_cutoff_ms: int | None = None  # the barrier's: input that arrived by then (None: all)
 
     def offsets_json(self) -> dict[str, Any]:
         return json.loads(self.offsets)

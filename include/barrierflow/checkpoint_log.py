@@ -44,6 +44,7 @@ _SCHEMA = pa.schema(
         ("duration_ms", pa.int64()),
         ("table_versions", pa.string()),
         ("message", pa.string()),
+        ("arrival_cutoff_ms", pa.int64()),
     ]
 )
 
@@ -83,7 +84,8 @@ class CheckpointLog:
         row["status"] = record.status.value
         table = pa.Table.from_pylist([row], schema=_SCHEMA)
         try:
-            write_deltalake(self._uri, table, mode="append", configuration=TABLE_CONFIGURATION)
+            # "merge": a log written before a column existed takes it on (earlier rows read null).
+            write_deltalake(self._uri, table, mode="append", schema_mode="merge", configuration=TABLE_CONFIGURATION)
         except DeltaError as exc:
             raise CheckpointError(f"cannot append to checkpoint log {self._uri}: {exc}") from exc
 

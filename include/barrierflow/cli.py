@@ -39,6 +39,18 @@ def _add_param(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_engine(p: argparse.ArgumentParser) -> None:
+    engine = p.add_mutually_exclusive_group()
+    engine.add_argument(
+        "--remote",
+        metavar="sc://HOST:PORT",
+        help="run epochs on a warm Spark Connect engine (default: $BARRIERFLOW_SPARK_REMOTE; see 'barrierflow engine')",
+    )
+    engine.add_argument(
+        "--master", help="start Spark in this process on this master (default: $BARRIERFLOW_SPARK_MASTER or local[*])"
+    )
+
+
 def _params(args: argparse.Namespace, definition: Any) -> dict[str, Any]:
     """Given parameters over those the pipeline's last epoch ran with."""
     from barrierflow.coordinator import recorded_params
@@ -62,15 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     group = run.add_mutually_exclusive_group(required=True)
     group.add_argument("--epochs", type=int, metavar="N", help="run at most N epochs")
     group.add_argument("--until-caught-up", action="store_true", help="run epochs until no source has new input")
-    engine = run.add_mutually_exclusive_group()
-    engine.add_argument(
-        "--remote",
-        metavar="sc://HOST:PORT",
-        help="run epochs on a warm Spark Connect engine (default: $BARRIERFLOW_SPARK_REMOTE; see 'barrierflow engine')",
-    )
-    engine.add_argument(
-        "--master", help="start Spark in this process on this master (default: $BARRIERFLOW_SPARK_MASTER or local[*])"
-    )
+    _add_engine(run)
     run.add_argument(
         "--max-concurrent-checkpoints",
         type=int,
@@ -143,6 +147,36 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(sp_dispose)
     sp_dispose.add_argument("name", help="the savepoint's name")
 
+    reprocess = sub.add_parser(
+        "reprocess",
+        help="restore, then replay every data interval after the restore point in order",
+        description=(
+            "Restores a savepoint or a retained epoch (sinks rewound unless --keep-sinks), then replays the "
+            "input that arrived after the restore point's arrival cut-off, one epoch per data interval of "
+            "--schedule that holds input, up to the last interval that has ended. The pipeline is held "
+            "meanwhile: the DAG's scheduled runs plan nothing until the replay is done. Prints the plan "
+            "first (--plan-only stops there) and what was replayed."
+        ),
+    )
+    _add_common(reprocess)
+    rp_point = reprocess.add_mutually_exclusive_group(required=True)
+    rp_point.add_argument("--savepoint", metavar="NAME|PATH", help="a savepoint name, or the path of a savepoint directory")
+    rp_point.add_argument("--epoch", type=int, metavar="N", help="a retained completed epoch of the current lineage")
+    rp_point.add_argument(
+        "--release-hold", action="store_true", help="release the hold of a reprocessing command that died, and exit"
+    )
+    reprocess.add_argument(
+        "--schedule",
+        default=os.environ.get("BARRIERFLOW_SCHEDULE", "* * * * *"),
+        help="cron of the data intervals (default $BARRIERFLOW_SCHEDULE or every minute, as the DAGs)",
+    )
+    reprocess.add_argument("--plan-only", action="store_true", help="print the epochs a replay would produce; change nothing")
+    reprocess.add_argument("--keep-sinks", action="store_true", help="do not rewind the sinks (they are rewound by default)")
+    reprocess.add_argument("--allow-non-restored-state", action="store_true", help="as for savepoint restore")
+    reprocess.add_argument("--parallelism", type=int, metavar="N", help="parallelism of the new lineage's epochs")
+    _add_engine(reprocess)
+    _add_param(reprocess)
+
     maintenance = sub.add_parser(
         "maintenance", help="compact state, expire old checkpoints, vacuum (savepoints are never touched)"
     )
@@ -171,6 +205,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 4 for a local[...] master, 0 otherwise: the warm-up reads files on this machine)",
     )
 
+    airflow = sub.add_parser(
+        "airflow",
+        help="run the Airflow CLI against the running 'make run' stack (its AIRFLOW_HOME and database)",
+        description="Runs Airflow's own CLI with the settings of the stack that 'make run' started (read from "
+        "<home>/barrierflow-stack.json), e.g. 'barrierflow airflow backfill create --dag-id ...'.",
+    )
+    airflow.add_argument("--home", help="the stack's AIRFLOW_HOME (default: <repo>/.airflow)")
+    airflow.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the airflow command")
+
     generate = sub.add_parser("generate", help="write sample sensor_stats input files into a landing directory")
     generate.add_argument("landing_dir")
     generate.add_argument("--files", type=int, default=6, help="number of files (default 6)")
@@ -180,6 +223,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _select_engine(args: argparse.Namespace) -> None:
+    """--master / --remote, for every session this process starts."""
+    if args.master:
+        os.environ[MASTER_ENV] = args.master
+        os.environ.pop(REMOTE_ENV, None)
+    if args.remote:
+        os.environ[REMOTE_ENV] = args.remote
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from barrierflow.checkpoint_log import iso_us
     from barrierflow.coordinator import CheckpointCoordinator, EpochResult
@@ -187,11 +239,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if args.epochs is not None and args.epochs < 1:
         raise ParameterError("--epochs must be >= 1")
-    if args.master:
-        os.environ[MASTER_ENV] = args.master
-        os.environ.pop(REMOTE_ENV, None)
-    if args.remote:
-        os.environ[REMOTE_ENV] = args.remote
+    _select_engine(args)
     definition = get_pipeline(args.pipeline)
     coordinator = CheckpointCoordinator(definition, parse_assignments(args.param), _warehouse(args))
 
@@ -213,6 +261,67 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not results:
         print("no new input: nothing to do")
     return 0
+
+
+def _cmd_reprocess(args: argparse.Namespace) -> int:
+    import socket
+
+    from barrierflow.coordinator import CheckpointCoordinator
+    from barrierflow.registry import get_pipeline
+    from barrierflow.reprocess import plan_reprocess, reprocess
+
+    definition = get_pipeline(args.pipeline)
+    warehouse = _warehouse(args)
+    params = _params(args, definition)
+    if args.release_hold:
+        coordinator = CheckpointCoordinator(definition, params, warehouse)
+        hold = coordinator.held_by()
+        if hold is None:
+            print(f"{definition.name} is not held")
+        else:
+            coordinator.release_hold(str(hold.get("owner")))
+            print(f"released the hold of {hold.get('owner')} ({hold.get('reason')}, since {hold.get('since')})")
+        return 0
+    point = dict(savepoint=args.savepoint, epoch=args.epoch)
+    if args.plan_only:
+        plan = plan_reprocess(definition, warehouse, schedule=args.schedule, params=params, **point)
+        print("\n".join(plan.describe()))
+        return 0
+    _select_engine(args)
+    result = reprocess(
+        definition,
+        warehouse,
+        schedule=args.schedule,
+        owner=f"barrierflow reprocess (pid {os.getpid()} on {socket.gethostname()})",
+        rewind_sinks=not args.keep_sinks,
+        allow_non_restored_state=args.allow_non_restored_state,
+        parallelism=args.parallelism,
+        params=params,
+        on_plan=lambda plan: print("\n".join(plan.describe()), flush=True),
+        **point,
+    )
+    print("\n".join(result.describe()))
+    return 0
+
+
+def _cmd_airflow(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from barrierflow.dags.environment import repo_root
+    from barrierflow.devserver import STACK_FILE
+
+    home = Path(args.home) if args.home else repo_root() / ".airflow"
+    stack = home / STACK_FILE
+    try:
+        doc = json.loads(stack.read_text())
+    except FileNotFoundError:
+        raise ConfigurationError(
+            f"no running stack in {home} ({stack} is written by 'make run' while it runs); start it, or give --home"
+        ) from None
+    airflow = Path(sys.executable).with_name("airflow")
+    argv = args.args[1:] if args.args[:1] == ["--"] else args.args
+    sys.stdout.flush()
+    os.execve(str(airflow), [str(airflow), *argv], {**os.environ, **doc["environment"]})
 
 
 def _cmd_engine(args: argparse.Namespace) -> int:
@@ -305,6 +414,7 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
             "bytes_written": r.bytes_written,
             "state_bytes_written": r.state_bytes_written,
             "recorded_at": iso_us(r.recorded_at_us),
+            "arrival_cutoff": _cutoff(r.arrival_cutoff_ms),
             "table_versions": r.versions(),
         }
         for r in sorted(latest.values(), key=lambda r: r.recorded_at_us)
@@ -312,14 +422,24 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"{'epoch':>5}  {'status':13} {'rows_in':>9} {'rows_out':>9} {'dead':>6} {'ms':>7} {'bytes':>10}  watermark")
+    print(
+        f"{'epoch':>5}  {'status':13} {'rows_in':>9} {'rows_out':>9} {'dead':>6} {'ms':>7} {'bytes':>10}  "
+        f"{'arrival cut-off':24}  watermark"
+    )
     for row in rows:
         print(
             f"{row['epoch']:>5}  {row['status']:13} {row['rows_in'] or '':>9} {row['rows_out'] or '':>9} "
             f"{row['dead_letters'] if row['dead_letters'] is not None else '':>6} {row['duration_ms'] or '':>7} "
-            f"{row['bytes_written'] or '':>10}  {row['watermark'] or ''}"
+            f"{row['bytes_written'] or '':>10}  {row['arrival_cutoff']:24}  {row['watermark'] or ''}"
         )
     return 0
+
+
+def _cutoff(ms: int | None) -> str:
+    """An arrival cut-off for people: ISO UTC, or "-" when the epoch took everything that had arrived."""
+    from barrierflow.checkpoint_log import iso_us
+
+    return iso_us(ms * 1000) if ms is not None else "-"
 
 
 def _cmd_query(args: argparse.Namespace) -> int:
@@ -369,8 +489,8 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
             print(f"no savepoints of {args.pipeline} in {warehouse}")
         for m in savepoints:
             print(
-                f"{m.name}  epoch={m.epoch} lineage={m.lineage_id} created={m.created_at} "
-                f"size={m.size_bytes}B{' stopped' if m.stopped else ''}  {m.description}"
+                f"{m.name}  epoch={m.epoch} arrival_cutoff={_cutoff(m.arrival_cutoff_ms)} lineage={m.lineage_id} "
+                f"created={m.created_at} size={m.size_bytes}B{' stopped' if m.stopped else ''}  {m.description}"
             )
         return 0
     if args.action == "dispose":
@@ -438,6 +558,8 @@ _COMMANDS = {
     "pipelines": _cmd_pipelines,
     "generate": _cmd_generate,
     "engine": _cmd_engine,
+    "reprocess": _cmd_reprocess,
+    "airflow": _cmd_airflow,
 }
 
 

@@ -52,6 +52,7 @@ from barrierflow.checkpoint import Barrier, CheckpointRecord, EpochStatus, Manif
 from barrierflow.checkpoint_log import CheckpointLog, iso_now, now_us
 from barrierflow.delta_commit import commit_epoch_table
 from barrierflow.errors import CheckpointError, EpochInProgressError, FencedError, PipelineStoppedError
+from barrierflow.intervals import ArrivalBound
 from barrierflow.layout import STAGING_DIR, PipelineLayout
 from barrierflow.pipeline import Pipeline, PipelineDefinition
 from barrierflow.runtime import check_follows, completed_future, process_epoch
@@ -203,6 +204,32 @@ class CheckpointCoordinator:
             os.unlink(storage.local_path(self.layout.lease))
         self._lease_token = None
 
+    # -- hold: a reprocessing holds the schedule ----------------------------
+
+    def hold(self, owner: str, reason: str) -> dict[str, Any]:
+        """Hold the pipeline for ``owner``; returns the hold in force.
+
+        While held, runs of other owners plan no epoch (``barrier_step``
+        skips them, ``run`` refuses). Put-if-absent: an existing hold of
+        another owner stays in force, and the caller sees it is not its own.
+        """
+        storage.write_json_if_absent(self.layout.held, {"owner": owner, "reason": reason, "since": iso_now()})
+        doc = storage.read_json(self.layout.held)
+        return dict(doc) if doc else self.hold(owner, reason)
+
+    def held_by(self) -> dict[str, Any] | None:
+        """The hold in force (owner, reason, since), or None."""
+        doc = storage.read_json(self.layout.held)
+        return dict(doc) if doc else None
+
+    def release_hold(self, owner: str) -> bool:
+        """Release ``owner``'s hold (only its own); whether there was one."""
+        doc = storage.read_json(self.layout.held)
+        if not doc or doc.get("owner") != owner:
+            return False
+        storage.remove_document(self.layout.held)
+        return True
+
     # -- step 1: recover -------------------------------------------------
 
     def stopped(self) -> dict[str, Any] | None:
@@ -243,8 +270,12 @@ class CheckpointCoordinator:
 
     # -- step 2: barrier -------------------------------------------------
 
-    def trigger_checkpoint(self, recovery: Recovery, arrival_cutoff_ms: int | None = None) -> Barrier | None:
-        """Barrier n (reused when it exists); None when no source has new input."""
+    def trigger_checkpoint(self, recovery: Recovery, bound: ArrivalBound = ArrivalBound()) -> Barrier | None:
+        """Barrier n (reused when it exists); None when no source has new input within ``bound``.
+
+        A new barrier takes the input of one data interval of ``bound``'s
+        schedule, the earliest holding input (see :mod:`barrierflow.intervals`).
+        """
         stop = self.stopped()
         if stop is not None:
             # Checked first: a stopped pipeline does not even finish a planned epoch,
@@ -253,9 +284,9 @@ class CheckpointCoordinator:
             return None
         if recovery.pending_barrier is not None:
             return recovery.pending_barrier
-        return self._inject_barrier(recovery.lineage_id, recovery.last_completed_epoch + 1, arrival_cutoff_ms)
+        return self._inject_barrier(recovery.lineage_id, recovery.last_completed_epoch + 1, bound)
 
-    def _inject_barrier(self, lineage_id: str, epoch: int, arrival_cutoff_ms: int | None) -> Barrier | None:
+    def _inject_barrier(self, lineage_id: str, epoch: int, bound: ArrivalBound) -> Barrier | None:
         """Barrier ``epoch``, planned from barrier ``epoch - 1``'s end offsets (reused when it exists)."""
         lineage = self.current_lineage()
         if lineage["lineage_id"] != lineage_id:
@@ -263,8 +294,8 @@ class CheckpointCoordinator:
                 f"epoch {epoch} of lineage {lineage_id} cannot start: the pipeline was restored into "
                 f"lineage {lineage['lineage_id']}"
             )
-        start, end, has_input = self._plan_offsets(lineage, epoch, arrival_cutoff_ms)
-        if not has_input:
+        start, end, cutoff_ms = self._plan_offsets(lineage, epoch, bound)
+        if end is None:
             return None
         # Parameters fixed by a restore (e.g. a new parallelism) hold for the whole lineage.
         params = self.definition.resolve({**self.params, **(lineage.get("params") or {})})
@@ -278,6 +309,8 @@ class CheckpointCoordinator:
             planned_at=iso_now(),
             attempt_id=uuid.uuid4().hex[:12],
             params=params,
+            arrival_cutoff_ms=cutoff_ms,
+            planned_by=bound.owner,
         )
         faults.maybe_fail("barrier.before_write")
         uri = self.layout.barrier(lineage_id, epoch)
@@ -291,6 +324,7 @@ class CheckpointCoordinator:
                     attempt_id=barrier.attempt_id,
                     recorded_at_us=now_us(),
                     offsets=json.dumps(end, sort_keys=True),
+                    arrival_cutoff_ms=cutoff_ms,
                 )
             )
         faults.maybe_fail("barrier.after_write")
@@ -299,22 +333,51 @@ class CheckpointCoordinator:
         return winner
 
     def _plan_offsets(
-        self, lineage: Mapping[str, Any], epoch: int, arrival_cutoff_ms: int | None
-    ) -> tuple[dict[str, Any], dict[str, Any], bool]:
-        """Start and end offsets per source of epoch ``epoch``, and whether any source has records."""
+        self, lineage: Mapping[str, Any], epoch: int, bound: ArrivalBound
+    ) -> tuple[dict[str, Any], dict[str, Any] | None, int | None]:
+        """Start offsets, end offsets (None: no source has input) and arrival cut-off of epoch ``epoch``.
+
+        With a schedule, the cut-off is the end of the data interval holding
+        the earliest waiting input (never after ``bound``'s own cut-off).
+        """
         previous = self._read_barrier(lineage["lineage_id"], epoch - 1) if epoch > 1 else None
         start = dict(previous.end_offsets) if previous else dict(lineage.get("start_offsets") or {})
-        end: dict[str, Any] = {}
-        has_input = False
-        for node in self.pipeline.sources:
-            assert node.source is not None
-            sid = node.source.source_id
-            offsets = node.source.plan(start.get(sid), arrival_cutoff_ms)
-            end[sid] = offsets
-            has_input = has_input or node.source.has_records(offsets)
-        return start, end, has_input
+        end, cutoff_ms = self._plan_from(start, bound)
+        return start, end, cutoff_ms
 
-    def has_new_input(self, arrival_cutoff_ms: int | None = None) -> bool:
+    def _plan_from(self, start: Mapping[str, Any], bound: ArrivalBound) -> tuple[dict[str, Any] | None, int | None]:
+        """End offsets (None: no input) and arrival cut-off of the epoch after ``start``."""
+        sources = [node.source for node in self.pipeline.sources if node.source is not None]
+        cutoff_ms = bound.cutoff_ms
+        if bound.schedule is not None:
+            arrivals = [s.earliest_arrival_ms(start.get(s.source_id), bound.cutoff_ms) for s in sources]
+            waiting = [a for a in arrivals if a is not None]
+            if not waiting:
+                return None, cutoff_ms
+            cutoff_ms = bound.epoch_cutoff_ms(min(waiting))
+        end = {s.source_id: s.plan(start.get(s.source_id), cutoff_ms) for s in sources}
+        has_input = any(s.has_records(end[s.source_id]) for s in sources)
+        return (end if has_input else None), cutoff_ms
+
+    def preview_epochs(
+        self, start: Mapping[str, Any], bound: ArrivalBound, limit: int = 1000
+    ) -> list[tuple[int | None, dict[str, Any]]]:
+        """(arrival cut-off, end offsets) of the epochs that would follow ``start`` within ``bound``.
+
+        Plans as barriers would, one after another, but records nothing: what
+        a replay from a restore point will produce, reported beforehand.
+        """
+        epochs: list[tuple[int | None, dict[str, Any]]] = []
+        offsets = dict(start)
+        while len(epochs) < limit:
+            end, cutoff_ms = self._plan_from(offsets, bound)
+            if end is None:
+                break
+            epochs.append((cutoff_ms, end))
+            offsets = {**offsets, **end}
+        return epochs
+
+    def has_new_input(self, bound: ArrivalBound = ArrivalBound()) -> bool:
         """Whether the next epoch would have input now (a planned epoch counts); records nothing.
 
         False for a stopped pipeline. Reads what a barrier injection reads
@@ -327,7 +390,7 @@ class CheckpointCoordinator:
         epoch = (last.epoch if last else 0) + 1
         if self._read_barrier(lineage["lineage_id"], epoch) is not None:
             return True
-        return self._plan_offsets(lineage, epoch, arrival_cutoff_ms)[2]
+        return self._plan_offsets(lineage, epoch, bound)[1] is not None
 
     # -- step 3: process + pre-commit -------------------------------------
 
@@ -471,12 +534,14 @@ class CheckpointCoordinator:
         until_caught_up: bool = False,
         on_epoch: Callable[[EpochResult], None] | None = None,
         max_concurrent_checkpoints: int = 2,
+        bound: ArrivalBound = ArrivalBound(),
     ) -> list[EpochResult]:
-        """Steps 1-5 for ``epochs`` epochs, or until no source has new input.
+        """Steps 1-5 for ``epochs`` epochs, or until no source has new input within ``bound``.
 
         With ``max_concurrent_checkpoints=2`` the next epoch reads its input
         while the current one commits (see the module docstring); with 1,
-        each epoch starts after the previous one completed.
+        each epoch starts after the previous one completed. A pipeline held
+        by another owner than ``bound.owner`` refuses to run.
         """
         if epochs is None and not until_caught_up:
             raise CheckpointError("give a number of epochs or until_caught_up=True")
@@ -488,12 +553,19 @@ class CheckpointCoordinator:
         stop = self.stopped()
         if stop is not None:
             raise PipelineStoppedError(_stopped_message(self.definition.name, stop))
+        hold = self.held_by()
+        if hold is not None and hold.get("owner") != bound.owner:
+            raise EpochInProgressError(
+                f"pipeline {self.definition.name} is held by {hold.get('owner')} ({hold.get('reason')}, since "
+                f"{hold.get('since')}): it replays the input in interval order; run again once it has finished "
+                f"(if that command died: barrierflow reprocess {self.definition.name} --release-hold)"
+            )
         self.acquire_lease()
         results: list[EpochResult] = []
         try:
             with ThreadPoolExecutor(max_workers=2, thread_name_prefix="barrierflow-epoch") as workers:
                 while epochs is None or len(results) < epochs:
-                    current = self._start(workers)
+                    current = self._start(workers, bound)
                     if current is None:
                         break
                     # Chained epochs; when the chain ends (no input left at injection,
@@ -503,7 +575,7 @@ class CheckpointCoordinator:
                         following, injection_error = None, None
                         if more and max_concurrent_checkpoints > 1:
                             try:
-                                following = self._inject_next(workers, current)
+                                following = self._inject_next(workers, current, bound)
                             except Exception as exc:  # epoch n still completes; then the error surfaces
                                 injection_error = exc
                         record = self._complete(current, following)
@@ -518,11 +590,11 @@ class CheckpointCoordinator:
             self.release_lease()
         return results
 
-    def _start(self, workers: ThreadPoolExecutor) -> _PendingCheckpoint | None:
+    def _start(self, workers: ThreadPoolExecutor, bound: ArrivalBound) -> _PendingCheckpoint | None:
         """Steps 1-2 and the launch of step 3; None when there is no new input."""
         started = time.monotonic()
         recovery = self.recover()
-        barrier = self.trigger_checkpoint(recovery)
+        barrier = self.trigger_checkpoint(recovery, bound)
         if barrier is None:
             return None
         last = recovery.last_completed
@@ -551,13 +623,15 @@ class CheckpointCoordinator:
 
         return _PendingCheckpoint(barrier, restore_point, restoring, workers.submit(vote), started)
 
-    def _inject_next(self, workers: ThreadPoolExecutor, current: _PendingCheckpoint) -> _PendingCheckpoint | None:
+    def _inject_next(
+        self, workers: ThreadPoolExecutor, current: _PendingCheckpoint, bound: ArrivalBound
+    ) -> _PendingCheckpoint | None:
         """Barrier n+1 and its worker, once epoch n began its state-dependent work."""
         current.restoring.wait()
         if current.vote.done() and current.vote.exception() is not None:
             return None
         started = time.monotonic()
-        barrier = self._inject_barrier(current.barrier.lineage_id, current.barrier.epoch + 1, None)
+        barrier = self._inject_barrier(current.barrier.lineage_id, current.barrier.epoch + 1, bound)
         if barrier is None:
             return None
         return self._launch(workers, barrier, Future(), started)
@@ -669,6 +743,7 @@ def _manifest_record(
         state_bytes_written=manifest.state_bytes_written,
         duration_ms=duration_ms,
         table_versions=table_versions,
+        arrival_cutoff_ms=barrier.arrival_cutoff_ms,
     )
 
 

@@ -4,7 +4,10 @@ From a fresh clone, ``python -m barrierflow.devserver``:
 
 1. configures Airflow through environment variables
    (:func:`barrierflow.dags.environment.airflow_environment`): ``AIRFLOW_HOME``
-   at ``<repo>/.airflow`` with a SQLite metadata database, LocalExecutor, the
+   at ``<repo>/.airflow`` with its metadata database in an embedded
+   PostgreSQL (:mod:`barrierflow.metadata_db`: ``initdb`` into
+   ``.airflow/postgres`` once, then a server on a free loopback port, started
+   first and stopped last; ``--metadata-db sqlite`` for SQLite), LocalExecutor, the
    project's ``dags/`` and ``plugins/``, no examples, DAGs unpaused at
    creation, ``BARRIERFLOW_WAREHOUSE=<repo>/warehouse`` and
    ``BARRIERFLOW_SENSOR_STATS__LANDING_DIR=<repo>/landing``;
@@ -35,7 +38,9 @@ From a fresh clone, ``python -m barrierflow.devserver``:
 6. writes a ``sensor_stats`` input file into the landing directory every few
    seconds (:mod:`barrierflow.datagen`: a ``.``-prefixed temporary name, then
    an atomic rename), continuing after the files already there;
-7. prints the URL and the login, and runs until Ctrl-C (or SIGTERM), then
+7. prints the URL and the login, writes ``.airflow/barrierflow-stack.json``
+   (the stack's Airflow settings, read by ``barrierflow airflow ...`` to run
+   the Airflow CLI against it), and runs until Ctrl-C (or SIGTERM), then
    stops Airflow and every process it started: SIGTERM to each component
    (scheduler first, API server last), then SIGTERM and finally SIGKILL to
    whatever is left of the process tree. This process is made a *child
@@ -50,6 +55,7 @@ The browser tests start exactly this (``python -m barrierflow.devserver
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -67,7 +73,8 @@ from typing import Any, Callable, Mapping, Sequence
 from barrierflow.dags.settings import PROCESS_MODE_ENV, SPARK_SUBMIT_MODE, DagSettings, param_env_var, pipeline_dag_id
 from barrierflow.engine import DEFAULT_ENGINE_PORT, EngineConfig, LocalEngine
 from barrierflow.warmup import DEFAULT_WARM_UP_EPOCHS
-from barrierflow.errors import EngineUnavailableError
+from barrierflow.errors import ConfigurationError, EngineUnavailableError
+from barrierflow.metadata_db import EmbeddedPostgres
 
 __all__ = [
     "DevServerConfig",
@@ -97,6 +104,7 @@ DEFAULT_DAG_ID = pipeline_dag_id(PIPELINE)
 LANDING_ENV = param_env_var(PIPELINE, "landing_dir")  # BARRIERFLOW_SENSOR_STATS__LANDING_DIR
 SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
 PR_SET_CHILD_SUBREAPER = 36
+STACK_FILE = "barrierflow-stack.json"
 # Defaults that a caller's environment may override.
 _TUNING = {
     "AIRFLOW__CORE__PARALLELISM": "8",
@@ -123,6 +131,8 @@ class DevServerConfig:
     password: str = DEFAULT_PASSWORD
     generate_every_s: float = 5.0  # 0 disables the input generator
     warm_up_epochs: int = DEFAULT_WARM_UP_EPOCHS  # throwaway epochs on the new engine (barrierflow.warmup)
+    metadata_db: str = "postgres"  # or "sqlite" (one writer at a time: not for the CLI beside the stack)
+    db_port: int = 0  # the embedded PostgreSQL's loopback port (0: any free port)
     records_per_file: int = 200
     dag_id: str = DEFAULT_DAG_ID
     extra_env: Mapping[str, str] = field(default_factory=dict)
@@ -134,6 +144,15 @@ class DevServerConfig:
     @property
     def engine(self) -> EngineConfig:
         return EngineConfig(host=HOST, port=self.engine_port, warm_up_epochs=self.warm_up_epochs, warm_up_session=PIPELINE)
+
+    @property
+    def postgres(self) -> EmbeddedPostgres:
+        return EmbeddedPostgres(self.home / "postgres", self.db_port)
+
+    @property
+    def stack_file(self) -> Path:
+        """Where a running stack writes the environment of its Airflow (``barrierflow airflow`` reads it)."""
+        return self.home / STACK_FILE
 
     @property
     def checkpoints_url(self) -> str:
@@ -170,11 +189,22 @@ def devserver_environment(config: DevServerConfig, base: Mapping[str, str] | Non
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if config.metadata_db == "postgres":
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = config.postgres.url
     # Sized for a laptop: LocalExecutor pre-forks one worker per parallelism slot (32 by default).
     for key, value in _TUNING.items():
         env[key] = (base if base is not None else os.environ).get(key, value)
     env.update(config.extra_env)
     return env
+
+
+def write_stack_file(config: DevServerConfig, env: Mapping[str, str]) -> None:
+    """Record the running stack's Airflow settings, so that the Airflow CLI can be pointed at it."""
+    keep = {k: v for k, v in env.items() if k.startswith(("AIRFLOW", "BARRIERFLOW_")) or k == LANDING_ENV}
+    doc = {"url": config.url, "pid": os.getpid(), "environment": keep}
+    tmp = config.stack_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+    os.replace(tmp, config.stack_file)
 
 
 def jwt_secret(home: Path) -> str:
@@ -398,6 +428,11 @@ def _descendants(pid: int) -> list[Any]:
         return []
 
 
+def _tree_pids(roots: Sequence[int]) -> set[int]:
+    """``roots`` and all their descendants."""
+    return {pid for root in roots for pid in (root, *(p.pid for p in _descendants(root)))}
+
+
 def descendant_pids() -> set[int]:
     """Pids of every live descendant of this process (a baseline for :func:`stop_process_tree`)."""
     return {p.pid for p in _descendants(os.getpid())}
@@ -410,6 +445,7 @@ def stop_process_tree(
     grace_s: float = 25.0,
     term_s: float = 10.0,
     first_signal: int = signal.SIGTERM,
+    spared: Sequence[int] = (),
 ) -> list[int]:
     """Stop ``procs`` and every process they started.
 
@@ -419,14 +455,17 @@ def stop_process_tree(
     not in ``baseline`` (the descendants that existed before ``procs``
     started). With this process a subreaper (:func:`become_subreaper`),
     processes that left their process group or lost their parent are still
-    its descendants. Returns the pids that needed SIGKILL.
+    its descendants. The processes ``spared`` and their descendants (the
+    metadata database, stopped after everything else) are left alone.
+    Returns the pids that needed SIGKILL.
     """
     import psutil
 
     me = os.getpid()
 
     def ours() -> dict[int, Any]:
-        return {p.pid: p for p in _descendants(me) if p.pid not in baseline}
+        keep = set(baseline) | _tree_pids(spared)
+        return {p.pid: p for p in _descendants(me) if p.pid not in keep}
 
     tracked = ours()
     for proc in procs:
@@ -506,6 +545,7 @@ class AirflowProcesses:
         self.airflow = str(airflow) if airflow.exists() else "airflow"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._threads: list[threading.Thread] = []
+        self.spared: list[int] = []  # process trees outliving the stop (the metadata database)
 
     def _spawn(self, name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:
         # Own session: a terminal's Ctrl-C reaches only this launcher, which stops the components in order.
@@ -580,7 +620,7 @@ class AirflowProcesses:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        spare = {api.pid} | {c.pid for c in _descendants(api.pid)} if api is not None else set()
+        spare = _tree_pids([api.pid] if api is not None else []) | _tree_pids(self.spared)
         rest = [p for p in _descendants(os.getpid()) if p.pid not in baseline and p.pid not in spare]
         killed = _terminate(rest, term_s=10.0)
         for proc in workers:
@@ -588,7 +628,9 @@ class AirflowProcesses:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-        killed += stop_process_tree([api] if api is not None else [], baseline=baseline, grace_s=grace_s, term_s=5.0)
+        killed += stop_process_tree(
+            [api] if api is not None else [], baseline=baseline, grace_s=grace_s, term_s=5.0, spared=self.spared
+        )
         for thread in self._threads:
             thread.join(timeout=2)
         return killed
@@ -676,7 +718,9 @@ def _raise_stop(signum: int, frame: Any) -> None:
 
 def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
     """Start everything, wait for Ctrl-C / SIGTERM, stop everything. Returns the exit code."""
-    for port, what in ((config.port, "--port"), (config.engine_port, "--engine-port")):
+    if config.metadata_db == "postgres" and not config.db_port:
+        config = dataclasses.replace(config, db_port=free_port())
+    for port, what in ((config.port, "--port"), (config.engine_port, "--engine-port"), (config.db_port, "--db-port")):
         if port_in_use(port):
             _say(f"error: port {port} on {HOST} is already in use (another barrierflow?); use {what}")
             return 2
@@ -695,8 +739,15 @@ def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
     stopping = threading.Event()
     airflow = AirflowProcesses(env, config.root, config.port)
     engine = LocalEngine(config.engine, log=subprocess.PIPE, env=env)
+    database = config.postgres if config.metadata_db == "postgres" else None
     code = 0
     try:
+        if database is not None:
+            _say(f"starting the metadata database (PostgreSQL) on {HOST}:{database.port}, data in {database.data_dir}")
+            with (config.home / "postgres.log").open("ab") as db_log:
+                database.start(log=db_log)
+            airflow.spared.append(database.proc.pid)  # type: ignore[union-attr]
+        write_stack_file(config, env)
         if config.generate_every_s > 0:
             # Input from the start: the schedule's first interval then holds some (step 5).
             generator = InputGenerator(config.landing, config.generate_every_s, config.records_per_file)
@@ -743,7 +794,7 @@ def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
             _reap_orphans(keep={p.pid for p in airflow.procs.values()})
         _say(f"{gone[0]} exited with code {gone[1]}: stopping everything")
         code = gone[1] or 1
-    except EngineUnavailableError as exc:
+    except (EngineUnavailableError, ConfigurationError) as exc:
         _say(f"error: {exc}")
         code = 1
     except (_Stop, KeyboardInterrupt) as exc:
@@ -757,6 +808,9 @@ def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
         started = time.monotonic()
         killed = airflow.stop(baseline)
         engine.stop()
+        if database is not None:
+            database.stop()
+        config.stack_file.unlink(missing_ok=True)
         if killed:
             _say(f"killed {len(killed)} process(es) that ignored SIGTERM: {killed}")
         for s, handler in previous.items():
@@ -829,6 +883,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"login password (default ${PASSWORD_ENV} or {DEFAULT_PASSWORD!r})",
     )
     p.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for the API server")
+    p.add_argument(
+        "--metadata-db", choices=("postgres", "sqlite"), default="postgres",
+        help="Airflow's metadata database: an embedded PostgreSQL (default; Debian's package) or SQLite "
+        "(no PostgreSQL needed, but one writer at a time: the Airflow CLI beside the stack can meet 'database is locked')",
+    )
+    p.add_argument("--db-port", type=int, default=0, help="the embedded PostgreSQL's port on 127.0.0.1 (default: any free port)")
     return p
 
 
@@ -852,6 +912,8 @@ def config_from_args(args: argparse.Namespace) -> DevServerConfig:
         generate_every_s=max(0.0, args.interval),
         records_per_file=args.records_per_file,
         warm_up_epochs=max(0, args.warm_up_epochs) if args.warm_up_epochs is not None else _default_warm_up(),
+        metadata_db=args.metadata_db,
+        db_port=args.db_port or free_port(),
     )
 
 

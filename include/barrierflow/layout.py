@@ -4,6 +4,7 @@
 <warehouse>/<pipeline>/_pipeline.json              key groups, created_at
 <warehouse>/<pipeline>/_stopped.json               present while stopped with a savepoint
 <warehouse>/<pipeline>/_restoring.json             a restore's intent until it completes
+<warehouse>/<pipeline>/_held.json                   present while a reprocessing holds the schedule
 <warehouse>/<pipeline>/_lineages/<seq>.json        lineage history
 <warehouse>/<pipeline>/_checkpoints                checkpoint log (Delta)
 <warehouse>/<pipeline>/_checkpoints/_epochs/<lineage>/<epoch>/barrier.json
@@ -66,6 +67,10 @@ class PipelineLayout:
     @property
     def restoring(self) -> str:
         return join_uri(self.root, "_restoring.json")
+
+    @property
+    def held(self) -> str:
+        return join_uri(self.root, "_held.json")
 
     @property
     def savepoints(self) -> str:

@@ -65,7 +65,15 @@ from barrierflow.state.delta_state_backend import latest_rows
 if TYPE_CHECKING:
     from barrierflow.coordinator import CheckpointCoordinator
 
-__all__ = ["restore", "RestoreResult", "IncompatibleSavepointError", "complete_pending_restore", "check_compatibility"]
+__all__ = [
+    "restore",
+    "RestoreResult",
+    "RestorePoint",
+    "describe_restore_point",
+    "IncompatibleSavepointError",
+    "complete_pending_restore",
+    "check_compatibility",
+]
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,41 @@ def restore(
         coordinator.release_lease()  # step 9
 
 
+@dataclass(frozen=True)
+class RestorePoint:
+    """Where a restore would start: its epoch, offsets and arrival cut-off, and the parameters it runs with."""
+
+    epoch: int
+    restored_from: str
+    offsets: Mapping[str, Any]
+    arrival_cutoff_ms: int | None
+    params: Mapping[str, Any]
+
+
+def describe_restore_point(
+    definition: PipelineDefinition,
+    warehouse: str,
+    savepoint: str | None = None,
+    epoch: int | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> RestorePoint:
+    """Step 2 of :func:`restore` alone (nothing is written): what a restore from there starts from."""
+    from barrierflow.coordinator import CheckpointCoordinator
+
+    if (savepoint is None) == (epoch is None):
+        raise SavepointError("restore needs exactly one of a savepoint (name or path) and a retained epoch")
+    meta = load_savepoint(definition.name, warehouse, savepoint) if savepoint is not None else None
+    merged = {**(meta.params if meta else {}), **(params or {})}
+    point = _restore_point(CheckpointCoordinator(definition, merged, warehouse), meta, epoch)
+    return RestorePoint(
+        epoch=int(point["epoch"]),
+        restored_from=point["restored_from"],
+        offsets=point["offsets"],
+        arrival_cutoff_ms=point.get("arrival_cutoff_ms"),
+        params=merged,
+    )
+
+
 def complete_pending_restore(coordinator: "CheckpointCoordinator") -> RestoreResult | None:
     """Roll a crashed restore forward (called by ``recover``, under the caller's lease)."""
     intent = storage.read_json(coordinator.layout.restoring)
@@ -187,6 +230,7 @@ def _restore_point(
             "offsets": dict(meta.offsets),
             "watermark_us": meta.watermark_us,
             "max_event_time_us": meta.max_event_time_us,
+            "arrival_cutoff_ms": meta.arrival_cutoff_ms,
             "states": {s.name: [list(c) for c in s.schema] for s in meta.states if s.schema},
         }
     assert epoch is not None
@@ -216,6 +260,7 @@ def _restore_point(
         "offsets": record.offsets_json(),
         "watermark_us": record.watermark_us,
         "max_event_time_us": record.max_event_time_us,
+        "arrival_cutoff_ms": record.arrival_cutoff_ms,
         "table_versions": versions,
         "states": states,
     }
@@ -272,6 +317,7 @@ def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -
                 duration_ms=0,
                 table_versions=json.dumps(_current_versions(layout, pipe), sort_keys=True),
                 message=f"restored from {intent['restored_from']}",
+                arrival_cutoff_ms=intent.get("arrival_cutoff_ms"),
             )
         )
     faults.maybe_fail("restore.before_lineage")

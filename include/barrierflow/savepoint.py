@@ -110,6 +110,9 @@ class SavepointMetadata:
     size_bytes: int
     stopped: bool = False
     format_version: int = FORMAT_VERSION
+    # The restore point's arrival cut-off: input that arrived after it is
+    # what a restore replays (None: the epoch took everything that had arrived).
+    arrival_cutoff_ms: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -230,6 +233,7 @@ def _write(
             sinks=sinks,
             size_bytes=_tree_size(tmp),
             stopped=stop,
+            arrival_cutoff_ms=record.arrival_cutoff_ms,
         )
         storage.write_json_if_absent(storage.join_uri(tmp_uri, METADATA_FILE), metadata.to_json())
         try:

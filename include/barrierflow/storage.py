@@ -25,6 +25,7 @@ __all__ = [
     "write_json_if_absent",
     "exists",
     "remove_tree",
+    "remove_document",
     "list_dir",
     "file_size",
 ]
@@ -117,6 +118,16 @@ def read_json(uri: str) -> Any | None:
         return None
     except (OSError, ValueError) as exc:
         raise StorageError(f"cannot read {uri}: {exc}") from exc
+
+
+def remove_document(uri: str) -> None:
+    """Delete the document at ``uri``; a missing one is fine."""
+    try:
+        os.unlink(local_path(uri))
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise StorageError(f"cannot delete {uri}: {exc}") from exc
 
 
 def remove_tree(uri: str) -> None:

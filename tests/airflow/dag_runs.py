@@ -151,8 +151,8 @@ def task_logs(caplog: Any, capfd: Any) -> str:
 
 
 @contextmanager
-def running_dag_run(dag: Any, logical_date: datetime) -> Iterator[str]:
-    """A run of ``dag`` left RUNNING at ``logical_date`` (as a parallel backfill has), failed on exit.
+def running_dag_run(dag: Any, logical_date: datetime, state: str = "running") -> Iterator[str]:
+    """A run of ``dag`` left ``state`` (running or queued) at ``logical_date``, as a backfill's are; failed on exit.
 
     Created like ``dag.test()`` creates its runs, from the DAG's serialized form.
     """
@@ -177,6 +177,8 @@ def running_dag_run(dag: Any, logical_date: datetime) -> Iterator[str]:
             start_date=logical_date,
             session=session,
         )
+        run = session.query(DagRun).filter(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id).one()
+        run.state = DagRunState(state)
     try:
         yield run_id
     finally:

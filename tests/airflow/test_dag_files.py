@@ -25,6 +25,7 @@ EXPECTED_IDS = sorted(
     [f"barrierflow_{p}" for p in pipeline_names()]
     + [f"barrierflow_{p}_savepoint" for p in pipeline_names()]
     + [f"barrierflow_{p}_restore" for p in pipeline_names()]
+    + [f"barrierflow_{p}_reprocess" for p in pipeline_names()]
     + [MAINTENANCE_DAG_ID]
 )
 

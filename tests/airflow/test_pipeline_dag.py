@@ -168,7 +168,8 @@ def test_the_run_after_a_failed_one_resumes_from_the_last_committed_epoch(
     out = task_logs(caplog, capfd)
     assert second.state == "failed" and second.state_of("commit") == "failed", second.tasks
     assert second.state_of("process") == "success"
-    assert f"epoch 1: replaying the barrier recorded at {planned['planned_at']}" in out
+    # Run 1 owns that barrier and has ended: run 2 finishes it as recorded, and says whose it was.
+    assert f"epoch 1: finishing the barrier that run {failed.dag_id}:{failed.run_id} recorded at {planned['planned_at']}" in out
     assert _barrier_doc(warehouse, landing, 1) == planned
     assert completed_epochs(_coordinator(warehouse, landing)) == []
 
@@ -240,23 +241,27 @@ def test_json_reports_are_pushed_for_the_ui(tmp_path: Path, warehouse: Path) -> 
     assert json.loads(json.dumps(report)) == report
 
 
-def test_a_run_waits_while_an_earlier_run_is_still_running(
-    tmp_path: Path, warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("earlier_state", ["running", "queued"])
+def test_a_run_waits_while_an_earlier_run_is_queued_or_running(
+    tmp_path: Path, warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    earlier_state: str,
 ) -> None:
     # An Airflow 3 backfill runs up to its own max_active_runs (10 unless given)
-    # at once, whatever the DAG's max_active_runs: barrier waits for earlier runs.
+    # at once, whatever the DAG's max_active_runs, and its next run waits queued:
+    # barrier waits for earlier runs in either state.
     landing = tmp_path / "landing"
     landing.mkdir()
     dag = _dag(warehouse, landing, retries=0, lease_wait_s=3)
-    assert run_dag(dag, minute(2035, 1, 6, 0, 1)).state == "success"  # the DAG is now in the database
-    with running_dag_run(dag, minute(2035, 1, 6, 0, 2)) as earlier:
+    day = 6 if earlier_state == "running" else 7
+    assert run_dag(dag, minute(2035, 1, day, 0, 1)).state == "success"  # the DAG is now in the database
+    with running_dag_run(dag, minute(2035, 1, day, 0, 2), earlier_state) as earlier:
         task_logs(caplog, capfd)
-        blocked = run_dag(dag, minute(2035, 1, 6, 0, 3))
+        blocked = run_dag(dag, minute(2035, 1, day, 0, 3))
         out = task_logs(caplog, capfd)
         assert blocked.state == "failed" and blocked.state_of("barrier") == "failed", blocked.tasks
-        assert f"waiting for the earlier run {earlier} of barrierflow_sensor_stats to finish" in out
+        assert f"waiting for the earlier run {earlier} of barrierflow_sensor_stats ({earlier_state}) to finish" in out
         assert "epochs run in data-interval order" in out
-    assert run_dag(dag, minute(2035, 1, 6, 0, 4)).state == "success"  # the earlier run ended
+    assert run_dag(dag, minute(2035, 1, day, 0, 4)).state == "success"  # the earlier run ended
 
 
 def test_a_dead_engine_fails_process_naming_it_and_the_retry_succeeds_once_it_is_back(

@@ -35,13 +35,16 @@ def _config(tmp_path: Path, **kw: Any) -> DevServerConfig:
 
 
 def test_environment_binds_loopback_and_wires_dags_plugins_warehouse_and_login(tmp_path: Path) -> None:
-    config = _config(tmp_path, port=18123, password="s3cret")
+    config = _config(tmp_path, port=18123, password="s3cret", db_port=15433)
     env = devserver_environment(config, base={"PATH": "/usr/bin", "AIRFLOW__API__HOST": "0.0.0.0"})
     assert env["AIRFLOW__API__HOST"] == "127.0.0.1" and env["AIRFLOW__API__PORT"] == "18123"
     assert env["AIRFLOW__API__BASE_URL"] == "http://127.0.0.1:18123"
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:18123/execution/"
     assert env["AIRFLOW_HOME"] == str(tmp_path / "home")
-    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("sqlite:///")
+    # The embedded PostgreSQL on loopback; SQLite only when asked for.
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == "postgresql+psycopg2://airflow@127.0.0.1:15433/airflow"
+    sqlite = devserver_environment(_config(tmp_path, metadata_db="sqlite"), base={})
+    assert sqlite["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("sqlite:///")
     assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
     assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(config.root / "dags")
     assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == str(config.root / "plugins")

@@ -10,7 +10,8 @@ Modules (importing this package does not import Airflow, so
 - :mod:`~barrierflow.dags.lifecycle` -- the epoch steps as retryable, stateless tasks
 - :mod:`~barrierflow.dags.spark_submit` -- step 3 as a SparkSubmitOperator
 - :mod:`~barrierflow.dags.pipeline_dag`, :mod:`~barrierflow.dags.savepoint_dag`,
-  :mod:`~barrierflow.dags.restore_dag`, :mod:`~barrierflow.dags.maintenance_dag` -- the DAGs
+  :mod:`~barrierflow.dags.restore_dag`, :mod:`~barrierflow.dags.reprocess_dag`,
+  :mod:`~barrierflow.dags.maintenance_dag` -- the DAGs
 - :mod:`~barrierflow.dags.factory` -- every DAG by id, for the files in ``dags/``
 """
 
@@ -24,10 +25,12 @@ __all__ = [
     "pipeline_dags",
     "savepoint_dags",
     "restore_dags",
+    "reprocess_dags",
     "maintenance_dags",
     "build_pipeline_dag",
     "build_savepoint_dag",
     "build_restore_dag",
+    "build_reprocess_dag",
     "build_maintenance_dag",
     "DagSettings",
     "configure_airflow",
@@ -39,10 +42,12 @@ _HOMES = {
     "pipeline_dags": "factory",
     "savepoint_dags": "factory",
     "restore_dags": "factory",
+    "reprocess_dags": "factory",
     "maintenance_dags": "factory",
     "build_pipeline_dag": "pipeline_dag",
     "build_savepoint_dag": "savepoint_dag",
     "build_restore_dag": "restore_dag",
+    "build_reprocess_dag": "reprocess_dag",
     "build_maintenance_dag": "maintenance_dag",
     "DagSettings": "settings",
     "configure_airflow": "environment",

@@ -8,10 +8,17 @@ from typing import Mapping
 
 from barrierflow.dags.assets import SinkInfo, asset_name
 from barrierflow.dags.params import CATCH_UP_PARAM, param_default, unset_required_params
-from barrierflow.dags.settings import CONNECT_MODE, DagSettings, param_env_var, restore_dag_id, savepoint_dag_id
+from barrierflow.dags.settings import (
+    CONNECT_MODE,
+    DagSettings,
+    param_env_var,
+    pipeline_dag_id,
+    restore_dag_id,
+    savepoint_dag_id,
+)
 from barrierflow.pipeline import PipelineDefinition
 
-__all__ = ["pipeline_doc", "savepoint_doc", "restore_doc", "maintenance_doc"]
+__all__ = ["pipeline_doc", "savepoint_doc", "restore_doc", "reprocess_doc", "maintenance_doc"]
 
 _LIFECYCLE = """\
 Each DAG run is one **epoch**, a barrier-delimited slice of the stream,
@@ -138,6 +145,27 @@ whose first completed epoch is the restore point.
 
 An incompatible restore point fails the task at once (no retries) and the log
 lists the state that would be dropped or is missing.
+"""
+
+
+def reprocess_doc(definition: PipelineDefinition, settings: DagSettings) -> str:
+    schedule = f"`{settings.schedule}`" if settings.schedule else "none (manual runs): epochs are not cut by interval"
+    return f"""\
+# Reprocess `{definition.name}`
+
+Restore a savepoint (by name) **or** a retained completed epoch, then replay
+the input that arrived after it, **one epoch per data interval** of the
+pipeline's schedule ({schedule}) that holds input, in order, up to the last
+interval that has ended. The sinks end up as if the history had run once with
+the current code.
+
+- `plan` reports the restore point and the epochs the replay will produce; nothing changes.
+- `reprocess` **holds** `{pipeline_dag_id(definition.name)}` (its runs plan nothing
+  meanwhile and say so), restores, replays, and releases the hold (also when it fails;
+  the schedule then continues the replay interval by interval).
+
+Form: exactly one of `savepoint` and `epoch`; `rewind_sinks` (default on) removes
+the output written after the restore point; `allow_non_restored_state`; `parallelism`.
 """
 
 

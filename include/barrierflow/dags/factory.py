@@ -1,6 +1,6 @@
 """Every barrierflow DAG, keyed by dag_id, for the thin files in ``dags/``.
 
-One epoch DAG, one savepoint DAG and one restore DAG per registered pipeline
+One epoch DAG, one savepoint DAG, one restore DAG and one reprocess DAG per registered pipeline
 (:func:`barrierflow.registry.pipeline_names`), and the maintenance DAG.
 Settings are read from the environment once per call.
 """
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from barrierflow.dags.maintenance_dag import build_maintenance_dag
 from barrierflow.dags.pipeline_dag import build_pipeline_dag
+from barrierflow.dags.reprocess_dag import build_reprocess_dag
 from barrierflow.dags.restore_dag import build_restore_dag
 from barrierflow.dags.savepoint_dag import build_savepoint_dag
 from barrierflow.dags.settings import DagSettings
@@ -19,7 +20,7 @@ from barrierflow.registry import pipeline_names
 if TYPE_CHECKING:
     from airflow.sdk import DAG
 
-__all__ = ["pipeline_dags", "savepoint_dags", "restore_dags", "maintenance_dags", "all_dags"]
+__all__ = ["pipeline_dags", "savepoint_dags", "restore_dags", "reprocess_dags", "maintenance_dags", "all_dags"]
 
 
 def _by_id(dags: list["DAG"]) -> dict[str, "DAG"]:
@@ -41,6 +42,11 @@ def restore_dags(settings: DagSettings | None = None, environ: Mapping[str, str]
     return _by_id([build_restore_dag(name, settings, environ) for name in pipeline_names()])
 
 
+def reprocess_dags(settings: DagSettings | None = None, environ: Mapping[str, str] | None = None) -> dict[str, "DAG"]:
+    settings = settings or DagSettings.from_env(environ)
+    return _by_id([build_reprocess_dag(name, settings, environ) for name in pipeline_names()])
+
+
 def maintenance_dags(settings: DagSettings | None = None, environ: Mapping[str, str] | None = None) -> dict[str, "DAG"]:
     return _by_id([build_maintenance_dag(None, settings, environ)])
 
@@ -51,5 +57,6 @@ def all_dags(settings: DagSettings | None = None, environ: Mapping[str, str] | N
         **pipeline_dags(settings, environ),
         **savepoint_dags(settings, environ),
         **restore_dags(settings, environ),
+        **reprocess_dags(settings, environ),
         **maintenance_dags(settings, environ),
     }

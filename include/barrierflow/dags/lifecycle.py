@@ -19,12 +19,13 @@ import json
 import logging
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Mapping
 
 from barrierflow.checkpoint import EpochStatus
 from barrierflow.coordinator import CheckpointCoordinator, Recovery
 from barrierflow.errors import CheckpointError
+from barrierflow.intervals import ArrivalBound, airflow_run_of, cutoff_text
+from barrierflow.sources.base import describe_offsets
 
 __all__ = [
     "StepReport",
@@ -34,8 +35,6 @@ __all__ = [
     "commit_step",
     "notify_step",
     "run_epoch_steps",
-    "describe_offsets",
-    "cutoff_text",
     "completed_epochs",
 ]
 
@@ -72,30 +71,6 @@ def epoch_lease(coordinator: CheckpointCoordinator, wait_s: float) -> Iterator[N
         coordinator.release_lease()
 
 
-def cutoff_text(arrival_cutoff_ms: int | None) -> str:
-    if arrival_cutoff_ms is None:
-        return "no arrival cut-off"
-    return datetime.fromtimestamp(arrival_cutoff_ms / 1000, tz=timezone.utc).isoformat()
-
-
-def describe_offsets(offsets: Mapping[str, Any]) -> str:
-    """A short human description of end offsets per source."""
-    parts = []
-    for source, end in sorted(offsets.items()):
-        if isinstance(end, Mapping) and "files" in end:
-            files = [f[0] if isinstance(f, (list, tuple)) else str(f) for f in end.get("files") or []]
-            if files:
-                span = files[0] if len(files) == 1 else f"{files[0]} .. {files[-1]}"
-                parts.append(f"{source}: {len(files)} file(s) {span}")
-            else:
-                parts.append(f"{source}: position {end.get('file')!r}")
-        elif isinstance(end, Mapping) and "version" in end:
-            parts.append(f"{source}: versions {end.get('from_version')} -> {end['version']}")
-        else:
-            parts.append(f"{source}: {json.dumps(end, sort_keys=True, default=str)[:200]}")
-    return "; ".join(parts) or "no sources"
-
-
 def _stop_reason(coordinator: CheckpointCoordinator) -> str | None:
     stop = coordinator.stopped()
     if stop is None:
@@ -119,45 +94,118 @@ def _recovery_text(recovery: Recovery) -> str:
 
 
 def barrier_step(
-    coordinator: CheckpointCoordinator, arrival_cutoff_ms: int | None, lease_wait_s: float
+    coordinator: CheckpointCoordinator,
+    bound: ArrivalBound,
+    lease_wait_s: float,
+    owner_active: Callable[[str], bool] = lambda owner: False,
 ) -> StepReport:
-    """Steps 1 and 2: recover (roll forward a voted epoch; the last COMPLETED
-    epoch is the restore point), then plan (or replay) the barrier of the next
-    epoch; ``proceed=False`` when there is none."""
+    """Steps 1 and 2 for the run ``bound.owner``: recover, then plan or replay barrier n.
+
+    0. A pipeline held by another owner (a reprocessing replaying its
+       intervals) plans nothing for this run. A hold whose Airflow run has
+       ended is stale and released; a hold of a ``barrierflow`` command stays
+       until that command releases it.
+    1. Recover: roll forward a voted epoch; the last COMPLETED epoch is the
+       restore point.
+    2. A pending barrier (planned, not committed) belongs to the run that
+       planned it:
+       a. this run's own (a retry, or its ``catch_up``): replayed as recorded;
+       b. another run's that is still active (only a later run can be, as
+          earlier ones are waited for before this step): left to it, and this
+          run does nothing; its input is in that run's epochs;
+       c. another run's that has ended without committing it (failed, or a
+          ``barrierflow run``): finished here as recorded, with its own
+          cut-off, and said so; this run's input follows in ``catch_up``.
+    3. Otherwise plan a new barrier within ``bound``: the input of the
+       earliest data interval holding any (see :mod:`barrierflow.intervals`).
+
+    ``proceed=False`` when there is nothing to process.
+    """
     name = coordinator.definition.name
     with epoch_lease(coordinator, lease_wait_s):
-        recovery = coordinator.recover()
-        barrier = coordinator.trigger_checkpoint(recovery, arrival_cutoff_ms)
-        stop = _stop_reason(coordinator) if barrier is None else None
+        recovery = coordinator.recover()  # 1
+        held = _hold_of_another(coordinator, bound.owner, owner_active)  # 0
+        pending = recovery.pending_barrier
+        foreign = pending is not None and pending.planned_by != bound.owner
+        if held is not None or (foreign and owner_active(pending.planned_by)):  # 0, 2b
+            barrier, stop = None, None
+        else:  # 2a, 2c, 3
+            barrier = coordinator.trigger_checkpoint(recovery, bound)
+            stop = _stop_reason(coordinator) if barrier is None else None
     base = dict(pipeline=name, step="barrier", lineage_id=recovery.lineage_id)
     recovered = {
         "last_completed_epoch": recovery.last_completed_epoch,
         "rolled_forward": list(recovery.rolled_forward),
+        "run_cutoff": cutoff_text(bound.cutoff_ms),
     }
-    cutoff = cutoff_text(arrival_cutoff_ms)
+    run_cutoff = cutoff_text(bound.cutoff_ms)
     prefix = f"{name} lineage {recovery.lineage_id}: {_recovery_text(recovery)}. "
     if barrier is None:
         last = recovery.last_completed_epoch
         if stop is not None:
             message = f"{stop}; skipping process and commit"
+        elif held is not None:
+            message = (
+                f"the pipeline is held by {held['owner']} ({held.get('reason')}, since {held.get('since')}): "
+                "it replays the input in interval order, and this run's interval comes after it. "
+                "Skipping process and commit"
+            )
+        elif foreign:
+            assert pending is not None
+            message = (
+                f"epoch {pending.epoch} was planned by run {pending.planned_by} (arrival cut-off "
+                f"{cutoff_text(pending.arrival_cutoff_ms)}), which is still running: it is that run's to finish, "
+                "and input up to this run's cut-off is in its epochs. Skipping process and commit"
+            )
         else:
             message = (
-                f"no new input up to {cutoff}: nothing to do. Input that arrived by then is already "
+                f"no new input up to {run_cutoff}: nothing to do. Input that arrived by then is already "
                 f"covered by epoch {last} (the last completed epoch); epoch {last + 1} is not planned. "
                 "Skipping process and commit"
             )
         return StepReport(
             **base, message=prefix + message, epoch=last, proceed=False,
-            details={**recovered, "stopped": stop is not None, "arrival_cutoff": cutoff},
+            details={**recovered, "stopped": stop is not None, "owned_by": pending.planned_by if foreign and pending else None},
         )
-    replay = recovery.pending_barrier is not None
-    verb = f"replaying the barrier recorded at {barrier.planned_at}" if replay else "planned a new barrier"
+    if pending is None:
+        verb = "planned a new barrier"
+    elif foreign:
+        verb = (
+            f"finishing the barrier that run {pending.planned_by or '(unknown)'} recorded at {pending.planned_at} and "
+            "left uncommitted when it ended, as recorded; this run's own input follows in catch_up"
+        )
+    else:
+        verb = f"replaying the barrier this run recorded at {pending.planned_at}"
     return StepReport(
         **base,
-        message=prefix + f"epoch {barrier.epoch}: {verb} (arrival cut-off {cutoff}): {describe_offsets(barrier.end_offsets)}",
+        message=prefix + (
+            f"epoch {barrier.epoch}: {verb} (epoch's arrival cut-off {cutoff_text(barrier.arrival_cutoff_ms)}, "
+            f"this run's {run_cutoff}): {describe_offsets(barrier.end_offsets)}"
+        ),
         epoch=barrier.epoch,
-        details={**recovered, "replayed": replay, "attempt_id": barrier.attempt_id, "arrival_cutoff": cutoff},
+        details={
+            **recovered,
+            "replayed": pending is not None,
+            "planned_by": barrier.planned_by,
+            "attempt_id": barrier.attempt_id,
+            "arrival_cutoff": cutoff_text(barrier.arrival_cutoff_ms),
+        },
     )
+
+
+def _hold_of_another(
+    coordinator: CheckpointCoordinator, owner: str, owner_active: Callable[[str], bool]
+) -> dict[str, Any] | None:
+    """The hold in force if another owner holds the pipeline (step 0 of :func:`barrier_step`)."""
+    hold = coordinator.held_by()
+    if hold is None or hold.get("owner") == owner:
+        return None
+    holder = str(hold.get("owner"))
+    if airflow_run_of(holder) is not None and not owner_active(holder):
+        coordinator.release_hold(holder)
+        _log.warning("released the hold of %s (%s): that run has ended", holder, hold.get("reason"))
+        return None
+    return hold
 
 
 def process_step(coordinator: CheckpointCoordinator, lease_wait_s: float) -> StepReport:
@@ -251,14 +299,15 @@ def notify_step(coordinator: CheckpointCoordinator, lease_wait_s: float) -> Step
 
 def run_epoch_steps(
     coordinator: CheckpointCoordinator,
-    arrival_cutoff_ms: int | None,
+    bound: ArrivalBound,
     lease_wait_s: float,
     process: Callable[[], None],
     on_report: Callable[[StepReport], None] = lambda report: None,
+    owner_active: Callable[[str], bool] = lambda owner: False,
 ) -> StepReport | None:
     """Steps 1-5 of one more epoch, each under its own lease; ``process`` runs step 3
     (the Spark job). Returns the commit report, or None when there is no new input."""
-    planned = barrier_step(coordinator, arrival_cutoff_ms, lease_wait_s)
+    planned = barrier_step(coordinator, bound, lease_wait_s, owner_active)
     on_report(planned)
     if not planned.proceed:
         return None

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.dags.assets import pipeline_sinks, sink_assets
@@ -58,17 +58,18 @@ from barrierflow.errors import (
     PipelineDefinitionError,
     UnknownPipelineError,
 )
+from barrierflow.intervals import ArrivalBound, airflow_owner, airflow_run_of
 from barrierflow.pipeline import PipelineDefinition
 from barrierflow.registry import get_pipeline
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG, Asset, Context
 
-__all__ = ["build_pipeline_dag", "arrival_cutoff_ms", "TASK_IDS", "REPORT_KEY"]
+__all__ = ["build_pipeline_dag", "arrival_cutoff_ms", "arrival_bound", "owner_active", "TASK_IDS", "REPORT_KEY"]
 
 TASK_IDS = ("barrier", "process", "commit", "catch_up")
 _log = logging.getLogger("barrierflow.dags")
-_PREVIOUS_RUN_POLL_S = 5.0
+_PREVIOUS_RUN_POLL_S = 2.0
 _PROCESS_DOCS = {
     CONNECT_MODE: "Step 3 on the warm Spark engine (Spark Connect): stage outputs and state, write the manifest (the vote).",
     SPARK_SUBMIT_MODE: "Step 3: spark-submit `process_epoch.py`: stage outputs and state, write the manifest (the vote).",
@@ -79,6 +80,34 @@ def arrival_cutoff_ms(context: "Context") -> int | None:
     """The run's barrier bound: input that arrived by ``data_interval_end`` (None: all input so far)."""
     end = context.get("data_interval_end")
     return int(end.timestamp() * 1000) if end is not None else None
+
+
+def arrival_bound(context: "Context", settings: DagSettings) -> ArrivalBound:
+    """What this run's epochs may take: input by its interval's end, cut at the schedule's intervals."""
+    owner = airflow_owner(context["ti"].dag_id, context["run_id"])
+    return ArrivalBound(cutoff_ms=arrival_cutoff_ms(context), schedule=settings.schedule, owner=owner)
+
+
+def owner_active(context: "Context") -> Callable[[str], bool]:
+    """Whether the Airflow run an owner name names is queued or running, as Airflow's API says.
+
+    Any other owner (a ``barrierflow`` command, a name from before owners
+    were recorded) is not an Airflow run: False.
+    """
+    ti = context["ti"]
+
+    def active(owner: str) -> bool:
+        run = airflow_run_of(owner)
+        if run is None:
+            return False
+        try:
+            state = ti.get_dagrun_state(*run)
+        except Exception as exc:  # noqa: BLE001 - e.g. a run that was deleted: it is not active
+            _log.info("run %s of %s: no state (%s); treated as ended", run[1], run[0], exc)
+            return False
+        return str(getattr(state, "value", state)) in ("queued", "running")
+
+    return active
 
 
 # Errors in what the run was asked to do: retrying the same request cannot fix them.
@@ -122,14 +151,22 @@ def _epoch_task(
 
 
 def _wait_for_earlier_runs(context: "Context", wait_s: float) -> None:
-    """Block (bounded) while a run of this DAG with an earlier logical date is running."""
+    """Block (bounded) while a run of this DAG with an earlier logical date is queued or running.
+
+    Airflow's own ``max_active_runs`` does not order a backfill's runs
+    against scheduled ones, and ``depends_on_past`` would wait forever behind
+    a failed run; so each run asks Airflow for earlier runs that are queued
+    or running (a run whose task awaits a retry is running) and waits for them.
+    """
     from airflow.sdk import DagRunState
 
     ti = context["ti"]
     deadline = time.monotonic() + wait_s
     announced = False
     while True:
-        earlier = ti.get_previous_dagrun(state=DagRunState.RUNNING)
+        earlier = ti.get_previous_dagrun(state=DagRunState.RUNNING) or ti.get_previous_dagrun(
+            state=DagRunState.QUEUED
+        )
         if earlier is None:
             return
         if time.monotonic() >= deadline:
@@ -137,20 +174,23 @@ def _wait_for_earlier_runs(context: "Context", wait_s: float) -> None:
                 f"run {earlier.run_id} of {ti.dag_id} (an earlier data interval) is still running after "
                 f"{wait_s:.0f}s; epochs run in data-interval order"
             )
-        if not announced:
-            _log.info("waiting for the earlier run %s of %s to finish (epochs run in order)", earlier.run_id, ti.dag_id)
-            announced = True
+        if announced != earlier.run_id:
+            _log.info(
+                "waiting for the earlier run %s of %s (%s) to finish: epochs run in data-interval order",
+                earlier.run_id, ti.dag_id, getattr(earlier.state, "value", earlier.state),
+            )
+            announced = earlier.run_id
         time.sleep(min(_PREVIOUS_RUN_POLL_S, max(0.1, deadline - time.monotonic())))
 
 
-def _more_input(coordinator: CheckpointCoordinator, cutoff_ms: int | None) -> bool:
+def _more_input(coordinator: CheckpointCoordinator, bound: ArrivalBound) -> bool:
     """Whether another epoch has input by the cut-off; the epoch is committed either way.
 
     A source that cannot plan (e.g. a file landed behind the stream
     position) is the next barrier's error to report, not this commit's.
     """
     try:
-        return coordinator.has_new_input(cutoff_ms)
+        return coordinator.has_new_input(bound)
     except BarrierflowError as exc:
         _log.warning("catch_up is skipped: the next epoch cannot be planned: %s", exc)
         return False
@@ -207,7 +247,9 @@ def build_pipeline_dag(
             """Steps 1-2: recover, then record the epoch's end offsets before processing (a retry replays them)."""
             with _epoch_task(definition, settings) as (context, coordinator):
                 _wait_for_earlier_runs(context, lease_wait)
-                report = barrier_step(coordinator, arrival_cutoff_ms(context), lease_wait)
+                report = barrier_step(
+                    coordinator, arrival_bound(context, settings), lease_wait, owner_active(context)
+                )
                 payload = _push_report(context, report)
             return payload if report.proceed else False
 
@@ -247,7 +289,7 @@ def build_pipeline_dag(
                 _set_asset_events(context, assets, report)
                 _report(notify_step(coordinator, lease_wait))
                 if int(context["params"].get(CATCH_UP_PARAM) or 1) > 1 and _more_input(
-                    coordinator, arrival_cutoff_ms(context)
+                    coordinator, arrival_bound(context, settings)
                 ):
                     return payload
             _log.info("no further input up to this run's arrival cut-off: catch_up is skipped")
@@ -260,7 +302,7 @@ def build_pipeline_dag(
                 extra = int(context["params"].get(CATCH_UP_PARAM) or 1) - 1
                 if extra < 1:
                     raise AirflowSkipException(f"{CATCH_UP_PARAM}=1: this run completes one epoch only")
-                cutoff = arrival_cutoff_ms(context)
+                bound = arrival_bound(context, settings)
 
                 def process_epoch() -> None:
                     if settings.process_mode == CONNECT_MODE:
@@ -278,7 +320,10 @@ def build_pipeline_dag(
 
                 done: list[StepReport] = []
                 for _ in range(extra):
-                    committed = run_epoch_steps(coordinator, cutoff, lease_wait, process_epoch, on_report=_report)
+                    committed = run_epoch_steps(
+                        coordinator, bound, lease_wait, process_epoch, on_report=_report,
+                        owner_active=owner_active(context),
+                    )
                     if committed is None:
                         break
                     done.append(committed)

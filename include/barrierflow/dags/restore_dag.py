@@ -21,7 +21,7 @@ from barrierflow.registry import get_pipeline
 if TYPE_CHECKING:
     from airflow.sdk import DAG
 
-__all__ = ["build_restore_dag", "restore_point"]
+__all__ = ["build_restore_dag", "restore_point", "restore_point_params"]
 
 _log = logging.getLogger("barrierflow.dags")
 
@@ -38,12 +38,49 @@ def restore_point(savepoint: Any, epoch: Any) -> tuple[str | None, int | None]:
     return (name or None), epoch
 
 
+def restore_point_params(rewind_default: bool) -> dict[str, Any]:
+    """The form of a restore point (savepoint or epoch) and how to restore it: the restore and reprocess DAGs."""
+    from airflow.sdk import Param
+
+    return {
+        "savepoint": Param(
+            "",
+            type=["null", "string"],
+            title="savepoint",
+            description="savepoint name (or directory path); leave empty to restore an epoch",
+        ),
+        "epoch": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            title="epoch",
+            description="a retained completed epoch; leave empty to restore a savepoint",
+        ),
+        "allow_non_restored_state": Param(
+            False,
+            type="boolean",
+            title="allow_non_restored_state",
+            description="drop state in the restore point that the code no longer declares instead of failing",
+        ),
+        "rewind_sinks": Param(
+            rewind_default, type="boolean", title="rewind_sinks", description="rewind the sink tables to the restore point"
+        ),
+        "parallelism": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            title="parallelism",
+            description="Spark parallelism from the restore on (empty: unchanged)",
+        ),
+    }
+
+
 def build_restore_dag(
     pipeline: str | PipelineDefinition,
     settings: DagSettings | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> "DAG":
-    from airflow.sdk import Param, get_current_context, task
+    from airflow.sdk import get_current_context, task
 
     definition = pipeline if isinstance(pipeline, PipelineDefinition) else get_pipeline(pipeline)
     settings = settings or DagSettings.from_env(environ)
@@ -53,37 +90,7 @@ def build_restore_dag(
         dag_id=restore_dag_id(definition.name),
         description=f"restore barrierflow pipeline {definition.name} from a savepoint or a retained epoch",
         settings=settings,
-        params={
-            "savepoint": Param(
-                "",
-                type=["null", "string"],
-                title="savepoint",
-                description="savepoint name (or directory path); leave empty to restore an epoch",
-            ),
-            "epoch": Param(
-                None,
-                type=["null", "integer"],
-                minimum=1,
-                title="epoch",
-                description="a retained completed epoch; leave empty to restore a savepoint",
-            ),
-            "allow_non_restored_state": Param(
-                False,
-                type="boolean",
-                title="allow_non_restored_state",
-                description="drop state in the restore point that the code no longer declares instead of failing",
-            ),
-            "rewind_sinks": Param(
-                False, type="boolean", title="rewind_sinks", description="rewind the sink tables to the restore point"
-            ),
-            "parallelism": Param(
-                None,
-                type=["null", "integer"],
-                minimum=1,
-                title="parallelism",
-                description="Spark parallelism from the restore on (empty: unchanged)",
-            ),
-        },
+        params=restore_point_params(rewind_default=False),
         doc_md=restore_doc(definition, settings),
         tag="restore",
     ) as dag:

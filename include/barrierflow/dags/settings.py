@@ -49,6 +49,7 @@ __all__ = [
     "pipeline_dag_id",
     "savepoint_dag_id",
     "restore_dag_id",
+    "reprocess_dag_id",
     "MAINTENANCE_DAG_ID",
     "param_env_var",
     "CONNECT_MODE",
@@ -87,6 +88,10 @@ def savepoint_dag_id(pipeline: str) -> str:
 
 def restore_dag_id(pipeline: str) -> str:
     return f"barrierflow_{pipeline}_restore"
+
+
+def reprocess_dag_id(pipeline: str) -> str:
+    return f"barrierflow_{pipeline}_reprocess"
 
 
 def param_env_var(pipeline: str, param: str) -> str:

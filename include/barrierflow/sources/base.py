@@ -7,13 +7,14 @@ two offsets, as often as needed, with the same result.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Source", "SourceBatch", "SEQ", "arrival_seq"]
+__all__ = ["Source", "SourceBatch", "SEQ", "arrival_seq", "describe_offsets"]
 
 # Every record carries its arrival position packed in one long, ``_seq``:
 # (source index, file index within the epoch, line). Sorting by it gives
@@ -57,6 +58,13 @@ class Source(Protocol):
     def plan(self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None) -> dict[str, Any]:
         """End offsets for the next epoch (equal to ``start`` content when idle)."""
 
+    def earliest_arrival_ms(self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None) -> int | None:
+        """When the earliest input after ``start`` that arrived by the cut-off arrived; None if none.
+
+        The checkpoint coordinator cuts epochs at the data interval holding it
+        (:mod:`barrierflow.intervals`).
+        """
+
     def has_records(self, end: Mapping[str, Any]) -> bool:
         """Whether the planned range holds any input."""
 
@@ -71,3 +79,21 @@ class Source(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """Stable description for savepoints and docs."""
+
+
+def describe_offsets(offsets: Mapping[str, Any]) -> str:
+    """A short human description of end offsets per source."""
+    parts = []
+    for source, end in sorted(offsets.items()):
+        if isinstance(end, Mapping) and "files" in end:
+            files = [f[0] if isinstance(f, (list, tuple)) else str(f) for f in end.get("files") or []]
+            if files:
+                span = files[0] if len(files) == 1 else f"{files[0]} .. {files[-1]}"
+                parts.append(f"{source}: {len(files)} file(s) {span}")
+            else:
+                parts.append(f"{source}: position {end.get('file')!r}")
+        elif isinstance(end, Mapping) and "version" in end:
+            parts.append(f"{source}: versions {end.get('from_version')} -> {end['version']}")
+        else:
+            parts.append(f"{source}: {json.dumps(end, sort_keys=True, default=str)[:200]}")
+    return "; ".join(parts) or "no sources"

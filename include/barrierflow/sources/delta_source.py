@@ -55,6 +55,16 @@ class DeltaSource:
         end = min(latest, begin + self.max_versions_per_epoch)
         return {"version": max(begin, end), "from_version": begin}
 
+    def earliest_arrival_ms(self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None) -> int | None:
+        """Commit time of the first version after ``start``, if it was committed by the cut-off."""
+        begin = start["version"] if start else -1
+        times = [
+            h["timestamp"]
+            for h in self._table().history()
+            if h["version"] > begin and (arrival_cutoff_ms is None or h["timestamp"] <= arrival_cutoff_ms)
+        ]
+        return min(times) if times else None
+
     def has_records(self, end: Mapping[str, Any]) -> bool:
         return end["version"] > end["from_version"]
 

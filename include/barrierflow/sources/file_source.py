@@ -81,29 +81,43 @@ class FileSource:
     def _suffixes(self) -> tuple[str, ...]:
         return self.suffixes or ((".jsonl", ".json") if self.format == "jsonl" else (".parquet",))
 
-    def _eligible(self, arrival_cutoff_ms: int | None) -> list[str]:
+    def _arrivals(self, arrival_cutoff_ms: int | None) -> dict[str, int]:
+        """Name -> arrival (modification time, ns) of every complete file that arrived by the cut-off."""
         directory = local_path(self.path)
         if not os.path.isdir(directory):
             raise SourceError(
                 f"source {self.source_id}: landing directory {directory} does not exist; "
                 "create it or pass --param landing_dir=<existing directory>"
             )
-        names = []
+        arrived = {}
         for entry in os.scandir(directory):
             if entry.name.startswith((".", "_")) or not entry.name.endswith(self._suffixes):
                 continue
             if not entry.is_file():
                 continue
-            if arrival_cutoff_ms is not None and entry.stat().st_mtime * 1000 > arrival_cutoff_ms:
+            mtime_ns = entry.stat().st_mtime_ns
+            if arrival_cutoff_ms is not None and mtime_ns > arrival_cutoff_ms * 1_000_000:
                 continue
-            names.append(entry.name)
-        return sorted(names)
+            arrived[entry.name] = mtime_ns
+        return arrived
+
+    def earliest_arrival_ms(self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None) -> int | None:
+        """When the earliest file not yet (wholly) consumed arrived, in ms rounded up; None if none."""
+        pos_file = start["file"] if start else None
+        pos_line = start["line"] if start else None
+        waiting = [
+            mtime_ns
+            for name, mtime_ns in self._arrivals(arrival_cutoff_ms).items()
+            if pos_file is None or name > pos_file or (name == pos_file and pos_line is not None)
+        ]
+        # Rounded up: a cut-off at this millisecond still takes the file.
+        return -(-min(waiting) // 1_000_000) if waiting else None
 
     def plan(self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None) -> dict[str, Any]:
         pos_file = start["file"] if start else None
         pos_line = start["line"] if start else None
         consumed = int(start.get("consumed", 0)) if start else 0
-        eligible = self._eligible(arrival_cutoff_ms)
+        eligible = sorted(self._arrivals(arrival_cutoff_ms))
         if pos_file is not None:
             # A file that lands with a name sorting before the stream position
             # would never be read: refuse loudly rather than drop it silently.

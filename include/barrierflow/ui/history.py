@@ -109,6 +109,7 @@ class EpochRow:
     state_bytes_cumulative: int | None  # running sum of state_bytes_written in this lineage
     table_versions: Mapping[str, int] = field(default_factory=dict)
     message: str = ""
+    arrival_cutoff: str | None = None  # the epoch took input that arrived by then (None: all that had)
 
     @property
     def completed(self) -> bool:
@@ -409,6 +410,7 @@ def pipeline_history(
                 state_bytes_cumulative=cum,
                 table_versions=r.versions() if done else {},
                 message=r.message or "",
+                arrival_cutoff=iso_us(r.arrival_cutoff_ms * 1000) if r.arrival_cutoff_ms is not None else None,
             )
         )
 

@@ -78,6 +78,10 @@ def _short_time(iso: str | None) -> str:
     return f'<span title="{_e(iso)}">{_e(text)}</span>'
 
 
+def _cutoff_iso(ms: Any) -> str | None:
+    return iso_us(int(ms) * 1000) if isinstance(ms, int) else None
+
+
 def _summary(items: Iterable[tuple[str, str]]) -> str:
     cells = "".join(f"<div><dt>{_e(k)}</dt><dd>{v}</dd></div>" for k, v in items)
     return f'<dl class="bf-summary">{cells}</dl>'
@@ -90,6 +94,7 @@ def _epochs_table(rows: Sequence[EpochRow], limit: int) -> str:
         "<tr><th>Epoch</th><th class=l>Lineage</th><th class=l>Status</th><th>Duration</th>"
         "<th>Rows in</th><th>Rows out</th><th>Dead letters</th><th>Bytes written</th>"
         "<th title='live bytes of the state tables at this epoch'>State size</th>"
+        "<th class=l title='the epoch took the input that arrived by then'>Arrival cut-off</th>"
         "<th class=l>Watermark</th>"
         "<th title='max event time seen minus the watermark'>Event-time lag</th>"
         "<th title='commit time of the epoch minus the watermark'>Wall-clock lag</th>"
@@ -102,7 +107,8 @@ def _epochs_table(rows: Sequence[EpochRow], limit: int) -> str:
             f"<td>{r.epoch}</td><td class=l><code>{_e(r.lineage_id)}</code></td><td class=l>{_status(r.status)}</td>"
             f"<td>{_e(format_ms(r.duration_ms))}</td><td>{_num(r.rows_in)}</td><td>{_num(r.rows_out)}</td>"
             f"<td>{_num(r.dead_letters)}</td><td>{_e(format_bytes(r.bytes_written))}</td>"
-            f"<td>{_e(format_bytes(r.state_bytes))}</td><td class=l>{_short_time(r.watermark)}</td>"
+            f"<td>{_e(format_bytes(r.state_bytes))}</td><td class=l>{_short_time(r.arrival_cutoff)}</td>"
+            f"<td class=l>{_short_time(r.watermark)}</td>"
             f"<td>{_e(format_ms(r.event_time_lag_ms))}</td><td>{_e(format_ms(r.processing_lag_ms))}</td>"
             f"<td class=l>{_short_time(r.recorded_at)}</td></tr>"
         )
@@ -129,7 +135,9 @@ def _savepoints_table(history: PipelineHistory) -> str:
         )
         return "".join(parts)
     head = (
-        "<tr><th class=l>Name</th><th>Epoch</th><th class=l>Lineage</th><th class=l>Created</th>"
+        "<tr><th class=l>Name</th><th>Epoch</th>"
+        "<th class=l title='input that arrived after it is what a restore replays'>Arrival cut-off</th>"
+        "<th class=l>Lineage</th><th class=l>Created</th>"
         "<th>Size</th><th class=l>Stopped</th><th class=l>Description</th><th class=l>Location</th></tr>"
     )
     body = []
@@ -137,7 +145,8 @@ def _savepoints_table(history: PipelineHistory) -> str:
         name = sp.get("name")
         body.append(
             f'<tr class="bf-savepoint" data-name="{_e(name)}"><td class=l><strong>{_e(name)}</strong></td>'
-            f"<td>{_e(sp.get('epoch'))}</td><td class=l><code>{_e(sp.get('lineage_id'))}</code></td>"
+            f"<td>{_e(sp.get('epoch'))}</td><td class=l>{_short_time(_cutoff_iso(sp.get('arrival_cutoff_ms')))}</td>"
+            f"<td class=l><code>{_e(sp.get('lineage_id'))}</code></td>"
             f"<td class=l>{_short_time(sp.get('created_at'))}</td><td>{_e(format_bytes(sp.get('size_bytes')))}</td>"
             f"<td class=l>{'yes' if sp.get('stopped') else 'no'}</td><td class=wrap>{_e(sp.get('description'))}</td>"
             f"<td class=wrap><code>{_e(sp.get('uri'))}</code></td></tr>"
