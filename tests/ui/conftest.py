@@ -17,37 +17,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from barrierflow.devserver import DEFAULT_PASSWORD, DEFAULT_USER, ApiClient, free_port
+from barrierflow.devserver import DEFAULT_PASSWORD, DEFAULT_USER, ApiClient
+from stack import ROOT, DevServer, running_stack
 
-ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
 CHROMIUM = os.environ.get("BARRIERFLOW_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("BARRIERFLOW_CHROMEDRIVER", "/usr/bin/chromedriver")
-SERVER_START_TIMEOUT_S = 420.0
-SERVER_STOP_TIMEOUT_S = 90.0
-
-
-@dataclass(frozen=True)
-class DevServer:
-    url: str
-    user: str
-    password: str
-    warehouse: Path
-    landing: Path
-    home: Path
-    log: Path
-    api: ApiClient
 
 
 def _browser_missing() -> str | None:
@@ -59,46 +40,6 @@ def _browser_missing() -> str | None:
     except ImportError:
         return "selenium is not installed"
     return None
-
-
-def _descendants(pid: int) -> list[Any]:
-    import psutil
-
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Ctrl-C for the dev server (it stops Airflow itself), then kill whatever is left of its tree."""
-    import psutil
-
-    tree = _descendants(proc.pid)
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=SERVER_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pass
-    def alive(p: Any) -> bool:
-        try:
-            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
-    leftovers = [p for p in tree if alive(p)]
-    if proc.poll() is None:
-        leftovers.append(psutil.Process(proc.pid))
-    for p in leftovers:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(leftovers, timeout=10)
-    if proc.poll() is None:
-        proc.wait(timeout=10)
-    assert not leftovers, f"the dev server left processes behind: {[p.pid for p in leftovers]}"
 
 
 @pytest.fixture(scope="session")
@@ -124,35 +65,8 @@ def devserver(artifacts: Path) -> Iterator[DevServer]:
         )
         return
 
-    base = Path(tempfile.mkdtemp(prefix="barrierflow-ui-"))
-    port = free_port()
-    home, warehouse, landing = base / "airflow", base / "warehouse", base / "landing"
-    log = artifacts / "devserver.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    command = [
-        sys.executable, "-m", "barrierflow.devserver",
-        "--port", str(port), "--home", str(home), "--warehouse", str(warehouse), "--landing", str(landing),
-        "--engine-port", "0", "--interval", "4", "--ready-timeout", str(SERVER_START_TIMEOUT_S),
-    ]
-    started = time.monotonic()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT),
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    api = ApiClient(url, DEFAULT_USER, DEFAULT_PASSWORD)
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while not api.healthy():
-            if proc.poll() is not None:
-                pytest.fail(f"the dev server exited with {proc.returncode}; see {log}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the dev server did not answer within {SERVER_START_TIMEOUT_S:.0f} s; see {log}")
-            time.sleep(2)
-        print(f"\ndev server up on {url} after {time.monotonic() - started:.0f} s (log: {log})")
-        yield DevServer(url, DEFAULT_USER, DEFAULT_PASSWORD, warehouse, landing, home, log, api)
-    finally:
-        _stop(proc)
-        shutil.rmtree(base, ignore_errors=True)
+    with running_stack(artifacts / "devserver.log", ["--interval", "4"]) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

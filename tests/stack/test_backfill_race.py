@@ -1,0 +1,129 @@
+"""A backfill raced by the live schedule, on the real stack (scheduler, LocalExecutor, PostgreSQL).
+
+Input lands in six past one-minute intervals while the pipeline DAG is
+unpaused and scheduled every minute. A backfill of those intervals is
+created late in a minute, with ``max_active_runs=1``, so that the scheduled
+run of the next minute (a later interval, whose arrival cut-off covers all
+that input) becomes ready while backfill runs of earlier intervals are still
+queued. The scheduled run must wait for them: every file lands in the epoch
+of its arrival interval, each epoch is planned and processed once by the
+backfill run of its interval, and the sinks equal the interval-by-interval
+history computed by the reference implementation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from barrierflow.checkpoint import EpochStatus
+from barrierflow.checkpoint_log import CheckpointLog
+from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.layout import PipelineLayout
+from integration.sensor_check import assert_matches_reference, assert_one_commit_per_table_per_epoch
+from reference.sensor_stats_reference import run_reference
+from stack import ROOT, running_stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+DAG_ID = "barrierflow_sensor_stats"
+# Files per interval: an empty interval in between, as a backfill range may hold.
+PER_INTERVAL = [2, 1, 0, 2, 1, 1, 1]
+
+
+def _until(what: str, condition: Any, timeout_s: float, poll_s: float = 2.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def _task_log(home: Path, run_id: str, task_id: str) -> str:
+    path = home / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}" / f"task_id={task_id}" / "attempt=1.log"
+    return "\n".join(str(json.loads(line).get("event", "")) for line in path.read_text().splitlines() if line.strip())
+
+
+def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Path) -> None:
+    artifacts = ROOT / "test-artifacts" / "stack"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    with running_stack(artifacts / "backfill-race.log", ["--interval", "0", "--warm-up-epochs", "0"]) as stack:
+        api = stack.api
+        _until("the DAG to be parsed and unpaused", lambda: (api.get(f"/api/v2/dags/{DAG_ID}")[1] or {}).get("is_paused") is False, 300)
+
+        # Late in a minute (the scheduled run of its start has long finished: there was no input),
+        # input lands in past intervals and the backfill of those intervals is created.
+        now = datetime.now(timezone.utc)
+        if now.second > 40:
+            time.sleep(61 - now.second)
+        time.sleep(max(0.0, 40 - datetime.now(timezone.utc).second))
+        first = (datetime.now(timezone.utc) - timedelta(minutes=30)).replace(second=0, microsecond=0)
+        spec = SensorStreamSpec(n_files=sum(PER_INTERVAL), records_per_file=40, seed=61, late_rate=0.05)
+        files = write_sensor_files(stack.landing, spec)
+        epochs: list[list[Path]] = []
+        for k, count in enumerate(PER_INTERVAL):
+            chunk = files[sum(PER_INTERVAL[:k]) : sum(PER_INTERVAL[: k + 1])]
+            for i, path in enumerate(chunk):
+                at = (first + timedelta(minutes=k, seconds=10 + 15 * i)).timestamp()
+                os.utime(path, (at, at))
+            if chunk:
+                epochs.append(chunk)
+        last = first + timedelta(minutes=len(PER_INTERVAL) - 1)  # --to-date is inclusive: the last interval's start
+        status, backfill = api.post(
+            "/api/v2/backfills",
+            {"dag_id": DAG_ID, "from_date": first.isoformat(), "to_date": last.isoformat(), "max_active_runs": 1},
+        )
+        assert status == 200, backfill
+        raced_at = (datetime.now(timezone.utc) + timedelta(minutes=1)).replace(second=0, microsecond=0)
+
+        def runs() -> list[dict[str, Any]]:
+            return (api.get(f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100&order_by=logical_date")[1] or {}).get("dag_runs", [])
+
+        def settled() -> list[dict[str, Any]] | None:
+            all_runs = runs()
+            backfill_runs = [r for r in all_runs if r["run_type"] == "backfill"]
+            raced = [r for r in all_runs if r["run_type"] == "scheduled" and r.get("run_after", "") >= raced_at.isoformat()[:19]]
+            done = ("success", "failed")
+            if len(backfill_runs) == len(PER_INTERVAL) and raced and all(r["state"] in done for r in backfill_runs + raced[:1]):
+                return all_runs
+            return None
+
+        all_runs = _until("the backfill and the raced scheduled run to finish", settled, 480, poll_s=3)
+
+        backfill_runs = [r for r in all_runs if r["run_type"] == "backfill"]
+        assert [r["state"] for r in backfill_runs] == ["success"] * len(PER_INTERVAL), backfill_runs
+        raced = next(r for r in all_runs if r["run_type"] == "scheduled" and r["run_after"] >= raced_at.isoformat()[:19])
+        assert raced["state"] == "success", raced
+        # The scheduled run was ready while backfill runs of earlier intervals were queued, and waited for them.
+        barrier_log = _task_log(stack.home, raced["dag_run_id"], "barrier")
+        assert "waiting for the earlier run backfill__" in barrier_log and "(queued)" in barrier_log, barrier_log
+        assert "no new input up to" in barrier_log, barrier_log
+
+        # One epoch per interval holding input, each planned by that interval's backfill run.
+        layout = PipelineLayout.of(str(stack.warehouse), "sensor_stats")
+        completed = sorted((r for r in CheckpointLog(layout).records() if r.status is EpochStatus.COMPLETED), key=lambda r: r.epoch)
+        expected_cutoffs = [
+            int((first + timedelta(minutes=k + 1)).timestamp() * 1000) for k, n in enumerate(PER_INTERVAL) if n
+        ]
+        assert [r.arrival_cutoff_ms for r in completed] == expected_cutoffs
+        assert [[f[0] for f in r.offsets_json()["readings"]["files"]] for r in completed] == [[p.name for p in e] for e in epochs]
+        owners = {r["logical_date"][:16]: r["dag_run_id"] for r in backfill_runs}
+        for record in completed:
+            barrier = json.loads(Path(layout.barrier(record.lineage_id, record.epoch)).read_text())
+            interval_start = datetime.fromtimestamp(record.arrival_cutoff_ms / 1000 - 60, tz=timezone.utc)
+            assert barrier["planned_by"] == f"{DAG_ID}:{owners[interval_start.isoformat()[:16]]}", barrier["planned_by"]
+        waits = [line for line in barrier_log.splitlines() if "waiting for the earlier run" in line]
+        print(f"\nscheduled run {raced['dag_run_id']} waited for: {waits}")
+        print(f"epochs: {[(r.epoch, len(r.offsets_json()['readings']['files'])) for r in completed]} (epoch, files)")
+        # The sinks are those of the interval-by-interval history (each epoch processed once).
+        assert_matches_reference(stack.warehouse, run_reference(epochs, 30))
+        assert_one_commit_per_table_per_epoch(stack.warehouse, len(epochs))
