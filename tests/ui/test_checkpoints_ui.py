@@ -1,6 +1,7 @@
 """End to end in a browser: log in, watch sensor_stats commit epochs, take a savepoint through the
-trigger form, find it (and the epoch chart) on the checkpoints page, restore it through the
-restore DAG's form, and query the state from a shell.
+trigger form, find it (and the epoch chart) on the checkpoints page, reprocess from it through the
+reprocess DAG's form (restore, then replay every interval since, the schedule held), and query the
+state from a shell.
 
 One test function on purpose: the steps build on each other and share one
 server, and a single test keeps pytest-xdist from starting a second server.
@@ -9,6 +10,7 @@ Each step saves a screenshot in ``test-artifacts/ui/``.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -23,7 +25,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(1200)]
 PIPELINE = "sensor_stats"
 DAG_ID = "barrierflow_sensor_stats"
 SAVEPOINT_DAG_ID = "barrierflow_sensor_stats_savepoint"
-RESTORE_DAG_ID = "barrierflow_sensor_stats_restore"
+REPROCESS_DAG_ID = "barrierflow_sensor_stats_reprocess"
 T = TypeVar("T")
 
 
@@ -204,32 +206,48 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     body = d.find_element(By.TAG_NAME, "body").text
     assert f'"name":"{name}"' in body.replace(" ", "") and '"status":"COMPLETED"' in body.replace(" ", "")
 
-    # 8. Restore the savepoint through the restore DAG's trigger form, as the README's first session does.
-    d.get(f"{url}/dags/{RESTORE_DAG_ID}")
-    wait_for(d, lambda: css("[data-testid=trigger-dag-button]"), 120, "the restore Trigger button")[0].click()
+    # 8. Reprocess from the savepoint through the reprocess DAG's trigger form (as the README's
+    #    first session does): restore with the sinks rewound, then replay each interval since.
+    #    First the schedule commits input that arrived after the savepoint: there is something to replay.
+    from barrierflow.savepoint import load_savepoint
+
+    saved_at = load_savepoint(PIPELINE, str(devserver.warehouse), name).epoch
+    wait_for(d, lambda: max(_completed_epochs(devserver.warehouse)) > saved_at, 240, "an epoch after the savepoint", poll_s=3)
+    d.get(f"{url}/dags/{REPROCESS_DAG_ID}")
+    wait_for(d, lambda: css("[data-testid=trigger-dag-button]"), 120, "the reprocess Trigger button")[0].click()
     field = wait_for(d, lambda: [e for e in css("#element_savepoint") if e.is_displayed()], 60, "the savepoint field")
     field[0].send_keys(name)
-    step.shot("restore-trigger-form")
+    step.shot("reprocess-trigger-form")
     wait_for(d, lambda: [e for e in css("[data-testid=trigger-dag-submit]") if e.is_enabled()], 30, "the submit button")[0].click()
 
-    def restore_state() -> str | None:
-        status, doc = devserver.api.get(f"/api/v2/dags/{RESTORE_DAG_ID}/dagRuns?limit=50&order_by=-run_after")
+    def reprocess_run() -> dict[str, Any] | None:
+        status, doc = devserver.api.get(f"/api/v2/dags/{REPROCESS_DAG_ID}/dagRuns?limit=50&order_by=-run_after")
         for run in (doc or {}).get("dag_runs", []) if status == 200 else []:
             if (run.get("conf") or {}).get("savepoint") == name:
                 if run["state"] == "failed":
-                    raise AssertionError(f"restore run {run['dag_run_id']} failed; see {devserver.log}")
-                return run["state"] if run["state"] == "success" else None
+                    raise AssertionError(f"reprocess run {run['dag_run_id']} failed; see {devserver.log}")
+                return run if run["state"] == "success" else None
         return None
 
-    wait_for(d, restore_state, 420, f"the restore of {name!r} to succeed", poll_s=3)
-    d.get(f"{url}/dags/{RESTORE_DAG_ID}/runs")
-    wait_for(d, lambda: "success" in [e.text.strip().lower() for e in css("[data-testid=table-cell-state]")], 60, "the restore run in the UI", refresh_every_s=10)
-    step.shot("restore-run-success")
+    run = wait_for(d, reprocess_run, 480, f"the reprocessing from {name!r} to succeed", poll_s=3)
+    d.get(f"{url}/dags/{REPROCESS_DAG_ID}/runs")
+    wait_for(d, lambda: "success" in [e.text.strip().lower() for e in css("[data-testid=table-cell-state]")], 60, "the reprocess run in the UI", refresh_every_s=10)
+    step.shot("reprocess-run-success")
+    status, result = devserver.api.get(
+        f"/api/v2/dags/{REPROCESS_DAG_ID}/dagRuns/{quote(run['dag_run_id'])}/taskInstances/reprocess/xcomEntries/return_value"
+    )
+    assert status == 200, result
+    replayed = json.loads(result["value"]) if isinstance(result.get("value"), str) else result["value"]
     history = pipeline_history(str(devserver.warehouse), PIPELINE, state_size=False)
     assert len(history.lineages) >= 2, "a restore starts a new lineage"
+    new_lineage = history.lineages[-1].lineage_id
+    assert replayed["restored"]["lineage_id"] == new_lineage
+    # Every interval since the savepoint was replayed as its own epoch, in order, each with its interval's cut-off.
+    cutoffs = [e["arrival_cutoff_ms"] for e in replayed["replayed"]]
+    assert cutoffs and cutoffs == sorted(cutoffs) and len(set(cutoffs)) == len(cutoffs), replayed
+    assert all(c % 60_000 == 0 for c in cutoffs), cutoffs  # one-minute interval ends
 
     # 9. Query the restored state from a shell, as the README shows.
-    import json
     import subprocess
     import sys
 
