@@ -80,7 +80,10 @@ def _p90(values: list[float]) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, -(-9 * len(ordered) // 10) - 1))]  # nearest rank
 
 
-def _start_stack(work: Path, mode: str, log_path: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+def start_stack(
+    work: Path, mode: str, log_path: Path, extra_args: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """``make run``'s stack in ``work`` on free ports; (its process, {"port", "url_at"})."""
     from barrierflow.devserver import free_port
 
     port, engine_port = free_port(), free_port()
@@ -88,6 +91,7 @@ def _start_stack(work: Path, mode: str, log_path: Path) -> tuple[subprocess.Pope
     cmd = [
         sys.executable, "-m", "barrierflow.devserver", "--port", str(port), "--engine-port", str(engine_port),
         "--home", str(work / "airflow"), "--warehouse", str(work / "warehouse"), "--landing", str(work / "landing"),
+        *extra_args,
     ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     info: dict[str, Any] = {"port": port, "url_at": None}
@@ -105,7 +109,7 @@ def _start_stack(work: Path, mode: str, log_path: Path) -> tuple[subprocess.Pope
     return proc, info
 
 
-def _stop_stack(proc: subprocess.Popen[str]) -> None:
+def stop_stack(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -157,7 +161,7 @@ def measure(mode: str, minutes: float, keep: Path | None) -> Figures:
     work = Path(tempfile.mkdtemp(prefix=f"bench-airflow-{mode}-"))
     log_path = (keep or work) / f"stack-{mode}.log"
     print(f"[{mode}] starting the make-run stack in {work} (log {log_path}) for {minutes:g} min", flush=True)
-    proc, info = _start_stack(work, mode, log_path)
+    proc, info = start_stack(work, mode, log_path)
     try:
         deadline = time.time() + 600
         while info["url_at"] is None and time.time() < deadline and proc.poll() is None:
@@ -168,7 +172,7 @@ def measure(mode: str, minutes: float, keep: Path | None) -> Figures:
         end = time.time()
         run_s, durations, runs = _api_figures(info["port"])
     finally:
-        _stop_stack(proc)
+        stop_stack(proc)
     landing = work / "landing"
     arrivals = {p.name: p.stat().st_mtime for p in landing.glob("*.jsonl")}
     epochs = [(done, files) for done, files in _epochs(work / "warehouse") if done <= end]
