@@ -5,7 +5,7 @@ For each metadata database (``--metadata-db postgres``, the default of
 exactly as ``make run`` does, waits for its first completed epoch, then runs
 the Airflow CLI against it (``barrierflow airflow``) from ``--threads``
 threads for ``--minutes``: writes (``variables set``, ``pools set``) and
-reads (``dags list-runs``, ``backfill list``), while the scheduler, API
+reads (``dags list-runs``) and ``backfill create`` of one past interval, while the scheduler, API
 server, triggerer, DAG processor and the epoch DAG's tasks use the same
 database. It prints, per database, the commands run, those that failed, and
 those that failed with ``database is locked``, and the epochs completed
@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,8 @@ COMMANDS = (
     ("variables", "set", "bench_key", "{n}"),
     ("dags", "list-runs", DAG_ID),
     ("pools", "set", "bench_pool", "{n}", "bench"),
-    ("backfill", "list", "--dag-id", DAG_ID),
+    # One past interval each time (no input then: the run is a no-op); what the issue saw fail on SQLite.
+    ("backfill", "create", "--dag-id", DAG_ID, "--from-date", "{past}", "--to-date", "{past}"),
 )
 
 
@@ -63,8 +65,9 @@ def measure(db: str, minutes: float, threads: int, keep: Path | None) -> dict[st
             n = 0
             while time.time() < stop_at:
                 args = COMMANDS[(worker + n) % len(COMMANDS)]
+                past = (datetime.now(timezone.utc) - timedelta(days=2, minutes=1000 * worker + n)).replace(second=0, microsecond=0)
                 cmd = [sys.executable, "-m", "barrierflow", "airflow", "--home", str(work / "airflow"),
-                       *[a.format(n=n) for a in args]]
+                       *[a.format(n=n, past=past.isoformat()) for a in args]]
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
                 with lock:
                     results.append((" ".join(args[:2]), done.returncode, done.stdout + done.stderr))
