@@ -55,7 +55,7 @@ from barrierflow.errors import CheckpointError, EpochInProgressError, FencedErro
 from barrierflow.intervals import ArrivalBound
 from barrierflow.layout import STAGING_DIR, PipelineLayout
 from barrierflow.pipeline import Pipeline, PipelineDefinition
-from barrierflow.runtime import check_follows, completed_future, process_epoch
+from barrierflow.runtime import Compute, check_follows, completed_future, process_epoch
 from barrierflow.spark import engine_lost
 from barrierflow.state import resident
 from barrierflow.state.delta_state_backend import compact, needs_compaction
@@ -106,8 +106,11 @@ class CheckpointCoordinator:
         warehouse: str,
         spark_factory: Callable[[], Any] | None = None,
         use_lease: bool = True,
+        compute: Compute | None = None,
     ) -> None:
+        """``compute`` replaces the Spark computation of step 3 (the protocol tests' stub engine)."""
         self.definition = definition
+        self._compute = compute
         self.params = definition.resolve(params)
         self.layout = PipelineLayout.of(warehouse, definition.name)
         self.log = CheckpointLog(self.layout)
@@ -430,7 +433,7 @@ class CheckpointCoordinator:
         # Built per epoch: the coordinator plans the next barrier with its own copy meanwhile.
         pipe = self.definition.build(barrier.params or self.params)
         try:
-            return process_epoch(spark, self.layout, pipe, barrier, restore_point, on_restore), True
+            return process_epoch(spark, self.layout, pipe, barrier, restore_point, on_restore, self._compute), True
         except Exception as exc:
             lost = engine_lost(spark, exc)
             if lost is not None:

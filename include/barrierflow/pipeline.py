@@ -23,7 +23,8 @@ from typing import Any, Callable, Mapping
 
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.aggregate import Aggregation, RunningAggregate
-from barrierflow.operators.base import Node, StateSpec
+from barrierflow.operators.base import Node
+from barrierflow.state.spec import StateSpec
 from barrierflow.operators.dedup import Deduplicate
 from barrierflow.operators.process import KeyedProcess, KeyedProcessFunction
 from barrierflow.operators.watermark import WatermarkAssigner

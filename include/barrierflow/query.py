@@ -25,7 +25,7 @@ from deltalake.exceptions import DeltaError
 from barrierflow.checkpoint_log import CheckpointLog
 from barrierflow.errors import CheckpointError, QueryError
 from barrierflow.layout import PipelineLayout
-from barrierflow.operators.base import KEY_GROUP
+from barrierflow.state.spec import KEY_GROUP
 from barrierflow.storage import exists
 
 __all__ = ["run_query", "table_uri", "format_rows", "to_jsonable"]

@@ -51,7 +51,7 @@ from barrierflow.checkpoint_log import iso_now, now_us
 from barrierflow.delta_commit import TABLE_CONFIGURATION, open_table, stage_table
 from barrierflow.errors import CheckpointError, IncompatibleSavepointError, SavepointError
 from barrierflow.layout import PipelineLayout
-from barrierflow.operators.base import KEY_GROUP
+from barrierflow.state.spec import KEY_GROUP
 from barrierflow.pipeline import Pipeline, PipelineDefinition
 from barrierflow.savepoint import (
     DEFAULT_LEASE_WAIT_S,

@@ -21,7 +21,7 @@ from barrierflow.checkpoint import Barrier, CheckpointRecord, Manifest, StagedFi
 from barrierflow.delta_commit import schema_json_of, stage_table
 from barrierflow.errors import CheckpointError, FencedError, PipelineDefinitionError
 from barrierflow.layout import PipelineLayout
-from barrierflow.operators.base import KEY_GROUP
+from barrierflow.state.spec import KEY_GROUP
 from barrierflow.pipeline import Node, Pipeline, SourceNode
 from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
 from barrierflow.spark import observation_done
@@ -30,7 +30,7 @@ from barrierflow.state.delta_state_backend import DeltaStateBackend
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["EpochContext", "process_epoch", "completed_future", "check_follows"]
+__all__ = ["EpochContext", "Compute", "process_epoch", "completed_future", "check_follows"]
 
 _log = logging.getLogger(__name__)
 
@@ -287,6 +287,11 @@ def completed_future(record: CheckpointRecord | None) -> "Future[CheckpointRecor
     return future
 
 
+# Stages every table of one epoch through the context (its second argument:
+# ordered reads only); returns the rows read.
+Compute = Callable[["EpochContext", bool], int]
+
+
 class _OrderedReadRequired(Exception):
     """An unordered read met a bad line: the epoch is recomputed with ordered reads."""
 
@@ -298,11 +303,15 @@ def process_epoch(
     barrier: Barrier,
     restore_point: "Future[CheckpointRecord | None]",
     on_restore: Callable[[], None] | None = None,
+    compute: "Compute | None" = None,
 ) -> Manifest:
     """Compute epoch ``barrier.epoch`` and vote with a manifest (put-if-absent).
 
     ``restore_point`` resolves to the completed checkpoint of epoch n-1
-    (see :meth:`EpochContext.restore_point`).
+    (see :meth:`EpochContext.restore_point`). ``compute`` stages the
+    epoch's tables through the context and returns the rows read: the
+    pipeline's operators on Spark by default; the protocol tests give a
+    Spark-free stand-in, so that steps 2-3 are tested as they run.
 
     1. Compute the epoch (:func:`_compute`). Sources whose consumers do not
        need arrival order are read unordered; if such a read met a bad line,
@@ -314,15 +323,16 @@ def process_epoch(
        this attempt's staged files are discarded).
     """
     started = time.monotonic()
+    compute = compute or _compute
     ctx = EpochContext(spark, layout, pipe, barrier, restore_point, on_restore)
     try:
         try:
-            rows_in = _compute(ctx, ordered_only=False)
+            rows_in = compute(ctx, False)
         except _OrderedReadRequired:
             ctx.discard_staged()
             _log.info("epoch %d: bad input lines; computing again with ordered reads", barrier.epoch)
             ctx = EpochContext(spark, layout, pipe, barrier, restore_point, on_restore)
-            rows_in = _compute(ctx, ordered_only=True)
+            rows_in = compute(ctx, True)
         ctx.restore_point()
     except BaseException:
         # E.g. epoch n-1 failed to complete: this attempt can never vote.

@@ -7,7 +7,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pytest
 
-from barrierflow.operators.base import KEY_GROUP, StateSpec
+from barrierflow.state.spec import KEY_GROUP, StateSpec
 from barrierflow.state.delta_state_backend import latest_rows
 
 SPEC = StateSpec(

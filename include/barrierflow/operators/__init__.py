@@ -1,7 +1,7 @@
 """Operators: deduplication, watermarks, running aggregates, windows, process functions."""
 
 from barrierflow.operators.aggregate import Aggregation, Avg, Count, Max, Min, Percentile, RunningAggregate, Sum
-from barrierflow.operators.base import Node, StateSpec
+from barrierflow.operators.base import Node
 from barrierflow.operators.dedup import Deduplicate
 from barrierflow.operators.process import KeyedContext, KeyedProcess, KeyedProcessFunction
 from barrierflow.operators.watermark import WatermarkAssigner
@@ -9,6 +9,6 @@ from barrierflow.operators.window import TumblingEventTimeWindows, TumblingWindo
 
 __all__ = [
     "Aggregation", "Avg", "Count", "Deduplicate", "KeyedContext", "KeyedProcess", "KeyedProcessFunction",
-    "Max", "Min", "Node", "Percentile", "RunningAggregate", "StateSpec", "Sum", "TumblingEventTimeWindows",
+    "Max", "Min", "Node", "Percentile", "RunningAggregate", "Sum", "TumblingEventTimeWindows",
     "TumblingWindow", "WatermarkAssigner",
 ]

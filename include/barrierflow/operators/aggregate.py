@@ -32,8 +32,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barrierflow.errors import PipelineDefinitionError
-from barrierflow.operators.base import KEY_GROUP, Node, StateSpec, key_group_column
+from barrierflow.operators.base import Node, key_group_column
 from barrierflow.spark import session_cached
+from barrierflow.state.spec import KEY_GROUP, StateSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

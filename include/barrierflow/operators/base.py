@@ -1,4 +1,4 @@
-"""Common shape of every operator node and of the state it declares."""
+"""Common shape of every operator node; the state it declares is a :class:`~barrierflow.state.spec.StateSpec`."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from barrierflow.spark import session_cached
+from barrierflow.state.spec import StateSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["Node", "StateSpec", "KEY_GROUP", "user_columns", "key_group_column", "position_order"]
-
-KEY_GROUP = "_key_group"
+__all__ = ["Node", "user_columns", "key_group_column", "position_order"]
 
 
 @dataclass
@@ -43,52 +42,6 @@ class Node:
 
     def describe(self) -> dict[str, Any]:
         return {"operator_id": self.operator_id, "type": type(self).__name__}
-
-
-@dataclass(frozen=True)
-class StateSpec:
-    """A keyed state table: ``state/<operator_id>/<name>``.
-
-    Rows: key columns, ``_key_group``, value columns, ``_updated_at_ms``,
-    ``_deleted`` (tombstone) and ``_epoch`` (the epoch that wrote the row).
-    The latest row per key (highest ``_epoch``) is the current value.
-    """
-
-    operator_id: str
-    name: str
-    key_fields: tuple[pa.Field, ...]
-    value_fields: tuple[pa.Field, ...]
-    ttl_ms: int | None = None
-
-    @property
-    def key_columns(self) -> list[str]:
-        return [f.name for f in self.key_fields]
-
-    @property
-    def value_columns(self) -> list[str]:
-        return [f.name for f in self.value_fields]
-
-    @property
-    def table_name(self) -> str:
-        return f"{self.operator_id}__{self.name}"
-
-    def arrow_schema(self) -> pa.Schema:
-        return pa.schema(
-            [
-                *self.key_fields,
-                pa.field(KEY_GROUP, pa.int32()),
-                *self.value_fields,
-                pa.field("_updated_at_ms", pa.int64()),
-                pa.field("_deleted", pa.bool_()),
-                pa.field("_epoch", pa.int64()),
-            ]
-        )
-
-    def signature(self) -> dict[str, Any]:
-        return {
-            "keys": [f"{f.name}:{f.type}" for f in self.key_fields],
-            "values": [f"{f.name}:{f.type}" for f in self.value_fields],
-        }
 
 
 def user_columns(df: "DataFrame") -> list[str]:

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from barrierflow.operators.base import KEY_GROUP, Node, StateSpec, key_group_column, position_order
+from barrierflow.operators.base import Node, key_group_column, position_order
+from barrierflow.state.spec import KEY_GROUP, StateSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

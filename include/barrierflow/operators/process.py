@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barrierflow.errors import PipelineDefinitionError
-from barrierflow.operators.base import KEY_GROUP, Node, StateSpec, key_group_column
+from barrierflow.operators.base import Node, key_group_column
 from barrierflow.state.descriptors import StateDescriptor
 from barrierflow.state.keyed import State, state_for
+from barrierflow.state.spec import KEY_GROUP, StateSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

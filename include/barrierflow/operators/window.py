@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.aggregate import Aggregation, Count
-from barrierflow.operators.base import KEY_GROUP, Node, StateSpec, key_group_column, user_columns
+from barrierflow.operators.base import Node, key_group_column, user_columns
+from barrierflow.state.spec import KEY_GROUP, StateSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

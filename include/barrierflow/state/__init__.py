@@ -10,6 +10,7 @@ from barrierflow.state.descriptors import (
     StateTtlConfig,
     ValueStateDescriptor,
 )
+from barrierflow.state.spec import KEY_GROUP, StateSpec
 from barrierflow.state.keyed import (
     AggregatingState,
     ListState,
@@ -19,6 +20,8 @@ from barrierflow.state.keyed import (
 )
 
 __all__ = [
+    "KEY_GROUP",
+    "StateSpec",
     "AggregateFunction",
     "AggregatingState",
     "AggregatingStateDescriptor",

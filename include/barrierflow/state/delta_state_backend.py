@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from barrierflow.checkpoint import TableKind
 from barrierflow.delta_commit import add_actions, open_table, stored_rows
 from barrierflow.errors import CheckpointError
-from barrierflow.operators.base import KEY_GROUP, StateSpec
+from barrierflow.state.spec import KEY_GROUP, StateSpec
 from barrierflow.state import resident
 from barrierflow.storage import join_uri
 

@@ -1,0 +1,88 @@
+"""A Spark-free stand-in for step 3, so the checkpoint protocol is tested in milliseconds.
+
+The pipeline ``lines`` reads text files, deduplicates by line id and
+appends every new line to the sink ``lines``. :func:`stub_compute` does
+what the runtime's Spark computation does for it, in plain Python: read the
+barrier's line ranges, wait for the restore point, stage the dedup state,
+the sink rows and the (empty) dead letters through the epoch context, and
+cross the same fault points. Everything around it (barriers, the vote, the
+Delta commits, the checkpoint log, recovery, fencing) is the real protocol.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from barrierflow import faults
+from barrierflow.checkpoint import TableKind
+from barrierflow.state.spec import KEY_GROUP
+from barrierflow.params import Param
+from barrierflow.pipeline import PipelineBuilder, PipelineDefinition
+from barrierflow.runtime import EpochContext
+from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
+from barrierflow.sources.file_source import FileSource
+
+__all__ = ["LINES", "stub_compute", "epoch_tables", "LINE_SCHEMA"]
+
+LINE_SCHEMA = pa.schema([pa.field("line_id", pa.string()), pa.field("text", pa.string())])
+
+
+def _build(p: PipelineBuilder, params: dict[str, Any]) -> None:
+    source = FileSource(
+        "lines", params["landing_dir"], parser=lambda line: {"line_id": "", "text": line}, parser_schema=LINE_SCHEMA,
+        max_files_per_epoch=params["max_files_per_epoch"], suffixes=(".txt",),
+    )
+    p.source(source).deduplicate("dedup", key="line_id").sink_to(DeltaSink.append("lines"))
+
+
+LINES = PipelineDefinition(
+    name="lines",
+    build_fn=_build,
+    params=(Param("landing_dir", str), Param("max_files_per_epoch", int, 1)),
+    key_groups=8,
+    parallelism_param=None,
+)
+
+
+def epoch_tables(definition: PipelineDefinition, params: dict[str, Any]) -> int:
+    """Tables an epoch commits: each sink and side output, the dead letters, each state table."""
+    pipe = definition.build(params)
+    return len(pipe.sinks) + len(pipe.side_output_names()) + 1 + len(pipe.state_specs())
+
+
+def stub_compute(ctx: EpochContext, ordered_only: bool) -> int:
+    """The epoch of ``lines``: every line of the barrier's ranges, once per line id."""
+    source = ctx.pipeline.sources[0].source
+    assert source is not None
+    ranges = ctx.barrier.end_offsets[source.source_id]["files"]
+    ids, texts = [], []
+    for name, from_line, to_line, _ in ranges:
+        lines = (Path(source.path) / name).read_text().splitlines()
+        for number in range(from_line, len(lines) if to_line is None else to_line):
+            ids.append(f"{name}:{number + 1}")
+            texts.append(lines[number])
+    faults.maybe_fail("process.after_read")
+    ctx.staging_prefix = ctx.layout.staging_prefix(ctx.barrier.lineage_id, ctx.epoch, ctx.attempt_id)
+    spec = ctx.pipeline.state_specs()[0]
+    n = len(ids)
+    # Line ids are unique in this input, so every line is new: the dedup state gains each id once.
+    ctx.state.stage_rows(
+        spec,
+        pa.table(
+            {
+                "line_id": pa.array(ids, pa.string()),
+                KEY_GROUP: pa.array([zlib.crc32(i.encode()) % ctx.key_groups for i in ids], pa.int32()),
+                "first_epoch": pa.array([ctx.epoch] * n, pa.int64()),
+                "_deleted": pa.array([False] * n),
+            }
+        ),
+    )
+    DeltaSink.append("lines").pre_commit(ctx, pa.table({"line_id": ids, "text": texts}, schema=LINE_SCHEMA))
+    ctx.stage(name="dead_letter", uri=ctx.layout.dead_letter, kind=TableKind.DEAD_LETTER, data=DEAD_LETTER_SCHEMA.empty_table())
+    ctx.commits()
+    faults.maybe_fail("process.after_stage")
+    return n

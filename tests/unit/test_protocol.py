@@ -1,0 +1,166 @@
+"""The checkpoint protocol with a stub engine: milliseconds per case, every guarantee checked.
+
+The coordinator, barriers, the vote, the Delta commits, the checkpoint log,
+recovery and fencing are the real ones; only step 3's computation is the
+stub of ``stub_engine`` (no Spark). Faults are raised, not SIGKILLed, so a
+case is a function call; ``tests/integration/test_crash_resume.py`` keeps a
+few real ``kill -9`` cases. Crash points inside an epoch's commits are
+computed from the number of tables an epoch commits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from barrierflow import faults, storage
+from barrierflow.checkpoint import EpochStatus, Manifest
+from barrierflow.coordinator import CheckpointCoordinator
+from barrierflow.errors import FencedError, InjectedFault
+from barrierflow.restore import restore
+from barrierflow.runtime import completed_future, process_epoch
+from stub_engine import LINES, epoch_tables, stub_compute
+
+FILES, LINES_PER_FILE = 4, 5
+TABLES = epoch_tables(LINES, {"landing_dir": "/unused"})  # lines, dead_letter, dedup__seen
+
+
+@pytest.fixture
+def landing(tmp_path: Path) -> Path:
+    path = tmp_path / "landing"
+    path.mkdir()
+    for f in range(FILES):
+        (path / f"part-{f:02d}.txt").write_text("".join(f"file {f} line {n}\n" for n in range(LINES_PER_FILE)))
+    return path
+
+
+def _coordinator(warehouse: Path, landing: Path) -> CheckpointCoordinator:
+    return CheckpointCoordinator(
+        LINES, {"landing_dir": str(landing), "max_files_per_epoch": 1}, str(warehouse),
+        spark_factory=lambda: None, compute=stub_compute,
+    )
+
+
+@pytest.fixture
+def fault(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Arm ``point:crossing`` in raise mode (crossings counted from zero)."""
+
+    def arm(spec: str | None) -> None:
+        faults._crossings.clear()
+        if spec is None:
+            monkeypatch.delenv(faults.ENV_VAR, raising=False)
+        else:
+            monkeypatch.setenv(faults.ENV_VAR, f"{spec}:raise")
+
+    yield arm
+    faults._crossings.clear()
+
+
+def assert_exactly_once(warehouse: Path, landing: Path, epochs: int) -> None:
+    """Every input line once in the sink, with its epoch; one commit per table per epoch; nothing staged visible."""
+    coordinator = _coordinator(warehouse, landing)
+    layout = coordinator.layout
+    rows = DeltaTable(layout.sink_table("lines")).to_pyarrow_table().to_pylist()
+    expected = {f"part-{f:02d}.txt:{n + 1}": f + 1 for f in range(FILES) for n in range(LINES_PER_FILE)}
+    assert sorted((r["line_id"], r["_epoch"]) for r in rows) == sorted(expected.items())
+    seen = DeltaTable(layout.state_table("dedup", "seen")).to_pyarrow_table()
+    assert sorted(seen["line_id"].to_pylist()) == sorted(expected)
+    lineage = coordinator.current_lineage()["lineage_id"]
+    records = coordinator.log.lineage_records(lineage)
+    assert sorted(r.epoch for r in records if r.status is EpochStatus.COMPLETED) == list(range(1, epochs + 1))
+    winners: dict[str, set[str]] = {}
+    for epoch in range(1, epochs + 1):
+        manifest = Manifest.from_json(storage.read_json(layout.manifest(lineage, epoch)))
+        for table in manifest.tables:
+            winners.setdefault(table.uri, set()).update(f.path for f in table.adds)
+    for uri in winners:
+        table = DeltaTable(uri)
+        epochs_committed = [h["barrierflow.epoch"] for h in table.history() if "barrierflow.epoch" in h]
+        assert sorted(epochs_committed) == sorted(set(epochs_committed)), (uri, epochs_committed)  # once each
+        live = set(table.get_add_actions(flatten=True).column("path").to_pylist())
+        assert live <= winners[uri] | {p for p in live if p.startswith("_compacted/")}, uri
+
+
+# Each point once, at a crossing inside epoch 2 (epoch 1 has completed by then):
+# the commit points between two tables of epoch 2's commits.
+CRASHES = [
+    ("recover.start", 2),
+    ("barrier.before_write", 2),
+    ("barrier.after_write", 2),
+    ("process.after_read", 2),
+    ("process.after_stage", 2),
+    ("process.before_manifest", 2),
+    ("process.after_manifest", 2),
+    ("commit.before_delta_commit", TABLES + 2),
+    ("commit.after_delta_commit", TABLES + 1),
+    ("commit.before_completed", 2),
+    ("commit.after_completed", 2),
+    ("notify.start", 2),
+]
+
+
+@pytest.mark.parametrize(("point", "crossing"), CRASHES, ids=[f"{p}:{n}" for p, n in CRASHES])
+def test_a_crash_at_any_point_then_a_new_run_is_exactly_once(
+    point: str, crossing: int, tmp_path: Path, landing: Path, fault: Any
+) -> None:
+    warehouse = tmp_path / "wh"
+    fault(f"{point}:{crossing}")
+    with pytest.raises(InjectedFault):
+        _coordinator(warehouse, landing).run(until_caught_up=True)
+    fault(None)
+    _coordinator(warehouse, landing).run(until_caught_up=True)
+    assert_exactly_once(warehouse, landing, FILES)
+
+
+def test_a_voted_epoch_is_rolled_forward_never_recomputed(tmp_path: Path, landing: Path, fault: Any) -> None:
+    warehouse = tmp_path / "wh"
+    fault("commit.before_completed:1")
+    with pytest.raises(InjectedFault):
+        _coordinator(warehouse, landing).run(epochs=1)
+    fault(None)
+    coordinator = _coordinator(warehouse, landing)
+    vote = storage.read_json(coordinator.layout.manifest(coordinator.current_lineage()["lineage_id"], 1))
+    recovery = coordinator.recover()
+    assert recovery.rolled_forward == (1,) and recovery.last_completed_epoch == 1
+    assert recovery.last_completed is not None and recovery.last_completed.attempt_id == vote["attempt_id"]
+
+
+def test_the_first_durable_vote_wins(tmp_path: Path, landing: Path) -> None:
+    warehouse = tmp_path / "wh"
+    coordinator = _coordinator(warehouse, landing)
+    recovery = coordinator.recover()
+    barrier = coordinator.trigger_checkpoint(recovery)
+    assert barrier is not None
+    pipe = coordinator.pipeline
+    first = process_epoch(None, coordinator.layout, pipe, barrier, completed_future(None), compute=stub_compute)
+    second = process_epoch(None, coordinator.layout, pipe, barrier, completed_future(None), compute=stub_compute)
+    assert second == first  # the late attempt returns the winner's vote...
+    for table in (t for t in first.tables if t.adds):  # ...and its own staged files are gone
+        epoch_dir = Path(storage.local_path(table.uri)) / "_staging" / barrier.lineage_id / f"{barrier.epoch:010d}"
+        assert sorted(p.name for p in epoch_dir.iterdir()) == [first.attempt_id], table.name
+    coordinator.run(until_caught_up=True)
+    assert_exactly_once(warehouse, landing, FILES)
+
+
+def test_a_zombie_of_an_old_lineage_cannot_commit(tmp_path: Path, landing: Path) -> None:
+    warehouse = tmp_path / "wh"
+    coordinator = _coordinator(warehouse, landing)
+    coordinator.run(epochs=2)
+    # A zombie voted epoch 3 in the first lineage, then the pipeline was restored to epoch 2.
+    zombie = coordinator.trigger_checkpoint(coordinator.recover())
+    assert zombie is not None and zombie.epoch == 3
+    vote = process_epoch(None, coordinator.layout, coordinator.pipeline, zombie, completed_future(coordinator.recover().last_completed), compute=stub_compute)
+    storage.remove_document(coordinator.layout.manifest(zombie.lineage_id, 3))  # not rolled forward by the restore
+    restored = restore(LINES, str(warehouse), epoch=2, rewind_sinks=True, params=coordinator.params)
+    with pytest.raises(FencedError, match=f"restored into lineage {restored.lineage_id}"):
+        coordinator.commit(zombie, vote)
+    # The new lineage replays epochs 3 and 4 exactly once.
+    _coordinator(warehouse, landing).run(until_caught_up=True)
+    layout = coordinator.layout
+    rows = DeltaTable(layout.sink_table("lines")).to_pyarrow_table().to_pylist()
+    assert sorted(r["_epoch"] for r in rows) == sorted(e for e in range(1, FILES + 1) for _ in range(LINES_PER_FILE))
+    assert json.loads(json.dumps(restored.to_json()))["epoch"] == 2
