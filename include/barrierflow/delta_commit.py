@@ -1,22 +1,16 @@
-"""Staging Parquet files and committing them to Delta tables exactly once.
+"""Committing staged Parquet files to Delta tables exactly once.
 
-Files are written by this process with pyarrow, so every add action comes from
-the writer's own result (path, size, row count, statistics), never from
-listing a directory. Timestamps are written as microsecond UTC (no INT96).
+Every add action comes from the writer's own description of its file (path,
+size, row count, statistics; see :mod:`barrierflow.staging`), never from
+listing a directory.
 """
 
 from __future__ import annotations
 
-import json
-
-import os
 import time
-import uuid
-from typing import Any, Sequence
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
@@ -24,10 +18,8 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 from barrierflow import faults
 from barrierflow.checkpoint import StagedFile, TableCommit
 from barrierflow.errors import CommitConflictError, FencedError, StorageError
-from barrierflow.storage import join_uri, local_path
 
 __all__ = [
-    "stage_table",
     "commit_epoch_table",
     "committed_version",
     "open_table",
@@ -78,73 +70,6 @@ def live_paths(table: DeltaTable) -> set[str]:
 def stored_rows(table: DeltaTable) -> int:
     """Rows in the snapshot's live files (from the log's statistics, no data read)."""
     return sum(n or 0 for n in add_actions(table).column("num_records").to_pylist())
-
-
-def stage_table(
-    table_uri: str,
-    prefix: str,
-    data: pa.Table,
-    *,
-    sort_by: Sequence[str] = (),
-    max_rows_per_file: int = 2_000_000,
-) -> list[StagedFile]:
-    """Write ``data`` as Parquet under ``<table_uri>/<prefix>`` and describe it.
-
-    Rows are sorted (e.g. by key group) so that Parquet row-group statistics
-    let readers skip key groups they do not need; tables are clustered by
-    sorting, not partitioned.
-    """
-    if data.num_rows == 0:
-        return []
-    if sort_by:
-        data = data.sort_by([(c, "ascending") for c in sort_by])
-    staged: list[StagedFile] = []
-    for offset in range(0, data.num_rows, max_rows_per_file):
-        chunk = data.slice(offset, max_rows_per_file)
-        rel = f"{prefix}/part-{uuid.uuid4().hex}.parquet"
-        path = local_path(join_uri(table_uri, rel))
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            pq.write_table(
-                chunk,
-                path,
-                compression="zstd",
-                # Floating-point values rarely repeat: a dictionary costs time and bytes.
-                use_dictionary=[f.name for f in chunk.schema if not pa.types.is_floating(f.type)],
-                coerce_timestamps="us",
-                use_deprecated_int96_timestamps=False,
-                row_group_size=64 * 1024,
-            )
-            size = os.path.getsize(path)
-        except OSError as exc:
-            raise StorageError(f"cannot stage {path}: {exc}") from exc
-        staged.append(
-            StagedFile(
-                path=rel,
-                size=size,
-                rows=chunk.num_rows,
-                stats=_stats_json(chunk),
-            )
-        )
-    return staged
-
-
-def _stats_json(data: pa.Table) -> str:
-    # Only integer columns get min/max: exact and enough for key-group and
-    # epoch skipping; float/timestamp/string stats have subtle truncation rules.
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    for name in data.column_names:
-        col = data[name]
-        if pa.types.is_integer(col.type):
-            mm = pc.min_max(col).as_py()
-            if mm["min"] is not None:
-                mins[name], maxs[name] = mm["min"], mm["max"]
-            nulls[name] = col.null_count
-    return json.dumps(
-        {"numRecords": data.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
-    )
 
 
 def committed_version(uri: str, app: str, epoch: int) -> int | None:

@@ -44,6 +44,8 @@ __all__ = [
 ]
 
 DEFAULT_KEY_GROUPS = 128
+# Where operators merge keyed state with an epoch's changes (see ``pipeline()``).
+STATE_BACKENDS = ("delta", "heap")
 _ID = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -64,6 +66,7 @@ class Pipeline:
     nodes: list[Node]
     params: dict[str, Any]
     parallelism: int
+    state_backend: str = "delta"
 
     @property
     def sources(self) -> list[SourceNode]:
@@ -196,6 +199,7 @@ class PipelineDefinition:
     key_groups: int = DEFAULT_KEY_GROUPS
     parallelism_param: str | None = "parallelism"
     extra: Mapping[str, Any] = field(default_factory=dict)
+    state_backend: str = "delta"
 
     def resolve(self, given: Mapping[str, Any]) -> dict[str, Any]:
         return resolve_params(self.params, given)
@@ -207,7 +211,7 @@ class PipelineDefinition:
         if not any(isinstance(n, SourceNode) for n in builder.nodes):
             raise PipelineDefinitionError(f"pipeline {self.name} declares no source")
         parallelism = int(params.get(self.parallelism_param, 2)) if self.parallelism_param else 2
-        pipe = Pipeline(self.name, self.key_groups, builder.nodes, params, parallelism)
+        pipe = Pipeline(self.name, self.key_groups, builder.nodes, params, parallelism, self.state_backend)
         sink_names = [s.sink.name for s in pipe.sinks] + pipe.side_output_names()
         dupes = {n for n in sink_names if sink_names.count(n) > 1}
         if dupes or "dead_letter" in sink_names:
@@ -222,16 +226,36 @@ def pipeline(
     params: list[Param] | tuple[Param, ...] = (),
     description: str = "",
     key_groups: int = DEFAULT_KEY_GROUPS,
+    state_backend: str = "delta",
 ) -> Callable[[Callable[[PipelineBuilder, dict[str, Any]], None]], PipelineDefinition]:
-    """Decorator turning a build function into a :class:`PipelineDefinition`."""
+    """Decorator turning a build function into a :class:`PipelineDefinition`.
+
+    ``state_backend`` is where keyed state meets an epoch's changes, as
+    Flink's choice between RocksDB and the heap:
+
+    - ``"delta"`` (default): every stateful operator joins its changes with
+      the stored state on the executors, reading only the key groups the
+      epoch touches; state size is bounded by the cluster, not the driver.
+    - ``"heap"``: running aggregates keep their live state resident in the
+      driver between epochs and merge there (fastest for small epochs on one
+      machine). Bounded by ``BARRIERFLOW_RESIDENT_STATE_ROWS`` rows in all
+      (default 5,000,000, about 250 bytes each); beyond that the touched key
+      groups are read from Delta into the driver every epoch. Other
+      operators behave as with ``"delta"``.
+    """
     if not _ID.match(name):
         raise PipelineDefinitionError(f"pipeline name {name!r} must be lower_snake_case")
     if not 1 <= key_groups <= 32768:
         raise PipelineDefinitionError("key_groups (max parallelism) must be between 1 and 32768")
+    if state_backend not in STATE_BACKENDS:
+        raise PipelineDefinitionError(f"state_backend {state_backend!r} is not one of {list(STATE_BACKENDS)}")
 
     def wrap(fn: Callable[[PipelineBuilder, dict[str, Any]], None]) -> PipelineDefinition:
         return PipelineDefinition(
-            name=name, build_fn=fn, params=tuple(params), description=description or (fn.__doc__ or ""), key_groups=key_groups
+            name=name, build_fn=fn, params=tuple(params),
+            description=description or (fn.__doc__ or ""),
+            key_groups=key_groups,
+            state_backend=state_backend,
         )
 
     return wrap

@@ -48,7 +48,8 @@ from deltalake.transaction import AddAction, create_table_with_add_actions
 from barrierflow import faults, storage
 from barrierflow.checkpoint import CheckpointRecord, EpochStatus, app_id
 from barrierflow.checkpoint_log import iso_now, now_us
-from barrierflow.delta_commit import TABLE_CONFIGURATION, open_table, stage_table
+from barrierflow.delta_commit import TABLE_CONFIGURATION, open_table
+from barrierflow.staging import write_parquet
 from barrierflow.errors import CheckpointError, IncompatibleSavepointError, SavepointError
 from barrierflow.layout import PipelineLayout
 from barrierflow.state.spec import KEY_GROUP
@@ -403,7 +404,7 @@ def _replace_content(uri: str, data: pa.Table, app: str, epoch: int, lineage_id:
     table = open_table(uri)
     if table is not None and (table.transaction_version(app) or -1) >= epoch:
         return table.version()
-    staged = stage_table(uri, f"_restored/{lineage_id}", data, sort_by=sort_by)
+    staged = write_parquet(uri, f"_restored/{lineage_id}", data, sort_by=sort_by)
     now = time.time_ns() // 1_000_000
     adds = [
         AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now, data_change=True, stats=f.stats)

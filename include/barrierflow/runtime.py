@@ -18,13 +18,14 @@ import pyarrow as pa
 
 from barrierflow import faults, storage
 from barrierflow.checkpoint import Barrier, CheckpointRecord, Manifest, StagedFile, TableCommit, TableKind, app_id
-from barrierflow.delta_commit import schema_json_of, stage_table
+from barrierflow.delta_commit import schema_json_of
 from barrierflow.errors import CheckpointError, FencedError, PipelineDefinitionError
 from barrierflow.layout import PipelineLayout
 from barrierflow.state.spec import KEY_GROUP
 from barrierflow.pipeline import Node, Pipeline, SourceNode
 from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
 from barrierflow.spark import observation_done
+from barrierflow.staging import stage_frame, write_parquet
 from barrierflow.state.delta_state_backend import DeltaStateBackend
 
 if TYPE_CHECKING:
@@ -202,26 +203,49 @@ class EpochContext:
         name: str,
         uri: str,
         kind: TableKind,
-        data: pa.Table,
+        data: "DataFrame | pa.Table",
+        schema: pa.Schema | None = None,
         sort_by: tuple[str, ...] = (),
+        by_key_group: bool = False,
         removes: tuple[str, ...] = (),
         base_version: int | None = None,
         primary_key: tuple[str, ...] = (),
     ) -> None:
         """Write a table's share of the epoch under the staging prefix, in the background.
 
-        Parquet encoding releases the GIL, so tables stage while the epoch
-        goes on; :meth:`commits` waits for them.
+        A Spark frame is written by the executors (:func:`stage_frame`; the
+        driver gets file descriptions only), clustered by key group if
+        ``by_key_group``; ``schema`` is the files' schema (the frame's own if
+        omitted). A ``pyarrow.Table`` (rows an operator already holds) is
+        written here. Either way the write runs while the epoch goes on;
+        :meth:`commits` waits for it.
         """
         prefix = self.staging_prefix
+        if isinstance(data, pa.Table):
+            file_schema = schema or data.schema
+        else:
+            file_schema = schema or self.arrow_schema(data)
+        parallelism, key_groups = self.pipeline.parallelism, self.key_groups
 
         def write() -> TableCommit:
-            files: list[StagedFile] = stage_table(uri, prefix, data, sort_by=sort_by)
+            if isinstance(data, pa.Table):
+                table = data.select(file_schema.names).cast(file_schema)
+                files = write_parquet(uri, prefix, table, sort_by=(KEY_GROUP,) if by_key_group else sort_by)
+            else:
+                files = stage_frame(
+                    data,
+                    uri,
+                    prefix,
+                    file_schema,
+                    partitions=parallelism,
+                    sort_by=sort_by,
+                    key_groups=key_groups if by_key_group else None,
+                )
             return TableCommit(
                 name=name,
                 uri=uri,
                 kind=kind,
-                schema_json=schema_json_of(data.schema),
+                schema_json=schema_json_of(file_schema),
                 partition_by=(),
                 adds=tuple(files),
                 removes=removes,
@@ -269,7 +293,8 @@ def _staging_pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:  # two epochs may stage at once
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="barrierflow-stage")
+            # Each write of a frame is a Spark job; concurrent jobs overlap their latency.
+            _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="barrierflow-stage")
         return _pool
 
 
@@ -293,7 +318,7 @@ Compute = Callable[["EpochContext", bool], int]
 
 
 class _OrderedReadRequired(Exception):
-    """An unordered read met a bad line: the epoch is recomputed with ordered reads."""
+    """An unordered read met a bad line, or bytes the JSON reader reads differently: the epoch is recomputed with ordered reads."""
 
 
 def process_epoch(
@@ -314,9 +339,10 @@ def process_epoch(
     Spark-free stand-in, so that steps 2-3 are tested as they run.
 
     1. Compute the epoch (:func:`_compute`). Sources whose consumers do not
-       need arrival order are read unordered; if such a read met a bad line,
-       the attempt's staged files are deleted and the epoch is computed
-       again with ordered reads, which produce the dead letters.
+       need arrival order are read unordered; if such a read met a bad line
+       (or its files' executor-side byte check failed), the attempt's staged
+       files are deleted and the epoch is computed again with ordered reads,
+       which produce the dead letters.
     2. Wait for the restore point: no vote before epoch n-1 completed.
     3. Write the manifest put-if-absent. Returns the manifest that won: this
        attempt's, or an earlier attempt's if one was already durable (then
@@ -330,7 +356,7 @@ def process_epoch(
             rows_in = compute(ctx, False)
         except _OrderedReadRequired:
             ctx.discard_staged()
-            _log.info("epoch %d: bad input lines; computing again with ordered reads", barrier.epoch)
+            _log.info("epoch %d: bad or irregular input lines; computing again with ordered reads", barrier.epoch)
             ctx = EpochContext(spark, layout, pipe, barrier, restore_point, on_restore)
             rows_in = compute(ctx, True)
         ctx.restore_point()
@@ -373,7 +399,7 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
     spark.conf.set("spark.sql.shuffle.partitions", str(pipe.parallelism))
     outputs: dict[int, "DataFrame | pa.Table"] = {}
     dead_letters: list["DataFrame"] = []
-    observed: list[tuple[Any, "DataFrame"]] = []
+    observed: list[tuple[Any, "DataFrame", "Future[bool] | None"]] = []
     rows_in = 0
     try:
         for node in pipe.nodes:
@@ -385,9 +411,9 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                     spark, barrier.end_offsets[node.source.source_id], pipe.parallelism, source_index, ordered=ordered
                 )
                 if batch.observation is not None:
-                    # Counted while the operators run; checked once they have.
+                    # Counted (and its bytes checked) while the operators run; checked once they have.
                     records = batch.records
-                    observed.append((batch.observation, records))
+                    observed.append((batch.observation, records, batch.plain_input))
                 else:
                     assert batch.dead_letters is not None
                     ctx.track(*batch.shared)
@@ -401,9 +427,9 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                 outputs[id(node)] = records
                 faults.maybe_fail("process.after_read")
         _apply_operators(ctx, outputs)
-        for observation, records in observed:
+        for observation, records, plain_input in observed:
             metrics = _metrics(observation, records)
-            if metrics["bad"]:
+            if metrics["bad"] or (plain_input is not None and not plain_input.result()):
                 raise _OrderedReadRequired()
             rows_in += metrics["good"]
         tail_started = time.monotonic()
@@ -412,11 +438,12 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
             dead_df = dead_letters[0]
             for other in dead_letters[1:]:
                 dead_df = dead_df.unionByName(other)
-            dead_df = dead_df.withColumn("_epoch", F.lit(barrier.epoch).cast("long"))
-            dead_rows = ctx.to_arrow(dead_df, DEAD_LETTER_SCHEMA)
+            dead_rows: "DataFrame | pa.Table" = dead_df.withColumn("_epoch", F.lit(barrier.epoch).cast("long"))
         else:
             dead_rows = DEAD_LETTER_SCHEMA.empty_table()
-        ctx.stage(name="dead_letter", uri=ctx.layout.dead_letter, kind=TableKind.DEAD_LETTER, data=dead_rows)
+        ctx.stage(
+            name="dead_letter", uri=ctx.layout.dead_letter, kind=TableKind.DEAD_LETTER, data=dead_rows, schema=DEAD_LETTER_SCHEMA
+        )
         ctx.commits()  # every staged file written (or its error raised) before the fault point
         _log.info("epoch %d: dead letters took %.0f ms", barrier.epoch, (time.monotonic() - tail_started) * 1000)
         faults.maybe_fail("process.after_stage")

@@ -28,6 +28,7 @@ __all__ = [
     "remove_document",
     "list_dir",
     "file_size",
+    "arrow_filesystem",
 ]
 
 
@@ -58,6 +59,13 @@ def join_uri(base: str, *parts: str) -> str:
 
 def exists(uri: str) -> bool:
     return os.path.exists(local_path(uri))
+
+
+def arrow_filesystem(uri: str) -> "tuple[Any, str]":
+    """The pyarrow file system and path behind ``uri``: how executor tasks write files."""
+    from pyarrow import fs
+
+    return fs.LocalFileSystem(), local_path(uri)
 
 
 def file_size(uri: str) -> int:

@@ -8,6 +8,7 @@ come from :func:`_reference`, a plain-Python model of the documented rules.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -46,6 +47,10 @@ def running_totals(p: PipelineBuilder, params: dict[str, Any]) -> None:
         "totals", Count(), Sum("temperature", "sum"), Min("temperature", "min"), Max("temperature", "max"),
         Avg("temperature", "avg"),
     ).sink_to(DeltaSink.append("totals_updates"))  # fmt: skip
+
+
+# The same pipeline on the heap backend: merged on the driver, state resident between epochs.
+running_totals_heap = dataclasses.replace(running_totals, state_backend="heap")
 
 
 def _exact_decimal(x: float) -> Decimal | None:
@@ -96,9 +101,10 @@ def _record(i: int, sensor: str, temperature: float) -> dict[str, Any]:
     return {"event_id": f"e{i}", "sensor_id": sensor, "temperature": temperature}
 
 
-def _run(spark: Any, landing: Path, warehouse: Path, parallelism: int = 2) -> list[Any]:
+def _run(spark: Any, landing: Path, warehouse: Path, parallelism: int = 2, backend: str = "delta") -> list[Any]:
     params = {"landing_dir": str(landing), "parallelism": parallelism}
-    return CheckpointCoordinator(running_totals, params, str(warehouse), spark_factory=lambda: spark).run(until_caught_up=True)
+    definition = running_totals_heap if backend == "heap" else running_totals
+    return CheckpointCoordinator(definition, params, str(warehouse), spark_factory=lambda: spark).run(until_caught_up=True)
 
 
 def _totals(warehouse: Path) -> dict[str, dict[str, Any]]:
@@ -124,7 +130,7 @@ _SPECIAL = {
 }
 
 
-def test_sums_are_exact_or_sorted_and_identical_at_any_parallelism(spark: Any, tmp_path: Path) -> None:
+def test_sums_are_exact_or_sorted_and_identical_at_any_parallelism_and_backend(spark: Any, tmp_path: Path) -> None:
     landing = tmp_path / "landing"
     files: list[list[dict[str, Any]]] = []
     i = 0
@@ -137,12 +143,12 @@ def test_sums_are_exact_or_sorted_and_identical_at_any_parallelism(spark: Any, t
         files.append(records)
         _write(landing, f"part-{epoch:03d}.jsonl", [json.dumps(r) for r in records])
     tables = []
-    for parallelism in (1, 3, 7):
-        warehouse = tmp_path / f"wh-{parallelism}"
-        completed = _run(spark, landing, warehouse, parallelism)
+    for parallelism, backend in ((1, "delta"), (3, "delta"), (7, "delta"), (2, "heap")):
+        warehouse = tmp_path / f"wh-{parallelism}-{backend}"
+        completed = _run(spark, landing, warehouse, parallelism, backend)
         assert [c.record.rows_in for c in completed] == [len(f) for f in files]
         tables.append(_totals(warehouse))
-    assert tables[0] == tables[1] == tables[2], "parallelism changed a result"
+    assert tables[0] == tables[1] == tables[2] == tables[3], "parallelism or the state backend changed a result"
     expected = _reference(files)
     assert set(tables[0]) == set(expected)
     for sensor, want in expected.items():
@@ -257,10 +263,11 @@ def test_unordered_read_gives_the_ordered_reads_records_or_steps_aside(spark: An
     # repr: NaN equals NaN, and -0.0 differs from 0.0.
     want = sorted(tuple(map(repr, r)) for r in ordered.records.select(*fields).collect())
     unordered = source.read(spark, end, 2, ordered=False)
+    assert unordered.observation is not None and unordered.plain_input is not None
     if case in _STEPS_ASIDE:
-        assert unordered.observation is None, "the byte check should have sent this file to the ordered read"
+        assert unordered.plain_input.result() is False, "the byte check should send this epoch to the ordered read"
         return
-    assert unordered.observation is not None
+    assert unordered.plain_input.result() is True
     got = sorted(tuple(map(repr, r)) for r in unordered.records.select(*fields).collect())
     metrics = unordered.observation.get
     if case == "plain":
@@ -272,13 +279,59 @@ def test_unordered_read_gives_the_ordered_reads_records_or_steps_aside(spark: An
         assert case != "plain"
 
 
+_PLAIN = b'{"id": "a", "tags": [1, 2], "nested": {"x": [3]}}\r\n\n  \n{"id": "\xc3\xa9\xf0\x9f\x8c\xa1"}'
+_BYTE_CASES: list[tuple[bytes, bool]] = [
+    (_PLAIN, True),
+    (b"", True),
+    (b'{"a": 1}\n[{"a": 2}]\n', False),  # a top-level array is several records to the JSON reader
+    (b'{"a": 1}\n \t[]\n', False),
+    (b"[", False),
+    (b'{"a": "[x"}\n"]"\n', True),  # a bracket after the line's first brace is inside the object
+    (b'{"a": 1}\r[1]\n', True),  # lines end at \n only: this line starts with a brace
+    ('{"a": 1}\u2028[1]\n'.encode(), True),  # U+2028 does not end a line either
+    (b'{"a": "b\x00"}\n', False),  # NUL bytes make the reader guess UTF-16/32
+    (b'\xef\xbb\xbf{"a": 1}\n', False),
+    (b'{"a": 1}\n{"b": "\xef\xbb\xbf"}\n', False),  # a byte-order mark anywhere
+    (b'{"a": "\xff"}\n', False),
+    (b'{"a": "\xc0\x80"}\n', False),  # overlong: the reader would decode it
+    (b'{"a": "\xed\xa0\x80"}\n', False),  # a UTF-16 surrogate
+    (b'{"a": "\xf4\x90\x80\x80"}\n', False),  # beyond U+10FFFF
+    (b'{"a": 1}\n\xe2\x82', False),  # truncated at the end
+]
+
+
+def test_plain_input_check_rules_out_what_the_json_reader_reads_differently(spark: Any, tmp_path: Path) -> None:
+    """The Spark job behind ``plain_input``: per file, then over files together (one job, one answer)."""
+    schema = pa.schema([pa.field("a", pa.int64())])
+    for i, (data, plain) in enumerate(_BYTE_CASES):
+        landing = tmp_path / f"case-{i}"
+        landing.mkdir()
+        (landing / "f.jsonl").write_bytes(data)
+        source = FileSource("s", str(landing), schema=schema)
+        batch = source.read(spark, source.plan(None, None), 2, ordered=False)
+        assert batch.plain_input is not None
+        assert batch.plain_input.result() is plain, (i, data)
+    together = tmp_path / "together"
+    together.mkdir()
+    for i, (data, plain) in enumerate(_BYTE_CASES):
+        (together / f"{i:02d}-{'plain' if plain else 'not'}.jsonl").write_bytes(data)
+    source = FileSource("s", str(together), schema=schema, max_files_per_epoch=100)
+    end = source.plan(None, None)
+    assert source.read(spark, end, 2, ordered=False).plain_input.result() is False  # type: ignore[union-attr]
+    for path in together.glob("*-not.jsonl"):
+        path.unlink()
+    end = source.plan(None, None)
+    assert len(end["files"]) == sum(plain for _, plain in _BYTE_CASES)
+    assert source.read(spark, end, 2, ordered=False).plain_input.result() is True  # type: ignore[union-attr]
+
+
 def test_resident_state_is_used_only_while_it_is_the_tables_snapshot(spark: Any, tmp_path: Path) -> None:
     landing = tmp_path / "landing"
     files = [[_record(10 * e + n, "abc"[n % 3], 1.5 * n + e) for n in range(6)] for e in range(3)]
     for e, records in enumerate(files):
         _write(landing, f"part-{e:03d}.jsonl", [json.dumps(r) for r in records])
     warehouse = tmp_path / "wh"
-    _run(spark, landing, warehouse)
+    _run(spark, landing, warehouse, backend="heap")
     from deltalake import DeltaTable
 
     uri = PipelineLayout.of(str(warehouse), "running_totals").state_table("totals", "accumulators")
@@ -293,7 +346,7 @@ def test_resident_state_is_used_only_while_it_is_the_tables_snapshot(spark: Any,
     assert resident.lookup(uri, resident.Snapshot.of(DeltaTable(uri))) is None
     extra = [_record(100 + n, "ab"[n % 2], 2.0 + n) for n in range(4)]
     _write(landing, "part-003.jsonl", [json.dumps(r) for r in extra])
-    _run(spark, landing, warehouse)
+    _run(spark, landing, warehouse, backend="heap")
     got = _totals(warehouse)
     assert got["a"]["count"] == 2 and got["a"]["sum"] == 2.0 + 4.0
     assert got["b"]["count"] == 6 + 2 and got["c"]["count"] == 6

@@ -70,16 +70,18 @@ def stub_compute(ctx: EpochContext, ordered_only: bool) -> int:
     spec = ctx.pipeline.state_specs()[0]
     n = len(ids)
     # Line ids are unique in this input, so every line is new: the dedup state gains each id once.
-    ctx.state.stage_rows(
+    ctx.state.stage_arrow(
         spec,
         pa.table(
             {
                 "line_id": pa.array(ids, pa.string()),
                 KEY_GROUP: pa.array([zlib.crc32(i.encode()) % ctx.key_groups for i in ids], pa.int32()),
                 "first_epoch": pa.array([ctx.epoch] * n, pa.int64()),
+                "_updated_at_ms": pa.array([ctx.processing_time_ms] * n, pa.int64()),
                 "_deleted": pa.array([False] * n),
+                "_epoch": pa.array([ctx.epoch] * n, pa.int64()),
             }
-        ),
+        ).select(spec.arrow_schema().names).cast(spec.arrow_schema()),
     )
     DeltaSink.append("lines").pre_commit(ctx, pa.table({"line_id": ids, "text": texts}, schema=LINE_SCHEMA))
     ctx.stage(name="dead_letter", uri=ctx.layout.dead_letter, kind=TableKind.DEAD_LETTER, data=DEAD_LETTER_SCHEMA.empty_table())

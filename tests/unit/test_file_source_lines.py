@@ -447,28 +447,55 @@ def test_file_landing_behind_the_position_is_refused_not_dropped(
         src.plan(second, None)
 
 
-# -- the byte check in front of Spark's JSON reader ----------------------------
+# -- what decides the unordered read before any byte is read -----------------
+# The byte check itself is a Spark job: tests/integration/test_running_aggregate.py.
 
-_PLAIN = b'{"id": "a", "tags": [1, 2], "nested": {"x": [3]}}\r\n\n  \n{"id": "\xc3\xa9\xf0\x9f\x8c\xa1"}'
+
+@pytest.mark.parametrize("name", ["a[1].jsonl", "a*.jsonl", "a?.jsonl", "a{b}.jsonl", "a\\b.jsonl"])
+def test_unordered_read_steps_aside_for_glob_characters_in_names(
+    make_source: Callable[..., FileSource], write_file: Callable[..., Path], name: str
+) -> None:
+    """Spark would take such a path as a pattern: the ordered read, not a wrong match (no Spark needed)."""
+    write_file(name, ['{"x": 1}'])
+    write_file("b.jsonl", ['{"x": 2}'])
+    src = make_source(parser=None, parser_schema=None, schema=pa.schema([("x", pa.int64())]), max_files_per_epoch=10)
+    end = src.plan(None, None)
+    assert sorted(r[0] for r in end["files"]) == sorted([name, "b.jsonl"])
+    assert src._read_jsonl_unordered(None, src.path, end["files"]) is None  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    "data, plain",
-    [
-        (_PLAIN, True),
-        (b"", True),
-        (b'{"a": 1}\n[{"a": 2}]\n', False),  # a top-level array is several records to the JSON reader
-        (b'{"a": 1}\n \t[]\n', False),
-        (b"[", False),
-        (b'{"a": "[x"}\n"]"\n', True),  # a bracket after the line's first brace is inside the object
-        (b'{"a": "b\x00"}\n', False),  # NUL bytes make the reader guess UTF-16/32
-        (b'\xef\xbb\xbf{"a": 1}\n', False),
-        (b'{"a": "\xff"}\n', False),
-        (b'{"a": "\xc0\x80"}\n', False),  # overlong: the reader would decode it
-        (b'{"a": "\xed\xa0\x80"}\n', False),  # a UTF-16 surrogate
-    ],
-)
-def test_plain_json_lines_rules_out_what_the_json_reader_reads_differently(tmp_path: Path, data: bytes, plain: bool) -> None:
-    path = tmp_path / "f.jsonl"
-    path.write_bytes(data)
-    assert file_source._plain_json_lines(str(path)) is plain
+def test_unordered_read_steps_aside_for_files_too_large_to_check(
+    monkeypatch: pytest.MonkeyPatch, make_source: Callable[..., FileSource], write_file: Callable[..., Path]
+) -> None:
+    monkeypatch.setattr(file_source, "_PLAIN_CHECK_MAX_BYTES", 8)
+    write_file("a.jsonl", ['{"x": 1}'])  # 9 bytes
+    src = make_source(parser=None, parser_schema=None, schema=pa.schema([("x", pa.int64())]))
+    end = src.plan(None, None)
+    assert end["files"] == [["a.jsonl", 0, None, 9]]
+    assert src._read_jsonl_unordered(None, src.path, end["files"]) is None  # type: ignore[arg-type]
+
+
+def test_unordered_read_reads_no_input_file_on_the_driver(
+    monkeypatch: pytest.MonkeyPatch, make_source: Callable[..., FileSource], write_file: Callable[..., Path]
+) -> None:
+    """The batch is built and the check started without opening an input file here."""
+    import builtins
+
+    write_file("a.jsonl", ['{"x": 1}'])
+    src = make_source(parser=None, parser_schema=None, schema=pa.schema([("x", pa.int64())]))
+    end = src.plan(None, None)
+    started: list[list[str]] = []
+    monkeypatch.setattr(file_source, "_in_background", lambda fn, spark, paths: started.append(paths) or "future")
+    monkeypatch.setattr(
+        FileSource, "_json_reader_batch", lambda self, spark, paths: file_source.SourceBatch(records=None, dead_letters=None)  # type: ignore[arg-type]
+    )
+    real_open = builtins.open
+
+    def no_input_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+        assert not str(path).endswith(".jsonl"), f"input file {path} read on the driver"
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", no_input_open)
+    batch = src._read_jsonl_unordered(None, src.path, end["files"])  # type: ignore[arg-type]
+    assert batch is not None and batch.plain_input == "future"
+    assert started == [[str(Path(src.path) / "a.jsonl")]]

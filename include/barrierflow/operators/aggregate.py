@@ -181,12 +181,69 @@ class RunningAggregate(Node):
     # Arrival order never matters here: sums are exact (see the module docstring).
     needs_arrival_order = False
 
-    def apply(self, ctx: Any, df: "DataFrame") -> pa.Table:
+    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame | pa.Table":
         """Fold the epoch's records into each touched key's accumulators.
 
-        1. Aggregate the epoch per key natively and collect it once: count,
-           exact sums in micro-units rounded to doubles (with the flags of
-           keys that need another method), min, max.
+        On the executors (the ``delta`` state backend) unless the pipeline
+        chose the ``heap`` backend (:meth:`_apply_on_driver`).
+
+        1. Aggregate the epoch per key natively (count, exact sums in
+           micro-units with the flags of keys that need another method, min,
+           max); cached, and one small job counts the flagged keys.
+        2. Join with the touched keys' prior accumulators, read from the
+           state table for the touched key groups only.
+        3. Merge with Spark's own double arithmetic; flagged keys get their
+           epoch sum from :func:`_fallback_sum_frame`.
+        4. Stage the changed keys as this epoch's state rows (written by the
+           executors); return the output columns of the same cached rows.
+        """
+        from pyspark.sql import functions as F
+
+        spec = self._spec(ctx.arrow_types(df, self.key))
+        keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
+        aggregates = session_cached(("running_aggregate", self.aggregations), self._epoch_aggregates)
+        if ctx.pipeline.state_backend == "heap":
+            return self._apply_on_driver(ctx, spec, keyed, aggregates)
+        # Step 1.
+        epoch = ctx.persist(keyed.groupBy(*self.key, KEY_GROUP).agg(*aggregates))
+        sums = [col for name, col, _ in self._accumulators() if name.startswith("sum_")]
+        flags = [F.col(f"_inexact_{col}") for col in sums]
+        any_flag = F.lit(False)
+        for flag in flags:
+            any_flag = any_flag | flag
+        flagged = epoch.agg(F.count_if(any_flag)).first()[0] if flags else 0
+        # Step 2.
+        prior = ctx.state.read(spec, epoch)
+        previous = prior.select(*self.key, *[F.col(n).alias(f"_prev_{n}") for n, _, _ in self._accumulators()])
+        merged = epoch.join(previous, on=list(self.key), how="left")
+        if flagged:
+            for col in sums:
+                merged = merged.join(_fallback_sum_frame(keyed, self.key, col, epoch), on=list(self.key), how="left")
+        # Step 3.
+        columns = [*[F.col(k) for k in self.key], F.col(KEY_GROUP)]
+        for name, col, _ in self._accumulators():
+            prev = F.col(f"_prev_{name}")
+            if name == "count":
+                value = F.coalesce(prev, F.lit(0).cast("long")) + F.col("_n")
+            elif name.startswith("sum_"):
+                epoch_sum = F.coalesce(F.col(f"_esum_{col}"), F.lit(0.0))
+                if flagged:
+                    epoch_sum = F.when(F.col(f"_inexact_{col}"), F.col(f"_fsum_{col}")).otherwise(epoch_sum)
+                value = F.coalesce(prev, F.lit(0.0)) + epoch_sum
+            elif name.startswith("min_"):
+                value = F.least(prev, F.col(f"_emin_{col}"))
+            else:
+                value = F.greatest(prev, F.col(f"_emax_{col}"))
+            columns.append(value.alias(name))
+        state = ctx.persist(merged.select(*columns, F.lit(False).alias("_deleted")))
+        # Step 4.
+        ctx.state.stage(spec, state)
+        return state.select(*self._outputs())
+
+    def _apply_on_driver(self, ctx: Any, spec: StateSpec, keyed: "DataFrame", aggregates: list["Column"]) -> pa.Table:
+        """The heap backend: collect the epoch's aggregates and merge with resident state.
+
+        1. Aggregate the epoch per key natively and collect it once.
         2. Read the touched keys' prior accumulators on the driver (resident
            between epochs, see :mod:`barrierflow.state.resident`).
         3. Merge with the same IEEE double arithmetic Spark would use
@@ -195,19 +252,38 @@ class RunningAggregate(Node):
         4. Stage the changed keys as this epoch's state rows; emit them as
            Arrow (already on the driver; see ``Node.accepts_arrow``).
         """
-        spec = self._spec(ctx.arrow_types(df, self.key))
-        keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
-        aggregates = session_cached(("running_aggregate", self.aggregations), self._epoch_aggregates)
+        # Step 1.
         aggregated = keyed.groupBy(*self.key, KEY_GROUP).agg(*aggregates)
         epoch = ctx.to_arrow(aggregated, ctx.arrow_schema(aggregated))
         key_groups = pc.unique(epoch[KEY_GROUP]).to_pylist()
+        # Step 2.
         prior = ctx.state.read_arrow(spec, key_groups)
+        # Step 3.
         state, flagged = self._merge(spec, epoch, prior, ctx.processing_time_ms, ctx.epoch)
         for col, keys in flagged.items():
             if keys.num_rows:
                 state = _patch_sums(state, col, _fallback_sums(ctx, keyed, self.key, col, keys), self.key, keys)
+        # Step 4.
         ctx.state.stage_arrow(spec, state)
         return self._outputs_arrow(state)
+
+    def _outputs(self) -> list["Column"]:
+        """The output columns (Avg = sum / count) of state rows in Spark."""
+        from pyspark.sql import functions as F
+
+        columns = [F.col(k) for k in self.key]
+        for agg in self.aggregations:
+            if isinstance(agg, Count):
+                columns.append(F.col("count").alias(agg.name))
+            elif isinstance(agg, Avg):
+                columns.append((F.col(f"sum_{agg.column}") / F.col("count").cast("double")).alias(agg.name))
+            elif isinstance(agg, Sum):
+                columns.append(F.col(f"sum_{agg.column}").alias(agg.name))
+            elif isinstance(agg, Min):
+                columns.append(F.col(f"min_{agg.column}").alias(agg.name))
+            else:
+                columns.append(F.col(f"max_{agg.column}").alias(agg.name))
+        return columns
 
     def _epoch_aggregates(self) -> list["Column"]:
         from pyspark.sql import functions as F
@@ -294,6 +370,37 @@ class RunningAggregate(Node):
         return {**super().describe(), "key": list(self.key), "aggregations": [a.name for a in self.aggregations]}
 
 
+def _fallback_sum_exprs(column: str) -> tuple["Column", "Column", "Column"]:
+    """Per key: whether ``column`` needs the sorted fold, its exact decimal sum, its sorted fold."""
+    from pyspark.sql import functions as F
+
+    value = F.col(column).cast("double")
+    exact = value.try_cast(_EXACT_SUM_TYPE)
+    is_exact = exact.isNotNull() & (exact.cast("double") == value)
+    bound = F.max(F.when(is_exact, F.abs(value))) * F.count_if(is_exact)
+    inexact = (F.count_if(value.isNotNull() & ~is_exact) > 0) | F.coalesce(bound >= F.lit(_EXACT_SUM_BOUND), F.lit(False))
+    values = F.array_sort(F.collect_list(value))
+    return (
+        inexact,
+        # try_sum: never raises; a key that could overflow is inexact above.
+        F.coalesce(F.try_sum(F.when(is_exact, exact)).cast("double"), F.lit(0.0)),
+        F.aggregate(values, F.lit(0.0), lambda acc, x: acc + x),
+    )
+
+
+def _fallback_sum_frame(keyed: "DataFrame", key: tuple[str, ...], column: str, epoch: "DataFrame") -> "DataFrame":
+    """``_fsum_<column>`` of the keys ``epoch`` flags for ``column`` (methods 2 and 3 of the module docstring)."""
+    from pyspark.sql import functions as F
+
+    wanted = epoch.where(F.col(f"_inexact_{column}")).select(*key)
+    inexact, exact_sum, sorted_sum = _fallback_sum_exprs(column)
+    return (
+        keyed.join(wanted, on=list(key), how="left_semi")
+        .groupBy(*key)
+        .agg(F.when(inexact, sorted_sum).otherwise(exact_sum).alias(f"_fsum_{column}"))
+    )
+
+
 def _fallback_sums(
     ctx: Any, keyed: "DataFrame", key: tuple[str, ...], column: str, keys: pa.Table
 ) -> dict[tuple[Any, ...], float]:
@@ -307,21 +414,11 @@ def _fallback_sums(
     from pyspark.sql import functions as F
 
     wanted = ctx.spark.createDataFrame(keys)
-    value = F.col(column).cast("double")
-    exact = value.try_cast(_EXACT_SUM_TYPE)
-    is_exact = exact.isNotNull() & (exact.cast("double") == value)
-    bound = F.max(F.when(is_exact, F.abs(value))) * F.count_if(is_exact)
-    inexact = (F.count_if(value.isNotNull() & ~is_exact) > 0) | F.coalesce(bound >= F.lit(_EXACT_SUM_BOUND), F.lit(False))
-    values = F.array_sort(F.collect_list(value))
+    inexact, exact_sum, sorted_sum = _fallback_sum_exprs(column)
     sums = (
         keyed.join(F.broadcast(wanted), on=list(key), how="left_semi")
         .groupBy(*key)
-        .agg(
-            inexact.alias("_inexact"),
-            # try_sum: never raises; a key that could overflow is inexact above.
-            F.coalesce(F.try_sum(F.when(is_exact, exact)).cast("double"), F.lit(0.0)).alias("_exact"),
-            F.aggregate(values, F.lit(0.0), lambda acc, x: acc + x).alias("_sorted"),
-        )
+        .agg(inexact.alias("_inexact"), exact_sum.alias("_exact"), sorted_sum.alias("_sorted"))
     )
     return {tuple(row[k] for k in key): row["_sorted"] if row["_inexact"] else row["_exact"] for row in sums.collect()}
 

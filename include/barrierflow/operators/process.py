@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, key_group_column
@@ -89,11 +88,10 @@ class KeyedProcess(Node):
         assert self.function is not None
         return [self._spec(d) for d in self.function.state_descriptors]
 
-    def apply(self, ctx: Any, df: "DataFrame") -> pa.Table:
+    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
         """Run the function over every key group the epoch touches; stage state changes.
 
-        Returns the emitted rows as Arrow (collected with the state changes in
-        one job; see ``Node.accepts_arrow``).
+        Returns the emitted rows; executors write them and the state changes.
         """
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
@@ -143,16 +141,14 @@ class KeyedProcess(Node):
         result = keyed.groupBy(KEY_GROUP).cogroup(state_df.groupBy(KEY_GROUP)).applyInArrow(
             run_group, from_arrow_schema(out_schema)
         )
-        # One job: state changes and emitted rows come back together, split here.
-        rows = ctx.to_arrow(result, out_schema)
-        kinds = rows["_kind"]
+        # Computed once (cached on the executors): the state changes and the
+        # emitted rows are both written from it.
+        result = ctx.persist(result)
         for d, spec in zip(descriptors, specs):
-            changes = rows.filter(pc.equal(kinds, d.name))
-            ctx.state.stage_rows(
-                spec, changes.rename_columns([("value" if c == _state_column(d.name) else c) for c in changes.column_names])
-            )
-        outputs = rows.filter(pc.equal(kinds, "_out"))
-        return outputs.select([f"_out_{f.name}" for f in fn.output_schema]).rename_columns(fn.output_schema.names)
+            changes = result.where(F.col("_kind") == F.lit(d.name)).withColumnRenamed(_state_column(d.name), "value")
+            ctx.state.stage(spec, changes)
+        outputs = result.where(F.col("_kind") == F.lit("_out"))
+        return outputs.select(*[F.col(f"_out_{f.name}").alias(f.name) for f in fn.output_schema])
 
     def describe(self) -> dict[str, Any]:
         assert self.function is not None

@@ -78,11 +78,10 @@ class TumblingWindow(Node):
     def side_outputs(self) -> list[str]:
         return [self.late_output] if self.late_output else []
 
-    def apply(self, ctx: Any, df: "DataFrame") -> pa.Table:
+    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
         """Late records to the side output; fold the epoch into pending windows; fire.
 
-        Returns the fired windows as Arrow (collected with the state changes
-        in one job; see ``Node.accepts_arrow``).
+        Returns the fired windows; executors write them and the state changes.
         """
         from pyspark.sql import functions as F
 
@@ -124,20 +123,21 @@ class TumblingWindow(Node):
         changed = (F.col("_new_values").isNotNull() | F.col("_fires")) & (F.col("_old_values").isNotNull() | ~F.col("_fires"))
         count = F.size("window_values")
         results = [a.result(F.col("window_values"), count).alias(a.name) for a in self.aggregations]
-        # One job: state changes and fired windows come back together, split here.
-        rows = merged.where(changed | F.col("_fires")).select(
-            *keys,
-            key_group_column(self.key, ctx.key_groups).alias(KEY_GROUP),
-            "window_values",
-            F.col("_fires").alias("_deleted"),
-            changed.alias("_changed"),
-            "window_end",
-            *results,
+        # Computed once (cached on the executors): the state changes and the
+        # fired windows are both written from it.
+        rows = ctx.persist(
+            merged.where(changed | F.col("_fires")).select(
+                *keys,
+                key_group_column(self.key, ctx.key_groups).alias(KEY_GROUP),
+                "window_values",
+                F.col("_fires").alias("_deleted"),
+                changed.alias("_changed"),
+                "window_end",
+                *results,
+            )
         )
-        table = ctx.to_arrow(rows, ctx.arrow_schema(rows))
-        ctx.state.stage_rows(spec, table.filter(table["_changed"]))
-        fired = table.filter(table["_deleted"])
-        return fired.select([*self.key, "window_start", "window_end", *[a.name for a in self.aggregations]])
+        ctx.state.stage(spec, rows.where("_changed"))
+        return rows.where("_deleted").select(*self.key, "window_start", "window_end", *[a.name for a in self.aggregations])
 
     def describe(self) -> dict[str, Any]:
         return {

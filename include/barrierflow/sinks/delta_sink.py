@@ -70,31 +70,32 @@ class DeltaSink:
     def pre_commit(self, ctx: Any, df: "DataFrame | pa.Table") -> None:
         """Stage the epoch's rows; the resulting TableCommit joins the manifest.
 
+        Executors write a frame's rows (see :meth:`EpochContext.stage`).
         Starts once the previous epoch completed (an upsert rewrites its files).
         """
         ctx.restore_point()
         self.begin_transaction(ctx)
         uri = ctx.layout.sink_table(self.name)
         data = _with_epoch(ctx, df)
+        schema = data.schema if isinstance(data, pa.Table) else ctx.arrow_schema(data)
         if self.mode == "append":
-            ctx.stage(name=self.name, uri=uri, kind=TableKind.SINK, data=data, sort_by=())
+            ctx.stage(name=self.name, uri=uri, kind=TableKind.SINK, data=data, schema=schema)
             return
-        missing = [k for k in self.key if k not in data.column_names]
+        missing = [k for k in self.key if k not in schema.names]
         if missing:
             raise PipelineDefinitionError(f"upsert sink {self.name}: key column(s) {missing} not in its input")
         table = open_table(uri)
         removes: list[str] = []
         base_version = None
-        if table is not None and data.num_rows:
+        if table is not None:
             base_version = table.version()
-            kept, removes = self._rewrite(ctx, table, uri, data.select(list(self.key)), data.schema)
-            if kept is not None and kept.num_rows:
-                data = pa.concat_tables([kept.select(data.schema.names).cast(data.schema), data])
+            data, removes = self._rewrite(ctx, table, uri, ctx.frame(data), schema)
         ctx.stage(
             name=self.name,
             uri=uri,
             kind=TableKind.SINK,
             data=data,
+            schema=schema,
             sort_by=self.key,
             removes=tuple(removes),
             base_version=base_version,
@@ -102,40 +103,30 @@ class DeltaSink:
         )
 
     def _rewrite(
-        self, ctx: Any, table: Any, uri: str, keys: pa.Table, schema: pa.Schema
-    ) -> tuple[pa.Table | None, list[str]]:
-        """Rows to keep from the files that hold changed keys, and those files.
+        self, ctx: Any, table: Any, uri: str, data: "DataFrame", schema: pa.Schema
+    ) -> tuple["DataFrame", list[str]]:
+        """The rows to write (kept rows of files holding changed keys, then ``data``) and those files.
 
-        One Spark job: every stored row is flagged by whether its key
-        changed, and the rows of files holding a changed key are collected
-        with their file and flag.
+        One small job finds the files that hold a changed key (a distinct
+        list of paths comes back); the rewrite itself stays a lazy frame
+        over only those files, written by the executors.
         """
-        import pyarrow.compute as pc
-        from pyspark.sql import Window
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 
         paths = add_actions(table).column("path").to_pylist()
         if not paths:
-            return None, []
+            return data, []
         by_abs = {local_path(join_uri(uri, p)): p for p in paths}
-        current = (
-            ctx.spark.read.schema(from_arrow_schema(schema))
-            .parquet(*by_abs)
-            .withColumn("_path", F.col("_metadata.file_path"))
-        )
-        changed = ctx.spark.createDataFrame(keys).distinct().withColumn("_changed", F.lit(True))
-        flagged = current.join(F.broadcast(changed), on=list(self.key), how="left").withColumn(
-            "_changed", F.coalesce(F.col("_changed"), F.lit(False))
-        )
-        hit = flagged.withColumn("_hit", F.max("_changed").over(Window.partitionBy("_path"))).where("_hit")
-        flags = pa.schema([pa.field("_path", pa.string()), pa.field("_changed", pa.bool_())])
-        rows = ctx.to_arrow(hit, pa.schema([*schema, *flags]))
-        if not rows.num_rows:
-            return None, []
-        removes = [by_abs[_strip_scheme(p)] for p in pc.unique(rows["_path"]).to_pylist()]
-        kept = rows.filter(pc.invert(rows["_changed"])).select(schema.names)
-        return kept, removes
+        spark_schema = from_arrow_schema(schema)
+        changed = data.select(*self.key).distinct()
+        stored = ctx.spark.read.schema(spark_schema).parquet(*by_abs).withColumn("_path", F.col("_metadata.file_path"))
+        hit = [r[0] for r in stored.join(changed, on=list(self.key), how="left_semi").select("_path").distinct().collect()]
+        if not hit:
+            return data, []
+        hit_paths = [_strip_scheme(p) for p in hit]
+        kept = ctx.spark.read.schema(spark_schema).parquet(*hit_paths).join(changed, on=list(self.key), how="left_anti")
+        return kept.select(*schema.names).unionByName(data.select(*schema.names)), [by_abs[p] for p in sorted(hit_paths)]
 
     @staticmethod
     def commit(commit: TableCommit, app: str, epoch: int, attempt_id: str) -> int:
@@ -148,15 +139,14 @@ class DeltaSink:
         remove_tree(join_uri(uri, staging_prefix))
 
 
-def _with_epoch(ctx: Any, rows: "DataFrame | pa.Table") -> pa.Table:
-    """The epoch's rows on the driver with the ``_epoch`` column (never null)."""
+def _with_epoch(ctx: Any, rows: "DataFrame | pa.Table") -> "DataFrame | pa.Table":
+    """The epoch's rows with the ``_epoch`` column (never null)."""
     from pyspark.sql import functions as F
 
     if isinstance(rows, pa.Table):
         epochs = pa.array([ctx.epoch] * rows.num_rows, pa.int64())
         return rows.append_column(pa.field("_epoch", pa.int64(), nullable=False), epochs)
-    df = rows.withColumn("_epoch", F.lit(ctx.epoch).cast("long"))
-    return ctx.to_arrow(df, ctx.arrow_schema(df))
+    return rows.withColumn("_epoch", F.lit(ctx.epoch).cast("long"))
 
 
 def _strip_scheme(path: str) -> str:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 if TYPE_CHECKING:
+    import concurrent.futures
+
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["Source", "SourceBatch", "SEQ", "arrival_seq", "describe_offsets"]
@@ -50,6 +52,13 @@ class SourceBatch:
     # line means the epoch is recomputed with an ordered read, which numbers
     # lines for the dead-letter table.
     observation: Any = None
+    # An unordered read is good only if its input is plain (bytes the reader
+    # reads as the ordered read would; see ``FileSource._read_jsonl_unordered``).
+    # A check job started with the batch answers that while the operators
+    # run: True, or False when the epoch must be recomputed with an ordered
+    # read, as for a bad line. ``result()`` re-raises the job's error (e.g. an
+    # input file vanished). None: nothing to wait for.
+    plain_input: "concurrent.futures.Future[bool] | None" = None
 
 
 class Source(Protocol):
@@ -74,7 +83,8 @@ class Source(Protocol):
         """Exactly the records of the planned range, with the ``_seq`` column.
 
         With ``ordered=False`` (no consumer needs arrival order) a source may
-        leave out ``_seq`` and return a batch with an ``observation``.
+        leave out ``_seq`` and return a batch with an ``observation`` (and
+        possibly a ``plain_input`` check to wait for).
         """
 
     def describe(self) -> dict[str, Any]:

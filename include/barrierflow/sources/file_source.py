@@ -9,12 +9,13 @@ ranges of its epoch, so replay never depends on listing the directory again.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-import re
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
 import pyarrow as pa
 
@@ -38,6 +39,7 @@ class RecordError(ValueError):
 
 
 LineParser = Callable[[str], Mapping[str, Any]]
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -200,21 +202,33 @@ class FileSource:
         parser on the same ``\\n``-separated lines, with four differences:
         the reader takes a top-level array as several records, decodes the
         raw bytes (lenient with some invalid UTF-8), skips a byte-order mark
-        and guesses UTF-16/32 from NUL bytes. So it is used only for files
-        whose bytes rule all four out (:func:`_plain_json_lines`); otherwise
-        this returns ``None`` and the ordered read is used. A line is blank,
-        good or bad by the rules of the ordered read, so with no bad line
-        both reads give the same records. Bad lines are only counted (the
-        batch's ``observation``); dead letters need line numbers, so an epoch
-        with any bad line is computed again with the ordered read.
+        and guesses UTF-16/32 from NUL bytes. So the batch is good only for
+        files whose bytes rule all four out. No file is read here: a Spark
+        job checks the bytes (:func:`_plain_input_job`) in a background
+        thread while the epoch runs, and the batch's ``plain_input`` says
+        whether they passed; if not, the runtime discards the attempt and
+        computes the epoch again with ordered reads. A line is blank, good or
+        bad by the rules of the ordered read, so with plain input and no bad
+        line both reads give the same records. Bad lines are only counted
+        (the batch's ``observation``); dead letters need line numbers, so an
+        epoch with any bad line is computed again with the ordered read too.
+
+        Returns ``None`` (use the ordered read) when names or recorded sizes
+        alone rule the check out: a path with a glob character (Spark would
+        match it as a pattern, not as the file) or a file too large to check
+        as one value (:data:`_PLAIN_CHECK_MAX_BYTES`).
         """
         assert self.schema is not None
         paths = [local_path(join_uri(base, name)) for name, *_ in ranges]
-        # The byte check runs while Spark builds the (lazy) plan.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            plain = pool.submit(lambda: all(_plain_json_lines(path) for path in paths))
-            batch = self._json_reader_batch(spark, paths)
-            return batch if plain.result() else None
+        if any(_GLOB_CHARS.intersection(path) for path in paths):
+            return None
+        if any(size > _PLAIN_CHECK_MAX_BYTES for *_, size in ranges):
+            return None
+        # Empty files hold no line and Spark's file sources skip them.
+        checked = [path for path, (*_, size) in zip(paths, ranges) if size > 0]
+        plain_input = _in_background(_plain_input_job, spark, checked)
+        batch = self._json_reader_batch(spark, paths)
+        return dataclasses.replace(batch, plain_input=plain_input)
 
     def _json_reader_batch(self, spark: "SparkSession", paths: list[str]) -> SourceBatch:
         """The lazy plan of :meth:`_read_jsonl_unordered`: good records, counted lines."""
@@ -437,26 +451,67 @@ def _line_checks(corrupt: str, required: tuple[str, ...]) -> tuple["Column", lis
     return good, [F.count_if(good).alias("good"), F.count_if(~good & ~blank).alias("bad")]
 
 
-def _plain_json_lines(path: str) -> bool:
-    """Whether Spark's JSON reader reads this file's lines exactly as ``from_json`` would.
+# Spark expands these in a path as a glob pattern (``SparkHadoopUtil.isGlobPath``).
+_GLOB_CHARS = frozenset("{}[]*?\\")
+# Bytes checked as one value per file: the file's bytes plus, for the array
+# rule, a JVM string of them (up to twice as large). The same bound as a
+# whole-file read in the ordered read; larger files are read in chunks there.
+_PLAIN_CHECK_MAX_BYTES = _WHOLETEXT_MAX_BYTES
+# A line (``\n``-separated) with a ``[`` before its first ``{``: a Java regex
+# found in ``"\n" + text`` (``(?m)^`` would also match after ``\r`` and other
+# line terminators; ``(?:\A|\n)`` measured slower than the extra ``\n``).
+_ARRAY_LINE = r"\n[^{\n]*\["
 
-    True when the file is valid UTF-8 with no NUL byte and no byte-order
+
+def _plain_input_job(spark: "SparkSession", paths: list[str]) -> bool:
+    """Whether Spark's JSON reader reads these files' lines exactly as ``from_json`` would.
+
+    True when every file is valid UTF-8 with no NUL byte and no byte-order
     mark, and no line has a ``[`` before its first ``{`` (so no line is a
-    top-level array). Byte scans in C: tens of milliseconds for 20 MB.
+    top-level array). One Spark job with native expressions: the executors
+    read the files (one binary value per file, so each must be well under
+    2 GiB) and the driver gets one row back. ``paths`` must be literal (no
+    glob character) and name non-empty files, each giving one row.
     """
-    with open(path, "rb") as fh:
-        data = fh.read()
-    if b"\x00" in data or b"\xef\xbb\xbf" in data:
-        return False
-    if not data.isascii():
+    from pyspark.sql import functions as F
+
+    if not paths:
+        return True
+    content = F.col("content")
+    text = content.cast("string")  # the raw bytes, not decoded
+    clean = (
+        F.is_valid_utf8(text)
+        & ~F.contains(content, F.unhex(F.lit("00")))
+        & ~F.contains(content, F.unhex(F.lit("EFBBBF")))
+    )
+    # The text is only matched when it is valid UTF-8 and has a bracket at all.
+    lines = F.concat(F.lit("\n"), text)
+    no_array_line = ~F.contains(content, F.unhex(F.lit("5B"))) | ~F.regexp_like(lines, F.lit(_ARRAY_LINE))
+    plain = F.when(clean, no_array_line).otherwise(F.lit(False))
+    files = spark.read.format("binaryFile").load(paths)
+    row = files.agg(F.count(F.lit(1)).alias("files"), F.bool_and(plain).alias("plain")).collect()[0]
+    # A file Spark did not read (or read twice) is not known to be plain.
+    return row["files"] == len(paths) and row["plain"] is True
+
+
+def _in_background(fn: Callable[..., _T], *args: Any) -> "Future[_T]":
+    """``fn(*args)`` in a new daemon thread; its result (or exception) in the returned future.
+
+    A thread per call rather than a shared pool: nothing to reinitialise
+    after a fork, and the interpreter does not wait for it at exit.
+    """
+    future: "Future[_T]" = Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
         try:
-            data.decode("utf-8")
-        except UnicodeDecodeError:
-            return False
-    return b"[" not in data or _ARRAY_LINE.search(b"\n" + data) is None
+            future.set_result(fn(*args))
+        except BaseException as exc:
+            future.set_exception(exc)
 
-
-_ARRAY_LINE = re.compile(rb"\n[^{\n]*\[")
+    threading.Thread(target=run, name="barrierflow-plain-input", daemon=True).start()
+    return future
 
 
 def _unused_name(prefix: str, taken: list[str]) -> str:

@@ -143,10 +143,15 @@ class DeltaStateBackend:
         return rows
 
     def stage(self, spec: StateSpec, changes: "DataFrame") -> None:
-        """Stage changed keys: ``changes`` has keys, key group, values and ``_deleted``."""
+        """Stage changed keys: ``changes`` has keys, key group, values and ``_deleted``.
+
+        Executors write the rows, clustered by key group; the driver gets
+        file descriptions only.
+        """
         from pyspark.sql import functions as F
 
         ctx = self._ctx
+        ctx.restore_point()
         rows = changes.select(
             *spec.key_columns,
             F.col(KEY_GROUP).cast("int").alias(KEY_GROUP),
@@ -155,20 +160,18 @@ class DeltaStateBackend:
             F.col("_deleted").cast("boolean"),
             F.lit(ctx.epoch).cast("long").alias("_epoch"),
         )
-        self.stage_arrow(spec, ctx.to_arrow(rows, spec.arrow_schema()))
-
-    def stage_rows(self, spec: StateSpec, changes: pa.Table) -> None:
-        """:meth:`stage` for changes already collected (keys, key group, values, ``_deleted``)."""
-        ctx = self._ctx
-        n = changes.num_rows
-        columns = {name: changes[name] for name in (*spec.key_columns, KEY_GROUP, *spec.value_columns, "_deleted")}
-        columns["_updated_at_ms"] = pa.array([ctx.processing_time_ms] * n, pa.int64())
-        columns["_epoch"] = pa.array([ctx.epoch] * n, pa.int64())
-        schema = spec.arrow_schema()
-        self.stage_arrow(spec, pa.table(columns).select(schema.names).cast(schema))
+        ctx.stage(
+            name=spec.table_name,
+            uri=ctx.layout.state_table(spec.operator_id, spec.name),
+            kind=TableKind.STATE,
+            data=rows,
+            schema=spec.arrow_schema(),
+            by_key_group=True,
+            primary_key=tuple(spec.key_columns),
+        )
 
     def stage_arrow(self, spec: StateSpec, data: pa.Table) -> None:
-        """Stage state rows already collected, in :meth:`StateSpec.arrow_schema` form.
+        """Stage state rows merged on the driver (the heap backend), in :meth:`StateSpec.arrow_schema` form.
 
         If :meth:`read_arrow` read the whole table, the live rows after this
         epoch stay resident, pending its commit.
@@ -187,7 +190,7 @@ class DeltaStateBackend:
             uri=uri,
             kind=TableKind.STATE,
             data=data,
-            sort_by=(KEY_GROUP,),  # key-group pruning needs no order within a group
+            by_key_group=True,
             primary_key=tuple(spec.key_columns),
         )
 
@@ -236,7 +239,8 @@ def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) ->
     from deltalake.exceptions import CommitFailedError
     from deltalake.transaction import AddAction, RemoveAction
 
-    from barrierflow.delta_commit import live_paths, stage_table
+    from barrierflow.delta_commit import live_paths
+    from barrierflow.staging import write_parquet
 
     table = open_table(uri)
     if table is None:
@@ -249,7 +253,7 @@ def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) ->
     if live is None:
         live = latest_rows(table.to_pyarrow_table(), spec.key_columns)
     compacted = live.select(spec.arrow_schema().names).cast(spec.arrow_schema())
-    staged = stage_table(uri, f"_compacted/{epoch:010d}-{attempt_id}", compacted, sort_by=(KEY_GROUP,))
+    staged = write_parquet(uri, f"_compacted/{epoch:010d}-{attempt_id}", compacted, sort_by=(KEY_GROUP,))
     now = time.time_ns() // 1_000_000
     actions: list[Any] = [
         AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now, data_change=False, stats=f.stats)

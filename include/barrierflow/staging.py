@@ -1,0 +1,233 @@
+"""Executors write an epoch's staged files; the driver only gets their descriptions.
+
+This is how Spark's own Delta writer divides the work: every task writes
+the rows of its partition as Parquet straight into the table's staging
+directory and returns one row per file (path, size, row count, Delta
+statistics). The add actions of the epoch's commit are made from those
+rows, never from listing a directory, so files of a failed or speculative
+task attempt are never committed (an abort deletes the whole directory).
+
+State tables are written clustered by key group: rows are sorted by key
+group and a file never spans two of the ``partitions`` contiguous key-group
+ranges, so each file's min/max key-group statistics stay narrow and an
+epoch that touches few key groups skips most files.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from functools import partial
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from barrierflow.checkpoint import StagedFile
+from barrierflow.errors import StorageError
+from barrierflow.state.spec import KEY_GROUP
+from barrierflow.storage import arrow_filesystem, join_uri
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["stage_frame", "write_parquet", "parquet_stats", "DESCRIPTION_DDL"]
+
+# One row per written file, collected by the driver.
+DESCRIPTION_DDL = "path string, size long, rows long, stats string"
+_DESCRIPTION_SCHEMA = pa.schema(
+    [("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())]
+)
+_ROW_GROUP_ROWS = 64 * 1024
+
+
+def stage_frame(
+    df: "DataFrame",
+    table_uri: str,
+    prefix: str,
+    schema: pa.Schema,
+    *,
+    partitions: int,
+    sort_by: Sequence[str] = (),
+    key_groups: int | None = None,
+) -> list[StagedFile]:
+    """Have executors write ``df`` under ``<table_uri>/<prefix>``; returns the files written.
+
+    ``schema`` is the files' schema (columns selected and cast to it).
+    With ``key_groups``, rows are clustered by :data:`KEY_GROUP` (see the
+    module docstring); otherwise the frame keeps its partitioning, merged
+    down to at most ``partitions`` tasks, and rows are sorted by ``sort_by``
+    within each file. Files hold whole row groups of at most 64 Ki rows.
+    """
+    from pyspark.sql import functions as F
+
+    frame = df.select(*schema.names)
+    ranges = None
+    if key_groups is not None:
+        ranges = (partitions, key_groups)
+        frame = frame.repartition(partitions, F.floor(F.col(KEY_GROUP) * F.lit(partitions) / F.lit(key_groups)))
+        frame = frame.sortWithinPartitions(KEY_GROUP)
+    else:
+        frame = frame.coalesce(partitions)
+        if sort_by:
+            frame = frame.sortWithinPartitions(*sort_by)
+    writer = partial(_write_partition, table_uri, prefix, schema, ranges)
+    try:
+        rows = frame.mapInArrow(writer, DESCRIPTION_DDL).collect()
+    except Exception as exc:  # a task's StorageError arrives wrapped in Spark's error
+        if "StorageError" in str(exc):
+            raise StorageError(f"executors could not stage files under {join_uri(table_uri, prefix)}: {exc}") from exc
+        raise
+    files = [StagedFile(path=r["path"], size=r["size"], rows=r["rows"], stats=r["stats"]) for r in rows]
+    return sorted(files, key=lambda f: f.path)
+
+
+def _write_partition(
+    table_uri: str,
+    prefix: str,
+    schema: pa.Schema,
+    ranges: tuple[int, int] | None,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """Executor side: write one partition's batches; yield one description per file.
+
+    With ``ranges = (partitions, key_groups)`` the batches arrive sorted by
+    key group and a new file starts at each key-group range boundary.
+    """
+    out: _FileWriter | None = None
+    current_range = None
+    described: list[dict[str, Any]] = []
+    try:
+        for batch in batches:
+            table = pa.Table.from_batches([batch]).select(schema.names).cast(schema)
+            if table.num_rows == 0:
+                continue
+            for part_range, part in _split_ranges(table, ranges):
+                if out is None or part_range != current_range:
+                    if out is not None:
+                        described.append(out.close())
+                    out = _FileWriter(table_uri, prefix, schema)
+                    current_range = part_range
+                out.write(part)
+        if out is not None:
+            described.append(out.close())
+            out = None
+    finally:
+        if out is not None:
+            out.abandon()
+    if described:
+        yield pa.RecordBatch.from_pylist(described, schema=_DESCRIPTION_SCHEMA)
+
+
+def _split_ranges(table: pa.Table, ranges: tuple[int, int] | None) -> Iterator[tuple[int | None, pa.Table]]:
+    if ranges is None:
+        yield None, table
+        return
+    partitions, key_groups = ranges
+    ids = pc.divide(pc.multiply(table[KEY_GROUP].cast(pa.int64()), partitions), key_groups)
+    # Sorted by key group, so equal range ids are contiguous.
+    values = ids.to_pylist()
+    start = 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[start]:
+            yield values[start], table.slice(start, i - start)
+            start = i
+
+
+class _FileWriter:
+    """One staged Parquet file being written, with its Delta statistics."""
+
+    def __init__(self, table_uri: str, prefix: str, schema: pa.Schema) -> None:
+        self.rel = f"{prefix}/part-{uuid.uuid4().hex}.parquet"
+        self.fs, self.path = arrow_filesystem(join_uri(table_uri, self.rel))
+        self.schema = schema
+        self.stats = _StatsAccumulator(schema)
+        try:
+            self.fs.create_dir(self.path.rsplit("/", 1)[0], recursive=True)
+            self.writer = pq.ParquetWriter(self.path, schema, filesystem=self.fs, **parquet_options(schema))
+        except OSError as exc:
+            raise StorageError(f"cannot stage {self.path}: {exc}") from exc
+
+    def write(self, table: pa.Table) -> None:
+        try:
+            self.writer.write_table(table, row_group_size=_ROW_GROUP_ROWS)
+        except OSError as exc:
+            raise StorageError(f"cannot stage {self.path}: {exc}") from exc
+        self.stats.add(table)
+
+    def close(self) -> dict[str, Any]:
+        try:
+            self.writer.close()
+            size = self.fs.get_file_info(self.path).size
+        except OSError as exc:
+            raise StorageError(f"cannot stage {self.path}: {exc}") from exc
+        return {"path": self.rel, "size": size, "rows": self.stats.rows, "stats": self.stats.to_json()}
+
+    def abandon(self) -> None:
+        try:
+            self.writer.close()
+            self.fs.delete_file(self.path)
+        except OSError:
+            pass  # inside the staging directory: deleted with it on abort
+
+
+def parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """Writer options of every staged file: zstd, microsecond UTC timestamps (no INT96)."""
+    return {
+        "compression": "zstd",
+        # Floating-point values rarely repeat: a dictionary costs time and bytes.
+        "use_dictionary": [f.name for f in schema if not pa.types.is_floating(f.type)],
+        "coerce_timestamps": "us",
+        "use_deprecated_int96_timestamps": False,
+    }
+
+
+def write_parquet(table_uri: str, prefix: str, data: pa.Table, *, sort_by: Sequence[str] = (), max_rows_per_file: int = 2_000_000) -> list[StagedFile]:
+    """The driver-side writer, for rows already in this process (compaction, tests)."""
+    if data.num_rows == 0:
+        return []
+    if sort_by:
+        data = data.sort_by([(c, "ascending") for c in sort_by])
+    staged = []
+    for offset in range(0, data.num_rows, max_rows_per_file):
+        out = _FileWriter(table_uri, prefix, data.schema)
+        out.write(data.slice(offset, max_rows_per_file))
+        staged.append(StagedFile(**out.close()))
+    return staged
+
+
+class _StatsAccumulator:
+    """Delta statistics of a file, accumulated over the tables written to it.
+
+    Only integer columns get min/max: exact, and enough for key-group and
+    epoch skipping; float, timestamp and string statistics have subtle
+    truncation rules.
+    """
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.columns = [f.name for f in schema if pa.types.is_integer(f.type)]
+        self.rows = 0
+        self.mins: dict[str, Any] = {}
+        self.maxs: dict[str, Any] = {}
+        self.nulls = {name: 0 for name in self.columns}
+
+    def add(self, table: pa.Table) -> None:
+        self.rows += table.num_rows
+        for name in self.columns:
+            col = table[name]
+            self.nulls[name] += col.null_count
+            mm = pc.min_max(col).as_py()
+            if mm["min"] is not None:
+                self.mins[name] = min(mm["min"], self.mins.get(name, mm["min"]))
+                self.maxs[name] = max(mm["max"], self.maxs.get(name, mm["max"]))
+
+    def to_json(self) -> str:
+        return json.dumps({"numRecords": self.rows, "minValues": self.mins, "maxValues": self.maxs, "nullCount": self.nulls})
+
+
+def parquet_stats(data: pa.Table) -> str:
+    """Delta statistics JSON of ``data`` (as :func:`write_parquet` records them)."""
+    acc = _StatsAccumulator(data.schema)
+    acc.add(data)
+    return acc.to_json()

@@ -1,0 +1,94 @@
+"""Executors write staged files; the driver gets descriptions, never rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from barrierflow.coordinator import CheckpointCoordinator
+from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.registry import get_pipeline
+from barrierflow.runtime import EpochContext
+from barrierflow.staging import stage_frame
+from barrierflow.state.spec import KEY_GROUP
+from sensor_check import assert_matches_reference, reference_for
+
+SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.string()),
+        pa.field(KEY_GROUP, pa.int32()),
+        pa.field("value", pa.int64()),
+        pa.field("at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+def _frame(spark: Any, n: int, key_groups: int) -> Any:
+    from pyspark.sql import functions as F
+
+    return spark.range(n).select(
+        F.concat(F.lit("k"), F.col("id").cast("string")).alias("key"),
+        F.pmod(F.col("id") * 7, F.lit(key_groups)).cast("int").alias(KEY_GROUP),
+        F.when(F.col("id") % 10 == 0, F.lit(None)).otherwise(F.col("id")).alias("value"),
+        F.timestamp_micros(F.col("id") * 1000).alias("at"),
+    )
+
+
+def test_descriptions_are_the_files_executors_wrote(spark: Any, tmp_path: Path) -> None:
+    files = stage_frame(_frame(spark, 5000, 128), str(tmp_path), "_staging/a", SCHEMA, partitions=4, key_groups=128)
+    assert files and sum(f.rows for f in files) == 5000
+    ranges = set()
+    for f in files:
+        path = tmp_path / f.path
+        assert path.stat().st_size == f.size
+        data = pq.read_table(path)
+        assert data.schema == SCHEMA  # cast to the table's schema, timestamps as UTC microseconds
+        stats = json.loads(f.stats)
+        assert stats["numRecords"] == data.num_rows == f.rows
+        for column in (KEY_GROUP, "value"):
+            mm = pc.min_max(data[column]).as_py()
+            assert (stats["minValues"][column], stats["maxValues"][column]) == (mm["min"], mm["max"])
+            assert stats["nullCount"][column] == data[column].null_count
+        groups = data[KEY_GROUP].to_pylist()
+        assert groups == sorted(groups)
+        # Clustered: a file holds key groups of one of the four contiguous ranges.
+        file_ranges = {g * 4 // 128 for g in groups}
+        assert len(file_ranges) == 1
+        ranges |= file_ranges
+    assert ranges == {0, 1, 2, 3}
+    # Nothing else was written: descriptions cover every file.
+    assert sorted(p.name for p in (tmp_path / "_staging/a").iterdir()) == sorted(Path(f.path).name for f in files)
+
+
+def test_an_empty_frame_writes_no_file(spark: Any, tmp_path: Path) -> None:
+    assert stage_frame(_frame(spark, 100, 16).limit(0), str(tmp_path), "_staging/b", SCHEMA, partitions=2) == []
+    assert not (tmp_path / "_staging").exists()
+
+
+def test_an_epoch_never_collects_rows_to_the_driver(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sensor_stats (dedup, windows, running totals, a process function, both sink modes) with every row-collecting call refused."""
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise AssertionError("an epoch brought a table's rows to the driver")
+
+    monkeypatch.setattr(EpochContext, "to_arrow", refuse)
+    for module in ("pyspark.sql.connect.dataframe", "pyspark.sql.classic.dataframe"):
+        cls = __import__(module, fromlist=["DataFrame"]).DataFrame
+        for method in ("toArrow", "toPandas"):
+            monkeypatch.setattr(cls, method, refuse)
+    landing = tmp_path / "landing"
+    write_sensor_files(landing, SensorStreamSpec(n_files=4, records_per_file=150, seed=5, late_rate=0.05, duplicate_rate=0.1))
+    warehouse = tmp_path / "wh"
+    given = {"landing_dir": str(landing), "max_files_per_epoch": 2}
+    coordinator = CheckpointCoordinator(get_pipeline("sensor_stats"), given, str(warehouse), spark_factory=lambda: spark)
+    assert [r.epoch for r in coordinator.run(until_caught_up=True)] == [1, 2]
+    monkeypatch.undo()
+    assert_matches_reference(warehouse, reference_for(landing, 2))
