@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -10,6 +11,7 @@ from typing import Any, Sequence
 
 from barrierflow.errors import BarrierflowError, ConfigurationError, ParameterError
 from barrierflow.params import parse_assignments
+from barrierflow.pipeline import STATE_BACKENDS
 from barrierflow.spark import MASTER_ENV, REMOTE_ENV
 
 __all__ = ["main", "build_parser"]
@@ -82,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="2 (default): the next epoch reads its input while the current one commits; "
         "1: each epoch starts after the previous one completed. Output is the same either way",
+    )
+    run.add_argument(
+        "--state-backend",
+        choices=STATE_BACKENDS,
+        help="override the pipeline's state backend: delta (state merged on the executors) or "
+        "heap (running aggregates merged on the driver, state resident there); see README",
     )
 
     status = sub.add_parser("status", help="last completed epoch, pending work, lineage, table versions")
@@ -241,6 +249,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise ParameterError("--epochs must be >= 1")
     _select_engine(args)
     definition = get_pipeline(args.pipeline)
+    if args.state_backend is not None:
+        definition = dataclasses.replace(definition, state_backend=args.state_backend)
     coordinator = CheckpointCoordinator(definition, parse_assignments(args.param), _warehouse(args))
 
     def report(result: EpochResult) -> None:

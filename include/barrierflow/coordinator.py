@@ -500,7 +500,10 @@ class CheckpointCoordinator:
         app = self.app_id(record.lineage_id)
         for spec in self.pipeline.state_specs():
             uri = self.layout.state_table(spec.operator_id, spec.name)
-            if needs_compaction(uri):
+            # Tables merged on executors compact within their epochs (see
+            # DeltaStateBackend.stage); here only those whose live rows this
+            # driver holds anyway (the heap backend).
+            if resident.holds(uri) and needs_compaction(uri):
                 compact(spec, uri, app, record.epoch, manifest.attempt_id)
 
     def notify_completed(self) -> tuple[CheckpointRecord | None, bool]:

@@ -210,6 +210,7 @@ class EpochContext:
         removes: tuple[str, ...] = (),
         base_version: int | None = None,
         primary_key: tuple[str, ...] = (),
+        prefix: str | None = None,
     ) -> None:
         """Write a table's share of the epoch under the staging prefix, in the background.
 
@@ -218,9 +219,13 @@ class EpochContext:
         ``by_key_group``; ``schema`` is the files' schema (the frame's own if
         omitted). A ``pyarrow.Table`` (rows an operator already holds) is
         written here. Either way the write runs while the epoch goes on;
-        :meth:`commits` waits for it.
+        :meth:`commits` waits for it. ``prefix`` is a directory inside the
+        staging prefix (deleted with it on abort); the staging prefix itself
+        by default.
         """
-        prefix = self.staging_prefix
+        prefix = prefix or self.staging_prefix
+        if not prefix.startswith(self.staging_prefix):
+            raise CheckpointError(f"table {name} staged outside the attempt's staging directory: {prefix}")
         if isinstance(data, pa.Table):
             file_schema = schema or data.schema
         else:

@@ -189,7 +189,8 @@ class RunningAggregate(Node):
 
         1. Aggregate the epoch per key natively (count, exact sums in
            micro-units with the flags of keys that need another method, min,
-           max); cached, and one small job counts the flagged keys.
+           max); cached, and one small job returns the count of flagged
+           keys and the key groups touched.
         2. Join with the touched keys' prior accumulators, read from the
            state table for the touched key groups only.
         3. Merge with Spark's own double arithmetic; flagged keys get their
@@ -211,9 +212,10 @@ class RunningAggregate(Node):
         any_flag = F.lit(False)
         for flag in flags:
             any_flag = any_flag | flag
-        flagged = epoch.agg(F.count_if(any_flag)).first()[0] if flags else 0
+        summary = epoch.agg(F.count_if(any_flag).alias("flagged"), F.collect_set(KEY_GROUP).alias("groups")).first()
+        flagged = summary["flagged"] if flags else 0
         # Step 2.
-        prior = ctx.state.read(spec, epoch)
+        prior = ctx.state.read(spec, sorted(summary["groups"]))
         previous = prior.select(*self.key, *[F.col(n).alias(f"_prev_{n}") for n, _, _ in self._accumulators()])
         merged = epoch.join(previous, on=list(self.key), how="left")
         if flagged:

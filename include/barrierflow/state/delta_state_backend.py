@@ -62,7 +62,7 @@ class DeltaStateBackend:
             )
         return table
 
-    def _files(self, spec: StateSpec, touched: "DataFrame | None") -> list[str]:
+    def _files(self, spec: StateSpec, touched: "DataFrame | list[int] | None") -> list[str]:
         ctx = self._ctx
         uri = ctx.layout.state_table(spec.operator_id, spec.name)
         table = self._open(spec)
@@ -72,7 +72,7 @@ class DeltaStateBackend:
         paths = actions.column("path").to_pylist()
         if touched is None or len(paths) < _PRUNE_MIN_FILES or f"min.{KEY_GROUP}" not in actions.column_names:
             return [join_uri(uri, p) for p in paths]
-        wanted = ctx.touched_key_groups(touched)
+        wanted = touched if isinstance(touched, list) else ctx.touched_key_groups(touched)
         self._pruned[spec.table_name] = wanted
         lows = actions.column(f"min.{KEY_GROUP}").to_pylist()
         highs = actions.column(f"max.{KEY_GROUP}").to_pylist()
@@ -84,33 +84,47 @@ class DeltaStateBackend:
                 out.append(join_uri(uri, path))
         return out
 
-    def read(self, spec: StateSpec, touched: "DataFrame | None" = None) -> "DataFrame":
+    def read(self, spec: StateSpec, touched: "DataFrame | list[int] | None" = None) -> "DataFrame":
         """Live rows (latest per key, not deleted, not expired) of ``spec``.
 
-        ``touched`` (the epoch's keyed records) lets the read skip files of key
-        groups the epoch does not touch, once a table has enough files for
-        that to pay off; without it every key group is read.
+        ``touched`` (the epoch's keyed records, or the key groups they fall
+        in) lets the read skip files of key groups the epoch does not touch,
+        once a table has enough files for that to pay off; without it every
+        key group is read.
         """
+        from pyspark.sql import functions as F
+
+        files = self._files(spec, touched)
+        wanted = self._pruned.get(spec.table_name)
+        live = self._latest(spec, files, keep_expired=False, key_groups=wanted)
+        return live.drop("_deleted", "_epoch")
+
+    def _table_files(self, spec: StateSpec, table: Any) -> list[str]:
+        uri = self._ctx.layout.state_table(spec.operator_id, spec.name)
+        return [join_uri(uri, p) for p in add_actions(table).column("path").to_pylist()]
+
+    def _latest(
+        self, spec: StateSpec, files: list[str], *, keep_expired: bool, key_groups: list[int] | None = None
+    ) -> "DataFrame":
+        """The latest row per key of ``files`` (every column), tombstones dropped; on the executors."""
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 
         ctx = self._ctx
         schema = from_arrow_schema(spec.arrow_schema())
-        files = self._files(spec, touched)
         if not files:
             df = ctx.spark.createDataFrame([], schema)
         else:
             df = ctx.spark.read.schema(schema).parquet(*files)
-            wanted = self._pruned.get(spec.table_name)
-            if wanted is not None:
-                df = df.where(F.col(KEY_GROUP).isin(wanted))
+            if key_groups is not None:
+                df = df.where(F.col(KEY_GROUP).isin(key_groups))
         keys = spec.key_columns
         rest = [c for c in df.columns if c not in keys]
         latest = df.groupBy(*keys).agg(F.max_by(F.struct(*rest), F.col("_epoch")).alias("_s")).select(*keys, "_s.*")
         live = latest.where(~F.col("_deleted"))
-        if spec.ttl_ms is not None:
+        if spec.ttl_ms is not None and not keep_expired:
             live = live.where(F.col("_updated_at_ms") + F.lit(spec.ttl_ms) > F.lit(ctx.processing_time_ms))
-        return live.drop("_deleted", "_epoch")
+        return live
 
     def read_arrow(self, spec: StateSpec, key_groups: list[int]) -> pa.Table:
         """Live rows of ``spec`` in ``key_groups``, on the driver (``spec.arrow_schema()`` columns).
@@ -146,12 +160,18 @@ class DeltaStateBackend:
         """Stage changed keys: ``changes`` has keys, key group, values and ``_deleted``.
 
         Executors write the rows, clustered by key group; the driver gets
-        file descriptions only.
+        file descriptions only. When the table's changelog has outgrown its
+        compacted base (:func:`needs_compaction`), the epoch compacts it in
+        the same commit: executors write every live key once (this epoch's
+        changes applied, tombstones and expired rows dropped) and the commit
+        removes every file of the snapshot the epoch read. A concurrent
+        writer cannot slip in between: the commit refuses removes that are
+        no longer live.
         """
         from pyspark.sql import functions as F
 
         ctx = self._ctx
-        ctx.restore_point()
+        table = self._open(spec)
         rows = changes.select(
             *spec.key_columns,
             F.col(KEY_GROUP).cast("int").alias(KEY_GROUP),
@@ -160,6 +180,17 @@ class DeltaStateBackend:
             F.col("_deleted").cast("boolean"),
             F.lit(ctx.epoch).cast("long").alias("_epoch"),
         )
+        removes: tuple[str, ...] = ()
+        base_version = None
+        prefix = None
+        if table is not None and _needs_compaction(add_actions(table)):
+            keys = spec.key_columns
+            stored = self._latest(spec, self._table_files(spec, table), keep_expired=False)
+            kept = stored.join(rows.select(*keys), on=keys, how="left_anti")
+            rows = kept.select(*rows.columns).unionByName(rows.where(~F.col("_deleted")))
+            removes = tuple(sorted(add_actions(table).column("path").to_pylist()))
+            base_version = table.version()
+            prefix = f"{ctx.staging_prefix}/{COMPACTED_DIR}"
         ctx.stage(
             name=spec.table_name,
             uri=ctx.layout.state_table(spec.operator_id, spec.name),
@@ -167,7 +198,10 @@ class DeltaStateBackend:
             data=rows,
             schema=spec.arrow_schema(),
             by_key_group=True,
+            removes=removes,
+            base_version=base_version,
             primary_key=tuple(spec.key_columns),
+            prefix=prefix,
         )
 
     def stage_arrow(self, spec: StateSpec, data: pa.Table) -> None:
@@ -211,21 +245,33 @@ def latest_rows(data: pa.Table, key_columns: list[str]) -> pa.Table:
     return kept.filter(pc.invert(kept["_deleted"]))
 
 
+# Staged files of a compaction live in this subdirectory (of the epoch's staging
+# directory, or of the table for maintenance): the compacted base of the table.
+COMPACTED_DIR = "_compacted"
+
+
 def needs_compaction(uri: str) -> bool:
+    """Whether the state table at ``uri`` should be compacted (:func:`_needs_compaction`)."""
+    table = open_table(uri)
+    return table is not None and _needs_compaction(add_actions(table))
+
+
+def _needs_compaction(actions: pa.Table) -> bool:
     """Size-tiered policy: compact once the changelog outgrows the compacted base.
 
-    The base is the largest file (the last compaction); incremental epochs add
-    small files. Reads stay within ~2x the live rows, and compaction's full
-    rewrite is amortised over many epochs when few keys change.
+    The base is what the last compaction wrote (files under
+    :data:`COMPACTED_DIR`); incremental epochs add files beside it. Reads
+    stay within ~2x the live rows, and compaction's full rewrite is
+    amortised over many epochs when few keys change. More than
+    :data:`_MAX_FILES` files are compacted whatever their row counts.
     """
-    table = open_table(uri)
-    if table is None:
-        return False
-    actions = add_actions(table)
-    if actions.num_rows <= 1:
-        return False
+    paths = actions.column("path").to_pylist()
     rows = [n or 0 for n in actions.column("num_records").to_pylist()]
-    return actions.num_rows > _MAX_FILES or sum(rows) > 2 * max(rows)
+    base = sum(n for path, n in zip(paths, rows) if f"{COMPACTED_DIR}/" in path)
+    changelog = [n for path, n in zip(paths, rows) if f"{COMPACTED_DIR}/" not in path]
+    if len(changelog) < 2 and len(paths) <= _MAX_FILES:
+        return False
+    return len(paths) > _MAX_FILES or sum(changelog) > base
 
 
 def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) -> int | None:
@@ -253,7 +299,7 @@ def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) ->
     if live is None:
         live = latest_rows(table.to_pyarrow_table(), spec.key_columns)
     compacted = live.select(spec.arrow_schema().names).cast(spec.arrow_schema())
-    staged = write_parquet(uri, f"_compacted/{epoch:010d}-{attempt_id}", compacted, sort_by=(KEY_GROUP,))
+    staged = write_parquet(uri, f"{COMPACTED_DIR}/{epoch:010d}-{attempt_id}", compacted, sort_by=(KEY_GROUP,))
     now = time.time_ns() // 1_000_000
     actions: list[Any] = [
         AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now, data_change=False, stats=f.stats)

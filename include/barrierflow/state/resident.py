@@ -35,7 +35,7 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
-__all__ = ["Snapshot", "max_rows", "lookup", "stage", "promote", "advance", "discard"]
+__all__ = ["Snapshot", "max_rows", "lookup", "holds", "stage", "promote", "advance", "discard"]
 
 _DEFAULT_MAX_ROWS = 5_000_000
 
@@ -79,6 +79,12 @@ def lookup(uri: str, snapshot: Snapshot) -> pa.Table | None:
             return None
         _current.move_to_end(uri)
         return entry[1]
+
+
+def holds(uri: str) -> bool:
+    """Whether some snapshot of ``uri`` is resident (whichever version it is)."""
+    with _lock:
+        return uri in _current
 
 
 def stage(uri: str, base: Snapshot, attempt_id: str, live: pa.Table) -> None:
