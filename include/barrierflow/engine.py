@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 
 from barrierflow.errors import EngineUnavailableError
+from barrierflow.shipping import package_archive, ships_package
 from barrierflow.spark import DRIVER_JAVA_OPTIONS
 from barrierflow.warmup import DEFAULT_WARM_UP_EPOCHS
 
@@ -101,6 +102,8 @@ class EngineConfig:
         spark_submit = Path(sys.executable).with_name("spark-submit")
         cmd = [str(spark_submit) if spark_submit.exists() else "spark-submit", "--class", CONNECT_SERVER_CLASS]
         cmd += ["--master", self.master, "--driver-memory", self.driver_memory]
+        if ships_package(self.master):
+            cmd += ["--py-files", package_archive()]  # executors import the shipped package
         for key, value in sorted(self.conf().items()):
             cmd += ["--conf", f"{key}={value}"]
         return [*cmd, "spark-internal"]

@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 from typing import TYPE_CHECKING, Any, Callable, Hashable, TypeVar
 
 from barrierflow.errors import ConfigurationError, EngineUnavailableError
+from barrierflow.shipping import package_archive, ships_package
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -287,6 +288,9 @@ def _classic_session(master: str | None) -> "SparkSession":
     )
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    if ships_package(session.sparkContext.master):
+        # Executors import the shipped package, never the driver's interpreter path.
+        session.sparkContext.addPyFile(package_archive())
     _sessions["classic"] = session
     return session
 

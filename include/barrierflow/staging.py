@@ -26,11 +26,12 @@ import pyarrow.parquet as pq
 
 from barrierflow.checkpoint import StagedFile
 from barrierflow.errors import StorageError
+from barrierflow.spark import session_cached
 from barrierflow.state.spec import KEY_GROUP
 from barrierflow.storage import arrow_filesystem, join_uri
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
 __all__ = ["stage_frame", "write_parquet", "parquet_stats", "DESCRIPTION_DDL"]
 
@@ -66,7 +67,8 @@ def stage_frame(
     ranges = None
     if key_groups is not None:
         ranges = (partitions, key_groups)
-        frame = frame.repartition(partitions, F.floor(F.col(KEY_GROUP) * F.lit(partitions) / F.lit(key_groups)))
+        range_id = F.floor(F.col(KEY_GROUP) * F.lit(partitions) / F.lit(key_groups)).cast("int")
+        frame = frame.repartition(partitions, _partition_key(df.sparkSession, partitions, range_id))
         frame = frame.sortWithinPartitions(KEY_GROUP)
     else:
         frame = frame.coalesce(partitions)
@@ -81,6 +83,34 @@ def stage_frame(
         raise
     files = [StagedFile(path=r["path"], size=r["size"], rows=r["rows"], stats=r["stats"]) for r in rows]
     return sorted(files, key=lambda f: f.path)
+
+
+def _partition_key(spark: Any, partitions: int, range_id: "Column") -> "Column":
+    """A column that sends key-group range ``r`` to partition ``r`` under hash partitioning.
+
+    Spark places a row in partition ``pmod(hash(key), n)``; hashing the range
+    ids themselves would put two ranges in one task now and then (one file
+    spanning both, one task doing both's work). Each range id is replaced by
+    the smallest integer that hashes to its own partition, found once per
+    session and ``n`` with one small job.
+    """
+    from pyspark.sql import functions as F
+
+    def build() -> list[int]:
+        rows = (
+            spark.range(64 * partitions)
+            .select(F.col("id").cast("int").alias("v"), F.pmod(F.hash(F.col("id").cast("int")), F.lit(partitions)).alias("p"))
+            .groupBy("p")
+            .agg(F.min("v").alias("v"))
+            .collect()
+        )
+        chosen = {r["p"]: r["v"] for r in rows}
+        if len(chosen) < partitions:
+            raise StorageError(f"no integer hashes to each of {partitions} partitions")  # not for n below 64**2
+        return [chosen[p] for p in range(partitions)]
+
+    values = session_cached(("range_partition_values", partitions), build)
+    return F.element_at(F.array(*[F.lit(v) for v in values]), range_id + F.lit(1))
 
 
 def _write_partition(

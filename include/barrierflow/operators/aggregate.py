@@ -205,8 +205,12 @@ class RunningAggregate(Node):
         aggregates = session_cached(("running_aggregate", self.aggregations), self._epoch_aggregates)
         if ctx.pipeline.state_backend == "heap":
             return self._apply_on_driver(ctx, spec, keyed, aggregates)
-        # Step 1.
-        epoch = ctx.persist(keyed.groupBy(*self.key, KEY_GROUP).agg(*aggregates))
+        # Step 1. Grouped by the key alone (its key group follows from it), so
+        # the epoch is partitioned as the state read is and the join needs no
+        # further shuffle.
+        epoch = ctx.persist(
+            df.groupBy(*self.key).agg(*aggregates).withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
+        )
         sums = [col for name, col, _ in self._accumulators() if name.startswith("sum_")]
         flags = [F.col(f"_inexact_{col}") for col in sums]
         any_flag = F.lit(False)

@@ -246,7 +246,7 @@ def latest_rows(data: pa.Table, key_columns: list[str]) -> pa.Table:
 
 
 # Staged files of a compaction live in this subdirectory (of the epoch's staging
-# directory, or of the table for maintenance): the compacted base of the table.
+# directory, or of the table for maintenance).
 COMPACTED_DIR = "_compacted"
 
 
@@ -259,19 +259,22 @@ def needs_compaction(uri: str) -> bool:
 def _needs_compaction(actions: pa.Table) -> bool:
     """Size-tiered policy: compact once the changelog outgrows the compacted base.
 
-    The base is what the last compaction wrote (files under
-    :data:`COMPACTED_DIR`); incremental epochs add files beside it. Reads
-    stay within ~2x the live rows, and compaction's full rewrite is
-    amortised over many epochs when few keys change. More than
+    Files written together (one epoch's changes, or one compaction) share a
+    directory: a generation. The base is the largest generation (the last
+    compaction, or the first epoch's bulk load); later epochs add small
+    ones. Reads stay within ~2x the live rows, and compaction's full rewrite
+    is amortised over many epochs when few keys change. More than
     :data:`_MAX_FILES` files are compacted whatever their row counts.
     """
     paths = actions.column("path").to_pylist()
     rows = [n or 0 for n in actions.column("num_records").to_pylist()]
-    base = sum(n for path, n in zip(paths, rows) if f"{COMPACTED_DIR}/" in path)
-    changelog = [n for path, n in zip(paths, rows) if f"{COMPACTED_DIR}/" not in path]
-    if len(changelog) < 2 and len(paths) <= _MAX_FILES:
+    generations: dict[str, int] = {}
+    for path, n in zip(paths, rows):
+        directory = path.rsplit("/", 1)[0] if "/" in path else ""
+        generations[directory] = generations.get(directory, 0) + n
+    if len(generations) <= 1:
         return False
-    return len(paths) > _MAX_FILES or sum(changelog) > base
+    return len(paths) > _MAX_FILES or sum(rows) > 2 * max(generations.values())
 
 
 def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) -> int | None:

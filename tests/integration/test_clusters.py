@@ -1,0 +1,159 @@
+"""barrierflow with executors in separate JVMs: ``local-cluster`` and a standalone cluster.
+
+The executors read the input, merge state and write every staged file
+themselves, importing the barrierflow package that the driver ships
+(``SparkContext.addPyFile``), never the driver's interpreter path. On both
+kinds of cluster: the reference results, a ``kill -9`` of the driver between
+two tables' commits, and a savepoint restored at another parallelism.
+(That results never depend on parallelism, bit for bit, is checked on a
+local master in ``test_sensor_stats.py``.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+from cli_runner import barrierflow_cmd, cli_env, run_sensor_stats
+from sensor_check import (
+    assert_matches_reference,
+    assert_nothing_staged_visible,
+    assert_one_commit_per_table_per_epoch,
+    reference_for,
+)
+from test_crash_resume import _tables_per_epoch
+
+pytestmark = pytest.mark.slow
+
+LOCAL_CLUSTER = "local-cluster[2,1,1024]"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A standalone master and two one-core workers from the wheel's ``spark-class``, on 127.0.0.1."""
+    import pyspark
+
+    spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+    work = tmp_path_factory.mktemp("standalone")
+    port, ui = _free_port(), _free_port()
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_HOME": str(Path(pyspark.__file__).parent)}
+    procs = [
+        subprocess.Popen(
+            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],
+            env=env, stdout=open(work / "master.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    ]
+    master = f"spark://127.0.0.1:{port}"
+    for n in range(2):
+        procs.append(
+            subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", master, "--host", "127.0.0.1", "--cores", "1",
+                 "--memory", "1g", "--webui-port", str(_free_port()), "--work-dir", str(work / f"worker-{n}")],
+                env=env, stdout=open(work / f"worker-{n}.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as response:
+                    if json.load(response).get("aliveworkers") == 2:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                logs = "\n".join((work / f).read_text()[-1500:] for f in ("master.log", "worker-0.log", "worker-1.log"))
+                pytest.fail(f"the standalone cluster did not register two workers in 120 s:\n{logs}")
+            time.sleep(1)
+        yield master
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cluster") / "landing"
+    write_sensor_files(path, SensorStreamSpec(n_files=6, records_per_file=80, seed=31, late_rate=0.05, duplicate_rate=0.1))
+    return path
+
+
+@pytest.fixture(params=["local-cluster", "standalone"])
+def master(request: pytest.FixtureRequest) -> str:
+    return LOCAL_CLUSTER if request.param == "local-cluster" else str(request.getfixturevalue("standalone"))
+
+
+_WHERE = """
+import json, sys
+from barrierflow.spark import get_spark
+
+def where(batches):
+    import os, pyarrow as pa
+    import barrierflow.staging
+    for _ in batches:
+        yield pa.RecordBatch.from_pylist([{"file": barrierflow.staging.__file__, "pid": os.getpid()}])
+
+spark = get_spark(master=sys.argv[1])
+rows = spark.range(8).repartition(4).mapInArrow(where, "file string, pid long").collect()
+print(json.dumps({"rows": [r.asDict() for r in rows]}))
+"""
+
+
+def test_executors_import_the_shipped_package(master: str) -> None:
+    done = subprocess.run([sys.executable, "-c", _WHERE, master], env=cli_env(master=master), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout.strip().splitlines()[-1])["rows"]
+    import barrierflow.staging
+
+    driver_path = str(Path(barrierflow.staging.__file__).resolve())
+    assert rows and all(".zip" in r["file"] and r["file"] != driver_path for r in rows), rows
+
+
+def test_sensor_stats_with_a_driver_kill_matches_the_reference(master: str, landing: Path, tmp_path: Path) -> None:
+    warehouse = tmp_path / "wh"
+    # The driver dies between epoch 2's second and third table commit.
+    crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{_tables_per_epoch() + 2}", master=master)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    resumed = run_sensor_stats(warehouse, landing, master=master)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_matches_reference(warehouse, reference_for(landing, 2))
+    assert_one_commit_per_table_per_epoch(warehouse, 3)
+    assert_nothing_staged_visible(warehouse)
+
+
+def test_savepoint_restored_at_another_parallelism_matches_the_reference(master: str, landing: Path, tmp_path: Path) -> None:
+    restored = tmp_path / "restored"
+    env = cli_env(master=master)
+
+    def cli(*args: str) -> None:
+        done = subprocess.run(barrierflow_cmd(*args), env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    run = ("run", "sensor_stats", "--warehouse", str(restored), "--param", f"landing_dir={landing}", "--param", "max_files_per_epoch=2")
+    cli(*run, "--epochs", "1")
+    cli("savepoint", "create", "sensor_stats", "--warehouse", str(restored), "--name", "after-1")
+    cli(*run, "--epochs", "1")
+    cli("savepoint", "restore", "sensor_stats", "--warehouse", str(restored), "--savepoint", "after-1", "--rewind-sinks", "--parallelism", "3")
+    cli(*run, "--until-caught-up")
+    # Epochs 2-3 ran again at parallelism 3 on the restored state; the result is the reference's.
+    assert_matches_reference(restored, reference_for(landing, 2))
