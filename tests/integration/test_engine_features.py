@@ -130,10 +130,10 @@ def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(spark: Any,
     from barrierflow.datagen import SensorStreamSpec, write_sensor_files
     from barrierflow.layout import PipelineLayout
     from barrierflow.registry import get_pipeline
-    from barrierflow.state.delta_state_backend import latest_rows
+    from barrierflow.state.delta_state_backend import COMPACTED_DIR, latest_rows
 
     landing, warehouse = tmp_path / "landing", tmp_path / "wh"
-    write_sensor_files(landing, SensorStreamSpec(n_files=3, records_per_file=60, seed=41))
+    write_sensor_files(landing, SensorStreamSpec(n_files=4, records_per_file=60, seed=41))
     coordinator = CheckpointCoordinator(
         get_pipeline("sensor_stats"), {"landing_dir": str(landing), "max_files_per_epoch": 1}, str(warehouse), spark_factory=lambda: spark
     )
@@ -145,19 +145,20 @@ def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(spark: Any,
         assert ts_type == pa.timestamp("us", tz="UTC")  # never INT96, never nanoseconds
     assert pq.ParquetFile(minute.file_uris()[0]).metadata.schema.column(1).physical_type == "INT64"
 
-    # The changelog outgrew its base, so notify compacted it (size-tiered policy).
+    # Generations of 60 keys: by epoch 4 the changelog outgrew twice the largest, so that
+    # epoch compacted the table on the executors, in its own commit (size-tiered policy).
     uri = layout.state_table("dedup", "seen")
-    history = DeltaTable(uri).history()
-    compactions = [h for h in history if h.get("barrierflow.operation") == "compact"]
-    assert compactions, "the dedup state was never compacted"
-    before_version = compactions[0]["version"] - 1
+    table = DeltaTable(uri)
+    compacting = next(h for h in table.history() if h.get("barrierflow.epoch") == 4)["version"]
     spec = next(s for s in coordinator.pipeline.state_specs() if s.table_name == "dedup__seen")
-    before = latest_rows(DeltaTable(uri, version=before_version).to_pyarrow_table(), spec.key_columns)
-    after = DeltaTable(uri, version=compactions[0]["version"]).to_pyarrow_table()
-    assert len(DeltaTable(uri, version=compactions[0]["version"]).file_uris()) == 1
-    key = lambda t: sorted(zip(t["event_id"].to_pylist(), t["first_epoch"].to_pylist()))  # noqa: E731
-    assert key(after) == key(before)  # one live row per key, same content
-    assert after.num_rows == len(set(after["event_id"].to_pylist()))
+    compacted = DeltaTable(uri, version=compacting)
+    assert compacted.file_uris() and all(f"/{COMPACTED_DIR}/" in f for f in compacted.file_uris()), "not compacted"
+    before = latest_rows(DeltaTable(uri, version=compacting - 1).to_pyarrow_table(), spec.key_columns)
+    after = compacted.to_pyarrow_table()
+    key = lambda t: dict(zip(t["event_id"].to_pylist(), t["first_epoch"].to_pylist()))  # noqa: E731
+    assert after.num_rows == len(key(after))  # one live row per key
+    assert key(before).items() <= key(after).items()  # every earlier key kept, unchanged
+    assert set(key(after).values()) - set(key(before).values()) <= {4}  # the rest are epoch 4's
     # Queries of the latest cut see the same state whatever compaction did.
     n = run_query(str(warehouse), "sensor_stats", "select count(*) as n from dedup__seen").to_pylist()[0]["n"]
     assert n == len(latest_rows(DeltaTable(uri).to_pyarrow_table(), spec.key_columns))
