@@ -33,7 +33,7 @@ from barrierflow.storage import arrow_filesystem, join_uri
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["stage_frame", "write_parquet", "parquet_stats", "DESCRIPTION_DDL"]
+__all__ = ["stage_frame", "write_parquet", "DESCRIPTION_DDL"]
 
 # One row per written file, collected by the driver.
 DESCRIPTION_DDL = "path string, size long, rows long, stats string"
@@ -254,10 +254,3 @@ class _StatsAccumulator:
 
     def to_json(self) -> str:
         return json.dumps({"numRecords": self.rows, "minValues": self.mins, "maxValues": self.maxs, "nullCount": self.nulls})
-
-
-def parquet_stats(data: pa.Table) -> str:
-    """Delta statistics JSON of ``data`` (as :func:`write_parquet` records them)."""
-    acc = _StatsAccumulator(data.schema)
-    acc.add(data)
-    return acc.to_json()

@@ -92,8 +92,6 @@ class DeltaStateBackend:
         once a table has enough files for that to pay off; without it every
         key group is read.
         """
-        from pyspark.sql import functions as F
-
         files = self._files(spec, touched)
         wanted = self._pruned.get(spec.table_name)
         live = self._latest(spec, files, keep_expired=False, key_groups=wanted)
@@ -183,12 +181,13 @@ class DeltaStateBackend:
         removes: tuple[str, ...] = ()
         base_version = None
         prefix = None
-        if table is not None and _needs_compaction(add_actions(table)):
+        actions = add_actions(table) if table is not None else None
+        if actions is not None and _needs_compaction(actions):
             keys = spec.key_columns
             stored = self._latest(spec, self._table_files(spec, table), keep_expired=False)
             kept = stored.join(rows.select(*keys), on=keys, how="left_anti")
             rows = kept.select(*rows.columns).unionByName(rows.where(~F.col("_deleted")))
-            removes = tuple(sorted(add_actions(table).column("path").to_pylist()))
+            removes = tuple(sorted(actions.column("path").to_pylist()))
             base_version = table.version()
             prefix = f"{ctx.staging_prefix}/{COMPACTED_DIR}"
         ctx.stage(
