@@ -104,7 +104,14 @@ class DeltaStateBackend:
     def _latest(
         self, spec: StateSpec, files: list[str], *, keep_expired: bool, key_groups: list[int] | None = None
     ) -> "DataFrame":
-        """The latest row per key of ``files`` (every column), tombstones dropped; on the executors."""
+        """The latest row per key of ``files`` (every column), tombstones dropped; on the executors.
+
+        A generation (the files one epoch or one compaction wrote, which share
+        a directory) holds each key at most once, so files of one generation
+        need no aggregation. Otherwise the rows are grouped by key: with one
+        ``max_by`` per column when every column is fixed-width (Spark then
+        aggregates in a hash map), else one ``max_by`` of a struct (a sort).
+        """
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -118,8 +125,13 @@ class DeltaStateBackend:
                 df = df.where(F.col(KEY_GROUP).isin(key_groups))
         keys = spec.key_columns
         rest = [c for c in df.columns if c not in keys]
-        latest = df.groupBy(*keys).agg(F.max_by(F.struct(*rest), F.col("_epoch")).alias("_s")).select(*keys, "_s.*")
-        live = latest.where(~F.col("_deleted"))
+        if len(_generations(files)) <= 1:
+            latest = df
+        elif all(_fixed_width(spec.arrow_schema().field(c).type) for c in rest):
+            latest = df.groupBy(*keys).agg(*[F.max_by(c, "_epoch").alias(c) for c in rest if c != "_epoch"], F.max("_epoch").alias("_epoch"))
+        else:
+            latest = df.groupBy(*keys).agg(F.max_by(F.struct(*rest), F.col("_epoch")).alias("_s")).select(*keys, "_s.*")
+        live = latest.where(~F.col("_deleted")).select(*df.columns)
         if spec.ttl_ms is not None and not keep_expired:
             live = live.where(F.col("_updated_at_ms") + F.lit(spec.ttl_ms) > F.lit(ctx.processing_time_ms))
         return live
@@ -253,6 +265,15 @@ def needs_compaction(uri: str) -> bool:
     """Whether the state table at ``uri`` should be compacted (:func:`_needs_compaction`)."""
     table = open_table(uri)
     return table is not None and _needs_compaction(add_actions(table))
+
+
+def _generations(paths: list[str]) -> set[str]:
+    """The directories of ``paths``: one per generation (see :func:`_needs_compaction`)."""
+    return {path.rsplit("/", 1)[0] if "/" in path else "" for path in paths}
+
+
+def _fixed_width(data_type: pa.DataType) -> bool:
+    return pa.types.is_integer(data_type) or pa.types.is_floating(data_type) or pa.types.is_boolean(data_type)
 
 
 def _needs_compaction(actions: pa.Table) -> bool:
