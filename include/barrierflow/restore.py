@@ -38,9 +38,10 @@ import os
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, Schema, Transaction
 from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, create_table_with_add_actions
@@ -48,7 +49,7 @@ from deltalake.transaction import AddAction, create_table_with_add_actions
 from barrierflow import faults, storage
 from barrierflow.checkpoint import CheckpointRecord, EpochStatus, app_id
 from barrierflow.checkpoint_log import iso_now, now_us
-from barrierflow.delta_commit import TABLE_CONFIGURATION, open_table
+from barrierflow.delta_commit import TABLE_CONFIGURATION, open_table, stored_rows
 from barrierflow.staging import write_parquet
 from barrierflow.errors import CheckpointError, IncompatibleSavepointError, SavepointError
 from barrierflow.layout import PipelineLayout
@@ -58,10 +59,10 @@ from barrierflow.savepoint import (
     DEFAULT_LEASE_WAIT_S,
     SavepointMetadata,
     load_savepoint,
-    read_snapshot,
+    snapshot_chunks,
     state_signature,
 )
-from barrierflow.state.delta_state_backend import latest_rows
+from barrierflow.state.delta_state_backend import live_row_chunks, stored_batches
 
 if TYPE_CHECKING:
     from barrierflow.coordinator import CheckpointCoordinator
@@ -278,11 +279,10 @@ def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -
     savepoint = _savepoint_of(intent)
     for spec in pipe.state_specs():  # step 5
         name = f"{spec.operator_id}/{spec.name}"
-        rows = _state_rows(layout, intent, savepoint, spec.operator_id, spec.name) if name in restored else None
-        schema = spec.arrow_schema()
-        data = rows.select(schema.names).cast(schema) if rows is not None else schema.empty_table()
+        chunks = _state_rows(layout, intent, savepoint, spec.operator_id, spec.name) if name in restored else iter(())
         _replace_content(
-            layout.state_table(spec.operator_id, spec.name), data, app, epoch, lineage_id, (KEY_GROUP, *spec.key_columns)
+            layout.state_table(spec.operator_id, spec.name),
+            spec.arrow_schema(), chunks, app, epoch, lineage_id, (KEY_GROUP, *spec.key_columns),
         )
     rewound: dict[str, int] = {}
     for sink, mode in _sinks(pipe):  # step 6
@@ -290,8 +290,7 @@ def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -
         if mode == "upsert":
             rows = _upsert_rows(layout, intent, savepoint, sink)
             if rows is not None and (intent["rewind_sinks"] or open_table(uri) is None):
-                _replace_content(uri, rows, app, epoch, lineage_id, ())
-                rewound[sink] = rows.num_rows
+                rewound[sink] = _replace_content(uri, *rows, app, epoch, lineage_id, ())
         elif intent["rewind_sinks"]:
             rewound[sink] = _delete_after(uri, epoch, app)
     # Step 7; the epoch directory marks the restore point as a retained checkpoint.
@@ -369,28 +368,34 @@ def _savepoint_of(intent: Mapping[str, Any]) -> SavepointMetadata | None:
 
 def _state_rows(
     layout: PipelineLayout, intent: Mapping[str, Any], savepoint: SavepointMetadata | None, op: str, state: str
-) -> pa.Table | None:
+) -> Iterator[pa.Table]:
+    """The state's live rows at the restore point, in chunks of bounded size (none if it had no table)."""
     if savepoint is not None:
         snap = next(s for s in savepoint.states if s.operator_id == op and s.state == state)
-        return read_snapshot(savepoint, snap.files)
+        return snapshot_chunks(savepoint, snap.files)
     version = intent["table_versions"].get(f"{op}__{state}")
     table = open_table(layout.state_table(op, state), version) if version is not None else None
     if table is None:
-        return None
-    data = table.to_pyarrow_table()
-    keys = data.schema.names[: data.schema.get_field_index(KEY_GROUP)]
-    return latest_rows(data, keys)
+        return iter(())
+    schema = table.to_pyarrow_dataset().schema
+    return live_row_chunks(table, schema.names[: schema.get_field_index(KEY_GROUP)])
 
 
 def _upsert_rows(
     layout: PipelineLayout, intent: Mapping[str, Any], savepoint: SavepointMetadata | None, sink: str
-) -> pa.Table | None:
+) -> tuple[pa.Schema, Iterator[pa.Table]] | None:
+    """The upsert sink's schema and rows at the restore point, in chunks (None if it had no table)."""
     if savepoint is not None:
         snap = next((s for s in savepoint.sinks if s.name == sink), None)
-        return read_snapshot(savepoint, snap.files) if snap is not None else None
+        if snap is None or not snap.files:
+            return None
+        first = storage.join_uri(savepoint.uri, snap.files[0])
+        return pq.read_schema(storage.local_path(first)), snapshot_chunks(savepoint, snap.files)
     version = intent["table_versions"].get(sink)
     table = open_table(layout.sink_table(sink), version) if version is not None else None
-    return table.to_pyarrow_table() if table is not None else None
+    if table is None:
+        return None
+    return table.to_pyarrow_dataset().schema, stored_batches(table)
 
 
 def _sinks(pipe: Pipeline) -> list[tuple[str, str]]:
@@ -399,12 +404,20 @@ def _sinks(pipe: Pipeline) -> list[tuple[str, str]]:
     return out + [("dead_letter", "dead_letter")]
 
 
-def _replace_content(uri: str, data: pa.Table, app: str, epoch: int, lineage_id: str, sort_by: tuple[str, ...]) -> int:
-    """Make ``data`` the table's whole content in one commit carrying ``(app, epoch)``; idempotent."""
+def _replace_content(
+    uri: str, schema: pa.Schema, chunks: Iterable[pa.Table], app: str, epoch: int, lineage_id: str, sort_by: tuple[str, ...]
+) -> int:
+    """Make the rows of ``chunks`` the table's whole content in one commit carrying ``(app, epoch)``; idempotent.
+
+    Chunks are written one at a time (each sorted by ``sort_by``), so the
+    process holds one chunk, not the table. Returns the rows written.
+    """
     table = open_table(uri)
     if table is not None and (table.transaction_version(app) or -1) >= epoch:
-        return table.version()
-    staged = write_parquet(uri, f"_restored/{lineage_id}", data, sort_by=sort_by)
+        return stored_rows(table)
+    staged = []
+    for chunk in chunks:
+        staged += write_parquet(uri, f"_restored/{lineage_id}", chunk.select(schema.names).cast(schema), sort_by=sort_by)
     now = time.time_ns() // 1_000_000
     adds = [
         AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now, data_change=True, stats=f.stats)
@@ -415,20 +428,18 @@ def _replace_content(uri: str, data: pa.Table, app: str, epoch: int, lineage_id:
         app_transactions=[Transaction(app, epoch)],
         max_commit_retries=0,
     )
-    schema = Schema.from_arrow(data.schema)
+    delta_schema = Schema.from_arrow(schema)
     try:
         if table is None:
             create_table_with_add_actions(
-                uri, schema, adds, mode="error", configuration=TABLE_CONFIGURATION, commit_properties=properties
+                uri, delta_schema, adds, mode="error", configuration=TABLE_CONFIGURATION, commit_properties=properties
             )
         else:
             # Overwrite removes every live file itself, and takes the code's schema.
-            table.create_write_transaction(adds, mode="overwrite", schema=schema, commit_properties=properties)
+            table.create_write_transaction(adds, mode="overwrite", schema=delta_schema, commit_properties=properties)
     except DeltaError as exc:
         raise CheckpointError(f"cannot restore table {uri}: {exc}; run the restore again") from exc
-    result = open_table(uri)
-    assert result is not None
-    return result.version()
+    return sum(f.rows for f in staged)
 
 
 def _delete_after(uri: str, epoch: int, app: str) -> int:

@@ -31,7 +31,7 @@ import shutil
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,7 +43,7 @@ from barrierflow.delta_commit import open_table, stored_rows
 from barrierflow.errors import SavepointError
 from barrierflow.layout import PipelineLayout
 from barrierflow.pipeline import Pipeline, PipelineDefinition
-from barrierflow.state.delta_state_backend import latest_rows
+from barrierflow.state.delta_state_backend import live_row_chunks, stored_batches
 
 __all__ = [
     "SavepointMetadata",
@@ -53,7 +53,7 @@ __all__ = [
     "list_savepoints",
     "load_savepoint",
     "dispose_savepoint",
-    "read_snapshot",
+    "snapshot_chunks",
     "state_signature",
     "FORMAT_VERSION",
 ]
@@ -254,12 +254,15 @@ def _snapshot_state(
     table = open_table(uri, versions[table_name]) if table_name in versions else None
     if table is None:
         return StateSnapshot(operator_id, state, (), 0, ())
-    data = table.to_pyarrow_table()
-    keys = [f.name for f in data.schema][: data.schema.get_field_index("_key_group")]
-    live = latest_rows(data, keys)
-    rel = f"state/{operator_id}/{state}/part-00000.parquet"
-    _write_parquet(live, os.path.join(tmp, rel))
-    return StateSnapshot(operator_id, state, state_signature(live.schema), live.num_rows, (rel,))
+    schema = table.to_pyarrow_dataset().schema
+    keys = schema.names[: schema.get_field_index("_key_group")]
+    rels, rows = [], 0
+    for chunk in live_row_chunks(table, keys):  # bounded memory, whatever the state's size
+        rel = f"state/{operator_id}/{state}/part-{len(rels):05d}.parquet"
+        _write_parquet([chunk], chunk.schema, os.path.join(tmp, rel))
+        rels.append(rel)
+        rows += chunk.num_rows
+    return StateSnapshot(operator_id, state, state_signature(schema), rows, tuple(rels))
 
 
 def _snapshot_sink(layout: PipelineLayout, name: str, mode: str, versions: Mapping[str, int], tmp: str) -> SinkSnapshot:
@@ -270,28 +273,31 @@ def _snapshot_sink(layout: PipelineLayout, name: str, mode: str, versions: Mappi
     if mode != "upsert":
         # Append outputs are rewound by epoch, not copied: the rows count is informative.
         return SinkSnapshot(name, mode, stored_rows(table))
-    data = table.to_pyarrow_table()
     rel = f"sinks/{name}/part-00000.parquet"
-    _write_parquet(data, os.path.join(tmp, rel))
-    return SinkSnapshot(name, mode, data.num_rows, (rel,))
+    rows = _write_parquet(stored_batches(table), table.to_pyarrow_dataset().schema, os.path.join(tmp, rel))
+    return SinkSnapshot(name, mode, rows, (rel,))
 
 
-def _write_parquet(data: pa.Table, path: str) -> None:
+def _write_parquet(chunks: Iterable[pa.Table], schema: pa.Schema, path: str) -> int:
+    """Write ``chunks`` one after the other into one durable file; returns its row count."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    pq.write_table(data, path, compression="zstd", coerce_timestamps="us", use_deprecated_int96_timestamps=False)
+    rows = 0
+    with pq.ParquetWriter(path, schema, compression="zstd", coerce_timestamps="us", use_deprecated_int96_timestamps=False) as writer:
+        for chunk in chunks:
+            writer.write_table(chunk)
+            rows += chunk.num_rows
     with open(path, "rb") as fh:
         os.fsync(fh.fileno())
+    return rows
 
 
-def read_snapshot(metadata: SavepointMetadata, files: tuple[str, ...]) -> pa.Table | None:
-    """The rows of a state or sink snapshot, or None when it has no files."""
-    if not files:
-        return None
-    try:
-        parts = [pq.read_table(storage.local_path(storage.join_uri(metadata.uri, f))) for f in files]
-    except OSError as exc:
-        raise SavepointError(f"savepoint {metadata.name!r} is incomplete: {exc}") from exc
-    return pa.concat_tables(parts)
+def snapshot_chunks(metadata: SavepointMetadata, files: tuple[str, ...]) -> Iterator[pa.Table]:
+    """The rows of a state or sink snapshot, one file at a time (nothing for no files)."""
+    for f in files:
+        try:
+            yield pq.read_table(storage.local_path(storage.join_uri(metadata.uri, f)))
+        except OSError as exc:
+            raise SavepointError(f"savepoint {metadata.name!r} is incomplete: {exc}") from exc
 
 
 def load_savepoint(pipeline: str, warehouse: str, savepoint: str) -> SavepointMetadata:

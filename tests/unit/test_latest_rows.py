@@ -144,3 +144,37 @@ def test_multi_chunk_input(changelog: Callable[..., pa.Table]) -> None:
     data = pa.concat_tables([part1, part2])
     assert data.column("sensor_id").num_chunks == 2
     assert _current(latest_rows(data, SPEC.key_columns)) == {("a", 1): (3, 2)}
+
+
+def test_live_row_chunks_of_a_table_equal_its_latest_rows_in_key_group_ranges(
+    changelog: Callable[..., pa.Table], tmp_path: Any
+) -> None:
+    """Savepoints, restores and maintenance read whole tables this way, a bounded chunk at a time."""
+    import random
+
+    from deltalake import DeltaTable, write_deltalake
+
+    from barrierflow.state.delta_state_backend import live_row_chunks, stored_batches
+
+    rng = random.Random(11)
+    uri = str(tmp_path / "state")
+    generations = []
+    for epoch in range(1, 4):
+        rows = {(rng.choice("abcdefgh"), rng.randint(0, 9)): (rng.randint(0, 99), rng.random() < 0.2) for _ in range(40)}
+        table = changelog([(s, w, None if d else c, d, epoch) for (s, w), (c, d) in rows.items()])
+        # The key group follows from the key, as in the engine.
+        groups = pa.array([(ord(s) * 10 + w) % 16 for s, w in zip(table["sensor_id"].to_pylist(), table["window"].to_pylist())], pa.int32())
+        table = table.set_column(table.schema.get_field_index(KEY_GROUP), KEY_GROUP, groups).sort_by(KEY_GROUP)
+        write_deltalake(uri, table, mode="append")
+        generations.append(table)
+    expected = latest_rows(pa.concat_tables(generations), SPEC.key_columns)
+
+    chunks = list(live_row_chunks(DeltaTable(uri), SPEC.key_columns, max_rows=15))
+    assert len(chunks) > 3 and max(c.num_rows for c in chunks) <= 40
+    ranges = [(min(c[KEY_GROUP].to_pylist()), max(c[KEY_GROUP].to_pylist())) for c in chunks]
+    assert all(high < low for (_, high), (low, _) in zip(ranges, ranges[1:]))  # ascending, disjoint
+    assert _current(pa.concat_tables(chunks)) == _current(expected)
+    assert sum(c.num_rows for c in chunks) == expected.num_rows
+    whole = list(live_row_chunks(DeltaTable(uri), SPEC.key_columns))
+    assert len(whole) == 1 and _current(whole[0]) == _current(expected)
+    assert sum(b.num_rows for b in stored_batches(DeltaTable(uri), max_rows=25)) == sum(g.num_rows for g in generations)

@@ -9,8 +9,9 @@ groups it touches. :func:`compact` rewrites a table to one live row per key.
 
 from __future__ import annotations
 
+import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,12 +28,15 @@ if TYPE_CHECKING:
 
     from barrierflow.runtime import EpochContext
 
-__all__ = ["DeltaStateBackend", "latest_rows", "needs_compaction", "compact"]
+__all__ = ["DeltaStateBackend", "latest_rows", "live_row_chunks", "stored_batches", "needs_compaction", "compact"]
 
 # Below this many files, listing the touched key groups costs more than it saves.
 _PRUNE_MIN_FILES = 4
 # More files than this and a table is compacted whatever its row counts.
 _MAX_FILES = 32
+# Rows a driver-side pass over a whole table (savepoint, restore, maintenance
+# compaction) holds at once: its memory stays bounded whatever the state's size.
+CHUNK_ROWS = 1_000_000
 
 
 class DeltaStateBackend:
@@ -256,6 +260,48 @@ def latest_rows(data: pa.Table, key_columns: list[str]) -> pa.Table:
     return kept.filter(pc.invert(kept["_deleted"]))
 
 
+def live_row_chunks(table: Any, key_columns: list[str], *, max_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
+    """The live rows of a state table snapshot, one range of key groups at a time.
+
+    For passes over a whole table outside an epoch (savepoint, restore,
+    maintenance compaction): every key lies in one key group, so the latest
+    row per key is found within its range, and the driver holds about
+    ``max_rows`` stored rows at once (files are clustered by key group, so a
+    range's read skips the other files and row groups on their statistics).
+    Ranges come in ascending key-group order; empty ones are skipped.
+    """
+    actions = add_actions(table)
+    stored = sum(n or 0 for n in actions.column("num_records").to_pylist())
+    dataset = table.to_pyarrow_dataset()
+    lows = actions.column(f"min.{KEY_GROUP}").to_pylist() if f"min.{KEY_GROUP}" in actions.column_names else []
+    highs = actions.column(f"max.{KEY_GROUP}").to_pylist() if f"max.{KEY_GROUP}" in actions.column_names else []
+    if stored <= max_rows or not lows or None in lows or None in highs:
+        yield latest_rows(dataset.to_table(), key_columns)
+        return
+    low, high = min(lows), max(highs) + 1
+    chunks = min(math.ceil(stored / max_rows), high - low)
+    bounds = [low + (high - low) * i // chunks for i in range(chunks + 1)]
+    for start, end in zip(bounds, bounds[1:]):
+        selected = (pc.field(KEY_GROUP) >= start) & (pc.field(KEY_GROUP) < end)
+        live = latest_rows(dataset.to_table(filter=selected), key_columns)
+        if live.num_rows:
+            yield live
+
+
+def stored_batches(table: Any, *, max_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
+    """Every stored row of a table snapshot, at most about ``max_rows`` at a time."""
+    pending: list[pa.RecordBatch] = []
+    held = 0
+    for batch in table.to_pyarrow_dataset().to_batches():
+        pending.append(batch)
+        held += batch.num_rows
+        if held >= max_rows:
+            yield pa.Table.from_batches(pending)
+            pending, held = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending)
+
+
 # Staged files of a compaction live in this subdirectory (of the epoch's staging
 # directory, or of the table for maintenance).
 COMPACTED_DIR = "_compacted"
@@ -319,10 +365,11 @@ def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) ->
         return None
     before = resident.Snapshot.of(table)
     live = resident.lookup(uri, before)
-    if live is None:
-        live = latest_rows(table.to_pyarrow_table(), spec.key_columns)
-    compacted = live.select(spec.arrow_schema().names).cast(spec.arrow_schema())
-    staged = write_parquet(uri, f"{COMPACTED_DIR}/{epoch:010d}-{attempt_id}", compacted, sort_by=(KEY_GROUP,))
+    chunks = [live] if live is not None else live_row_chunks(table, spec.key_columns)
+    staged = []
+    for chunk in chunks:  # ascending key-group ranges: the files stay clustered
+        compacted = chunk.select(spec.arrow_schema().names).cast(spec.arrow_schema())
+        staged += write_parquet(uri, f"{COMPACTED_DIR}/{epoch:010d}-{attempt_id}", compacted, sort_by=(KEY_GROUP,))
     now = time.time_ns() // 1_000_000
     actions: list[Any] = [
         AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now, data_change=False, stats=f.stats)
