@@ -3,7 +3,9 @@
 ``run_engine`` runs ``python -m barrierflow run bench_running_agg ... --until-caught-up``
 over a landing directory (one file per epoch), then reads the checkpoint log
 with ``python -m barrierflow checkpoints bench_running_agg --json`` and
-derives the figures from the COMPLETED epochs.
+derives the figures from the COMPLETED epochs. ``pipeline=`` and
+``files_per_epoch=`` run another file-fed pipeline the same way (``sensor_stats``
+in ``sensor_stats_bench.py``).
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ def _run_cli(args: list[str]) -> tuple[subprocess.CompletedProcess[str], float]:
     return completed, wall_s
 
 
-def _checkpoints(warehouse: Path) -> list[dict[str, Any]]:
+def _checkpoints(warehouse: Path, pipeline: str = PIPELINE) -> list[dict[str, Any]]:
     """The pipeline's checkpoint records, as printed by the ``checkpoints --json`` command."""
-    completed, _ = _run_cli(["checkpoints", PIPELINE, "--warehouse", str(warehouse), "--json"])
+    completed, _ = _run_cli(["checkpoints", pipeline, "--warehouse", str(warehouse), "--json"])
     try:
         records = json.loads(completed.stdout)
     except json.JSONDecodeError as error:
@@ -102,8 +104,15 @@ def _figures(epochs: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     }
 
 
-def run_engine(input_dir: str | Path, work_dir: str | Path, run_args: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Run the benchmark pipeline over ``input_dir`` into a fresh ``<work_dir>/warehouse``.
+def run_engine(
+    input_dir: str | Path,
+    work_dir: str | Path,
+    run_args: tuple[str, ...] = (),
+    *,
+    pipeline: str = PIPELINE,
+    files_per_epoch: int = 1,
+) -> dict[str, Any]:
+    """Run a pipeline (``bench_running_agg`` unless told) over ``input_dir`` into a fresh ``<work_dir>/warehouse``.
 
     ``events_per_s`` is total ``rows_in`` over the time during which an epoch
     was in progress (:func:`processing_seconds`); ``wall_events_per_s`` uses
@@ -113,17 +122,19 @@ def run_engine(input_dir: str | Path, work_dir: str | Path, run_args: tuple[str,
     ``steady_latency_s`` the median epoch duration. The dict also holds ``warehouse``, the COMPLETED
     epoch records (``completed``) and ``other_records`` (count of non-COMPLETED ones).
     ``run_args`` go to ``barrierflow run`` (e.g. ``--max-concurrent-checkpoints 1``).
+    ``pipeline`` must take the ``landing_dir`` and ``max_files_per_epoch``
+    parameters (``files_per_epoch``, one by default).
     Raises :class:`EngineRunError` if either CLI call fails.
     """
     warehouse = Path(work_dir).resolve() / "warehouse"
     shutil.rmtree(warehouse, ignore_errors=True)
     _, wall_s = _run_cli([
-        "run", PIPELINE, "--warehouse", str(warehouse),
+        "run", pipeline, "--warehouse", str(warehouse),
         "--param", f"landing_dir={Path(input_dir).resolve()}",
-        "--param", "max_files_per_epoch=1",
+        "--param", f"max_files_per_epoch={files_per_epoch}",
         "--until-caught-up", *run_args,
     ])  # fmt: skip
-    records = _checkpoints(warehouse)
+    records = _checkpoints(warehouse, pipeline)
     completed = [record for record in records if record["status"] == "COMPLETED"]
     return {
         **_figures(completed, wall_s),
