@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, key_group_column
 from barrierflow.spark import session_cached
+from barrierflow.state.delta_state_backend import joinable
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 
 if TYPE_CHECKING:
@@ -192,7 +193,7 @@ class RunningAggregate(Node):
            max); cached, and one small job returns the count of flagged
            keys and the key groups touched.
         2. Join with the touched keys' prior accumulators, read from the
-           state table for the touched key groups only.
+           state table for the touched key groups and keys only.
         3. Merge with Spark's own double arithmetic; flagged keys get their
            epoch sum from :func:`_fallback_sum_frame`.
         4. Stage the changed keys as this epoch's state rows (written by the
@@ -216,11 +217,15 @@ class RunningAggregate(Node):
         any_flag = F.lit(False)
         for flag in flags:
             any_flag = any_flag | flag
-        summary = epoch.agg(F.count_if(any_flag).alias("flagged"), F.collect_set(KEY_GROUP).alias("groups")).first()
+        summary = epoch.agg(
+            F.count(F.lit(1)).alias("keys"), F.count_if(any_flag).alias("flagged"), F.collect_set(KEY_GROUP).alias("groups")
+        ).first()
         flagged = summary["flagged"] if flags else 0
         # Step 2.
-        prior = ctx.state.read(spec, sorted(summary["groups"]))
-        previous = prior.select(*self.key, *[F.col(n).alias(f"_prev_{n}") for n, _, _ in self._accumulators()])
+        prior = ctx.state.read(spec, sorted(summary["groups"]), keys=epoch, key_count=summary["keys"])
+        previous = joinable(
+            prior.select(*self.key, *[F.col(n).alias(f"_prev_{n}") for n, _, _ in self._accumulators()]), summary["keys"]
+        )
         merged = epoch.join(previous, on=list(self.key), how="left")
         if flagged:
             for col in sums:

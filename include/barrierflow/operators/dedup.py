@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from barrierflow.operators.base import Node, key_group_column, position_order
+from barrierflow.state.delta_state_backend import joinable
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 
 if TYPE_CHECKING:
@@ -43,9 +44,11 @@ class Deduplicate(Node):
         keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
         # First occurrence within the epoch, by arrival position.
         first = Window.partitionBy(*self.key).orderBy(*position_order())
-        firsts = keyed.withColumn("_rn", F.row_number().over(first)).where("_rn = 1").drop("_rn")
-        seen = ctx.state.read(spec, keyed).select(*self.key)
-        fresh = firsts.join(seen, on=list(self.key), how="left_anti")
+        firsts = ctx.persist(keyed.withColumn("_rn", F.row_number().over(first)).where("_rn = 1").drop("_rn"))
+        # One small job: how many keys, in which key groups (the state read's pruning).
+        touched = firsts.agg(F.count(F.lit(1)).alias("keys"), F.collect_set(KEY_GROUP).alias("groups")).first()
+        seen = ctx.state.read(spec, sorted(touched["groups"]), keys=firsts, key_count=touched["keys"]).select(*self.key)
+        fresh = firsts.join(joinable(seen, touched["keys"]), on=list(self.key), how="left_anti")
         fresh = ctx.persist(fresh)
         ctx.state.stage(
             spec,

@@ -28,12 +28,15 @@ if TYPE_CHECKING:
 
     from barrierflow.runtime import EpochContext
 
-__all__ = ["DeltaStateBackend", "latest_rows", "live_row_chunks", "stored_batches", "needs_compaction", "compact"]
+__all__ = ["DeltaStateBackend", "BROADCAST_KEYS", "joinable", "latest_rows", "live_row_chunks", "stored_batches", "needs_compaction", "compact"]
 
 # Below this many files, listing the touched key groups costs more than it saves.
 _PRUNE_MIN_FILES = 4
 # More files than this and a table is compacted whatever its row counts.
 _MAX_FILES = 32
+# An epoch's keys up to this many are broadcast to the state read's tasks
+# (Spark's broadcast join: a few tens of MB at most); more are shuffled.
+BROADCAST_KEYS = 500_000
 # Rows a driver-side pass over a whole table (savepoint, restore, maintenance
 # compaction) holds at once: its memory stays bounded whatever the state's size.
 CHUNK_ROWS = 1_000_000
@@ -88,17 +91,30 @@ class DeltaStateBackend:
                 out.append(join_uri(uri, path))
         return out
 
-    def read(self, spec: StateSpec, touched: "DataFrame | list[int] | None" = None) -> "DataFrame":
+    def read(
+        self,
+        spec: StateSpec,
+        touched: "DataFrame | list[int] | None" = None,
+        *,
+        keys: "DataFrame | None" = None,
+        key_count: int | None = None,
+    ) -> "DataFrame":
         """Live rows (latest per key, not deleted, not expired) of ``spec``.
 
         ``touched`` (the epoch's keyed records, or the key groups they fall
         in) lets the read skip files of key groups the epoch does not touch,
         once a table has enough files for that to pay off; without it every
-        key group is read.
+        key group is read. ``keys`` (the epoch's distinct keys, ``key_count``
+        of them) restricts the read to those keys: stored rows are matched
+        against them as they are scanned, before any shuffle, so an epoch
+        that touches 1% of the keys shuffles and merges 1% of the state.
+        Up to :data:`BROADCAST_KEYS` keys are sent to every task whole (and
+        the rows read are then small enough to be joined the same way, see
+        :func:`joinable`).
         """
         files = self._files(spec, touched)
         wanted = self._pruned.get(spec.table_name)
-        live = self._latest(spec, files, keep_expired=False, key_groups=wanted)
+        live = self._latest(spec, files, keep_expired=False, key_groups=wanted, keys=keys, key_count=key_count)
         return live.drop("_deleted", "_epoch")
 
     def _table_files(self, spec: StateSpec, table: Any) -> list[str]:
@@ -106,7 +122,14 @@ class DeltaStateBackend:
         return [join_uri(uri, p) for p in add_actions(table).column("path").to_pylist()]
 
     def _latest(
-        self, spec: StateSpec, files: list[str], *, keep_expired: bool, key_groups: list[int] | None = None
+        self,
+        spec: StateSpec,
+        files: list[str],
+        *,
+        keep_expired: bool,
+        key_groups: list[int] | None = None,
+        keys: "DataFrame | None" = None,
+        key_count: int | None = None,
     ) -> "DataFrame":
         """The latest row per key of ``files`` (every column), tombstones dropped; on the executors.
 
@@ -127,14 +150,20 @@ class DeltaStateBackend:
             df = ctx.spark.read.schema(schema).parquet(*files)
             if key_groups is not None:
                 df = df.where(F.col(KEY_GROUP).isin(key_groups))
-        keys = spec.key_columns
-        rest = [c for c in df.columns if c not in keys]
+        key_columns = spec.key_columns
+        small = key_count is not None and key_count <= BROADCAST_KEYS
+        if keys is not None:
+            wanted = keys.select(*key_columns)
+            df = df.join(F.broadcast(wanted) if small else wanted, on=key_columns, how="left_semi")
+        rest = [c for c in df.columns if c not in key_columns]
         if len(_generations(files)) <= 1:
             latest = df
         elif all(_fixed_width(spec.arrow_schema().field(c).type) for c in rest):
-            latest = df.groupBy(*keys).agg(*[F.max_by(c, "_epoch").alias(c) for c in rest if c != "_epoch"], F.max("_epoch").alias("_epoch"))
+            latest = df.groupBy(*key_columns).agg(
+                *[F.max_by(c, "_epoch").alias(c) for c in rest if c != "_epoch"], F.max("_epoch").alias("_epoch")
+            )
         else:
-            latest = df.groupBy(*keys).agg(F.max_by(F.struct(*rest), F.col("_epoch")).alias("_s")).select(*keys, "_s.*")
+            latest = df.groupBy(*key_columns).agg(F.max_by(F.struct(*rest), F.col("_epoch")).alias("_s")).select(*key_columns, "_s.*")
         live = latest.where(~F.col("_deleted")).select(*df.columns)
         if spec.ttl_ms is not None and not keep_expired:
             live = live.where(F.col("_updated_at_ms") + F.lit(spec.ttl_ms) > F.lit(ctx.processing_time_ms))
@@ -258,6 +287,17 @@ def latest_rows(data: pa.Table, key_columns: list[str]) -> pa.Table:
     first = pa.concat_arrays([pa.array([True]), changed]) if changed is not None else pa.array([True] * n)
     kept = ordered.filter(first)
     return kept.filter(pc.invert(kept["_deleted"]))
+
+
+def joinable(rows: "DataFrame", key_count: int) -> "DataFrame":
+    """``rows`` read for ``key_count`` keys, hinted for a broadcast join when that is few enough.
+
+    Spark estimates a filtered read at the size of the whole table, so it
+    would shuffle both sides of the join; at most one row per key is small.
+    """
+    from pyspark.sql import functions as F
+
+    return F.broadcast(rows) if key_count <= BROADCAST_KEYS else rows
 
 
 def live_row_chunks(table: Any, key_columns: list[str], *, max_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
