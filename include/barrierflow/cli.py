@@ -23,6 +23,18 @@ def _warehouse(args: argparse.Namespace) -> str:
     return args.warehouse or os.environ.get(WAREHOUSE_ENV) or "./warehouse"
 
 
+def _pipeline_name(ref: str) -> str:
+    """The pipeline's name: ``ref`` itself, or the name of the pipeline ``package.module:attribute`` defines.
+
+    A plain name is not loaded, so a pipeline whose code is gone can still be inspected.
+    """
+    if ":" not in ref:
+        return ref
+    from barrierflow.registry import get_pipeline
+
+    return get_pipeline(ref).name
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("pipeline", help="pipeline name (e.g. sensor_stats) or package.module:attribute")
     p.add_argument(
@@ -353,7 +365,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from barrierflow.layout import PipelineLayout
     from barrierflow.storage import exists, list_dir, read_json, join_uri
 
-    layout = PipelineLayout.of(_warehouse(args), args.pipeline)
+    layout = PipelineLayout.of(_warehouse(args), _pipeline_name(args.pipeline))
     if not exists(layout.pipeline_meta):
         raise BarrierflowError(f"pipeline {args.pipeline!r} has never run in warehouse {layout.warehouse}")
     meta = read_json(layout.pipeline_meta) or {}
@@ -401,7 +413,7 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
     from barrierflow.layout import PipelineLayout
     from barrierflow.storage import exists
 
-    layout = PipelineLayout.of(_warehouse(args), args.pipeline)
+    layout = PipelineLayout.of(_warehouse(args), _pipeline_name(args.pipeline))
     if not exists(layout.pipeline_meta):
         raise BarrierflowError(f"pipeline {args.pipeline!r} has never run in warehouse {layout.warehouse}")
     rank = {s: i for i, s in enumerate(EpochStatus)}
@@ -491,7 +503,7 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
 
     warehouse = _warehouse(args)
     if args.action == "list":
-        savepoints = list_savepoints(args.pipeline, warehouse)
+        savepoints = list_savepoints(_pipeline_name(args.pipeline), warehouse)
         if args.json:
             print(json.dumps([m.to_json() for m in savepoints], indent=2, default=str))
             return 0
@@ -504,7 +516,7 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
             )
         return 0
     if args.action == "dispose":
-        m = dispose_savepoint(args.pipeline, warehouse, args.name)
+        m = dispose_savepoint(_pipeline_name(args.pipeline), warehouse, args.name)
         print(f"disposed of savepoint {m.name} (epoch {m.epoch})")
         return 0
     definition = get_pipeline(args.pipeline)
