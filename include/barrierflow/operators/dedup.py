@@ -44,11 +44,12 @@ class Deduplicate(Node):
         keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
         # First occurrence within the epoch, by arrival position.
         first = Window.partitionBy(*self.key).orderBy(*position_order())
-        firsts = ctx.persist(keyed.withColumn("_rn", F.row_number().over(first)).where("_rn = 1").drop("_rn"))
-        # One small job: how many keys, in which key groups (the state read's pruning).
-        touched = firsts.agg(F.count(F.lit(1)).alias("keys"), F.collect_set(KEY_GROUP).alias("groups")).first()
-        seen = ctx.state.read(spec, sorted(touched["groups"]), keys=firsts, key_count=touched["keys"]).select(*self.key)
-        fresh = firsts.join(joinable(seen, touched["keys"]), on=list(self.key), how="left_anti")
+        firsts = keyed.withColumn("_rn", F.row_number().over(first)).where("_rn = 1").drop("_rn")
+        # One small job over the epoch's records, no shuffle: the key groups
+        # touched (the state read's pruning) and at most how many keys.
+        touched = keyed.agg(F.count(F.lit(1)).alias("records"), F.collect_set(KEY_GROUP).alias("groups")).first()
+        seen = ctx.state.read(spec, sorted(touched["groups"]), keys=firsts, key_count=touched["records"]).select(*self.key)
+        fresh = firsts.join(joinable(seen, touched["records"]), on=list(self.key), how="left_anti")
         fresh = ctx.persist(fresh)
         ctx.state.stage(
             spec,
