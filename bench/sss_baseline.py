@@ -65,13 +65,13 @@ def java_settings() -> list[str]:
     return ["", DRIVER_JAVA_OPTIONS]
 
 
-def _spark_session(java_options: str = "") -> SparkSession:
+def _spark_session(java_options: str = "", driver_memory: str = DRIVER_MEMORY) -> SparkSession:
     """Get or create the local session with the RocksDB state store configured."""
     spark = (
         SparkSession.builder.master("local[*]")
         .appName("barrierflow-bench-sss")
         .config("spark.driver.extraJavaOptions", java_options)
-        .config("spark.driver.memory", DRIVER_MEMORY)
+        .config("spark.driver.memory", driver_memory)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.streaming.numRecentProgressUpdates", str(MAX_PROGRESS_UPDATES))
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)

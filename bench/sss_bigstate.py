@@ -34,34 +34,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from barrierflow.spark import DRIVER_JAVA_OPTIONS
+from sss_baseline import _spark_session
 
 __all__ = ["run_sss_bigstate", "EVENT_SCHEMA", "steady_median"]
 
 EVENT_SCHEMA = "event_id STRING, sensor_id STRING, ts LONG, temperature DOUBLE"
-ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-MAX_PROGRESS_UPDATES = 10_000
-
-
-def _spark_session(driver_memory: str, java_options: str, shuffle_partitions: int) -> SparkSession:
-    spark = (
-        SparkSession.builder.master("local[*]")
-        .appName("barrierflow-bench-sss-bigstate")
-        .config("spark.driver.memory", driver_memory)
-        .config("spark.driver.extraJavaOptions", java_options)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        .config("spark.sql.streaming.numRecentProgressUpdates", str(MAX_PROGRESS_UPDATES))
-        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
-        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 def steady_median(durations: list[float]) -> float:
@@ -100,7 +81,8 @@ def run_sss_bigstate(
     checkpoint, output = work / "checkpoint", work / "output"
     shutil.rmtree(checkpoint, ignore_errors=True)
     shutil.rmtree(output, ignore_errors=True)
-    spark = _spark_session(driver_memory, java_options, shuffle_partitions)
+    spark = _spark_session(java_options, driver_memory)
+    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
 
     def write_batch(batch: DataFrame, batch_id: int) -> None:
         batch.write.mode("overwrite").parquet(str(output / f"batch_id={batch_id}"))
