@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from barrierflow.runtime import EpochContext
 
-__all__ = ["DeltaStateBackend", "BROADCAST_KEYS", "joinable", "latest_rows", "live_row_chunks", "stored_batches", "needs_compaction", "compact"]
+__all__ = ["DeltaStateBackend", "BROADCAST_KEYS", "worth_matching", "joinable", "latest_rows", "live_row_chunks", "stored_batches", "needs_compaction", "compact"]
 
 # Below this many files, listing the touched key groups costs more than it saves.
 _PRUNE_MIN_FILES = 4
@@ -37,6 +37,9 @@ _MAX_FILES = 32
 # An epoch's keys up to this many are broadcast to the state read's tasks
 # (Spark's broadcast join: a few tens of MB at most); more are shuffled.
 BROADCAST_KEYS = 500_000
+# Stored rows below which a state read is not matched against the epoch's keys
+# (:func:`worth_matching`): a broadcast job costs ~0.1-0.3 s.
+_MATCH_KEYS_MIN_ROWS = 200_000
 # Rows a driver-side pass over a whole table (savepoint, restore, maintenance
 # compaction) holds at once: its memory stays bounded whatever the state's size.
 CHUNK_ROWS = 1_000_000
@@ -51,6 +54,8 @@ class DeltaStateBackend:
     def __init__(self, ctx: "EpochContext") -> None:
         self._ctx = ctx
         self._pruned: dict[str, list[int]] = {}
+        # Rows in the files each state table's read covers (None: unknown).
+        self._stored: dict[str, int | None] = {}
         # Per state table read whole on the driver: its snapshot and live rows.
         self._bases: dict[str, tuple[resident.Snapshot, pa.Table]] = {}
 
@@ -74,21 +79,26 @@ class DeltaStateBackend:
         uri = ctx.layout.state_table(spec.operator_id, spec.name)
         table = self._open(spec)
         if table is None:
+            self._stored[spec.table_name] = 0
             return []
         actions = add_actions(table)
         paths = actions.column("path").to_pylist()
+        rows = actions.column("num_records").to_pylist()
         if touched is None or len(paths) < _PRUNE_MIN_FILES or f"min.{KEY_GROUP}" not in actions.column_names:
+            self._stored[spec.table_name] = _row_count(rows)
             return [join_uri(uri, p) for p in paths]
         wanted = touched if isinstance(touched, list) else ctx.touched_key_groups(touched)
         self._pruned[spec.table_name] = wanted
         lows = actions.column(f"min.{KEY_GROUP}").to_pylist()
         highs = actions.column(f"max.{KEY_GROUP}").to_pylist()
-        out = []
-        for path, low, high in zip(paths, lows, highs):
+        out, kept_rows = [], []
+        for path, low, high, n in zip(paths, lows, highs, rows):
             # File skipping on key-group statistics: read a file only if it
             # may hold one of the key groups this epoch touches.
             if low is None or high is None or any(low <= g <= high for g in wanted):
                 out.append(join_uri(uri, path))
+                kept_rows.append(n)
+        self._stored[spec.table_name] = _row_count(kept_rows)
         return out
 
     def read(
@@ -114,6 +124,8 @@ class DeltaStateBackend:
         """
         files = self._files(spec, touched)
         wanted = self._pruned.get(spec.table_name)
+        if key_count is not None and not worth_matching(self._stored.get(spec.table_name), key_count):
+            keys = None
         live = self._latest(spec, files, keep_expired=False, key_groups=wanted, keys=keys, key_count=key_count)
         return live.drop("_deleted", "_epoch")
 
@@ -431,3 +443,18 @@ def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) ->
     version = open_table(uri).version()  # type: ignore[union-attr]
     resident.advance(uri, before, version)
     return version
+
+
+def worth_matching(stored_rows: int | None, key_count: int) -> bool:
+    """Whether a state read should be matched against the epoch's ``key_count`` keys.
+
+    Only when the files read hold over :data:`_MATCH_KEYS_MIN_ROWS` rows and
+    over four per key (or their count is unknown): below that the match costs
+    a broadcast job and saves less than it costs. Results are the same either way.
+    """
+    return stored_rows is None or stored_rows > max(_MATCH_KEYS_MIN_ROWS, 4 * key_count)
+
+
+def _row_count(num_records: list[int | None]) -> int | None:
+    """Rows in files by their add-actions' statistics; None when a file has none."""
+    return None if any(n is None for n in num_records) else sum(num_records)
