@@ -24,7 +24,7 @@ from barrierflow.layout import PipelineLayout
 from barrierflow.state.spec import KEY_GROUP
 from barrierflow.pipeline import Node, Pipeline, SourceNode
 from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
-from barrierflow.spark import observation_done
+from barrierflow.spark import describe_jobs, observation_done
 from barrierflow.staging import stage_frame, write_parquet
 from barrierflow.state.delta_state_backend import DeltaStateBackend
 
@@ -233,6 +233,7 @@ class EpochContext:
         parallelism, key_groups = self.pipeline.parallelism, self.key_groups
 
         def write() -> TableCommit:
+            describe_jobs(self.spark, f"epoch {self.epoch}: stage {name}")
             if isinstance(data, pa.Table):
                 table = data.select(file_schema.names).cast(file_schema)
                 files = write_parquet(uri, prefix, table, sort_by=(KEY_GROUP,) if by_key_group else sort_by)
@@ -409,6 +410,7 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
     try:
         for node in pipe.nodes:
             if isinstance(node, SourceNode):
+                describe_jobs(spark, f"epoch {barrier.epoch}: read {node.operator_id}")
                 assert node.source is not None
                 source_index = pipe.sources.index(node)
                 ordered = ordered_only or any(child.needs_arrival_order for child in pipe.children(node))
@@ -438,6 +440,7 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                 raise _OrderedReadRequired()
             rows_in += metrics["good"]
         tail_started = time.monotonic()
+        describe_jobs(spark, f"epoch {barrier.epoch}: dead letters")
         # Unordered reads have no dead letters (a bad line forces an ordered read).
         if dead_letters:
             dead_df = dead_letters[0]
@@ -472,6 +475,7 @@ def _apply_operators(ctx: EpochContext, outputs: dict[int, "DataFrame | pa.Table
 
     def apply(node: Node) -> "DataFrame | pa.Table":
         ctx.run_as(index[id(node)])
+        describe_jobs(ctx.spark, f"epoch {ctx.epoch}: {node.operator_id}")
         started = time.monotonic()
         assert node.parent is not None
         rows = outputs[id(node.parent)]

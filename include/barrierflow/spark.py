@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "get_spark",
+    "describe_jobs",
     "engine_address",
     "observation_done",
     "engine_lost",
@@ -102,6 +103,21 @@ def _session_owner() -> Any:
     from pyspark import SparkContext
 
     return SparkContext._active_spark_context
+
+
+def describe_jobs(spark: Any, text: str) -> None:
+    """Name the Spark jobs the calling thread starts from now on (``epoch 4: dedup``) in Spark's UI and event log.
+
+    Classic sessions only: a job description is a thread-local property of
+    the SparkContext, which a Connect client does not have.
+    """
+    sc = getattr(spark, "sparkContext", None) if not _is_remote(spark) else None
+    if sc is not None:
+        sc.setJobDescription(text)
+
+
+def _is_remote(spark: Any) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def observation_done(observation: Any) -> bool:
