@@ -27,7 +27,12 @@ from barrierflow.storage import join_uri, local_path, remove_tree
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["DeltaSink", "SinkNode", "DEAD_LETTER_SCHEMA"]
+__all__ = ["DeltaSink", "SinkNode", "DEAD_LETTER_SCHEMA", "WHOLE_REWRITE_MAX_ROWS"]
+
+# An upsert sink table up to this many rows is rewritten whole each epoch: a
+# job to find the files holding changed keys (and the wait for the epoch's
+# rows it implies) costs more than rewriting them all.
+WHOLE_REWRITE_MAX_ROWS = 100_000
 
 DEAD_LETTER_SCHEMA = pa.schema(
     [
@@ -105,26 +110,33 @@ class DeltaSink:
     def _rewrite(
         self, ctx: Any, table: Any, uri: str, data: "DataFrame", schema: pa.Schema
     ) -> tuple["DataFrame", list[str]]:
-        """The rows to write (kept rows of files holding changed keys, then ``data``) and those files.
+        """The rows to write (kept rows of the rewritten files, then ``data``) and the files rewritten.
 
-        One small job finds the files that hold a changed key (a distinct
-        list of paths comes back); the rewrite itself stays a lazy frame
-        over only those files, written by the executors.
+        A table of at most :data:`WHOLE_REWRITE_MAX_ROWS` rows is rewritten
+        whole, with no job of its own. A larger one rewrites only the files
+        that hold a changed key: one small job finds them (a distinct list of
+        paths comes back). Either way the rewrite stays a lazy frame, written
+        by the executors, and the table's rows come out the same.
         """
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        paths = add_actions(table).column("path").to_pylist()
+        actions = add_actions(table)
+        paths = actions.column("path").to_pylist()
         if not paths:
             return data, []
         by_abs = {local_path(join_uri(uri, p)): p for p in paths}
         spark_schema = from_arrow_schema(schema)
         changed = data.select(*self.key).distinct()
-        stored = ctx.spark.read.schema(spark_schema).parquet(*by_abs).withColumn("_path", F.col("_metadata.file_path"))
-        hit = [r[0] for r in stored.join(changed, on=list(self.key), how="left_semi").select("_path").distinct().collect()]
-        if not hit:
-            return data, []
-        hit_paths = [_strip_scheme(p) for p in hit]
+        rows = actions.column("num_records").to_pylist()
+        if all(n is not None for n in rows) and sum(rows) <= WHOLE_REWRITE_MAX_ROWS:
+            hit_paths = list(by_abs)
+        else:
+            stored = ctx.spark.read.schema(spark_schema).parquet(*by_abs).withColumn("_path", F.col("_metadata.file_path"))
+            hit = [r[0] for r in stored.join(changed, on=list(self.key), how="left_semi").select("_path").distinct().collect()]
+            if not hit:
+                return data, []
+            hit_paths = [_strip_scheme(p) for p in hit]
         kept = ctx.spark.read.schema(spark_schema).parquet(*hit_paths).join(changed, on=list(self.key), how="left_anti")
         return kept.select(*schema.names).unionByName(data.select(*schema.names)), [by_abs[p] for p in sorted(hit_paths)]
 
