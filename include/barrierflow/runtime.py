@@ -40,6 +40,8 @@ _log = logging.getLogger(__name__)
 # the round trip to the engine), which branches overlap; a big epoch's jobs
 # share the executors as any concurrent jobs do.
 MAX_CONCURRENT_OPERATORS = 4
+# Epochs of at most this many input lines write each table from one task.
+SINGLE_TASK_ROWS = 20_000
 
 
 class EpochContext:
@@ -77,6 +79,9 @@ class EpochContext:
         self._max_event_time_us: int | None = None
         self._watermark_us: int | None = None
         self.staging_prefix = ""
+        # The epoch's input records and dead letters, once every source has
+        # counted them before the operators run (None: not known up front).
+        self.rows_read: int | None = None
         # Operators of independent branches run in threads (see _apply_operators).
         self._lock = threading.RLock()
         self._node = threading.local()
@@ -231,6 +236,10 @@ class EpochContext:
         else:
             file_schema = schema or self.arrow_schema(data)
         parallelism, key_groups = self.pipeline.parallelism, self.key_groups
+        # A small epoch's own rows are written by one task per table: on a
+        # few thousand rows a shuffle and a task per partition cost more than
+        # the write. Rewrites of stored files (``removes``) keep the parallelism.
+        tasks = 1 if not removes and self.rows_read is not None and self.rows_read <= SINGLE_TASK_ROWS else None
 
         def write() -> TableCommit:
             describe_jobs(self.spark, f"epoch {self.epoch}: stage {name}")
@@ -246,6 +255,7 @@ class EpochContext:
                     partitions=parallelism,
                     sort_by=sort_by,
                     key_groups=key_groups if by_key_group else None,
+                    tasks=tasks,
                 )
             return TableCommit(
                 name=name,
@@ -433,6 +443,8 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                     dead_letters.append(dead)
                 outputs[id(node)] = records
                 faults.maybe_fail("process.after_read")
+        if not observed:
+            ctx.rows_read = rows_in
         _apply_operators(ctx, outputs)
         for observation, records, plain_input in observed:
             metrics = _metrics(observation, records)

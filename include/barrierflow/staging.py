@@ -52,6 +52,7 @@ def stage_frame(
     partitions: int,
     sort_by: Sequence[str] = (),
     key_groups: int | None = None,
+    tasks: int | None = None,
 ) -> list[StagedFile]:
     """Have executors write ``df`` under ``<table_uri>/<prefix>``; returns the files written.
 
@@ -60,6 +61,8 @@ def stage_frame(
     module docstring); otherwise the frame keeps its partitioning, merged
     down to at most ``partitions`` tasks, and rows are sorted by ``sort_by``
     within each file. Files hold whole row groups of at most 64 Ki rows.
+    ``tasks=1`` writes the same files from one task, without a shuffle (for
+    frames known to be small).
     """
     from pyspark.sql import functions as F
 
@@ -67,11 +70,16 @@ def stage_frame(
     ranges = None
     if key_groups is not None:
         ranges = (partitions, key_groups)
-        range_id = F.floor(F.col(KEY_GROUP) * F.lit(partitions) / F.lit(key_groups)).cast("int")
-        frame = frame.repartition(partitions, _partition_key(df.sparkSession, partitions, range_id))
+        if tasks == 1:
+            # One task, sorted by key group: the writer still starts a new
+            # file at each range boundary.
+            frame = frame.coalesce(1)
+        else:
+            range_id = F.floor(F.col(KEY_GROUP) * F.lit(partitions) / F.lit(key_groups)).cast("int")
+            frame = frame.repartition(partitions, _partition_key(df.sparkSession, partitions, range_id))
         frame = frame.sortWithinPartitions(KEY_GROUP)
     else:
-        frame = frame.coalesce(partitions)
+        frame = frame.coalesce(tasks or partitions)
         if sort_by:
             frame = frame.sortWithinPartitions(*sort_by)
     writer = partial(_write_partition, table_uri, prefix, schema, ranges)

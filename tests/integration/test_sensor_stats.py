@@ -9,6 +9,7 @@ import pytest
 
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow import runtime
 from barrierflow.registry import get_pipeline
 from barrierflow.sinks import delta_sink
 from barrierflow.state import delta_state_backend
@@ -56,10 +57,12 @@ def test_parallelism_changes_between_epochs(
     landing = make_stream(n_files=6, records_per_file=150, seed=11)
     fixed, varied = tmp_path / "fixed", tmp_path / "varied"
     _coordinator(spark, landing, fixed, parallelism=2).run(until_caught_up=True)
-    # The varied run also takes the paths of big state and big sinks: every
-    # state read matched against the epoch's keys, and the upsert sink
-    # rewriting only the files that hold a changed key (a table this small
-    # is otherwise read whole and rewritten whole).
+    # The varied run also takes the paths of big epochs, big state and big
+    # sinks: a task per partition for every write, every state read matched
+    # against the epoch's keys, and the upsert sink rewriting only the files
+    # that hold a changed key (at this size an epoch's tables are otherwise
+    # written by one task each, state is read whole, the sink rewritten whole).
+    monkeypatch.setattr(runtime, "SINGLE_TASK_ROWS", -1)
     monkeypatch.setattr(delta_state_backend, "worth_matching", lambda stored_rows, key_count: True)
     monkeypatch.setattr(delta_sink, "WHOLE_REWRITE_MAX_ROWS", -1)
     for parallelism in (1, 7, 3):
