@@ -3,10 +3,8 @@
 The executors read the input, merge state and write every staged file
 themselves, importing the barrierflow package that the driver ships
 (``SparkContext.addPyFile``), never the driver's interpreter path: checked on
-both kinds of cluster. A ``kill -9`` of the driver between two tables'
-commits runs on ``local-cluster``, a savepoint restored at another
-parallelism on the standalone cluster (each starts several drivers, so one
-master each keeps the suite within its time budget).
+both kinds of cluster, as are a ``kill -9`` of the driver between two
+tables' commits and a savepoint restored at another parallelism.
 (That results never depend on parallelism, bit for bit, is checked on a
 local master in ``test_sensor_stats.py``.)
 """
@@ -131,8 +129,7 @@ def test_executors_import_the_shipped_package(master: str) -> None:
     assert rows and all(".zip" in r["file"] and r["file"] != driver_path for r in rows), rows
 
 
-def test_sensor_stats_with_a_driver_kill_matches_the_reference(landing: Path, tmp_path: Path) -> None:
-    master = LOCAL_CLUSTER
+def test_sensor_stats_with_a_driver_kill_matches_the_reference(master: str, landing: Path, tmp_path: Path) -> None:
     warehouse = tmp_path / "wh"
     # The driver dies between epoch 2's second and third table commit.
     crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{_tables_per_epoch() + 2}", master=master)
@@ -144,8 +141,7 @@ def test_sensor_stats_with_a_driver_kill_matches_the_reference(landing: Path, tm
     assert_nothing_staged_visible(warehouse)
 
 
-def test_savepoint_restored_at_another_parallelism_matches_the_reference(standalone: str, landing: Path, tmp_path: Path) -> None:
-    master = standalone
+def test_savepoint_restored_at_another_parallelism_matches_the_reference(master: str, landing: Path, tmp_path: Path) -> None:
     restored = tmp_path / "restored"
     env = cli_env(master=master)
 
