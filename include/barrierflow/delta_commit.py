@@ -8,7 +8,7 @@ listing a directory.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction
@@ -26,6 +26,7 @@ __all__ = [
     "live_paths",
     "add_actions",
     "stored_rows",
+    "counted_rows",
     "schema_json_of",
     "arrow_schema_of",
     "TABLE_CONFIGURATION",
@@ -70,6 +71,11 @@ def live_paths(table: DeltaTable) -> set[str]:
 def stored_rows(table: DeltaTable) -> int:
     """Rows in the snapshot's live files (from the log's statistics, no data read)."""
     return sum(n or 0 for n in add_actions(table).column("num_records").to_pylist())
+
+
+def counted_rows(num_records: Sequence[int | None]) -> int | None:
+    """Rows in files by their add-actions' ``num_records``; None when any file has no statistics."""
+    return None if any(n is None for n in num_records) else sum(n for n in num_records if n is not None)
 
 
 def committed_version(uri: str, app: str, epoch: int) -> int | None:

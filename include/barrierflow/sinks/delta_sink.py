@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from barrierflow.checkpoint import TableCommit, TableKind
-from barrierflow.delta_commit import add_actions, commit_epoch_table, open_table
+from barrierflow.delta_commit import add_actions, commit_epoch_table, counted_rows, open_table
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node
 from barrierflow.storage import join_uri, local_path, remove_tree
@@ -128,8 +128,8 @@ class DeltaSink:
         by_abs = {local_path(join_uri(uri, p)): p for p in paths}
         spark_schema = from_arrow_schema(schema)
         changed = data.select(*self.key).distinct()
-        rows = actions.column("num_records").to_pylist()
-        if all(n is not None for n in rows) and sum(rows) <= WHOLE_REWRITE_MAX_ROWS:
+        rows = counted_rows(actions.column("num_records").to_pylist())
+        if rows is not None and rows <= WHOLE_REWRITE_MAX_ROWS:
             hit_paths = list(by_abs)
         else:
             stored = ctx.spark.read.schema(spark_schema).parquet(*by_abs).withColumn("_path", F.col("_metadata.file_path"))

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barrierflow.checkpoint import TableKind
-from barrierflow.delta_commit import add_actions, open_table, stored_rows
+from barrierflow.delta_commit import add_actions, counted_rows, open_table, stored_rows
 from barrierflow.errors import CheckpointError
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 from barrierflow.state import resident
@@ -54,8 +54,6 @@ class DeltaStateBackend:
     def __init__(self, ctx: "EpochContext") -> None:
         self._ctx = ctx
         self._pruned: dict[str, list[int]] = {}
-        # Rows in the files each state table's read covers (None: unknown).
-        self._stored: dict[str, int | None] = {}
         # Per state table read whole on the driver: its snapshot and live rows.
         self._bases: dict[str, tuple[resident.Snapshot, pa.Table]] = {}
 
@@ -74,19 +72,18 @@ class DeltaStateBackend:
             )
         return table
 
-    def _files(self, spec: StateSpec, touched: "DataFrame | list[int] | None") -> list[str]:
+    def _files(self, spec: StateSpec, touched: "DataFrame | list[int] | None") -> tuple[list[str], int | None]:
+        """The files a read of ``spec`` covers, and the rows they hold (None: unknown)."""
         ctx = self._ctx
         uri = ctx.layout.state_table(spec.operator_id, spec.name)
         table = self._open(spec)
         if table is None:
-            self._stored[spec.table_name] = 0
-            return []
+            return [], 0
         actions = add_actions(table)
         paths = actions.column("path").to_pylist()
         rows = actions.column("num_records").to_pylist()
         if touched is None or len(paths) < _PRUNE_MIN_FILES or f"min.{KEY_GROUP}" not in actions.column_names:
-            self._stored[spec.table_name] = _row_count(rows)
-            return [join_uri(uri, p) for p in paths]
+            return [join_uri(uri, p) for p in paths], counted_rows(rows)
         wanted = touched if isinstance(touched, list) else ctx.touched_key_groups(touched)
         self._pruned[spec.table_name] = wanted
         lows = actions.column(f"min.{KEY_GROUP}").to_pylist()
@@ -98,8 +95,7 @@ class DeltaStateBackend:
             if low is None or high is None or any(low <= g <= high for g in wanted):
                 out.append(join_uri(uri, path))
                 kept_rows.append(n)
-        self._stored[spec.table_name] = _row_count(kept_rows)
-        return out
+        return out, counted_rows(kept_rows)
 
     def read(
         self,
@@ -122,9 +118,9 @@ class DeltaStateBackend:
         the rows read are then small enough to be joined the same way, see
         :func:`joinable`).
         """
-        files = self._files(spec, touched)
+        files, stored = self._files(spec, touched)
         wanted = self._pruned.get(spec.table_name)
-        if key_count is not None and not worth_matching(self._stored.get(spec.table_name), key_count):
+        if key_count is not None and not worth_matching(stored, key_count):
             keys = None
         live = self._latest(spec, files, keep_expired=False, key_groups=wanted, keys=keys, key_count=key_count)
         return live.drop("_deleted", "_epoch")
@@ -453,8 +449,3 @@ def worth_matching(stored_rows: int | None, key_count: int) -> bool:
     a broadcast job and saves less than it costs. Results are the same either way.
     """
     return stored_rows is None or stored_rows > max(_MATCH_KEYS_MIN_ROWS, 4 * key_count)
-
-
-def _row_count(num_records: list[int | None]) -> int | None:
-    """Rows in files by their add-actions' statistics; None when a file has none."""
-    return None if any(n is None for n in num_records) else sum(num_records)
