@@ -315,6 +315,9 @@ class ApiClient:
     def post(self, path: str, body: Any) -> tuple[int, Any]:
         return self._request("POST", path, body)
 
+    def put(self, path: str, body: Any = None) -> tuple[int, Any]:
+        return self._request("PUT", path, body)
+
     def dag(self, dag_id: str) -> dict[str, Any] | None:
         status, doc = self.get(f"/api/v2/dags/{dag_id}")
         return doc if status == 200 and isinstance(doc, dict) else None

@@ -2,10 +2,12 @@
 
 Input lands in six past one-minute intervals while the pipeline DAG is
 unpaused and scheduled every minute. A backfill of those intervals is
-created late in a minute, with ``max_active_runs=1``, so that the scheduled
-run of the next minute (a later interval, whose arrival cut-off covers all
-that input) becomes ready while backfill runs of earlier intervals are still
-queued. The scheduled run must wait for them: every file lands in the epoch
+created late in a minute, with ``max_active_runs=1``, and paused through the
+REST API so that the scheduled run of the next minute (a later interval,
+whose arrival cut-off covers all that input) is certain to become ready while
+backfill runs of earlier intervals are still queued, however loaded the
+machine. Once that run reports it is waiting for them, the backfill is
+unpaused. The scheduled run must wait for them: every file lands in the epoch
 of its arrival interval, each epoch is planned and processed once by the
 backfill run of its interval, and the sinks equal the interval-by-interval
 history computed by the reference implementation.
@@ -83,10 +85,25 @@ def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Pat
             {"dag_id": DAG_ID, "from_date": first.isoformat(), "to_date": last.isoformat(), "max_active_runs": 1},
         )
         assert status == 200, backfill
+        # Held until the raced run waits: its first run may start, the rest stay queued.
+        status, paused = api.put(f"/api/v2/backfills/{backfill['id']}/pause")
+        assert status == 200 and paused["is_paused"], paused
         raced_at = (datetime.now(timezone.utc) + timedelta(minutes=1)).replace(second=0, microsecond=0)
 
         def runs() -> list[dict[str, Any]]:
             return (api.get(f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100&order_by=logical_date")[1] or {}).get("dag_runs", [])
+
+        def raced_run_waits() -> bool:
+            raced = [r for r in runs() if r["run_type"] == "scheduled" and r.get("run_after", "") >= raced_at.isoformat()[:19]]
+            try:
+                log = _task_log(stack.home, raced[0]["dag_run_id"], "barrier") if raced else ""
+            except (OSError, ValueError):
+                return False  # the task has not started, or is mid-way through a line
+            return "waiting for the earlier run backfill__" in log and "(queued)" in log
+
+        _until("the scheduled run to wait for the paused backfill's queued runs", raced_run_waits, 240)
+        status, resumed = api.put(f"/api/v2/backfills/{backfill['id']}/unpause")
+        assert status == 200 and not resumed["is_paused"], resumed
 
         def settled() -> list[dict[str, Any]] | None:
             all_runs = runs()
