@@ -3,8 +3,10 @@
 The executors read the input, merge state and write every staged file
 themselves, importing the barrierflow package that the driver ships
 (``SparkContext.addPyFile``), never the driver's interpreter path: checked on
-both kinds of cluster, as are a ``kill -9`` of the driver between two
-tables' commits and a savepoint restored at another parallelism.
+the standalone cluster (workers with work directories of their own; both
+masters ship the package the same way). A ``kill -9`` of the driver between
+two tables' commits, then a savepoint restored at another parallelism, run on
+both kinds of cluster.
 (That results never depend on parallelism, bit for bit, is checked on a
 local master in ``test_sensor_stats.py``.)
 """
@@ -31,7 +33,6 @@ from sensor_check import (
     assert_one_commit_per_table_per_epoch,
     reference_for,
 )
-from test_crash_resume import _tables_per_epoch
 
 pytestmark = pytest.mark.slow
 
@@ -119,7 +120,8 @@ print(json.dumps({"rows": [r.asDict() for r in rows]}))
 """
 
 
-def test_executors_import_the_shipped_package(master: str) -> None:
+def test_executors_import_the_shipped_package(standalone: str) -> None:
+    master = standalone
     done = subprocess.run([sys.executable, "-c", _WHERE, master], env=cli_env(master=master), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout.strip().splitlines()[-1])["rows"]
@@ -129,31 +131,28 @@ def test_executors_import_the_shipped_package(master: str) -> None:
     assert rows and all(".zip" in r["file"] and r["file"] != driver_path for r in rows), rows
 
 
-def test_sensor_stats_with_a_driver_kill_matches_the_reference(master: str, landing: Path, tmp_path: Path) -> None:
+def test_driver_kill_then_savepoint_restore_at_another_parallelism_match_the_reference(
+    master: str, landing: Path, tmp_path: Path
+) -> None:
     warehouse = tmp_path / "wh"
-    # The driver dies between epoch 2's second and third table commit.
-    crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{_tables_per_epoch() + 2}", master=master)
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    resumed = run_sensor_stats(warehouse, landing, master=master)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert_matches_reference(warehouse, reference_for(landing, 2))
-    assert_one_commit_per_table_per_epoch(warehouse, 3)
-    assert_nothing_staged_visible(warehouse)
-
-
-def test_savepoint_restored_at_another_parallelism_matches_the_reference(master: str, landing: Path, tmp_path: Path) -> None:
-    restored = tmp_path / "restored"
     env = cli_env(master=master)
 
     def cli(*args: str) -> None:
         done = subprocess.run(barrierflow_cmd(*args), env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
 
-    run = ("run", "sensor_stats", "--warehouse", str(restored), "--param", f"landing_dir={landing}", "--param", "max_files_per_epoch=2")
+    run = ("run", "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}", "--param", "max_files_per_epoch=2")
     cli(*run, "--epochs", "1")
-    cli("savepoint", "create", "sensor_stats", "--warehouse", str(restored), "--name", "after-1")
-    cli(*run, "--epochs", "1")
-    cli("savepoint", "restore", "sensor_stats", "--warehouse", str(restored), "--savepoint", "after-1", "--rewind-sinks", "--parallelism", "3")
+    cli("savepoint", "create", "sensor_stats", "--warehouse", str(warehouse), "--name", "after-1")
+    # The driver dies between epoch 2's second and third table commit; the next run resumes.
+    crashed = run_sensor_stats(warehouse, landing, fault="commit.after_delta_commit:2", master=master)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    resumed = run_sensor_stats(warehouse, landing, master=master)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_matches_reference(warehouse, reference_for(landing, 2))
+    assert_one_commit_per_table_per_epoch(warehouse, 3)
+    assert_nothing_staged_visible(warehouse)
+    # Epochs 2-3 again, at parallelism 3, on the state restored from the savepoint: the same result.
+    cli("savepoint", "restore", "sensor_stats", "--warehouse", str(warehouse), "--savepoint", "after-1", "--rewind-sinks", "--parallelism", "3")
     cli(*run, "--until-caught-up")
-    # Epochs 2-3 ran again at parallelism 3 on the restored state; the result is the reference's.
-    assert_matches_reference(restored, reference_for(landing, 2))
+    assert_matches_reference(warehouse, reference_for(landing, 2))
