@@ -37,7 +37,7 @@ run: setup
 	$(BIN)/python -m barrierflow.devserver
 
 test: setup
-	$(BIN)/pytest -n 2 --durations=25
+	$(BIN)/pytest -n 2 --maxschedchunk=1 --durations=25
 
 bench: setup
 	$(BIN)/python bench/run_bench.py

@@ -57,6 +57,19 @@ def spark(spark_engine: object) -> object:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Start the longest test (the browser session, minutes) first, so with
-    pytest-xdist it runs beside the rest instead of alone at the end."""
-    items.sort(key=lambda item: 0 if item.get_closest_marker("browser") else 1)
+    """Longest first: the two Airflow stacks (browser, then the whole-stack
+    test), the cluster tests, the other slow tests, then the fast tier.
+    ``make test`` hands tests out one at a time (``--maxschedchunk=1``), so
+    the first two go to one worker and run one after the other (never two
+    stacks at once), the long tests run beside each other, and the fast tier
+    fills the end instead of a long test running alone."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("browser"):
+            return 0
+        if not item.get_closest_marker("slow"):
+            return 4
+        path = str(item.path)
+        return 1 if "/tests/stack/" in path else 2 if path.endswith("test_clusters.py") else 3
+
+    items.sort(key=rank)

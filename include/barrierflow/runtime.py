@@ -24,6 +24,7 @@ from barrierflow.layout import PipelineLayout
 from barrierflow.state.spec import KEY_GROUP
 from barrierflow.pipeline import Node, Pipeline, SourceNode
 from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
+from barrierflow.sources.base import planned_bytes
 from barrierflow.spark import describe_jobs, observation_done
 from barrierflow.staging import stage_frame, write_parquet
 from barrierflow.state.delta_state_backend import DeltaStateBackend
@@ -31,7 +32,7 @@ from barrierflow.state.delta_state_backend import DeltaStateBackend
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["EpochContext", "Compute", "process_epoch", "completed_future", "check_follows"]
+__all__ = ["EpochContext", "Compute", "process_epoch", "completed_future", "check_follows", "epoch_parallelism"]
 
 _log = logging.getLogger(__name__)
 
@@ -42,6 +43,37 @@ _log = logging.getLogger(__name__)
 MAX_CONCURRENT_OPERATORS = 4
 # Epochs of at most this many input lines write each table from one task.
 SINGLE_TASK_ROWS = 20_000
+# A bigger epoch gets a shuffle partition per this many bytes of planned input
+# when that is more than the pipeline's parallelism: a bulk load run at the
+# parallelism of steady epochs aggregates and spills partitions too big for
+# one task's memory (16M keys at parallelism 2 exhausted a 1 GiB driver).
+INPUT_BYTES_PER_PARTITION = 32 * 1024 * 1024
+
+
+def epoch_parallelism(parallelism: int, input_bytes: int) -> int:
+    """The epoch's shuffle partitions: the pipeline's parallelism, more for big input."""
+    return max(parallelism, -(-input_bytes // INPUT_BYTES_PER_PARTITION))
+
+
+# The shuffle partitions are a session setting, and epochs overlap on one
+# session (the next epoch reads its input while this one computes): the
+# session holds the largest parallelism among the epochs computing on it, so
+# a small epoch never shrinks a bulk epoch's shuffles mid-way.
+_computing_lock = threading.Lock()
+_computing: dict[int, list[int]] = {}  # id(session) -> parallelism of each epoch computing on it
+
+
+def _set_shuffle_partitions(spark: "SparkSession", parallelism: int, computing: bool) -> None:
+    with _computing_lock:
+        epochs = _computing.setdefault(id(spark), [])
+        if computing:
+            epochs.append(parallelism)
+        else:
+            epochs.remove(parallelism)
+        if epochs:
+            spark.conf.set("spark.sql.shuffle.partitions", str(max(epochs)))
+        else:
+            del _computing[id(spark)]
 
 
 class EpochContext:
@@ -71,6 +103,8 @@ class EpochContext:
         self.attempt_id = uuid.uuid4().hex[:12]  # per process attempt: unique staging names
         self.app_id = app_id(pipeline.name, barrier.lineage_id)
         self.key_groups = pipeline.key_groups
+        # Results never depend on it (state is split by key group, not partition).
+        self.parallelism = epoch_parallelism(pipeline.parallelism, planned_bytes(barrier.end_offsets))
         self.processing_time_ms = barrier.processing_time_ms
         self._restore_point = restore_point
         self._on_restore = on_restore
@@ -235,7 +269,7 @@ class EpochContext:
             file_schema = schema or data.schema
         else:
             file_schema = schema or self.arrow_schema(data)
-        parallelism, key_groups = self.pipeline.parallelism, self.key_groups
+        parallelism, key_groups = self.parallelism, self.key_groups
         # A small epoch's own rows are written by one task per table: on a
         # few thousand rows a shuffle and a task per partition cost more than
         # the write. Rewrites of stored files (``removes``) keep the parallelism.
@@ -412,7 +446,9 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
 
     pipe, barrier, spark = ctx.pipeline, ctx.barrier, ctx.spark
     ctx.staging_prefix = ctx.layout.staging_prefix(barrier.lineage_id, barrier.epoch, ctx.attempt_id)
-    spark.conf.set("spark.sql.shuffle.partitions", str(pipe.parallelism))
+    _set_shuffle_partitions(spark, ctx.parallelism, computing=True)
+    if ctx.parallelism != pipe.parallelism:
+        _log.info("epoch %d: %d shuffle partitions for its input (parallelism %d)", barrier.epoch, ctx.parallelism, pipe.parallelism)
     outputs: dict[int, "DataFrame | pa.Table"] = {}
     dead_letters: list["DataFrame"] = []
     observed: list[tuple[Any, "DataFrame", "Future[bool] | None"]] = []
@@ -425,7 +461,7 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                 source_index = pipe.sources.index(node)
                 ordered = ordered_only or any(child.needs_arrival_order for child in pipe.children(node))
                 batch = node.source.read(
-                    spark, barrier.end_offsets[node.source.source_id], pipe.parallelism, source_index, ordered=ordered
+                    spark, barrier.end_offsets[node.source.source_id], ctx.parallelism, source_index, ordered=ordered
                 )
                 if batch.observation is not None:
                     # Counted (and its bytes checked) while the operators run; checked once they have.
@@ -468,6 +504,7 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
         _log.info("epoch %d: dead letters took %.0f ms", barrier.epoch, (time.monotonic() - tail_started) * 1000)
         faults.maybe_fail("process.after_stage")
     finally:
+        _set_shuffle_partitions(spark, ctx.parallelism, computing=False)
         ctx.release()
     return rows_in
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,7 +54,8 @@ def test_epochs_match_reference(spark: Any, make_stream: Callable[..., Path], tm
 
 
 def test_parallelism_changes_between_epochs(
-    spark: Any, make_stream: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: Any, make_stream: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     landing = make_stream(n_files=6, records_per_file=150, seed=11)
     fixed, varied = tmp_path / "fixed", tmp_path / "varied"
@@ -65,8 +68,13 @@ def test_parallelism_changes_between_epochs(
     monkeypatch.setattr(runtime, "SINGLE_TASK_ROWS", -1)
     monkeypatch.setattr(delta_state_backend, "worth_matching", lambda stored_rows, key_count: True)
     monkeypatch.setattr(delta_sink, "WHOLE_REWRITE_MAX_ROWS", -1)
-    for parallelism in (1, 7, 3):
+    for parallelism in (1, 7):
         _coordinator(spark, landing, varied, parallelism=parallelism).run(epochs=1)
+    # The last epoch's input (two files of ~15 KB) gets more shuffle partitions than its parallelism.
+    monkeypatch.setattr(runtime, "INPUT_BYTES_PER_PARTITION", 5_000)
+    with caplog.at_level(logging.INFO, logger="barrierflow.runtime"):
+        _coordinator(spark, landing, varied, parallelism=3).run(epochs=1)
+    assert re.search(r"epoch 3: \d+ shuffle partitions for its input \(parallelism 3\)", caplog.text), caplog.text
     assert table_snapshot(varied) == table_snapshot(fixed)  # bit-identical, not just close
     assert_matches_reference(varied, reference_for(landing, 2))
 

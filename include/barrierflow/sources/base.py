@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Source", "SourceBatch", "SEQ", "arrival_seq", "describe_offsets"]
+__all__ = ["Source", "SourceBatch", "SEQ", "arrival_seq", "describe_offsets", "planned_bytes"]
 
 # Every record carries its arrival position packed in one long, ``_seq``:
 # (source index, file index within the epoch, line). Sorting by it gives
@@ -89,6 +89,21 @@ class Source(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """Stable description for savepoints and docs."""
+
+
+def planned_bytes(offsets: Mapping[str, Any]) -> int:
+    """Bytes of the files an epoch's end offsets plan to read (whole files for line ranges).
+
+    File ranges are ``[name, from_line, to_line, size]``; other sources
+    (a Delta table's versions) count nothing.
+    """
+    total = 0
+    for end in offsets.values():
+        if isinstance(end, Mapping):
+            for entry in end.get("files") or []:
+                if isinstance(entry, (list, tuple)) and len(entry) >= 4 and isinstance(entry[3], int):
+                    total += entry[3]
+    return total
 
 
 def describe_offsets(offsets: Mapping[str, Any]) -> str:
