@@ -115,6 +115,8 @@ class CheckpointCoordinator:
         self.layout = PipelineLayout.of(warehouse, definition.name)
         self.log = CheckpointLog(self.layout)
         self._spark_factory = spark_factory
+        # Set by run(): epochs processed here are committed here too.
+        self._keep_state_copies = False
         self._use_lease = use_lease
         self._lease_token: str | None = None
         self._pipeline: Pipeline | None = None
@@ -433,7 +435,11 @@ class CheckpointCoordinator:
         # Built per epoch: the coordinator plans the next barrier with its own copy meanwhile.
         pipe = self.definition.build(barrier.params or self.params)
         try:
-            return process_epoch(spark, self.layout, pipe, barrier, restore_point, on_restore, self._compute), True
+            manifest = process_epoch(
+                spark, self.layout, pipe, barrier, restore_point, on_restore, self._compute,
+                keep_state_copies=self._keep_state_copies,
+            )  # fmt: skip
+            return manifest, True
         except Exception as exc:
             lost = engine_lost(spark, exc)
             if lost is not None:
@@ -551,6 +557,7 @@ class CheckpointCoordinator:
         """
         if epochs is None and not until_caught_up:
             raise CheckpointError("give a number of epochs or until_caught_up=True")
+        self._keep_state_copies = True
         if max_concurrent_checkpoints not in (1, 2):
             raise CheckpointError(
                 f"max_concurrent_checkpoints is {max_concurrent_checkpoints}: allowed are 1 and 2 "

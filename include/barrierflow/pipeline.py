@@ -236,6 +236,9 @@ def pipeline(
     - ``"delta"`` (default): every stateful operator joins its changes with
       the stored state on the executors, reading only the key groups the
       epoch touches; state size is bounded by the cluster, not the driver.
+      A running aggregate whose whole live state fits
+      ``BARRIERFLOW_CACHED_STATE_ROWS`` rows (default 1,000,000) keeps it on
+      the executors between the epochs of one ``run`` loop instead.
     - ``"heap"``: running aggregates keep their live state resident in the
       driver between epochs and merge there (fastest for small epochs on one
       machine). Bounded by ``BARRIERFLOW_RESIDENT_STATE_ROWS`` rows in all

@@ -27,6 +27,7 @@ from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
 from barrierflow.sources.base import planned_bytes
 from barrierflow.spark import describe_jobs, observation_done
 from barrierflow.staging import stage_frame, write_parquet
+from barrierflow.state import resident
 from barrierflow.state.delta_state_backend import DeltaStateBackend
 
 if TYPE_CHECKING:
@@ -94,6 +95,7 @@ class EpochContext:
         barrier: Barrier,
         restore_point: "Future[CheckpointRecord | None]",
         on_restore: Callable[[], None] | None = None,
+        keep_state_copies: bool = False,
     ) -> None:
         self.spark = spark
         self.layout = layout
@@ -106,6 +108,9 @@ class EpochContext:
         # Results never depend on it (state is split by key group, not partition).
         self.parallelism = epoch_parallelism(pipeline.parallelism, planned_bytes(barrier.end_offsets))
         self.processing_time_ms = barrier.processing_time_ms
+        # Whether this process commits the epoch itself (the CLI loop), so a
+        # copy of state kept for the next epoch can ever be used.
+        self.keep_state_copies = keep_state_copies
         self._restore_point = restore_point
         self._on_restore = on_restore
         self._restored = False
@@ -379,6 +384,7 @@ def process_epoch(
     restore_point: "Future[CheckpointRecord | None]",
     on_restore: Callable[[], None] | None = None,
     compute: "Compute | None" = None,
+    keep_state_copies: bool = False,
 ) -> Manifest:
     """Compute epoch ``barrier.epoch`` and vote with a manifest (put-if-absent).
 
@@ -387,6 +393,9 @@ def process_epoch(
     epoch's tables through the context and returns the rows read: the
     pipeline's operators on Spark by default; the protocol tests give a
     Spark-free stand-in, so that steps 2-3 are tested as they run.
+    ``keep_state_copies``: this process commits the epoch itself, so state
+    kept on the executors for the next epoch can be used (see
+    :mod:`barrierflow.state.resident`).
 
     1. Compute the epoch (:func:`_compute`). Sources whose consumers do not
        need arrival order are read unordered; if such a read met a bad line
@@ -400,19 +409,22 @@ def process_epoch(
     """
     started = time.monotonic()
     compute = compute or _compute
-    ctx = EpochContext(spark, layout, pipe, barrier, restore_point, on_restore)
+    ctx = EpochContext(spark, layout, pipe, barrier, restore_point, on_restore, keep_state_copies)
     try:
         try:
             rows_in = compute(ctx, False)
         except _OrderedReadRequired:
             ctx.discard_staged()
             _log.info("epoch %d: bad or irregular input lines; computing again with ordered reads", barrier.epoch)
-            ctx = EpochContext(spark, layout, pipe, barrier, restore_point, on_restore)
+            ctx = EpochContext(spark, layout, pipe, barrier, restore_point, on_restore, keep_state_copies)
             rows_in = compute(ctx, True)
         ctx.restore_point()
     except BaseException:
         # E.g. epoch n-1 failed to complete: this attempt can never vote.
         ctx.discard_staged()
+        # A copy on the executors may be what failed (a lost block): the
+        # next attempt reads the tables.
+        resident.executors.discard()
         raise
     staged = ctx.commits()
     commits = tuple(staged.values())

@@ -30,7 +30,7 @@ from barrierflow.errors import ConfigurationError, EngineUnavailableError
 from barrierflow.shipping import package_archive, ships_package
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
     "get_spark",
@@ -40,6 +40,7 @@ __all__ = [
     "engine_lost",
     "launched_by_spark_submit",
     "session_cached",
+    "local_checkpoint",
     "MASTER_ENV",
     "REMOTE_ENV",
     "DRIVER_JAVA_OPTIONS",
@@ -118,6 +119,33 @@ def describe_jobs(spark: Any, text: str) -> None:
 
 def _is_remote(spark: Any) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def local_checkpoint(df: "DataFrame") -> "DataFrame | None":
+    """``df.localCheckpoint(eager=False)`` in ``df``'s own session; None if Spark would bind it to another.
+
+    PySpark's Connect client (4.x) attaches the checkpoint it gets back to
+    ``SparkSession.active()``, not to the session that made it: in a process
+    with two Connect sessions (say a CLI loop beside a test's or a restarted
+    engine's), the result would point at a DataFrame id the other session
+    does not know, and its release would go there too. So ``df``'s session is
+    made this thread's active one for the call (PySpark keeps it in a
+    thread-local); if the result still belongs elsewhere, None (the caller
+    persists instead).
+    """
+    session = df.sparkSession
+    if not _is_remote(session):
+        return df.localCheckpoint(eager=False)
+    active = getattr(type(session), "_active_session", None)
+    previous = getattr(active, "session", None)
+    if active is not None:
+        active.session = session
+    try:
+        result = df.localCheckpoint(eager=False)
+    finally:
+        if active is not None:
+            active.session = previous
+    return result if result.sparkSession is session else None
 
 
 def observation_done(observation: Any) -> bool:

@@ -130,7 +130,9 @@ _SPECIAL = {
 }
 
 
-def test_sums_are_exact_or_sorted_and_identical_at_any_parallelism_and_backend(spark: Any, tmp_path: Path) -> None:
+def test_sums_are_exact_or_sorted_and_identical_at_any_parallelism_and_backend(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     landing = tmp_path / "landing"
     files: list[list[dict[str, Any]]] = []
     i = 0
@@ -143,8 +145,11 @@ def test_sums_are_exact_or_sorted_and_identical_at_any_parallelism_and_backend(s
         files.append(records)
         _write(landing, f"part-{epoch:03d}.jsonl", [json.dumps(r) for r in records])
     tables = []
+    # Parallelism 3 merges with the touched keys read from the tables, the
+    # others with the executors' copy of the whole state.
     for parallelism, backend in ((1, "delta"), (3, "delta"), (7, "delta"), (2, "heap")):
         warehouse = tmp_path / f"wh-{parallelism}-{backend}"
+        monkeypatch.setenv("BARRIERFLOW_CACHED_STATE_ROWS", "0" if parallelism == 3 else "1000000")
         completed = _run(spark, landing, warehouse, parallelism, backend)
         assert [c.record.rows_in for c in completed] == [len(f) for f in files]
         tables.append(_totals(warehouse))
@@ -325,28 +330,61 @@ def test_plain_input_check_rules_out_what_the_json_reader_reads_differently(spar
     assert source.read(spark, end, 2, ordered=False).plain_input.result() is True  # type: ignore[union-attr]
 
 
-def test_resident_state_is_used_only_while_it_is_the_tables_snapshot(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["heap", "delta"])
+def test_resident_state_is_used_only_while_it_is_the_tables_snapshot(spark: Any, tmp_path: Path, backend: str) -> None:
     landing = tmp_path / "landing"
     files = [[_record(10 * e + n, "abc"[n % 3], 1.5 * n + e) for n in range(6)] for e in range(3)]
     for e, records in enumerate(files):
         _write(landing, f"part-{e:03d}.jsonl", [json.dumps(r) for r in records])
     warehouse = tmp_path / "wh"
-    _run(spark, landing, warehouse, backend="heap")
+    _run(spark, landing, warehouse, backend=backend)
     from deltalake import DeltaTable
 
     uri = PipelineLayout.of(str(warehouse), "running_totals").state_table("totals", "accumulators")
     table = DeltaTable(uri)
-    copy = resident.lookup(uri, resident.Snapshot.of(table))
+    # The heap keeps an Arrow table on the driver; the delta backend a frame on the executors.
+    copies = resident.heap if backend == "heap" else resident.executors
+    copy = copies.lookup(uri, resident.Snapshot.of(table))
     assert copy is not None, "three epochs in one process left no resident copy"
+    if backend == "delta":
+        copy = copy.toArrow()
     stored = latest_rows(table.to_pyarrow_table(), ["sensor_id"])
-    assert copy.sort_by("sensor_id").to_pylist() == stored.select(copy.schema.names).sort_by("sensor_id").to_pylist()
+    names = [n for n in copy.schema.names if n != "_updated_at_ms"]
+    assert copy.select(names).sort_by("sensor_id").to_pylist() == stored.select(names).sort_by("sensor_id").to_pylist()
     # A commit from elsewhere: the copy no longer describes the table, so the
     # next epoch must read the table (where sensor a has no state any more).
     table.delete("sensor_id = 'a'")
-    assert resident.lookup(uri, resident.Snapshot.of(DeltaTable(uri))) is None
+    assert copies.lookup(uri, resident.Snapshot.of(DeltaTable(uri))) is None
     extra = [_record(100 + n, "ab"[n % 2], 2.0 + n) for n in range(4)]
     _write(landing, "part-003.jsonl", [json.dumps(r) for r in extra])
-    _run(spark, landing, warehouse, backend="heap")
+    _run(spark, landing, warehouse, backend=backend)
     got = _totals(warehouse)
     assert got["a"]["count"] == 2 and got["a"]["sum"] == 2.0 + 4.0
     assert got["b"]["count"] == 6 + 2 and got["c"]["count"] == 6
+
+
+def test_a_process_with_two_connect_sessions_keeps_each_copy_in_its_own(spark: Any, tmp_path: Path) -> None:
+    # PySpark's Connect client binds a checkpoint to the process's active
+    # session; epochs on any other session must still keep and use theirs.
+    from pyspark.sql import SparkSession
+
+    from barrierflow.spark import REMOTE_ENV
+
+    other = SparkSession.builder.remote(os.environ[REMOTE_ENV]).create()
+    try:
+        landing = tmp_path / "landing"
+        files = [[_record(10 * e + n, "ab"[n % 2], 0.5 * n + e) for n in range(4)] for e in range(3)]
+        for e, records in enumerate(files):
+            _write(landing, f"part-{e:03d}.jsonl", [json.dumps(r) for r in records])
+        params = {"landing_dir": str(landing), "parallelism": 2}
+        warehouse = tmp_path / "wh"
+        CheckpointCoordinator(running_totals, params, str(warehouse), spark_factory=lambda: other).run(until_caught_up=True)
+        from deltalake import DeltaTable
+
+        uri = PipelineLayout.of(str(warehouse), "running_totals").state_table("totals", "accumulators")
+        copy = resident.executors.lookup(uri, resident.Snapshot.of(DeltaTable(uri)))
+        assert copy is not None and copy.sparkSession is other
+        assert _totals(warehouse) == {s: {**t, "avg": t["sum"] / t["count"]} for s, t in _reference(files).items()}
+    finally:
+        resident.executors.discard()
+        other.stop()

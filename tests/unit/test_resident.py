@@ -79,3 +79,20 @@ def test_residency_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     resident.stage(URI, Snapshot("id-1", 0), "a", _rows(1))
     resident.promote(URI, "a", 1)
     assert resident.lookup(URI, Snapshot("id-1", 1)) is None
+
+
+def test_every_copy_dropped_from_a_kind_is_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    released: list[str] = []
+    copies: resident.ResidentCopies[str] = resident.ResidentCopies("TEST_COPIES_ROWS", 4, release=released.append)
+    copies.stage(URI, Snapshot("id", 0), "a", "v1", 2)
+    copies.promote(URI, "a", 1)
+    copies.stage(URI, Snapshot("id", 1), "b", "v2", 2)
+    copies.promote(URI, "b", 2)  # v2 replaces v1
+    assert released == ["v1"] and copies.lookup(URI, Snapshot("id", 2)) == "v2"
+    copies.stage(URI, Snapshot("id", 2), "c", "v3", 2)
+    copies.promote(URI, "other-attempt", 3)  # not this attempt's files: both go
+    assert sorted(released) == ["v1", "v2", "v3"]
+    copies.stage(URI, Snapshot("id", 0), "d", "big", 5)  # over the bound: never kept
+    copies.stage("file:///t2", Snapshot("id", 0), "e", "v4", 1)
+    copies.discard()
+    assert released[-2:] == ["big", "v4"]

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, key_group_column
-from barrierflow.spark import session_cached
+from barrierflow.spark import local_checkpoint, session_cached
 from barrierflow.state.delta_state_backend import joinable
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 
@@ -193,7 +193,9 @@ class RunningAggregate(Node):
            max); cached, and one small job returns the count of flagged
            keys and the key groups touched.
         2. Join with the touched keys' prior accumulators, read from the
-           state table for the touched key groups and keys only.
+           state table for the touched key groups and keys only; or, while
+           the whole live state fits the executors' copy, with every live
+           row (:meth:`_merge_whole`).
         3. Merge with Spark's own double arithmetic; flagged keys get their
            epoch sum from :func:`_fallback_sum_frame`.
         4. Stage the changed keys as this epoch's state rows (written by the
@@ -222,6 +224,9 @@ class RunningAggregate(Node):
         ).first()
         flagged = summary["flagged"] if flags else 0
         # Step 2.
+        whole = ctx.state.read_whole(spec, summary["keys"])
+        if whole is not None:
+            return self._merge_whole(ctx, spec, epoch, keyed, whole, flagged)
         prior = ctx.state.read(spec, sorted(summary["groups"]), keys=epoch, key_count=summary["keys"])
         previous = joinable(
             prior.select(*self.key, *[F.col(n).alias(f"_prev_{n}") for n, _, _ in self._accumulators()]), summary["keys"]
@@ -232,6 +237,67 @@ class RunningAggregate(Node):
                 merged = merged.join(_fallback_sum_frame(keyed, self.key, col, epoch), on=list(self.key), how="left")
         # Step 3.
         columns = [*[F.col(k) for k in self.key], F.col(KEY_GROUP)]
+        columns += [value.alias(name) for name, value in self._merged_values(flagged)]
+        state = ctx.persist(merged.select(*columns, F.lit(False).alias("_deleted")))
+        # Step 4.
+        ctx.state.stage(spec, state)
+        return state.select(*self._outputs())
+
+    def _merge_whole(
+        self, ctx: Any, spec: StateSpec, epoch: "DataFrame", keyed: "DataFrame", live: "DataFrame", flagged: int
+    ) -> "DataFrame":
+        """Steps 2-4 when every live row fits the executors' copy (:meth:`DeltaStateBackend.read_whole`).
+
+        The epoch's aggregates are joined with every live row (a full outer
+        join), so the result is the whole live state after this epoch: it is
+        materialized once on the executors (a local checkpoint), the changed
+        keys are staged and emitted from it, and it is kept for the next
+        epoch, which then reads no file. Values are those of the other path.
+        """
+        from pyspark.sql import functions as F
+
+        accs = self._accumulators()
+        previous = live.select(
+            *self.key,
+            F.col(KEY_GROUP).alias("_prev_group"),
+            *[F.col(n).alias(f"_prev_{n}") for n, _, _ in accs],
+            F.col("_updated_at_ms").alias("_prev_updated_at_ms"),
+            F.col("_epoch").alias("_prev_epoch"),
+        )
+        merged = epoch.join(previous, on=list(self.key), how="full")
+        if flagged:
+            for name, col, _ in accs:
+                if name.startswith("sum_"):
+                    merged = merged.join(_fallback_sum_frame(keyed, self.key, col, epoch), on=list(self.key), how="left")
+        touched = F.col("_n").isNotNull()
+        columns = [*[F.col(k) for k in self.key], F.coalesce(F.col(KEY_GROUP), F.col("_prev_group")).cast("int").alias(KEY_GROUP)]
+        for name, value in self._merged_values(flagged):
+            columns.append(F.when(touched, value).otherwise(F.col(f"_prev_{name}")).alias(name))
+        columns += [
+            F.when(touched, F.lit(ctx.processing_time_ms)).otherwise(F.col("_prev_updated_at_ms")).cast("long").alias("_updated_at_ms"),
+            F.when(touched, F.lit(ctx.epoch)).otherwise(F.col("_prev_epoch")).cast("long").alias("_epoch"),
+            touched.alias("_touched"),
+        ]
+        rows = merged.select(*columns)
+        after = local_checkpoint(rows)
+        kept = after is not None
+        if after is None:  # this epoch only (see local_checkpoint)
+            after = ctx.persist(rows)
+        live_rows = after.count()  # materializes the checkpoint
+        state = after.where(F.col("_touched")).select(
+            *self.key, KEY_GROUP, *[n for n, _, _ in accs], F.lit(False).alias("_deleted")
+        )
+        if kept:
+            ctx.state.stage(spec, state, live=after.drop("_touched"), live_rows=live_rows)
+        else:
+            ctx.state.stage(spec, state)
+        return state.select(*self._outputs())
+
+    def _merged_values(self, flagged: int) -> list[tuple[str, "Column"]]:
+        """Each accumulator after the epoch, from ``_prev_<name>`` and the epoch's aggregates (step 3)."""
+        from pyspark.sql import functions as F
+
+        values = []
         for name, col, _ in self._accumulators():
             prev = F.col(f"_prev_{name}")
             if name == "count":
@@ -245,11 +311,8 @@ class RunningAggregate(Node):
                 value = F.least(prev, F.col(f"_emin_{col}"))
             else:
                 value = F.greatest(prev, F.col(f"_emax_{col}"))
-            columns.append(value.alias(name))
-        state = ctx.persist(merged.select(*columns, F.lit(False).alias("_deleted")))
-        # Step 4.
-        ctx.state.stage(spec, state)
-        return state.select(*self._outputs())
+            values.append((name, value))
+        return values
 
     def _apply_on_driver(self, ctx: Any, spec: StateSpec, keyed: "DataFrame", aggregates: list["Column"]) -> pa.Table:
         """The heap backend: collect the epoch's aggregates and merge with resident state.

@@ -56,6 +56,8 @@ class DeltaStateBackend:
         self._pruned: dict[str, list[int]] = {}
         # Per state table read whole on the driver: its snapshot and live rows.
         self._bases: dict[str, tuple[resident.Snapshot, pa.Table]] = {}
+        # Per state table read whole on the executors: the snapshot read.
+        self._live_bases: dict[str, resident.Snapshot] = {}
 
     def _open(self, spec: StateSpec) -> Any:
         """The state table as of the last completed epoch, or None before its first commit."""
@@ -125,6 +127,41 @@ class DeltaStateBackend:
         live = self._latest(spec, files, keep_expired=False, key_groups=wanted, keys=keys, key_count=key_count)
         return live.drop("_deleted", "_epoch")
 
+    def read_whole(self, spec: StateSpec, added_keys: int) -> "DataFrame | None":
+        """Every live row of ``spec`` on the executors, for an epoch adding up to ``added_keys`` keys; or None.
+
+        The rows keep ``_updated_at_ms`` and ``_epoch`` (``_deleted`` is
+        dropped: all are live). They
+        come from the executors' copy (:data:`resident.executors`) when it is
+        exactly the table's current snapshot, else from the table's files.
+        ``None`` when there is no copy and the table could hold more live
+        rows after this epoch (stored rows plus ``added_keys``) than
+        ``BARRIERFLOW_CACHED_STATE_ROWS``, or this process does not commit
+        the epoch (an Airflow task: no later epoch here could use a copy):
+        the epoch then reads only its keys (:meth:`read`) and keeps no copy.
+        """
+        from pyspark.sql import functions as F
+
+        ctx = self._ctx
+        uri = ctx.layout.state_table(spec.operator_id, spec.name)
+        table = self._open(spec)
+        snapshot = resident.Snapshot.of(table)
+        live = resident.executors.lookup(uri, snapshot)
+        if live is not None and live.sparkSession is not ctx.spark:
+            live = None  # made in another session (a restarted engine, say): not usable here
+        if live is not None:
+            if spec.ttl_ms is not None:
+                live = live.where(F.col("_updated_at_ms") + F.lit(spec.ttl_ms) > F.lit(ctx.processing_time_ms))
+        elif not ctx.keep_state_copies:
+            return None  # a task that does not commit: no later epoch here could use a copy
+        elif (stored_rows(table) if table is not None else 0) + added_keys > resident.executors.max_rows():
+            return None
+        else:
+            files = self._table_files(spec, table) if table is not None else []
+            live = self._latest(spec, files, keep_expired=False).drop("_deleted")
+        self._live_bases[spec.table_name] = snapshot
+        return live
+
     def _table_files(self, spec: StateSpec, table: Any) -> list[str]:
         uri = self._ctx.layout.state_table(spec.operator_id, spec.name)
         return [join_uri(uri, p) for p in add_actions(table).column("path").to_pylist()]
@@ -164,7 +201,8 @@ class DeltaStateBackend:
             wanted = keys.select(*key_columns)
             df = df.join(F.broadcast(wanted) if small else wanted, on=key_columns, how="left_semi")
         rest = [c for c in df.columns if c not in key_columns]
-        if len(_generations(files)) <= 1:
+        table_uri = ctx.layout.state_table(spec.operator_id, spec.name)
+        if len(_generations(files)) <= 1 and _written_by_barrierflow(table_uri, files):
             latest = df
         elif all(_fixed_width(spec.arrow_schema().field(c).type) for c in rest):
             latest = df.groupBy(*key_columns).agg(
@@ -207,8 +245,14 @@ class DeltaStateBackend:
             rows = rows.filter(alive)
         return rows
 
-    def stage(self, spec: StateSpec, changes: "DataFrame") -> None:
+    def stage(self, spec: StateSpec, changes: "DataFrame", *, live: "DataFrame | None" = None, live_rows: int = 0) -> None:
         """Stage changed keys: ``changes`` has keys, key group, values and ``_deleted``.
+
+        ``live`` (after :meth:`read_whole`): every live row after this epoch,
+        ``live_rows`` of them, materialized on the executors with
+        ``_updated_at_ms`` and ``_epoch``. It becomes the executors' copy for
+        the next epoch once this one commits, and a compaction writes it
+        rather than reading the table again.
 
         Executors write the rows, clustered by key group; the driver gets
         file descriptions only. When the table's changelog has outgrown its
@@ -235,17 +279,23 @@ class DeltaStateBackend:
         base_version = None
         prefix = None
         actions = add_actions(table) if table is not None else None
+        uri = ctx.layout.state_table(spec.operator_id, spec.name)
+        if live is not None:
+            resident.executors.stage(uri, self._live_bases[spec.table_name], ctx.attempt_id, live, live_rows)
         if actions is not None and _needs_compaction(actions):
             keys = spec.key_columns
-            stored = self._latest(spec, self._table_files(spec, table), keep_expired=False)
-            kept = stored.join(rows.select(*keys), on=keys, how="left_anti")
-            rows = kept.select(*rows.columns).unionByName(rows.where(~F.col("_deleted")))
+            if live is not None:
+                rows = live.select(*[F.lit(False).alias(c) if c == "_deleted" else F.col(c) for c in rows.columns])
+            else:
+                stored = self._latest(spec, self._table_files(spec, table), keep_expired=False)
+                kept = stored.join(rows.select(*keys), on=keys, how="left_anti")
+                rows = kept.select(*rows.columns).unionByName(rows.where(~F.col("_deleted")))
             removes = tuple(sorted(actions.column("path").to_pylist()))
             base_version = table.version()
             prefix = f"{ctx.staging_prefix}/{COMPACTED_DIR}"
         ctx.stage(
             name=spec.table_name,
-            uri=ctx.layout.state_table(spec.operator_id, spec.name),
+            uri=uri,
             kind=TableKind.STATE,
             data=rows,
             schema=spec.arrow_schema(),
@@ -364,6 +414,17 @@ def needs_compaction(uri: str) -> bool:
 def _generations(paths: list[str]) -> set[str]:
     """The directories of ``paths``: one per generation (see :func:`_needs_compaction`)."""
     return {path.rsplit("/", 1)[0] if "/" in path else "" for path in paths}
+
+
+def _written_by_barrierflow(table_uri: str, paths: list[str]) -> bool:
+    """Whether every file lies in a directory barrierflow writes (``_staging``, ``_compacted``, ``_restored``).
+
+    Only those hold each key at most once per directory; another writer
+    (a ``DELETE`` by delta-rs or Spark, say) may rewrite rows of several
+    generations into one file at the table's root.
+    """
+    prefix = table_uri.rstrip("/") + "/"
+    return all(p.startswith(prefix) and p[len(prefix) :].startswith("_") and "/" in p[len(prefix) :] for p in paths)
 
 
 def _fixed_width(data_type: pa.DataType) -> bool:

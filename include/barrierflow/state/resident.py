@@ -1,25 +1,34 @@
-"""Live state rows kept in the driver between the epochs of one process.
+"""Live state rows kept between the epochs of one process, on the driver or the executors.
 
 Structured Streaming keeps its state store resident in the executors between
-batches; this is the same idea for state that operators merge on the driver
-(running aggregates). Delta stays the only durable copy: recovery, other
-processes and queries always read the tables. A resident copy is used only
-while it provably equals the table:
+batches; this is the same idea, twice over:
 
-1. :func:`lookup` returns the rows only for the exact snapshot they were
-   taken from: the same Delta table id (a table deleted and created again
-   gets a new id) and the same version.
+- :data:`heap`: Arrow tables on the driver, for running aggregates merged
+  there (the ``heap`` state backend). The module-level functions are its.
+- :data:`executors`: Spark frames held by the executors (local checkpoints),
+  for operators that merge on the executors (the ``delta`` state backend):
+  an epoch joins its changes with them instead of reading the table.
+
+Delta stays the only durable copy: recovery, other processes and queries
+always read the tables. A resident copy is used only while it provably
+equals the table:
+
+1. ``lookup`` returns the rows only for the exact snapshot they were taken
+   from: the same Delta table id (a table deleted and created again gets a
+   new id) and the same version.
 2. An epoch that read its base snapshot (id, version v) and staged changed
    rows leaves a *pending* copy: the base with those keys replaced.
-3. :func:`promote` makes the pending copy current once the epoch's commit is
+3. ``promote`` makes the pending copy current once the epoch's commit is
    known to be version v + 1 of that table, made from this attempt's files.
    Any other commit in between (a zombie, another process) means the copy is
    dropped and the next epoch reads the table.
-4. :func:`advance` carries a current copy over a maintenance commit that
-   does not change content (compaction), again only from v to v + 1.
+4. ``advance`` carries a current copy over a maintenance commit that does
+   not change content (compaction), again only from v to v + 1.
 
-Copies are bounded by ``BARRIERFLOW_RESIDENT_STATE_ROWS`` rows in all
-(default 5,000,000; 0 turns residency off); the least recently used go first.
+Each kind is bounded by rows in all, from an environment variable
+(``BARRIERFLOW_RESIDENT_STATE_ROWS``, default 5,000,000, for the heap;
+``BARRIERFLOW_CACHED_STATE_ROWS``, default 1,000,000, for the executors;
+0 turns a kind off); the least recently used copies go first.
 """
 
 from __future__ import annotations
@@ -28,16 +37,19 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
 
 import pyarrow as pa
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
-__all__ = ["Snapshot", "max_rows", "lookup", "holds", "stage", "promote", "advance", "discard"]
+__all__ = [
+    "Snapshot", "ResidentCopies", "heap", "executors", "ALL",
+    "max_rows", "lookup", "holds", "stage", "promote", "advance", "discard",
+]  # fmt: skip
 
-_DEFAULT_MAX_ROWS = 5_000_000
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -55,93 +67,181 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
-class _Pending:
+class _Copy(Generic[_T]):
+    live: _T
+    rows: int
+
+
+@dataclass(frozen=True)
+class _Pending(Generic[_T]):
     base: Snapshot
     attempt_id: str
-    live: pa.Table
+    copy: _Copy[_T]
 
 
-_lock = threading.Lock()
-_current: "OrderedDict[str, tuple[Snapshot, pa.Table]]" = OrderedDict()
-_pending: dict[str, _Pending] = {}
+class ResidentCopies(Generic[_T]):
+    """Copies of one kind, bounded by ``env_var`` rows in all; ``release`` frees a dropped copy."""
+
+    def __init__(self, env_var: str, default_rows: int, release: Callable[[_T], None] | None = None) -> None:
+        self.env_var = env_var
+        self.default_rows = default_rows
+        self._release = release
+        self._lock = threading.Lock()
+        self._current: "OrderedDict[str, tuple[Snapshot, _Copy[_T]]]" = OrderedDict()
+        self._pending: dict[str, _Pending[_T]] = {}
+
+    def max_rows(self) -> int:
+        """The bound on rows in all, from the environment variable."""
+        return int(os.environ.get(self.env_var, self.default_rows))
+
+    def lookup(self, uri: str, snapshot: Snapshot) -> _T | None:
+        """Step 1: the live rows of ``uri`` at exactly ``snapshot``, if resident."""
+        entry = self.lookup_copy(uri, snapshot)
+        return None if entry is None else entry[0]
+
+    def lookup_copy(self, uri: str, snapshot: Snapshot) -> tuple[_T, int] | None:
+        """:meth:`lookup` with the copy's row count."""
+        with self._lock:
+            entry = self._current.get(uri)
+            if entry is None or entry[0] != snapshot or snapshot.version is None:
+                return None
+            self._current.move_to_end(uri)
+            return entry[1].live, entry[1].rows
+
+    def holds(self, uri: str) -> bool:
+        """Whether some snapshot of ``uri`` is resident (whichever version it is)."""
+        with self._lock:
+            return uri in self._current
+
+    def stage(self, uri: str, base: Snapshot, attempt_id: str, live: _T, rows: int) -> None:
+        """Step 2: the ``rows`` live rows after this attempt's epoch, pending its commit."""
+        dropped = []
+        with self._lock:
+            old = self._pending.pop(uri, None)
+            if old is not None and old.copy.live is not live:
+                dropped.append(old.copy.live)
+            if rows <= self.max_rows():
+                self._pending[uri] = _Pending(base, attempt_id, _Copy(live, rows))
+            else:
+                dropped.append(live)
+        self._free(dropped)
+
+    def promote(self, uri: str, attempt_id: str, version: int) -> None:
+        """Step 3: the epoch of ``attempt_id`` committed ``uri`` as ``version``."""
+        with self._lock:
+            pending = self._pending.pop(uri, None)
+            current = self._current.pop(uri, None)
+        dropped = [] if current is None else [current[1].live]
+        try:
+            if pending is None:
+                return
+            expected = 0 if pending.base.version is None else pending.base.version + 1
+            if pending.attempt_id != attempt_id or version != expected:
+                dropped.append(pending.copy.live)
+                return
+            ident = pending.base.table_id
+            if ident is None:  # the commit created the table: its id is new
+                from barrierflow.delta_commit import open_table
+
+                table = open_table(uri)
+                ident = table.metadata().id if table is not None else None
+            if ident is None:
+                dropped.append(pending.copy.live)
+                return
+            with self._lock:
+                self._current[uri] = (Snapshot(ident, version), pending.copy)
+                dropped += self._evict()
+        finally:
+            self._free(dropped)
+
+    def advance(self, uri: str, before: Snapshot, version: int) -> None:
+        """Step 4: a content-preserving commit moved ``uri`` from ``before`` to ``version``."""
+        with self._lock:
+            entry = self._current.pop(uri, None)
+            if entry is None:
+                return
+            if entry[0] != before or before.version is None or version != before.version + 1:
+                dropped = [entry[1].live]
+            else:
+                self._current[uri] = (Snapshot(before.table_id, version), entry[1])
+                return
+        self._free(dropped)
+
+    def discard(self, uri: str | None = None) -> None:
+        """Forget resident copies (of one table, or all)."""
+        with self._lock:
+            if uri is None:
+                dropped = [c.live for _, c in self._current.values()] + [p.copy.live for p in self._pending.values()]
+                self._current.clear()
+                self._pending.clear()
+            else:
+                entry, pending = self._current.pop(uri, None), self._pending.pop(uri, None)
+                dropped = ([entry[1].live] if entry else []) + ([pending.copy.live] if pending else [])
+        self._free(dropped)
+
+    def _evict(self) -> list[_T]:
+        limit = self.max_rows()
+        total = sum(copy.rows for _, copy in self._current.values())
+        dropped = []
+        while self._current and total > limit:
+            _, (_, copy) = self._current.popitem(last=False)
+            total -= copy.rows
+            dropped.append(copy.live)
+        return dropped
+
+    def _free(self, copies: list[_T]) -> None:
+        if self._release is not None:
+            for live in copies:
+                self._release(live)
+
+
+def _unpersist(frame: Any) -> None:
+    # A local checkpoint's blocks go with the frame: unpersist now rather
+    # than when the JVM (or the Connect server) collects it.
+    try:
+        frame.unpersist()
+    except Exception:  # a stopped session has nothing left to free
+        pass
+
+
+heap: ResidentCopies[pa.Table] = ResidentCopies("BARRIERFLOW_RESIDENT_STATE_ROWS", 5_000_000)
+executors: ResidentCopies[Any] = ResidentCopies("BARRIERFLOW_CACHED_STATE_ROWS", 1_000_000, release=_unpersist)
+ALL: tuple[ResidentCopies[Any], ...] = (heap, executors)
 
 
 def max_rows() -> int:
-    """The bound on resident rows, from ``BARRIERFLOW_RESIDENT_STATE_ROWS``."""
-    return int(os.environ.get("BARRIERFLOW_RESIDENT_STATE_ROWS", _DEFAULT_MAX_ROWS))
+    """The heap's bound on resident rows (``BARRIERFLOW_RESIDENT_STATE_ROWS``)."""
+    return heap.max_rows()
 
 
 def lookup(uri: str, snapshot: Snapshot) -> pa.Table | None:
-    """The live rows of ``uri`` at exactly ``snapshot``, if resident."""
-    with _lock:
-        entry = _current.get(uri)
-        if entry is None or entry[0] != snapshot or snapshot.version is None:
-            return None
-        _current.move_to_end(uri)
-        return entry[1]
+    """The heap's live rows of ``uri`` at exactly ``snapshot``, if resident."""
+    return heap.lookup(uri, snapshot)
 
 
 def holds(uri: str) -> bool:
-    """Whether some snapshot of ``uri`` is resident (whichever version it is)."""
-    with _lock:
-        return uri in _current
+    """Whether the heap holds some snapshot of ``uri``."""
+    return heap.holds(uri)
 
 
 def stage(uri: str, base: Snapshot, attempt_id: str, live: pa.Table) -> None:
-    """Step 2: the live rows after this attempt's epoch, pending its commit."""
-    with _lock:
-        if live.num_rows > max_rows():
-            _pending.pop(uri, None)
-            return
-        _pending[uri] = _Pending(base, attempt_id, live)
+    """Step 2 on the heap."""
+    heap.stage(uri, base, attempt_id, live, live.num_rows)
 
 
 def promote(uri: str, attempt_id: str, version: int) -> None:
-    """Step 3: the epoch of ``attempt_id`` committed ``uri`` as ``version``."""
-    with _lock:
-        pending = _pending.pop(uri, None)
-        _current.pop(uri, None)
-    if pending is None or pending.attempt_id != attempt_id:
-        return
-    expected = 0 if pending.base.version is None else pending.base.version + 1
-    if version != expected:
-        return
-    ident = pending.base.table_id
-    if ident is None:  # the commit created the table: its id is new
-        from barrierflow.delta_commit import open_table
-
-        table = open_table(uri)
-        ident = table.metadata().id if table is not None else None
-    if ident is None:
-        return
-    with _lock:
-        _current[uri] = (Snapshot(ident, version), pending.live)
-        _evict()
+    """Step 3, for both kinds: the epoch of ``attempt_id`` committed ``uri`` as ``version``."""
+    for copies in ALL:
+        copies.promote(uri, attempt_id, version)
 
 
 def advance(uri: str, before: Snapshot, version: int) -> None:
-    """Step 4: a content-preserving commit moved ``uri`` from ``before`` to ``version``."""
-    with _lock:
-        entry = _current.pop(uri, None)
-        if entry is None or entry[0] != before or before.version is None or version != before.version + 1:
-            return
-        _current[uri] = (Snapshot(before.table_id, version), entry[1])
+    """Step 4, for both kinds."""
+    for copies in ALL:
+        copies.advance(uri, before, version)
 
 
 def discard(uri: str | None = None) -> None:
-    """Forget resident copies (of one table, or all)."""
-    with _lock:
-        if uri is None:
-            _current.clear()
-            _pending.clear()
-        else:
-            _current.pop(uri, None)
-            _pending.pop(uri, None)
-
-
-def _evict() -> None:
-    limit = max_rows()
-    total = sum(live.num_rows for _, live in _current.values())
-    while _current and total > limit:
-        _, (_, live) = _current.popitem(last=False)
-        total -= live.num_rows
+    """Forget resident copies of both kinds (of one table, or all)."""
+    for copies in ALL:
+        copies.discard(uri)
