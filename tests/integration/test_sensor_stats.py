@@ -95,3 +95,44 @@ def test_files_arriving_between_epochs(spark: Any, tmp_path: Path) -> None:
     files = sorted(p for p in landing.iterdir() if not p.name.startswith((".", "_")))
     ref = run_reference([files[0:2], files[2:3], files[3:5]], 30)
     assert_matches_reference(warehouse, ref)
+
+
+def test_a_line_parser_reads_many_small_byte_ranges_exactly_once(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python tasks read, number and parse their own byte ranges: the records and dead letters of a line-by-line reading."""
+    from barrierflow.pipelines.sensor_stats import READING_SCHEMA, parse_reading
+    from barrierflow.sources import FileSource, RecordError
+    from barrierflow.sources import file_source
+
+    good = '{"event_id": "e%d", "sensor_id": "s%d", "ts": "2026-01-01T00:00:%02dZ", "temperature": %d.5}'
+    lines = [(good % (i, i % 3, i % 60, i)).encode() for i in range(400)]
+    lines[7] = b"not json"
+    lines[50] = b"   "  # blank: neither a record nor a dead letter
+    lines[51] = lines[51] + b"\r"
+    lines[120] = b'{"event_id": "x", "sensor_id": "\xff"}'  # invalid UTF-8
+    lines[399] = b'{"event_id": ""}'
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "a.jsonl").write_bytes(b"\n".join(lines[:250]) + b"\n")
+    (landing / "b.jsonl").write_bytes(b"\n".join(lines[250:]))  # no newline after the last line
+    monkeypatch.setattr(file_source, "_MIN_CHUNK_BYTES", 700)  # ~40 ranges at parallelism 40
+    source = FileSource("readings", str(landing), parser=parse_reading, parser_schema=READING_SCHEMA)
+    end = source.plan(None, None)
+    assert len(source._tasks(str(landing), end["files"], file_source._parse_chunk_bytes(end["files"], 40))) > 20
+    batch = source.read(spark, end, 40)
+    want_records, want_dead = [], []
+    for name, part in (("a.jsonl", lines[:250]), ("b.jsonl", lines[250:])):
+        for number, raw in enumerate(part, start=1):
+            try:
+                text = raw.decode("utf-8").removesuffix("\r")
+            except UnicodeDecodeError:
+                want_dead.append((name, number))
+                continue
+            if not text.strip():
+                continue
+            try:
+                want_records.append(parse_reading(text)["event_id"])
+            except RecordError:
+                want_dead.append((name, number))
+    assert sorted(r["event_id"] for r in batch.records.collect()) == sorted(want_records)
+    assert batch.dead_letters is not None
+    assert sorted((r["source_file"], r["line"]) for r in batch.dead_letters.collect()) == sorted(want_dead)

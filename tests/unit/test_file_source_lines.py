@@ -499,3 +499,22 @@ def test_unordered_read_reads_no_input_file_on_the_driver(
     batch = src._read_jsonl_unordered(None, src.path, end["files"])  # type: ignore[arg-type]
     assert batch is not None and batch.plain_input == "future"
     assert started == [[str(Path(src.path) / "a.jsonl")]]
+
+
+# -- how a line parser's input is cut into Python tasks -----------------------
+
+
+@pytest.mark.parametrize(
+    ("sizes", "parallelism", "chunk"),
+    [
+        ([10 * 2**20], 2, 5 * 2**20),  # one file: still every core parses
+        ([5 * 2**20, 5 * 2**20], 4, int(2.5 * 2**20)),
+        ([100], 2, 2**20),  # tiny epochs: one task per file, not per byte
+        ([400 * 2**20], 2, 16 * 2**20),  # bounded above: a task's bytes stay small
+    ],
+)
+def test_parsing_tasks_split_whole_files_about_parallelism_ways(sizes: list[int], parallelism: int, chunk: int) -> None:
+    ranges: list[list[Any]] = [[f"f{i}.jsonl", 0, None, size] for i, size in enumerate(sizes)]
+    assert file_source._parse_chunk_bytes(ranges, parallelism) == chunk
+    # Line ranges (a file split by max_records_per_epoch) are read by one task each and count for nothing.
+    assert file_source._parse_chunk_bytes([*ranges, ["g.jsonl", 5, 9, 10 * 2**30]], parallelism) == chunk

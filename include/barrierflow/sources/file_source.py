@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["FileSource", "RecordError", "LineParser"]
 
 _CHUNK_BYTES = 16 * 1024 * 1024
+# Smaller ranges than this cost more in task overhead than they gain in parallelism.
+_MIN_CHUNK_BYTES = 1024 * 1024
 # Files up to this size are read whole by Spark (a JVM string per file).
 _WHOLETEXT_MAX_BYTES = 256 * 1024 * 1024
 
@@ -253,26 +255,30 @@ class FileSource:
         records = parsed.observe(observation, *counts).where(good).select(*fields)
         return SourceBatch(records=records, dead_letters=None, observation=observation)
 
-    def _tasks(self, base: str, ranges: list[list[Any]]) -> list[tuple[str, int, str, int, int, int, int]]:
+    def _tasks(
+        self, base: str, ranges: list[list[Any]], chunk_bytes: int | None = None
+    ) -> list[tuple[str, int, str, int, int, int, int]]:
         # (name, file index in the epoch, path, from_line, to_line (-1: to the end), byte_start, byte_end)
+        chunk_bytes = chunk_bytes or _CHUNK_BYTES
         tasks = []
         for fidx, (name, from_line, to_line, size) in enumerate(ranges):
             path = local_path(join_uri(base, name))
-            if from_line == 0 and to_line is None and size > _CHUNK_BYTES:
-                chunks = math.ceil(size / _CHUNK_BYTES)
+            if from_line == 0 and to_line is None and size > chunk_bytes:
+                chunks = math.ceil(size / chunk_bytes)
                 for i in range(chunks):
-                    tasks.append((name, fidx, path, 0, -1, i * _CHUNK_BYTES, min(size, (i + 1) * _CHUNK_BYTES)))
+                    tasks.append((name, fidx, path, 0, -1, i * chunk_bytes, min(size, (i + 1) * chunk_bytes)))
             else:
                 tasks.append((name, fidx, path, from_line, -1 if to_line is None else to_line, 0, -1))
         return tasks
 
     def _lines(self, spark: "SparkSession", base: str, ranges: list[list[Any]], parallelism: int) -> "DataFrame":
-        """The epoch's non-blank lines: ``_fidx, _line, _raw, _error`` (read natively).
+        """The epoch's non-blank lines for ``from_json``: ``_fidx, _line, _raw, _error`` (read natively).
 
         Spark reads each file whole and splits it on newlines, which numbers
         lines exactly and keeps parsing in the JVM; files too large for one
         string are read in byte ranges by Python tasks instead. Lines are then
-        spread over ``parallelism`` partitions for parsing.
+        spread over ``parallelism`` partitions for parsing. (A line parser
+        reads its lines in Python: :meth:`_parsed_lines`.)
         """
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
@@ -328,8 +334,7 @@ class FileSource:
         if big:
             big_files = {fidx for *_, fidx in big}
             tasks = [t for t in self._tasks(base, ranges) if t[1] in big_files]
-            task_schema = "name string, fidx int, path string, from_line long, to_line long, byte_start long, byte_end long"
-            tasks_df = spark.createDataFrame(tasks, task_schema).repartition(len(tasks))
+            tasks_df = spark.createDataFrame(tasks, _TASK_SCHEMA).repartition(len(tasks))
 
             def raw_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 for batch in batches:
@@ -342,27 +347,45 @@ class FileSource:
             lines = spark.createDataFrame([], from_arrow_schema(_RAW_SCHEMA))
         return lines
 
+    def _parsed_lines(self, spark: "SparkSession", base: str, ranges: list[list[Any]], parallelism: int) -> "DataFrame":
+        """The epoch's non-blank lines through the line parser: its fields, ``_fidx, _line, _raw, _error``.
+
+        The parser runs in Python anyway, so each Python task reads its
+        byte range or line range (:meth:`_tasks`) itself, splits it into
+        numbered lines with Arrow (:func:`_raw_task`) and parses them:
+        no line crosses between the JVM and Python, and no shuffle spreads
+        them. Whole files are cut into about ``parallelism`` ranges, so even
+        a one-file epoch parses on every core.
+        """
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        assert self.parser is not None and self.parser_schema is not None
+        out_schema = _parsed_schema(self.parser_schema)
+        tasks = self._tasks(base, ranges, _parse_chunk_bytes(ranges, parallelism))
+        if not tasks:
+            return spark.createDataFrame([], from_arrow_schema(out_schema))
+        parser, parser_schema = self.parser, self.parser_schema
+
+        def parse_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for task in batch.to_pylist():
+                    for lines in _raw_task(task):
+                        yield _parse_lines(lines, parser, parser_schema, out_schema)
+
+        tasks_df = spark.createDataFrame(tasks, _TASK_SCHEMA).repartition(len(tasks))
+        return tasks_df.mapInArrow(parse_tasks, from_arrow_schema(out_schema))
+
     def _read_jsonl(self, spark: "SparkSession", base: str, ranges: list[list[Any]], source_index: int, parallelism: int = 2) -> SourceBatch:
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        lines = self._lines(spark, base, ranges, parallelism)
         source_id = self.source_id
         if self.parser is not None:
-            assert self.parser_schema is not None
-            out_schema = _parsed_schema(self.parser_schema)
-            parser = self.parser
-            parser_schema = self.parser_schema
-
-            def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-                for batch in batches:
-                    yield _parse_lines(batch, parser, parser_schema, out_schema)
-
-            parsed = lines.mapInArrow(parse_batches, from_arrow_schema(out_schema))
+            parsed = self._parsed_lines(spark, base, ranges, parallelism)
         else:
             assert self.schema is not None
             spark_schema = from_arrow_schema(self.schema)
-            raw = lines
+            raw = self._lines(spark, base, ranges, parallelism)
             value = F.from_json("_raw", spark_schema, {"mode": "PERMISSIVE"})
             raw = raw.withColumn("_value", value)
             required = [F.col(f"_value.{f.name}").isNull() for f in self.schema if not f.nullable]
@@ -416,9 +439,16 @@ class FileSource:
         return SourceBatch(records=records, dead_letters=_no_dead_letters(spark))
 
 
+_TASK_SCHEMA = "name string, fidx int, path string, from_line long, to_line long, byte_start long, byte_end long"
 _RAW_SCHEMA = pa.schema(
     [("_fidx", pa.int32()), ("_line", pa.int64()), ("_raw", pa.string()), ("_error", pa.string())]
 )
+
+
+def _parse_chunk_bytes(ranges: list[list[Any]], parallelism: int) -> int:
+    """Byte range per parsing task: whole files split about ``parallelism`` ways, within [1 MiB, 16 MiB]."""
+    whole_bytes = sum(size for _, from_line, to_line, size in ranges if from_line == 0 and to_line is None)
+    return min(_CHUNK_BYTES, max(_MIN_CHUNK_BYTES, math.ceil(whole_bytes / max(1, parallelism))))
 
 
 def _no_dead_letters(spark: "SparkSession") -> "DataFrame":
