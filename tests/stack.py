@@ -105,7 +105,8 @@ def running_stack(log: Path, args: Sequence[str] = (), env: dict[str, str] | Non
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environ, cwd=str(ROOT),
                                 start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    api = ApiClient(url, DEFAULT_USER, DEFAULT_PASSWORD)
+    # Generous: under CI load the API server can take tens of seconds to answer its first requests.
+    api = ApiClient(url, DEFAULT_USER, DEFAULT_PASSWORD, timeout_s=60)
     try:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while not api.healthy():

@@ -34,7 +34,8 @@ from sensor_check import (
     reference_for,
 )
 
-pytestmark = pytest.mark.slow
+# Three JVMs per cluster on two cores: 4-8 minutes a test, up to 14 under CI's load.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 
