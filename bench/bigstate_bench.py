@@ -14,13 +14,16 @@ barrierflow runs ``bench_bigstate`` (``bench/bench_bigstate.py``: dedup by
 Delta sink) through the CLI, ``python -m barrierflow run
 bench_bigstate:bench_bigstate ... --until-caught-up`` (one file per epoch,
 the default ``delta`` state backend, two concurrent checkpoints) with
-``BARRIERFLOW_DRIVER_MEMORY=1g`` (``spark.driver.memory``), and reads the
+``BARRIERFLOW_DRIVER_MEMORY=1g`` (``spark.driver.memory``) on the master
+``--master`` names (``BARRIERFLOW_SPARK_MASTER``; default
+``local-cluster[2,1,2048]``: two executors of one core in their own JVMs, each
+with Spark's default 1 GiB heap, as on a cluster), and reads the
 figures from ``python -m barrierflow checkpoints bench_bigstate --json``.
 Structured Streaming runs ``sss_bigstate.py`` (``dropDuplicates`` on
 ``event_id``, the same aggregate in update mode, RocksDB state store with
 changelog checkpointing, ``foreachBatch`` to Parquet, one file per batch,
-shuffle partitions = core count, the same driver memory and JVM options), in a
-fresh process.
+shuffle partitions = core count, the same master, driver memory and JVM
+options), in a fresh process.
 
 Figures, per size:
 
@@ -33,7 +36,10 @@ Figures, per size:
 * driver peak RSS: the barrierflow CLI process tree is sampled every 0.2 s
   with ``psutil``. The *driver* is the CLI's Python process plus its JVM (its
   direct ``java`` child: ``spark-submit`` execs into the driver JVM; Spark's
-  short-lived launcher JVM before it is not counted), by RSS. In ``local[*]``
+  short-lived launcher JVM before it is not counted), by RSS. With
+  ``local-cluster`` the executors are separate JVMs (children of the driver
+  JVM, found by their main class) and are reported beside the driver
+  (``executors``, the sum of their RSS). In ``local[*]``
   mode the executors are threads of that JVM, so everything executor-side
   (task memory, shuffle buffers, the block manager's cached/persisted
   blocks, Parquet and Delta readers) is counted in it too, as are the JVM's
@@ -57,7 +63,7 @@ every distinct event id, and the last steady epoch's output rows of the two
 engines must agree (count, min, max exactly; sum to 1e-9 relative).
 
 CLI: ``python bench/bigstate_bench.py [--work-dir W] [--sizes 1000000,4000000]
-[--steady-epochs 5] [--keep] [--timeout SECONDS] [--sss-largest-only]``. Last line:
+[--steady-epochs 5] [--master M] [--keep] [--timeout SECONDS] [--sss-largest-only]``. Last line:
 ``bigstate_epoch_ratio=B bigstate_driver_peak_mb=M``.
 """
 
@@ -96,6 +102,10 @@ STEADY_EPOCHS = 5
 CHANGED_FRACTION = 0.01
 REDELIVERED_FRACTION = 0.001
 DRIVER_MEMORY = "1g"
+# Executors in their own JVMs, as on a cluster: the driver's figure is then the
+# driver's own, not the executors' work in its heap (local[*] runs them inside it).
+MASTER = "local-cluster[2,1,2048]"
+EXECUTOR_MAIN = "CoarseGrainedExecutorBackend"
 TARGET_RATIO = 1.0
 TARGET_DRIVER_PEAK_MB = 1536.0
 PIPELINE_NAME = "bench_bigstate"
@@ -221,9 +231,11 @@ class ProcessTreeMonitor:
     Per sample: ``python`` = RSS of the root process; ``jvm`` = RSS of its
     direct ``java`` children (``spark-submit`` execs into the driver JVM, so
     that is the JVM; Spark's launcher JVM runs as a grandchild before it and
-    is not counted); ``driver`` = the two together; ``workers`` = PSS of the
-    Python processes under the JVM (PySpark's workers; PSS, as forked workers
-    share pages with their daemon); ``tree`` = driver + workers. Processes the
+    is not counted); ``driver`` = the two together; ``executors`` = RSS of
+    the executor JVMs under it (``local-cluster``; none in ``local[*]``);
+    ``workers`` = PSS of the Python processes under the JVM (PySpark's
+    workers; PSS, as forked workers share pages with their daemon); ``tree``
+    = driver + executors + workers. Processes the
     JVM forks only to exec a command (``chmod``, ``rm``, ``jspawnhelper``)
     report the JVM's pages as their own RSS while they exist and are left out.
     Keeps the peak of each figure and the last ``VmHWM`` (own high-water mark)
@@ -233,7 +245,7 @@ class ProcessTreeMonitor:
     def __init__(self, pid: int, interval_s: float = SAMPLE_INTERVAL_S) -> None:
         self.root = psutil.Process(pid)
         self.interval_s = interval_s
-        self.peaks = {"driver": 0, "tree": 0, "python": 0, "jvm": 0, "workers": 0}
+        self.peaks = {"driver": 0, "tree": 0, "python": 0, "jvm": 0, "executors": 0, "workers": 0}
         self.samples = 0
         self._hwm: dict[int, int] = {}
         self._stop = threading.Event()
@@ -253,7 +265,7 @@ class ProcessTreeMonitor:
             jvms = [c for c in self.root.children() if c.name() == "java"]
         except psutil.Error:
             return
-        jvm = workers = 0
+        jvm = executors = workers = 0
         for process in jvms:
             try:
                 jvm += process.memory_info().rss
@@ -261,6 +273,8 @@ class ProcessTreeMonitor:
                     try:
                         if child.name().startswith("python"):
                             workers += child.memory_full_info().pss
+                        elif child.name() == "java" and any(EXECUTOR_MAIN in arg for arg in child.cmdline()):
+                            executors += child.memory_info().rss
                     except psutil.Error:
                         continue
             except psutil.Error:
@@ -270,7 +284,11 @@ class ProcessTreeMonitor:
             if hwm:
                 self._hwm[pid] = hwm
         self.samples += 1
-        figures = {"python": python, "jvm": jvm, "driver": python + jvm, "workers": workers, "tree": python + jvm + workers}
+        driver = python + jvm
+        figures = {
+            "python": python, "jvm": jvm, "driver": driver, "executors": executors, "workers": workers,
+            "tree": driver + executors + workers,
+        }  # fmt: skip
         for name, value in figures.items():
             self.peaks[name] = max(self.peaks[name], value)
 
@@ -338,9 +356,10 @@ def _run_monitored(
 # -- barrierflow ------------------------------------------------------------
 
 
-def _engine_env() -> dict[str, str]:
+def _engine_env(master: str) -> dict[str, str]:
     env = dict(os.environ)
     env["BARRIERFLOW_DRIVER_MEMORY"] = DRIVER_MEMORY
+    env["BARRIERFLOW_SPARK_MASTER"] = master
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH_DIR), env.get("PYTHONPATH", "")) if p)
     env.pop("BARRIERFLOW_SPARK_REMOTE", None)
     env.pop("SPARK_REMOTE", None)
@@ -362,7 +381,7 @@ def _checkpoints(warehouse: Path, env: dict[str, str]) -> list[dict[str, Any]]:
 
 
 def run_barrierflow(
-    input_dir: Path, work_dir: Path, manifest: dict[str, Any], timeout_s: float = RUN_TIMEOUT_S
+    input_dir: Path, work_dir: Path, manifest: dict[str, Any], timeout_s: float = RUN_TIMEOUT_S, master: str = MASTER
 ) -> dict[str, Any]:
     """Run ``bench_bigstate`` over ``input_dir`` into a fresh warehouse; figures of its epochs.
 
@@ -371,7 +390,7 @@ def run_barrierflow(
     """
     warehouse = work_dir / "warehouse"
     shutil.rmtree(warehouse, ignore_errors=True)
-    env = _engine_env()
+    env = _engine_env(master)
     command = [
         sys.executable, "-m", "barrierflow", "run", PIPELINE_REF, "--warehouse", str(warehouse),
         "--param", f"landing_dir={input_dir}", "--param", "max_files_per_epoch=1", "--until-caught-up",
@@ -407,6 +426,7 @@ def run_barrierflow(
         "bytes_written": [e["bytes_written"] for e in epochs],
         "other_records": len(records) - sum(1 for r in records if r["status"] == "COMPLETED"),
         "memory": memory,
+        "master": master,
         "warehouse": str(warehouse),
         "problems": problems,
     }
@@ -415,17 +435,20 @@ def run_barrierflow(
 # -- Structured Streaming -------------------------------------------------
 
 
-def run_sss(input_dir: Path, work_dir: Path, manifest: dict[str, Any], timeout_s: float = RUN_TIMEOUT_S) -> dict[str, Any]:
+def run_sss(
+    input_dir: Path, work_dir: Path, manifest: dict[str, Any], timeout_s: float = RUN_TIMEOUT_S, master: str = MASTER
+) -> dict[str, Any]:
     """Run ``sss_bigstate.py`` in a fresh process; its figures plus memory and verification problems.
 
     Raises :class:`BigstateRunError` if it fails or is killed after ``timeout_s``.
     """
     command = [
         sys.executable, str(BENCH_DIR / "sss_bigstate.py"), str(input_dir), "--work-dir", str(work_dir),
-        "--shuffle-partitions", str(os.cpu_count() or 1), "--driver-memory", DRIVER_MEMORY, "--json",
+        "--shuffle-partitions", str(os.cpu_count() or 1), "--driver-memory", DRIVER_MEMORY, "--master", master, "--json",
     ]  # fmt: skip
     env = dict(os.environ)
     env.pop("SPARK_REMOTE", None)
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
     stdout, wall_s, memory, timed_out = _run_monitored(command, env, work_dir / "logs" / "sss.log", timeout_s)
     if timed_out:
         raise BigstateRunError(f"SSS timed out after {wall_s:.0f}s and was killed (peak RSS {memory['driver_peak_mb']:,.0f} MiB)")
@@ -501,13 +524,14 @@ def _secs(value: float) -> str:
 def describe_engine(keys: int, r: dict[str, Any]) -> str:
     m = r["memory"]
     return (
-        f"bigstate {keys:,} keys barrierflow (driver memory {DRIVER_MEMORY}): {r['epochs']} epochs, "
+        f"bigstate {keys:,} keys barrierflow ({r['master']}, driver memory {DRIVER_MEMORY}): {r['epochs']} epochs, "
         f"bulk epoch {r['bulk_epoch_s']:.1f}s, steady epoch {_secs(r['steady_epoch_s'])} (completion to completion; "
         f"periods {_fmt_list(r['period_s'])}s), steady latency {_secs(r['steady_latency_s'])} "
         f"(durations {_fmt_list(r['duration_s'])}s); process wall {r['wall_s']:.1f}s; "
         f"state bytes/epoch {'/'.join(f'{b / 1e6:.1f}' for b in r['state_bytes_written'])} MB; "
         f"driver peak RSS {m['driver_peak_mb']:,.0f} MiB (python {m['python_peak_mb']:,.0f}, JVM {m['jvm_peak_mb']:,.0f}; "
-        f"sum of VmHWM {m['driver_hwm_sum_mb']:,.0f}; with Python workers {m['tree_peak_mb']:,.0f}; {m['samples']} samples)"
+        f"sum of VmHWM {m['driver_hwm_sum_mb']:,.0f}); executor JVMs {m['executors_peak_mb']:,.0f} MiB; "
+        f"whole tree with Python workers {m['tree_peak_mb']:,.0f} MiB; {m['samples']} samples"
         + (f" [{'; '.join(r['problems'])}]" if r["problems"] else " [OK]")
     )
 
@@ -515,11 +539,11 @@ def describe_engine(keys: int, r: dict[str, Any]) -> str:
 def describe_sss(keys: int, r: dict[str, Any]) -> str:
     m = r["memory"]
     return (
-        f"bigstate {keys:,} keys SSS (RocksDB + changelog, shuffle.partitions={r['shuffle_partitions']}, driver memory "
+        f"bigstate {keys:,} keys SSS ({r['master']}, RocksDB + changelog, shuffle.partitions={r['shuffle_partitions']}, driver memory "
         f"{r['driver_memory']}): {r['batches']} batches, bulk batch {r['bulk_batch_s']:.1f}s, steady batch "
         f"{r['steady_batch_s']:.2f}s (batches {_fmt_list(r['batch_s'])}s); query wall {r['wall_s']:.1f}s, "
         f"process wall {r['process_wall_s']:.1f}s; process peak RSS {m['driver_peak_mb']:,.0f} MiB "
-        f"(JVM {m['jvm_peak_mb']:,.0f}; with Python workers {m['tree_peak_mb']:,.0f})"
+        f"(JVM {m['jvm_peak_mb']:,.0f}); executor JVMs {m['executors_peak_mb']:,.0f} MiB; whole tree {m['tree_peak_mb']:,.0f} MiB"
         + (f" [{'; '.join(r['problems'])}]" if r["problems"] else " [OK]")
     )
 
@@ -532,6 +556,7 @@ def run_bigstate(
     keep: bool = False,
     timeout_s: float = RUN_TIMEOUT_S,
     sss_largest_only: bool = False,
+    master: str = MASTER,
 ) -> dict[str, Any]:
     """Run every size on both engines, printing a line per run; return the figures.
 
@@ -544,7 +569,7 @@ def run_bigstate(
     killed after ``timeout_s`` (barrierflow then reports the epochs it
     completed, see :func:`run_barrierflow`). ``sss_largest_only`` runs
     Structured Streaming at the largest size only (the ratio needs no other;
-    saves a few minutes). Unless ``keep``, each size's
+    saves a few minutes). Both engines run on ``master``. Unless ``keep``, each size's
     warehouse, checkpoint and output are deleted after it (inputs are kept
     for reuse).
     """
@@ -566,7 +591,7 @@ def run_bigstate(
         run_dir = root / f"run-{keys}"
         started = time.perf_counter()
         try:
-            entry["engine"] = run_barrierflow(input_dir, run_dir / "engine", manifest, timeout_s)
+            entry["engine"] = run_barrierflow(input_dir, run_dir / "engine", manifest, timeout_s, master)
             print(describe_engine(keys, entry["engine"]), flush=True)
             problems += [f"{keys:,} keys barrierflow: {p}" for p in entry["engine"]["problems"]]
         except BigstateRunError as error:
@@ -578,7 +603,7 @@ def run_bigstate(
         try:
             if sss_largest_only and keys != max(sizes):
                 raise _Skipped
-            entry["sss"] = run_sss(input_dir, run_dir / "sss", manifest, timeout_s)
+            entry["sss"] = run_sss(input_dir, run_dir / "sss", manifest, timeout_s, master)
             print(describe_sss(keys, entry["sss"]), flush=True)
             problems += [f"{keys:,} keys SSS: {p}" for p in entry["sss"]["problems"]]
         except _Skipped:
@@ -633,6 +658,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES), help="comma-separated key counts")
     parser.add_argument("--steady-epochs", type=int, default=STEADY_EPOCHS)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--master", default=MASTER, help=f"Spark master of both engines (default {MASTER})")
     parser.add_argument("--keep", action="store_true", help="keep warehouses, checkpoints and outputs")
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds before a run is killed (per process)")
     parser.add_argument("--sss-largest-only", action="store_true", help="run Structured Streaming at the largest size only")
@@ -647,7 +673,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("need sizes >= 100 keys and --steady-epochs >= 2")
     started = time.perf_counter()
     result = run_bigstate(
-        Path(args.work_dir), sizes, args.steady_epochs, args.seed, args.keep, args.timeout, args.sss_largest_only
+        Path(args.work_dir), sizes, args.steady_epochs, args.seed, args.keep, args.timeout, args.sss_largest_only,
+        args.master,
     )
     print(f"bigstate total {time.perf_counter() - started:.0f}s")
     print(

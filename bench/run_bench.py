@@ -11,7 +11,8 @@ then measures the bytes of state written by an epoch that changes 1% of 1M
 keys against a full zstd Parquet snapshot of that state. Then the full
 ``sensor_stats`` pipeline against its Structured Streaming implementation
 (``sensor_stats_bench.py``) and the big-state benchmark, running aggregate
-plus dedup at 1M, 4M and 16M keys with a 1 GiB driver (``bigstate_bench.py``).
+plus dedup at 1M, 4M and 16M keys with a 1 GiB driver and, on both sides, the
+executors in their own JVMs (``local-cluster[2,1,2048]``, ``bigstate_bench.py``).
 
 Throughput on both sides is events / processing time: for the engine the
 time during which at least one epoch was in progress (the union of the epochs'

@@ -65,10 +65,10 @@ def java_settings() -> list[str]:
     return ["", DRIVER_JAVA_OPTIONS]
 
 
-def _spark_session(java_options: str = "", driver_memory: str = DRIVER_MEMORY) -> SparkSession:
-    """Get or create the local session with the RocksDB state store configured."""
+def _spark_session(java_options: str = "", driver_memory: str = DRIVER_MEMORY, master: str = "local[*]") -> SparkSession:
+    """Get or create the session (``local[*]`` unless ``master`` says) with the RocksDB state store configured."""
     spark = (
-        SparkSession.builder.master("local[*]")
+        SparkSession.builder.master(master)
         .appName("barrierflow-bench-sss")
         .config("spark.driver.extraJavaOptions", java_options)
         .config("spark.driver.memory", driver_memory)

@@ -19,7 +19,7 @@ updated rows as the generator changed keys, and the final state row counts
 (distinct keys, distinct event ids) must match the generator's.
 
 CLI: ``python bench/sss_bigstate.py INPUT_DIR --work-dir W [--shuffle-partitions N]
-[--driver-memory 1g] [--java-options OPTS] [--json]``; run it in a fresh process
+[--driver-memory 1g] [--master M] [--java-options OPTS] [--json]``; run it in a fresh process
 per measurement (``bigstate_bench.py`` does).
 """
 
@@ -69,6 +69,7 @@ def run_sss_bigstate(
     shuffle_partitions: int,
     driver_memory: str = "1g",
     java_options: str = DRIVER_JAVA_OPTIONS,
+    master: str = "local[*]",
 ) -> dict[str, Any]:
     """Run the query once over ``input_dir`` with a fresh checkpoint/output under ``work_dir``.
 
@@ -81,7 +82,7 @@ def run_sss_bigstate(
     checkpoint, output = work / "checkpoint", work / "output"
     shutil.rmtree(checkpoint, ignore_errors=True)
     shutil.rmtree(output, ignore_errors=True)
-    spark = _spark_session(java_options, driver_memory)
+    spark = _spark_session(java_options, driver_memory, master)
     spark.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
 
     def write_batch(batch: DataFrame, batch_id: int) -> None:
@@ -117,6 +118,7 @@ def run_sss_bigstate(
     result = {
         "shuffle_partitions": shuffle_partitions,
         "driver_memory": driver_memory,
+        "master": master,
         "java_options": java_options,
         "events": sum(int(p.numInputRows) for p in progress),
         "rows_in": [int(p.numInputRows) for p in progress],
@@ -139,6 +141,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--work-dir", required=True, help="checkpoint/output root (emptied)")
     parser.add_argument("--shuffle-partitions", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--driver-memory", default="1g")
+    parser.add_argument("--master", default="local[*]", help="Spark master (local-cluster[N,cores,MB]: executors in their own JVMs)")
     parser.add_argument("--java-options", default=DRIVER_JAVA_OPTIONS, help="driver JVM options (default: barrierflow's)")
     parser.add_argument("--json", action="store_true", help="print the result dict as JSON on the last line")
     return parser.parse_args(argv)
@@ -146,7 +149,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
-    result = run_sss_bigstate(args.input_dir, args.work_dir, args.shuffle_partitions, args.driver_memory, args.java_options)
+    result = run_sss_bigstate(args.input_dir, args.work_dir, args.shuffle_partitions, args.driver_memory, args.java_options, args.master)
     if args.json:
         print(json.dumps(result))
         return
