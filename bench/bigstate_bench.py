@@ -94,6 +94,7 @@ if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
 
 from bench_bigstate import PIPELINE_REF, SINK  # noqa: E402
+from barrierflow.spark import MASTER_ENV  # noqa: E402
 
 __all__ = ["run_bigstate", "generate_bigstate", "ProcessTreeMonitor", "DEFAULT_SIZES"]
 
@@ -359,7 +360,7 @@ def _run_monitored(
 def _engine_env(master: str) -> dict[str, str]:
     env = dict(os.environ)
     env["BARRIERFLOW_DRIVER_MEMORY"] = DRIVER_MEMORY
-    env["BARRIERFLOW_SPARK_MASTER"] = master
+    env[MASTER_ENV] = master
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH_DIR), env.get("PYTHONPATH", "")) if p)
     env.pop("BARRIERFLOW_SPARK_REMOTE", None)
     env.pop("SPARK_REMOTE", None)
