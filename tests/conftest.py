@@ -58,11 +58,12 @@ def spark(spark_engine: object) -> object:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Longest first: the two Airflow stacks (browser, then the whole-stack
-    test), the cluster tests, the other slow tests, then the fast tier.
-    ``make test`` hands tests out one at a time (``--maxschedchunk=1``), so
-    the first two go to one worker and run one after the other (never two
-    stacks at once), the long tests run beside each other, and the fast tier
-    fills the end instead of a long test running alone."""
+    test), the other slow tests, the cluster tests, then the rest.
+    ``make test`` hands tests out one at a time (``--maxschedchunk=1``) after
+    a first two per worker, so the two stacks go to one worker and run one
+    after the other (never two stacks at once), beside slow tests that run a
+    single JVM rather than a cluster's three; the long tests run beside each
+    other, and the short ones fill the end instead of a long test running alone."""
 
     def rank(item: pytest.Item) -> int:
         if item.get_closest_marker("browser"):
@@ -70,6 +71,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if not item.get_closest_marker("slow"):
             return 4
         path = str(item.path)
-        return 1 if "/tests/stack/" in path else 2 if path.endswith("test_clusters.py") else 3
+        return 1 if "/tests/stack/" in path else 3 if path.endswith("test_clusters.py") else 2
 
     items.sort(key=rank)

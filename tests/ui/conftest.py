@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -29,6 +29,7 @@ from stack import ROOT, DevServer, running_stack
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
 CHROMIUM = os.environ.get("BARRIERFLOW_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("BARRIERFLOW_CHROMEDRIVER", "/usr/bin/chromedriver")
+EXTERNAL_URL = os.environ.get("BARRIERFLOW_UI_TEST_URL")
 
 
 def _browser_missing() -> str | None:
@@ -56,8 +57,8 @@ def devserver(artifacts: Path) -> Iterator[DevServer]:
     if reason:
         # Never a silent skip: `make setup` installs the browser, so its absence is a broken setup.
         pytest.fail(f"{reason} (run `make setup`, which installs Debian's chromium and chromium-driver)")
-    external = os.environ.get("BARRIERFLOW_UI_TEST_URL")
-    if external:
+    if EXTERNAL_URL:
+        external = EXTERNAL_URL
         warehouse = Path(os.environ.get("BARRIERFLOW_UI_TEST_WAREHOUSE", ROOT / "warehouse"))
         yield DevServer(
             external.rstrip("/"), DEFAULT_USER, DEFAULT_PASSWORD, warehouse, Path(), Path(), Path(),
@@ -65,8 +66,26 @@ def devserver(artifacts: Path) -> Iterator[DevServer]:
         )
         return
 
-    with running_stack(artifacts / "devserver.log", ["--interval", "4"]) as server:
+    # No generator (--interval 0): the test lands its input itself (write_input), so the work it
+    # asks for (epochs to commit, intervals to replay) does not grow when a loaded machine is slow.
+    with running_stack(artifacts / "devserver.log", ["--interval", "0"]) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def write_input(devserver: DevServer) -> Callable[[int], None]:
+    """Lands ``n`` more sensor_stats files now, numbered after those already there, as
+    ``make run``'s generator does; nothing against an external server, whose generator runs."""
+    from barrierflow.devserver import InputGenerator
+
+    def write(n: int) -> None:
+        if EXTERNAL_URL:
+            return
+        generator = InputGenerator(devserver.landing, interval_s=0)
+        for _ in range(n):
+            generator.write_one()
+
+    return write
 
 
 @pytest.fixture(scope="module")

@@ -83,7 +83,7 @@ def _completed_epochs(warehouse: Path) -> list[int]:
     return [e.epoch for e in history.epochs if e.completed]
 
 
-def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Path) -> None:
+def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Path, write_input: Callable[[int], None]) -> None:
     from selenium.webdriver.common.by import By
 
     d, url = browser, devserver.url
@@ -92,7 +92,8 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     def css(selector: str) -> list[Any]:
         return d.find_elements(By.CSS_SELECTOR, selector)
 
-    # 1. Log in with the fixed dev login.
+    # 1. Input lands (the next one-minute run commits it); log in with the fixed dev login.
+    write_input(2)
     d.get(f"{url}/")
     wait_for(d, lambda: css("input[name=username]"), 120, "the login form")
     step.shot("login")
@@ -208,11 +209,12 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
 
     # 8. Reprocess from the savepoint through the reprocess DAG's trigger form (as the README's
     #    first session does): restore with the sinks rewound, then replay each interval since.
-    #    First the schedule commits input that arrived after the savepoint: there is something to replay.
+    #    First input lands after the savepoint and the schedule commits it: there is something to replay.
     from barrierflow.savepoint import load_savepoint
 
     saved_at = load_savepoint(PIPELINE, str(devserver.warehouse), name).epoch
-    wait_for(d, lambda: max(_completed_epochs(devserver.warehouse)) > saved_at, 240, "an epoch after the savepoint", poll_s=3)
+    write_input(1)
+    wait_for(d, lambda: max(_completed_epochs(devserver.warehouse)) > saved_at, 300, "an epoch after the savepoint", poll_s=3)
     d.get(f"{url}/dags/{REPROCESS_DAG_ID}")
     wait_for(d, lambda: css("[data-testid=trigger-dag-button]"), 120, "the reprocess Trigger button")[0].click()
     field = wait_for(d, lambda: [e for e in css("#element_savepoint") if e.is_displayed()], 60, "the savepoint field")
