@@ -58,11 +58,10 @@ def devserver(artifacts: Path) -> Iterator[DevServer]:
         # Never a silent skip: `make setup` installs the browser, so its absence is a broken setup.
         pytest.fail(f"{reason} (run `make setup`, which installs Debian's chromium and chromium-driver)")
     if EXTERNAL_URL:
-        external = EXTERNAL_URL
         warehouse = Path(os.environ.get("BARRIERFLOW_UI_TEST_WAREHOUSE", ROOT / "warehouse"))
         yield DevServer(
-            external.rstrip("/"), DEFAULT_USER, DEFAULT_PASSWORD, warehouse, Path(), Path(), Path(),
-            ApiClient(external, DEFAULT_USER, DEFAULT_PASSWORD),
+            EXTERNAL_URL.rstrip("/"), DEFAULT_USER, DEFAULT_PASSWORD, warehouse, Path(), Path(), Path(),
+            ApiClient(EXTERNAL_URL, DEFAULT_USER, DEFAULT_PASSWORD),
         )
         return
 
