@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import groupby
 from typing import TYPE_CHECKING, Any, Callable
 from zoneinfo import ZoneInfo
 
@@ -206,8 +207,8 @@ def _run_key_group(
 ) -> pa.Table:
     """Process one key group: every key's records in arrival order, with its state.
 
-    Column-wise: the records are sorted by key and arrival, converted to
-    Python once per column, and each key's run of records is handed to the
+    Column-wise: the records are sorted by key and arrival and converted to
+    Python once per column; each key's run of records is handed to the
     function with its state handles.
     """
     descriptors = fn.state_descriptors
@@ -226,17 +227,13 @@ def _run_key_group(
     user_rows = [dict(zip(user_names, values)) for values in zip(*(_python_values(records.column(n)) for n in user_names))]
     keys = list(zip(*(records.column(k).to_pylist() for k in key_names)))
     rows_out: list[dict[str, Any]] = []
-    start, n = 0, len(keys)
-    while start < n:
-        key = keys[start]
-        end = start + 1
-        while end < n and keys[end] == key:  # sorted: a key's records are one run
-            end += 1
+    # Sorted by key: each key's records are one run.
+    for key, run in groupby(range(len(keys)), key=keys.__getitem__):
         known = stored.get(key, {})
         handles = {d.name: state_for(d, known.get(d.name)) for d in descriptors}
         kctx = KeyedContext(key, epoch, processing_time_ms, handles)
         emitted: list[dict[str, Any]] = []
-        for i in range(start, end):
+        for i in run:
             fn.process_element(user_rows[i], kctx, emitted.append)
         base = dict(zip(key_names, key))
         for row in emitted:
@@ -247,5 +244,4 @@ def _run_key_group(
                 rows_out.append(
                     {"_kind": name, **base, KEY_GROUP: kg, _state_column(name): value, "_deleted": value is None}
                 )
-        start = end
     return pa.Table.from_pylist(rows_out, schema=out_schema)
