@@ -33,7 +33,7 @@ from barrierflow.storage import arrow_filesystem, join_uri
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["stage_frame", "write_parquet", "DESCRIPTION_DDL"]
+__all__ = ["stage_frame", "write_parquet", "by_key_group_range", "DESCRIPTION_DDL"]
 
 # One row per written file, collected by the driver.
 DESCRIPTION_DDL = "path string, size long, rows long, stats string"
@@ -75,8 +75,7 @@ def stage_frame(
             # file at each range boundary.
             frame = frame.coalesce(1)
         else:
-            range_id = F.floor(F.col(KEY_GROUP) * F.lit(partitions) / F.lit(key_groups)).cast("int")
-            frame = frame.repartition(partitions, _partition_key(df.sparkSession, partitions, range_id))
+            frame = by_key_group_range(frame, partitions, key_groups)
         frame = frame.sortWithinPartitions(KEY_GROUP)
     else:
         frame = frame.coalesce(tasks or partitions)
@@ -91,6 +90,18 @@ def stage_frame(
         raise
     files = [StagedFile(path=r["path"], size=r["size"], rows=r["rows"], stats=r["stats"]) for r in rows]
     return sorted(files, key=lambda f: f.path)
+
+
+def by_key_group_range(frame: "DataFrame", partitions: int, key_groups: int) -> "DataFrame":
+    """``frame`` (with a :data:`KEY_GROUP` column) repartitioned so task ``r`` holds key-group range ``r`` of ``partitions``.
+
+    The ranges are those the state files are written in, so a task's rows
+    meet the files of its own range only.
+    """
+    from pyspark.sql import functions as F
+
+    range_id = F.floor(F.col(KEY_GROUP) * F.lit(partitions) / F.lit(key_groups)).cast("int")
+    return frame.repartition(partitions, _partition_key(frame.sparkSession, partitions, range_id))
 
 
 def _partition_key(spark: Any, partitions: int, range_id: "Column") -> "Column":

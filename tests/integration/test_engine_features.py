@@ -130,7 +130,8 @@ def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(spark: Any,
     from barrierflow.datagen import SensorStreamSpec, write_sensor_files
     from barrierflow.layout import PipelineLayout
     from barrierflow.registry import get_pipeline
-    from barrierflow.state.delta_state_backend import COMPACTED_DIR, latest_rows
+    from barrierflow.state.delta_state_backend import COMPACTED_DIR
+    from barrierflow.state.worker_cache import latest_rows
 
     landing, warehouse = tmp_path / "landing", tmp_path / "wh"
     write_sensor_files(landing, SensorStreamSpec(n_files=4, records_per_file=60, seed=41))

@@ -29,7 +29,7 @@ from barrierflow.query import run_query
 from barrierflow.sinks import DeltaSink
 from barrierflow.sources import FileSource
 from barrierflow.state import resident
-from barrierflow.state.delta_state_backend import latest_rows
+from barrierflow.state.worker_cache import latest_rows
 
 READINGS = pa.schema(
     [

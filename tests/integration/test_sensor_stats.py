@@ -14,7 +14,7 @@ from barrierflow.datagen import SensorStreamSpec, write_sensor_files
 from barrierflow import runtime
 from barrierflow.registry import get_pipeline
 from barrierflow.sinks import delta_sink
-from barrierflow.state import delta_state_backend
+from barrierflow.state import delta_state_backend, worker_cache
 from sensor_check import (
     assert_matches_reference,
     assert_nothing_staged_visible,
@@ -57,7 +57,7 @@ def test_parallelism_changes_between_epochs(
     spark: Any, make_stream: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    landing = make_stream(n_files=6, records_per_file=150, seed=11)
+    landing = make_stream(n_files=8, records_per_file=150, seed=11)
     fixed, varied = tmp_path / "fixed", tmp_path / "varied"
     _coordinator(spark, landing, fixed, parallelism=2).run(until_caught_up=True)
     # The varied run also takes the paths of big epochs, big state and big
@@ -65,16 +65,31 @@ def test_parallelism_changes_between_epochs(
     # against the epoch's keys, and the upsert sink rewriting only the files
     # that hold a changed key (at this size an epoch's tables are otherwise
     # written by one task each, state is read whole, the sink rewritten whole).
+    # Epoch 2 matches keys while scanning the files (the Python workers'
+    # cache of state files off), epochs 3 and 4 look them up in that cache.
     monkeypatch.setattr(runtime, "SINGLE_TASK_ROWS", -1)
     monkeypatch.setattr(delta_state_backend, "worth_matching", lambda stored_rows, key_count: True)
     monkeypatch.setattr(delta_sink, "WHOLE_REWRITE_MAX_ROWS", -1)
-    for parallelism in (1, 7):
-        _coordinator(spark, landing, varied, parallelism=parallelism).run(epochs=1)
-    # The last epoch's input (two files of ~15 KB) gets more shuffle partitions than its parallelism.
-    monkeypatch.setattr(runtime, "INPUT_BYTES_PER_PARTITION", 5_000)
-    with caplog.at_level(logging.INFO, logger="barrierflow.runtime"):
+    lookups: list[int] = []
+    real_lookup = delta_state_backend.DeltaStateBackend._lookup_in_workers
+
+    def counted(self: Any, *args: Any) -> Any:
+        lookups.append(self._ctx.epoch)
+        return real_lookup(self, *args)
+
+    monkeypatch.setattr(delta_state_backend.DeltaStateBackend, "_lookup_in_workers", counted)
+    _coordinator(spark, landing, varied, parallelism=1).run(epochs=1)
+    monkeypatch.setenv(worker_cache.CACHE_ENV, "0")
+    _coordinator(spark, landing, varied, parallelism=7).run(epochs=1)
+    monkeypatch.delenv(worker_cache.CACHE_ENV)
+    assert lookups == []
+    # Epoch 3's input (two files of ~15 KB) gets more shuffle partitions than its parallelism.
+    with monkeypatch.context() as m, caplog.at_level(logging.INFO, logger="barrierflow.runtime"):
+        m.setattr(runtime, "INPUT_BYTES_PER_PARTITION", 5_000)
         _coordinator(spark, landing, varied, parallelism=3).run(epochs=1)
     assert re.search(r"epoch 3: \d+ shuffle partitions for its input \(parallelism 3\)", caplog.text), caplog.text
+    _coordinator(spark, landing, varied, parallelism=2).run(epochs=1)
+    assert sorted(set(lookups)) == [3, 4]  # dedup and the running totals, both epochs
     assert table_snapshot(varied) == table_snapshot(fixed)  # bit-identical, not just close
     assert_matches_reference(varied, reference_for(landing, 2))
 

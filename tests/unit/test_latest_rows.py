@@ -1,4 +1,4 @@
-"""barrierflow.state.delta_state_backend.latest_rows: current value per key of a changelog."""
+"""barrierflow.state.worker_cache.latest_rows: current value per key of a changelog."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from barrierflow.state.spec import KEY_GROUP, StateSpec
-from barrierflow.state.delta_state_backend import latest_rows
+from barrierflow.state.worker_cache import latest_rows
 
 SPEC = StateSpec(
     operator_id="totals",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, Iterator
 
 import pyarrow as pa
@@ -21,6 +22,7 @@ from barrierflow.delta_commit import add_actions, counted_rows, open_table, stor
 from barrierflow.errors import CheckpointError
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 from barrierflow.state import resident
+from barrierflow.state.worker_cache import StateFile, StateLookup, cache_limit_bytes, latest_rows, lookup_keys
 from barrierflow.storage import join_uri
 
 if TYPE_CHECKING:
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 
     from barrierflow.runtime import EpochContext
 
-__all__ = ["DeltaStateBackend", "BROADCAST_KEYS", "worth_matching", "joinable", "latest_rows", "live_row_chunks", "stored_batches", "needs_compaction", "compact"]
+__all__ = ["DeltaStateBackend", "BROADCAST_KEYS", "worth_matching", "joinable", "live_row_chunks", "stored_batches", "needs_compaction", "compact"]
 
 # Below this many files, listing the touched key groups costs more than it saves.
 _PRUNE_MIN_FILES = 4
@@ -74,7 +76,7 @@ class DeltaStateBackend:
             )
         return table
 
-    def _files(self, spec: StateSpec, touched: "DataFrame | list[int] | None") -> tuple[list[str], int | None]:
+    def _files(self, spec: StateSpec, touched: "DataFrame | list[int] | None") -> tuple[list[StateFile], int | None]:
         """The files a read of ``spec`` covers, and the rows they hold (None: unknown)."""
         ctx = self._ctx
         uri = ctx.layout.state_table(spec.operator_id, spec.name)
@@ -83,19 +85,22 @@ class DeltaStateBackend:
             return [], 0
         actions = add_actions(table)
         paths = actions.column("path").to_pylist()
+        sizes = actions.column("size_bytes").to_pylist()
         rows = actions.column("num_records").to_pylist()
-        if touched is None or len(paths) < _PRUNE_MIN_FILES or f"min.{KEY_GROUP}" not in actions.column_names:
-            return [join_uri(uri, p) for p in paths], counted_rows(rows)
+        with_stats = f"min.{KEY_GROUP}" in actions.column_names
+        lows = actions.column(f"min.{KEY_GROUP}").to_pylist() if with_stats else [None] * len(paths)
+        highs = actions.column(f"max.{KEY_GROUP}").to_pylist() if with_stats else [None] * len(paths)
+        files = [StateFile(join_uri(uri, p), size, low, high) for p, size, low, high in zip(paths, sizes, lows, highs)]
+        if touched is None or len(paths) < _PRUNE_MIN_FILES or not with_stats:
+            return files, counted_rows(rows)
         wanted = touched if isinstance(touched, list) else ctx.touched_key_groups(touched)
         self._pruned[spec.table_name] = wanted
-        lows = actions.column(f"min.{KEY_GROUP}").to_pylist()
-        highs = actions.column(f"max.{KEY_GROUP}").to_pylist()
         out, kept_rows = [], []
-        for path, low, high, n in zip(paths, lows, highs, rows):
+        for file, n in zip(files, rows):
             # File skipping on key-group statistics: read a file only if it
             # may hold one of the key groups this epoch touches.
-            if low is None or high is None or any(low <= g <= high for g in wanted):
-                out.append(join_uri(uri, path))
+            if file.low is None or file.high is None or any(file.low <= g <= file.high for g in wanted):
+                out.append(file)
                 kept_rows.append(n)
         return out, counted_rows(kept_rows)
 
@@ -124,8 +129,34 @@ class DeltaStateBackend:
         wanted = self._pruned.get(spec.table_name)
         if key_count is not None and not worth_matching(stored, key_count):
             keys = None
-        live = self._latest(spec, files, keep_expired=False, key_groups=wanted, keys=keys, key_count=key_count)
+        if keys is not None and files and KEY_GROUP in keys.columns and _cacheable(spec) and cache_limit_bytes():
+            live = self._lookup_in_workers(spec, files, keys)
+        else:
+            live = self._latest(spec, [f.uri for f in files], keep_expired=False, key_groups=wanted, keys=keys, key_count=key_count)
         return live.drop("_deleted", "_epoch")
+
+    def _lookup_in_workers(self, spec: StateSpec, files: list[StateFile], keys: "DataFrame") -> "DataFrame":
+        """The live rows of ``files`` for ``keys``, looked up in the Python workers' cache of state files.
+
+        The epoch's distinct keys are sent to the task of their key-group
+        range (the ranges the files are written in), which matches them
+        against the rows of its range's files, read once per worker and
+        kept (:mod:`barrierflow.state.worker_cache`). Same rows as the scan.
+        """
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from barrierflow.staging import by_key_group_range
+
+        ctx = self._ctx
+        lookup = StateLookup(
+            files=tuple(files),
+            schema=spec.arrow_schema(),
+            key_columns=tuple(spec.key_columns),
+            ttl_ms=spec.ttl_ms,
+            processing_time_ms=ctx.processing_time_ms,
+        )
+        wanted = by_key_group_range(keys.select(*spec.key_columns, KEY_GROUP), ctx.parallelism, ctx.key_groups)
+        return wanted.mapInArrow(partial(lookup_keys, lookup), from_arrow_schema(spec.arrow_schema()))
 
     def read_whole(self, spec: StateSpec, added_keys: int) -> "DataFrame | None":
         """Every live row of ``spec`` on the executors, for an epoch adding up to ``added_keys`` keys; or None.
@@ -331,22 +362,6 @@ class DeltaStateBackend:
         )
 
 
-def latest_rows(data: pa.Table, key_columns: list[str]) -> pa.Table:
-    """One row per key, the one with the highest ``_epoch``, tombstones dropped."""
-    if data.num_rows == 0:
-        return data
-    ordered = data.sort_by([(k, "ascending") for k in key_columns] + [("_epoch", "descending")])
-    n = ordered.num_rows
-    changed = None
-    for k in key_columns:  # a row starts a new key when any key column differs from the row before
-        col = ordered[k].combine_chunks()
-        diff = pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, n - 1)), True)
-        changed = diff if changed is None else pc.or_(changed, diff)
-    first = pa.concat_arrays([pa.array([True]), changed]) if changed is not None else pa.array([True] * n)
-    kept = ordered.filter(first)
-    return kept.filter(pc.invert(kept["_deleted"]))
-
-
 def joinable(rows: "DataFrame", key_count: int) -> "DataFrame":
     """``rows`` read for ``key_count`` keys, hinted for a broadcast join when that is few enough.
 
@@ -425,6 +440,11 @@ def _written_by_barrierflow(table_uri: str, paths: list[str]) -> bool:
     """
     prefix = table_uri.rstrip("/") + "/"
     return all(p.startswith(prefix) and p[len(prefix) :].startswith("_") and "/" in p[len(prefix) :] for p in paths)
+
+
+def _cacheable(spec: StateSpec) -> bool:
+    """Whether every column of ``spec`` is a scalar Arrow's hash join carries (no lists or structs)."""
+    return all(not pa.types.is_nested(f.type) for f in spec.arrow_schema())
 
 
 def _fixed_width(data_type: pa.DataType) -> bool:

@@ -1,0 +1,214 @@
+"""Keyed state reads served from the executors' Python workers: the rows of state files, cached by file.
+
+Structured Streaming and Flink keep keyed state in a store local to the task
+(RocksDB) and look an epoch's keys up in it; the durable copy is the
+checkpoint. Here the durable copy is the state table's Delta files, and a
+Python worker (reused between tasks: ``spark.python.worker.reuse``) keeps the
+rows of the files it has read in memory as Arrow, per key group. An epoch's
+read of its keys then reads only the files that worker has not read yet (the
+small changelog files of the epochs since) and matches the keys in memory
+(a hash table on the epoch's keys, probed by the cached rows), instead of
+every task scanning and decoding the whole table.
+
+Correct by construction: Delta data files are immutable (a path is written
+once, and its size is part of the cache key), so rows cached for a file are
+that file's rows for good. The driver passes the files of the snapshot to
+read; files a snapshot no longer holds (compacted, restored away) are never
+asked for again and age out. Nothing here decides what is live: the same
+rule as the scan (latest ``_epoch`` per key, tombstones and expired rows
+dropped) runs over the same files' rows.
+
+One task (:func:`lookup_keys`), holding the keys of one key-group range:
+
+1. Collect the task's keys.
+2. For each file of the snapshot whose key-group range meets the task's key
+   groups, take the cached rows of each of those key groups; read the rest
+   from the file in one read (filtered to them, so Parquet statistics skip
+   row groups) and cache them per key group.
+3. Match: the rows of those key groups that hold one of the keys.
+4. Keep the latest row per key by ``_epoch``; drop tombstones, and rows
+   past their TTL at the epoch's processing time.
+
+Bounded per Python worker by ``BARRIERFLOW_WORKER_STATE_CACHE_MB`` (default
+2048; ``0`` reads the files every time and caches nothing); the least
+recently used file slices go first. Each worker keeps its own copy (Spark
+does not send a key-group range to the same worker every epoch), so a
+machine holds up to that much per Python worker.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from barrierflow.errors import ConfigurationError
+from barrierflow.state.spec import KEY_GROUP
+from barrierflow.storage import arrow_filesystem
+
+__all__ = ["StateFile", "StateLookup", "lookup_keys", "latest_rows", "cache_limit_bytes", "CACHE_ENV", "clear"]
+
+CACHE_ENV = "BARRIERFLOW_WORKER_STATE_CACHE_MB"
+_DEFAULT_MB = 2048
+
+
+@dataclass(frozen=True)
+class StateFile:
+    """One data file of a state table snapshot: its URI, size and key-group range (None: unknown)."""
+
+    uri: str
+    size: int
+    low: int | None
+    high: int | None
+
+    def meets(self, groups: set[int]) -> bool:
+        if self.low is None or self.high is None:
+            return True
+        return any(self.low <= g <= self.high for g in groups)
+
+
+@dataclass(frozen=True)
+class StateLookup:
+    """What a task needs to read ``files``' live rows for its keys (picklable, sent to the executors)."""
+
+    files: tuple[StateFile, ...]
+    schema: pa.Schema  # the state table's (``StateSpec.arrow_schema``)
+    key_columns: tuple[str, ...]
+    ttl_ms: int | None
+    processing_time_ms: int
+
+
+def cache_limit_bytes() -> int:
+    raw = os.environ.get(CACHE_ENV, str(_DEFAULT_MB))
+    try:
+        mb = int(raw)
+    except ValueError:
+        mb = -1
+    if mb < 0:
+        raise ConfigurationError(f"{CACHE_ENV}={raw!r}: expected a whole number of MiB (0 turns the cache off)")
+    return mb * 1024 * 1024
+
+
+# (file URI, file size, key group) -> that key group's rows of the file, cast to the table's schema.
+_cache: "OrderedDict[tuple[str, int, int], pa.Table]" = OrderedDict()
+_held_bytes = 0
+
+
+def clear() -> None:
+    """Drop every cached slice (tests; a worker otherwise keeps them until evicted)."""
+    global _held_bytes
+    _cache.clear()
+    _held_bytes = 0
+
+
+def _remember(key: tuple[str, int, int], rows: pa.Table, limit: int) -> None:
+    global _held_bytes
+    size = rows.nbytes
+    if size > limit:
+        return
+    _cache[key] = rows
+    _held_bytes += size
+    while _held_bytes > limit and _cache:
+        _, evicted = _cache.popitem(last=False)
+        _held_bytes -= evicted.nbytes
+
+
+def _by_group(rows: pa.Table) -> dict[int, pa.Table]:
+    """``rows`` split by key group (zero-copy slices when already sorted by it, as barrierflow writes them)."""
+    if rows.num_rows == 0:
+        return {}
+    groups = rows[KEY_GROUP].to_numpy()
+    if np.any(groups[1:] < groups[:-1]):
+        order = np.argsort(groups, kind="stable")
+        rows = rows.take(pa.array(order))
+        groups = groups[order]
+    values, starts = np.unique(groups, return_index=True)
+    ends = list(starts[1:]) + [len(groups)]
+    return {int(g): rows.slice(int(s), int(e - s)) for g, s, e in zip(values, starts, ends)}
+
+
+def _file_rows(lookup: StateLookup, file: StateFile, groups: set[int], limit: int) -> list[pa.Table]:
+    """Step 2 for one file: its rows in ``groups``, from the cache or one filtered read."""
+    found, missing = [], []
+    for g in sorted(groups):
+        key = (file.uri, file.size, g)
+        cached = _cache.get(key)
+        if cached is None:
+            missing.append(g)
+        else:
+            _cache.move_to_end(key)
+            found.append(cached)
+    if missing:
+        fs, path = arrow_filesystem(file.uri)
+        dataset = ds.dataset(path, format="parquet", filesystem=fs)
+        names = [n for n in lookup.schema.names if n in dataset.schema.names]
+        rows = dataset.to_table(columns=names, filter=pc.field(KEY_GROUP).isin(missing))
+        rows = _conform(rows, lookup.schema)
+        split = _by_group(rows)
+        for g in missing:
+            part = split.get(g, lookup.schema.empty_table())
+            if limit:
+                _remember((file.uri, file.size, g), part, limit)
+            if part.num_rows:
+                found.append(part)
+    return found
+
+
+def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``rows`` with exactly ``schema``'s columns and types (a column missing from an older file reads as null)."""
+    columns = [
+        rows[f.name].cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def latest_rows(data: pa.Table, key_columns: list[str]) -> pa.Table:
+    """One row per key, the one with the highest ``_epoch``, tombstones dropped."""
+    if data.num_rows == 0:
+        return data
+    ordered = data.sort_by([(k, "ascending") for k in key_columns] + [("_epoch", "descending")])
+    n = ordered.num_rows
+    changed = None
+    for k in key_columns:  # a row starts a new key when any key column differs from the row before
+        col = ordered[k].combine_chunks()
+        diff = pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, n - 1)), True)
+        changed = diff if changed is None else pc.or_(changed, diff)
+    first = pa.concat_arrays([pa.array([True]), changed]) if changed is not None else pa.array([True] * n)
+    kept = ordered.filter(first)
+    return kept.filter(pc.invert(kept["_deleted"]))
+
+
+def lookup_keys(lookup: StateLookup, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Executor side (``mapInArrow``): the live rows of ``lookup.files`` for the keys in ``batches``."""
+    keys_schema = pa.schema([lookup.schema.field(k) for k in lookup.key_columns])
+    # Step 1.
+    parts = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+    if not parts:
+        return
+    keys = pa.concat_tables([_conform(p, pa.schema([*keys_schema, lookup.schema.field(KEY_GROUP)])) for p in parts])
+    groups = set(pc.unique(keys[KEY_GROUP]).to_pylist())
+    limit = cache_limit_bytes()
+    # Step 2.
+    stored: list[pa.Table] = []
+    for file in lookup.files:
+        if file.meets(groups):
+            wanted = groups if file.low is None or file.high is None else {g for g in groups if file.low <= g <= file.high}
+            stored += _file_rows(lookup, file, wanted, limit)
+    if not stored:
+        return
+    # Step 3. Acero builds its hash table on the right side: the task's keys.
+    unique_keys = keys.select(list(lookup.key_columns)).group_by(list(lookup.key_columns)).aggregate([])
+    matched = pa.concat_tables(stored).join(unique_keys, keys=list(lookup.key_columns), join_type="left semi")
+    # Step 4.
+    live = latest_rows(matched, list(lookup.key_columns))
+    if lookup.ttl_ms is not None and live.num_rows:
+        alive = pc.greater(pc.add(live["_updated_at_ms"], lookup.ttl_ms), lookup.processing_time_ms)
+        live = live.filter(alive)
+    yield from live.to_batches()

@@ -1,0 +1,117 @@
+"""barrierflow.state.worker_cache: keyed reads from cached state files equal a plain-Python reading of the files."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from barrierflow.errors import ConfigurationError
+from barrierflow.state import worker_cache
+from barrierflow.state.spec import KEY_GROUP, StateSpec
+from barrierflow.state.worker_cache import CACHE_ENV, StateFile, StateLookup, cache_limit_bytes, lookup_keys
+
+SPEC = StateSpec(
+    operator_id="totals",
+    name="accumulators",
+    key_fields=(pa.field("sensor_id", pa.string()),),
+    value_fields=(pa.field("count", pa.int64()),),
+    ttl_ms=1_000,
+)
+SCHEMA = SPEC.arrow_schema()
+
+
+@pytest.fixture(autouse=True)
+def empty_cache() -> Any:
+    worker_cache.clear()
+    yield
+    worker_cache.clear()
+
+
+def _write(path: Path, rows: list[dict[str, Any]], *, sort: bool = True) -> StateFile:
+    if sort:
+        rows = sorted(rows, key=lambda r: r[KEY_GROUP])
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path, row_group_size=7)
+    groups = [r[KEY_GROUP] for r in rows]
+    return StateFile(str(path), path.stat().st_size, min(groups), max(groups))
+
+
+def _row(key: str, count: int, epoch: int, *, deleted: bool = False, updated: int = 10_000) -> dict[str, Any]:
+    return {
+        "sensor_id": key, KEY_GROUP: int(key[1:]) % 8, "count": count,
+        "_updated_at_ms": updated, "_deleted": deleted, "_epoch": epoch,
+    }  # fmt: skip
+
+
+def _reference(files: list[list[dict[str, Any]]], keys: set[str], now: int) -> dict[str, int]:
+    """Latest row per key by epoch over every file's rows; tombstones and expired rows dropped."""
+    latest: dict[str, dict[str, Any]] = {}
+    for rows in files:
+        for r in rows:
+            if r["sensor_id"] in keys and (r["sensor_id"] not in latest or r["_epoch"] > latest[r["sensor_id"]]["_epoch"]):
+                latest[r["sensor_id"]] = r
+    return {k: r["count"] for k, r in latest.items() if not r["_deleted"] and r["_updated_at_ms"] + 1_000 > now}
+
+
+def _lookup(files: list[StateFile], keys: set[str], now: int = 10_500) -> dict[str, int]:
+    lookup = StateLookup(tuple(files), SCHEMA, ("sensor_id",), SPEC.ttl_ms, now)
+    batch = pa.RecordBatch.from_pylist(
+        [{"sensor_id": k, KEY_GROUP: int(k[1:]) % 8} for k in sorted(keys)],
+        schema=pa.schema([pa.field("sensor_id", pa.large_string()), pa.field(KEY_GROUP, pa.int64())]),
+    )
+    out = pa.Table.from_batches(list(lookup_keys(lookup, iter([batch]))), schema=SCHEMA)
+    assert out.schema == SCHEMA
+    result = dict(zip(out["sensor_id"].to_pylist(), out["count"].to_pylist()))
+    assert len(result) == out.num_rows  # one row per key
+    return result
+
+
+def test_lookups_equal_the_reference_cold_warm_and_after_files_change(tmp_path: Path) -> None:
+    rnd = random.Random(5)
+    keys = [f"s{i}" for i in range(200)]
+    contents: list[list[dict[str, Any]]] = []
+    files: list[StateFile] = []
+    for epoch in range(1, 6):
+        rows = [
+            _row(k, rnd.randrange(100), epoch, deleted=rnd.random() < 0.1, updated=rnd.choice([9_000, 10_000]))
+            for k in rnd.sample(keys, 60)
+        ]
+        contents.append(rows)
+        files.append(_write(tmp_path / f"e{epoch}.parquet", rows, sort=epoch % 2 == 0))
+        for _ in range(3):  # cold, then warm (and partly warm after the new file)
+            wanted = set(rnd.sample(keys, 50)) | {"s999"}
+            assert _lookup(files, wanted) == _reference(contents, wanted, 10_500)
+    # A compaction: the snapshot's files replaced by one; the old ones are never read again.
+    live = _reference(contents, set(keys), 0)
+    compacted = [r for r in (_row(k, v, 9) for k, v in live.items())]
+    assert _lookup([_write(tmp_path / "c.parquet", compacted)], set(keys), now=0) == live
+
+
+def test_a_cached_file_is_not_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    file = _write(tmp_path / "a.parquet", [_row(f"s{i}", i, 1) for i in range(40)])
+    first = _lookup([file], {"s1", "s2"})
+    reads: list[Any] = []
+    real = worker_cache.ds.dataset
+    monkeypatch.setattr(worker_cache.ds, "dataset", lambda *a, **kw: reads.append(a) or real(*a, **kw))
+    assert _lookup([file], {"s1", "s2"}) == first == {"s1": 1, "s2": 2}
+    assert reads == []
+    _lookup([file], {"s3"})  # key group 3: not cached yet, read
+    assert len(reads) == 1
+
+
+def test_the_cache_is_bounded_and_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    file = _write(tmp_path / "a.parquet", [_row(f"s{i}", i, 1) for i in range(4000)])
+    monkeypatch.setenv(CACHE_ENV, "0")
+    assert cache_limit_bytes() == 0
+    assert _lookup([file], {"s1"}) == {"s1": 1}
+    assert worker_cache._held_bytes == 0
+    monkeypatch.setenv(CACHE_ENV, "lots")
+    with pytest.raises(ConfigurationError, match=CACHE_ENV):
+        cache_limit_bytes()
+    monkeypatch.setattr(worker_cache, "cache_limit_bytes", lambda: 20_000)
+    assert _lookup([file], {f"s{i}" for i in range(8)}) == {f"s{i}": i for i in range(8)}
+    assert 0 < worker_cache._held_bytes <= 20_000
