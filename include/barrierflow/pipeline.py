@@ -238,7 +238,11 @@ def pipeline(
       epoch touches; state size is bounded by the cluster, not the driver.
       A running aggregate whose whole live state fits
       ``BARRIERFLOW_CACHED_STATE_ROWS`` rows (default 1,000,000) keeps it on
-      the executors between the epochs of one ``run`` loop instead.
+      the executors between the epochs of one ``run`` loop instead. Reads of
+      an epoch's keys from big state are served from the executors' Python
+      workers, which keep the state files' rows they have read
+      (``BARRIERFLOW_WORKER_STATE_CACHE_MB`` per worker, default 2048;
+      :mod:`barrierflow.state.worker_cache`).
     - ``"heap"``: running aggregates keep their live state resident in the
       driver between epochs and merge there (fastest for small epochs on one
       machine). Bounded by ``BARRIERFLOW_RESIDENT_STATE_ROWS`` rows in all

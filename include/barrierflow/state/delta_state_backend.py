@@ -123,7 +123,10 @@ class DeltaStateBackend:
         that touches 1% of the keys shuffles and merges 1% of the state.
         Up to :data:`BROADCAST_KEYS` keys are sent to every task whole (and
         the rows read are then small enough to be joined the same way, see
-        :func:`joinable`).
+        :func:`joinable`). When ``keys`` carry their key group, the match is
+        done in the Python workers' cache of the state files instead
+        (:meth:`_lookup_in_workers`), unless it is turned off or the table
+        has nested columns.
         """
         files, stored = self._files(spec, touched)
         wanted = self._pruned.get(spec.table_name)
