@@ -241,7 +241,8 @@ def pipeline(
       the executors between the epochs of one ``run`` loop instead. Reads of
       an epoch's keys from big state are served from the executors' Python
       workers, which keep the state files' rows they have read
-      (``BARRIERFLOW_WORKER_STATE_CACHE_MB`` per worker, default 2048;
+      (``BARRIERFLOW_WORKER_STATE_CACHE_MB`` per worker and per host's
+      temporary directory, default 2048;
       :mod:`barrierflow.state.worker_cache`).
     - ``"heap"``: running aggregates keep their live state resident in the
       driver between epochs and merge there (fastest for small epochs on one

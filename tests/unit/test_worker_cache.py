@@ -115,3 +115,32 @@ def test_the_cache_is_bounded_and_can_be_turned_off(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(worker_cache, "cache_limit_bytes", lambda: 20_000)
     assert _lookup([file], {f"s{i}" for i in range(8)}) == {f"s{i}": i for i in range(8)}
     assert 0 < worker_cache._held_bytes <= 20_000
+
+
+def test_big_reads_are_shared_with_the_other_workers_of_the_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker_cache, "_HOST_ENTRY_MIN_ROWS", 10)
+    monkeypatch.setattr(worker_cache, "_host_dir", lambda: str(tmp_path / "host"))
+    rows = [_row(f"s{i}", i, 1) for i in range(400)]
+    file = _write(tmp_path / "a.parquet", rows)
+    wanted = {f"s{i}" for i in range(0, 400, 3)}
+    expected = _reference([rows], wanted, 10_500)
+    assert _lookup([file], wanted) == expected
+    assert len(list((tmp_path / "host").glob("*.arrow"))) == 1  # one read of the file: one entry
+    worker_cache.clear()  # another worker of the host: its own memory is empty
+
+    def no_parquet(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the Parquet file was read again")
+
+    monkeypatch.setattr(worker_cache.ds, "dataset", no_parquet)
+    assert _lookup([file], wanted) == expected
+    # Bounded: entries beyond the limit go, least recently used first.
+    (first,) = (tmp_path / "host").glob("*.arrow")
+    monkeypatch.undo()
+    monkeypatch.setattr(worker_cache, "_HOST_ENTRY_MIN_ROWS", 10)
+    monkeypatch.setattr(worker_cache, "_host_dir", lambda: str(tmp_path / "host"))
+    monkeypatch.setattr(worker_cache, "cache_limit_bytes", lambda: first.stat().st_size * 3 // 2)
+    other = _write(tmp_path / "b.parquet", [_row(f"s{i}", i + 1, 2) for i in range(400)])
+    worker_cache.clear()
+    assert _lookup([file, other], wanted) == {k: v + 1 for k, v in expected.items()}
+    (kept,) = (tmp_path / "host").glob("*.arrow")
+    assert kept != first

@@ -29,16 +29,22 @@ One task (:func:`lookup_keys`), holding the keys of one key-group range:
 4. Keep the latest row per key by ``_epoch``; drop tombstones, and rows
    past their TTL at the epoch's processing time.
 
-Bounded per Python worker by ``BARRIERFLOW_WORKER_STATE_CACHE_MB`` (default
-2048; ``0`` reads the files every time and caches nothing); the least
-recently used file slices go first. Each worker keeps its own copy (Spark
-does not send a key-group range to the same worker every epoch), so a
-machine holds up to that much per Python worker.
+Spark does not send a key-group range to the same worker every epoch, so a
+big read (a bulk file, a compacted table) is also saved for the host's other
+workers as an Arrow IPC file in a per-user temporary directory and memory-
+mapped: each big file is read from the warehouse once per host, and its pages
+are shared rather than copied into every worker.
+
+Bounded by ``BARRIERFLOW_WORKER_STATE_CACHE_MB`` (default 2048; ``0`` reads
+the files every time and caches nothing): per Python worker in memory, and
+for the host's directory on disk; the least recently used go first.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterator
@@ -56,6 +62,8 @@ __all__ = ["StateFile", "StateLookup", "lookup_keys", "latest_rows", "cache_limi
 
 CACHE_ENV = "BARRIERFLOW_WORKER_STATE_CACHE_MB"
 _DEFAULT_MB = 2048
+# Reads of at least this many rows are also saved for the host's other workers.
+_HOST_ENTRY_MIN_ROWS = 100_000
 
 
 @dataclass(frozen=True)
@@ -128,9 +136,9 @@ def _by_group(rows: pa.Table) -> dict[int, pa.Table]:
         order = np.argsort(groups, kind="stable")
         rows = rows.take(pa.array(order))
         groups = groups[order]
-    values, starts = np.unique(groups, return_index=True)
-    ends = list(starts[1:]) + [len(groups)]
-    return {int(g): rows.slice(int(s), int(e - s)) for g, s, e in zip(values, starts, ends)}
+    starts = np.concatenate(([0], np.flatnonzero(groups[1:] != groups[:-1]) + 1))
+    ends = np.append(starts[1:], len(groups))
+    return {int(groups[s]): rows.slice(int(s), int(e - s)) for s, e in zip(starts, ends)}
 
 
 def _file_rows(lookup: StateLookup, file: StateFile, groups: set[int], limit: int) -> list[pa.Table]:
@@ -145,11 +153,16 @@ def _file_rows(lookup: StateLookup, file: StateFile, groups: set[int], limit: in
             _cache.move_to_end(key)
             found.append(cached)
     if missing:
-        fs, path = arrow_filesystem(file.uri)
-        dataset = ds.dataset(path, format="parquet", filesystem=fs)
-        names = [n for n in lookup.schema.names if n in dataset.schema.names]
-        rows = dataset.to_table(columns=names, filter=pc.field(KEY_GROUP).isin(missing))
-        rows = _conform(rows, lookup.schema)
+        shared = _host_entry(file, missing)
+        rows = _read_host_entry(shared, lookup.schema) if limit else None
+        if rows is None:
+            fs, path = arrow_filesystem(file.uri)
+            dataset = ds.dataset(path, format="parquet", filesystem=fs)
+            names = [n for n in lookup.schema.names if n in dataset.schema.names]
+            rows = dataset.to_table(columns=names, filter=pc.field(KEY_GROUP).isin(missing))
+            rows = _conform(rows, lookup.schema)
+            if limit and rows.num_rows >= _HOST_ENTRY_MIN_ROWS:
+                rows = _write_host_entry(shared, rows, limit)
         split = _by_group(rows)
         for g in missing:
             part = split.get(g, lookup.schema.empty_table())
@@ -158,6 +171,59 @@ def _file_rows(lookup: StateLookup, file: StateFile, groups: set[int], limit: in
             if part.num_rows:
                 found.append(part)
     return found
+
+
+def _host_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), f"barrierflow-state-cache-{os.getuid()}")
+
+
+def _host_entry(file: StateFile, groups: list[int]) -> str:
+    """The host-shared entry's path for ``groups`` of ``file`` (Arrow IPC, see :func:`_write_host_entry`)."""
+    digest = hashlib.sha256(f"{file.uri}\0{file.size}\0{','.join(map(str, groups))}".encode()).hexdigest()
+    return os.path.join(_host_dir(), f"{digest[:40]}.arrow")
+
+
+def _read_host_entry(path: str, schema: pa.Schema) -> pa.Table | None:
+    """The rows another worker on this host saved for the same file and key groups, memory-mapped; or None."""
+    try:
+        with pa.memory_map(path) as source:
+            rows = pa.ipc.open_file(source).read_all()
+        os.utime(path)  # recently used: evicted last
+    except (OSError, pa.ArrowInvalid):
+        return None  # not there (or removed meanwhile): read the Parquet file
+    return rows if rows.schema.equals(schema) else None
+
+
+def _write_host_entry(path: str, rows: pa.Table, limit: int) -> pa.Table:
+    """Save ``rows`` for the other workers of this host and return them memory-mapped (pages shared, not copied).
+
+    Big reads only (:data:`_HOST_ENTRY_MIN_ROWS`): each Python worker has
+    its own memory, and Spark does not send a key-group range to the same
+    worker every epoch, so without this every worker would read every big
+    file once. Written to a temporary name, then renamed (readers never see
+    a partial entry); the directory is kept under ``limit`` bytes by
+    deleting the least recently used entries (a worker that has one mapped
+    keeps its pages). Best effort: any failure keeps the rows in memory.
+    """
+    directory = _host_dir()
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        partial_path = f"{path}.{os.getpid()}.tmp"
+        with pa.OSFile(partial_path, "wb") as sink, pa.ipc.new_file(sink, rows.schema) as writer:
+            writer.write_table(rows)
+        os.replace(partial_path, path)
+        entries = [os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".arrow")]
+        stats = sorted(((os.stat(e), e) for e in entries), key=lambda se: se[0].st_mtime)
+        total = sum(st.st_size for st, _ in stats)
+        for st, entry in stats:
+            if total <= limit or entry == path:
+                break
+            os.remove(entry)
+            total -= st.st_size
+        with pa.memory_map(path) as source:
+            return pa.ipc.open_file(source).read_all()
+    except (OSError, pa.ArrowInvalid):
+        return rows
 
 
 def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
