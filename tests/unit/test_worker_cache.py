@@ -144,3 +144,14 @@ def test_big_reads_are_shared_with_the_other_workers_of_the_host(tmp_path: Path,
     assert _lookup([file, other], wanted) == {k: v + 1 for k, v in expected.items()}
     (kept,) = (tmp_path / "host").glob("*.arrow")
     assert kept != first
+
+
+def test_a_host_directory_others_can_write_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker_cache, "_HOST_ENTRY_MIN_ROWS", 10)
+    host = tmp_path / "host"
+    host.mkdir(mode=0o777)
+    host.chmod(0o777)
+    monkeypatch.setattr(worker_cache, "_host_dir", lambda: str(host))
+    rows = [_row(f"s{i}", i, 1) for i in range(100)]
+    assert _lookup([_write(tmp_path / "a.parquet", rows)], {"s1"}) == {"s1": 1}
+    assert list(host.iterdir()) == []

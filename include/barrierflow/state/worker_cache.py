@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -177,6 +178,12 @@ def _host_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"barrierflow-state-cache-{os.getuid()}")
 
 
+def _private(directory: str) -> bool:
+    """Whether ``directory`` is this user's alone: entries anyone else could write would be trusted as state."""
+    st = os.stat(directory, follow_symlinks=False)
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
 def _host_entry(file: StateFile, groups: list[int]) -> str:
     """The host-shared entry's path for ``groups`` of ``file`` (Arrow IPC, see :func:`_write_host_entry`)."""
     digest = hashlib.sha256(f"{file.uri}\0{file.size}\0{','.join(map(str, groups))}".encode()).hexdigest()
@@ -186,6 +193,8 @@ def _host_entry(file: StateFile, groups: list[int]) -> str:
 def _read_host_entry(path: str, schema: pa.Schema) -> pa.Table | None:
     """The rows another worker on this host saved for the same file and key groups, memory-mapped; or None."""
     try:
+        if not _private(os.path.dirname(path)):
+            return None
         with pa.memory_map(path) as source:
             rows = pa.ipc.open_file(source).read_all()
         os.utime(path)  # recently used: evicted last
@@ -208,6 +217,8 @@ def _write_host_entry(path: str, rows: pa.Table, limit: int) -> pa.Table:
     directory = _host_dir()
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
+        if not _private(directory):
+            return rows
         partial_path = f"{path}.{os.getpid()}.tmp"
         with pa.OSFile(partial_path, "wb") as sink, pa.ipc.new_file(sink, rows.schema) as writer:
             writer.write_table(rows)
