@@ -22,7 +22,7 @@ from barrierflow.delta_commit import add_actions, counted_rows, open_table, stor
 from barrierflow.errors import CheckpointError
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 from barrierflow.state import resident
-from barrierflow.state.worker_cache import StateFile, StateLookup, cache_limit_bytes, latest_rows, lookup_keys
+from barrierflow.state.worker_cache import StateFile, StateLookup, cache_limit_bytes, latest_rows, lookup_keys, unexpired
 from barrierflow.storage import join_uri
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class DeltaStateBackend:
         for file, n in zip(files, rows):
             # File skipping on key-group statistics: read a file only if it
             # may hold one of the key groups this epoch touches.
-            if file.low is None or file.high is None or any(file.low <= g <= file.high for g in wanted):
+            if file.holds(wanted):
                 out.append(file)
                 kept_rows.append(n)
         return out, counted_rows(kept_rows)
@@ -274,10 +274,7 @@ class DeltaStateBackend:
         if whole:  # the base a resident copy for the next epoch starts from
             self._bases[spec.table_name] = (snapshot, live)
         rows = live.filter(pc.is_in(live[KEY_GROUP], pa.array(key_groups, pa.int32())))
-        if spec.ttl_ms is not None:
-            alive = pc.greater(pc.add(rows["_updated_at_ms"], spec.ttl_ms), ctx.processing_time_ms)
-            rows = rows.filter(alive)
-        return rows
+        return unexpired(rows, spec.ttl_ms, ctx.processing_time_ms)
 
     def stage(self, spec: StateSpec, changes: "DataFrame", *, live: "DataFrame | None" = None, live_rows: int = 0) -> None:
         """Stage changed keys: ``changes`` has keys, key group, values and ``_deleted``.

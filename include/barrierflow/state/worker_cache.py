@@ -59,7 +59,7 @@ from barrierflow.errors import ConfigurationError
 from barrierflow.state.spec import KEY_GROUP
 from barrierflow.storage import arrow_filesystem
 
-__all__ = ["StateFile", "StateLookup", "lookup_keys", "latest_rows", "cache_limit_bytes", "CACHE_ENV", "clear"]
+__all__ = ["StateFile", "StateLookup", "lookup_keys", "latest_rows", "unexpired", "cache_limit_bytes", "CACHE_ENV", "clear"]
 
 CACHE_ENV = "BARRIERFLOW_WORKER_STATE_CACHE_MB"
 _DEFAULT_MB = 2048
@@ -76,10 +76,11 @@ class StateFile:
     low: int | None
     high: int | None
 
-    def meets(self, groups: set[int]) -> bool:
+    def holds(self, groups: "set[int] | list[int]") -> set[int]:
+        """Those of ``groups`` this file may hold rows of (all of them when its range is unknown)."""
         if self.low is None or self.high is None:
-            return True
-        return any(self.low <= g <= self.high for g in groups)
+            return set(groups)
+        return {g for g in groups if self.low <= g <= self.high}
 
 
 @dataclass(frozen=True)
@@ -275,8 +276,8 @@ def lookup_keys(lookup: StateLookup, batches: Iterator[pa.RecordBatch]) -> Itera
     # Step 2.
     stored: list[pa.Table] = []
     for file in lookup.files:
-        if file.meets(groups):
-            wanted = groups if file.low is None or file.high is None else {g for g in groups if file.low <= g <= file.high}
+        wanted = file.holds(groups)
+        if wanted:
             stored += _file_rows(lookup, file, wanted, limit)
     if not stored:
         return
@@ -285,7 +286,11 @@ def lookup_keys(lookup: StateLookup, batches: Iterator[pa.RecordBatch]) -> Itera
     matched = pa.concat_tables(stored).join(unique_keys, keys=list(lookup.key_columns), join_type="left semi")
     # Step 4.
     live = latest_rows(matched, list(lookup.key_columns))
-    if lookup.ttl_ms is not None and live.num_rows:
-        alive = pc.greater(pc.add(live["_updated_at_ms"], lookup.ttl_ms), lookup.processing_time_ms)
-        live = live.filter(alive)
-    yield from live.to_batches()
+    yield from unexpired(live, lookup.ttl_ms, lookup.processing_time_ms).to_batches()
+
+
+def unexpired(rows: pa.Table, ttl_ms: int | None, processing_time_ms: int) -> pa.Table:
+    """``rows`` whose ``_updated_at_ms`` is within ``ttl_ms`` of the processing time (all of them without a TTL)."""
+    if ttl_ms is None or not rows.num_rows:
+        return rows
+    return rows.filter(pc.greater(pc.add(rows["_updated_at_ms"], ttl_ms), processing_time_ms))
