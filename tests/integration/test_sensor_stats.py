@@ -68,7 +68,7 @@ def test_parallelism_changes_between_epochs(
     # Epoch 2 matches keys while scanning the files (the Python workers'
     # cache of state files off), epochs 3 and 4 look them up in that cache.
     monkeypatch.setattr(runtime, "SINGLE_TASK_ROWS", -1)
-    monkeypatch.setattr(delta_state_backend, "worth_matching", lambda stored_rows, key_count: True)
+    monkeypatch.setattr(delta_state_backend, "worth_matching", lambda stored_rows, key_count, cached=False: True)
     monkeypatch.setattr(delta_sink, "WHOLE_REWRITE_MAX_ROWS", -1)
     lookups: list[int] = []
     real_lookup = delta_state_backend.DeltaStateBackend._lookup_in_workers

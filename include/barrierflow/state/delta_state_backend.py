@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,6 +42,9 @@ BROADCAST_KEYS = 500_000
 # Stored rows below which a state read is not matched against the epoch's keys
 # (:func:`worth_matching`): a broadcast job costs ~0.1-0.3 s.
 _MATCH_KEYS_MIN_ROWS = 200_000
+# The same for a lookup in the Python workers' cache, which costs a shuffle of
+# the keys but no scan of the files it already holds.
+_LOOKUP_MIN_ROWS = 50_000
 # Rows a driver-side pass over a whole table (savepoint, restore, maintenance
 # compaction) holds at once: its memory stays bounded whatever the state's size.
 CHUNK_ROWS = 1_000_000
@@ -130,9 +133,10 @@ class DeltaStateBackend:
         """
         files, stored = self._files(spec, touched)
         wanted = self._pruned.get(spec.table_name)
-        if key_count is not None and not worth_matching(stored, key_count):
-            keys = None
-        if keys is not None and files and KEY_GROUP in keys.columns and _cacheable(spec) and cache_limit_bytes():
+        cached = keys is not None and bool(files) and KEY_GROUP in keys.columns and _cacheable(spec) and cache_limit_bytes() > 0
+        if key_count is not None and not worth_matching(stored, key_count, cached=cached):
+            keys, cached = None, False
+        if keys is not None and cached:
             live = self._lookup_in_workers(spec, files, keys)
         else:
             live = self._latest(spec, [f.uri for f in files], keep_expired=False, key_groups=wanted, keys=keys, key_count=key_count)
@@ -276,8 +280,20 @@ class DeltaStateBackend:
         rows = live.filter(pc.is_in(live[KEY_GROUP], pa.array(key_groups, pa.int32())))
         return unexpired(rows, spec.ttl_ms, ctx.processing_time_ms)
 
-    def stage(self, spec: StateSpec, changes: "DataFrame", *, live: "DataFrame | None" = None, live_rows: int = 0) -> None:
+    def stage(
+        self,
+        spec: StateSpec,
+        changes: "DataFrame",
+        *,
+        live: "DataFrame | None" = None,
+        live_rows: int = 0,
+        constants: Mapping[str, Any] | None = None,
+    ) -> None:
         """Stage changed keys: ``changes`` has keys, key group, values and ``_deleted``.
+
+        ``constants``: value columns with one value for every changed key
+        (``changes`` then lacks them), written as the epoch's processing time
+        and number are: by the writer, never as literals of the Spark plan.
 
         ``live`` (after :meth:`read_whole`): every live row after this epoch,
         ``live_rows`` of them, materialized on the executors with
@@ -295,16 +311,16 @@ class DeltaStateBackend:
         no longer live.
         """
         from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_type
 
         ctx = self._ctx
         table = self._open(spec)
+        written = {**(constants or {}), "_updated_at_ms": ctx.processing_time_ms, "_epoch": ctx.epoch}
         rows = changes.select(
             *spec.key_columns,
             F.col(KEY_GROUP).cast("int").alias(KEY_GROUP),
-            *spec.value_columns,
-            F.lit(ctx.processing_time_ms).cast("long").alias("_updated_at_ms"),
+            *[c for c in spec.value_columns if c not in written],
             F.col("_deleted").cast("boolean"),
-            F.lit(ctx.epoch).cast("long").alias("_epoch"),
         )
         removes: tuple[str, ...] = ()
         base_version = None
@@ -314,6 +330,12 @@ class DeltaStateBackend:
         if live is not None:
             resident.executors.stage(uri, self._live_bases[spec.table_name], ctx.attempt_id, live, live_rows)
         if actions is not None and _needs_compaction(actions):
+            # The changes meet stored rows, which have their own values of these columns.
+            types = spec.arrow_schema()
+            rows = rows.select(
+                "*", *[F.lit(v).cast(from_arrow_type(types.field(c).type)).alias(c) for c, v in written.items()]
+            ).select(*types.names)
+            written = {}
             keys = spec.key_columns
             if live is not None:
                 rows = live.select(*[F.lit(False).alias(c) if c == "_deleted" else F.col(c) for c in rows.columns])
@@ -335,6 +357,7 @@ class DeltaStateBackend:
             base_version=base_version,
             primary_key=tuple(spec.key_columns),
             prefix=prefix,
+            constants=written,
         )
 
     def stage_arrow(self, spec: StateSpec, data: pa.Table) -> None:
@@ -522,11 +545,20 @@ def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) ->
     return version
 
 
-def worth_matching(stored_rows: int | None, key_count: int) -> bool:
+def worth_matching(stored_rows: int | None, key_count: int, *, cached: bool = False) -> bool:
     """Whether a state read should be matched against the epoch's ``key_count`` keys.
 
-    Only when the files read hold over :data:`_MATCH_KEYS_MIN_ROWS` rows and
-    over four per key (or their count is unknown): below that the match costs
-    a broadcast job and saves less than it costs. Results are the same either way.
+    While scanning: only when the files read hold over
+    :data:`_MATCH_KEYS_MIN_ROWS` rows and over four per key (or their count
+    is unknown); below that the match costs a broadcast job and saves less
+    than it costs. In the workers' cache (``cached``): once the files hold
+    over :data:`_LOOKUP_MIN_ROWS` rows and more rows than there are keys,
+    since the scan it replaces (every stored row read and aggregated every
+    epoch) grows with the state and the lookup only with the keys. Results
+    are the same either way.
     """
-    return stored_rows is None or stored_rows > max(_MATCH_KEYS_MIN_ROWS, 4 * key_count)
+    if stored_rows is None:
+        return True
+    if cached:
+        return stored_rows > max(_LOOKUP_MIN_ROWS, key_count)
+    return stored_rows > max(_MATCH_KEYS_MIN_ROWS, 4 * key_count)
