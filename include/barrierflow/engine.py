@@ -30,7 +30,7 @@ from typing import IO, Any, Callable, Mapping
 
 from barrierflow.errors import EngineUnavailableError
 from barrierflow.shipping import package_archive, ships_package
-from barrierflow.spark import DRIVER_JAVA_OPTIONS
+from barrierflow.spark import DRIVER_JAVA_OPTIONS, application_conf
 from barrierflow.warmup import DEFAULT_WARM_UP_EPOCHS
 
 __all__ = [
@@ -90,6 +90,7 @@ class EngineConfig:
             "spark.python.worker.reuse": "true",
             "spark.pyspark.python": sys.executable,
             "spark.driver.extraJavaOptions": os.environ.get("BARRIERFLOW_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS),
+            **application_conf(),
         }
         if self.host in ("127.0.0.1", "localhost"):
             # A loopback engine keeps its driver's ports on loopback too.

@@ -25,6 +25,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from barrierflow.dags.environment import LOCAL_SPARK_CONNECTION, SPARK_CONN_ENV
 from barrierflow.dags.params import resolve_pipeline_params
 from barrierflow.registry import get_pipeline
+from barrierflow.spark import application_conf
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -63,6 +64,7 @@ def _python_conf() -> dict[str, str]:
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
         "spark.log.level": "WARN",
+        **application_conf(),
     }
 
 
