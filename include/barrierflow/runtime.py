@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import pyarrow as pa
 
@@ -26,7 +26,7 @@ from barrierflow.pipeline import Node, Pipeline, SourceNode
 from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
 from barrierflow.sources.base import planned_bytes
 from barrierflow.spark import describe_jobs, observation_done
-from barrierflow.staging import stage_frame, write_parquet
+from barrierflow.staging import stage_frame, with_constants, write_parquet
 from barrierflow.state import resident
 from barrierflow.state.delta_state_backend import DeltaStateBackend
 
@@ -255,6 +255,7 @@ class EpochContext:
         base_version: int | None = None,
         primary_key: tuple[str, ...] = (),
         prefix: str | None = None,
+        constants: Mapping[str, Any] | None = None,
     ) -> None:
         """Write a table's share of the epoch under the staging prefix, in the background.
 
@@ -265,7 +266,9 @@ class EpochContext:
         written here. Either way the write runs while the epoch goes on;
         :meth:`commits` waits for it. ``prefix`` is a directory inside the
         staging prefix (deleted with it on abort); the staging prefix itself
-        by default.
+        by default. ``constants`` are columns of ``schema`` with one value in
+        every row, added by the writer (see :func:`stage_frame`); ``data``
+        lacks them.
         """
         prefix = prefix or self.staging_prefix
         if not prefix.startswith(self.staging_prefix):
@@ -283,7 +286,7 @@ class EpochContext:
         def write() -> TableCommit:
             describe_jobs(self.spark, f"epoch {self.epoch}: stage {name}")
             if isinstance(data, pa.Table):
-                table = data.select(file_schema.names).cast(file_schema)
+                table = with_constants(data, constants or {}, file_schema)
                 files = write_parquet(uri, prefix, table, sort_by=(KEY_GROUP,) if by_key_group else sort_by)
             else:
                 files = stage_frame(
@@ -295,6 +298,7 @@ class EpochContext:
                     sort_by=sort_by,
                     key_groups=key_groups if by_key_group else None,
                     tasks=tasks,
+                    constants=constants,
                 )
             return TableCommit(
                 name=name,
@@ -454,8 +458,6 @@ def process_epoch(
 
 def _compute(ctx: EpochContext, ordered_only: bool) -> int:
     """Run every node of the pipeline and stage every table; returns rows in."""
-    from pyspark.sql import functions as F
-
     pipe, barrier, spark = ctx.pipeline, ctx.barrier, ctx.spark
     ctx.staging_prefix = ctx.layout.staging_prefix(barrier.lineage_id, barrier.epoch, ctx.attempt_id)
     _set_shuffle_partitions(spark, ctx.parallelism, computing=True)
@@ -506,11 +508,16 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
             dead_df = dead_letters[0]
             for other in dead_letters[1:]:
                 dead_df = dead_df.unionByName(other)
-            dead_rows: "DataFrame | pa.Table" = dead_df.withColumn("_epoch", F.lit(barrier.epoch).cast("long"))
+            dead_rows: "DataFrame | pa.Table" = dead_df
         else:
-            dead_rows = DEAD_LETTER_SCHEMA.empty_table()
+            dead_rows = DEAD_LETTER_SCHEMA.empty_table().drop_columns(["_epoch"])
         ctx.stage(
-            name="dead_letter", uri=ctx.layout.dead_letter, kind=TableKind.DEAD_LETTER, data=dead_rows, schema=DEAD_LETTER_SCHEMA
+            name="dead_letter",
+            uri=ctx.layout.dead_letter,
+            kind=TableKind.DEAD_LETTER,
+            data=dead_rows,
+            schema=DEAD_LETTER_SCHEMA,
+            constants={"_epoch": barrier.epoch},
         )
         ctx.commits()  # every staged file written (or its error raised) before the fault point
         _log.info("epoch %d: dead letters took %.0f ms", barrier.epoch, (time.monotonic() - tail_started) * 1000)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import uuid
 from functools import partial
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,7 +33,7 @@ from barrierflow.storage import arrow_filesystem, join_uri
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["stage_frame", "write_parquet", "by_key_group_range", "DESCRIPTION_DDL"]
+__all__ = ["stage_frame", "write_parquet", "with_constants", "by_key_group_range", "DESCRIPTION_DDL"]
 
 # One row per written file, collected by the driver.
 DESCRIPTION_DDL = "path string, size long, rows long, stats string"
@@ -53,10 +53,15 @@ def stage_frame(
     sort_by: Sequence[str] = (),
     key_groups: int | None = None,
     tasks: int | None = None,
+    constants: Mapping[str, Any] | None = None,
 ) -> list[StagedFile]:
     """Have executors write ``df`` under ``<table_uri>/<prefix>``; returns the files written.
 
     ``schema`` is the files' schema (columns selected and cast to it).
+    ``constants`` are columns of the schema with one value in every row (the
+    epoch, its processing time): the writer adds them, because a literal in
+    the Spark plan makes its generated code differ every epoch, and Spark
+    compiles each such plan again.
     With ``key_groups``, rows are clustered by :data:`KEY_GROUP` (see the
     module docstring); otherwise the frame keeps its partitioning, merged
     down to at most ``partitions`` tasks, and rows are sorted by ``sort_by``
@@ -66,7 +71,8 @@ def stage_frame(
     """
     from pyspark.sql import functions as F
 
-    frame = df.select(*schema.names)
+    constants = dict(constants or {})
+    frame = df.select(*[name for name in schema.names if name not in constants])
     ranges = None
     if key_groups is not None:
         ranges = (partitions, key_groups)
@@ -81,7 +87,7 @@ def stage_frame(
         frame = frame.coalesce(tasks or partitions)
         if sort_by:
             frame = frame.sortWithinPartitions(*sort_by)
-    writer = partial(_write_partition, table_uri, prefix, schema, ranges)
+    writer = partial(_write_partition, table_uri, prefix, schema, ranges, constants)
     try:
         rows = frame.mapInArrow(writer, DESCRIPTION_DDL).collect()
     except Exception as exc:  # a task's StorageError arrives wrapped in Spark's error
@@ -137,19 +143,21 @@ def _write_partition(
     prefix: str,
     schema: pa.Schema,
     ranges: tuple[int, int] | None,
+    constants: Mapping[str, Any],
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
     """Executor side: write one partition's batches; yield one description per file.
 
     With ``ranges = (partitions, key_groups)`` the batches arrive sorted by
     key group and a new file starts at each key-group range boundary.
+    ``constants`` are added to every batch (see :func:`stage_frame`).
     """
     out: _FileWriter | None = None
     current_range = None
     described: list[dict[str, Any]] = []
     try:
         for batch in batches:
-            table = pa.Table.from_batches([batch]).select(schema.names).cast(schema)
+            table = with_constants(pa.Table.from_batches([batch]), constants, schema)
             if table.num_rows == 0:
                 continue
             for part_range, part in _split_ranges(table, ranges):
@@ -167,6 +175,14 @@ def _write_partition(
             out.abandon()
     if described:
         yield pa.RecordBatch.from_pylist(described, schema=_DESCRIPTION_SCHEMA)
+
+
+def with_constants(table: pa.Table, constants: Mapping[str, Any], schema: pa.Schema) -> pa.Table:
+    """``table`` with the ``constants`` columns added (replacing any of that name), selected and cast to ``schema``."""
+    table = table.drop_columns([name for name in constants if name in table.column_names])
+    for name, value in constants.items():
+        table = table.append_column(name, pa.repeat(pa.scalar(value, schema.field(name).type), table.num_rows))
+    return table.select(schema.names).cast(schema)
 
 
 def _split_ranges(table: pa.Table, ranges: tuple[int, int] | None) -> Iterator[tuple[int | None, pa.Table]]:

@@ -68,6 +68,16 @@ def test_descriptions_are_the_files_executors_wrote(spark: Any, tmp_path: Path) 
     assert sorted(p.name for p in (tmp_path / "_staging/a").iterdir()) == sorted(Path(f.path).name for f in files)
 
 
+def test_constant_columns_are_added_by_the_writer(spark: Any, tmp_path: Path) -> None:
+    """An epoch's number and time are written by the writer, not as literals of the plan (compiled again each epoch)."""
+    frame = _frame(spark, 300, 16).drop("value")
+    files = stage_frame(frame, str(tmp_path), "_staging/c", SCHEMA, partitions=2, key_groups=16, constants={"value": 42})
+    data = pa.concat_tables(pq.read_table(tmp_path / f.path) for f in files)
+    assert data.schema == SCHEMA and data.num_rows == 300
+    assert set(data["value"].to_pylist()) == {42}
+    assert all(json.loads(f.stats)["minValues"]["value"] == 42 for f in files)
+
+
 def test_an_empty_frame_writes_no_file(spark: Any, tmp_path: Path) -> None:
     assert stage_frame(_frame(spark, 100, 16).limit(0), str(tmp_path), "_staging/b", SCHEMA, partitions=2) == []
     assert not (tmp_path / "_staging").exists()

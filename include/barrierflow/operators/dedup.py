@@ -52,12 +52,6 @@ class Deduplicate(Node):
         fresh = firsts.join(joinable(seen, touched["records"]), on=list(self.key), how="left_anti")
         fresh = ctx.persist(fresh)
         ctx.state.stage(
-            spec,
-            fresh.select(
-                *self.key,
-                KEY_GROUP,
-                F.lit(ctx.epoch).cast("long").alias("first_epoch"),
-                F.lit(False).alias("_deleted"),
-            ),
+            spec, fresh.select(*self.key, KEY_GROUP, F.lit(False).alias("_deleted")), constants={"first_epoch": ctx.epoch}
         )
         return fresh.drop(KEY_GROUP)

@@ -81,11 +81,16 @@ class DeltaSink:
         ctx.restore_point()
         self.begin_transaction(ctx)
         uri = ctx.layout.sink_table(self.name)
+        if self.mode == "append":
+            # ``_epoch`` is added by the writer (see ``stage_frame``'s constants).
+            schema = df.schema if isinstance(df, pa.Table) else ctx.arrow_schema(df)
+            if "_epoch" in schema.names:  # replaced, as ``_with_epoch`` does
+                schema = schema.remove(schema.get_field_index("_epoch"))
+            schema = schema.append(_EPOCH_FIELD)
+            ctx.stage(name=self.name, uri=uri, kind=TableKind.SINK, data=df, schema=schema, constants={"_epoch": ctx.epoch})
+            return
         data = _with_epoch(ctx, df)
         schema = data.schema if isinstance(data, pa.Table) else ctx.arrow_schema(data)
-        if self.mode == "append":
-            ctx.stage(name=self.name, uri=uri, kind=TableKind.SINK, data=data, schema=schema)
-            return
         missing = [k for k in self.key if k not in schema.names]
         if missing:
             raise PipelineDefinitionError(f"upsert sink {self.name}: key column(s) {missing} not in its input")
@@ -151,13 +156,15 @@ class DeltaSink:
         remove_tree(join_uri(uri, staging_prefix))
 
 
+_EPOCH_FIELD = pa.field("_epoch", pa.int64(), nullable=False)
+
+
 def _with_epoch(ctx: Any, rows: "DataFrame | pa.Table") -> "DataFrame | pa.Table":
     """The epoch's rows with the ``_epoch`` column (never null)."""
     from pyspark.sql import functions as F
 
     if isinstance(rows, pa.Table):
-        epochs = pa.array([ctx.epoch] * rows.num_rows, pa.int64())
-        return rows.append_column(pa.field("_epoch", pa.int64(), nullable=False), epochs)
+        return rows.append_column(_EPOCH_FIELD, pa.repeat(pa.scalar(ctx.epoch, pa.int64()), rows.num_rows))
     return rows.withColumn("_epoch", F.lit(ctx.epoch).cast("long"))
 
 
