@@ -127,6 +127,8 @@ class EpochContext:
         self._staging: dict[str, tuple[tuple[int, int], str, Future[TableCommit]]] = {}
         self.state = DeltaStateBackend(self)
         self._persisted: list["DataFrame"] = []
+        # id -> frame: frames cached this epoch, and views of them (see cached_view).
+        self._cached: dict[int, "DataFrame"] = {}
         self._frames: dict[int, tuple[pa.Table, "DataFrame"]] = {}
 
     # -- the completed checkpoint this epoch builds on ------------------------
@@ -176,11 +178,28 @@ class EpochContext:
     # -- helpers for operators ----------------------------------------------
 
     def persist(self, df: "DataFrame") -> "DataFrame":
-        """Cache a frame read more than once (parsing and state reads run once)."""
+        """Cache a frame read more than once (parsing and state reads run once).
+
+        A frame that is already cached, or a view of one (:meth:`cached_view`),
+        is returned as it is: a second cache of the same rows would cost
+        building and reading it and save nothing.
+        """
         from pyspark import StorageLevel
 
+        if self._cached.get(id(df)) is df:
+            return df
         df = df.persist(StorageLevel.MEMORY_AND_DISK)
         self._persisted.append(df)
+        return self.cached_view(df)
+
+    def cached_view(self, df: "DataFrame") -> "DataFrame":
+        """Mark ``df``, a projection or filter of a frame this epoch cached, as needing no cache of its own.
+
+        Operators return such views (their output is computed once whatever
+        reads it), so a watermark or a fan-out to several operators does not
+        cache it again.
+        """
+        self._cached[id(df)] = df  # the reference keeps the id from being reused
         return df
 
     def track(self, *frames: "DataFrame") -> None:
@@ -341,6 +360,7 @@ class EpochContext:
         for df in self._persisted:
             df.unpersist()
         self._persisted.clear()
+        self._cached.clear()
         self._frames.clear()
 
 
@@ -485,7 +505,7 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                     assert batch.dead_letters is not None
                     ctx.track(*batch.shared)
                     # Sources that share a cached parse need no second cache.
-                    records = batch.records if batch.shared else ctx.persist(batch.records)
+                    records = ctx.cached_view(batch.records) if batch.shared else ctx.persist(batch.records)
                     dead = batch.dead_letters if batch.shared else ctx.persist(batch.dead_letters)
                     read_started = time.monotonic()
                     rows_in += records.count() + dead.count()

@@ -241,7 +241,7 @@ class RunningAggregate(Node):
         state = ctx.persist(merged.select(*columns, F.lit(False).alias("_deleted")))
         # Step 4.
         ctx.state.stage(spec, state)
-        return state.select(*self._outputs())
+        return ctx.cached_view(state.select(*self._outputs()))
 
     def _merge_whole(
         self, ctx: Any, spec: StateSpec, epoch: "DataFrame", keyed: "DataFrame", live: "DataFrame", flagged: int
@@ -291,7 +291,7 @@ class RunningAggregate(Node):
             ctx.state.stage(spec, state, live=after.drop("_touched"), live_rows=live_rows)
         else:
             ctx.state.stage(spec, state)
-        return state.select(*self._outputs())
+        return ctx.cached_view(state.select(*self._outputs()))
 
     def _merged_values(self, flagged: int) -> list[tuple[str, "Column"]]:
         """Each accumulator after the epoch, from ``_prev_<name>`` and the epoch's aggregates (step 3)."""

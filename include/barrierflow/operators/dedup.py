@@ -54,4 +54,4 @@ class Deduplicate(Node):
         ctx.state.stage(
             spec, fresh.select(*self.key, KEY_GROUP, F.lit(False).alias("_deleted")), constants={"first_epoch": ctx.epoch}
         )
-        return fresh.drop(KEY_GROUP)
+        return ctx.cached_view(fresh.drop(KEY_GROUP))

@@ -151,7 +151,7 @@ class KeyedProcess(Node):
             changes = result.where(F.col("_kind") == F.lit(d.name)).withColumnRenamed(_state_column(d.name), "value")
             ctx.state.stage(spec, changes)
         outputs = result.where(F.col("_kind") == F.lit("_out"))
-        return outputs.select(*[F.col(f"_out_{f.name}").alias(f.name) for f in fn.output_schema])
+        return ctx.cached_view(outputs.select(*[F.col(f"_out_{f.name}").alias(f.name) for f in fn.output_schema]))
 
     def describe(self) -> dict[str, Any]:
         assert self.function is not None

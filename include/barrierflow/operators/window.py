@@ -137,7 +137,9 @@ class TumblingWindow(Node):
             )
         )
         ctx.state.stage(spec, rows.where("_changed"))
-        return rows.where("_deleted").select(*self.key, "window_start", "window_end", *[a.name for a in self.aggregations])
+        return ctx.cached_view(
+            rows.where("_deleted").select(*self.key, "window_start", "window_end", *[a.name for a in self.aggregations])
+        )
 
     def describe(self) -> dict[str, Any]:
         return {
