@@ -530,7 +530,7 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                 dead_df = dead_df.unionByName(other)
             dead_rows: "DataFrame | pa.Table" = dead_df
         else:
-            dead_rows = DEAD_LETTER_SCHEMA.empty_table().drop_columns(["_epoch"])
+            dead_rows = DEAD_LETTER_SCHEMA.empty_table()  # its ``_epoch`` is replaced by the constant
         ctx.stage(
             name="dead_letter",
             uri=ctx.layout.dead_letter,

@@ -136,7 +136,7 @@ class DeltaStateBackend:
         cached = keys is not None and bool(files) and KEY_GROUP in keys.columns and _cacheable(spec) and cache_limit_bytes() > 0
         if key_count is not None and not worth_matching(stored, key_count, cached=cached):
             keys, cached = None, False
-        if keys is not None and cached:
+        if cached:
             live = self._lookup_in_workers(spec, files, keys)
         else:
             live = self._latest(spec, [f.uri for f in files], keep_expired=False, key_groups=wanted, keys=keys, key_count=key_count)
