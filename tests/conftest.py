@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -22,6 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the reference implementation package
 
 os.environ.setdefault("BARRIERFLOW_DRIVER_MEMORY", "2g")
+# A run killed by a test leaves its epoch lease behind; the next run waits for
+# it to expire (lease.py). Five seconds keeps that short and still leaves a
+# heartbeat (every 1.25 s) time to land under a loaded machine.
+os.environ.setdefault("BARRIERFLOW_LEASE_TTL_SECONDS", "5")
 
 
 # "<pid>:<port>": an xdist worker inherits the environment of the process that started it.
@@ -47,6 +51,39 @@ def spark_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     yield engine
     engine.stop()
     log.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """This process's S3 endpoint on loopback (moto's server), started the first time a test needs it."""
+    from s3_server import start_s3_server
+
+    server = start_s3_server(tmp_path_factory.mktemp("s3") / "moto.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new bucket on the test S3 endpoint, the AWS environment pointing at it; returns ``s3://<bucket>``."""
+    import uuid
+
+    import boto3
+    from s3_server import aws_env
+
+    for name, value in aws_env(s3_server.endpoint).items():
+        monkeypatch.setenv(name, value)
+    bucket = f"test-{uuid.uuid4().hex[:16]}"
+    boto3.session.Session().client("s3", endpoint_url=s3_server.endpoint).create_bucket(Bucket=bucket)
+    return f"s3://{bucket}"
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A root URI on each storage scheme: a local directory, then a bucket on the test S3 endpoint."""
+    if request.param == "local":
+        return str(tmp_path / "store")
+    return str(request.getfixturevalue("s3_bucket"))
 
 
 @pytest.fixture(scope="session")

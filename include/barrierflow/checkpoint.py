@@ -21,6 +21,7 @@ __all__ = [
     "Manifest",
     "CheckpointRecord",
     "app_id",
+    "Fence",
 ]
 
 
@@ -42,6 +43,42 @@ class TableKind(str, enum.Enum):
 def app_id(pipeline: str, lineage_id: str) -> str:
     """The Delta app-transaction id of one lineage of a pipeline."""
     return f"barrierflow:{pipeline}:{lineage_id}"
+
+
+@dataclass(frozen=True, order=True)
+class Fence:
+    """A pipeline-level fencing token: (lineage sequence, epoch), carried by every commit of an epoch.
+
+    Recorded as the Delta app transaction ``barrierflow-fence:<pipeline>``
+    (a standard ``txn`` action) whose version is ``lineage_seq * 2**32 +
+    epoch``, so tokens order as (lineage, epoch) pairs. A table refuses a
+    commit whose token is below the one it holds: a restore raises the token
+    of every table (a new lineage sequence), so a zombie of the old lineage
+    or of an older epoch can never commit after it, whatever the timing.
+    """
+
+    lineage_seq: int
+    epoch: int
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.lineage_seq < 2**31 and 0 <= self.epoch < 2**32):
+            raise ValueError(f"fencing token out of range: lineage sequence {self.lineage_seq}, epoch {self.epoch}")
+
+    @staticmethod
+    def app_id(pipeline: str) -> str:
+        return f"barrierflow-fence:{pipeline}"
+
+    @property
+    def version(self) -> int:
+        """The token as the Delta app-transaction version."""
+        return (self.lineage_seq << 32) | self.epoch
+
+    @classmethod
+    def from_version(cls, version: int) -> "Fence":
+        return cls(version >> 32, version & 0xFFFFFFFF)
+
+    def __str__(self) -> str:
+        return f"(lineage {self.lineage_seq}, epoch {self.epoch})"
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,11 @@ For epoch n of pipeline P (every step idempotent and safe to retry):
                   and barrier n, stages outputs and state, writes the manifest
                   put-if-absent (the vote); the first durable manifest wins.
   4. commit    -- one Delta commit per table carrying the app transaction
-                  (appId = P + lineage, version = n), skipped where already
-                  done; then the checkpoint log records n COMPLETED with the
-                  Delta version of every table (the consistent cut).
+                  (appId = P + lineage, version = n) and the fencing token
+                  (lineage sequence, n), skipped where already done, refused
+                  where a table holds a higher token; then the checkpoint log
+                  records n COMPLETED with the Delta version of every table
+                  (the consistent cut).
   5. notify    -- post-commit work: remove staged files of losing attempts,
                   compact state tables whose changelog outgrew their base.
 
@@ -30,6 +32,9 @@ A restore (``barrierflow.restore``) starts a new lineage whose first completed
 record is the restore point; a pipeline stopped with a savepoint plans no
 barrier until it is restored.
 
+One process at a time drives these steps, holding the epoch lease
+(:mod:`barrierflow.lease`); it checks the lease before each barrier and vote.
+
 A crash anywhere leaves a state from which the next attempt produces exactly
 the output of a failure-free run.
 """
@@ -39,7 +44,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
@@ -48,12 +52,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from barrierflow import faults, storage
-from barrierflow.checkpoint import Barrier, CheckpointRecord, EpochStatus, Manifest, TableKind, app_id
+from barrierflow.checkpoint import Barrier, CheckpointRecord, EpochStatus, Fence, Manifest, TableKind, app_id
 from barrierflow.checkpoint_log import CheckpointLog, iso_now, now_us
 from barrierflow.delta_commit import commit_epoch_table
 from barrierflow.errors import CheckpointError, EpochInProgressError, FencedError, PipelineStoppedError
 from barrierflow.intervals import ArrivalBound
 from barrierflow.layout import STAGING_DIR, PipelineLayout
+from barrierflow.lease import EpochLease
 from barrierflow.pipeline import Pipeline, PipelineDefinition
 from barrierflow.runtime import Compute, check_follows, completed_future, process_epoch
 from barrierflow.spark import engine_lost
@@ -63,8 +68,6 @@ from barrierflow.state.delta_state_backend import compact, needs_compaction
 __all__ = ["CheckpointCoordinator", "EpochResult", "Recovery", "recorded_params"]
 
 _log = logging.getLogger(__name__)
-
-_LEASE_TTL_S = 6 * 3600
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ class CheckpointCoordinator:
         # Set by run(): epochs processed here are committed here too.
         self._keep_state_copies = False
         self._use_lease = use_lease
-        self._lease_token: str | None = None
+        self._lease = EpochLease(self.layout.lease, definition.name)
         self._pipeline: Pipeline | None = None
 
     # -- metadata --------------------------------------------------------
@@ -153,12 +156,16 @@ class CheckpointCoordinator:
         return existing
 
     def current_lineage(self) -> dict[str, Any]:
+        return self.current_lineage_seq()[1]
+
+    def current_lineage_seq(self) -> tuple[int, dict[str, Any]]:
+        """The current lineage's sequence number (its document's name) and document."""
         names = [n for n in storage.list_dir(self.layout.lineages) if n.endswith(".json")]
         if not names:
             raise CheckpointError(f"pipeline {self.definition.name} has no lineage yet: run an epoch first")
         doc = storage.read_json(storage.join_uri(self.layout.lineages, names[-1]))
         assert doc is not None
-        return doc
+        return int(names[-1].removesuffix(".json")), doc
 
     def app_id(self, lineage_id: str) -> str:
         return app_id(self.definition.name, lineage_id)
@@ -166,48 +173,19 @@ class CheckpointCoordinator:
     # -- lease (epochs of one pipeline never run concurrently) -----------
 
     def acquire_lease(self, wait_s: float = 0.0) -> None:
-        """Take the pipeline's epoch lease, waiting up to ``wait_s`` for a holder to finish."""
-        if not self._use_lease:
-            return
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                self._try_lease()
-                return
-            except EpochInProgressError:
-                if time.monotonic() >= deadline:
-                    raise
-            time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+        """Take the pipeline's epoch lease (:mod:`barrierflow.lease`), trying for up to ``wait_s``."""
+        if self._use_lease:
+            self._lease.acquire(wait_s)
 
-    def _try_lease(self) -> None:
-        token = uuid.uuid4().hex
-        doc = {"token": token, "pid": os.getpid(), "host": socket.gethostname(), "acquired_at": time.time()}
-        for _ in range(2):
-            if storage.write_json_if_absent(self.layout.lease, doc):
-                self._lease_token = token
-                return
-            holder = storage.read_json(self.layout.lease)
-            if holder is None or _lease_is_stale(holder):
-                # The holder died: remove its lease (by content, not blindly).
-                if storage.read_json(self.layout.lease) == holder:
-                    try:
-                        os.unlink(storage.local_path(self.layout.lease))
-                    except FileNotFoundError:
-                        pass
-                continue
-            raise EpochInProgressError(
-                f"pipeline {self.definition.name} is running elsewhere (pid {holder['pid']} on "
-                f"{holder['host']}); epochs of one pipeline never run concurrently"
-            )
-        raise EpochInProgressError(f"could not acquire the epoch lease of {self.definition.name}")
+    def check_lease(self) -> None:
+        """Raise :class:`~barrierflow.errors.LeaseLostError` if this process took the lease and lost it since."""
+        # Steps called without the lease (a test driving one step) have nothing to check.
+        if self._use_lease and self._lease.taken:
+            self._lease.check()
 
     def release_lease(self) -> None:
-        if self._lease_token is None:
-            return
-        holder = storage.read_json(self.layout.lease)
-        if holder and holder.get("token") == self._lease_token:
-            os.unlink(storage.local_path(self.layout.lease))
-        self._lease_token = None
+        if self._use_lease:
+            self._lease.release()
 
     # -- hold: a reprocessing holds the schedule ----------------------------
 
@@ -293,6 +271,7 @@ class CheckpointCoordinator:
 
     def _inject_barrier(self, lineage_id: str, epoch: int, bound: ArrivalBound) -> Barrier | None:
         """Barrier ``epoch``, planned from barrier ``epoch - 1``'s end offsets (reused when it exists)."""
+        self.check_lease()
         lineage = self.current_lineage()
         if lineage["lineage_id"] != lineage_id:
             raise FencedError(
@@ -430,6 +409,7 @@ class CheckpointCoordinator:
         existing = storage.read_json(self.layout.manifest(barrier.lineage_id, barrier.epoch))
         if existing is not None:
             return Manifest.from_json(existing), False  # never recompute a voted epoch
+        self.check_lease()
         spark = self._spark()
         # The barrier's params are the epoch's params: a retry replays the same job.
         # Built per epoch: the coordinator plans the next barrier with its own copy meanwhile.
@@ -472,16 +452,19 @@ class CheckpointCoordinator:
                 f"epoch {manifest.epoch} cannot commit: the last completed epoch is "
                 f"{last.epoch if last else 0}"
             )
-        current = self.current_lineage()["lineage_id"]
+        seq, lineage = self.current_lineage_seq()
+        current = lineage["lineage_id"]
         if current != manifest.lineage_id:
             raise FencedError(
                 f"epoch {manifest.epoch} of lineage {manifest.lineage_id} cannot commit: the pipeline "
                 f"was restored into lineage {current}"
             )
         app = self.app_id(manifest.lineage_id)
+        # A restore landing after the check above is caught by every table: it raised their tokens.
+        fence = (Fence.app_id(self.definition.name), Fence(seq, manifest.epoch))
         versions: dict[str, int] = {}
         for table in manifest.tables:
-            versions[table.name] = commit_epoch_table(table, app, manifest.epoch, manifest.attempt_id)
+            versions[table.name] = commit_epoch_table(table, app, manifest.epoch, manifest.attempt_id, fence)
             if table.kind is TableKind.STATE:
                 resident.promote(table.uri, manifest.attempt_id, versions[table.name])
         faults.maybe_fail("commit.before_completed")
@@ -573,7 +556,8 @@ class CheckpointCoordinator:
                 f"{hold.get('since')}): it replays the input in interval order; run again once it has finished "
                 f"(if that command died: barrierflow reprocess {self.definition.name} --release-hold)"
             )
-        self.acquire_lease()
+        # Long enough for the lease of a holder that died to expire (lease.py, rule 3a).
+        self.acquire_lease(wait_s=1.25 * self._lease.ttl_s)
         results: list[EpochResult] = []
         try:
             with ThreadPoolExecutor(max_workers=2, thread_name_prefix="barrierflow-epoch") as workers:
@@ -719,20 +703,6 @@ def _stopped_message(name: str, stop: Mapping[str, Any]) -> str:
         f"pipeline {name} was stopped with savepoint {stop.get('savepoint')!r} at {stop.get('stopped_at')}: "
         f"no epoch runs until it is restored (barrierflow savepoint restore {name} --savepoint {stop.get('savepoint')})"
     )
-
-
-def _lease_is_stale(holder: Mapping[str, Any]) -> bool:
-    if time.time() - holder.get("acquired_at", 0) > _LEASE_TTL_S:
-        return True
-    if holder.get("host") != socket.gethostname():
-        return False
-    try:
-        os.kill(int(holder["pid"]), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def _manifest_record(

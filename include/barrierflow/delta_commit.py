@@ -16,11 +16,12 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from barrierflow import faults
-from barrierflow.checkpoint import StagedFile, TableCommit
+from barrierflow.checkpoint import Fence, StagedFile, TableCommit
 from barrierflow.errors import CommitConflictError, FencedError, StorageError
 
 __all__ = [
     "commit_epoch_table",
+    "check_fence",
     "committed_version",
     "open_table",
     "live_paths",
@@ -102,19 +103,26 @@ def committed_version(uri: str, app: str, epoch: int) -> int | None:
     return table.version()
 
 
-def commit_epoch_table(commit: TableCommit, app: str, epoch: int, attempt_id: str) -> int:
+def commit_epoch_table(
+    commit: TableCommit, app: str, epoch: int, attempt_id: str, fence: tuple[str, Fence] | None = None
+) -> int:
     """Commit one table's share of epoch ``epoch``; idempotent. Returns its version.
+
+    ``fence`` is ``(Fence.app_id(pipeline), token)``: the pipeline-level
+    fencing token this commit carries (:class:`~barrierflow.checkpoint.Fence`).
 
     Protocol (each step safe to retry):
       1. Open the latest snapshot. If its app transaction for ``app`` is already
          >= ``epoch``, the epoch is committed (by us or a concurrent attempt):
-         return the version that holds it, commit nothing.
+         return the version that holds it, commit nothing. If the table holds
+         a fencing token above ``fence``'s (a restore, a newer epoch), refuse.
       2. Check that every file the manifest removes is still live; if not, the
          table moved under the epoch (a zombie of an older epoch): fence it.
       3. Commit adds + removes in one Delta transaction carrying the app
-         transaction ``(app, epoch)`` and commit metadata tracing the epoch.
-         delta-rs rejects the commit if a concurrent winner carried the same
-         app id, so two attempts can never both commit.
+         transactions ``(app, epoch)`` and ``fence``, and commit metadata
+         tracing the epoch. No automatic retry: a commit that lands first
+         makes this one fail, so two attempts can never both commit, and no
+         token can be raised between step 1's check and this commit.
       4. On any commit error, go back to step 1: re-read before deciding.
     """
     metadata = {
@@ -123,9 +131,10 @@ def commit_epoch_table(commit: TableCommit, app: str, epoch: int, attempt_id: st
         "barrierflow.attempt_id": attempt_id,
         "barrierflow.table": commit.name,
     }
-    properties = CommitProperties(
-        custom_metadata=metadata, app_transactions=[Transaction(app, epoch)], max_commit_retries=0
-    )
+    transactions = [Transaction(app, epoch)]
+    if fence is not None:
+        transactions.append(Transaction(fence[0], fence[1].version))
+    properties = CommitProperties(custom_metadata=metadata, app_transactions=transactions, max_commit_retries=0)
     last_error: Exception | None = None
     for _ in range(_MAX_COMMIT_ATTEMPTS):
         # Step 1.
@@ -136,6 +145,8 @@ def commit_epoch_table(commit: TableCommit, app: str, epoch: int, attempt_id: st
                 version = committed_version(commit.uri, app, epoch)
                 assert version is not None
                 return version
+            if fence is not None:
+                check_fence(table, commit.name, fence, f"epoch {epoch}")
         adds = [_add_action(f, commit.data_change) for f in commit.adds]
         schema = Schema.from_json(commit.schema_json)
         try:
@@ -189,6 +200,16 @@ def commit_epoch_table(commit: TableCommit, app: str, epoch: int, attempt_id: st
         f"could not commit epoch {epoch} to table {commit.name} after "
         f"{_MAX_COMMIT_ATTEMPTS} attempts: {last_error}"
     )
+
+
+def check_fence(table: DeltaTable, name: str, fence: tuple[str, Fence], what: str) -> None:
+    """Raise :class:`FencedError` if ``table`` holds a fencing token above ``fence``'s."""
+    held = table.transaction_version(fence[0])
+    if held is not None and held > fence[1].version:
+        raise FencedError(
+            f"{what} cannot commit to table {name}: the table holds fencing token {Fence.from_version(held)}, "
+            f"above this commit's {fence[1]}; a restore or a newer epoch has committed there since"
+        )
 
 
 def _add_action(f: StagedFile, data_change: bool) -> AddAction:

@@ -19,6 +19,7 @@ __all__ = [
     "EpochInProgressError",
     "CommitConflictError",
     "FencedError",
+    "LeaseLostError",
     "PipelineStoppedError",
     "SavepointError",
     "IncompatibleSavepointError",
@@ -70,6 +71,10 @@ class CommitConflictError(CheckpointError):
 
 class FencedError(CheckpointError):
     """This attempt is stale: a newer epoch or lineage has committed."""
+
+
+class LeaseLostError(FencedError):
+    """This process's epoch lease expired or was taken over: it must not commit anything more."""
 
 
 class PipelineStoppedError(CheckpointError):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from barrierflow.storage import join_uri, list_dir, normalize_uri
+from barrierflow.storage import join_uri, list_dir, require_local
 
 __all__ = ["PipelineLayout", "STAGING_DIR"]
 
@@ -38,7 +38,7 @@ class PipelineLayout:
 
     @classmethod
     def of(cls, warehouse: str, pipeline: str) -> "PipelineLayout":
-        return cls(normalize_uri(warehouse), pipeline)
+        return cls(require_local(warehouse, "warehouse"), pipeline)
 
     @property
     def root(self) -> str:

@@ -20,6 +20,10 @@
      row of an epoch after N, and set upsert sinks back to their rows at N,
      in commits carrying the same app transaction (an absent upsert sink is
      always seeded: there is nothing to rewind, only a table to make whole);
+     then raise the fencing token (new lineage sequence, N) on every table
+     of the pipeline that steps 5-6 did not commit to (an empty commit):
+     the commits of steps 5-6 carry it already. From here on no commit of
+     the old lineage lands on any table (``Fence``);
   7. record epoch N COMPLETED in the new lineage, with offsets, watermark and
      the tables' versions after steps 5-6: the restore point is the new
      lineage's consistent cut;
@@ -47,7 +51,7 @@ from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from barrierflow import faults, storage
-from barrierflow.checkpoint import CheckpointRecord, EpochStatus, app_id
+from barrierflow.checkpoint import CheckpointRecord, EpochStatus, Fence, app_id
 from barrierflow.checkpoint_log import iso_now, now_us
 from barrierflow.delta_commit import TABLE_CONFIGURATION, open_table, stored_rows
 from barrierflow.staging import write_parquet
@@ -160,6 +164,7 @@ def restore(
         overrides = {definition.parallelism_param: parallelism} if parallelism and definition.parallelism_param else {}
         intent.update(
             lineage_id=uuid.uuid4().hex[:12],
+            lineage_seq=coordinator.current_lineage_seq()[0] + 1,
             previous_lineage_id=previous,
             rewind_sinks=rewind_sinks,
             params=overrides,
@@ -277,12 +282,14 @@ def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -
     app = app_id(pipe.name, lineage_id)
     restored = set(intent["restored_states"])
     savepoint = _savepoint_of(intent)
+    seq = _lineage_seq(coordinator, intent)
+    fence = (Fence.app_id(pipe.name), Fence(seq, epoch))
     for spec in pipe.state_specs():  # step 5
         name = f"{spec.operator_id}/{spec.name}"
         chunks = _state_rows(layout, intent, savepoint, spec.operator_id, spec.name) if name in restored else iter(())
         _replace_content(
             layout.state_table(spec.operator_id, spec.name),
-            spec.arrow_schema(), chunks, app, epoch, lineage_id, (KEY_GROUP, *spec.key_columns),
+            spec.arrow_schema(), chunks, app, epoch, lineage_id, (KEY_GROUP, *spec.key_columns), fence,
         )
     rewound: dict[str, int] = {}
     for sink, mode in _sinks(pipe):  # step 6
@@ -290,9 +297,11 @@ def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -
         if mode == "upsert":
             rows = _upsert_rows(layout, intent, savepoint, sink)
             if rows is not None and (intent["rewind_sinks"] or open_table(uri) is None):
-                rewound[sink] = _replace_content(uri, *rows, app, epoch, lineage_id, ())
+                rewound[sink] = _replace_content(uri, *rows, app, epoch, lineage_id, (), fence)
         elif intent["rewind_sinks"]:
-            rewound[sink] = _delete_after(uri, epoch, app)
+            rewound[sink] = _delete_after(uri, epoch, app, fence)
+    for uri in _table_uris(layout, pipe):
+        _raise_fence(uri, fence)
     # Step 7; the epoch directory marks the restore point as a retained checkpoint.
     storage.write_json_if_absent(storage.join_uri(layout.epoch_dir(lineage_id, epoch), "restore.json"), dict(intent))
     log = coordinator.log
@@ -321,7 +330,6 @@ def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -
             )
         )
     faults.maybe_fail("restore.before_lineage")
-    seq = len([n for n in storage.list_dir(layout.lineages) if n.endswith(".json")])
     current = coordinator.current_lineage()
     if current["lineage_id"] != lineage_id:  # step 8
         storage.write_json_if_absent(
@@ -405,9 +413,16 @@ def _sinks(pipe: Pipeline) -> list[tuple[str, str]]:
 
 
 def _replace_content(
-    uri: str, schema: pa.Schema, chunks: Iterable[pa.Table], app: str, epoch: int, lineage_id: str, sort_by: tuple[str, ...]
+    uri: str,
+    schema: pa.Schema,
+    chunks: Iterable[pa.Table],
+    app: str,
+    epoch: int,
+    lineage_id: str,
+    sort_by: tuple[str, ...],
+    fence: tuple[str, Fence],
 ) -> int:
-    """Make the rows of ``chunks`` the table's whole content in one commit carrying ``(app, epoch)``; idempotent.
+    """Make the rows of ``chunks`` the table's whole content in one commit carrying ``(app, epoch)`` and ``fence``; idempotent.
 
     Chunks are written one at a time (each sorted by ``sort_by``), so the
     process holds one chunk, not the table. Returns the rows written.
@@ -425,7 +440,7 @@ def _replace_content(
     ]
     properties = CommitProperties(
         custom_metadata={"barrierflow.operation": "restore", "barrierflow.app_id": app, "barrierflow.epoch": epoch},
-        app_transactions=[Transaction(app, epoch)],
+        app_transactions=[Transaction(app, epoch), Transaction(fence[0], fence[1].version)],
         max_commit_retries=0,
     )
     delta_schema = Schema.from_arrow(schema)
@@ -442,14 +457,14 @@ def _replace_content(
     return sum(f.rows for f in staged)
 
 
-def _delete_after(uri: str, epoch: int, app: str) -> int:
-    """Remove rows of epochs after ``epoch`` in one commit carrying ``(app, epoch)``; idempotent."""
+def _delete_after(uri: str, epoch: int, app: str, fence: tuple[str, Fence]) -> int:
+    """Remove rows of epochs after ``epoch`` in one commit carrying ``(app, epoch)`` and ``fence``; idempotent."""
     table = open_table(uri)
     if table is None or (table.transaction_version(app) or -1) >= epoch:
         return 0
     properties = CommitProperties(
         custom_metadata={"barrierflow.operation": "rewind", "barrierflow.app_id": app, "barrierflow.epoch": epoch},
-        app_transactions=[Transaction(app, epoch)],
+        app_transactions=[Transaction(app, epoch), Transaction(fence[0], fence[1].version)],
         max_commit_retries=0,
     )
     try:
@@ -457,6 +472,44 @@ def _delete_after(uri: str, epoch: int, app: str) -> int:
     except DeltaError as exc:
         raise CheckpointError(f"cannot rewind sink {uri}: {exc}; run the restore again") from exc
     return int(metrics.get("num_deleted_rows") or 0)
+
+
+def _lineage_seq(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -> int:
+    """The new lineage's sequence number: recorded in the intent (intents of older releases: worked out)."""
+    if "lineage_seq" in intent:
+        return int(intent["lineage_seq"])
+    seq, current = coordinator.current_lineage_seq()
+    return seq if current["lineage_id"] == intent["lineage_id"] else seq + 1
+
+
+def _table_uris(layout: PipelineLayout, pipe: Pipeline) -> list[str]:
+    """Every table of the pipeline: the code's state, state the code dropped, sinks, side outputs, dead letters."""
+    uris = {layout.state_table(spec.operator_id, spec.name) for spec in pipe.state_specs()}
+    uris |= {layout.state_table(op, st) for op, st in layout.state_tables()}
+    uris |= {layout.dead_letter if mode == "dead_letter" else layout.sink_table(sink) for sink, mode in _sinks(pipe)}
+    return sorted(uris)
+
+
+def _raise_fence(uri: str, fence: tuple[str, Fence], attempts: int = 5) -> None:
+    """Step 6, last part: make ``uri`` hold at least ``fence`` (an empty commit); idempotent, absent tables skipped."""
+    app_id, token = fence
+    last: Exception | None = None
+    for _ in range(attempts):
+        table = open_table(uri)
+        if table is None or (table.transaction_version(app_id) or -1) >= token.version:
+            return
+        properties = CommitProperties(
+            custom_metadata={"barrierflow.operation": "fence", "barrierflow.fence": str(token)},
+            app_transactions=[Transaction(app_id, token.version)],
+            max_commit_retries=0,
+        )
+        try:
+            table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
+            return
+        except DeltaError as exc:  # a commit landed first (maybe a zombie's): re-read and try again
+            last = exc
+            time.sleep(0.05)
+    raise CheckpointError(f"cannot raise the fencing token of table {uri} to {token}: {last}; run the restore again")
 
 
 def _current_versions(layout: PipelineLayout, pipe: Pipeline) -> dict[str, int]:

@@ -66,12 +66,13 @@ _PARSE_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def parsed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+@pytest.fixture(scope="module", params=["local", "s3"])
+def parsed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The DagBag's figures with a local warehouse, and with an ``s3://`` one (which tasks refuse, but parsing must not)."""
     base = tmp_path_factory.mktemp("parse")
     env = {
         **os.environ,
-        "BARRIERFLOW_WAREHOUSE": str(base / "warehouse"),
+        "BARRIERFLOW_WAREHOUSE": str(base / "warehouse") if request.param == "local" else "s3://bucket/warehouse",
         "BARRIERFLOW_SENSOR_STATS__LANDING_DIR": str(base / "landing"),
     }
     proc = subprocess.run(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -74,10 +75,11 @@ def test_epoch_lease_refuses_a_second_run(tmp_path: Path) -> None:
     while not lease.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert lease.exists(), "the first run never took the epoch lease"
+    assert json.loads(lease.read_text())["released"] is False
     second = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert second.returncode == 1
     assert "never run concurrently" in second.stderr
     out, err = first.communicate(timeout=600)
     assert first.returncode == 0, err[-2000:]
-    assert not lease.exists()
+    assert json.loads(lease.read_text())["released"] is True  # kept: the next holder swaps it
     assert_matches_reference(warehouse, reference_for(landing, 1))

@@ -18,8 +18,9 @@ import pytest
 from deltalake import DeltaTable
 
 from barrierflow import faults, storage
-from barrierflow.checkpoint import EpochStatus, Manifest
+from barrierflow.checkpoint import EpochStatus, Fence, Manifest
 from barrierflow.coordinator import CheckpointCoordinator
+from barrierflow.delta_commit import commit_epoch_table
 from barrierflow.errors import FencedError, InjectedFault
 from barrierflow.restore import restore
 from barrierflow.runtime import completed_future, process_epoch
@@ -164,3 +165,29 @@ def test_a_zombie_of_an_old_lineage_cannot_commit(tmp_path: Path, landing: Path)
     rows = DeltaTable(layout.sink_table("lines")).to_pyarrow_table().to_pylist()
     assert sorted(r["_epoch"] for r in rows) == sorted(e for e in range(1, FILES + 1) for _ in range(LINES_PER_FILE))
     assert json.loads(json.dumps(restored.to_json()))["epoch"] == 2
+
+
+def test_a_zombie_whose_lineage_check_passed_before_a_restore_is_refused_by_every_table(
+    tmp_path: Path, landing: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warehouse = tmp_path / "wh"
+    coordinator = _coordinator(warehouse, landing)
+    coordinator.run(epochs=2)
+    zombie = coordinator.trigger_checkpoint(coordinator.recover())
+    assert zombie is not None
+    vote = process_epoch(None, coordinator.layout, coordinator.pipeline, zombie, completed_future(coordinator.recover().last_completed), compute=stub_compute)
+    storage.remove_document(coordinator.layout.manifest(zombie.lineage_id, 3))
+    before = coordinator.current_lineage_seq()
+    restore(LINES, str(warehouse), epoch=2, rewind_sinks=True, params=coordinator.params)
+    # The zombie read the lineage just before the restore switched it (the check passes), then commits.
+    monkeypatch.setattr(coordinator, "current_lineage_seq", lambda: before)
+    fence = (Fence.app_id(LINES.name), Fence(before[0], zombie.epoch))
+    for table in vote.tables:
+        with pytest.raises(FencedError, match=r"holds fencing token \(lineage 1, epoch 2\)"):
+            commit_epoch_table(table, coordinator.app_id(zombie.lineage_id), zombie.epoch, vote.attempt_id, fence)
+    with pytest.raises(FencedError):
+        coordinator.commit(zombie, vote)
+    monkeypatch.undo()
+    _coordinator(warehouse, landing).run(until_caught_up=True)
+    rows = DeltaTable(coordinator.layout.sink_table("lines")).to_pyarrow_table().to_pylist()
+    assert sorted(r["_epoch"] for r in rows) == sorted(e for e in range(1, FILES + 1) for _ in range(LINES_PER_FILE))

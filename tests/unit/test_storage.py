@@ -1,4 +1,4 @@
-"""barrierflow.storage: URIs, put-if-absent and JSON documents on the local file system."""
+"""barrierflow.storage on the local file system: URIs, put-if-absent, JSON documents (both schemes: test_conditional_writes.py)."""
 
 from __future__ import annotations
 
@@ -91,12 +91,21 @@ def test_read_json_invalid_document_is_a_storage_error(tmp_path: Path) -> None:
         storage.read_json(str(path))
 
 
-@pytest.mark.parametrize("uri", ["s3://bucket/warehouse", "gs://bucket/w", "abfss://c@acct.dfs.core.windows.net/w"])
-def test_normalize_uri_rejects_object_stores(uri: str) -> None:
+@pytest.mark.parametrize("uri", ["gs://bucket/w", "abfss://c@acct.dfs.core.windows.net/w", "s3:///no-bucket"])
+def test_normalize_uri_rejects_other_schemes(uri: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         storage.normalize_uri(uri)
     assert uri in str(info.value)
-    assert "local paths" in str(info.value)
+
+
+def test_s3_uris_are_normalized_but_a_warehouse_stays_local() -> None:
+    assert storage.normalize_uri("s3://bucket/warehouse/") == "s3://bucket/warehouse"
+    assert storage.normalize_uri("s3://bucket/") == "s3://bucket"
+    assert not storage.is_local("s3://bucket/w") and storage.is_local("file:///w") and storage.is_local("w")
+    with pytest.raises(ConfigurationError, match="warehouse 's3://bucket/w' is on an object store"):
+        storage.require_local("s3://bucket/w", "warehouse")
+    with pytest.raises(StorageError, match="needs a local path"):
+        storage.local_path("s3://bucket/w/x")
 
 
 def test_normalize_uri_local_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

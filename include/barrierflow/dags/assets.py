@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Mapping
 from barrierflow.dags.params import introspection_params
 from barrierflow.layout import PipelineLayout
 from barrierflow.pipeline import PipelineDefinition
+from barrierflow.storage import normalize_uri
 
 if TYPE_CHECKING:
     from airflow.sdk import Asset
@@ -42,7 +43,8 @@ def pipeline_sinks(
 ) -> list[SinkInfo]:
     """Sinks and side outputs of the pipeline, in declaration order."""
     pipe = definition.build(introspection_params(definition, environ))
-    layout = PipelineLayout.of(warehouse, definition.name)
+    # Names only (at DAG parse time): a warehouse the tasks will refuse still parses.
+    layout = PipelineLayout(normalize_uri(warehouse), definition.name)
     sinks = [SinkInfo(n.sink.name, n.sink.mode, _file_uri(layout.sink_table(n.sink.name)), n.sink.key) for n in pipe.sinks]
     sinks += [SinkInfo(name, "side output", _file_uri(layout.sink_table(name))) for name in pipe.side_output_names()]
     return sinks

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from barrierflow.checkpoint import TableCommit, TableKind
+from barrierflow.checkpoint import Fence, TableCommit, TableKind
 from barrierflow.delta_commit import add_actions, commit_epoch_table, counted_rows, open_table
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node
@@ -146,9 +146,11 @@ class DeltaSink:
         return kept.select(*schema.names).unionByName(data.select(*schema.names)), [by_abs[p] for p in sorted(hit_paths)]
 
     @staticmethod
-    def commit(commit: TableCommit, app: str, epoch: int, attempt_id: str) -> int:
+    def commit(
+        commit: TableCommit, app: str, epoch: int, attempt_id: str, fence: tuple[str, Fence] | None = None
+    ) -> int:
         """Publish the staged files (idempotent); returns the table version."""
-        return commit_epoch_table(commit, app, epoch, attempt_id)
+        return commit_epoch_table(commit, app, epoch, attempt_id, fence)
 
     @staticmethod
     def abort(uri: str, staging_prefix: str) -> None:

@@ -22,7 +22,7 @@ import pyarrow as pa
 from barrierflow.errors import PipelineDefinitionError, SourceError
 from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
 from barrierflow.spark import session_cached
-from barrierflow.storage import join_uri, local_path, normalize_uri
+from barrierflow.storage import join_uri, local_path, normalize_uri, require_local
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -87,7 +87,7 @@ class FileSource:
 
     def _arrivals(self, arrival_cutoff_ms: int | None) -> dict[str, int]:
         """Name -> arrival (modification time, ns) of every complete file that arrived by the cut-off."""
-        directory = local_path(self.path)
+        directory = require_local(self.path, f"landing directory of source {self.source_id}")
         if not os.path.isdir(directory):
             raise SourceError(
                 f"source {self.source_id}: landing directory {directory} does not exist; "

@@ -67,7 +67,7 @@ _SAVEPOINT_MODULE = "barrierflow.savepoint"
 
 def resolve_warehouse(warehouse: str | None = None) -> str:
     """The warehouse to show: ``warehouse``, else ``$BARRIERFLOW_WAREHOUSE``, else ``./warehouse``."""
-    return storage.normalize_uri(warehouse or os.environ.get(WAREHOUSE_ENV) or "./warehouse")
+    return storage.require_local(warehouse or os.environ.get(WAREHOUSE_ENV) or "./warehouse", "warehouse")
 
 
 def dag_id_for(pipeline: str) -> str:
