@@ -14,14 +14,14 @@ from datetime import datetime, timezone
 from typing import Any, Iterable
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from barrierflow.checkpoint import CheckpointRecord, EpochStatus
 from barrierflow.delta_commit import TABLE_CONFIGURATION
 from barrierflow.errors import CheckpointError
 from barrierflow.layout import PipelineLayout
-from barrierflow.storage import local_path
+from barrierflow.storage import arrow_filesystem
 
 __all__ = ["CheckpointLog", "iso_now", "iso_us", "now_us"]
 
@@ -89,6 +89,26 @@ class CheckpointLog:
         except DeltaError as exc:
             raise CheckpointError(f"cannot append to checkpoint log {self._uri}: {exc}") from exc
 
+    def compact(self, min_files: int = 8) -> bool:
+        """Rewrite the log's files into few (maintenance); whether it did. Rows and their order stay as they are.
+
+        One append is one file, so without this every process starting up
+        would read one object per transition ever recorded. The rewrite is a
+        ``dataChange=false`` commit: readers of any version see the same rows.
+        """
+        try:
+            table = DeltaTable(self._uri)
+        except TableNotFoundError:
+            return False
+        if len(table.file_uris()) < min_files:
+            return False
+        try:
+            table.optimize.compact(commit_properties=CommitProperties(custom_metadata={"barrierflow.operation": "compact"}))
+        except DeltaError as exc:
+            raise CheckpointError(f"cannot compact checkpoint log {self._uri}: {exc}") from exc
+        self._table, self._rows_by_file = None, {}
+        return True
+
     def records(self) -> list[CheckpointRecord]:
         """Every distinct transition, in the order it was first recorded."""
         try:
@@ -151,8 +171,9 @@ def _read_rows(uris: list[str]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {uri: [] for uri in uris}
     if not uris:
         return out
-    by_path = {local_path(uri): uri for uri in uris}
-    dataset = ds.dataset(list(by_path), schema=_SCHEMA, format="parquet")
+    filesystem, _ = arrow_filesystem(uris[0])
+    by_path = {arrow_filesystem(uri)[1]: uri for uri in uris}
+    dataset = ds.dataset(list(by_path), schema=_SCHEMA, format="parquet", filesystem=filesystem)
     table = dataset.to_table(columns=[*_SCHEMA.names, "__filename"])
     for row in table.to_pylist():
         out[by_path[row.pop("__filename")]].append(row)

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -688,13 +687,10 @@ def recorded_params(pipeline: str, warehouse: str) -> dict[str, Any]:
     """
     layout = PipelineLayout.of(warehouse, pipeline)
     root = storage.join_uri(layout.checkpoint_log, "_epochs")
-    barriers = [
-        storage.local_path(storage.join_uri(root, lineage, epoch, "barrier.json"))
-        for lineage in storage.list_dir(root)
-        for epoch in storage.list_dir(storage.join_uri(root, lineage))
-    ]
-    barriers = [b for b in barriers if os.path.exists(b)]
-    doc = storage.read_json(max(barriers, key=os.path.getmtime)) if barriers else None
+    # Retained epochs only (maintenance expires the rest): a bounded listing.
+    barriers = [f for f in storage.walk(root) if f.path.endswith("/barrier.json")]
+    newest = max(barriers, key=lambda f: f.modified_at) if barriers else None
+    doc = storage.read_json(storage.join_uri(root, newest.path)) if newest else None
     return dict(doc.get("params") or {}) if doc else {}
 
 

@@ -26,9 +26,17 @@ from dataclasses import dataclass
 
 from barrierflow.storage import join_uri, list_dir, require_local
 
-__all__ = ["PipelineLayout", "STAGING_DIR"]
+__all__ = ["PipelineLayout", "STAGING_DIR", "COMPACTED_DIR", "RESTORED_DIR", "DATA_DIRS"]
 
 STAGING_DIR = "_staging"
+# Staged files of a compaction: under an epoch's staging directory, or here for maintenance's.
+COMPACTED_DIR = "_compacted"
+# Files a restore writes.
+RESTORED_DIR = "_restored"
+# The directories of a table that barrierflow writes data files into. Their
+# names start with '_', so Delta readers never list them, and neither does
+# delta-rs's vacuum: maintenance sweeps them itself.
+DATA_DIRS = (STAGING_DIR, COMPACTED_DIR, RESTORED_DIR)
 
 
 @dataclass(frozen=True)

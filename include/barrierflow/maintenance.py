@@ -5,29 +5,38 @@
      runs concurrently, so no running epoch can lose a file);
   2. recover, so the checkpoint log ends at a completed epoch;
   3. compact every state table that has more than one file (one live row
-     per key, ``dataChange=false``: the content at every version is unchanged);
+     per key, ``dataChange=false``: the content at every version is unchanged),
+     and the checkpoint log into few files (its rows unchanged), so a process
+     starting up reads a bounded number of objects, not one per epoch ever run;
   4. expire completed checkpoints beyond the newest ``retained_checkpoints``
      of the current lineage, and every checkpoint of earlier lineages: their
      epoch directories go, so they can no longer be restored or queried;
   5. vacuum every table with ``keep_versions`` = the versions of the retained
      checkpoints: files a retained checkpoint reads are never deleted, whatever
-     the retention. Staged files live under ``_`` directories, which vacuum
-     never lists. Savepoints live outside every table and are never touched;
-  6. release the lease.
+     the retention. Savepoints live outside every table and are never touched;
+  6. sweep barrierflow's own data directories of every table (``_staging``,
+     ``_compacted``, ``_restored``: delta-rs's vacuum never lists ``_``
+     directories): delete each file older than the retention that neither the
+     current version nor a retained checkpoint's version references. Staged
+     files of an epoch after the last completed one are never touched;
+  7. release the lease.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
+from urllib.parse import unquote
 
 from deltalake.exceptions import DeltaError
 
 from barrierflow import storage
 from barrierflow.checkpoint import EpochStatus
-from barrierflow.delta_commit import open_table
+from barrierflow.delta_commit import live_paths, open_table
 from barrierflow.errors import CheckpointError, ParameterError
+from barrierflow.layout import DATA_DIRS, STAGING_DIR
 from barrierflow.pipeline import PipelineDefinition
 from barrierflow.savepoint import DEFAULT_LEASE_WAIT_S
 from barrierflow.state.delta_state_backend import compact
@@ -59,7 +68,7 @@ def run_maintenance(
     params: Mapping[str, Any] | None = None,
     lease_wait_s: float = DEFAULT_LEASE_WAIT_S,
 ) -> MaintenanceReport:
-    """Steps 1-6 of the module docstring."""
+    """Steps 1-7 of the module docstring."""
     from barrierflow.coordinator import CheckpointCoordinator
 
     if not isinstance(retained_checkpoints, int) or retained_checkpoints < 1:
@@ -81,6 +90,8 @@ def run_maintenance(
                 uri = layout.state_table(spec.operator_id, spec.name)
                 if compact(spec, uri, app, last.epoch, f"maintenance-{uuid.uuid4().hex[:8]}") is not None:
                     compacted.append(spec.table_name)
+        if coordinator.log.compact():
+            compacted.append("_checkpoints")
         completed = sorted(
             (r for r in coordinator.log.lineage_records(lineage_id) if r.status is EpochStatus.COMPLETED),
             key=lambda r: r.epoch,
@@ -115,6 +126,12 @@ def run_maintenance(
             except DeltaError as exc:
                 raise CheckpointError(f"cannot vacuum {uri}: {exc}") from exc
             vacuumed[table_name] = len(deleted)
+        cutoff = time.time() - vacuum_retention_hours * 3600
+        in_flight = (lineage_id, last.epoch if last is not None else 0)
+        for table_name, uri in _tables(coordinator):  # step 6
+            referenced = _referenced_paths(uri, keep.get(table_name, set()))
+            if referenced is not None:
+                vacuumed[table_name] = vacuumed.get(table_name, 0) + _sweep(uri, referenced, cutoff, in_flight)
         return MaintenanceReport(
             pipeline=definition.name,
             lineage_id=lineage_id,
@@ -124,7 +141,40 @@ def run_maintenance(
             vacuumed_files=vacuumed,
         )
     finally:
-        coordinator.release_lease()  # step 6
+        coordinator.release_lease()  # step 7
+
+
+def _referenced_paths(uri: str, versions: set[int]) -> set[str] | None:
+    """Paths (relative to the table) live at its current version or at any of ``versions``; None: no table."""
+    table = open_table(uri)
+    if table is None:
+        return None
+    referenced = set(live_paths(table))
+    for version in versions - {table.version()}:
+        old = open_table(uri, version)
+        if old is not None:
+            referenced |= live_paths(old)
+    return {unquote(path) for path in referenced}
+
+
+def _sweep(uri: str, referenced: set[str], cutoff: float, in_flight: tuple[str, int]) -> int:
+    """Step 6 for one table: delete unreferenced files of its data directories modified before ``cutoff``."""
+    lineage_id, last_epoch = in_flight
+    deleted = 0
+    for directory in DATA_DIRS:
+        root = storage.join_uri(uri, directory)
+        for found in storage.walk(root):
+            path = f"{directory}/{found.path}"
+            if path in referenced or found.modified_at > cutoff:
+                continue
+            parts = found.path.split("/")
+            if directory == STAGING_DIR and len(parts) > 2 and parts[0] == lineage_id and parts[1].isdigit():
+                if int(parts[1]) > last_epoch:
+                    continue  # an epoch not completed yet: its files may still be voted on
+            storage.remove_document(storage.join_uri(root, found.path))
+            deleted += 1
+        storage.prune_empty_dirs(root)
+    return deleted
 
 
 def _tables(coordinator: Any) -> list[tuple[str, str]]:

@@ -38,7 +38,6 @@ the old lineage's committed ones, and an old lineage's zombie is fenced.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -56,7 +55,7 @@ from barrierflow.checkpoint_log import iso_now, now_us
 from barrierflow.delta_commit import TABLE_CONFIGURATION, open_table, stored_rows
 from barrierflow.staging import write_parquet
 from barrierflow.errors import CheckpointError, IncompatibleSavepointError, SavepointError
-from barrierflow.layout import PipelineLayout
+from barrierflow.layout import RESTORED_DIR, PipelineLayout
 from barrierflow.state.spec import KEY_GROUP
 from barrierflow.pipeline import Pipeline, PipelineDefinition
 from barrierflow.savepoint import (
@@ -347,10 +346,7 @@ def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -
         if coordinator.current_lineage()["lineage_id"] != lineage_id:
             raise CheckpointError(f"lineage {seq} of {pipe.name} was written concurrently; restore again")
     for marker in (layout.stopped, layout.restoring):  # step 9
-        try:
-            os.unlink(storage.local_path(marker))
-        except FileNotFoundError:
-            pass
+        storage.remove_document(marker)
     return RestoreResult(
         pipeline=pipe.name,
         lineage_id=lineage_id,
@@ -398,7 +394,8 @@ def _upsert_rows(
         if snap is None or not snap.files:
             return None
         first = storage.join_uri(savepoint.uri, snap.files[0])
-        return pq.read_schema(storage.local_path(first)), snapshot_chunks(savepoint, snap.files)
+        filesystem, path = storage.arrow_filesystem(first)
+        return pq.read_schema(path, filesystem=filesystem), snapshot_chunks(savepoint, snap.files)
     version = intent["table_versions"].get(sink)
     table = open_table(layout.sink_table(sink), version) if version is not None else None
     if table is None:
@@ -432,7 +429,7 @@ def _replace_content(
         return stored_rows(table)
     staged = []
     for chunk in chunks:
-        staged += write_parquet(uri, f"_restored/{lineage_id}", chunk.select(schema.names).cast(schema), sort_by=sort_by)
+        staged += write_parquet(uri, f"{RESTORED_DIR}/{lineage_id}", chunk.select(schema.names).cast(schema), sort_by=sort_by)
     now = time.time_ns() // 1_000_000
     adds = [
         AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now, data_change=True, stats=f.stats)

@@ -3,9 +3,9 @@
 A savepoint lives at ``<warehouse>/_savepoints/<pipeline>/<name>/``, outside
 every table, so vacuum and table rewrites never touch it::
 
-    _savepoint.json                         metadata (written last: the savepoint exists once it does)
-    state/<operator>/<state>/part-*.parquet compacted state: one live row per key
-    sinks/<name>/part-*.parquet             upsert sinks' rows at the cut (for rewinds)
+    _savepoint.json                                metadata (written last: the savepoint exists once it does)
+    <attempt>/state/<operator>/<state>/part-*.parquet  compacted state: one live row per key
+    <attempt>/sinks/<name>/part-*.parquet          upsert sinks' rows at the cut (for rewinds)
 
 The directory holds everything a restore needs (offsets, watermark, key
 groups, operator ids and state schemas), so it can be copied into another
@@ -15,19 +15,19 @@ Creating one (:func:`create_savepoint`):
   1. take the pipeline's epoch lease, waiting for a running epoch to finish;
   2. recover (roll forward a pre-committed epoch), so the cut is the last
      completed epoch;
-  3. write compacted state and upsert-sink rows of that cut into a hidden
-     temporary directory, then ``_savepoint.json``;
-  4. rename the directory to its name (atomic: a crash leaves only a hidden
-     directory, never a half savepoint);
+  3. write compacted state and upsert-sink rows of that cut into a directory
+     of this attempt (``data-<id>``) inside the savepoint's directory;
+  4. write ``_savepoint.json`` put-if-absent: the savepoint exists from then
+     on, complete (a crash before leaves files no metadata names, and two
+     attempts at one name never mix their files); no rename, so this works
+     on object stores as on file systems;
   5. with ``stop``, write the stop marker: no epoch runs until a restore;
   6. release the lease.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -174,7 +174,7 @@ def create_savepoint(
     _check_name(name)
     coordinator = CheckpointCoordinator(definition, params or {}, warehouse)
     layout = coordinator.layout
-    if storage.exists(layout.savepoint(name)):
+    if storage.exists(storage.join_uri(layout.savepoint(name), METADATA_FILE)):
         raise SavepointError(f"savepoint {name!r} of {definition.name} already exists; choose another name")
     coordinator.acquire_lease(wait_s=lease_wait_s)  # step 1
     try:
@@ -204,17 +204,18 @@ def _write(
     stop: bool,
     params: Mapping[str, Any],
 ) -> SavepointMetadata:
-    """Steps 3-4: write into a hidden directory, then rename it into place."""
-    os.makedirs(storage.local_path(layout.savepoints), exist_ok=True)
-    tmp_uri = storage.join_uri(layout.savepoints, f".{name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp = storage.local_path(tmp_uri)
+    """Steps 3-4: the data files under a directory of this attempt, then the metadata, put-if-absent."""
+    final_uri = layout.savepoint(name)
+    prefix = f"data-{uuid.uuid4().hex[:8]}"
+    written = False
     try:
         versions = record.versions()
-        states = tuple(_snapshot_state(layout, spec.operator_id, spec.name, versions, tmp) for spec in pipe.state_specs())
-        sinks = tuple(_snapshot_sink(layout, node.sink.name, node.sink.mode, versions, tmp) for node in pipe.sinks)
-        sinks += tuple(_snapshot_sink(layout, side, "append", versions, tmp) for side in pipe.side_output_names())
-        sinks += (_snapshot_sink(layout, "dead_letter", "dead_letter", versions, tmp),)
-        final_uri = layout.savepoint(name)
+        states = tuple(
+            _snapshot_state(layout, spec.operator_id, spec.name, versions, final_uri, prefix) for spec in pipe.state_specs()
+        )
+        sinks = tuple(_snapshot_sink(layout, node.sink.name, node.sink.mode, versions, final_uri, prefix) for node in pipe.sinks)
+        sinks += tuple(_snapshot_sink(layout, side, "append", versions, final_uri, prefix) for side in pipe.side_output_names())
+        sinks += (_snapshot_sink(layout, "dead_letter", "dead_letter", versions, final_uri, prefix),)
         metadata = SavepointMetadata(
             name=name,
             pipeline=pipe.name,
@@ -231,24 +232,22 @@ def _write(
             operators=tuple(pipe.operator_ids()),
             states=states,
             sinks=sinks,
-            size_bytes=_tree_size(tmp),
+            size_bytes=sum(f.size for f in storage.walk(storage.join_uri(final_uri, prefix))),
             stopped=stop,
             arrival_cutoff_ms=record.arrival_cutoff_ms,
         )
-        storage.write_json_if_absent(storage.join_uri(tmp_uri, METADATA_FILE), metadata.to_json())
-        try:
-            os.rename(tmp, storage.local_path(final_uri))
-        except OSError as exc:
-            raise SavepointError(f"cannot create savepoint {name!r} at {final_uri}: {exc}") from exc
+        written = storage.write_json_if_absent(storage.join_uri(final_uri, METADATA_FILE), metadata.to_json())
+        if not written:
+            raise SavepointError(f"savepoint {name!r} of {pipe.name} was created concurrently; choose another name")
         return metadata
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not written:
+            storage.remove_tree(storage.join_uri(final_uri, prefix))
 
 
 def _snapshot_state(
-    layout: PipelineLayout, operator_id: str, state: str, versions: Mapping[str, int], tmp: str
+    layout: PipelineLayout, operator_id: str, state: str, versions: Mapping[str, int], root: str, prefix: str
 ) -> StateSnapshot:
-
     table_name = f"{operator_id}__{state}"
     uri = layout.state_table(operator_id, state)
     table = open_table(uri, versions[table_name]) if table_name in versions else None
@@ -258,14 +257,16 @@ def _snapshot_state(
     keys = schema.names[: schema.get_field_index("_key_group")]
     rels, rows = [], 0
     for chunk in live_row_chunks(table, keys):  # bounded memory, whatever the state's size
-        rel = f"state/{operator_id}/{state}/part-{len(rels):05d}.parquet"
-        _write_parquet([chunk], chunk.schema, os.path.join(tmp, rel))
+        rel = f"{prefix}/state/{operator_id}/{state}/part-{len(rels):05d}.parquet"
+        _write_parquet([chunk], chunk.schema, storage.join_uri(root, rel))
         rels.append(rel)
         rows += chunk.num_rows
     return StateSnapshot(operator_id, state, state_signature(schema), rows, tuple(rels))
 
 
-def _snapshot_sink(layout: PipelineLayout, name: str, mode: str, versions: Mapping[str, int], tmp: str) -> SinkSnapshot:
+def _snapshot_sink(
+    layout: PipelineLayout, name: str, mode: str, versions: Mapping[str, int], root: str, prefix: str
+) -> SinkSnapshot:
     uri = layout.dead_letter if mode == "dead_letter" else layout.sink_table(name)
     table = open_table(uri, versions[name]) if name in versions else None
     if table is None:
@@ -273,21 +274,23 @@ def _snapshot_sink(layout: PipelineLayout, name: str, mode: str, versions: Mappi
     if mode != "upsert":
         # Append outputs are rewound by epoch, not copied: the rows count is informative.
         return SinkSnapshot(name, mode, stored_rows(table))
-    rel = f"sinks/{name}/part-00000.parquet"
-    rows = _write_parquet(stored_batches(table), table.to_pyarrow_dataset().schema, os.path.join(tmp, rel))
+    rel = f"{prefix}/sinks/{name}/part-00000.parquet"
+    rows = _write_parquet(stored_batches(table), table.to_pyarrow_dataset().schema, storage.join_uri(root, rel))
     return SinkSnapshot(name, mode, rows, (rel,))
 
 
-def _write_parquet(chunks: Iterable[pa.Table], schema: pa.Schema, path: str) -> int:
-    """Write ``chunks`` one after the other into one durable file; returns its row count."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+def _write_parquet(chunks: Iterable[pa.Table], schema: pa.Schema, uri: str) -> int:
+    """Write ``chunks`` one after the other into one durable file at ``uri``; returns its row count."""
+    filesystem, path = storage.arrow_filesystem(uri)
+    if storage.is_local(uri):
+        filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
     rows = 0
-    with pq.ParquetWriter(path, schema, compression="zstd", coerce_timestamps="us", use_deprecated_int96_timestamps=False) as writer:
+    options = {"compression": "zstd", "coerce_timestamps": "us", "use_deprecated_int96_timestamps": False}
+    with pq.ParquetWriter(path, schema, filesystem=filesystem, **options) as writer:
         for chunk in chunks:
             writer.write_table(chunk)
             rows += chunk.num_rows
-    with open(path, "rb") as fh:
-        os.fsync(fh.fileno())
+    storage.sync_file(uri)
     return rows
 
 
@@ -295,7 +298,8 @@ def snapshot_chunks(metadata: SavepointMetadata, files: tuple[str, ...]) -> Iter
     """The rows of a state or sink snapshot, one file at a time (nothing for no files)."""
     for f in files:
         try:
-            yield pq.read_table(storage.local_path(storage.join_uri(metadata.uri, f)))
+            filesystem, path = storage.arrow_filesystem(storage.join_uri(metadata.uri, f))
+            yield pq.read_table(path, filesystem=filesystem)
         except OSError as exc:
             raise SavepointError(f"savepoint {metadata.name!r} is incomplete: {exc}") from exc
 
@@ -348,7 +352,7 @@ def dispose_savepoint(pipeline: str, warehouse: str, name: str) -> SavepointMeta
             "(or another savepoint) before disposing of it"
         )
     uri = layout.savepoint(name)
-    os.unlink(storage.local_path(storage.join_uri(uri, METADATA_FILE)))
+    storage.remove_document(storage.join_uri(uri, METADATA_FILE))
     storage.remove_tree(uri)
     return metadata
 
@@ -363,7 +367,3 @@ def _check_name(name: str) -> None:
 
 def _default_name() -> str:
     return "sp-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
-
-
-def _tree_size(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)

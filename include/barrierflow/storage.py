@@ -21,20 +21,24 @@ Documents of the protocol carry unique tokens, so equal bytes mean the same
 write.
 
 Which parts of barrierflow accept ``s3://`` in this release is stated where
-they check: a warehouse stays local (:func:`require_local`), because the
-tables' data path reads through Spark, which has no S3 connector here.
+they check: landing directories of JSON Lines sources do (executors read them
+through :func:`open_input`); a warehouse stays local (:func:`require_local`),
+because the tables' data path reads through Spark, which has no S3 connector
+here.
 """
 
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import os
 import shutil
 import threading
 import time
 import uuid
-from typing import Any, Callable, TypeVar
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 from urllib.parse import urlparse
 
 from barrierflow.errors import ConfigurationError, StorageError
@@ -55,6 +59,12 @@ __all__ = [
     "remove_tree",
     "remove_document",
     "list_dir",
+    "walk",
+    "list_files",
+    "open_input",
+    "prune_empty_dirs",
+    "sync_file",
+    "StoredFile",
     "file_size",
     "arrow_filesystem",
 ]
@@ -155,6 +165,112 @@ def list_dir(uri: str) -> list[str]:
 
     _s3_call(uri, "list", pages)
     return sorted(name for name in names if name)
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A file (an object) found by :func:`walk` or :func:`list_files`: its path under the root, size, modification time."""
+
+    path: str  # '/'-separated, relative to the listed root
+    size: int
+    modified_ns: int  # since the Unix epoch; S3 keeps whole seconds
+
+    @property
+    def modified_at(self) -> float:
+        """The modification time in seconds."""
+        return self.modified_ns / 1e9
+
+
+def list_files(uri: str) -> list[StoredFile]:
+    """The files directly in a directory (on S3: the keys right under the prefix), sorted by name; none when absent."""
+    if is_local(uri):
+        try:
+            entries = list(os.scandir(local_path(uri)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        found = []
+        for entry in entries:
+            try:
+                if entry.is_file():
+                    stat = entry.stat()
+                    found.append(StoredFile(entry.name, stat.st_size, stat.st_mtime_ns))
+            except FileNotFoundError:  # removed meanwhile
+                continue
+        return sorted(found, key=lambda f: f.path)
+    bucket, key = _s3_location(uri)
+    prefix = f"{key}/" if key else ""
+
+    def listing(client: Any) -> list[StoredFile]:
+        found = []
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
+            for item in page.get("Contents", []):
+                name = item["Key"][len(prefix) :]
+                if name:
+                    found.append(StoredFile(name, int(item["Size"]), int(item["LastModified"].timestamp()) * 10**9))
+        return found
+
+    return sorted(_s3_call(uri, "list", listing), key=lambda f: f.path)
+
+
+def open_input(uri: str) -> BinaryIO:
+    """A buffered binary reader of the file at ``uri`` (seek, read, readline); executors read input with it."""
+    if is_local(uri):
+        return open(local_path(uri), "rb")
+    filesystem, path = arrow_filesystem(uri)
+    try:
+        return io.BufferedReader(filesystem.open_input_file(path), buffer_size=8 * 1024 * 1024)
+    except OSError as exc:
+        raise StorageError(f"cannot read {uri}: {exc}") from exc
+
+
+def walk(uri: str) -> Iterator[StoredFile]:
+    """Every file under a directory (on S3: every key under the prefix), at any depth; none when it is absent."""
+    if is_local(uri):
+        root = local_path(uri)
+        for directory, _, names in os.walk(root):
+            for name in names:
+                full = os.path.join(directory, name)
+                try:
+                    stat = os.stat(full)
+                except FileNotFoundError:  # removed meanwhile
+                    continue
+                yield StoredFile(os.path.relpath(full, root).replace(os.sep, "/"), stat.st_size, stat.st_mtime_ns)
+        return
+    bucket, key = _s3_location(uri)
+    prefix = f"{key}/" if key else ""
+
+    def listing(client: Any) -> list[StoredFile]:
+        found = []
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for item in page.get("Contents", []):
+                modified_ns = int(item["LastModified"].timestamp()) * 10**9
+                found.append(StoredFile(item["Key"][len(prefix) :], int(item["Size"]), modified_ns))
+        return found
+
+    yield from _s3_call(uri, "list", listing)
+
+
+def prune_empty_dirs(uri: str) -> None:
+    """Remove the empty directories under (and including) a local directory; object stores have none."""
+    if not is_local(uri):
+        return
+    root = local_path(uri)
+    for directory, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
+        try:
+            os.rmdir(directory)  # only succeeds when empty
+        except OSError:
+            pass
+
+
+def sync_file(uri: str) -> None:
+    """Make a file written through :func:`arrow_filesystem` durable (an fsync locally; an S3 PUT already is)."""
+    if not is_local(uri):
+        return
+    try:
+        with open(local_path(uri), "rb") as fh:
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise StorageError(f"cannot sync {uri}: {exc}") from exc
 
 
 def read_bytes(uri: str) -> bytes | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -64,6 +65,10 @@ def test_listing_existence_and_removal(store_root: str) -> None:
     assert storage.exists(directory) and storage.exists(storage.join_uri(directory, "c", "d"))
     assert not storage.exists(storage.join_uri(store_root, "missing"))
     assert storage.file_size(storage.join_uri(directory, "a")) == 5
+    walked = sorted(storage.walk(directory), key=lambda f: f.path)
+    assert [(f.path, f.size) for f in walked] == [("a", 5), ("b/x", 5), ("c/d/e", 5)]
+    assert all(abs(f.modified_at - time.time()) < 300 for f in walked)
+    assert list(storage.walk(storage.join_uri(store_root, "missing"))) == []
     storage.remove_document(storage.join_uri(directory, "a"))
     storage.remove_document(storage.join_uri(directory, "a"))  # again: fine
     assert storage.list_dir(directory) == ["b", "c"]

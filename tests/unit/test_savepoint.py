@@ -1,16 +1,29 @@
-"""Savepoint metadata, state signatures and the restore compatibility check."""
+"""Savepoint metadata, state signatures, the restore compatibility check, and writing one (stub engine)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
+from barrierflow import storage
+from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.errors import IncompatibleSavepointError, SavepointError
 from barrierflow.pipelines.sensor_stats import sensor_stats
-from barrierflow.restore import check_compatibility
-from barrierflow.savepoint import SavepointMetadata, SinkSnapshot, StateSnapshot, state_signature
+from barrierflow.restore import check_compatibility, restore
+from barrierflow.savepoint import (
+    SavepointMetadata,
+    SinkSnapshot,
+    StateSnapshot,
+    create_savepoint,
+    list_savepoints,
+    load_savepoint,
+    snapshot_chunks,
+    state_signature,
+)
+from stub_engine import LINES, stub_compute
 
 
 def _pipe(tmp_path: Any) -> Any:
@@ -65,3 +78,32 @@ def test_metadata_round_trips_and_checks_format_version() -> None:
     assert SavepointMetadata.from_json(meta.to_json(), uri="/elsewhere").uri == "/elsewhere"
     with pytest.raises(SavepointError, match="format version"):
         SavepointMetadata.from_json({**meta.to_json(), "format_version": 99})
+
+
+def test_a_savepoint_exists_once_its_metadata_does_and_attempts_never_mix_files(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written without a rename (object stores have none): data under the attempt's directory, metadata last."""
+    landing, warehouse = Path(tmp_path) / "landing", str(Path(tmp_path) / "wh")
+    landing.mkdir()
+    for f in range(3):
+        (landing / f"part-{f}.txt").write_text("".join(f"file {f} line {n}\n" for n in range(4)))
+    params = {"landing_dir": str(landing), "max_files_per_epoch": 1}
+    CheckpointCoordinator(LINES, params, warehouse, spark_factory=lambda: None, compute=stub_compute).run(epochs=2)
+
+    def crash(*args: Any, **kwargs: Any) -> bool:
+        raise OSError("the machine died before the metadata was written")
+
+    with monkeypatch.context() as patch:  # an attempt failing before step 4 removes its files: no savepoint
+        patch.setattr(storage, "write_json_if_absent", crash)
+        with pytest.raises(OSError):
+            create_savepoint(LINES, warehouse, name="sp", params=params)
+    assert list_savepoints("lines", warehouse) == []
+    sp = create_savepoint(LINES, warehouse, name="sp", params=params)
+    assert storage.list_dir(sp.uri) == ["_savepoint.json", sp.states[0].files[0].split("/")[0]]
+    with pytest.raises(SavepointError, match="already exists"):
+        create_savepoint(LINES, warehouse, name="sp", params=params)
+    rows = pa.concat_tables(snapshot_chunks(load_savepoint("lines", warehouse, "sp"), sp.states[0].files))
+    assert rows.num_rows == 8 and sp.size_bytes > 0
+    CheckpointCoordinator(LINES, params, warehouse, spark_factory=lambda: None, compute=stub_compute).run(epochs=1)
+    assert restore(LINES, warehouse, savepoint="sp", rewind_sinks=True, params=params).epoch == 2

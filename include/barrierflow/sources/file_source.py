@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -19,10 +18,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
 import pyarrow as pa
 
+from barrierflow import storage
 from barrierflow.errors import PipelineDefinitionError, SourceError
 from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
 from barrierflow.spark import session_cached
-from barrierflow.storage import join_uri, local_path, normalize_uri, require_local
+from barrierflow.storage import join_uri, local_path, normalize_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -86,23 +86,25 @@ class FileSource:
         return self.suffixes or ((".jsonl", ".json") if self.format == "jsonl" else (".parquet",))
 
     def _arrivals(self, arrival_cutoff_ms: int | None) -> dict[str, int]:
-        """Name -> arrival (modification time, ns) of every complete file that arrived by the cut-off."""
-        directory = require_local(self.path, f"landing directory of source {self.source_id}")
-        if not os.path.isdir(directory):
+        """Name -> arrival (modification time, ns) of every complete file that arrived by the cut-off.
+
+        Names starting with '.' or '_' are files still being written (or
+        not data); an object store's PUT is atomic, so there every listed
+        object is complete. S3 keeps modification times in whole seconds.
+        """
+        directory = normalize_uri(self.path)
+        if storage.is_local(directory) and not storage.exists(directory):
             raise SourceError(
                 f"source {self.source_id}: landing directory {directory} does not exist; "
                 "create it or pass --param landing_dir=<existing directory>"
             )
         arrived = {}
-        for entry in os.scandir(directory):
-            if entry.name.startswith((".", "_")) or not entry.name.endswith(self._suffixes):
+        for found in storage.list_files(directory):
+            if found.path.startswith((".", "_")) or not found.path.endswith(self._suffixes):
                 continue
-            if not entry.is_file():
+            if arrival_cutoff_ms is not None and found.modified_ns > arrival_cutoff_ms * 1_000_000:
                 continue
-            mtime_ns = entry.stat().st_mtime_ns
-            if arrival_cutoff_ms is not None and mtime_ns > arrival_cutoff_ms * 1_000_000:
-                continue
-            arrived[entry.name] = mtime_ns
+            arrived[found.path] = found.modified_ns
         return arrived
 
     def earliest_arrival_ms(self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None) -> int | None:
@@ -144,15 +146,15 @@ class FileSource:
         for name, from_line in remaining[: self.max_files_per_epoch]:
             full = join_uri(normalize_uri(self.path), name)
             if budget is None:
-                ranges.append([name, from_line, None, os.path.getsize(local_path(full))])
+                ranges.append([name, from_line, None, storage.file_size(full)])
                 continue
             total = self._count_records(full)
             available = total - from_line
             if available <= budget:
-                ranges.append([name, from_line, None, os.path.getsize(local_path(full))])
+                ranges.append([name, from_line, None, storage.file_size(full)])
                 budget -= available
             else:
-                ranges.append([name, from_line, from_line + budget, os.path.getsize(local_path(full))])
+                ranges.append([name, from_line, from_line + budget, storage.file_size(full)])
                 budget = 0
             if budget == 0:
                 break
@@ -169,8 +171,9 @@ class FileSource:
         if self.format == "parquet":
             import pyarrow.parquet as pq
 
-            return pq.ParquetFile(local_path(uri)).metadata.num_rows
-        return _count_lines(local_path(uri))
+            with storage.open_input(uri) as fh:
+                return pq.ParquetFile(fh).metadata.num_rows
+        return _count_lines(uri)
 
     def describe(self) -> dict[str, Any]:
         return {"type": "file", "id": self.source_id, "format": self.format, "path": self.path}
@@ -183,15 +186,21 @@ class FileSource:
         ranges = end.get("files") or []
         base = normalize_uri(self.path)
         for name, *_ in ranges:
-            if not os.path.exists(local_path(join_uri(base, name))):
+            if not storage.exists(join_uri(base, name)):
                 raise SourceError(
                     f"source {self.source_id}: file {name} recorded in the barrier is gone; "
                     "landing files must be kept until their epoch is completed"
                 )
         if self.format == "parquet":
+            if not storage.is_local(base):
+                raise SourceError(
+                    f"source {self.source_id}: Parquet landing files on an object store ({base}) are not read in "
+                    "this release (Spark here has no S3 connector); JSON Lines files are, or keep Parquet local"
+                )
             return self._read_parquet(spark, base, ranges, source_index)
         whole_files = all(from_line == 0 and to_line is None for _, from_line, to_line, _ in ranges)
-        if not ordered and self.parser is None and ranges and whole_files:
+        # Spark's own readers need a file system it can open; object-store files are read by Python tasks.
+        if not ordered and self.parser is None and ranges and whole_files and storage.is_local(base):
             unordered = self._read_jsonl_unordered(spark, base, ranges)
             if unordered is not None:
                 return unordered
@@ -262,7 +271,7 @@ class FileSource:
         chunk_bytes = chunk_bytes or _CHUNK_BYTES
         tasks = []
         for fidx, (name, from_line, to_line, size) in enumerate(ranges):
-            path = local_path(join_uri(base, name))
+            path = join_uri(base, name)  # a local path, or a URI the tasks open through the storage layer
             if from_line == 0 and to_line is None and size > chunk_bytes:
                 chunks = math.ceil(size / chunk_bytes)
                 for i in range(chunks):
@@ -283,8 +292,10 @@ class FileSource:
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        big = [[name, f, t, size, fidx] for fidx, (name, f, t, size) in enumerate(ranges) if size > _WHOLETEXT_MAX_BYTES]
-        whole = [(fidx, name, f, t) for fidx, (name, f, t, size) in enumerate(ranges) if size <= _WHOLETEXT_MAX_BYTES]
+        # Spark reads local files itself; too large ones, and files on an object store, are read by Python tasks.
+        by_spark = storage.is_local(base)
+        big = [[name, f, t, size, fidx] for fidx, (name, f, t, size) in enumerate(ranges) if size > _WHOLETEXT_MAX_BYTES or not by_spark]
+        whole = [(fidx, name, f, t) for fidx, (name, f, t, size) in enumerate(ranges) if size <= _WHOLETEXT_MAX_BYTES and by_spark]
         lines = None
         if whole:
             # One relation over every file (one listing, one plan, small files
@@ -554,7 +565,7 @@ def _unused_name(prefix: str, taken: list[str]) -> str:
 def _count_lines(path: str) -> int:
     count = 0
     last = b"\n"
-    with open(path, "rb") as fh:
+    with storage.open_input(path) as fh:
         while block := fh.read(8 * 1024 * 1024):
             count += block.count(b"\n")
             last = block[-1:]
@@ -569,7 +580,7 @@ def _iter_lines(task: Mapping[str, Any]) -> Iterator[tuple[int, bytes]]:
     """
     path, start, end = task["path"], task["byte_start"], task["byte_end"]
     from_line, to_line = task["from_line"], task["to_line"]
-    with open(path, "rb") as fh:
+    with storage.open_input(path) as fh:
         if end < 0:
             lines = fh.read().split(b"\n")
             if lines and lines[-1] == b"":
@@ -625,7 +636,7 @@ def _decode(raw: bytes) -> tuple[str, str | None]:
 def _read_task_bytes(task: Mapping[str, Any]) -> tuple[int, bytes]:
     """(number of the first line, bytes of the lines the task owns)."""
     path, start, end = task["path"], task["byte_start"], task["byte_end"]
-    with open(path, "rb") as fh:
+    with storage.open_input(path) as fh:
         if end < 0:
             data = fh.read()
             from_line, to_line = task["from_line"], task["to_line"]

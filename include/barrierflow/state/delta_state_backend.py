@@ -23,6 +23,7 @@ from barrierflow.errors import CheckpointError
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 from barrierflow.state import resident
 from barrierflow.state.worker_cache import StateFile, StateLookup, cache_limit_bytes, latest_rows, lookup_keys, unexpired
+from barrierflow.layout import COMPACTED_DIR
 from barrierflow.storage import join_uri
 
 if TYPE_CHECKING:
@@ -436,11 +437,6 @@ def stored_batches(table: Any, *, max_rows: int = CHUNK_ROWS) -> Iterator[pa.Tab
             pending, held = [], 0
     if pending:
         yield pa.Table.from_batches(pending)
-
-
-# Staged files of a compaction live in this subdirectory (of the epoch's staging
-# directory, or of the table for maintenance).
-COMPACTED_DIR = "_compacted"
 
 
 def needs_compaction(uri: str) -> bool:
