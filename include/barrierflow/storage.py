@@ -351,8 +351,12 @@ def put_if_absent(uri: str, data: bytes) -> bool:
 def compare_and_swap(uri: str, data: bytes, version: str) -> str | None:
     """Replace the object at ``uri`` with ``data`` if it is still at ``version`` (from :func:`read_versioned`).
 
-    Returns the new version, or None, having written nothing, when another
-    writer replaced or removed it since. On S3: a PUT with ``If-Match: <ETag>``.
+    Returns the new version, or None when another writer replaced or
+    removed it since. On S3: a PUT with ``If-Match: <ETag>``. A version
+    returned is always this call's write, applied once on top of
+    ``version``; None is conservative: after a lost acknowledgement, this
+    call's write may have landed and been replaced already, which callers
+    (the lease) treat as having lost.
     """
     if not is_local(uri):
         bucket, key = _s3_location(uri)
@@ -491,8 +495,10 @@ def _s3_client() -> Any:
             endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
             config = Config(
                 region_name=_s3_region(),
-                # Conditional PUTs are retried here (see _s3_conditional_put), not by botocore.
-                retries={"mode": "standard", "max_attempts": 1},
+                # Every call is retried here, never by botocore: a conditional PUT must know
+                # whether an attempt before the one answering 412 may have taken effect
+                # (_s3_conditional_put). ("max_attempts" would count retries only.)
+                retries={"mode": "standard", "total_max_attempts": 1},
                 # A custom endpoint (a loopback test server, an on-premises store) takes path-style requests.
                 s3={"addressing_style": "path"} if endpoint else {},
                 connect_timeout=10,

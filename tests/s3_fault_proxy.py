@@ -1,0 +1,131 @@
+"""A fault-injecting HTTP proxy on loopback, in front of the test S3 server.
+
+Each request is forwarded to the server unless the proxy's seeded random
+choice injects a fault:
+
+- ``error_before``: answer 503 without forwarding (nothing happened);
+- ``error_after``: forward, then answer 500 instead of the server's answer
+  (the request took effect, its acknowledgement says otherwise);
+- ``drop_after``: forward, then close the connection without answering (a
+  lost acknowledgement);
+- ``reset_before``: close the connection without forwarding;
+- ``delay``: wait up to ``max_delay_s``, then forward.
+
+``faults`` counts what was injected, by kind; ``forwarded`` counts requests
+that reached the server.
+"""
+
+from __future__ import annotations
+
+import http.client
+import random
+import socket
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlparse
+
+__all__ = ["FaultProxy", "FAULT_KINDS"]
+
+FAULT_KINDS = ("error_before", "error_after", "drop_after", "reset_before", "delay")
+
+
+class FaultProxy:
+    """Forward to ``upstream`` (``http://host:port``), injecting each fault kind with probability ``rate / 5``."""
+
+    def __init__(self, upstream: str, rate: float, seed: int, max_delay_s: float = 0.2) -> None:
+        target = urlparse(upstream)
+        self.upstream = (target.hostname or "127.0.0.1", target.port or 80)
+        self.rate = rate
+        self.max_delay_s = max_delay_s
+        self.faults: Counter[str] = Counter()
+        self.forwarded = 0
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                fault = proxy._choose()
+                if fault == "reset_before":
+                    self._abort()
+                    return
+                if fault == "error_before":
+                    self._answer(503, b"<Error><Code>ServiceUnavailable</Code></Error>")
+                    return
+                if fault == "delay":
+                    time.sleep(proxy._delay())
+                status, headers, payload = proxy._forward(self.command, self.path, self.headers, body)
+                if fault == "drop_after":
+                    self._abort()
+                elif fault == "error_after":
+                    self._answer(500, b"<Error><Code>InternalError</Code></Error>")
+                else:
+                    self.send_response(status)
+                    for name, value in headers:
+                        if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                            self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(payload)
+
+            def _answer(self, status: int, payload: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def _abort(self) -> None:
+                self.close_connection = True
+                try:
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="s3-fault-proxy", daemon=True)
+        self._thread.start()
+
+    def _choose(self) -> str | None:
+        with self._lock:
+            if self._random.random() >= self.rate:
+                return None
+            fault = self._random.choice(FAULT_KINDS)
+            self.faults[fault] += 1
+            return fault
+
+    def _delay(self) -> float:
+        with self._lock:
+            return self._random.uniform(0, self.max_delay_s)
+
+    def _forward(self, method: str, path: str, headers: Any, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        connection = http.client.HTTPConnection(*self.upstream, timeout=30)
+        try:
+            forwarded = {k: v for k, v in headers.items() if k.lower() not in ("connection", "proxy-connection")}
+            connection.request(method, path, body=body, headers=forwarded)
+            answer = connection.getresponse()
+            payload = answer.read()
+            with self._lock:
+                self.forwarded += 1
+            return answer.status, answer.getheaders(), payload
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
