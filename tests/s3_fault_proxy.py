@@ -74,7 +74,9 @@ class FaultProxy:
                     for name, value in headers:
                         if name.lower() not in ("transfer-encoding", "connection", "content-length"):
                             self.send_header(name, value)
-                    self.send_header("Content-Length", str(len(payload)))
+                    # A HEAD answer has no body but the object's length.
+                    length = dict((k.lower(), v) for k, v in headers).get("content-length", "0")
+                    self.send_header("Content-Length", length if self.command == "HEAD" else str(len(payload)))
                     self.end_headers()
                     if self.command != "HEAD":
                         self.wfile.write(payload)
@@ -95,7 +97,11 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a client that gave up on a delayed or dropped answer: expected here
+
+        self._server = Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="s3-fault-proxy", daemon=True)

@@ -1,32 +1,34 @@
-"""Landing files on S3 (moto's server on loopback): listed with their arrival time, read by executors, exactly once.
+"""Landing files on S3 (moto's server on loopback), read through a fault-injecting proxy, under kill -9: exactly once.
 
-The warehouse stays local in this release; the landing prefix is ``s3://``.
-The CLI runs with the AWS environment pointing at the test endpoint, as a
-user's driver and executors would.
+The warehouse stays local in this release; the landing prefix is ``s3://``,
+reached through ``tests/s3_fault_proxy.py`` (5xx before and after a request
+took effect, dropped answers, resets, delays). The CLI runs with the AWS
+environment pointing at the proxy, as a user's driver and executors would
+point at their endpoint. A run that a fault or a kill ends is simply run
+again, as a scheduler would.
 """
 
 from __future__ import annotations
 
+import os
+import random
 import signal
+import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
 
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
 from barrierflow.registry import get_pipeline
-from cli_runner import run_sensor_stats
+from cli_runner import barrierflow_cmd, cli_env, run_sensor_stats
+from s3_fault_proxy import FaultProxy
+from s3_server import aws_env
 from sensor_check import assert_matches_reference, assert_nothing_staged_visible, reference_for
 
 pytestmark = pytest.mark.slow
-
-
-def _upload(local: Path, prefix: str) -> None:
-    """Every file of ``local`` under ``prefix`` (``s3://bucket/key``), in name order, as a producer would land them."""
-    bucket, _, key = prefix.removeprefix("s3://").partition("/")
-    client = boto3.session.Session().client("s3")
-    for path in sorted(local.iterdir()):
-        client.put_object(Bucket=bucket, Key=f"{key}/{path.name}", Body=path.read_bytes())
 
 
 def _tables_per_epoch() -> int:
@@ -34,18 +36,46 @@ def _tables_per_epoch() -> int:
     return len(pipe.sinks) + len(pipe.side_output_names()) + 1 + len(pipe.state_specs())
 
 
-def test_sensor_stats_from_an_s3_landing_prefix_survives_a_kill_and_matches_the_reference(
-    s3_bucket: str, tmp_path: Path
+def test_sensor_stats_from_s3_under_faults_and_kill_minus_nine_matches_the_reference(
+    s3_server: Any, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     local = tmp_path / "generated"
-    write_sensor_files(local, SensorStreamSpec(n_files=4, records_per_file=60, seed=41, late_rate=0.05))
-    landing = f"{s3_bucket}/landing"
-    _upload(local, landing)
-    warehouse = tmp_path / "wh"
-    # Killed between two tables' commits of epoch 2, then resumed from the same S3 files.
-    crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{_tables_per_epoch() + 2}")  # type: ignore[arg-type]
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    resumed = run_sensor_stats(warehouse, landing)  # type: ignore[arg-type]
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    write_sensor_files(local, SensorStreamSpec(n_files=8, records_per_file=60, seed=41, late_rate=0.05))
+    bucket = s3_bucket.removeprefix("s3://")
+    client = boto3.session.Session().client("s3")
+    for path in sorted(local.iterdir()):  # landed in name order, as a producer would
+        client.put_object(Bucket=bucket, Key=f"landing/{path.name}", Body=path.read_bytes())
+    proxy = FaultProxy(s3_server.endpoint, rate=0.25, seed=7)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", aws_env(proxy.endpoint)["AWS_ENDPOINT_URL"])
+    landing, warehouse = f"{s3_bucket}/landing", tmp_path / "wh"
+    try:
+        # 1. Killed between two tables' commits of epoch 2.
+        crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{_tables_per_epoch() + 2}")  # type: ignore[arg-type]
+        assert crashed.returncode in (-signal.SIGKILL, 1), crashed.stderr[-2000:]  # 1: a fault ended it first
+        # 2. Killed (the driver and its JVM) at random times.
+        rng = random.Random(2026)
+        for _ in range(2):
+            proc = subprocess.Popen(
+                barrierflow_cmd(
+                    "run", "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}",
+                    "--param", "max_files_per_epoch=2", "--until-caught-up",
+                ),
+                env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )
+            time.sleep(rng.uniform(8.0, 16.0))
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        # 3. Run again until a run ends well (each retry is what a scheduler would do).
+        failures = []
+        for _ in range(6):
+            final = run_sensor_stats(warehouse, landing)  # type: ignore[arg-type]
+            if final.returncode == 0:
+                break
+            failures.append(final.stderr.strip().splitlines()[-1:])
+        assert final.returncode == 0, (failures, final.stderr[-2000:])
+    finally:
+        proxy.stop()
     assert_matches_reference(warehouse, reference_for(local, 2))
     assert_nothing_staged_visible(warehouse)
+    assert sum(proxy.faults.values()) > 0
+    print(f"faults injected {dict(proxy.faults)}, requests forwarded {proxy.forwarded}, failed runs {len(failures)}")

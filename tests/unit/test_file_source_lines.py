@@ -18,6 +18,7 @@ from barrierflow.sources.file_source import (
     _iter_lines,
     _parse_lines,
     _parsed_schema,
+    _raw_task,
 )
 
 # -- helpers -----------------------------------------------------------------
@@ -167,18 +168,18 @@ def test_tasks_chunk_only_whole_large_files(monkeypatch: pytest.MonkeyPatch, mak
     tasks = src._tasks(str(landing), [["a.jsonl", 0, None, 25], ["b.jsonl", 3, None, 25], ["c.jsonl", 0, 2, 5]])
     a, b, c = str(landing / "a.jsonl"), str(landing / "b.jsonl"), str(landing / "c.jsonl")
     assert tasks == [
-        ("a.jsonl", 0, a, 0, -1, 0, 10),
-        ("a.jsonl", 0, a, 0, -1, 10, 20),
-        ("a.jsonl", 0, a, 0, -1, 20, 25),
-        ("b.jsonl", 1, b, 3, -1, 0, -1),  # resumes at a line: not chunked
-        ("c.jsonl", 2, c, 0, 2, 0, -1),  # bounded: not chunked
+        ("a.jsonl", 0, a, 0, -1, 0, 10, 25),
+        ("a.jsonl", 0, a, 0, -1, 10, 20, 25),
+        ("a.jsonl", 0, a, 0, -1, 20, 25, 25),
+        ("b.jsonl", 1, b, 3, -1, 0, -1, 25),  # resumes at a line: not chunked
+        ("c.jsonl", 2, c, 0, 2, 0, -1, 5),  # bounded: not chunked
     ]
 
 
 def test_tasks_file_exactly_one_chunk_is_not_split(monkeypatch: pytest.MonkeyPatch, make_source: Callable[..., FileSource], landing: Path) -> None:
     monkeypatch.setattr(file_source, "_CHUNK_BYTES", 10)
     tasks = make_source()._tasks(str(landing), [["a.jsonl", 0, None, 10], ["b.jsonl", 0, None, 20]])
-    assert [t[5:] for t in tasks] == [(0, -1), (0, 10), (10, 20)]
+    assert [t[5:7] for t in tasks] == [(0, -1), (0, 10), (10, 20)]
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 5, 33, 256, 100_000])
@@ -518,3 +519,17 @@ def test_parsing_tasks_split_whole_files_about_parallelism_ways(sizes: list[int]
     assert file_source._parse_chunk_bytes(ranges, parallelism) == chunk
     # Line ranges (a file split by max_records_per_epoch) are read by one task each and count for nothing.
     assert file_source._parse_chunk_bytes([*ranges, ["g.jsonl", 5, 9, 10 * 2**30]], parallelism) == chunk
+
+
+def test_a_file_changed_after_its_epoch_was_planned_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"a": 2}\n')
+    planned = {**_task(path), "size": path.stat().st_size}
+    assert [n for n, _ in _iter_lines(planned)] == [1, 2]
+    with path.open("ab") as fh:
+        fh.write(b'{"a": 3}\n')  # appended after the barrier recorded the file
+    for read in (lambda t: list(_iter_lines(t)), lambda t: list(_raw_task(t))):
+        with pytest.raises(SourceError, match="has 27 bytes, 18 when its epoch was planned"):
+            read(planned)
+        with pytest.raises(SourceError, match="must never change"):
+            read({**planned, "byte_start": 0, "byte_end": 9})

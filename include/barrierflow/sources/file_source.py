@@ -275,9 +275,9 @@ class FileSource:
             if from_line == 0 and to_line is None and size > chunk_bytes:
                 chunks = math.ceil(size / chunk_bytes)
                 for i in range(chunks):
-                    tasks.append((name, fidx, path, 0, -1, i * chunk_bytes, min(size, (i + 1) * chunk_bytes)))
+                    tasks.append((name, fidx, path, 0, -1, i * chunk_bytes, min(size, (i + 1) * chunk_bytes), size))
             else:
-                tasks.append((name, fidx, path, from_line, -1 if to_line is None else to_line, 0, -1))
+                tasks.append((name, fidx, path, from_line, -1 if to_line is None else to_line, 0, -1, size))
         return tasks
 
     def _lines(self, spark: "SparkSession", base: str, ranges: list[list[Any]], parallelism: int) -> "DataFrame":
@@ -450,7 +450,8 @@ class FileSource:
         return SourceBatch(records=records, dead_letters=_no_dead_letters(spark))
 
 
-_TASK_SCHEMA = "name string, fidx int, path string, from_line long, to_line long, byte_start long, byte_end long"
+# size: the file's size when the barrier was planned (-1: not recorded); a task refuses a file that changed.
+_TASK_SCHEMA = "name string, fidx int, path string, from_line long, to_line long, byte_start long, byte_end long, size long"
 _RAW_SCHEMA = pa.schema(
     [("_fidx", pa.int32()), ("_line", pa.int64()), ("_raw", pa.string()), ("_error", pa.string())]
 )
@@ -581,6 +582,7 @@ def _iter_lines(task: Mapping[str, Any]) -> Iterator[tuple[int, bytes]]:
     path, start, end = task["path"], task["byte_start"], task["byte_end"]
     from_line, to_line = task["from_line"], task["to_line"]
     with storage.open_input(path) as fh:
+        _check_unchanged(fh, task)
         if end < 0:
             lines = fh.read().split(b"\n")
             if lines and lines[-1] == b"":
@@ -600,6 +602,20 @@ def _iter_lines(task: Mapping[str, Any]) -> Iterator[tuple[int, bytes]]:
             pos += len(raw)
             yield line_no, raw[:-1] if raw.endswith(b"\n") else raw
             line_no += 1
+
+
+def _check_unchanged(fh: Any, task: Mapping[str, Any]) -> None:
+    """Refuse a file whose size differs from the one its barrier recorded: its epoch would read other lines."""
+    planned = task.get("size", -1)
+    if planned is None or planned < 0:
+        return
+    actual = fh.seek(0, 2)
+    fh.seek(0)
+    if actual != planned:
+        raise SourceError(
+            f"landing file {task['name']} has {actual} bytes, {planned} when its epoch was planned: a landed file "
+            "must never change (land new data as a new file, named after the last)"
+        )
 
 
 def _first_owned_offset(fh: Any, start: int) -> int:
@@ -637,6 +653,7 @@ def _read_task_bytes(task: Mapping[str, Any]) -> tuple[int, bytes]:
     """(number of the first line, bytes of the lines the task owns)."""
     path, start, end = task["path"], task["byte_start"], task["byte_end"]
     with storage.open_input(path) as fh:
+        _check_unchanged(fh, task)
         if end < 0:
             data = fh.read()
             from_line, to_line = task["from_line"], task["to_line"]
