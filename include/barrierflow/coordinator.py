@@ -17,7 +17,8 @@ For epoch n of pipeline P (every step idempotent and safe to retry):
                   records n COMPLETED with the Delta version of every table
                   (the consistent cut).
   5. notify    -- post-commit work: remove staged files of losing attempts,
-                  compact state tables whose changelog outgrew their base.
+                  compact state tables whose changelog outgrew their base, and
+                  the checkpoint log once it has many files.
 
 Two concurrent checkpoints (``run(max_concurrent_checkpoints=2)``, Flink's
 setting of that name): once epoch n starts its state-dependent work, the
@@ -67,6 +68,10 @@ from barrierflow.state.delta_state_backend import compact, needs_compaction
 __all__ = ["CheckpointCoordinator", "EpochResult", "Recovery", "recorded_params"]
 
 _log = logging.getLogger(__name__)
+# The checkpoint log gains about three files per epoch; past this many, step 5
+# compacts it, so a process starting up reads a bounded number of objects even
+# between two maintenance runs.
+LOG_COMPACTION_FILES = 120
 
 
 @dataclass(frozen=True)
@@ -493,6 +498,10 @@ class CheckpointCoordinator:
             # driver holds anyway (the heap backend).
             if resident.holds(uri) and needs_compaction(uri):
                 compact(spec, uri, app, record.epoch, manifest.attempt_id)
+        try:
+            self.log.compact(min_files=LOG_COMPACTION_FILES)
+        except CheckpointError as exc:  # an optimization: the next epoch tries again
+            _log.warning("%s", exc)
 
     def notify_completed(self) -> tuple[CheckpointRecord | None, bool]:
         """Step 5 for the last completed epoch of the current lineage (idempotent).

@@ -116,3 +116,16 @@ def test_unreferenced_files_younger_than_the_retention_are_kept(tmp_path: Path, 
     _coordinator(warehouse, landing).run(until_caught_up=True)  # the retained checkpoint now reads the compacted state
     young = run_maintenance(LINES, str(warehouse), retained_checkpoints=1, vacuum_retention_hours=1, params=coordinator.params)
     assert young.vacuumed_files["dedup__seen"] == 0 and staged <= _data_files(state)  # written just now: kept
+
+
+def test_epochs_keep_the_checkpoint_log_to_a_bounded_number_of_files(
+    tmp_path: Path, landing: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from barrierflow import coordinator as coordinator_module
+
+    monkeypatch.setattr(coordinator_module, "LOG_COMPACTION_FILES", 8)
+    coordinator = _coordinator(tmp_path / "wh", landing)
+    coordinator.run(until_caught_up=True)
+    live = DeltaTable(coordinator.layout.checkpoint_log).file_uris()
+    assert 1 <= len(live) < 8 + 4  # at most one epoch's appends past the threshold (FILES epochs: ~3 x FILES files)
+    assert sorted(r.epoch for r in coordinator.log.records() if r.status.value == "COMPLETED") == list(range(1, FILES + 1))
