@@ -23,7 +23,7 @@ Protocol (the code is marked with the same numbers):
 4. **Heartbeat**: a background thread swaps in a new heartbeat every
    ``ttl_s / 4``. A swap that fails means another process took the lease
    over: this one has lost it.
-5. **Check** before anything it commits: :meth:`EpochLease.check` raises
+5. **Check** before each barrier and each vote: :meth:`EpochLease.check` raises
    :class:`~barrierflow.errors.LeaseLostError` once the lease is lost, or
    when no heartbeat succeeded for ``ttl_s`` (another process may already
    judge it expired).
@@ -31,8 +31,9 @@ Protocol (the code is marked with the same numbers):
    it by compare-and-swap); a lost lease is left to its new holder.
 
 The lease keeps two of one pipeline's processes from running epochs at the
-same time; what a process that lost it may still have in flight is fenced by
-the checkpoint protocol's own commit checks.
+same time; what a process that lost it may still have in flight is safe by
+the checkpoint protocol itself: the first durable vote wins, whoever commits
+it, and every commit carries the pipeline's fencing token.
 """
 
 from __future__ import annotations
