@@ -45,7 +45,7 @@ def app_id(pipeline: str, lineage_id: str) -> str:
     return f"barrierflow:{pipeline}:{lineage_id}"
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Fence:
     """A pipeline-level fencing token: (lineage sequence, epoch), carried by every commit of an epoch.
 
@@ -57,6 +57,7 @@ class Fence:
     or of an older epoch can never commit after it, whatever the timing.
     """
 
+    pipeline: str
     lineage_seq: int
     epoch: int
 
@@ -64,9 +65,10 @@ class Fence:
         if not (0 <= self.lineage_seq < 2**31 and 0 <= self.epoch < 2**32):
             raise ValueError(f"fencing token out of range: lineage sequence {self.lineage_seq}, epoch {self.epoch}")
 
-    @staticmethod
-    def app_id(pipeline: str) -> str:
-        return f"barrierflow-fence:{pipeline}"
+    @property
+    def app_id(self) -> str:
+        """The Delta app-transaction id the token is recorded under."""
+        return f"barrierflow-fence:{self.pipeline}"
 
     @property
     def version(self) -> int:
@@ -74,8 +76,8 @@ class Fence:
         return (self.lineage_seq << 32) | self.epoch
 
     @classmethod
-    def from_version(cls, version: int) -> "Fence":
-        return cls(version >> 32, version & 0xFFFFFFFF)
+    def from_version(cls, pipeline: str, version: int) -> "Fence":
+        return cls(pipeline, version >> 32, version & 0xFFFFFFFF)
 
     def __str__(self) -> str:
         return f"(lineage {self.lineage_seq}, epoch {self.epoch})"

@@ -465,7 +465,7 @@ class CheckpointCoordinator:
             )
         app = self.app_id(manifest.lineage_id)
         # A restore landing after the check above is caught by every table: it raised their tokens.
-        fence = (Fence.app_id(self.definition.name), Fence(seq, manifest.epoch))
+        fence = Fence(self.definition.name, seq, manifest.epoch)
         versions: dict[str, int] = {}
         for table in manifest.tables:
             versions[table.name] = commit_epoch_table(table, app, manifest.epoch, manifest.attempt_id, fence)

@@ -22,6 +22,8 @@ from barrierflow.errors import CommitConflictError, FencedError, StorageError
 __all__ = [
     "commit_epoch_table",
     "check_fence",
+    "fence_transaction",
+    "raise_fence",
     "committed_version",
     "open_table",
     "live_paths",
@@ -104,12 +106,12 @@ def committed_version(uri: str, app: str, epoch: int) -> int | None:
 
 
 def commit_epoch_table(
-    commit: TableCommit, app: str, epoch: int, attempt_id: str, fence: tuple[str, Fence] | None = None
+    commit: TableCommit, app: str, epoch: int, attempt_id: str, fence: Fence | None = None
 ) -> int:
     """Commit one table's share of epoch ``epoch``; idempotent. Returns its version.
 
-    ``fence`` is ``(Fence.app_id(pipeline), token)``: the pipeline-level
-    fencing token this commit carries (:class:`~barrierflow.checkpoint.Fence`).
+    ``fence`` is the pipeline-level fencing token this commit carries
+    (:class:`~barrierflow.checkpoint.Fence`).
 
     Protocol (each step safe to retry):
       1. Open the latest snapshot. If its app transaction for ``app`` is already
@@ -133,7 +135,7 @@ def commit_epoch_table(
     }
     transactions = [Transaction(app, epoch)]
     if fence is not None:
-        transactions.append(Transaction(fence[0], fence[1].version))
+        transactions.append(fence_transaction(fence))
     properties = CommitProperties(custom_metadata=metadata, app_transactions=transactions, max_commit_retries=0)
     last_error: Exception | None = None
     for _ in range(_MAX_COMMIT_ATTEMPTS):
@@ -202,14 +204,41 @@ def commit_epoch_table(
     )
 
 
-def check_fence(table: DeltaTable, name: str, fence: tuple[str, Fence], what: str) -> None:
-    """Raise :class:`FencedError` if ``table`` holds a fencing token above ``fence``'s."""
-    held = table.transaction_version(fence[0])
-    if held is not None and held > fence[1].version:
+def fence_transaction(fence: Fence) -> Transaction:
+    """The Delta app transaction that records ``fence`` in a commit."""
+    return Transaction(fence.app_id, fence.version)
+
+
+def check_fence(table: DeltaTable, name: str, fence: Fence, what: str) -> None:
+    """Raise :class:`FencedError` if ``table`` holds a fencing token above ``fence``."""
+    held = table.transaction_version(fence.app_id)
+    if held is not None and held > fence.version:
         raise FencedError(
-            f"{what} cannot commit to table {name}: the table holds fencing token {Fence.from_version(held)}, "
-            f"above this commit's {fence[1]}; a restore or a newer epoch has committed there since"
+            f"{what} cannot commit to table {name}: the table holds fencing token "
+            f"{Fence.from_version(fence.pipeline, held)}, above this commit's {fence}; a restore or a newer epoch "
+            "has committed there since"
         )
+
+
+def raise_fence(uri: str, fence: Fence, attempts: int = _MAX_COMMIT_ATTEMPTS) -> None:
+    """Make the table at ``uri`` hold at least ``fence`` (an empty commit); idempotent, an absent table is skipped."""
+    last: Exception | None = None
+    for _ in range(attempts):
+        table = open_table(uri)
+        if table is None or (table.transaction_version(fence.app_id) or -1) >= fence.version:
+            return
+        properties = CommitProperties(
+            custom_metadata={"barrierflow.operation": "fence", "barrierflow.fence": str(fence)},
+            app_transactions=[fence_transaction(fence)],
+            max_commit_retries=0,
+        )
+        try:
+            table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
+            return
+        except DeltaError as exc:  # a commit landed first (maybe a zombie's): re-read and try again
+            last = exc
+            time.sleep(0.05)
+    raise CommitConflictError(f"cannot raise the fencing token of table {uri} to {fence}: {last}")
 
 
 def _add_action(f: StagedFile, data_change: bool) -> AddAction:

@@ -112,11 +112,13 @@ def run_maintenance(
             for table, version in record.versions().items():
                 keep.setdefault(table, set()).add(version)
         vacuumed: dict[str, int] = {}
-        for table_name, uri in _tables(coordinator):  # step 5
+        cutoff = time.time() - vacuum_retention_hours * 3600
+        in_flight = (lineage_id, last.epoch if last is not None else 0)
+        for table_name, uri in _tables(coordinator):
             table = open_table(uri)
             if table is None:
                 continue
-            try:
+            try:  # step 5
                 deleted = table.vacuum(
                     retention_hours=vacuum_retention_hours,
                     dry_run=False,
@@ -125,13 +127,8 @@ def run_maintenance(
                 )
             except DeltaError as exc:
                 raise CheckpointError(f"cannot vacuum {uri}: {exc}") from exc
-            vacuumed[table_name] = len(deleted)
-        cutoff = time.time() - vacuum_retention_hours * 3600
-        in_flight = (lineage_id, last.epoch if last is not None else 0)
-        for table_name, uri in _tables(coordinator):  # step 6
-            referenced = _referenced_paths(uri, keep.get(table_name, set()))
-            if referenced is not None:
-                vacuumed[table_name] = vacuumed.get(table_name, 0) + _sweep(uri, referenced, cutoff, in_flight)
+            referenced = _referenced_paths(table, uri, keep.get(table_name, set()))
+            vacuumed[table_name] = len(deleted) + _sweep(uri, referenced, cutoff, in_flight)  # step 6
         return MaintenanceReport(
             pipeline=definition.name,
             lineage_id=lineage_id,
@@ -144,11 +141,8 @@ def run_maintenance(
         coordinator.release_lease()  # step 7
 
 
-def _referenced_paths(uri: str, versions: set[int]) -> set[str] | None:
-    """Paths (relative to the table) live at its current version or at any of ``versions``; None: no table."""
-    table = open_table(uri)
-    if table is None:
-        return None
+def _referenced_paths(table: Any, uri: str, versions: set[int]) -> set[str]:
+    """Paths (relative to the table) live in ``table`` (the current version) or at any of ``versions``."""
     referenced = set(live_paths(table))
     for version in versions - {table.version()}:
         old = open_table(uri, version)

@@ -52,9 +52,9 @@ from deltalake.transaction import AddAction, create_table_with_add_actions
 from barrierflow import faults, storage
 from barrierflow.checkpoint import CheckpointRecord, EpochStatus, Fence, app_id
 from barrierflow.checkpoint_log import iso_now, now_us
-from barrierflow.delta_commit import TABLE_CONFIGURATION, open_table, stored_rows
+from barrierflow.delta_commit import TABLE_CONFIGURATION, fence_transaction, open_table, raise_fence, stored_rows
 from barrierflow.staging import write_parquet
-from barrierflow.errors import CheckpointError, IncompatibleSavepointError, SavepointError
+from barrierflow.errors import CheckpointError, CommitConflictError, IncompatibleSavepointError, SavepointError
 from barrierflow.layout import RESTORED_DIR, PipelineLayout
 from barrierflow.state.spec import KEY_GROUP
 from barrierflow.pipeline import Pipeline, PipelineDefinition
@@ -282,7 +282,7 @@ def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -
     restored = set(intent["restored_states"])
     savepoint = _savepoint_of(intent)
     seq = _lineage_seq(coordinator, intent)
-    fence = (Fence.app_id(pipe.name), Fence(seq, epoch))
+    fence = Fence(pipe.name, seq, epoch)
     for spec in pipe.state_specs():  # step 5
         name = f"{spec.operator_id}/{spec.name}"
         chunks = _state_rows(layout, intent, savepoint, spec.operator_id, spec.name) if name in restored else iter(())
@@ -300,7 +300,10 @@ def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -
         elif intent["rewind_sinks"]:
             rewound[sink] = _delete_after(uri, epoch, app, fence)
     for uri in _table_uris(layout, pipe):
-        _raise_fence(uri, fence)
+        try:
+            raise_fence(uri, fence)
+        except CommitConflictError as exc:
+            raise CheckpointError(f"{exc}; run the restore again") from exc
     # Step 7; the epoch directory marks the restore point as a retained checkpoint.
     storage.write_json_if_absent(storage.join_uri(layout.epoch_dir(lineage_id, epoch), "restore.json"), dict(intent))
     log = coordinator.log
@@ -417,7 +420,7 @@ def _replace_content(
     epoch: int,
     lineage_id: str,
     sort_by: tuple[str, ...],
-    fence: tuple[str, Fence],
+    fence: Fence,
 ) -> int:
     """Make the rows of ``chunks`` the table's whole content in one commit carrying ``(app, epoch)`` and ``fence``; idempotent.
 
@@ -437,7 +440,7 @@ def _replace_content(
     ]
     properties = CommitProperties(
         custom_metadata={"barrierflow.operation": "restore", "barrierflow.app_id": app, "barrierflow.epoch": epoch},
-        app_transactions=[Transaction(app, epoch), Transaction(fence[0], fence[1].version)],
+        app_transactions=[Transaction(app, epoch), fence_transaction(fence)],
         max_commit_retries=0,
     )
     delta_schema = Schema.from_arrow(schema)
@@ -454,14 +457,14 @@ def _replace_content(
     return sum(f.rows for f in staged)
 
 
-def _delete_after(uri: str, epoch: int, app: str, fence: tuple[str, Fence]) -> int:
+def _delete_after(uri: str, epoch: int, app: str, fence: Fence) -> int:
     """Remove rows of epochs after ``epoch`` in one commit carrying ``(app, epoch)`` and ``fence``; idempotent."""
     table = open_table(uri)
     if table is None or (table.transaction_version(app) or -1) >= epoch:
         return 0
     properties = CommitProperties(
         custom_metadata={"barrierflow.operation": "rewind", "barrierflow.app_id": app, "barrierflow.epoch": epoch},
-        app_transactions=[Transaction(app, epoch), Transaction(fence[0], fence[1].version)],
+        app_transactions=[Transaction(app, epoch), fence_transaction(fence)],
         max_commit_retries=0,
     )
     try:
@@ -485,28 +488,6 @@ def _table_uris(layout: PipelineLayout, pipe: Pipeline) -> list[str]:
     uris |= {layout.state_table(op, st) for op, st in layout.state_tables()}
     uris |= {layout.dead_letter if mode == "dead_letter" else layout.sink_table(sink) for sink, mode in _sinks(pipe)}
     return sorted(uris)
-
-
-def _raise_fence(uri: str, fence: tuple[str, Fence], attempts: int = 5) -> None:
-    """Step 6, last part: make ``uri`` hold at least ``fence`` (an empty commit); idempotent, absent tables skipped."""
-    app_id, token = fence
-    last: Exception | None = None
-    for _ in range(attempts):
-        table = open_table(uri)
-        if table is None or (table.transaction_version(app_id) or -1) >= token.version:
-            return
-        properties = CommitProperties(
-            custom_metadata={"barrierflow.operation": "fence", "barrierflow.fence": str(token)},
-            app_transactions=[Transaction(app_id, token.version)],
-            max_commit_retries=0,
-        )
-        try:
-            table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
-            return
-        except DeltaError as exc:  # a commit landed first (maybe a zombie's): re-read and try again
-            last = exc
-            time.sleep(0.05)
-    raise CheckpointError(f"cannot raise the fencing token of table {uri} to {token}: {last}; run the restore again")
 
 
 def _current_versions(layout: PipelineLayout, pipe: Pipeline) -> dict[str, int]:

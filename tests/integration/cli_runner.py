@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["barrierflow_cmd", "run_cli", "cli_env"]
+__all__ = ["barrierflow_cmd", "run_cli", "cli_env", "kill_runs_at_random_times", "sensor_stats_tables_per_epoch"]
 
 
 def barrierflow_cmd(*args: str) -> list[str]:
@@ -36,3 +39,29 @@ def run_sensor_stats(
 
 
 run_cli = run_sensor_stats
+
+
+def kill_runs_at_random_times(
+    warehouse: Path, landing: Path | str, runs: int, rng: random.Random, *, seconds: tuple[float, float],
+    max_files_per_epoch: int,
+) -> None:
+    """Start ``run sensor_stats`` ``runs`` times, each killed (the driver and its JVM) after a random time."""
+    for _ in range(runs):
+        proc = subprocess.Popen(
+            barrierflow_cmd(
+                "run", "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}",
+                "--param", f"max_files_per_epoch={max_files_per_epoch}", "--until-caught-up",
+            ),
+            env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        time.sleep(rng.uniform(*seconds))
+        os.killpg(proc.pid, signal.SIGKILL)  # as a lost machine would
+        proc.wait()
+
+
+def sensor_stats_tables_per_epoch() -> int:
+    """Each sink and side output, the dead letters, each state table of sensor_stats."""
+    from barrierflow.registry import get_pipeline
+
+    pipe = get_pipeline("sensor_stats").build({"landing_dir": "/unused"})
+    return len(pipe.sinks) + len(pipe.side_output_names()) + 1 + len(pipe.state_specs())

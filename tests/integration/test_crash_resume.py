@@ -12,18 +12,21 @@ staged file became visible.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow.registry import get_pipeline
-from cli_runner import barrierflow_cmd, cli_env, run_sensor_stats
+from cli_runner import (
+    barrierflow_cmd,
+    cli_env,
+    kill_runs_at_random_times,
+    run_sensor_stats,
+    sensor_stats_tables_per_epoch,
+)
 from sensor_check import (
     assert_matches_reference,
     assert_nothing_staged_visible,
@@ -34,15 +37,9 @@ from sensor_check import (
 pytestmark = pytest.mark.slow
 
 
-def _tables_per_epoch() -> int:
-    """Each sink and side output, the dead letters, each state table of sensor_stats."""
-    pipe = get_pipeline("sensor_stats").build({"landing_dir": "/unused"})
-    return len(pipe.sinks) + len(pipe.side_output_names()) + 1 + len(pipe.state_specs())
-
-
 CASES = [
     ("process.after_read", 1),  # the driver dies mid-epoch 1, before any vote
-    ("commit.after_delta_commit", _tables_per_epoch() + 2),  # between epoch 2's second and third table
+    ("commit.after_delta_commit", sensor_stats_tables_per_epoch() + 2),  # between epoch 2's second and third table
 ]
 
 
@@ -67,21 +64,7 @@ def test_crash_then_resume_is_exactly_once(point: str, crossing: int, landing: P
 
 def test_kill_minus_nine_at_random_times(landing: Path, tmp_path: Path) -> None:
     warehouse = tmp_path / "wh"
-    rng = random.Random(1234)
-    for _ in range(3):
-        proc = subprocess.Popen(
-            barrierflow_cmd(
-                "run", "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}",
-                "--param", "max_files_per_epoch=1", "--until-caught-up",
-            ),
-            env=cli_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        time.sleep(rng.uniform(4.0, 14.0))
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its JVM, as a lost machine would
-        proc.wait()
+    kill_runs_at_random_times(warehouse, landing, 3, random.Random(1234), seconds=(4.0, 14.0), max_files_per_epoch=1)
     final = subprocess.run(
         barrierflow_cmd(
             "run", "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}",

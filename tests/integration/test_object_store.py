@@ -10,11 +10,8 @@ again, as a scheduler would.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +19,12 @@ import boto3
 import pytest
 
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow.registry import get_pipeline
-from cli_runner import barrierflow_cmd, cli_env, run_sensor_stats
+from cli_runner import kill_runs_at_random_times, run_sensor_stats, sensor_stats_tables_per_epoch
 from s3_fault_proxy import FaultProxy
 from s3_server import aws_env
 from sensor_check import assert_matches_reference, assert_nothing_staged_visible, reference_for
 
 pytestmark = pytest.mark.slow
-
-
-def _tables_per_epoch() -> int:
-    pipe = get_pipeline("sensor_stats").build({"landing_dir": "/unused"})
-    return len(pipe.sinks) + len(pipe.side_output_names()) + 1 + len(pipe.state_specs())
 
 
 def test_sensor_stats_from_s3_under_faults_and_kill_minus_nine_matches_the_reference(
@@ -50,21 +41,10 @@ def test_sensor_stats_from_s3_under_faults_and_kill_minus_nine_matches_the_refer
     landing, warehouse = f"{s3_bucket}/landing", tmp_path / "wh"
     try:
         # 1. Killed between two tables' commits of epoch 2.
-        crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{_tables_per_epoch() + 2}")  # type: ignore[arg-type]
+        crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{sensor_stats_tables_per_epoch() + 2}")  # type: ignore[arg-type]
         assert crashed.returncode in (-signal.SIGKILL, 1), crashed.stderr[-2000:]  # 1: a fault ended it first
         # 2. Killed (the driver and its JVM) at random times.
-        rng = random.Random(2026)
-        for _ in range(2):
-            proc = subprocess.Popen(
-                barrierflow_cmd(
-                    "run", "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}",
-                    "--param", "max_files_per_epoch=2", "--until-caught-up",
-                ),
-                env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            )
-            time.sleep(rng.uniform(8.0, 16.0))
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_runs_at_random_times(warehouse, landing, 2, random.Random(2026), seconds=(8.0, 16.0), max_files_per_epoch=2)
         # 3. Run again until a run ends well (each retry is what a scheduler would do).
         failures = []
         for _ in range(6):

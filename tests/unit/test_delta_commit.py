@@ -10,9 +10,8 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 
 from barrierflow import delta_commit
 from barrierflow.checkpoint import Fence, TableCommit, TableKind
-from barrierflow.delta_commit import commit_epoch_table, committed_version, open_table, schema_json_of
+from barrierflow.delta_commit import commit_epoch_table, committed_version, open_table, raise_fence, schema_json_of
 from barrierflow.errors import FencedError
-from barrierflow.restore import _raise_fence
 from barrierflow.staging import write_parquet
 
 
@@ -39,28 +38,27 @@ def test_committed_version_of_old_and_new_epochs(tmp_path: Path) -> None:
 # -- fencing: every epoch commit carries (lineage sequence, epoch); a table refuses lower tokens ----------------
 
 _SCHEMA = pa.schema([("x", pa.int64())])
-_FENCE_APP = Fence.app_id("pipe")
 
 
 def _epoch_commit(uri: str, lineage: str, epoch: int, seq: int) -> int:
     files = write_parquet(uri, f"_staging/{lineage}/{epoch}", pa.table({"x": [epoch]}, schema=_SCHEMA))
     commit = TableCommit("t", uri, TableKind.SINK, schema_json_of(_SCHEMA), (), tuple(files))
-    return commit_epoch_table(commit, f"pipe:{lineage}", epoch, f"attempt-{epoch}", (_FENCE_APP, Fence(seq, epoch)))
+    return commit_epoch_table(commit, f"pipe:{lineage}", epoch, f"attempt-{epoch}", Fence("pipe", seq, epoch))
 
 
 def test_fencing_tokens_order_by_lineage_then_epoch() -> None:
-    assert Fence(1, 0).version > Fence(0, 2**32 - 1).version
-    assert Fence.from_version(Fence(3, 17).version) == Fence(3, 17) and str(Fence(3, 17)) == "(lineage 3, epoch 17)"
+    assert Fence("pipe", 1, 0).version > Fence("pipe", 0, 2**32 - 1).version
+    assert Fence.from_version("pipe", Fence("pipe", 3, 17).version) == Fence("pipe", 3, 17) and str(Fence("pipe", 3, 17)) == "(lineage 3, epoch 17)"
     with pytest.raises(ValueError, match="out of range"):
-        Fence(0, 2**32)
+        Fence("pipe", 0, 2**32)
 
 
 def test_a_zombie_of_the_old_lineage_is_refused_after_a_restore_raised_the_token(tmp_path: Path) -> None:
     uri = str(tmp_path / "t")
     assert _epoch_commit(uri, "old", 1, seq=0) == 0
     assert _epoch_commit(uri, "old", 2, seq=0) == 1
-    _raise_fence(uri, (_FENCE_APP, Fence(1, 1)))  # restore to epoch 1 into lineage 1
-    _raise_fence(uri, (_FENCE_APP, Fence(1, 1)))  # idempotent: no second commit
+    raise_fence(uri, Fence("pipe", 1, 1))  # restore to epoch 1 into lineage 1
+    raise_fence(uri, Fence("pipe", 1, 1))  # idempotent: no second commit
     assert open_table(uri).version() == 2  # type: ignore[union-attr]
     with pytest.raises(FencedError, match=r"holds fencing token \(lineage 1, epoch 1\), above this commit's \(lineage 0, epoch 3\)"):
         _epoch_commit(uri, "old", 3, seq=0)
@@ -79,7 +77,7 @@ def test_a_restore_landing_between_a_zombies_check_and_its_commit_still_fences_i
     def restore_now(point: str) -> None:
         if point == "commit.before_delta_commit" and not raised:
             raised.append(True)
-            _raise_fence(uri, (_FENCE_APP, Fence(1, 1)))  # after the zombie's step 1, before its commit
+            raise_fence(uri, Fence("pipe", 1, 1))  # after the zombie's step 1, before its commit
 
     monkeypatch.setattr(delta_commit.faults, "maybe_fail", restore_now)
     with pytest.raises(FencedError, match="a restore or a newer epoch has committed there since"):

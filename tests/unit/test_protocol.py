@@ -181,7 +181,7 @@ def test_a_zombie_whose_lineage_check_passed_before_a_restore_is_refused_by_ever
     restore(LINES, str(warehouse), epoch=2, rewind_sinks=True, params=coordinator.params)
     # The zombie read the lineage just before the restore switched it (the check passes), then commits.
     monkeypatch.setattr(coordinator, "current_lineage_seq", lambda: before)
-    fence = (Fence.app_id(LINES.name), Fence(before[0], zombie.epoch))
+    fence = Fence(LINES.name, before[0], zombie.epoch)
     for table in vote.tables:
         with pytest.raises(FencedError, match=r"holds fencing token \(lineage 1, epoch 2\)"):
             commit_epoch_table(table, coordinator.app_id(zombie.lineage_id), zombie.epoch, vote.attempt_id, fence)

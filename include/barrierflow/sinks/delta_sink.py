@@ -147,7 +147,7 @@ class DeltaSink:
 
     @staticmethod
     def commit(
-        commit: TableCommit, app: str, epoch: int, attempt_id: str, fence: tuple[str, Fence] | None = None
+        commit: TableCommit, app: str, epoch: int, attempt_id: str, fence: Fence | None = None
     ) -> int:
         """Publish the staged files (idempotent); returns the table version."""
         return commit_epoch_table(commit, app, epoch, attempt_id, fence)
