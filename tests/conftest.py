@@ -39,13 +39,19 @@ ENGINE_ADDRESS = f"sc://127.0.0.1:{ENGINE_PORT}"
 
 
 @pytest.fixture(scope="session")
-def spark_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """This process's Spark engine; in-process epochs find it through ``$BARRIERFLOW_SPARK_REMOTE``."""
+def spark_engine(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[object]:
+    """This process's Spark engine; in-process epochs find it through ``$BARRIERFLOW_SPARK_REMOTE``.
+
+    Its executors reach this process's S3 endpoint through the standard AWS
+    environment, as a deployment's executors reach its object store.
+    """
     from barrierflow.engine import EngineConfig, LocalEngine
     from barrierflow.spark import REMOTE_ENV
+    from s3_server import aws_env
 
     log = (tmp_path_factory.mktemp("engine") / "engine.log").open("wb")
-    engine = LocalEngine(EngineConfig(port=ENGINE_PORT, master="local[2]", driver_memory="2g"), log=log)
+    config = EngineConfig(port=ENGINE_PORT, master="local[2]", driver_memory="2g")
+    engine = LocalEngine(config, log=log, env={**os.environ, **aws_env(s3_server.endpoint)})
     engine.start(wait_s=300)
     os.environ[REMOTE_ENV] = engine.address
     yield engine
@@ -84,6 +90,14 @@ def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "local":
         return str(tmp_path / "store")
     return str(request.getfixturevalue("s3_bucket"))
+
+
+@pytest.fixture(params=["local", "s3"])
+def warehouse(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A warehouse on each storage scheme: a local directory, then ``s3://<new bucket>/warehouse``."""
+    if request.param == "local":
+        return str(tmp_path / "warehouse")
+    return f"{request.getfixturevalue('s3_bucket')}/warehouse"
 
 
 @pytest.fixture(scope="session")

@@ -52,9 +52,23 @@ class FaultProxy:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def _handle(self) -> None:
+            def _body(self) -> bytes:
+                """The request's body, de-chunked (pyarrow's S3 client sends some uploads chunked)."""
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                    chunks = []
+                    while True:
+                        size = int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
+                        if size == 0:
+                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                                pass  # trailers
+                            return b"".join(chunks)
+                        chunks.append(self.rfile.read(size))
+                        self.rfile.readline()  # the CRLF after each chunk
                 length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
+                return self.rfile.read(length) if length else b""
+
+            def _handle(self) -> None:
+                body = self._body()
                 fault = proxy._choose()
                 if fault == "reset_before":
                     self._abort()
@@ -122,7 +136,10 @@ class FaultProxy:
     def _forward(self, method: str, path: str, headers: Any, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
         connection = http.client.HTTPConnection(*self.upstream, timeout=30)
         try:
-            forwarded = {k: v for k, v in headers.items() if k.lower() not in ("connection", "proxy-connection")}
+            # The body goes on with its length (de-chunked by the handler).
+            dropped = ("connection", "proxy-connection", "transfer-encoding", "content-length")
+            forwarded = {k: v for k, v in headers.items() if k.lower() not in dropped}
+            forwarded["Content-Length"] = str(len(body))
             connection.request(method, path, body=body, headers=forwarded)
             answer = connection.getresponse()
             payload = answer.read()

@@ -8,7 +8,7 @@ listing a directory.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from barrierflow.storage import join_uri, list_dir, require_local
+from barrierflow.storage import join_uri, list_dir, normalize_uri
 
 __all__ = ["PipelineLayout", "STAGING_DIR", "COMPACTED_DIR", "RESTORED_DIR", "DATA_DIRS"]
 
@@ -46,7 +46,7 @@ class PipelineLayout:
 
     @classmethod
     def of(cls, warehouse: str, pipeline: str) -> "PipelineLayout":
-        return cls(require_local(warehouse, "warehouse"), pipeline)
+        return cls(normalize_uri(warehouse), pipeline)
 
     @property
     def root(self) -> str:

@@ -5,9 +5,9 @@ condition and stores the object as two steps, on a thread per request, so
 two racing conditional PUTs can both succeed. S3 itself decides each
 conditional write atomically, and the checkpoint protocol depends on it
 (first barrier wins, one lease holder). This server therefore runs moto's
-application one request at a time. A request's body is read before it
-waits for its turn, and its answer is written after, so a slow client
-holds nobody up. Run it as ``python -m barrierflow.local_s3 --port 9000``.
+application one request at a time. A request's body (chunked or not) is
+read before it waits for its turn, and its answer is written after, so a
+slow or stalled client holds nobody up. Run it as ``python -m barrierflow.local_s3 --port 9000``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ def serialized(app: WsgiApp) -> WsgiApp:
         length = environ.get("CONTENT_LENGTH")
         if length:
             environ["wsgi.input"] = io.BytesIO(environ["wsgi.input"].read(int(length)))
+        elif environ.get("wsgi.input_terminated"):  # chunked: the server de-chunks up to the last chunk
+            environ["wsgi.input"] = io.BytesIO(environ["wsgi.input"].read())
         with lock:
             answer = app(environ, start_response)
             try:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import pyarrow as pa
 
 from barrierflow import faults, storage
-from barrierflow.checkpoint import Barrier, CheckpointRecord, Manifest, StagedFile, TableCommit, TableKind, app_id
+from barrierflow.checkpoint import Barrier, CheckpointRecord, Manifest, TableCommit, TableKind, app_id
 from barrierflow.delta_commit import schema_json_of
 from barrierflow.errors import CheckpointError, FencedError, PipelineDefinitionError
 from barrierflow.layout import PipelineLayout

@@ -69,7 +69,6 @@ def stage_frame(
     ``tasks=1`` writes the same files from one task, without a shuffle (for
     frames known to be small).
     """
-    from pyspark.sql import functions as F
 
     constants = dict(constants or {})
     frame = df.select(*[name for name in schema.names if name not in constants])

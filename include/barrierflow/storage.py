@@ -20,11 +20,11 @@ write counts as this call's own when it holds exactly this call's bytes.
 Documents of the protocol carry unique tokens, so equal bytes mean the same
 write.
 
-Which parts of barrierflow accept ``s3://`` in this release is stated where
-they check: landing directories of JSON Lines sources do (executors read them
-through :func:`open_input`); a warehouse stays local (:func:`require_local`),
-because the tables' data path reads through Spark, which has no S3 connector
-here.
+Every durable location accepts ``s3://``: warehouse, landing directories,
+savepoints. Spark here has no S3 connector, so executors do their object-store
+I/O through pyarrow inside Python tasks (:func:`arrow_filesystem`,
+:func:`open_input`; :mod:`barrierflow.table_files` reads tables' data files),
+and Delta commits go through delta-rs, which reads the same AWS environment.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ __all__ = [
     "join_uri",
     "local_path",
     "is_local",
-    "require_local",
     "normalize_uri",
     "put_if_absent",
     "read_bytes",
@@ -92,18 +91,6 @@ def normalize_uri(uri: str) -> str:
 def is_local(uri: str) -> bool:
     """Whether ``uri`` is a local path or ``file://`` URI."""
     return urlparse(uri).scheme in ("", "file")
-
-
-def require_local(uri: str, what: str) -> str:
-    """``uri`` normalized, or a :class:`ConfigurationError` saying ``what`` must be local in this release."""
-    normalized = normalize_uri(uri)
-    if not is_local(normalized):
-        raise ConfigurationError(
-            f"{what} {uri!r} is on an object store: this release keeps {what}s on local paths and file:// URIs "
-            "(the storage layer's conditional writes and the epoch lease already work on s3://; the tables' data "
-            "path, read through Spark without an S3 connector, does not yet)"
-        )
-    return normalized
 
 
 def local_path(uri: str) -> str:
@@ -345,7 +332,7 @@ def put_if_absent(uri: str, data: bytes) -> bool:
             _fsync_dir(directory)
         return created
     except OSError as exc:
-        raise StorageError(f"cannot write {uri}: {exc}") from exc
+        raise StorageError(f"cannot write {uri}: {_describe(exc)}") from exc
 
 
 def compare_and_swap(uri: str, data: bytes, version: str) -> str | None:
@@ -386,7 +373,7 @@ def compare_and_swap(uri: str, data: bytes, version: str) -> str | None:
             _fsync_dir(directory)
             return _local_version(os.stat(path))
     except OSError as exc:
-        raise StorageError(f"cannot write {uri}: {exc}") from exc
+        raise StorageError(f"cannot write {uri}: {_describe(exc)}") from exc
 
 
 def write_json_if_absent(uri: str, document: Any) -> bool:
@@ -427,6 +414,9 @@ def remove_tree(uri: str) -> None:
     _s3_call(uri, "delete", delete_all)
 
 
+_ARROW_ATTEMPTS = 10
+
+
 def arrow_filesystem(uri: str) -> "tuple[Any, str]":
     """The pyarrow file system and path behind ``uri``: how executor tasks write files."""
     from pyarrow import fs
@@ -435,7 +425,15 @@ def arrow_filesystem(uri: str) -> "tuple[Any, str]":
         return fs.LocalFileSystem(), local_path(uri)
     bucket, key = _s3_location(uri)
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    options: dict[str, Any] = {"region": _s3_region()}
+    options: dict[str, Any] = {
+        "region": _s3_region(),
+        # Executors' reads and writes are idempotent (whole objects under unique
+        # names), so transient errors are retried here, with backoff; bounded
+        # timeouts turn a stalled connection into one of them.
+        "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=_ARROW_ATTEMPTS),
+        "connect_timeout": 10,
+        "request_timeout": 60,
+    }
     if endpoint:
         parsed = urlparse(endpoint)
         options.update(endpoint_override=parsed.netloc, scheme=parsed.scheme or "https")
@@ -532,6 +530,20 @@ def _retryable(exc: Exception) -> bool:
     return False
 
 
+def _describe(exc: Exception) -> str:
+    """An S3 client error, with what to set when it is missing configuration."""
+    from botocore.exceptions import NoCredentialsError, NoRegionError
+
+    if isinstance(exc, NoCredentialsError):
+        return (
+            f"{exc}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile or instance role); "
+            "DAG tasks take them from the Airflow connection aws_default"
+        )
+    if isinstance(exc, NoRegionError):
+        return f"{exc}: set AWS_REGION"
+    return str(exc)
+
+
 def _s3_call(uri: str, action: str, call: Callable[[Any], _T]) -> _T:
     """``call(client)``, retried on transport and server errors (it must be idempotent); errors wrapped."""
     from botocore.exceptions import BotoCoreError, ClientError
@@ -543,7 +555,7 @@ def _s3_call(uri: str, action: str, call: Callable[[Any], _T]) -> _T:
             if _retryable(exc) and attempt + 1 < _CONDITIONAL_ATTEMPTS:
                 time.sleep(0.1 * 2**attempt)
                 continue
-            raise StorageError(f"cannot {action} {uri}: {exc}") from exc
+            raise StorageError(f"cannot {action} {uri}: {_describe(exc)}") from exc
     raise AssertionError("unreachable")
 
 
@@ -578,10 +590,10 @@ def _s3_conditional_put(uri: str, bucket: str, key: str, data: bytes, condition:
                 time.sleep(0.1 * 2**attempt)
                 continue
             if not _retryable(exc) or attempt + 1 == _CONDITIONAL_ATTEMPTS:
-                raise StorageError(f"cannot write {uri}: {exc}") from exc
+                raise StorageError(f"cannot write {uri}: {_describe(exc)}") from exc
         except BotoCoreError as exc:
             if not _retryable(exc) or attempt + 1 == _CONDITIONAL_ATTEMPTS:
-                raise StorageError(f"cannot write {uri}: {exc}") from exc
+                raise StorageError(f"cannot write {uri}: {_describe(exc)}") from exc
         uncertain = True  # 2
         time.sleep(0.1 * 2**attempt)
     raise AssertionError("unreachable")

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 
-def dag_settings(warehouse: Path, **overrides: Any) -> DagSettings:
+def dag_settings(warehouse: Path | str, **overrides: Any) -> DagSettings:
     """Settings for tests: fast retries (1-2 s), a short lease wait, a small driver."""
     values: dict[str, Any] = dict(
         warehouse=str(warehouse),

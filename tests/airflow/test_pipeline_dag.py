@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def _landing(tmp_path: Path, files: int, seed: int) -> Path:
     return landing
 
 
-def _dag(warehouse: Path, landing: Path, **settings: object):
+def _dag(warehouse: Path | str, landing: Path, **settings: object):
     return build_pipeline_dag(
         "sensor_stats",
         dag_settings(warehouse, **settings),
@@ -61,7 +62,7 @@ def _dag(warehouse: Path, landing: Path, **settings: object):
     )
 
 
-def _coordinator(warehouse: Path, landing: Path) -> CheckpointCoordinator:
+def _coordinator(warehouse: Path | str, landing: Path) -> CheckpointCoordinator:
     return CheckpointCoordinator(get_pipeline("sensor_stats"), {"landing_dir": str(landing)}, str(warehouse))
 
 
@@ -216,6 +217,32 @@ def test_backfill_runs_one_epoch_per_data_interval_in_order(
 
     assert_matches_reference(warehouse, run_reference([files[:2], files[2:]], 30))
     assert_one_commit_per_table_per_epoch(warehouse, 2)
+
+
+def test_an_s3_warehouse_reached_through_the_airflow_aws_connection(
+    tmp_path: Path, warehouse: Path, s3_server: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tasks know S3 only from ``aws_default``: without it they would try AWS itself."""
+    import boto3
+
+    from s3_server import aws_env
+
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_ALLOW_HTTP"):
+        monkeypatch.delenv(name, raising=False)  # also removed again after the test, when the tasks set them
+    endpoint = s3_server.endpoint  # type: ignore[attr-defined]
+    conn = {"conn_type": "aws", "login": "testing", "password": "testing", "extra": {"region_name": "us-east-1", "endpoint_url": endpoint}}
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(conn))
+    bucket = f"dag-{uuid.uuid4().hex[:16]}"
+    credentials = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
+    boto3.session.Session().client("s3", endpoint_url=endpoint, **credentials).create_bucket(Bucket=bucket)
+    s3_warehouse = f"s3://{bucket}/warehouse"
+    landing = _landing(tmp_path, files=2, seed=9)
+    run = run_dag(_dag(s3_warehouse, landing), minute(2035, 1, 3, 0, 1), {"max_files_per_epoch": 1, "catch_up_epochs": 3})
+    assert run.state == "success", run.tasks
+    for name, value in aws_env(endpoint).items():
+        monkeypatch.setenv(name, value)
+    assert completed_epochs(_coordinator(s3_warehouse, landing)) == [1, 2]
+    assert_matches_reference(s3_warehouse, reference_for(landing, 1))
 
 
 def test_a_pipeline_without_its_required_param_fails_at_once_saying_how_to_set_it(

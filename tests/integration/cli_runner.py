@@ -29,7 +29,7 @@ def cli_env(fault: str | None = None, master: str = "local[2]") -> dict[str, str
 
 
 def run_sensor_stats(
-    warehouse: Path, landing: Path, fault: str | None = None, extra: Sequence[str] = (), master: str = "local[2]"
+    warehouse: Path | str, landing: Path | str, fault: str | None = None, extra: Sequence[str] = (), master: str = "local[2]"
 ) -> subprocess.CompletedProcess[str]:
     cmd = barrierflow_cmd(
         "run", "sensor_stats", "--warehouse", str(warehouse),
@@ -42,8 +42,8 @@ run_cli = run_sensor_stats
 
 
 def kill_runs_at_random_times(
-    warehouse: Path, landing: Path | str, runs: int, rng: random.Random, *, seconds: tuple[float, float],
-    max_files_per_epoch: int,
+    warehouse: Path | str, landing: Path | str, runs: int, rng: random.Random, *, seconds: tuple[float, float],
+    max_files_per_epoch: int, master: str = "local[2]",
 ) -> None:
     """Start ``run sensor_stats`` ``runs`` times, each killed (the driver and its JVM) after a random time."""
     for _ in range(runs):
@@ -52,7 +52,7 @@ def kill_runs_at_random_times(
                 "run", "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}",
                 "--param", f"max_files_per_epoch={max_files_per_epoch}", "--until-caught-up",
             ),
-            env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            env=cli_env(master=master), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         time.sleep(rng.uniform(*seconds))
         os.killpg(proc.pid, signal.SIGKILL)  # as a lost machine would

@@ -20,11 +20,11 @@ def reference_for(landing: Path, max_files: int, ooo: int = 30) -> ReferenceResu
     return run_reference(split_epochs(landing, max_files), ooo)
 
 
-def _rows(warehouse: Path, sql: str) -> list[dict[str, Any]]:
+def _rows(warehouse: Path | str, sql: str) -> list[dict[str, Any]]:
     return run_query(str(warehouse), "sensor_stats", sql).to_pylist()
 
 
-def table_snapshot(warehouse: Path) -> dict[str, list[dict[str, Any]]]:
+def table_snapshot(warehouse: Path | str) -> dict[str, list[dict[str, Any]]]:
     """Every output table, sorted, for exact comparisons between runs."""
     return {
         "totals": _rows(warehouse, "select sensor_id, count, sum, min, max from sensor_totals order by sensor_id"),
@@ -39,7 +39,7 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
 
 
-def assert_matches_reference(warehouse: Path, ref: ReferenceResult) -> None:
+def assert_matches_reference(warehouse: Path | str, ref: ReferenceResult) -> None:
     snap = table_snapshot(warehouse)
     totals = {r["sensor_id"]: r for r in snap["totals"]}
     assert set(totals) == set(ref.sensor_totals)
@@ -74,12 +74,12 @@ def assert_matches_reference(warehouse: Path, ref: ReferenceResult) -> None:
     assert reasons[0]["n"] == 0
 
 
-def _completed(warehouse: Path) -> list[Any]:
+def _completed(warehouse: Path | str) -> list[Any]:
     layout = PipelineLayout.of(str(warehouse), "sensor_stats")
     return [r for r in CheckpointLog(layout).records() if r.status.value == "COMPLETED"]
 
 
-def assert_one_commit_per_table_per_epoch(warehouse: Path, epochs: int) -> None:
+def assert_one_commit_per_table_per_epoch(warehouse: Path | str, epochs: int) -> None:
     completed = _completed(warehouse)
     assert sorted(r.epoch for r in completed) == list(range(1, epochs + 1)), "each epoch completed exactly once"
     layout = PipelineLayout.of(str(warehouse), "sensor_stats")
@@ -91,7 +91,7 @@ def assert_one_commit_per_table_per_epoch(warehouse: Path, epochs: int) -> None:
         assert sorted(epochs_committed) == list(range(1, epochs + 1)), (name, sorted(epochs_committed))
 
 
-def assert_nothing_staged_visible(warehouse: Path) -> None:
+def assert_nothing_staged_visible(warehouse: Path | str) -> None:
     """Every live file of every table belongs to the winning manifest of its epoch."""
     from barrierflow import storage
     from barrierflow.checkpoint import Manifest

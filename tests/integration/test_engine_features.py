@@ -100,8 +100,8 @@ def test_process_function_state_types_across_record_bounded_epochs(spark: Any, t
     assert state == [{"user": "u1", "value": 30}, {"user": "u2", "value": 7}]
 
 
-def test_delta_table_source_reads_each_version_once(spark: Any, tmp_path: Path) -> None:
-    source_uri = str(tmp_path / "events_table")
+def test_delta_table_source_reads_each_version_once(spark: Any, warehouse: str) -> None:
+    source_uri = f"{warehouse.rsplit('/', 1)[0]}/events_table"  # beside the warehouse, on the same store
     write_deltalake(source_uri, pa.table({"user": ["a", "b"], "page": ["x", "y"], "ms": [1, 2]}))
 
     @pipeline("from_delta", params=[Param("parallelism", int, 2)])
@@ -112,7 +112,6 @@ def test_delta_table_source_reads_each_version_once(spark: Any, tmp_path: Path) 
             "per_user", Count(), Sum("ms", "total_ms")
         ).sink_to(DeltaSink.upsert("user_totals", key="user"))
 
-    warehouse = str(tmp_path / "wh")
     run = lambda: CheckpointCoordinator(from_delta, {}, warehouse, spark_factory=lambda: spark).run(until_caught_up=True)  # noqa: E731
     assert len(run()) == 1
     write_deltalake(source_uri, pa.table({"user": ["a"], "page": ["z"], "ms": [5]}), mode="append")
@@ -124,6 +123,41 @@ def test_delta_table_source_reads_each_version_once(spark: Any, tmp_path: Path) 
         {"user": "b", "count": 1, "total_ms": 2.0},
         {"user": "c", "count": 1, "total_ms": 9.0},
     ]
+
+
+def test_parquet_landing_files_split_by_records_keep_arrival_order(spark: Any, warehouse: str) -> None:
+    """Parquet landing files beside the warehouse (on S3: read by Python tasks), cut into epochs of 3 records."""
+    import io
+
+    from barrierflow import storage
+
+    landing = f"{warehouse.rsplit('/', 1)[0]}/landing"
+    files = {
+        "a.parquet": [("u1", "home", 10), ("u2", "home", 5), ("u1", "cart", 30), ("u1", "home", 20)],
+        "b.parquet": [("u2", "cart", 7), ("u1", "cart", 1)],
+    }
+    for name, rows in files.items():
+        buffer = io.BytesIO()
+        table = pa.table({k: list(v) for k, v in zip(("user", "page", "ms"), zip(*rows))}, schema=EVENTS)
+        pq.write_table(table, buffer, row_group_size=2)  # epoch 1 ends inside a.parquet's second row group
+        assert storage.put_if_absent(storage.join_uri(landing, name), buffer.getvalue())
+
+    @pipeline("parquet_clicks", params=[Param("landing_dir", str)])
+    def parquet_clicks(p: PipelineBuilder, params: dict[str, Any]) -> None:
+        source = FileSource("clicks", params["landing_dir"], format="parquet", max_files_per_epoch=10, max_records_per_epoch=3)
+        p.source(source).key_by("user").process("per_user", PageStats()).sink_to(DeltaSink.append("visits"))
+
+    results = CheckpointCoordinator(parquet_clicks, {"landing_dir": landing}, warehouse, spark_factory=lambda: spark).run(until_caught_up=True)
+    assert [r.epoch for r in results] == [1, 2]
+    # A plain-Python reference of PageStats over the rows in arrival order.
+    expected, visits, last, longest = [], {}, {}, {}
+    for epoch, (user, page, ms) in [(1 if i < 3 else 2, row) for i, row in enumerate(files["a.parquet"] + files["b.parquet"])]:
+        visits[user, page] = visits.get((user, page), 0) + 1
+        longest[user] = max(longest.get(user, ms), ms)
+        expected.append((user, page, visits[user, page], last.get(user), longest[user], epoch))
+        last[user] = page
+    rows = run_query(warehouse, "parquet_clicks", "select user, page, visits, previous, longest, _epoch from visits").to_pylist()
+    assert sorted(tuple(r.values()) for r in rows) == sorted(expected)
 
 
 def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(spark: Any, tmp_path: Path) -> None:

@@ -1,33 +1,42 @@
-"""Landing files on S3 (moto's server on loopback), read through a fault-injecting proxy, under kill -9: exactly once.
+"""A warehouse and landing prefix on S3 (moto's server on loopback), behind a fault-injecting proxy, under kill -9.
 
-The warehouse stays local in this release; the landing prefix is ``s3://``,
-reached through ``tests/s3_fault_proxy.py`` (5xx before and after a request
-took effect, dropped answers, resets, delays). The CLI runs with the AWS
-environment pointing at the proxy, as a user's driver and executors would
-point at their endpoint. A run that a fault or a kill ends is simply run
-again, as a scheduler would.
+Everything durable lives on ``s3://``: the landing files, every table, the
+checkpoint log, the lineages, barriers, manifests and the epoch lease. The
+CLI runs with executors in their own JVMs (``local-cluster``), all of them
+reaching S3 only through ``tests/s3_fault_proxy.py`` (5xx before and after a
+request took effect, dropped answers, resets, delays), as a deployment's
+driver and executors reach their endpoint. A run that a fault or a kill ends
+is simply run again, as a scheduler would. Afterwards maintenance leaves
+only the files the tables still read.
 """
 
 from __future__ import annotations
 
 import random
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 
+from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.maintenance import run_maintenance
+from barrierflow.registry import get_pipeline
 from cli_runner import kill_runs_at_random_times, run_sensor_stats, sensor_stats_tables_per_epoch
+from maintenance_check import unreferenced_files
 from s3_fault_proxy import FaultProxy
 from s3_server import aws_env
-from sensor_check import assert_matches_reference, assert_nothing_staged_visible, reference_for
+from sensor_check import assert_matches_reference, assert_nothing_staged_visible, reference_for, table_snapshot
 
 pytestmark = pytest.mark.slow
 
+EXECUTORS_IN_OWN_JVMS = "local-cluster[2,1,1024]"
 
-def test_sensor_stats_from_s3_under_faults_and_kill_minus_nine_matches_the_reference(
+
+def test_sensor_stats_on_s3_under_faults_and_kill_minus_nine_matches_the_reference(
     s3_server: Any, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     local = tmp_path / "generated"
@@ -36,26 +45,44 @@ def test_sensor_stats_from_s3_under_faults_and_kill_minus_nine_matches_the_refer
     client = boto3.session.Session().client("s3")
     for path in sorted(local.iterdir()):  # landed in name order, as a producer would
         client.put_object(Bucket=bucket, Key=f"landing/{path.name}", Body=path.read_bytes())
-    proxy = FaultProxy(s3_server.endpoint, rate=0.25, seed=7)
+    proxy = FaultProxy(s3_server.endpoint, rate=0.1, seed=7)
     monkeypatch.setenv("AWS_ENDPOINT_URL", aws_env(proxy.endpoint)["AWS_ENDPOINT_URL"])
-    landing, warehouse = f"{s3_bucket}/landing", tmp_path / "wh"
+    landing, warehouse = f"{s3_bucket}/landing", f"{s3_bucket}/warehouse"
+    run = dict(master=EXECUTORS_IN_OWN_JVMS)
+    started = time.monotonic()
     try:
         # 1. Killed between two tables' commits of epoch 2.
-        crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{sensor_stats_tables_per_epoch() + 2}")  # type: ignore[arg-type]
+        crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{sensor_stats_tables_per_epoch() + 2}", **run)
         assert crashed.returncode in (-signal.SIGKILL, 1), crashed.stderr[-2000:]  # 1: a fault ended it first
-        # 2. Killed (the driver and its JVM) at random times.
-        kill_runs_at_random_times(warehouse, landing, 2, random.Random(2026), seconds=(8.0, 16.0), max_files_per_epoch=2)
+        print(f"\n{time.monotonic() - started:.0f} s: killed between commits (rc {crashed.returncode})\n{crashed.stdout[-600:]}")
+        # 2. Killed (the driver, its JVM and the executors' JVMs) at random times.
+        kill_runs_at_random_times(warehouse, landing, 2, random.Random(2026), seconds=(15.0, 30.0), max_files_per_epoch=2, **run)
+        print(f"{time.monotonic() - started:.0f} s: two runs killed at random times")
         # 3. Run again until a run ends well (each retry is what a scheduler would do).
         failures = []
         for _ in range(6):
-            final = run_sensor_stats(warehouse, landing)  # type: ignore[arg-type]
+            final = run_sensor_stats(warehouse, landing, **run)
+            print(f"{time.monotonic() - started:.0f} s: a run ended with {final.returncode}\n{final.stdout[-600:]}")
             if final.returncode == 0:
                 break
             failures.append(final.stderr.strip().splitlines()[-1:])
         assert final.returncode == 0, (failures, final.stderr[-2000:])
     finally:
         proxy.stop()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    # No duplicate, no loss, no state difference: every output and state equals the reference.
     assert_matches_reference(warehouse, reference_for(local, 2))
     assert_nothing_staged_visible(warehouse)
     assert sum(proxy.faults.values()) > 0
-    print(f"faults injected {dict(proxy.faults)}, requests forwarded {proxy.forwarded}, failed runs {len(failures)}")
+    # Maintenance leaves exactly the files the current and the retained versions read.
+    params = {"landing_dir": landing, "max_files_per_epoch": 2}
+    report = run_maintenance(get_pipeline("sensor_stats"), warehouse, retained_checkpoints=1, vacuum_retention_hours=0, params=params)
+    coordinator = CheckpointCoordinator(get_pipeline("sensor_stats"), params, warehouse, spark_factory=lambda: None)
+    left = unreferenced_files(coordinator, report.retained_epochs)
+    assert left == {}, {name: sorted(paths)[:3] for name, paths in left.items()}
+    rows = sum(len(rows) for rows in table_snapshot(warehouse).values())
+    print(
+        f"faults injected {dict(proxy.faults)}, requests forwarded {proxy.forwarded}, failed runs {len(failures)}; "
+        f"{rows} output rows equal the reference; maintenance deleted {sum(report.vacuumed_files.values())} files, "
+        f"unreferenced files left 0"
+    )

@@ -51,8 +51,7 @@ def _params(landing: Path) -> dict[str, Any]:
     return {"landing_dir": str(landing), "max_files_per_epoch": MAX_FILES}
 
 
-def test_savepoint_then_restore_with_rewind_equals_reference(run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path) -> None:
-    warehouse = tmp_path / "wh"
+def test_savepoint_then_restore_with_rewind_equals_reference(run_epochs: Callable[..., list[int]], landing: Path, warehouse: str) -> None:
     assert run_epochs(warehouse, epochs=2) == [1, 2]
     sp = create_savepoint(sensor_stats, str(warehouse), name="before-3", description="after epoch 2", params=_params(landing))
     assert (sp.epoch, sp.name, sp.stopped) == (2, "before-3", False)
@@ -168,8 +167,7 @@ def test_savepoint_copied_to_another_warehouse(run_epochs: Callable[..., list[in
     )
 
 
-def test_restore_retained_epoch_and_maintenance(run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path) -> None:
-    warehouse = tmp_path / "wh"
+def test_restore_retained_epoch_and_maintenance(run_epochs: Callable[..., list[int]], landing: Path, warehouse: str) -> None:
     run_epochs(warehouse)
     report = run_maintenance(sensor_stats, str(warehouse), retained_checkpoints=2, vacuum_retention_hours=0, params=_params(landing))
     assert report.retained_epochs == (3, 4)

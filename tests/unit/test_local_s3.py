@@ -48,3 +48,29 @@ def _winners(app: Callable[..., Any], writers: int = 8) -> int:
 def test_racing_conditional_puts_have_exactly_one_winner() -> None:
     assert _winners(_check_then_put_app()) > 1  # the race the endpoint exists to close
     assert _winners(serialized(_check_then_put_app())) == 1
+
+
+def test_a_stalled_chunked_upload_holds_nobody_up(s3_bucket: str) -> None:
+    """A client that starts a chunked PUT and stalls must not block the endpoint (its body is read outside the lock)."""
+    import http.client
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    from barrierflow import storage
+
+    endpoint = urlparse(os.environ["AWS_ENDPOINT_URL"])
+    bucket = s3_bucket.removeprefix("s3://")
+    stalled = socket.create_connection((endpoint.hostname, endpoint.port))
+    try:
+        stalled.sendall(
+            f"PUT /{bucket}/stalled HTTP/1.1\r\nHost: {endpoint.netloc}\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab".encode()
+        )
+        time.sleep(0.5)  # the server is now waiting for the rest of that body
+        assert storage.put_if_absent(f"{s3_bucket}/other", b"x")  # answered all the same
+        chunked = http.client.HTTPConnection(endpoint.hostname, endpoint.port, timeout=10)
+        chunked.request("PUT", f"/{bucket}/chunked", body=iter([b"hello ", b"world"]), encode_chunked=True)
+        assert chunked.getresponse().status == 200
+        assert storage.read_bytes(f"{s3_bucket}/chunked") == b"hello world"
+    finally:
+        stalled.close()

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from barrierflow import storage
 from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.maintenance import _tables, run_maintenance
+from barrierflow.maintenance import run_maintenance
+from maintenance_check import assert_only_referenced_files, data_files
 from stub_engine import LINES, stub_compute
 
 FILES, LINES_PER_FILE = 12, 3
@@ -35,18 +35,6 @@ def _coordinator(warehouse: Path, landing: Path) -> CheckpointCoordinator:
         LINES, {"landing_dir": str(landing), "max_files_per_epoch": 1}, str(warehouse),
         spark_factory=lambda: None, compute=stub_compute,
     )
-
-
-def _data_files(uri: str) -> set[str]:
-    """Every Parquet file of the table on disk, wherever it lies (not the log's own checkpoints)."""
-    return {f.path for f in storage.walk(uri) if f.path.endswith(".parquet") and not f.path.startswith("_delta_log/")}
-
-
-def _referenced(uri: str, versions: set[int]) -> set[str]:
-    paths = set(DeltaTable(uri).file_uris())
-    for version in versions:
-        paths |= set(DeltaTable(uri, version=version).file_uris())
-    return {p.removeprefix(uri.rstrip("/") + "/") for p in paths}
 
 
 def _aged(path: Path, hours: float) -> Path:
@@ -77,7 +65,7 @@ def test_maintenance_keeps_exactly_the_referenced_files_and_compacts_the_log(tmp
 
     assert report.retained_epochs == (FILES - 1, FILES)
     assert "_checkpoints" in report.compacted_tables and "dedup__seen" in report.compacted_tables
-    _assert_only_referenced_files(coordinator, report.retained_epochs, ignore={str(pending.relative_to(sink))})
+    assert_only_referenced_files(coordinator, report.retained_epochs, ignore={str(pending.relative_to(sink))})
     assert not stray.exists() and pending.exists()
     # The log: its rows as they were, in one file.
     assert len(DeltaTable(layout.checkpoint_log).file_uris()) == 1
@@ -91,18 +79,7 @@ def test_maintenance_keeps_exactly_the_referenced_files_and_compacts_the_log(tmp
     # Once no retained checkpoint reads the state from before the compaction, its staged files go.
     again = run_maintenance(LINES, str(warehouse), retained_checkpoints=1, vacuum_retention_hours=0, params=coordinator.params)
     assert again.vacuumed_files["dedup__seen"] >= FILES
-    _assert_only_referenced_files(coordinator, again.retained_epochs, ignore={str(pending.relative_to(sink))})
-
-
-def _assert_only_referenced_files(coordinator: CheckpointCoordinator, retained_epochs: tuple[int, ...], ignore: set[str]) -> None:
-    """Every table holds exactly the files its current version or a retained checkpoint reads; those still read."""
-    lineage = coordinator.current_lineage()["lineage_id"]
-    retained = [r for r in coordinator.log.records() if r.lineage_id == lineage and r.epoch in retained_epochs]
-    for name, uri in _tables(coordinator):
-        keep = {r.versions()[name] for r in retained if name in r.versions()}
-        assert _data_files(uri) - ignore == _referenced(uri, keep), name
-        for version in keep:
-            DeltaTable(uri, version=version).to_pyarrow_table()
+    assert_only_referenced_files(coordinator, again.retained_epochs, ignore={str(pending.relative_to(sink))})
 
 
 def test_unreferenced_files_younger_than_the_retention_are_kept(tmp_path: Path, landing: Path) -> None:
@@ -110,12 +87,12 @@ def test_unreferenced_files_younger_than_the_retention_are_kept(tmp_path: Path, 
     coordinator = _coordinator(warehouse, landing)
     coordinator.run(until_caught_up=True)
     state = coordinator.layout.state_table("dedup", "seen")
-    staged = _data_files(state)
+    staged = data_files(state)
     run_maintenance(LINES, str(warehouse), retained_checkpoints=1, vacuum_retention_hours=0, params=coordinator.params)
     _write(landing, FILES, 1)
     _coordinator(warehouse, landing).run(until_caught_up=True)  # the retained checkpoint now reads the compacted state
     young = run_maintenance(LINES, str(warehouse), retained_checkpoints=1, vacuum_retention_hours=1, params=coordinator.params)
-    assert young.vacuumed_files["dedup__seen"] == 0 and staged <= _data_files(state)  # written just now: kept
+    assert young.vacuumed_files["dedup__seen"] == 0 and staged <= data_files(state)  # written just now: kept
 
 
 def test_epochs_keep_the_checkpoint_log_to_a_bounded_number_of_files(

@@ -150,3 +150,19 @@ def test_two_processes_never_both_hold_the_lease_under_faults(faulty_bucket: tup
     finally:
         holder.release()
         contender.release()
+
+
+def test_executor_writes_and_reads_through_the_proxy_survive_its_faults(faulty_bucket: tuple[str, FaultProxy, Any]) -> None:
+    """pyarrow's S3 client (what executors use) retries the proxy's faults; chunked uploads pass through whole."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root, proxy, direct = faulty_bucket
+    table = pa.table({"k": list(range(1000)), "v": [str(i) for i in range(1000)]})
+    for i in range(6):
+        filesystem, path = storage.arrow_filesystem(f"{root}/t/part-{i}.parquet")
+        filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        pq.write_table(table, path, filesystem=filesystem)
+        assert pq.read_table(path, filesystem=filesystem).equals(table)
+    assert len(direct.list_objects_v2(Bucket=root.removeprefix("s3://"), Prefix="t/part-")["Contents"]) == 6
+    assert sum(proxy.faults.values()) > 0

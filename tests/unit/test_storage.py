@@ -102,8 +102,6 @@ def test_s3_uris_are_normalized_but_a_warehouse_stays_local() -> None:
     assert storage.normalize_uri("s3://bucket/warehouse/") == "s3://bucket/warehouse"
     assert storage.normalize_uri("s3://bucket/") == "s3://bucket"
     assert not storage.is_local("s3://bucket/w") and storage.is_local("file:///w") and storage.is_local("w")
-    with pytest.raises(ConfigurationError, match="warehouse 's3://bucket/w' is on an object store"):
-        storage.require_local("s3://bucket/w", "warehouse")
     with pytest.raises(StorageError, match="needs a local path"):
         storage.local_path("s3://bucket/w/x")
 
@@ -150,3 +148,16 @@ def test_put_if_absent_failed_write_leaves_no_temp_file(tmp_path: Path, monkeypa
     monkeypatch.undo()
     assert not (tmp_path / "obj").exists()
     assert _temp_files(tmp_path) == [], "temporary file left behind"
+
+
+def test_missing_aws_credentials_are_named_with_what_to_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # never reached: signing fails first
+    with pytest.raises(StorageError, match="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY .* aws_default"):
+        storage.read_bytes("s3://bucket/doc")
+    with pytest.raises(StorageError, match="set AWS_ACCESS_KEY_ID"):
+        storage.put_if_absent("s3://bucket/doc", b"x")

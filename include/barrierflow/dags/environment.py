@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Mapping, MutableMapping
 
+from barrierflow.storage import normalize_uri
+
 __all__ = [
     "LOCAL_SPARK_CONNECTION",
     "SPARK_CONN_ENV",
@@ -62,7 +64,7 @@ def airflow_environment(
 
     ``home`` becomes ``AIRFLOW_HOME`` with its SQLite metadata database;
     the DAGs and plugins folders are the project's ``dags/`` and ``plugins/``;
-    example DAGs are off. ``warehouse`` (made absolute) sets
+    example DAGs are off. ``warehouse`` (a local path made absolute, or ``s3://...``) sets
     ``BARRIERFLOW_WAREHOUSE``; ``spark_master`` sets the default Spark
     connection (``local[*]`` when not given); ``engine_address`` (``sc://host:port``)
     sets the warm engine's ``spark_connect_default``. The venv's ``bin`` goes first on
@@ -93,7 +95,7 @@ def airflow_environment(
         "PATH": path,
     }
     if warehouse is not None:
-        env["BARRIERFLOW_WAREHOUSE"] = os.path.abspath(os.fspath(warehouse))
+        env["BARRIERFLOW_WAREHOUSE"] = normalize_uri(os.fspath(warehouse))  # a local path made absolute, or s3://
     if engine_address is not None:
         env[ENGINE_CONN_ENV] = engine_connection(engine_address)
     return env

@@ -8,7 +8,8 @@ scheduler, workers) should see alike:
 =====================================  ==========================================  ===================
 variable                               meaning                                     default
 =====================================  ==========================================  ===================
-``BARRIERFLOW_WAREHOUSE``              warehouse directory (made absolute)         ``./warehouse``
+``BARRIERFLOW_WAREHOUSE``              warehouse: a directory (made absolute) or   ``./warehouse``
+                                       ``s3://bucket/prefix``
 ``BARRIERFLOW_SCHEDULE``               cron or preset of the pipeline DAGs,        ``* * * * *``
                                        ``none`` for manual runs only
 ``BARRIERFLOW_MAINTENANCE_SCHEDULE``   cron or preset of ``barrierflow_maintenance``  ``@daily``
@@ -18,6 +19,9 @@ variable                               meaning                                  
 ``BARRIERFLOW_SPARK_CONN_ID``          Airflow connection of ``process``           ``spark_connect_default``
                                        (``spark_connect`` type in connect mode,    (``spark_default`` in
                                        ``spark`` type in spark-submit mode)        spark-submit mode)
+``BARRIERFLOW_AWS_CONN_ID``            Airflow connection (type ``aws``) whose     ``aws_default``
+                                       credentials, region and endpoint every      (none defined: the
+                                       task uses for ``s3://`` (aws_connection.py)  AWS environment)
 ``BARRIERFLOW_DRIVER_MEMORY``          spark-submit ``--driver-memory``            ``2g``
 ``BARRIERFLOW_TASK_RETRIES``           retries of every task                       ``3``
 ``BARRIERFLOW_RETRY_DELAY_SECONDS``    first retry delay (doubles each retry)      ``30``
@@ -38,6 +42,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
+from barrierflow.dags.aws_connection import AWS_CONN_ID_ENV, DEFAULT_AWS_CONN_ID, aws_pre_execute
 from barrierflow.errors import ConfigurationError
 from barrierflow.jobs import DEFAULT_LEASE_WAIT_S, LEASE_WAIT_ENV
 
@@ -112,6 +117,7 @@ class DagSettings:
     maintenance_schedule: str | None = "@daily"
     process_mode: str = CONNECT_MODE
     spark_conn_id: str | None = None  # None: the mode's default connection
+    aws_conn_id: str = DEFAULT_AWS_CONN_ID
     driver_memory: str = "2g"
     retries: int = 3
     retry_delay: timedelta = timedelta(seconds=30)
@@ -143,6 +149,7 @@ class DagSettings:
             maintenance_schedule=_schedule(env.get(MAINTENANCE_SCHEDULE_ENV, "@daily")),
             process_mode=mode,
             spark_conn_id=env.get(SPARK_CONN_ID_ENV) or None,
+            aws_conn_id=env.get(AWS_CONN_ID_ENV) or DEFAULT_AWS_CONN_ID,
             driver_memory=env.get(DRIVER_MEMORY_ENV) or "2g",
             retries=_number(env, RETRIES_ENV, 3, int),
             retry_delay=timedelta(seconds=_number(env, RETRY_DELAY_ENV, 30.0, float)),
@@ -162,9 +169,10 @@ class DagSettings:
         return os.path.join(self.spark_jobs_dir, "process_epoch.py")
 
     def default_args(self) -> dict[str, Any]:
-        """Retries with exponential backoff on every task."""
+        """Retries with exponential backoff on every task; each applies the AWS connection first."""
         return {
             "owner": "barrierflow",
+            "pre_execute": aws_pre_execute(self.aws_conn_id),
             "retries": self.retries,
             "retry_delay": self.retry_delay,
             "retry_exponential_backoff": 2.0,

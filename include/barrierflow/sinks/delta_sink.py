@@ -22,7 +22,8 @@ from barrierflow.checkpoint import Fence, TableCommit, TableKind
 from barrierflow.delta_commit import add_actions, commit_epoch_table, counted_rows, open_table
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node
-from barrierflow.storage import join_uri, local_path, remove_tree
+from barrierflow.storage import join_uri, remove_tree
+from barrierflow.table_files import PATH_COLUMN, read_parquet_files
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -123,27 +124,22 @@ class DeltaSink:
         paths comes back). Either way the rewrite stays a lazy frame, written
         by the executors, and the table's rows come out the same.
         """
-        from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import from_arrow_schema
-
         actions = add_actions(table)
         paths = actions.column("path").to_pylist()
         if not paths:
             return data, []
-        by_abs = {local_path(join_uri(uri, p)): p for p in paths}
-        spark_schema = from_arrow_schema(schema)
+        by_uri = {join_uri(uri, p): p for p in paths}
         changed = data.select(*self.key).distinct()
         rows = counted_rows(actions.column("num_records").to_pylist())
         if rows is not None and rows <= WHOLE_REWRITE_MAX_ROWS:
-            hit_paths = list(by_abs)
+            hit = list(by_uri)
         else:
-            stored = ctx.spark.read.schema(spark_schema).parquet(*by_abs).withColumn("_path", F.col("_metadata.file_path"))
-            hit = [r[0] for r in stored.join(changed, on=list(self.key), how="left_semi").select("_path").distinct().collect()]
+            stored = read_parquet_files(ctx.spark, list(by_uri), schema, with_path=True)
+            hit = [r[0] for r in stored.join(changed, on=list(self.key), how="left_semi").select(PATH_COLUMN).distinct().collect()]
             if not hit:
                 return data, []
-            hit_paths = [_strip_scheme(p) for p in hit]
-        kept = ctx.spark.read.schema(spark_schema).parquet(*hit_paths).join(changed, on=list(self.key), how="left_anti")
-        return kept.select(*schema.names).unionByName(data.select(*schema.names)), [by_abs[p] for p in sorted(hit_paths)]
+        kept = read_parquet_files(ctx.spark, hit, schema).join(changed, on=list(self.key), how="left_anti")
+        return kept.select(*schema.names).unionByName(data.select(*schema.names)), [by_uri[p] for p in sorted(hit)]
 
     @staticmethod
     def commit(
@@ -168,13 +164,6 @@ def _with_epoch(ctx: Any, rows: "DataFrame | pa.Table") -> "DataFrame | pa.Table
     if isinstance(rows, pa.Table):
         return rows.append_column(_EPOCH_FIELD, pa.repeat(pa.scalar(ctx.epoch, pa.int64()), rows.num_rows))
     return rows.withColumn("_epoch", F.lit(ctx.epoch).cast("long"))
-
-
-def _strip_scheme(path: str) -> str:
-    from urllib.parse import unquote, urlparse
-
-    parsed = urlparse(path)
-    return unquote(parsed.path) if parsed.scheme == "file" else path
 
 
 @dataclass

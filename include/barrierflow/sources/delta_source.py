@@ -17,6 +17,7 @@ from barrierflow.delta_commit import live_paths
 from barrierflow.errors import PipelineDefinitionError, SourceError
 from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
 from barrierflow.storage import join_uri, normalize_uri
+from barrierflow.table_files import ROW_INDEX_COLUMN, read_parquet_files
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -91,17 +92,16 @@ class DeltaSource:
         from pyspark.sql.pandas.types import from_arrow_schema
 
         base = normalize_uri(self.table_uri)
-        schema = from_arrow_schema(pa.schema(self._table(end["version"]).schema().to_arrow()))
+        schema = pa.schema(self._table(end["version"]).schema().to_arrow())
         frames = []
         # Arrival order: commit version, then file path, then row in the file.
         added = [path for v in range(end["from_version"] + 1, end["version"] + 1) for path in self._files_added(v)]
         for fidx, path in enumerate(added):
-            df = spark.read.schema(schema).parquet(join_uri(base, path))
-            frames.append(
-                df.select("*", arrival_seq(source_index, F.lit(fidx), F.col("_metadata.row_index") + 1).alias(SEQ))
-            )
+            df = read_parquet_files(spark, [join_uri(base, path)], schema, with_row_index=True)
+            seq = arrival_seq(source_index, F.lit(fidx), F.col(ROW_INDEX_COLUMN) + 1)
+            frames.append(df.select(*schema.names, seq.alias(SEQ)))
         if not frames:
-            records = spark.createDataFrame([], schema).select("*", F.lit(0).cast("long").alias(SEQ))
+            records = spark.createDataFrame([], from_arrow_schema(schema)).select("*", F.lit(0).cast("long").alias(SEQ))
         else:
             records = frames[0]
             for other in frames[1:]:

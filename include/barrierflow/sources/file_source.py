@@ -23,6 +23,7 @@ from barrierflow.errors import PipelineDefinitionError, SourceError
 from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
 from barrierflow.spark import session_cached
 from barrierflow.storage import join_uri, local_path, normalize_uri
+from barrierflow.table_files import parquet_schema, read_parquet_files
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -192,11 +193,6 @@ class FileSource:
                     "landing files must be kept until their epoch is completed"
                 )
         if self.format == "parquet":
-            if not storage.is_local(base):
-                raise SourceError(
-                    f"source {self.source_id}: Parquet landing files on an object store ({base}) are not read in "
-                    "this release (Spark here has no S3 connector); JSON Lines files are, or keep Parquet local"
-                )
             return self._read_parquet(spark, base, ranges, source_index)
         whole_files = all(from_line == 0 and to_line is None for _, from_line, to_line, _ in ranges)
         # Spark's own readers need a file system it can open; object-store files are read by Python tasks.
@@ -432,10 +428,13 @@ class FileSource:
         from pyspark.sql import functions as F
 
         frames = []
-        for fidx, (name, from_line, to_line, _) in enumerate(ranges):
-            df = spark.read.parquet(local_path(join_uri(base, name))).select(
-                "*", F.col("_metadata.row_index").alias("_row_index")
-            )
+        for fidx, (name, from_line, to_line, size) in enumerate(ranges):
+            uri = join_uri(base, name)
+            if storage.is_local(uri):  # Spark's reader, with the schema it reads from the file
+                df = spark.read.parquet(local_path(uri)).select("*", F.col("_metadata.row_index").alias("_row_index"))
+            else:  # Python tasks, with the schema of the file's footer
+                sizes = {uri: size} if size is not None and size >= 0 else None
+                df = read_parquet_files(spark, [uri], parquet_schema(uri), with_row_index=True, sizes=sizes)
             df = df.where(F.col("_row_index") >= from_line)
             if to_line is not None:
                 df = df.where(F.col("_row_index") < to_line)

@@ -25,6 +25,7 @@ from barrierflow.state import resident
 from barrierflow.state.worker_cache import StateFile, StateLookup, cache_limit_bytes, latest_rows, lookup_keys, unexpired
 from barrierflow.layout import COMPACTED_DIR
 from barrierflow.storage import join_uri
+from barrierflow.table_files import read_parquet_files
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -224,16 +225,11 @@ class DeltaStateBackend:
         aggregates in a hash map), else one ``max_by`` of a struct (a sort).
         """
         from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import from_arrow_schema
 
         ctx = self._ctx
-        schema = from_arrow_schema(spec.arrow_schema())
-        if not files:
-            df = ctx.spark.createDataFrame([], schema)
-        else:
-            df = ctx.spark.read.schema(schema).parquet(*files)
-            if key_groups is not None:
-                df = df.where(F.col(KEY_GROUP).isin(key_groups))
+        df = read_parquet_files(ctx.spark, files, spec.arrow_schema())
+        if files and key_groups is not None:
+            df = df.where(F.col(KEY_GROUP).isin(key_groups))
         key_columns = spec.key_columns
         small = key_count is not None and key_count <= BROADCAST_KEYS
         if keys is not None:

@@ -67,7 +67,7 @@ _SAVEPOINT_MODULE = "barrierflow.savepoint"
 
 def resolve_warehouse(warehouse: str | None = None) -> str:
     """The warehouse to show: ``warehouse``, else ``$BARRIERFLOW_WAREHOUSE``, else ``./warehouse``."""
-    return storage.require_local(warehouse or os.environ.get(WAREHOUSE_ENV) or "./warehouse", "warehouse")
+    return storage.normalize_uri(warehouse or os.environ.get(WAREHOUSE_ENV) or "./warehouse")
 
 
 def dag_id_for(pipeline: str) -> str:
@@ -236,7 +236,7 @@ def _live_bytes(uri: str, versions: Sequence[int]) -> dict[int, int]:
     for version in missing:
         try:
             if table is None:
-                table = DeltaTable(storage.local_path(uri), version=version)
+                table = DeltaTable(uri, version=version)
             else:
                 table.load_as_version(version)
             adds = pa.table(table.get_add_actions(flatten=False))
