@@ -123,7 +123,7 @@ class DevServerConfig:
 
     root: Path
     home: Path
-    warehouse: Path
+    warehouse: Path | str  # a local directory, or s3://bucket/prefix
     landing: Path
     port: int = DEFAULT_PORT
     engine_port: int = DEFAULT_ENGINE_PORT
@@ -728,7 +728,8 @@ def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
             _say(f"error: port {port} on {HOST} is already in use (another barrierflow?); use {what}")
             return 2
     for directory in (config.home, config.warehouse, config.landing):
-        directory.mkdir(parents=True, exist_ok=True)
+        if isinstance(directory, Path):
+            directory.mkdir(parents=True, exist_ok=True)
     write_password_file(config.password_file, config.user, config.password)
     env = devserver_environment(config)
     become_subreaper()

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 
 from barrierflow.errors import EngineUnavailableError
+from barrierflow.process_group import kill_group, stop_group
 from barrierflow.shipping import package_archive, ships_package
 from barrierflow.spark import DRIVER_JAVA_OPTIONS, application_conf
 from barrierflow.warmup import DEFAULT_WARM_UP_EPOCHS
@@ -199,7 +200,7 @@ class LocalEngine:
         while proc.poll() is None and time.monotonic() < deadline and not stop():
             time.sleep(0.25)
         if proc.poll() is None:
-            _kill_group(proc)
+            kill_group(proc)
             return False, f"warm-up still running after {wait_s:.0f} s: stopped"
         assert proc.stdout is not None
         lines = proc.stdout.read().decode("utf-8", "replace").strip().splitlines()
@@ -208,22 +209,14 @@ class LocalEngine:
     def kill(self) -> None:
         """SIGKILL the whole engine (the JVM and its Python workers): a crash, for tests."""
         if self.proc is not None:
-            _kill_group(self.proc)
+            kill_group(self.proc)
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM (Spark shuts down its workers), SIGKILL after ``grace_s``."""
         if self.warm_up_proc is not None:
-            _kill_group(self.warm_up_proc)
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        except ProcessLookupError:
-            pass
+            kill_group(self.warm_up_proc)
+        if self.proc is not None:
+            stop_group(self.proc, signal.SIGTERM, grace_s)
 
     def __enter__(self) -> "LocalEngine":
         return self.start() if self.proc is None else self
@@ -239,15 +232,6 @@ def default_warm_up_epochs(master: str) -> int:
 
 def _client_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-
-
-def _kill_group(proc: subprocess.Popen[Any]) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
 
 
 def serve(config: EngineConfig) -> int:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Callable
 
 from barrierflow.errors import ConfigurationError
+from barrierflow.process_group import stop_group
 
 __all__ = ["EmbeddedPostgres", "postgres_bin_dir", "DATABASE", "ROLE"]
 
@@ -68,7 +69,15 @@ class EmbeddedPostgres:
 
     @property
     def _socket_dir(self) -> Path:
-        return self.data_dir / "socket"
+        beside = self.data_dir / "socket"
+        if len(f"{beside}/.s.PGSQL.{self.port}") <= 100:
+            return beside
+        # A Unix socket path is limited to 107 bytes: a deep data directory gets a short private one.
+        import hashlib
+        import tempfile
+
+        digest = hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"barrierflow-pg-{digest}"
 
     def _run_as(self) -> Callable[[], None] | None:
         """Drop root to the ``postgres`` user in the child (PostgreSQL refuses root)."""
@@ -155,17 +164,8 @@ class EmbeddedPostgres:
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Fast shutdown (SIGINT: roll back open transactions, checkpoint, exit)."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        except ProcessLookupError:
-            pass
+        if self.proc is not None:
+            stop_group(self.proc, signal.SIGINT, grace_s)
 
 
 def _accepts(port: int) -> bool:

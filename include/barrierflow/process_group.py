@@ -1,0 +1,38 @@
+"""Stopping a child started in its own session: signal its whole process group, wait, then SIGKILL.
+
+Every long-running child barrierflow starts (the engine, PostgreSQL, the
+services of the topology) runs in a new session, so its process group holds
+whatever it started (Python workers, executors) and one signal reaches all.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from typing import Any
+
+__all__ = ["stop_group", "kill_group"]
+
+
+def stop_group(proc: subprocess.Popen[Any], first_signal: int = signal.SIGTERM, grace_s: float = 20.0) -> None:
+    """``first_signal`` to ``proc``'s group, up to ``grace_s`` to exit, then SIGKILL to the group."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, first_signal)
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+    except ProcessLookupError:
+        pass
+
+
+def kill_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL ``proc``'s whole process group (a crash), and reap ``proc``."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
