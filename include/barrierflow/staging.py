@@ -28,7 +28,7 @@ from barrierflow.checkpoint import StagedFile
 from barrierflow.errors import StorageError
 from barrierflow.spark import session_cached
 from barrierflow.state.spec import KEY_GROUP
-from barrierflow.storage import arrow_filesystem, join_uri
+from barrierflow.storage import arrow_filesystem, is_local, join_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -204,11 +204,13 @@ class _FileWriter:
 
     def __init__(self, table_uri: str, prefix: str, schema: pa.Schema) -> None:
         self.rel = f"{prefix}/part-{uuid.uuid4().hex}.parquet"
-        self.fs, self.path = arrow_filesystem(join_uri(table_uri, self.rel))
+        uri = join_uri(table_uri, self.rel)
+        self.fs, self.path = arrow_filesystem(uri)
         self.schema = schema
         self.stats = _StatsAccumulator(schema)
         try:
-            self.fs.create_dir(self.path.rsplit("/", 1)[0], recursive=True)
+            if is_local(uri):  # an object store has no directories (pyarrow would PUT a marker object)
+                self.fs.create_dir(self.path.rsplit("/", 1)[0], recursive=True)
             self.writer = pq.ParquetWriter(self.path, schema, filesystem=self.fs, **parquet_options(schema))
         except OSError as exc:
             raise StorageError(f"cannot stage {self.path}: {exc}") from exc

@@ -211,7 +211,7 @@ def open_input(uri: str) -> BinaryIO:
 
 
 def walk(uri: str) -> Iterator[StoredFile]:
-    """Every file under a directory (on S3: every key under the prefix), at any depth; none when it is absent."""
+    """Every file under a directory (on S3: every key under the prefix but directory markers), at any depth."""
     if is_local(uri):
         root = local_path(uri)
         for directory, _, names in os.walk(root):
@@ -230,6 +230,8 @@ def walk(uri: str) -> Iterator[StoredFile]:
         found = []
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for item in page.get("Contents", []):
+                if item["Key"].endswith("/"):
+                    continue  # a directory marker some S3 clients write, not a file
                 modified_ns = int(item["LastModified"].timestamp()) * 10**9
                 found.append(StoredFile(item["Key"][len(prefix) :], int(item["Size"]), modified_ns))
         return found

@@ -43,8 +43,8 @@ _UNGUARDED = textwrap.dedent(
 )
 
 
-def test_two_unguarded_attempts_race_and_output_is_exactly_once(tmp_path: Path) -> None:
-    landing, warehouse = tmp_path / "landing", tmp_path / "wh"
+def test_two_unguarded_attempts_race_and_output_is_exactly_once(tmp_path: Path, warehouse: str) -> None:
+    landing = tmp_path / "landing"
     write_sensor_files(landing, SensorStreamSpec(n_files=6, records_per_file=60, seed=31))
     procs = [
         subprocess.Popen(

@@ -52,7 +52,7 @@ def landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize(("point", "crossing"), CASES, ids=[f"{p}:{n}" for p, n in CASES])
 def test_crash_then_resume_is_exactly_once(point: str, crossing: int, landing: Path, tmp_path: Path) -> None:
-    warehouse = tmp_path / "wh"
+    warehouse = tmp_path / "wh"  # on S3: tests/integration/test_object_store.py
     crashed = run_sensor_stats(warehouse, landing, fault=f"{point}:{crossing}")
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     resumed = run_sensor_stats(warehouse, landing)

@@ -101,13 +101,13 @@ def _record(i: int, sensor: str, temperature: float) -> dict[str, Any]:
     return {"event_id": f"e{i}", "sensor_id": sensor, "temperature": temperature}
 
 
-def _run(spark: Any, landing: Path, warehouse: Path, parallelism: int = 2, backend: str = "delta") -> list[Any]:
+def _run(spark: Any, landing: Path, warehouse: Path | str, parallelism: int = 2, backend: str = "delta") -> list[Any]:
     params = {"landing_dir": str(landing), "parallelism": parallelism}
     definition = running_totals_heap if backend == "heap" else running_totals
     return CheckpointCoordinator(definition, params, str(warehouse), spark_factory=lambda: spark).run(until_caught_up=True)
 
 
-def _totals(warehouse: Path) -> dict[str, dict[str, Any]]:
+def _totals(warehouse: Path | str) -> dict[str, dict[str, Any]]:
     sql = "select sensor_id, count, sum, min, max, avg from totals_updates"
     latest: dict[str, dict[str, Any]] = {}
     rows = run_query(str(warehouse), "running_totals", sql + " order by _epoch").to_pylist()
@@ -331,12 +331,11 @@ def test_plain_input_check_rules_out_what_the_json_reader_reads_differently(spar
 
 
 @pytest.mark.parametrize("backend", ["heap", "delta"])
-def test_resident_state_is_used_only_while_it_is_the_tables_snapshot(spark: Any, tmp_path: Path, backend: str) -> None:
+def test_resident_state_is_used_only_while_it_is_the_tables_snapshot(spark: Any, tmp_path: Path, warehouse: str, backend: str) -> None:
     landing = tmp_path / "landing"
     files = [[_record(10 * e + n, "abc"[n % 3], 1.5 * n + e) for n in range(6)] for e in range(3)]
     for e, records in enumerate(files):
         _write(landing, f"part-{e:03d}.jsonl", [json.dumps(r) for r in records])
-    warehouse = tmp_path / "wh"
     _run(spark, landing, warehouse, backend=backend)
     from deltalake import DeltaTable
 

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
+from barrierflow import storage
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
 from barrierflow.registry import get_pipeline
@@ -42,14 +43,17 @@ def _frame(spark: Any, n: int, key_groups: int) -> Any:
     )
 
 
-def test_descriptions_are_the_files_executors_wrote(spark: Any, tmp_path: Path) -> None:
-    files = stage_frame(_frame(spark, 5000, 128), str(tmp_path), "_staging/a", SCHEMA, partitions=4, key_groups=128)
+def test_descriptions_are_the_files_executors_wrote(spark: Any, store_root: str) -> None:
+    """On local disk and on S3: each description is a file the executors wrote, and nothing else was written."""
+    table = storage.join_uri(store_root, "table")
+    files = stage_frame(_frame(spark, 5000, 128), table, "_staging/a", SCHEMA, partitions=4, key_groups=128)
     assert files and sum(f.rows for f in files) == 5000
     ranges = set()
     for f in files:
-        path = tmp_path / f.path
-        assert path.stat().st_size == f.size
-        data = pq.read_table(path)
+        uri = storage.join_uri(table, f.path)
+        assert storage.file_size(uri) == f.size
+        with storage.open_input(uri) as fh:
+            data = pq.read_table(fh)
         assert data.schema == SCHEMA  # cast to the table's schema, timestamps as UTC microseconds
         stats = json.loads(f.stats)
         assert stats["numRecords"] == data.num_rows == f.rows
@@ -65,7 +69,8 @@ def test_descriptions_are_the_files_executors_wrote(spark: Any, tmp_path: Path) 
         ranges |= file_ranges
     assert ranges == {0, 1, 2, 3}
     # Nothing else was written: descriptions cover every file.
-    assert sorted(p.name for p in (tmp_path / "_staging/a").iterdir()) == sorted(Path(f.path).name for f in files)
+    written = sorted(f.path for f in storage.walk(storage.join_uri(table, "_staging/a")))
+    assert written == sorted(Path(f.path).name for f in files)
 
 
 def test_constant_columns_are_added_by_the_writer(spark: Any, tmp_path: Path) -> None:
@@ -91,18 +96,18 @@ def test_an_epoch_never_collects_rows_to_the_driver(
     def refuse(*_: Any, **__: Any) -> Any:
         raise AssertionError("an epoch brought a table's rows to the driver")
 
-    monkeypatch.setattr(EpochContext, "to_arrow", refuse)
-    for module in ("pyspark.sql.connect.dataframe", "pyspark.sql.classic.dataframe"):
-        cls = __import__(module, fromlist=["DataFrame"]).DataFrame
-        for method in ("toArrow", "toPandas"):
-            monkeypatch.setattr(cls, method, refuse)
     landing = tmp_path / "landing"
     write_sensor_files(landing, SensorStreamSpec(n_files=8, records_per_file=150, seed=5, late_rate=0.05, duplicate_rate=0.1))
     warehouse = tmp_path / "wh"
     given = {"landing_dir": str(landing), "max_files_per_epoch": 2}
     coordinator = CheckpointCoordinator(get_pipeline("sensor_stats"), given, str(warehouse), spark_factory=lambda: spark)
-    assert [r.epoch for r in coordinator.run(until_caught_up=True)] == [1, 2, 3, 4]
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(EpochContext, "to_arrow", refuse)
+        for module in ("pyspark.sql.connect.dataframe", "pyspark.sql.classic.dataframe"):
+            cls = __import__(module, fromlist=["DataFrame"]).DataFrame
+            for method in ("toArrow", "toPandas"):
+                m.setattr(cls, method, refuse)
+        assert [r.epoch for r in coordinator.run(until_caught_up=True)] == [1, 2, 3, 4]
     assert_matches_reference(warehouse, reference_for(landing, 2))
     # Dedup state grows by similar generations: by epoch 4 their sum exceeds twice the
     # largest, and that epoch compacted the table on the executors, in its own commit.

@@ -161,3 +161,13 @@ def test_missing_aws_credentials_are_named_with_what_to_set(tmp_path: Path, monk
         storage.read_bytes("s3://bucket/doc")
     with pytest.raises(StorageError, match="set AWS_ACCESS_KEY_ID"):
         storage.put_if_absent("s3://bucket/doc", b"x")
+
+
+def test_walk_lists_files_not_the_directory_markers_some_clients_write(s3_bucket: str) -> None:
+    import boto3
+
+    bucket = s3_bucket.removeprefix("s3://")
+    client = boto3.session.Session().client("s3")
+    for key, body in (("t/_staging/", b""), ("t/_staging/e/", b""), ("t/_staging/e/part-0.parquet", b"PAR1")):
+        client.put_object(Bucket=bucket, Key=key, Body=body)
+    assert [(f.path, f.size) for f in storage.walk(f"{s3_bucket}/t/_staging")] == [("e/part-0.parquet", 4)]
