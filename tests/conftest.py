@@ -92,12 +92,10 @@ def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("s3_bucket"))
 
 
-@pytest.fixture(params=["local", "s3"])
-def warehouse(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A warehouse on each storage scheme: a local directory, then ``s3://<new bucket>/warehouse``."""
-    if request.param == "local":
-        return str(tmp_path / "warehouse")
-    return f"{request.getfixturevalue('s3_bucket')}/warehouse"
+@pytest.fixture
+def warehouse(store_root: str) -> str:
+    """A warehouse on each storage scheme (``<store_root>/warehouse``: a local directory, then on S3)."""
+    return f"{store_root}/warehouse"
 
 
 @pytest.fixture(scope="session")

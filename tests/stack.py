@@ -24,7 +24,7 @@ from typing import Any, Iterator, Sequence
 
 from barrierflow.devserver import DEFAULT_PASSWORD, DEFAULT_USER, ApiClient, free_port
 
-__all__ = ["DevServer", "running_stack", "ROOT"]
+__all__ = ["DevServer", "running_stack", "until", "ROOT"]
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_START_TIMEOUT_S = 420.0
@@ -120,3 +120,19 @@ def running_stack(log: Path, args: Sequence[str] = (), env: dict[str, str] | Non
     finally:
         _stop(proc)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def until(what: str, condition: Any, timeout_s: float, poll_s: float = 2.0) -> Any:
+    """Poll ``condition`` until it returns something true (returned), or fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last_error: OSError | None = None
+    while True:
+        try:
+            value = condition()
+        except OSError as exc:  # a request that timed out on a loaded machine: ask again
+            value, last_error = None, exc
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last error: {last_error!r})")
+        time.sleep(poll_s)

@@ -161,6 +161,8 @@ def service_command(service: str, config: TopologyConfig) -> list[str]:
     """The command line of ``service`` (what its container runs, after :func:`serve`'s preparation)."""
     import pyspark
 
+    from barrierflow.devserver import AirflowProcesses
+
     spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
     airflow = str(Path(sys.executable).with_name("airflow"))
     if service == "s3":
@@ -178,12 +180,9 @@ def service_command(service: str, config: TopologyConfig) -> list[str]:
                 "--master", config.master_url, "--driver-memory", "1g", "--warm-up-epochs", "0"]  # fmt: skip
     if service == "api-server":
         return [airflow, "api-server", "--host", HOST, "--port", str(config.api_port)]
-    if service == "scheduler":
-        return [airflow, "scheduler", "--skip-serve-logs"]
-    if service == "dag-processor":
-        return [airflow, "dag-processor"]
-    if service == "triggerer":
-        return [airflow, "triggerer", "--skip-serve-logs"]
+    components = dict(AirflowProcesses.COMPONENTS)  # the same arguments as make run's
+    if service in components:
+        return [airflow, *components[service]]
     if service in ("postgres", "airflow-init"):
         return [sys.executable, "-m", "barrierflow.topology", "serve", service]
     raise ConfigurationError(f"unknown service {service!r}: allowed are {', '.join(SERVICES)}")
@@ -244,7 +243,7 @@ def _init(config: TopologyConfig, env: Mapping[str, str]) -> int:
 
 
 def _ready(service: str, config: TopologyConfig) -> bool:
-    from barrierflow.devserver import ApiClient, port_in_use
+    from barrierflow.devserver import DEFAULT_PASSWORD, DEFAULT_USER, ApiClient, port_in_use
 
     ports = {
         "postgres": config.postgres_port, "s3": config.s3_port, "spark-master": config.master_port,
@@ -254,7 +253,7 @@ def _ready(service: str, config: TopologyConfig) -> bool:
     if service in ports:
         return port_in_use(ports[service])
     if service == "api-server":
-        return ApiClient(config.api_url, "admin", "admin").healthy()
+        return ApiClient(config.api_url, DEFAULT_USER, DEFAULT_PASSWORD).healthy()
     return True  # scheduler, dag-processor, triggerer: started is all one can wait for
 
 

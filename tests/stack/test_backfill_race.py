@@ -30,28 +30,13 @@ from barrierflow.datagen import SensorStreamSpec, write_sensor_files
 from barrierflow.layout import PipelineLayout
 from integration.sensor_check import assert_matches_reference, assert_one_commit_per_table_per_epoch
 from reference.sensor_stats_reference import run_reference
-from stack import ROOT, running_stack
+from stack import ROOT, running_stack, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 DAG_ID = "barrierflow_sensor_stats"
 # Files per interval: an empty interval in between, as a backfill range may hold.
 PER_INTERVAL = [2, 1, 0, 2, 1, 1, 1]
-
-
-def _until(what: str, condition: Any, timeout_s: float, poll_s: float = 2.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last_error: OSError | None = None
-    while True:
-        try:
-            value = condition()
-        except OSError as exc:  # a request that timed out on a loaded machine: ask again
-            value, last_error = None, exc
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last error: {last_error!r})")
-        time.sleep(poll_s)
 
 
 def _task_log(home: Path, run_id: str, task_id: str) -> str:
@@ -64,7 +49,7 @@ def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Pat
     artifacts.mkdir(parents=True, exist_ok=True)
     with running_stack(artifacts / "backfill-race.log", ["--interval", "0", "--warm-up-epochs", "0"]) as stack:
         api = stack.api
-        _until("the DAG to be parsed and unpaused", lambda: (api.get(f"/api/v2/dags/{DAG_ID}")[1] or {}).get("is_paused") is False, 300)
+        until("the DAG to be parsed and unpaused", lambda: (api.get(f"/api/v2/dags/{DAG_ID}")[1] or {}).get("is_paused") is False, 300)
 
         # Late in a minute (the scheduled run of its start has long finished: there was no input),
         # input lands in past intervals and the backfill of those intervals is created.
@@ -106,7 +91,7 @@ def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Pat
             return "waiting for the earlier run backfill__" in log and "(queued)" in log
 
         # Minutes on a loaded machine: the raced run may first queue behind the backfill's first run.
-        _until("the scheduled run to wait for the paused backfill's queued runs", raced_run_waits, 600)
+        until("the scheduled run to wait for the paused backfill's queued runs", raced_run_waits, 600)
         status, resumed = api.put(f"/api/v2/backfills/{backfill['id']}/unpause")
         assert status == 200 and not resumed["is_paused"], resumed
 
@@ -119,7 +104,7 @@ def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Pat
                 return all_runs
             return None
 
-        all_runs = _until("the backfill and the raced scheduled run to finish", settled, 480, poll_s=3)
+        all_runs = until("the backfill and the raced scheduled run to finish", settled, 480, poll_s=3)
 
         backfill_runs = [r for r in all_runs if r["run_type"] == "backfill"]
         assert [r["state"] for r in backfill_runs] == ["success"] * len(PER_INTERVAL), backfill_runs

@@ -28,27 +28,13 @@ from barrierflow.devserver import ApiClient, free_port
 from barrierflow.savepoint import list_savepoints
 from barrierflow.topology import TopologyConfig, running_topology
 from integration.sensor_check import assert_matches_reference, assert_one_commit_per_table_per_epoch, reference_for
-from stack import ROOT
+from stack import ROOT, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 DAG_ID = pipeline_dag_id("sensor_stats")
 SAVEPOINT_DAG_ID = savepoint_dag_id("sensor_stats")
 EPOCHS = 3
-
-
-def _until(what: str, condition: Any, timeout_s: float, poll_s: float = 2.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            value = condition()
-        except OSError:  # a request that timed out on a loaded machine: ask again
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(poll_s)
 
 
 def _trigger_and_wait(api: ApiClient, dag_id: str, conf: dict[str, Any], timeout_s: float = 600) -> dict[str, Any]:
@@ -59,7 +45,7 @@ def _trigger_and_wait(api: ApiClient, dag_id: str, conf: dict[str, Any], timeout
         status, doc = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}")
         return doc if status == 200 and doc["state"] in ("success", "failed") else None
 
-    return _until(f"{dag_id} run {run['dag_run_id']}", finished, timeout_s, poll_s=3)
+    return until(f"{dag_id} run {run['dag_run_id']}", finished, timeout_s, poll_s=3)
 
 
 def _workers(config: TopologyConfig) -> list[dict[str, Any]]:
@@ -87,7 +73,7 @@ def test_three_epochs_and_a_savepoint_through_the_rest_api_equal_the_reference(m
             for path in files:
                 os.utime(path, (old, old))
             api = ApiClient(config.api_url, "admin", "admin", timeout_s=60)
-            _until("the DAGs to be parsed and unpaused", lambda: all(
+            until("the DAGs to be parsed and unpaused", lambda: all(
                 (api.get(f"/api/v2/dags/{d}")[1] or {}).get("is_paused") is False for d in (DAG_ID, SAVEPOINT_DAG_ID)
             ), 300)  # fmt: skip
             alive = [w for w in _workers(config) if w["state"] == "ALIVE"]
