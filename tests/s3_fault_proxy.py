@@ -12,7 +12,9 @@ choice injects a fault:
 - ``delay``: wait up to ``max_delay_s``, then forward.
 
 ``faults`` counts what was injected, by kind; ``forwarded`` counts requests
-that reached the server.
+that reached the server; ``retries`` counts requests that repeat one
+(same method, path and query) a fault other than a delay had failed: what
+the clients' retry layers and the protocol's own re-tries sent again.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class FaultProxy:
         self.max_delay_s = max_delay_s
         self.faults: Counter[str] = Counter()
         self.forwarded = 0
+        self.retries = 0
+        self._failed: set[tuple[str, str]] = set()
         self._random = random.Random(seed)
         self._lock = threading.Lock()
         proxy = self
@@ -69,7 +73,7 @@ class FaultProxy:
 
             def _handle(self) -> None:
                 body = self._body()
-                fault = proxy._choose()
+                fault = proxy._choose((self.command, self.path))
                 if fault == "reset_before":
                     self._abort()
                     return
@@ -121,12 +125,17 @@ class FaultProxy:
         self._thread = threading.Thread(target=self._server.serve_forever, name="s3-fault-proxy", daemon=True)
         self._thread.start()
 
-    def _choose(self) -> str | None:
+    def _choose(self, request: tuple[str, str]) -> str | None:
         with self._lock:
+            if request in self._failed:
+                self._failed.discard(request)
+                self.retries += 1
             if self._random.random() >= self.rate:
                 return None
             fault = self._random.choice(FAULT_KINDS)
             self.faults[fault] += 1
+            if fault != "delay":
+                self._failed.add(request)
             return fault
 
     def _delay(self) -> float:

@@ -9,6 +9,7 @@ query (``barrierflow checkpoints``, or SQL over ``_checkpoints``).
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from datetime import datetime, timezone
 from typing import Any, Iterable
@@ -74,6 +75,9 @@ class CheckpointLog:
         # read opens just the files added since the previous one.
         self._table: DeltaTable | None = None
         self._rows_by_file: dict[str, list[dict[str, Any]]] = {}
+        # Concurrent checkpoints append and read from two threads; the
+        # cached table is one object.
+        self._lock = threading.RLock()
 
     @property
     def uri(self) -> str:
@@ -83,11 +87,18 @@ class CheckpointLog:
         row = dataclasses.asdict(record)
         row["status"] = record.status.value
         table = pa.Table.from_pylist([row], schema=_SCHEMA)
-        try:
-            # "merge": a log written before a column existed takes it on (earlier rows read null).
-            write_deltalake(self._uri, table, mode="append", schema_mode="merge", configuration=TABLE_CONFIGURATION)
-        except DeltaError as exc:
-            raise CheckpointError(f"cannot append to checkpoint log {self._uri}: {exc}") from exc
+        with self._lock:
+            # Through the table read before, when there is one: opening the log
+            # again for each append would read every commit since its last
+            # checkpoint (on S3, some 25 requests instead of 7). delta-rs
+            # brings a stale snapshot up to date when it commits.
+            target = self._table if self._table is not None else self._uri
+            try:
+                # "merge": a log written before a column existed takes it on (earlier rows read null).
+                write_deltalake(target, table, mode="append", schema_mode="merge", configuration=TABLE_CONFIGURATION)
+            except DeltaError as exc:
+                self._table = None
+                raise CheckpointError(f"cannot append to checkpoint log {self._uri}: {exc}") from exc
 
     def compact(self, min_files: int = 8) -> bool:
         """Rewrite the log's files into few (maintenance); whether it did. Rows and their order stay as they are.
@@ -108,13 +119,15 @@ class CheckpointLog:
             table.optimize.compact(commit_properties=CommitProperties(custom_metadata={"barrierflow.operation": "compact"}))
         except DeltaError as exc:
             raise CheckpointError(f"cannot compact checkpoint log {self._uri}: {exc}") from exc
-        self._table, self._rows_by_file = None, {}
+        with self._lock:
+            self._table, self._rows_by_file = None, {}
         return True
 
     def records(self) -> list[CheckpointRecord]:
         """Every distinct transition, in the order it was first recorded."""
         try:
-            rows = self._rows()
+            with self._lock:
+                rows = self._rows()
         except TableNotFoundError:
             return []
         except (DeltaError, OSError, pa.ArrowException) as exc:

@@ -7,8 +7,11 @@ listing a directory.
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Sequence
+from collections import OrderedDict
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction
@@ -26,6 +29,7 @@ __all__ = [
     "raise_fence",
     "committed_version",
     "open_table",
+    "latest_snapshot",
     "live_paths",
     "add_actions",
     "stored_rows",
@@ -52,6 +56,42 @@ def open_table(uri: str, version: int | None = None) -> DeltaTable | None:
         return None
     except DeltaError as exc:
         raise StorageError(f"cannot open Delta table {uri}: {exc}") from exc
+
+
+# Snapshots of tables this process committed to, each lent to one caller at
+# a time (:func:`latest_snapshot`). Bounded: a process commits to the tables
+# of a few pipelines.
+_SNAPSHOTS: "OrderedDict[str, DeltaTable]" = OrderedDict()
+_SNAPSHOTS_LOCK = threading.Lock()
+_MAX_SNAPSHOTS = 64
+
+
+@contextmanager
+def latest_snapshot(uri: str) -> Iterator[DeltaTable | None]:
+    """The latest snapshot of the table at ``uri`` (None if it does not exist), lent to this caller alone.
+
+    Opening a table reads its log from the last checkpoint on (on S3, a
+    dozen requests or more); a snapshot this process read before is instead
+    brought up to date from its own version (one listing, plus any new
+    commits). On leaving the block the snapshot goes back for the next
+    caller; on an error it is dropped, and the next caller opens the table
+    again.
+    """
+    with _SNAPSHOTS_LOCK:
+        table = _SNAPSHOTS.pop(uri, None)
+    if table is not None:
+        try:
+            table.update_incremental()
+        except DeltaError:
+            table = None
+    if table is None:
+        table = open_table(uri)
+    yield table
+    if table is not None:
+        with _SNAPSHOTS_LOCK:
+            _SNAPSHOTS[uri] = table
+            while len(_SNAPSHOTS) > _MAX_SNAPSHOTS:
+                _SNAPSHOTS.popitem(last=False)
 
 
 def schema_json_of(schema: pa.Schema) -> str:
@@ -81,9 +121,13 @@ def counted_rows(num_records: Sequence[int | None]) -> int | None:
     return None if any(n is None for n in num_records) else sum(n for n in num_records if n is not None)
 
 
-def committed_version(uri: str, app: str, epoch: int) -> int | None:
-    """The table version holding the commit of ``epoch`` for ``app``, if any."""
-    table = open_table(uri)
+def committed_version(uri: str, app: str, epoch: int, table: DeltaTable | None = None) -> int | None:
+    """The table version holding the commit of ``epoch`` for ``app``, if any.
+
+    ``table``: the table at ``uri``, already opened at its latest version
+    (each open reads the log again: on S3, a dozen requests).
+    """
+    table = table or open_table(uri)
     if table is None:
         return None
     current = table.transaction_version(app)
@@ -124,7 +168,8 @@ def commit_epoch_table(
          transactions ``(app, epoch)`` and ``fence``, and commit metadata
          tracing the epoch. No automatic retry: a commit that lands first
          makes this one fail, so two attempts can never both commit, and no
-         token can be raised between step 1's check and this commit.
+         token can be raised between step 1's check and this commit. The
+         commit that returns is the version after the snapshot read (or 0).
       4. On any commit error, go back to step 1: re-read before deciding.
     """
     metadata = {
@@ -140,64 +185,64 @@ def commit_epoch_table(
     last_error: Exception | None = None
     for _ in range(_MAX_COMMIT_ATTEMPTS):
         # Step 1.
-        table = open_table(commit.uri)
-        if table is not None:
-            current = table.transaction_version(app)
-            if current is not None and current >= epoch:
-                version = committed_version(commit.uri, app, epoch)
-                assert version is not None
-                return version
-            if fence is not None:
-                check_fence(table, commit.name, fence, f"epoch {epoch}")
-        adds = [_add_action(f, commit.data_change) for f in commit.adds]
-        schema = Schema.from_json(commit.schema_json)
-        try:
-            if table is None:
-                if commit.removes:
-                    raise FencedError(
-                        f"table {commit.name} does not exist but epoch {epoch} removes files from it"
-                    )
-                faults.maybe_fail("commit.before_delta_commit")
-                create_table_with_add_actions(
-                    commit.uri,
-                    schema,
-                    adds,
-                    mode="error",
-                    partition_by=list(commit.partition_by) or None,
-                    configuration=TABLE_CONFIGURATION,
-                    commit_properties=properties,
-                )
-            else:
-                # Step 2.
-                if commit.removes:
-                    missing = set(commit.removes) - live_paths(table)
-                    if missing:
+        with latest_snapshot(commit.uri) as table:
+            if table is not None:
+                current = table.transaction_version(app)
+                if current is not None and current >= epoch:
+                    version = committed_version(commit.uri, app, epoch, table)
+                    assert version is not None
+                    return version
+                if fence is not None:
+                    check_fence(table, commit.name, fence, f"epoch {epoch}")
+            adds = [_add_action(f, commit.data_change) for f in commit.adds]
+            schema = Schema.from_json(commit.schema_json)
+            try:
+                if table is None:
+                    if commit.removes:
                         raise FencedError(
-                            f"epoch {epoch} of table {commit.name} would remove files that are no "
-                            f"longer live ({sorted(missing)[:3]}...): a newer commit replaced them"
+                            f"table {commit.name} does not exist but epoch {epoch} removes files from it"
                         )
-                removes = [
-                    RemoveAction(path=p, data_change=commit.data_change, deletion_timestamp=_now_ms())
-                    for p in commit.removes
-                ]
-                faults.maybe_fail("commit.before_delta_commit")
-                # Step 3.
-                table.create_write_transaction(
-                    [*adds, *removes],
-                    mode="append",
-                    schema=schema,
-                    partition_by=list(commit.partition_by) or None,
-                    commit_properties=properties,
-                )
-        except (CommitFailedError, DeltaError, OSError) as exc:
-            # Step 4: a concurrent writer may have won; decide after re-reading.
-            last_error = exc
-            time.sleep(0.05)
-            continue
-        faults.maybe_fail("commit.after_delta_commit")
-        version = committed_version(commit.uri, app, epoch)
-        if version is not None:
-            return version
+                    faults.maybe_fail("commit.before_delta_commit")
+                    create_table_with_add_actions(
+                        commit.uri,
+                        schema,
+                        adds,
+                        mode="error",
+                        partition_by=list(commit.partition_by) or None,
+                        configuration=TABLE_CONFIGURATION,
+                        commit_properties=properties,
+                    )
+                else:
+                    # Step 2.
+                    if commit.removes:
+                        missing = set(commit.removes) - live_paths(table)
+                        if missing:
+                            raise FencedError(
+                                f"epoch {epoch} of table {commit.name} would remove files that are no "
+                                f"longer live ({sorted(missing)[:3]}...): a newer commit replaced them"
+                            )
+                    removes = [
+                        RemoveAction(path=p, data_change=commit.data_change, deletion_timestamp=_now_ms())
+                        for p in commit.removes
+                    ]
+                    faults.maybe_fail("commit.before_delta_commit")
+                    # Step 3.
+                    table.create_write_transaction(
+                        [*adds, *removes],
+                        mode="append",
+                        schema=schema,
+                        partition_by=list(commit.partition_by) or None,
+                        commit_properties=properties,
+                    )
+            except (CommitFailedError, DeltaError, OSError) as exc:
+                # Step 4: a concurrent writer may have won; decide after re-reading.
+                last_error = exc
+                time.sleep(0.05)
+                continue
+            faults.maybe_fail("commit.after_delta_commit")
+            # No retries (``max_commit_retries=0``): a commit that returns is the
+            # version after the one read, or the table's first.
+            return 0 if table is None else table.version() + 1
     raise CommitConflictError(
         f"could not commit epoch {epoch} to table {commit.name} after "
         f"{_MAX_COMMIT_ATTEMPTS} attempts: {last_error}"

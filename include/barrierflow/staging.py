@@ -211,7 +211,11 @@ class _FileWriter:
         try:
             if is_local(uri):  # an object store has no directories (pyarrow would PUT a marker object)
                 self.fs.create_dir(self.path.rsplit("/", 1)[0], recursive=True)
-            self.writer = pq.ParquetWriter(self.path, schema, filesystem=self.fs, **parquet_options(schema))
+            # A stream of our own: its position is the file's size, so no request
+            # asks for it after the upload (with the file system's delayed open, a
+            # small file is one PUT).
+            self.sink = self.fs.open_output_stream(self.path)
+            self.writer = pq.ParquetWriter(self.sink, schema, **parquet_options(schema))
         except OSError as exc:
             raise StorageError(f"cannot stage {self.path}: {exc}") from exc
 
@@ -225,7 +229,8 @@ class _FileWriter:
     def close(self) -> dict[str, Any]:
         try:
             self.writer.close()
-            size = self.fs.get_file_info(self.path).size
+            size = self.sink.tell()
+            self.sink.close()  # the upload completes (or fails) here
         except OSError as exc:
             raise StorageError(f"cannot stage {self.path}: {exc}") from exc
         return {"path": self.rel, "size": size, "rows": self.stats.rows, "stats": self.stats.to_json()}
@@ -233,6 +238,7 @@ class _FileWriter:
     def abandon(self) -> None:
         try:
             self.writer.close()
+            self.sink.close()
             self.fs.delete_file(self.path)
         except OSError:
             pass  # inside the staging directory: deleted with it on abort

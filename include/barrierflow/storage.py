@@ -435,6 +435,9 @@ def arrow_filesystem(uri: str) -> "tuple[Any, str]":
         "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=_ARROW_ATTEMPTS),
         "connect_timeout": 10,
         "request_timeout": 60,
+        # A file written whole under a new name needs no multipart upload until
+        # it outgrows one part: a small staged file is one PUT, not three.
+        "allow_delayed_open": True,
     }
     if endpoint:
         parsed = urlparse(endpoint)

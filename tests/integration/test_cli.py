@@ -50,9 +50,9 @@ def test_bad_input_exits_non_zero_with_a_clear_message(args: list[str], message:
     assert "Traceback" not in result.stderr
 
 
-def test_run_status_checkpoints_query(tmp_path: Path) -> None:
+def test_run_status_checkpoints_query(tmp_path: Path, warehouse: str) -> None:
     env = cli_env()
-    env["BARRIERFLOW_WAREHOUSE"] = str(tmp_path / "wh")  # the env var sets the warehouse too
+    env["BARRIERFLOW_WAREHOUSE"] = warehouse  # the env var sets the warehouse too
     landing = tmp_path / "landing"
     assert _cli("generate", str(landing), "--files", "3", "--records-per-file", "50", env=env).returncode == 0
     run = _cli("run", "sensor_stats", "--param", f"landing_dir={landing}", "--param", "max_files_per_epoch=2", "--until-caught-up", env=env)
@@ -92,21 +92,21 @@ def test_run_status_checkpoints_query(tmp_path: Path) -> None:
     assert report.returncode == 0 and json.loads(report.stdout)["retained_epochs"] == [2], report.stderr
 
 
-def test_process_step_runs_as_a_separate_spark_job(tmp_path: Path) -> None:
+def test_process_step_runs_as_a_separate_spark_job(tmp_path: Path, warehouse: str) -> None:
     """Steps in separate processes, as Airflow tasks run them: plan, spark job, commit."""
     from barrierflow.coordinator import CheckpointCoordinator
     from barrierflow.datagen import SensorStreamSpec, write_sensor_files
     from barrierflow.registry import get_pipeline
     from barrierflow import storage
 
-    landing, warehouse = tmp_path / "landing", tmp_path / "wh"
+    landing = tmp_path / "landing"
     write_sensor_files(landing, SensorStreamSpec(n_files=2, records_per_file=40, seed=51))
     params = {"landing_dir": str(landing), "max_files_per_epoch": 2}
-    coordinator = CheckpointCoordinator(get_pipeline("sensor_stats"), params, str(warehouse))
+    coordinator = CheckpointCoordinator(get_pipeline("sensor_stats"), params, warehouse)
     barrier = coordinator.trigger_checkpoint(coordinator.recover())
     assert barrier is not None and barrier.epoch == 1
     job = subprocess.run(
-        [sys.executable, str(ROOT / "spark_jobs" / "process_epoch.py"), "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}"],
+        [sys.executable, str(ROOT / "spark_jobs" / "process_epoch.py"), "sensor_stats", "--warehouse", warehouse, "--param", f"landing_dir={landing}"],
         env=cli_env(), capture_output=True, text=True, timeout=600,
     )
     assert job.returncode == 0, job.stderr[-2000:]

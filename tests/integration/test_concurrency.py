@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -11,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from barrierflow import storage
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.layout import PipelineLayout
 from cli_runner import barrierflow_cmd, cli_env, run_sensor_stats
 from sensor_check import (
     assert_matches_reference,
@@ -62,24 +63,25 @@ def test_two_unguarded_attempts_race_and_output_is_exactly_once(tmp_path: Path, 
     assert_nothing_staged_visible(warehouse)
 
 
-def test_epoch_lease_refuses_a_second_run(tmp_path: Path) -> None:
-    landing, warehouse = tmp_path / "landing", tmp_path / "wh"
+def test_epoch_lease_refuses_a_second_run(tmp_path: Path, warehouse: str) -> None:
+    landing = tmp_path / "landing"
     write_sensor_files(landing, SensorStreamSpec(n_files=3, records_per_file=40, seed=32))
     cmd = barrierflow_cmd(
-        "run", "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}",
+        "run", "sensor_stats", "--warehouse", warehouse, "--param", f"landing_dir={landing}",
         "--param", "max_files_per_epoch=1", "--until-caught-up",
     )
     first = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lease = warehouse / "sensor_stats" / "_lease"
+    lease = PipelineLayout.of(warehouse, "sensor_stats").lease
     deadline = time.monotonic() + 120
-    while not lease.exists() and time.monotonic() < deadline:
+    while storage.read_json(lease) is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert lease.exists(), "the first run never took the epoch lease"
-    assert json.loads(lease.read_text())["released"] is False
+    held = storage.read_json(lease)
+    assert held is not None, "the first run never took the epoch lease"
+    assert held["released"] is False
     second = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert second.returncode == 1
     assert "never run concurrently" in second.stderr
     out, err = first.communicate(timeout=600)
     assert first.returncode == 0, err[-2000:]
-    assert json.loads(lease.read_text())["released"] is True  # kept: the next holder swaps it
+    assert storage.read_json(lease)["released"] is True  # kept: the next holder swaps it
     assert_matches_reference(warehouse, reference_for(landing, 1))

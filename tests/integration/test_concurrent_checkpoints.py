@@ -9,7 +9,6 @@ would not produce exactly once.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,8 +40,8 @@ def landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def coordinator(spark: Any, landing: Path) -> Callable[[Path], CheckpointCoordinator]:
-    def make(warehouse: Path) -> CheckpointCoordinator:
+def coordinator(spark: Any, landing: Path) -> Callable[[str], CheckpointCoordinator]:
+    def make(warehouse: str) -> CheckpointCoordinator:
         given = {"landing_dir": str(landing), "max_files_per_epoch": 2}
         return CheckpointCoordinator(get_pipeline("sensor_stats"), given, str(warehouse), spark_factory=lambda: spark)
 
@@ -61,56 +60,51 @@ def inject_fault(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
     faults._crossings.clear()
 
 
-def _layout(warehouse: Path) -> PipelineLayout:
-    return PipelineLayout.of(str(warehouse), "sensor_stats")
+def _layout(warehouse: str) -> PipelineLayout:
+    return PipelineLayout.of(warehouse, "sensor_stats")
 
 
-def _records(warehouse: Path) -> list[Any]:
+def _records(warehouse: str) -> list[Any]:
     return CheckpointLog(_layout(warehouse)).records()
 
 
-def _lineage(warehouse: Path) -> str:
+def _lineage(warehouse: str) -> str:
     return str(_records(warehouse)[0].lineage_id)
 
 
-def _written_us(warehouse: Path, kind: str, epoch: int) -> float:
-    """When the barrier or manifest file of ``epoch`` was written (epoch microseconds)."""
-    uri = getattr(_layout(warehouse), kind)(_lineage(warehouse), epoch)
-    return os.path.getmtime(storage.local_path(uri)) * 1e6
-
-
-def _recorded_at(warehouse: Path, epoch: int, status: EpochStatus) -> int:
+def _recorded_at(warehouse: str, epoch: int, status: EpochStatus) -> int:
+    """When ``epoch`` reached ``status``: PLANNED right after its barrier was written, PRE_COMMITTED after its manifest."""
     return next(r.recorded_at_us for r in _records(warehouse) if r.epoch == epoch and r.status is status)
 
 
 def test_concurrent_checkpoints_overlap_and_change_nothing(
-    coordinator: Callable[[Path], CheckpointCoordinator], landing: Path, tmp_path: Path
+    coordinator: Callable[[str], CheckpointCoordinator], landing: Path, warehouse: str
 ) -> None:
-    concurrent, one_at_a_time = tmp_path / "concurrent", tmp_path / "one"
+    concurrent, one_at_a_time = f"{warehouse}/concurrent", f"{warehouse}/one"
     assert [r.epoch for r in coordinator(concurrent).run(until_caught_up=True)] == [1, 2, 3]
     assert [r.epoch for r in coordinator(one_at_a_time).run(until_caught_up=True, max_concurrent_checkpoints=1)] == [1, 2, 3]
     for epoch in (2, 3):
         # Barrier n+1 is written before epoch n votes (epoch n+1 reads while epoch n
         # stages, votes and commits), and only then when one checkpoint runs at a time.
-        assert _written_us(concurrent, "barrier", epoch) < _written_us(concurrent, "manifest", epoch - 1)
-        assert _written_us(one_at_a_time, "barrier", epoch) > _recorded_at(one_at_a_time, epoch - 1, EpochStatus.COMPLETED)
+        planned, voted = EpochStatus.PLANNED, EpochStatus.PRE_COMMITTED
+        assert _recorded_at(concurrent, epoch, planned) < _recorded_at(concurrent, epoch - 1, voted)
+        assert _recorded_at(one_at_a_time, epoch, planned) > _recorded_at(one_at_a_time, epoch - 1, EpochStatus.COMPLETED)
         # Epoch n+1's vote waits for epoch n to complete.
-        assert _written_us(concurrent, "manifest", epoch) > _recorded_at(concurrent, epoch - 1, EpochStatus.COMPLETED)
+        assert _recorded_at(concurrent, epoch, voted) > _recorded_at(concurrent, epoch - 1, EpochStatus.COMPLETED)
     assert table_snapshot(concurrent) == table_snapshot(one_at_a_time)
     assert_matches_reference(concurrent, reference_for(landing, 2))
     assert_one_commit_per_table_per_epoch(concurrent, 3)
     assert_nothing_staged_visible(concurrent)
 
 
-def test_epochs_limit_injects_no_barrier_beyond_it(coordinator: Callable[[Path], CheckpointCoordinator], tmp_path: Path) -> None:
-    warehouse = tmp_path / "wh"
+def test_epochs_limit_injects_no_barrier_beyond_it(coordinator: Callable[[str], CheckpointCoordinator], warehouse: str) -> None:
     assert [r.epoch for r in coordinator(warehouse).run(epochs=2)] == [1, 2]
     assert {r.epoch for r in _records(warehouse)} == {1, 2}  # no barrier 3 left pending
 
 
-def test_only_one_or_two_concurrent_checkpoints(coordinator: Callable[[Path], CheckpointCoordinator], tmp_path: Path) -> None:
+def test_only_one_or_two_concurrent_checkpoints(coordinator: Callable[[str], CheckpointCoordinator], tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="allowed are 1 and 2"):
-        coordinator(tmp_path / "wh").run(epochs=1, max_concurrent_checkpoints=3)
+        coordinator(str(tmp_path / "wh")).run(epochs=1, max_concurrent_checkpoints=3)
 
 
 @pytest.mark.parametrize(
@@ -128,15 +122,14 @@ def test_only_one_or_two_concurrent_checkpoints(coordinator: Callable[[Path], Ch
     ids=["epoch-1-commit", "epoch-1-notify", "epoch-2-read", "barrier-2"],
 )
 def test_a_failure_on_either_side_leaves_a_state_a_rerun_finishes_exactly_once(
-    coordinator: Callable[[Path], CheckpointCoordinator],
+    coordinator: Callable[[str], CheckpointCoordinator],
     inject_fault: Callable[[str], None],
     monkeypatch: pytest.MonkeyPatch,
     landing: Path,
-    tmp_path: Path,
+    warehouse: str,
     fault: str,
     completed: int,
 ) -> None:
-    warehouse = tmp_path / "wh"
     inject_fault(fault)
     with pytest.raises(InjectedFault):
         coordinator(warehouse).run(until_caught_up=True)

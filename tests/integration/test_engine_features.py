@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from barrierflow import storage
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.operators import KeyedContext, KeyedProcessFunction
 from barrierflow.params import Param
@@ -71,7 +72,7 @@ def _lines(*rows: dict[str, Any]) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
-def test_process_function_state_types_across_record_bounded_epochs(spark: Any, tmp_path: Path) -> None:
+def test_process_function_state_types_across_record_bounded_epochs(spark: Any, tmp_path: Path, warehouse: str) -> None:
     landing = tmp_path / "landing"
     landing.mkdir()
     (landing / "a.jsonl").write_text(
@@ -80,13 +81,13 @@ def test_process_function_state_types_across_record_bounded_epochs(spark: Any, t
         + _lines({"user": "u1", "page": "home", "ms": 20})
     )
     (landing / "b.jsonl").write_text(_lines({"user": "u2", "page": "home", "ms": 7}, {"page": "no user"}))
-    coordinator = CheckpointCoordinator(page_stats, {"landing_dir": str(landing)}, str(tmp_path / "wh"), spark_factory=lambda: spark)
+    coordinator = CheckpointCoordinator(page_stats, {"landing_dir": str(landing)}, warehouse, spark_factory=lambda: spark)
     results = coordinator.run(until_caught_up=True)
     # 7 lines / 3 records per epoch: the first epoch stops inside a.jsonl, the next resumes there.
     assert [r.epoch for r in results] == [1, 2, 3]
     offsets = [json.loads(r.record.offsets)["clicks"] for r in results]
     assert [(o["file"], o["line"]) for o in offsets] == [("a.jsonl", 3), ("b.jsonl", 1), ("b.jsonl", None)]
-    rows = run_query(str(tmp_path / "wh"), "page_stats", "select user, page, visits, previous, longest, mean_ms, _epoch from visits order by _epoch, user, visits").to_pylist()
+    rows = run_query(warehouse, "page_stats", "select user, page, visits, previous, longest, mean_ms, _epoch from visits order by _epoch, user, visits").to_pylist()
     u1 = [r for r in rows if r["user"] == "u1"]
     assert [(r["page"], r["visits"], r["previous"], r["longest"]) for r in u1] == [
         ("home", 1, None, 10), ("cart", 1, "home", 30), ("home", 2, "cart", 30)
@@ -94,9 +95,9 @@ def test_process_function_state_types_across_record_bounded_epochs(spark: Any, t
     assert u1[-1]["mean_ms"] == pytest.approx(20.0)
     u2 = [r for r in rows if r["user"] == "u2"]
     assert [(r["visits"], r["previous"], r["_epoch"]) for r in u2] == [(1, None, 1), (2, "home", 2)]
-    dead = run_query(str(tmp_path / "wh"), "page_stats", "select source_file, line, raw from dead_letter order by source_file").to_pylist()
+    dead = run_query(warehouse, "page_stats", "select source_file, line, raw from dead_letter order by source_file").to_pylist()
     assert [(d["source_file"], d["line"]) for d in dead] == [("a.jsonl", 4), ("b.jsonl", 2)]
-    state = run_query(str(tmp_path / "wh"), "page_stats", "select user, value from per_user__longest order by user").to_pylist()
+    state = run_query(warehouse, "page_stats", "select user, value from per_user__longest order by user").to_pylist()
     assert state == [{"user": "u1", "value": 30}, {"user": "u2", "value": 7}]
 
 
@@ -129,8 +130,6 @@ def test_parquet_landing_files_split_by_records_keep_arrival_order(spark: Any, w
     """Parquet landing files beside the warehouse (on S3: read by Python tasks), cut into epochs of 3 records."""
     import io
 
-    from barrierflow import storage
-
     landing = f"{warehouse.rsplit('/', 1)[0]}/landing"
     files = {
         "a.parquet": [("u1", "home", 10), ("u2", "home", 5), ("u1", "cart", 30), ("u1", "home", 20)],
@@ -160,14 +159,14 @@ def test_parquet_landing_files_split_by_records_keep_arrival_order(spark: Any, w
     assert sorted(tuple(r.values()) for r in rows) == sorted(expected)
 
 
-def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(spark: Any, tmp_path: Path) -> None:
+def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(spark: Any, tmp_path: Path, warehouse: str) -> None:
     from barrierflow.datagen import SensorStreamSpec, write_sensor_files
     from barrierflow.layout import PipelineLayout
     from barrierflow.registry import get_pipeline
     from barrierflow.state.delta_state_backend import COMPACTED_DIR
     from barrierflow.state.worker_cache import latest_rows
 
-    landing, warehouse = tmp_path / "landing", tmp_path / "wh"
+    landing = tmp_path / "landing"
     write_sensor_files(landing, SensorStreamSpec(n_files=4, records_per_file=60, seed=41))
     coordinator = CheckpointCoordinator(
         get_pipeline("sensor_stats"), {"landing_dir": str(landing), "max_files_per_epoch": 1}, str(warehouse), spark_factory=lambda: spark
@@ -175,10 +174,11 @@ def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(spark: Any,
     coordinator.run(until_caught_up=True)
     layout = PipelineLayout.of(str(warehouse), "sensor_stats")
     minute = DeltaTable(layout.sink_table("sensor_minute"))
-    for path in minute.file_uris():
-        ts_type = pq.read_schema(path).field("window_start").type
-        assert ts_type == pa.timestamp("us", tz="UTC")  # never INT96, never nanoseconds
-    assert pq.ParquetFile(minute.file_uris()[0]).metadata.schema.column(1).physical_type == "INT64"
+    for uri in minute.file_uris():
+        filesystem, path = storage.arrow_filesystem(uri)
+        parquet = pq.ParquetFile(filesystem.open_input_file(path))
+        assert parquet.schema_arrow.field("window_start").type == pa.timestamp("us", tz="UTC")  # never INT96, never ns
+        assert parquet.metadata.schema.column(1).physical_type == "INT64"
 
     # Generations of 60 keys: by epoch 4 the changelog outgrew twice the largest, so that
     # epoch compacted the table on the executors, in its own commit (size-tiered policy).

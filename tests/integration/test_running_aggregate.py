@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from barrierflow import storage
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.layout import PipelineLayout
 from barrierflow.operators import Avg, Count, Max, Min, Sum
@@ -131,7 +132,7 @@ _SPECIAL = {
 
 
 def test_sums_are_exact_or_sorted_and_identical_at_any_parallelism_and_backend(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: Any, tmp_path: Path, warehouse: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     landing = tmp_path / "landing"
     files: list[list[dict[str, Any]]] = []
@@ -148,11 +149,11 @@ def test_sums_are_exact_or_sorted_and_identical_at_any_parallelism_and_backend(
     # Parallelism 3 merges with the touched keys read from the tables, the
     # others with the executors' copy of the whole state.
     for parallelism, backend in ((1, "delta"), (3, "delta"), (7, "delta"), (2, "heap")):
-        warehouse = tmp_path / f"wh-{parallelism}-{backend}"
+        each = f"{warehouse}-{parallelism}-{backend}"
         monkeypatch.setenv("BARRIERFLOW_CACHED_STATE_ROWS", "0" if parallelism == 3 else "1000000")
-        completed = _run(spark, landing, warehouse, parallelism, backend)
+        completed = _run(spark, landing, each, parallelism, backend)
         assert [c.record.rows_in for c in completed] == [len(f) for f in files]
-        tables.append(_totals(warehouse))
+        tables.append(_totals(each))
     assert tables[0] == tables[1] == tables[2] == tables[3], "parallelism or the state backend changed a result"
     expected = _reference(files)
     assert set(tables[0]) == set(expected)
@@ -164,7 +165,7 @@ def test_sums_are_exact_or_sorted_and_identical_at_any_parallelism_and_backend(
 
 
 def test_bad_lines_make_the_epoch_compute_again_with_ordered_reads(
-    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    spark: Any, tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     landing = tmp_path / "landing"
     clean = [_record(n, f"s{n % 3}", 20.0 + n) for n in range(6)]
@@ -178,7 +179,6 @@ def test_bad_lines_make_the_epoch_compute_again_with_ordered_reads(
         json.dumps(clean[5]),
     ]
     _write(landing, "b.jsonl", lines)
-    warehouse = tmp_path / "wh"
     with caplog.at_level(logging.INFO, logger="barrierflow.runtime"):
         completed = _run(spark, landing, warehouse)
     ordered = [r.getMessage() for r in caplog.records if "computing again with ordered reads" in r.getMessage()]
@@ -199,14 +199,8 @@ def test_bad_lines_make_the_epoch_compute_again_with_ordered_reads(
 
     for uri in (layout.sink_table("totals_updates"), layout.dead_letter):
         live = {os.path.normpath(p) for p in DeltaTable(uri).file_uris()}
-        on_disk = {
-            os.path.normpath(os.path.join(root, f))
-            for root, _, names in os.walk(uri)
-            if "_delta_log" not in root
-            for f in names
-            if f.endswith(".parquet")
-        }
-        assert on_disk == live, uri
+        stored = {os.path.normpath(storage.join_uri(uri, f.path)) for f in storage.walk(uri) if f.path.endswith(".parquet")}
+        assert stored == live, uri
 
 
 _EDGE_SCHEMA = pa.schema(

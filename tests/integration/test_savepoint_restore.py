@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
+from barrierflow import storage
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
 from barrierflow.errors import IncompatibleSavepointError, SavepointError
@@ -70,8 +70,7 @@ def test_savepoint_then_restore_with_rewind_equals_reference(run_epochs: Callabl
     assert list_savepoints("sensor_stats", str(warehouse)) == []
 
 
-def test_restore_without_rewind_keeps_later_rows(run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path) -> None:
-    warehouse = tmp_path / "wh"
+def test_restore_without_rewind_keeps_later_rows(run_epochs: Callable[..., list[int]], landing: Path, warehouse: str) -> None:
     run_epochs(warehouse, epochs=3)
     create_savepoint(sensor_stats, str(warehouse), name="sp", params=_params(landing))
     run_epochs(warehouse, epochs=1)
@@ -83,8 +82,7 @@ def test_restore_without_rewind_keeps_later_rows(run_epochs: Callable[..., list[
     assert len(epoch4) == 2 * len([r for r in before if r["_epoch"] == 4])  # replayed: at-least-once by request
 
 
-def test_restore_with_changed_parallelism_gives_identical_results(run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path) -> None:
-    warehouse = tmp_path / "wh"
+def test_restore_with_changed_parallelism_gives_identical_results(run_epochs: Callable[..., list[int]], landing: Path, warehouse: str) -> None:
     run_epochs(warehouse, epochs=2, parallelism=2)
     create_savepoint(sensor_stats, str(warehouse), name="p2", params=_params(landing))
     run_epochs(warehouse, parallelism=2)
@@ -96,15 +94,14 @@ def test_restore_with_changed_parallelism_gives_identical_results(run_epochs: Ca
     assert table_snapshot(warehouse) == straight  # bit-identical replay at another parallelism
 
 
-def _last_barrier_params(warehouse: Path) -> dict[str, Any]:
-    from barrierflow import storage
+def _last_barrier_params(warehouse: str) -> dict[str, Any]:
     from barrierflow.layout import PipelineLayout
 
-    coordinator = CheckpointCoordinator(sensor_stats, {"landing_dir": "x"}, str(warehouse))
+    coordinator = CheckpointCoordinator(sensor_stats, {"landing_dir": "x"}, warehouse)
     lineage = coordinator.current_lineage()["lineage_id"]
     record = coordinator.log.last_completed(coordinator.log.lineage_records(lineage))
     assert record is not None
-    return storage.read_json(PipelineLayout.of(str(warehouse), "sensor_stats").barrier(lineage, record.epoch))["params"]
+    return storage.read_json(PipelineLayout.of(warehouse, "sensor_stats").barrier(lineage, record.epoch))["params"]
 
 
 def _without_alerts() -> PipelineDefinition:
@@ -132,8 +129,7 @@ def _without_alerts() -> PipelineDefinition:
     return dataclasses.replace(sensor_stats, build_fn=build)
 
 
-def test_restore_refuses_removed_operator_unless_allowed(run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path) -> None:
-    warehouse = tmp_path / "wh"
+def test_restore_refuses_removed_operator_unless_allowed(run_epochs: Callable[..., list[int]], landing: Path, warehouse: str) -> None:
     run_epochs(warehouse, epochs=2)
     create_savepoint(sensor_stats, str(warehouse), name="full", params=_params(landing))
     smaller = _without_alerts()
@@ -150,14 +146,16 @@ def test_restore_refuses_removed_operator_unless_allowed(run_epochs: Callable[..
     assert {r["sensor_id"]: r["count"] for r in totals} == {k: v["count"] for k, v in expected.items()}
 
 
-def test_savepoint_copied_to_another_warehouse(run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path) -> None:
-    source, target = tmp_path / "source", tmp_path / "target"
+def test_savepoint_copied_to_another_warehouse(run_epochs: Callable[..., list[int]], landing: Path, store_root: str) -> None:
+    source, target = f"{store_root}/source", f"{store_root}/target"
     run_epochs(source, epochs=2)
-    sp = create_savepoint(sensor_stats, str(source), name="portable", params=_params(landing))
-    copied = tmp_path / "copied-savepoint"
-    shutil.copytree(sp.uri, copied)
-    shutil.rmtree(source)  # nothing of the source warehouse is needed any more
-    restore(sensor_stats, str(target), savepoint=str(copied), params=_params(landing))
+    sp = create_savepoint(sensor_stats, source, name="portable", params=_params(landing))
+    copied = f"{store_root}/copied-savepoint"
+    for stored in storage.walk(sp.uri):  # as `cp -r` or `aws s3 cp --recursive` would
+        data = storage.read_bytes(storage.join_uri(sp.uri, stored.path))
+        assert data is not None and storage.put_if_absent(storage.join_uri(copied, stored.path), data)
+    storage.remove_tree(source)  # nothing of the source warehouse is needed any more
+    restore(sensor_stats, target, savepoint=copied, params=_params(landing))
     assert run_epochs(target) == [3, 4]
     ref = run_reference(split_epochs(landing, MAX_FILES), 30)
     snap = table_snapshot(target)
@@ -183,17 +181,16 @@ def test_restore_retained_epoch_and_maintenance(run_epochs: Callable[..., list[i
 
 
 def test_restore_killed_half_way_is_finished_by_the_next_run(
-    run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path
+    run_epochs: Callable[..., list[int]], landing: Path, warehouse: str
 ) -> None:
     import subprocess
 
     from cli_runner import barrierflow_cmd, cli_env
 
-    warehouse = tmp_path / "wh"
     run_epochs(warehouse, epochs=2)
     create_savepoint(sensor_stats, str(warehouse), name="sp", params=_params(landing))
     run_epochs(warehouse, epochs=1)
-    restore_cmd = barrierflow_cmd("savepoint", "restore", "sensor_stats", "--warehouse", str(warehouse), "--savepoint", "sp", "--rewind-sinks")
+    restore_cmd = barrierflow_cmd("savepoint", "restore", "sensor_stats", "--warehouse", warehouse, "--savepoint", "sp", "--rewind-sinks")
     # Killed after the intent; then a second restore finishes the first (its recover sees the
     # intent) and is itself killed just before switching lineages.
     for point in ("restore.after_intent", "restore.before_lineage"):

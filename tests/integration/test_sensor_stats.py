@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import pytest
 
+from barrierflow import storage
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
 from barrierflow import runtime
@@ -34,7 +35,7 @@ def make_stream(tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
-def _coordinator(spark: Any, landing: Path, warehouse: Path | str, **params: Any) -> CheckpointCoordinator:
+def _coordinator(spark: Any, landing: Path | str, warehouse: Path | str, **params: Any) -> CheckpointCoordinator:
     given = {"landing_dir": str(landing), "max_files_per_epoch": 2, **params}
     return CheckpointCoordinator(get_pipeline("sensor_stats"), given, str(warehouse), spark_factory=lambda: spark)
 
@@ -94,20 +95,27 @@ def test_parallelism_changes_between_epochs(
     assert_matches_reference(varied, reference_for(landing, 2))
 
 
-def test_files_arriving_between_epochs(spark: Any, tmp_path: Path) -> None:
-    landing, warehouse = tmp_path / "landing", tmp_path / "wh"
-    spec = SensorStreamSpec(n_files=5, records_per_file=80, seed=5)
-    write_sensor_files(landing, spec, start_index=0, count=3)
-    (landing / ".in-progress.jsonl").write_text('{"half written')
-    (landing / "_temporary.jsonl").write_text("ignored")
+def test_files_arriving_between_epochs(spark: Any, tmp_path: Path, store_root: str) -> None:
+    """Files land in a directory or under an S3 prefix while the pipeline runs; names starting with . or _ are in progress."""
+    generated, landing, warehouse = tmp_path / "generated", f"{store_root}/landing", f"{store_root}/warehouse"
+    write_sensor_files(generated, SensorStreamSpec(n_files=5, records_per_file=80, seed=5))
+    files = sorted(generated.iterdir())
+
+    def land(name: str, data: bytes) -> None:
+        assert storage.put_if_absent(storage.join_uri(landing, name), data)
+
+    for path in files[:3]:
+        land(path.name, path.read_bytes())
+    land(".in-progress.jsonl", b'{"half written')
+    land("_temporary.jsonl", b"ignored")
     coordinator = _coordinator(spark, landing, warehouse)
     assert [r.epoch for r in coordinator.run(until_caught_up=True)] == [1, 2]
-    write_sensor_files(landing, spec, start_index=3, count=2)
+    for path in files[3:]:
+        land(path.name, path.read_bytes())
     assert [r.epoch for r in _coordinator(spark, landing, warehouse).run(until_caught_up=True)] == [3]
     # The reference sees the same epochs: files 0-1, 2, 3-4.
     from reference.sensor_stats_reference import run_reference
 
-    files = sorted(p for p in landing.iterdir() if not p.name.startswith((".", "_")))
     ref = run_reference([files[0:2], files[2:3], files[3:5]], 30)
     assert_matches_reference(warehouse, ref)
 

@@ -10,7 +10,14 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 
 from barrierflow import delta_commit
 from barrierflow.checkpoint import Fence, TableCommit, TableKind
-from barrierflow.delta_commit import commit_epoch_table, committed_version, open_table, raise_fence, schema_json_of
+from barrierflow.delta_commit import (
+    commit_epoch_table,
+    committed_version,
+    latest_snapshot,
+    open_table,
+    raise_fence,
+    schema_json_of,
+)
 from barrierflow.errors import FencedError
 from barrierflow.staging import write_parquet
 
@@ -33,6 +40,25 @@ def test_committed_version_of_old_and_new_epochs(tmp_path: Path) -> None:
     assert committed_version(uri, app, 41) is None
     assert committed_version(uri, "other-app", 1) is None
     assert committed_version(str(tmp_path / "missing"), app, 1) is None
+
+
+def test_a_lent_snapshot_is_one_callers_and_comes_back_up_to_date(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    with latest_snapshot(uri) as missing:
+        assert missing is None
+    write_deltalake(uri, pa.table({"x": [1]}))
+    with latest_snapshot(uri) as first:
+        with latest_snapshot(uri) as second:  # a concurrent caller never shares the first's object
+            assert first is not None and second is not None and first is not second
+    write_deltalake(uri, pa.table({"x": [2]}), mode="append")  # another writer
+    with latest_snapshot(uri) as again:
+        assert again in (first, second) and again is not None
+        assert again.version() == 1 and len(again.file_uris()) == 2
+    with pytest.raises(RuntimeError):
+        with latest_snapshot(uri) as failed:
+            raise RuntimeError("a commit went wrong")
+    with latest_snapshot(uri) as fresh:
+        assert fresh is not failed and fresh is not None and fresh.version() == 1
 
 
 # -- fencing: every epoch commit carries (lineage sequence, epoch); a table refuses lower tokens ----------------

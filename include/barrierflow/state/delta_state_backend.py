@@ -65,13 +65,22 @@ class DeltaStateBackend:
         self._bases: dict[str, tuple[resident.Snapshot, pa.Table]] = {}
         # Per state table read whole on the executors: the snapshot read.
         self._live_bases: dict[str, resident.Snapshot] = {}
+        # Per state table: the snapshot this epoch reads and stages against.
+        self._tables: dict[str, Any] = {}
 
     def _open(self, spec: StateSpec) -> Any:
-        """The state table as of the last completed epoch, or None before its first commit."""
+        """The state table as of the last completed epoch, or None before its first commit.
+
+        Opened once per epoch: reads and staging see one snapshot, and an
+        object store is asked for the log once rather than per call.
+        """
+        if spec.table_name in self._tables:
+            return self._tables[spec.table_name]
         ctx = self._ctx
         last = ctx.last_completed_epoch  # waits for epoch n-1 to complete
         table = open_table(ctx.layout.state_table(spec.operator_id, spec.name))
         if table is None:
+            self._tables[spec.table_name] = None
             return None
         committed = table.transaction_version(ctx.app_id)
         if committed is not None and last is not None and committed > last:
@@ -79,6 +88,7 @@ class DeltaStateBackend:
                 f"state table {spec.table_name} holds epoch {committed}, newer than the last "
                 f"completed epoch {last}: run recovery first"
             )
+        self._tables[spec.table_name] = table
         return table
 
     def _files(self, spec: StateSpec, touched: "DataFrame | list[int] | None") -> tuple[list[StateFile], int | None]:
