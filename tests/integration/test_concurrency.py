@@ -65,7 +65,7 @@ def test_two_unguarded_attempts_race_and_output_is_exactly_once(tmp_path: Path, 
 
 def test_epoch_lease_refuses_a_second_run(tmp_path: Path, warehouse: str) -> None:
     landing = tmp_path / "landing"
-    write_sensor_files(landing, SensorStreamSpec(n_files=3, records_per_file=40, seed=32))
+    write_sensor_files(landing, SensorStreamSpec(n_files=2, records_per_file=40, seed=32))
     cmd = barrierflow_cmd(
         "run", "sensor_stats", "--warehouse", warehouse, "--param", f"landing_dir={landing}",
         "--param", "max_files_per_epoch=1", "--until-caught-up",

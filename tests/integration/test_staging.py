@@ -32,6 +32,11 @@ SCHEMA = pa.schema(
 )
 
 
+def _read(uri: str) -> pa.Table:
+    with storage.open_input(uri) as fh:
+        return pq.read_table(fh)
+
+
 def _frame(spark: Any, n: int, key_groups: int) -> Any:
     from pyspark.sql import functions as F
 
@@ -52,8 +57,7 @@ def test_descriptions_are_the_files_executors_wrote(spark: Any, store_root: str)
     for f in files:
         uri = storage.join_uri(table, f.path)
         assert storage.file_size(uri) == f.size
-        with storage.open_input(uri) as fh:
-            data = pq.read_table(fh)
+        data = _read(uri)
         assert data.schema == SCHEMA  # cast to the table's schema, timestamps as UTC microseconds
         stats = json.loads(f.stats)
         assert stats["numRecords"] == data.num_rows == f.rows
@@ -73,23 +77,23 @@ def test_descriptions_are_the_files_executors_wrote(spark: Any, store_root: str)
     assert written == sorted(Path(f.path).name for f in files)
 
 
-def test_constant_columns_are_added_by_the_writer(spark: Any, tmp_path: Path) -> None:
+def test_constant_columns_are_added_by_the_writer(spark: Any, store_root: str) -> None:
     """An epoch's number and time are written by the writer, not as literals of the plan (compiled again each epoch)."""
     frame = _frame(spark, 300, 16).drop("value")
-    files = stage_frame(frame, str(tmp_path), "_staging/c", SCHEMA, partitions=2, key_groups=16, constants={"value": 42})
-    data = pa.concat_tables(pq.read_table(tmp_path / f.path) for f in files)
+    files = stage_frame(frame, store_root, "_staging/c", SCHEMA, partitions=2, key_groups=16, constants={"value": 42})
+    data = pa.concat_tables(_read(storage.join_uri(store_root, f.path)) for f in files)
     assert data.schema == SCHEMA and data.num_rows == 300
     assert set(data["value"].to_pylist()) == {42}
     assert all(json.loads(f.stats)["minValues"]["value"] == 42 for f in files)
 
 
-def test_an_empty_frame_writes_no_file(spark: Any, tmp_path: Path) -> None:
-    assert stage_frame(_frame(spark, 100, 16).limit(0), str(tmp_path), "_staging/b", SCHEMA, partitions=2) == []
-    assert not (tmp_path / "_staging").exists()
+def test_an_empty_frame_writes_no_file(spark: Any, store_root: str) -> None:
+    assert stage_frame(_frame(spark, 100, 16).limit(0), store_root, "_staging/b", SCHEMA, partitions=2) == []
+    assert list(storage.walk(storage.join_uri(store_root, "_staging"))) == []
 
 
 def test_an_epoch_never_collects_rows_to_the_driver(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: Any, tmp_path: Path, warehouse: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """sensor_stats (dedup, windows, running totals, a process function, both sink modes) with every row-collecting call refused."""
 
@@ -98,9 +102,8 @@ def test_an_epoch_never_collects_rows_to_the_driver(
 
     landing = tmp_path / "landing"
     write_sensor_files(landing, SensorStreamSpec(n_files=8, records_per_file=150, seed=5, late_rate=0.05, duplicate_rate=0.1))
-    warehouse = tmp_path / "wh"
     given = {"landing_dir": str(landing), "max_files_per_epoch": 2}
-    coordinator = CheckpointCoordinator(get_pipeline("sensor_stats"), given, str(warehouse), spark_factory=lambda: spark)
+    coordinator = CheckpointCoordinator(get_pipeline("sensor_stats"), given, warehouse, spark_factory=lambda: spark)
     with monkeypatch.context() as m:
         m.setattr(EpochContext, "to_arrow", refuse)
         for module in ("pyspark.sql.connect.dataframe", "pyspark.sql.classic.dataframe"):
