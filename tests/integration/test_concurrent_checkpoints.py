@@ -126,12 +126,10 @@ def test_a_failure_on_either_side_leaves_a_state_a_rerun_finishes_exactly_once(
     inject_fault: Callable[[str], None],
     monkeypatch: pytest.MonkeyPatch,
     landing: Path,
-    tmp_path: Path,
+    warehouse: str,
     fault: str,
     completed: int,
 ) -> None:
-    # A local warehouse only: S3 runs the same recovery under kill -9 and storage faults (test_object_store.py).
-    warehouse = str(tmp_path / "wh")
     inject_fault(fault)
     with pytest.raises(InjectedFault):
         coordinator(warehouse).run(until_caught_up=True)

@@ -70,8 +70,7 @@ def test_savepoint_then_restore_with_rewind_equals_reference(run_epochs: Callabl
     assert list_savepoints("sensor_stats", str(warehouse)) == []
 
 
-def test_restore_without_rewind_keeps_later_rows(run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path) -> None:
-    warehouse = str(tmp_path / "wh")  # the restore's rules; its storage on S3 runs in the tests above and below
+def test_restore_without_rewind_keeps_later_rows(run_epochs: Callable[..., list[int]], landing: Path, warehouse: str) -> None:
     run_epochs(warehouse, epochs=3)
     create_savepoint(sensor_stats, str(warehouse), name="sp", params=_params(landing))
     run_epochs(warehouse, epochs=1)
@@ -130,8 +129,7 @@ def _without_alerts() -> PipelineDefinition:
     return dataclasses.replace(sensor_stats, build_fn=build)
 
 
-def test_restore_refuses_removed_operator_unless_allowed(run_epochs: Callable[..., list[int]], landing: Path, tmp_path: Path) -> None:
-    warehouse = str(tmp_path / "wh")  # the restore's rules; its storage on S3 runs in the tests above and below
+def test_restore_refuses_removed_operator_unless_allowed(run_epochs: Callable[..., list[int]], landing: Path, warehouse: str) -> None:
     run_epochs(warehouse, epochs=2)
     create_savepoint(sensor_stats, str(warehouse), name="full", params=_params(landing))
     smaller = _without_alerts()
