@@ -184,69 +184,78 @@ def commit_epoch_table(
     properties = CommitProperties(custom_metadata=metadata, app_transactions=transactions, max_commit_retries=0)
     last_error: Exception | None = None
     for _ in range(_MAX_COMMIT_ATTEMPTS):
-        # Step 1.
         with latest_snapshot(commit.uri) as table:
-            if table is not None:
-                current = table.transaction_version(app)
-                if current is not None and current >= epoch:
-                    version = committed_version(commit.uri, app, epoch, table)
-                    assert version is not None
-                    return version
-                if fence is not None:
-                    check_fence(table, commit.name, fence, f"epoch {epoch}")
-            adds = [_add_action(f, commit.data_change) for f in commit.adds]
-            schema = Schema.from_json(commit.schema_json)
+            version = _committed_before(commit, table, app, epoch, fence)
+            if version is not None:
+                return version
             try:
-                if table is None:
-                    if commit.removes:
-                        raise FencedError(
-                            f"table {commit.name} does not exist but epoch {epoch} removes files from it"
-                        )
-                    faults.maybe_fail("commit.before_delta_commit")
-                    create_table_with_add_actions(
-                        commit.uri,
-                        schema,
-                        adds,
-                        mode="error",
-                        partition_by=list(commit.partition_by) or None,
-                        configuration=TABLE_CONFIGURATION,
-                        commit_properties=properties,
-                    )
-                else:
-                    # Step 2.
-                    if commit.removes:
-                        missing = set(commit.removes) - live_paths(table)
-                        if missing:
-                            raise FencedError(
-                                f"epoch {epoch} of table {commit.name} would remove files that are no "
-                                f"longer live ({sorted(missing)[:3]}...): a newer commit replaced them"
-                            )
-                    removes = [
-                        RemoveAction(path=p, data_change=commit.data_change, deletion_timestamp=_now_ms())
-                        for p in commit.removes
-                    ]
-                    faults.maybe_fail("commit.before_delta_commit")
-                    # Step 3.
-                    table.create_write_transaction(
-                        [*adds, *removes],
-                        mode="append",
-                        schema=schema,
-                        partition_by=list(commit.partition_by) or None,
-                        commit_properties=properties,
-                    )
+                return _commit_once(commit, table, epoch, properties)
             except (CommitFailedError, DeltaError, OSError) as exc:
                 # Step 4: a concurrent writer may have won; decide after re-reading.
                 last_error = exc
-                time.sleep(0.05)
-                continue
-            faults.maybe_fail("commit.after_delta_commit")
-            # No retries (``max_commit_retries=0``): a commit that returns is the
-            # version after the one read, or the table's first.
-            return 0 if table is None else table.version() + 1
+        time.sleep(0.05)
     raise CommitConflictError(
         f"could not commit epoch {epoch} to table {commit.name} after "
         f"{_MAX_COMMIT_ATTEMPTS} attempts: {last_error}"
     )
+
+
+def _committed_before(commit: TableCommit, table: DeltaTable | None, app: str, epoch: int, fence: Fence | None) -> int | None:
+    """Step 1 of :func:`commit_epoch_table`: the version already holding the epoch, if any; refuses a fenced commit."""
+    if table is None:
+        return None
+    current = table.transaction_version(app)
+    if current is not None and current >= epoch:
+        version = committed_version(commit.uri, app, epoch, table)
+        assert version is not None
+        return version
+    if fence is not None:
+        check_fence(table, commit.name, fence, f"epoch {epoch}")
+    return None
+
+
+def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, properties: CommitProperties) -> int:
+    """Steps 2-3 of :func:`commit_epoch_table` on the snapshot step 1 read; returns the new version."""
+    adds = [_add_action(f, commit.data_change) for f in commit.adds]
+    schema = Schema.from_json(commit.schema_json)
+    if table is None:
+        if commit.removes:
+            raise FencedError(f"table {commit.name} does not exist but epoch {epoch} removes files from it")
+        faults.maybe_fail("commit.before_delta_commit")
+        create_table_with_add_actions(
+            commit.uri,
+            schema,
+            adds,
+            mode="error",
+            partition_by=list(commit.partition_by) or None,
+            configuration=TABLE_CONFIGURATION,
+            commit_properties=properties,
+        )
+    else:
+        # Step 2.
+        if commit.removes:
+            missing = set(commit.removes) - live_paths(table)
+            if missing:
+                raise FencedError(
+                    f"epoch {epoch} of table {commit.name} would remove files that are no "
+                    f"longer live ({sorted(missing)[:3]}...): a newer commit replaced them"
+                )
+        removes = [
+            RemoveAction(path=p, data_change=commit.data_change, deletion_timestamp=_now_ms()) for p in commit.removes
+        ]
+        faults.maybe_fail("commit.before_delta_commit")
+        # Step 3.
+        table.create_write_transaction(
+            [*adds, *removes],
+            mode="append",
+            schema=schema,
+            partition_by=list(commit.partition_by) or None,
+            commit_properties=properties,
+        )
+    faults.maybe_fail("commit.after_delta_commit")
+    # No retries (``max_commit_retries=0``): a commit that returns is the
+    # version after the one read, or the table's first.
+    return 0 if table is None else table.version() + 1
 
 
 def fence_transaction(fence: Fence) -> Transaction:
