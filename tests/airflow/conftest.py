@@ -55,24 +55,41 @@ def airflow_db(spark_engine: object) -> Iterator[None]:
     yield
 
 
-@pytest.fixture
-def warehouse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The test's warehouse, also seen by the DAG files that ``dag.test()`` re-parses.
+@pytest.fixture(autouse=True)
+def fresh_assets() -> None:
+    """Retire the previous test's assets, so this test's commits emit their asset events.
 
     A sink's asset is identified by name *and* URI (the sink table), so each
     test's DAG declares assets with new URIs under the same names. Airflow
     activates an asset only if no active asset holds its name; retiring
     unreferenced ones is the scheduler's job (``_update_asset_orphanage``),
-    and no scheduler runs here, so the previous test's assets are retired by
-    hand: this test's commits then emit their asset events.
+    and no scheduler runs here, so it is done by hand.
     """
     from sqlalchemy import delete
 
     from airflow.models.asset import AssetActive
     from airflow.utils.session import create_session
 
-    path = tmp_path / "wh"
-    monkeypatch.setenv("BARRIERFLOW_WAREHOUSE", str(path))
     with create_session() as session:
         session.execute(delete(AssetActive))
+
+
+@pytest.fixture
+def warehouse(store_root: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test's warehouse on each storage scheme, also seen by the DAG files that ``dag.test()`` re-parses.
+
+    Local directory, then ``s3://`` on the test endpoint: the tasks (and a
+    spark-submit job) find S3 through the standard AWS environment that
+    ``s3_bucket`` sets; the AWS connection is ``test_pipeline_dag``'s own case.
+    """
+    path = f"{store_root}/warehouse"
+    monkeypatch.setenv("BARRIERFLOW_WAREHOUSE", path)
+    return path
+
+
+@pytest.fixture
+def local_warehouse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A local warehouse, for the tests of forms and settings that no store changes."""
+    path = str(tmp_path / "wh")
+    monkeypatch.setenv("BARRIERFLOW_WAREHOUSE", path)
     return path

@@ -24,7 +24,7 @@ def write_landing(tmp_path: Path, files: int, seed: int = 7) -> Path:
     return landing
 
 
-def run_epochs_in_process(warehouse: Path, landing: Path, spark: Any, epochs: int) -> CheckpointCoordinator:
+def run_epochs_in_process(warehouse: str, landing: Path, spark: Any, epochs: int) -> CheckpointCoordinator:
     """``epochs`` epochs of one file each; returns the coordinator (for reading the log)."""
     coordinator = CheckpointCoordinator(
         get_pipeline("sensor_stats"),

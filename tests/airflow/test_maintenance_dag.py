@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_maintenance_keeps_the_retained_checkpoints_and_skips_pipelines_that_never_ran(
-    tmp_path: Path, warehouse: Path, spark: Any, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, warehouse: str, spark: Any, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     landing = write_landing(tmp_path, files=2, seed=41)
     coordinator = run_epochs_in_process(warehouse, landing, spark, epochs=2)
@@ -38,10 +38,10 @@ def test_maintenance_keeps_the_retained_checkpoints_and_skips_pipelines_that_nev
     assert_matches_reference(warehouse, reference_for(landing, 1))
 
 
-def test_maintenance_params_are_validated_by_the_form(warehouse: Path) -> None:
+def test_maintenance_params_are_validated_by_the_form(local_warehouse: str) -> None:
     from airflow.sdk.exceptions import ParamValidationError
 
-    dag = build_maintenance_dag(["sensor_stats"], dag_settings(warehouse))
+    dag = build_maintenance_dag(["sensor_stats"], dag_settings(local_warehouse))
     assert [t.task_id for t in dag.tasks] == ["maintain_sensor_stats"]
     for name, bad in (("retained_checkpoints", 0), ("vacuum_retention_hours", -1), ("retained_checkpoints", "ten")):
         with pytest.raises(ParamValidationError):

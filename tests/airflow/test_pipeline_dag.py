@@ -11,7 +11,7 @@ import json
 import threading
 import time
 import uuid
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -54,7 +54,7 @@ def _landing(tmp_path: Path, files: int, seed: int) -> Path:
     return landing
 
 
-def _dag(warehouse: Path | str, landing: Path, **settings: object):
+def _dag(warehouse: str, landing: Path, **settings: object):
     return build_pipeline_dag(
         "sensor_stats",
         dag_settings(warehouse, **settings),
@@ -62,11 +62,11 @@ def _dag(warehouse: Path | str, landing: Path, **settings: object):
     )
 
 
-def _coordinator(warehouse: Path | str, landing: Path) -> CheckpointCoordinator:
+def _coordinator(warehouse: str, landing: Path) -> CheckpointCoordinator:
     return CheckpointCoordinator(get_pipeline("sensor_stats"), {"landing_dir": str(landing)}, str(warehouse))
 
 
-def _barrier_doc(warehouse: Path, landing: Path, epoch: int) -> dict:
+def _barrier_doc(warehouse: str, landing: Path, epoch: int) -> dict:
     coordinator = _coordinator(warehouse, landing)
     lineage = coordinator.current_lineage()["lineage_id"]
     doc = storage.read_json(coordinator.layout.barrier(lineage, epoch))
@@ -74,7 +74,7 @@ def _barrier_doc(warehouse: Path, landing: Path, epoch: int) -> dict:
     return doc
 
 
-def _epoch_files(warehouse: Path, landing: Path, epoch: int) -> list[str]:
+def _epoch_files(warehouse: str, landing: Path, epoch: int) -> list[str]:
     return [f[0] for f in _barrier_doc(warehouse, landing, epoch)["end_offsets"]["readings"]["files"]]
 
 
@@ -86,7 +86,7 @@ def _assert_skipped_after_barrier(run: RunOutcome) -> None:
 
 
 def test_epochs_through_the_dag_equal_the_reference(
-    tmp_path: Path, warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     landing = _landing(tmp_path, files=2, seed=5)
     dag = _dag(warehouse, landing)
@@ -118,7 +118,7 @@ def test_epochs_through_the_dag_equal_the_reference(
     assert_nothing_staged_visible(warehouse)
 
 
-def test_a_failure_in_every_task_is_retried_to_exactly_once_output(tmp_path: Path, warehouse: Path) -> None:
+def test_a_failure_in_every_task_is_retried_to_exactly_once_output(tmp_path: Path, warehouse: str) -> None:
     landing = _landing(tmp_path, files=2, seed=11)
     # The spark-submit mode: process is a Spark application of its own, whose driver the fault kills.
     dag = _dag(warehouse, landing, process_mode="spark-submit")
@@ -149,7 +149,7 @@ def test_a_failure_in_every_task_is_retried_to_exactly_once_output(tmp_path: Pat
 
 
 def test_the_run_after_a_failed_one_resumes_from_the_last_committed_epoch(
-    tmp_path: Path, warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     landing = _landing(tmp_path, files=1, seed=17)
     dag = _dag(warehouse, landing, retries=0)
@@ -186,7 +186,7 @@ def test_the_run_after_a_failed_one_resumes_from_the_last_committed_epoch(
 
 
 def test_backfill_runs_one_epoch_per_data_interval_in_order(
-    tmp_path: Path, warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     landing = _landing(tmp_path, files=3, seed=23)
     files = sorted(landing.glob("*.jsonl"))
@@ -220,7 +220,7 @@ def test_backfill_runs_one_epoch_per_data_interval_in_order(
 
 
 def test_an_s3_warehouse_reached_through_the_airflow_aws_connection(
-    tmp_path: Path, warehouse: Path, s3_server: object, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, s3_server: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The tasks know S3 only from ``aws_default``: without it they would try AWS itself."""
     import boto3
@@ -246,17 +246,17 @@ def test_an_s3_warehouse_reached_through_the_airflow_aws_connection(
 
 
 def test_a_pipeline_without_its_required_param_fails_at_once_saying_how_to_set_it(
-    warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     dag = build_pipeline_dag("sensor_stats", dag_settings(warehouse, retries=2), environ={})
     run = run_dag(dag, minute(2035, 1, 4, 0, 1))
     assert run.state == "failed" and run.tasks["barrier"] == ("failed", 1)  # no retries: they cannot help
     out = task_logs(caplog, capfd)
     assert "missing required parameter(s) landing_dir" in out and "BARRIERFLOW_SENSOR_STATS__LANDING_DIR" in out
-    assert not warehouse.exists()
+    assert not storage.exists(warehouse)
 
 
-def test_json_reports_are_pushed_for_the_ui(tmp_path: Path, warehouse: Path) -> None:
+def test_json_reports_are_pushed_for_the_ui(tmp_path: Path, warehouse: str) -> None:
     landing = tmp_path / "landing"
     landing.mkdir()
     dag = _dag(warehouse, landing)
@@ -270,7 +270,7 @@ def test_json_reports_are_pushed_for_the_ui(tmp_path: Path, warehouse: Path) -> 
 
 @pytest.mark.parametrize("earlier_state", ["running", "queued"])
 def test_a_run_waits_while_an_earlier_run_is_queued_or_running(
-    tmp_path: Path, warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
     earlier_state: str,
 ) -> None:
     # An Airflow 3 backfill runs up to its own max_active_runs (10 unless given)
@@ -292,7 +292,7 @@ def test_a_run_waits_while_an_earlier_run_is_queued_or_running(
 
 
 def test_a_dead_engine_fails_process_naming_it_and_the_retry_succeeds_once_it_is_back(
-    tmp_path: Path, warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from barrierflow.dags.environment import engine_connection

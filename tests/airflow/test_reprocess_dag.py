@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_reprocessing_replays_each_interval_in_order_with_the_schedule_held(
-    tmp_path: Path, warehouse: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     landing = write_landing(tmp_path, files=5, seed=43)
     files = sorted(landing.glob("*.jsonl"))

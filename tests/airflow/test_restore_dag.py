@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def history(tmp_path: Path, warehouse: Path, spark: Any) -> Path:
+def history(tmp_path: Path, warehouse: str, spark: Any) -> Path:
     """One completed epoch of sensor_stats (one file) and a second file waiting."""
     landing = write_landing(tmp_path, files=2, seed=31)
     run_epochs_in_process(warehouse, landing, spark, epochs=1)
@@ -34,12 +34,12 @@ def _env(landing: Path) -> dict[str, str]:
     return {LANDING_ENV: str(landing)}
 
 
-def _coordinator(warehouse: Path, landing: Path) -> CheckpointCoordinator:
+def _coordinator(warehouse: str, landing: Path) -> CheckpointCoordinator:
     return CheckpointCoordinator(get_pipeline("sensor_stats"), {"landing_dir": str(landing)}, str(warehouse))
 
 
 def test_stop_with_savepoint_then_restore_resumes_exactly_once(
-    warehouse: Path, history: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    warehouse: str, history: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     settings = dag_settings(warehouse)
     savepoint = build_savepoint_dag("sensor_stats", settings, environ=_env(history))
@@ -72,7 +72,7 @@ def test_stop_with_savepoint_then_restore_resumes_exactly_once(
 
 
 def test_restore_points_from_the_form(
-    tmp_path: Path, warehouse: Path, spark: Any, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, warehouse: str, spark: Any, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     landing = write_landing(tmp_path, files=2, seed=37)
     run_epochs_in_process(warehouse, landing, spark, epochs=2)
@@ -109,7 +109,7 @@ def _without_alerts() -> PipelineDefinition:
 
 
 def test_an_incompatible_restore_fails_at_once_listing_the_state(
-    warehouse: Path, history: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    warehouse: str, history: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     settings = dag_settings(warehouse, retries=2)
     run_dag(build_savepoint_dag("sensor_stats", settings, environ=_env(history)), minute(2036, 2, 3, 0, 0), {"savepoint_name": "v1"})

@@ -21,19 +21,19 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def history(tmp_path: Path, warehouse: Path, spark: Any) -> Path:
+def history(tmp_path: Path, warehouse: str, spark: Any) -> Path:
     """One completed epoch of sensor_stats; returns the landing directory."""
     landing = write_landing(tmp_path, files=1)
     run_epochs_in_process(warehouse, landing, spark, epochs=1)
     return landing
 
 
-def _dag(warehouse: Path, landing: Path, **settings: Any):
+def _dag(warehouse: str, landing: Path, **settings: Any):
     return build_savepoint_dag("sensor_stats", dag_settings(warehouse, **settings), environ={LANDING_ENV: str(landing)})
 
 
 def test_the_savepoint_form(
-    warehouse: Path, history: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    warehouse: str, history: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     dag = _dag(warehouse, history, retries=2)
     named = run_dag(dag, minute(2036, 1, 1, 0, 0), {"savepoint_name": "before-upgrade", "description": "v2 rollout"})
@@ -59,7 +59,7 @@ def test_the_savepoint_form(
         assert message in task_logs(caplog, capfd)
 
 
-def test_the_savepoint_waits_for_a_running_epoch(warehouse: Path, history: Path) -> None:
+def test_the_savepoint_waits_for_a_running_epoch(warehouse: str, history: Path) -> None:
     # Something holds the pipeline's epoch lease, as a running epoch step would.
     holder = CheckpointCoordinator(get_pipeline("sensor_stats"), {"landing_dir": str(history)}, str(warehouse))
     holder.acquire_lease()

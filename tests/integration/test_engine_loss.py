@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from barrierflow import storage
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
 from barrierflow.devserver import free_port
 from barrierflow.engine import EngineConfig, LocalEngine
+from barrierflow.layout import PipelineLayout
 from cli_runner import barrierflow_cmd, cli_env
 from sensor_check import (
     assert_matches_reference,
@@ -33,19 +35,21 @@ from sensor_check import (
 pytestmark = pytest.mark.slow
 
 
-def _run_cmd(warehouse: Path, landing: Path, address: str) -> list[str]:
+def _run_cmd(warehouse: str, landing: Path, address: str) -> list[str]:
     return barrierflow_cmd(
         "run", "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}",
         "--param", "max_files_per_epoch=1", "--until-caught-up", "--remote", address,
     )
 
 
-def _epoch_files(warehouse: Path, name: str) -> list[Path]:
-    return sorted((warehouse / "sensor_stats" / "_checkpoints" / "_epochs").glob(f"*/*/{name}"))
+def _epoch_files(warehouse: str, name: str) -> list[str]:
+    """The checkpoint documents ``name`` of every epoch (``<lineage>/<epoch>/<name>``), on either store."""
+    epochs = storage.join_uri(PipelineLayout.of(warehouse, "sensor_stats").checkpoint_log, "_epochs")
+    return sorted(f.path for f in storage.walk(epochs) if f.path.count("/") == 2 and f.path.endswith(f"/{name}"))
 
 
-def test_engine_killed_mid_epoch_then_the_next_run_recovers_exactly_once(tmp_path: Path) -> None:
-    landing, warehouse = tmp_path / "landing", tmp_path / "wh"
+def test_engine_killed_mid_epoch_then_the_next_run_recovers_exactly_once(tmp_path: Path, warehouse: str) -> None:
+    landing = tmp_path / "landing"
     write_sensor_files(landing, SensorStreamSpec(n_files=4, records_per_file=40, seed=71, late_rate=0.05))
     config = EngineConfig(port=free_port(), master="local[2]", driver_memory="1g")
     env = {k: v for k, v in cli_env().items() if k != "BARRIERFLOW_SPARK_MASTER"}
@@ -56,7 +60,7 @@ def test_engine_killed_mid_epoch_then_the_next_run_recovers_exactly_once(tmp_pat
         try:
             deadline = time.monotonic() + 300
             while len(_epoch_files(warehouse, "barrier.json")) < 2 and run.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
+                time.sleep(0.05 if storage.is_local(warehouse) else 0.2)
             votes = len(_epoch_files(warehouse, "manifest.json"))
             engine.kill()  # the JVM and its Python workers, mid-epoch
             out, _ = run.communicate(timeout=300)

@@ -120,8 +120,8 @@ def test_files_arriving_between_epochs(spark: Any, tmp_path: Path, store_root: s
     assert_matches_reference(warehouse, ref)
 
 
-def test_a_line_parser_reads_many_small_byte_ranges_exactly_once(spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Python tasks read, number and parse their own byte ranges: the records and dead letters of a line-by-line reading."""
+def test_a_line_parser_reads_many_small_byte_ranges_exactly_once(spark: Any, store_root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python tasks read, number and parse their own byte ranges (from a directory or an S3 prefix): the records and dead letters of a line-by-line reading."""
     from barrierflow.pipelines.sensor_stats import READING_SCHEMA, parse_reading
     from barrierflow.sources import FileSource, RecordError
     from barrierflow.sources import file_source
@@ -133,14 +133,13 @@ def test_a_line_parser_reads_many_small_byte_ranges_exactly_once(spark: Any, tmp
     lines[51] = lines[51] + b"\r"
     lines[120] = b'{"event_id": "x", "sensor_id": "\xff"}'  # invalid UTF-8
     lines[399] = b'{"event_id": ""}'
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    (landing / "a.jsonl").write_bytes(b"\n".join(lines[:250]) + b"\n")
-    (landing / "b.jsonl").write_bytes(b"\n".join(lines[250:]))  # no newline after the last line
+    landing = f"{store_root}/landing"
+    assert storage.put_if_absent(storage.join_uri(landing, "a.jsonl"), b"\n".join(lines[:250]) + b"\n")
+    assert storage.put_if_absent(storage.join_uri(landing, "b.jsonl"), b"\n".join(lines[250:]))  # no final newline
     monkeypatch.setattr(file_source, "_MIN_CHUNK_BYTES", 700)  # ~40 ranges at parallelism 40
-    source = FileSource("readings", str(landing), parser=parse_reading, parser_schema=READING_SCHEMA)
+    source = FileSource("readings", landing, parser=parse_reading, parser_schema=READING_SCHEMA)
     end = source.plan(None, None)
-    assert len(source._tasks(str(landing), end["files"], file_source._parse_chunk_bytes(end["files"], 40))) > 20
+    assert len(source._tasks(landing, end["files"], file_source._parse_chunk_bytes(end["files"], 40))) > 20
     batch = source.read(spark, end, 40)
     want_records, want_dead = [], []
     for name, part in (("a.jsonl", lines[:250]), ("b.jsonl", lines[250:])):
