@@ -20,7 +20,7 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 
 from barrierflow import faults
 from barrierflow.checkpoint import Fence, StagedFile, TableCommit
-from barrierflow.errors import CommitConflictError, FencedError, StorageError
+from barrierflow.errors import CheckpointError, CommitConflictError, FencedError, StorageError
 
 __all__ = [
     "commit_epoch_table",
@@ -244,6 +244,7 @@ def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, prop
             RemoveAction(path=p, data_change=commit.data_change, deletion_timestamp=_now_ms()) for p in commit.removes
         ]
         faults.maybe_fail("commit.before_delta_commit")
+        _add_new_columns(table, commit.name, schema)
         # Step 3.
         table.create_write_transaction(
             [*adds, *removes],
@@ -256,6 +257,24 @@ def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, prop
     # No retries (``max_commit_retries=0``): a commit that returns is the
     # version after the one read, or the table's first.
     return 0 if table is None else table.version() + 1
+
+
+def _add_new_columns(table: DeltaTable, name: str, schema: Schema) -> None:
+    """Give a table created by an earlier release the nullable columns its files now carry (a commit of its own).
+
+    An append's schema does not change the table's (delta-rs keeps the
+    table's metadata), so e.g. ``dead_letter.detail`` would stay invisible.
+    """
+    existing = {f.name for f in table.schema().fields}
+    missing = [f for f in schema.fields if f.name not in existing]
+    if not missing:
+        return
+    required = [f.name for f in missing if not f.nullable]
+    if required:
+        raise CheckpointError(
+            f"table {name} lacks the non-nullable column(s) {', '.join(required)}; only nullable columns can be added"
+        )
+    table.alter.add_columns(missing)
 
 
 def fence_transaction(fence: Fence) -> Transaction:

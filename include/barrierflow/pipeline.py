@@ -79,6 +79,26 @@ class Pipeline:
     def state_specs(self) -> list[StateSpec]:
         return [spec for n in self.nodes for spec in n.state_specs()]
 
+    def source_keys(self, source: SourceNode) -> dict[str, str]:
+        """The key columns keyed operators take straight from ``source``'s records, each with the first such operator.
+
+        A key passes unchanged through watermarks and deduplication to the
+        operator keyed by it; keys of later operators come from the outputs
+        of earlier keyed ones, whose own keys were checked at the source.
+        """
+        keys: dict[str, str] = {}
+        for node in self.nodes:
+            key = getattr(node, "key", ())
+            if not key:
+                continue
+            upstream = node.parent
+            while isinstance(upstream, (WatermarkAssigner, Deduplicate)):
+                upstream = upstream.parent
+            if upstream is source:
+                for column in key:
+                    keys.setdefault(column, node.operator_id)
+        return keys
+
     def children(self, node: Node) -> list[Node]:
         return [n for n in self.nodes if n.parent is node]
 

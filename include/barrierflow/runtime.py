@@ -495,7 +495,8 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                 source_index = pipe.sources.index(node)
                 ordered = ordered_only or any(child.needs_arrival_order for child in pipe.children(node))
                 batch = node.source.read(
-                    spark, barrier.end_offsets[node.source.source_id], ctx.parallelism, source_index, ordered=ordered
+                    spark, barrier.end_offsets[node.source.source_id], ctx.parallelism, source_index, ordered=ordered,
+                    keys=pipe.source_keys(node),
                 )
                 if batch.observation is not None:
                     # Counted (and its bytes checked) while the operators run; checked once they have.

@@ -31,7 +31,7 @@ def table_snapshot(warehouse: Path | str) -> dict[str, list[dict[str, Any]]]:
         "minute": _rows(warehouse, "select * from sensor_minute order by sensor_id, window_start"),
         "late": _rows(warehouse, "select * from late_readings order by event_id"),
         "alerts": _rows(warehouse, "select * from alerts order by event_id"),
-        "dead": _rows(warehouse, "select source_file, line, raw, _epoch from dead_letter order by source_file, line"),
+        "dead": _rows(warehouse, "select source_file, line, raw, reason, detail, _epoch from dead_letter order by source_file, line"),
     }
 
 
@@ -68,10 +68,30 @@ def assert_matches_reference(warehouse: Path | str, ref: ReferenceResult) -> Non
     assert sorted(alerts) == sorted(
         (r["event_id"], r["sensor_id"], r["ts"], r["temperature"], r["epoch"]) for r in ref.alerts
     )
-    dead = [(r["source_file"], r["line"], r["raw"], r["_epoch"]) for r in snap["dead"]]
-    assert sorted(dead) == sorted((r["source_file"], r["line"], r["raw"], r["epoch"]) for r in ref.dead_letter)
-    reasons = _rows(warehouse, "select count(*) as n from dead_letter where reason is null or reason = ''")
-    assert reasons[0]["n"] == 0
+    dead = [(r["source_file"], r["line"], r["raw"], r["reason"], r["_epoch"]) for r in snap["dead"]]
+    assert sorted(dead) == sorted(
+        (r["source_file"], r["line"], r["raw"], REASON_CODES[r["reason"]], r["epoch"]) for r in ref.dead_letter
+    )
+    details = _rows(warehouse, "select count(*) as n from dead_letter where detail is null or detail = ''")
+    assert details[0]["n"] == 0
+
+
+# The reference's fine-grained reasons, as the dead-letter table's reason codes.
+REASON_CODES = {
+    "invalid_utf8": "invalid_utf8",
+    "invalid_json": "not_json",
+    "not_an_object": "not_an_object",
+    **{f"missing_{key}": "null_key" for key in ("event_id", "sensor_id")},
+    **{f"empty_{key}": "empty_key" for key in ("event_id", "sensor_id")},
+    **{f"invalid_{key}": "wrong_type" for key in ("event_id", "sensor_id")},
+    "missing_ts": "missing_field",
+    "missing_temperature": "missing_field",
+    **dict.fromkeys(
+        ("invalid_ts_type", "unparseable_ts", "naive_ts", "ts_out_of_range", "invalid_temperature_type",
+         "temperature_out_of_range", "non_finite_temperature"),
+        "wrong_type",
+    ),  # fmt: skip
+}
 
 
 def _completed(warehouse: Path | str) -> list[Any]:

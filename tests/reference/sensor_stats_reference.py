@@ -138,7 +138,7 @@ def parse_ts(value: Any) -> datetime | str:
 
 
 def _check_id(obj: dict[str, Any], key: str) -> str | None:
-    if key not in obj:
+    if obj.get(key) is None:  # absent or null
         return f"missing_{key}"
     if not isinstance(obj[key], str):
         return f"invalid_{key}"
@@ -165,12 +165,12 @@ def validate_line(raw: bytes) -> Reading | str | None:
         reason = _check_id(obj, key)
         if reason is not None:
             return reason
-    if "ts" not in obj:
+    if obj.get("ts") is None:
         return "missing_ts"
     ts = parse_ts(obj["ts"])
     if isinstance(ts, str):
         return ts
-    if "temperature" not in obj:
+    if obj.get("temperature") is None:
         return "missing_temperature"
     temp = obj["temperature"]
     if isinstance(temp, bool) or not isinstance(temp, (int, float)):

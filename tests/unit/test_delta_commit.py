@@ -110,3 +110,19 @@ def test_a_restore_landing_between_a_zombies_check_and_its_commit_still_fences_i
         _epoch_commit(uri, "old", 2, seq=0)
     assert raised and open_table(uri).version() == 1  # type: ignore[union-attr]
     assert open_table(uri).transaction_version("pipe:old") == 1  # type: ignore[union-attr]
+
+
+def test_a_table_from_an_earlier_release_gets_the_new_nullable_column(tmp_path: Path) -> None:
+    """``dead_letter`` gained ``detail``: an append alone would keep the table's old schema and hide it."""
+    uri = str(tmp_path / "t")
+    assert _epoch_commit(uri, "l1", 1, 1) == 0
+    wider = pa.schema([("x", pa.int64()), ("detail", pa.string())])
+    files = write_parquet(uri, "_staging/l1/2", pa.table({"x": [2], "detail": ["why"]}, schema=wider))
+    commit = TableCommit("t", uri, TableKind.SINK, schema_json_of(wider), (), tuple(files))
+    version = commit_epoch_table(commit, "pipe:l1", 2, "attempt-2", Fence("pipe", 1, 2))
+    table = open_table(uri)
+    assert table is not None and version == table.version() == 2  # the column's own commit, then the epoch's
+    assert sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["x"]) == [
+        {"x": 1, "detail": None}, {"x": 2, "detail": "why"}
+    ]
+    assert committed_version(uri, "pipe:l1", 2) == 2

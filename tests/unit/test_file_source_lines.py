@@ -350,21 +350,54 @@ def test_parse_lines_routes_errors_to_dead_letters(tmp_path: Path) -> None:
     rows = _parse(path, _strict_parser)
     assert rows == [
         {"n": 1, "label": "#1", "_fidx": 0, "_line": 1, "_raw": None, "_error": None},
-        {"n": None, "label": None, "_fidx": 0, "_line": 2, "_raw": "bad one", "_error": "bad record: bad one"},
+        {"n": None, "label": None, "_fidx": 0, "_line": 2, "_raw": "bad one", "_error": "invalid_record: bad record: bad one"},
         # lines 3 and 4 are blank: skipped, not records
         {"n": 2, "label": "#2", "_fidx": 0, "_line": 5, "_raw": None, "_error": None},
-        {"n": None, "label": None, "_fidx": 0, "_line": 6, "_raw": "boom", "_error": "parser failed: KeyError: 'oops'"},
+        {"n": None, "label": None, "_fidx": 0, "_line": 6, "_raw": "boom", "_error": "parser_failed: KeyError: 'oops'"},
         {
             "n": None,
             "label": None,
             "_fidx": 0,
             "_line": 7,
             "_raw": "zero",
-            "_error": "parser failed: ZeroDivisionError: integer division or modulo by zero",
+            "_error": "parser_failed: ZeroDivisionError: integer division or modulo by zero",
         },
-        {"n": None, "label": None, "_fidx": 0, "_line": 8, "_raw": "empty-reason", "_error": "invalid record"},
+        {"n": None, "label": None, "_fidx": 0, "_line": 8, "_raw": "empty-reason", "_error": "invalid_record: invalid record"},
         {"n": 3, "label": "#3", "_fidx": 0, "_line": 9, "_raw": None, "_error": None},
     ]
+
+
+def test_what_a_parser_returns_is_checked_against_its_schema_and_the_keys(tmp_path: Path) -> None:
+    """A record the parser accepted is still a dead letter if a value is not of its field's type (never
+    coerced to null), a non-nullable field is missing, or a key is null or empty."""
+    schema = pa.schema([pa.field("n", pa.int64(), nullable=False), pa.field("label", pa.string())])
+    returned = {
+        "1": {"n": 1, "label": "k"},
+        "2": {"n": "lots", "label": "k"},  # not an int64
+        "3": {"n": 1.5, "label": "k"},  # would be truncated
+        "4": {"n": 10**30, "label": "k"},  # out of range
+        "5": {"label": "k"},  # n missing
+        "6": {"n": 6},  # key missing
+        "7": {"n": 7, "label": ""},  # key empty
+        "8": ["not", "a", "mapping"],
+    }
+    path = tmp_path / "in.jsonl"
+    path.write_bytes("\n".join(returned).encode())
+    lines = list(file_source._raw_task_per_line(_task(path)))
+    batches = [_parse_lines(b, returned.__getitem__, schema, _parsed_schema(schema), [("label", "per_label")]) for b in lines]
+    rows = pa.Table.from_batches(batches).to_pylist()
+    assert [(r["_line"], r["n"], r["label"]) for r in rows if r["_error"] is None] == [(1, 1, "k")]
+    errors = {r["_line"]: r["_error"] for r in rows if r["_error"] is not None}
+    assert errors == {
+        2: "wrong_type: n: lots is not int64",
+        3: "wrong_type: n: 1.5 is not int64",
+        4: f"wrong_type: n: {10**30} is not int64",
+        5: "missing_field: required field n is missing or null",
+        6: "null_key: key label of operator per_label is missing or null",
+        7: "empty_key: key label of operator per_label is empty",
+        8: "parser_failed: the parser returned a list, not a mapping",
+    }
+    assert all(r["_raw"] == str(r["_line"]) for r in rows if r["_error"] is not None)
 
 
 def test_invalid_utf8_is_a_dead_letter_without_calling_the_parser(tmp_path: Path) -> None:
@@ -379,7 +412,7 @@ def test_invalid_utf8_is_a_dead_letter_without_calling_the_parser(tmp_path: Path
     rows = _parse(path, parser)
     assert calls == ["1"]
     assert rows[1]["_line"] == 2
-    assert rows[1]["_error"].startswith("not valid UTF-8")
+    assert rows[1]["_error"].startswith("invalid_utf8: not valid UTF-8")
     assert rows[1]["_raw"] == "\ufffd\ufffd2"
     assert rows[1]["n"] is None
 
@@ -409,7 +442,7 @@ def test_raw_task_strips_cr_skips_blank_lines_and_flags_bad_utf8(tmp_path: Path)
         (0, 5, '{"b": 2}'),
     ]
     assert rows[0]["_error"] is None and rows[2]["_error"] is None
-    assert rows[1]["_error"].startswith("not valid UTF-8")
+    assert rows[1]["_error"].startswith("invalid_utf8: not valid UTF-8")
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 7, 64, 4096])
@@ -488,7 +521,7 @@ def test_unordered_read_reads_no_input_file_on_the_driver(
     started: list[list[str]] = []
     monkeypatch.setattr(file_source, "_in_background", lambda fn, spark, paths: started.append(paths) or "future")
     monkeypatch.setattr(
-        FileSource, "_json_reader_batch", lambda self, spark, paths: file_source.SourceBatch(records=None, dead_letters=None)  # type: ignore[arg-type]
+        FileSource, "_json_reader_batch", lambda self, spark, paths, keys=(): file_source.SourceBatch(records=None, dead_letters=None)  # type: ignore[arg-type]
     )
     real_open = builtins.open
 

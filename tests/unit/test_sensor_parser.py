@@ -66,50 +66,54 @@ def test_surrounding_whitespace_is_fine() -> None:
 # -- parse_reading: invalid input -------------------------------------------------
 
 
+W, NULL, EMPTY, MISSING = "wrong_type", "null_key", "empty_key", "missing_field"
+
+
 @pytest.mark.parametrize(
-    ("line", "message"),
+    ("line", "reason", "message"),
     [
-        (_line(ts="2024-03-01T12:00:00"), "ts '2024-03-01T12:00:00' has no UTC offset"),
-        (_line(ts="yesterday"), "ts 'yesterday' is not an ISO-8601 timestamp"),
-        (_line(ts=1.7e12), "ts must be an ISO-8601 string with a UTC offset or integer epoch milliseconds, not float"),
-        (_line(ts=True), "ts must be an ISO-8601 string with a UTC offset or integer epoch milliseconds, not a boolean"),
-        (_line(ts=None), "not NoneType"),
-        (_line(ts=[1]), "not list"),
-        (_line(ts=10**20), "ts 100000000000000000000 epoch milliseconds is out of range"),
-        (_line(ts="9999-12-31T23:59:59-05:00"), "is out of range in UTC"),
-        (_line(temperature=True), "temperature must be a JSON number, got True"),
-        (_line(temperature="21.5"), "temperature must be a JSON number, got '21.5'"),
-        (_line(temperature=None), "temperature must be a JSON number, got None"),
-        ('{"event_id": "e", "sensor_id": "s", "ts": 0, "temperature": NaN}', "temperature must be finite, got nan"),
-        ('{"event_id": "e", "sensor_id": "s", "ts": 0, "temperature": Infinity}', "temperature must be finite, got inf"),
-        ('{"event_id": "e", "sensor_id": "s", "ts": 0, "temperature": -Infinity}', "temperature must be finite, got -inf"),
-        ('{"event_id": "e", "sensor_id": "s", "ts": 0, "temperature": 1e400}', "temperature must be finite, got inf"),
+        (_line(ts="2024-03-01T12:00:00"), W, "ts '2024-03-01T12:00:00' has no UTC offset"),
+        (_line(ts="yesterday"), W, "ts 'yesterday' is not an ISO-8601 timestamp"),
+        (_line(ts=1.7e12), W, "ts must be an ISO-8601 string with a UTC offset or integer epoch milliseconds, not float"),
+        (_line(ts=True), W, "ts must be an ISO-8601 string with a UTC offset or integer epoch milliseconds, not a boolean"),
+        (_line(ts=None), MISSING, "required field ts is missing or null"),
+        (_line(ts=[1]), W, "not list"),
+        (_line(ts=10**20), W, "ts 100000000000000000000 epoch milliseconds is out of range"),
+        (_line(ts="9999-12-31T23:59:59-05:00"), W, "is out of range in UTC"),
+        (_line(temperature=True), W, "temperature must be a JSON number, got True"),
+        (_line(temperature="21.5"), W, "temperature must be a JSON number, got '21.5'"),
+        (_line(temperature=None), MISSING, "required field temperature is missing or null"),
+        ('{"event_id": "e", "sensor_id": "s", "ts": 0, "temperature": NaN}', W, "temperature must be finite, got nan"),
+        ('{"event_id": "e", "sensor_id": "s", "ts": 0, "temperature": Infinity}', W, "temperature must be finite, got inf"),
+        ('{"event_id": "e", "sensor_id": "s", "ts": 0, "temperature": -Infinity}', W, "temperature must be finite, got -inf"),
+        ('{"event_id": "e", "sensor_id": "s", "ts": 0, "temperature": 1e400}', W, "temperature must be finite, got inf"),
         (
             '{"event_id": "e", "sensor_id": "s", "ts": 0, "temperature": 1' + "0" * 400 + "}",
+            W,
             "temperature is out of the range of a double",
         ),
-        (_line(event_id=""), "event_id must be a non-empty string, got ''"),
-        (_line(event_id=None), "event_id must be a non-empty string, got None"),
-        (_line(sensor_id=42), "sensor_id must be a non-empty string, got 42"),
-        ('{"event_id": "e", "ts": 0, "temperature": 1}', "sensor_id must be a non-empty string, got None"),
-        ('{"event_id": "e", "sensor_id": "s", "temperature": 1}', "ts is missing"),
-        ("[1, 2, 3]", "not a JSON object but a list"),
-        ('"just a string"', "not a JSON object but a str"),
-        ("null", "not a JSON object but a NoneType"),
-        ("{not json", "not JSON: "),
-        ('{"event_id": "e"', "not JSON: "),
+        (_line(event_id=""), EMPTY, "key event_id is empty"),
+        (_line(event_id=None), NULL, "key event_id is missing or null"),
+        (_line(sensor_id=42), W, "sensor_id must be a string, got 42"),
+        ('{"event_id": "e", "ts": 0, "temperature": 1}', NULL, "key sensor_id is missing or null"),
+        ('{"event_id": "e", "sensor_id": "s", "temperature": 1}', MISSING, "required field ts is missing or null"),
+        ("[1, 2, 3]", "not_an_object", "not a JSON object but a list"),
+        ('"just a string"', "not_an_object", "not a JSON object but a str"),
+        ("null", "not_an_object", "not a JSON object but a NoneType"),
+        ("{not json", "not_json", "not JSON: "),
+        ('{"event_id": "e"', "not_json", "not JSON: "),
     ],
 )
-def test_invalid_readings_raise_record_error_saying_why(line: str, message: str) -> None:
+def test_invalid_readings_raise_record_error_saying_why(line: str, reason: str, message: str) -> None:
     with pytest.raises(RecordError) as info:
         parse_reading(line)
-    assert message in str(info.value)
+    assert info.value.reason.value == reason and message in str(info.value)
 
 
 def test_record_error_message_is_truncated_for_huge_values() -> None:
     with pytest.raises(RecordError) as info:
         parse_reading(_line(sensor_id=["x" * 10_000]))
-    assert str(info.value).startswith("sensor_id must be a non-empty string")
+    assert str(info.value).startswith("sensor_id must be a string")
     assert len(str(info.value)) <= 200
 
 

@@ -21,7 +21,7 @@ from barrierflow.operators.window import TumblingEventTimeWindows
 from barrierflow.params import Param
 from barrierflow.pipeline import PipelineBuilder, pipeline
 from barrierflow.sinks import DeltaSink
-from barrierflow.sources import FileSource, RecordError
+from barrierflow.sources import DeadLetterReason, FileSource, RecordError
 from barrierflow.state import ListStateDescriptor
 
 __all__ = ["sensor_stats", "parse_reading", "RisingTemperatureAlert", "READING_SCHEMA"]
@@ -35,29 +35,31 @@ READING_SCHEMA = pa.schema(
     ]
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+WRONG_TYPE = DeadLetterReason.WRONG_TYPE
 
 
 def _parse_ts(value: Any) -> datetime:
     if isinstance(value, bool):
-        raise RecordError("ts must be an ISO-8601 string with a UTC offset or integer epoch milliseconds, not a boolean")
+        raise RecordError("ts must be an ISO-8601 string with a UTC offset or integer epoch milliseconds, not a boolean", WRONG_TYPE)
     if isinstance(value, int):
         try:
             return _EPOCH + timedelta(milliseconds=value)
         except OverflowError:
-            raise RecordError(f"ts {value} epoch milliseconds is out of range") from None
+            raise RecordError(f"ts {value} epoch milliseconds is out of range", WRONG_TYPE) from None
     if isinstance(value, str):
         try:
             parsed = datetime.fromisoformat(value)
         except ValueError:
-            raise RecordError(f"ts {value!r} is not an ISO-8601 timestamp") from None
+            raise RecordError(f"ts {value!r} is not an ISO-8601 timestamp", WRONG_TYPE) from None
         if parsed.utcoffset() is None:
-            raise RecordError(f"ts {value!r} has no UTC offset")
+            raise RecordError(f"ts {value!r} has no UTC offset", WRONG_TYPE)
         try:
             return parsed.astimezone(timezone.utc)
         except OverflowError:
-            raise RecordError(f"ts {value!r} is out of range in UTC") from None
+            raise RecordError(f"ts {value!r} is out of range in UTC", WRONG_TYPE) from None
     raise RecordError(
-        f"ts must be an ISO-8601 string with a UTC offset or integer epoch milliseconds, not {type(value).__name__}"
+        f"ts must be an ISO-8601 string with a UTC offset or integer epoch milliseconds, not {type(value).__name__}",
+        WRONG_TYPE,
     )
 
 
@@ -66,25 +68,32 @@ def parse_reading(line: str) -> dict[str, Any]:
     try:
         obj = json.loads(line)
     except ValueError as exc:
-        raise RecordError(f"not JSON: {exc}") from None
+        raise RecordError(f"not JSON: {exc}", DeadLetterReason.NOT_JSON) from None
     if not isinstance(obj, dict):
-        raise RecordError(f"not a JSON object but a {type(obj).__name__}")
+        raise RecordError(f"not a JSON object but a {type(obj).__name__}", DeadLetterReason.NOT_AN_OBJECT)
+    # event_id keys the deduplication, sensor_id the per-sensor operators.
     for field in ("event_id", "sensor_id"):
         value = obj.get(field)
-        if not isinstance(value, str) or not value:
-            raise RecordError(f"{field} must be a non-empty string, got {value!r}"[:200])
-    if "ts" not in obj:
-        raise RecordError("ts is missing")
+        if value is None:
+            raise RecordError(f"key {field} is missing or null", DeadLetterReason.NULL_KEY)
+        if not isinstance(value, str):
+            raise RecordError(f"{field} must be a string, got {value!r}"[:200], WRONG_TYPE)
+        if not value:
+            raise RecordError(f"key {field} is empty", DeadLetterReason.EMPTY_KEY)
+    if obj.get("ts") is None:
+        raise RecordError("required field ts is missing or null", DeadLetterReason.MISSING_FIELD)
     ts = _parse_ts(obj["ts"])
     temperature = obj.get("temperature")
+    if temperature is None:
+        raise RecordError("required field temperature is missing or null", DeadLetterReason.MISSING_FIELD)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise RecordError(f"temperature must be a JSON number, got {temperature!r}"[:200])
+        raise RecordError(f"temperature must be a JSON number, got {temperature!r}"[:200], WRONG_TYPE)
     try:
         value = float(temperature)
     except OverflowError:
-        raise RecordError("temperature is out of the range of a double") from None
+        raise RecordError("temperature is out of the range of a double", WRONG_TYPE) from None
     if not math.isfinite(value):
-        raise RecordError(f"temperature must be finite, got {temperature!r}")
+        raise RecordError(f"temperature must be finite, got {temperature!r}", WRONG_TYPE)
     return {"event_id": obj["event_id"], "sensor_id": obj["sensor_id"], "ts": ts, "temperature": value}
 
 

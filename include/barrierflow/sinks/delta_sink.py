@@ -41,7 +41,8 @@ DEAD_LETTER_SCHEMA = pa.schema(
         ("source_file", pa.string()),
         ("line", pa.int64()),
         ("raw", pa.string()),
-        ("reason", pa.string()),
+        ("reason", pa.string()),  # a DeadLetterReason code
+        ("detail", pa.string()),  # what exactly was wrong, for a person
         ("_epoch", pa.int64()),
     ]
 )

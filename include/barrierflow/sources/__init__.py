@@ -1,7 +1,8 @@
 """Replayable sources."""
 
 from barrierflow.sources.base import SEQ, Source, SourceBatch
+from barrierflow.sources.dead_letters import DeadLetterReason
 from barrierflow.sources.delta_source import DeltaSource
 from barrierflow.sources.file_source import FileSource, LineParser, RecordError
 
-__all__ = ["DeltaSource", "FileSource", "LineParser", "SEQ", "RecordError", "Source", "SourceBatch"]
+__all__ = ["DeadLetterReason", "DeltaSource", "FileSource", "LineParser", "SEQ", "RecordError", "Source", "SourceBatch"]

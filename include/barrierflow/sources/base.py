@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Source", "SourceBatch", "SEQ", "arrival_seq", "describe_offsets", "planned_bytes"]
+__all__ = ["Source", "SourceBatch", "SEQ", "DEAD_LETTER_DDL", "arrival_seq", "describe_offsets", "planned_bytes"]
 
 # Every record carries its arrival position packed in one long, ``_seq``:
 # (source index, file index within the epoch, line). Sorting by it gives
@@ -24,6 +24,8 @@ __all__ = ["Source", "SourceBatch", "SEQ", "arrival_seq", "describe_offsets", "p
 # to shuffle and sort than file names.
 SEQ = "_seq"
 _FILE_BITS, _LINE_BITS = 20, 36
+# The columns of a source's dead letters (the ``dead_letter`` table adds ``_epoch``).
+DEAD_LETTER_DDL = "source string, source_file string, line long, raw string, reason string, detail string"
 
 
 def arrival_seq(source_index: int, file_index: Any, line: Any) -> Any:
@@ -78,9 +80,15 @@ class Source(Protocol):
         """Whether the planned range holds any input."""
 
     def read(
-        self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0, ordered: bool = True
+        self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0, ordered: bool = True,
+        keys: Mapping[str, str] | None = None,
     ) -> SourceBatch:
         """Exactly the records of the planned range, with the ``_seq`` column.
+
+        ``keys`` maps the columns that keyed operators (deduplicate,
+        ``key_by``) take from this source's records to the first such
+        operator: a record whose key is null (or an empty string) is a dead
+        letter, not a record, wherever the source can tell (JSON Lines).
 
         With ``ordered=False`` (no consumer needs arrival order) a source may
         leave out ``_seq`` and return a batch with an ``observation`` (and

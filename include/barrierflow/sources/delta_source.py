@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from barrierflow.delta_commit import live_paths
 from barrierflow.errors import PipelineDefinitionError, SourceError
-from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
+from barrierflow.sources.base import DEAD_LETTER_DDL, SEQ, SourceBatch, arrival_seq
 from barrierflow.storage import join_uri, normalize_uri
 from barrierflow.table_files import ROW_INDEX_COLUMN, read_parquet_files
 
@@ -86,7 +86,8 @@ class DeltaSource:
         return sorted(after - before)
 
     def read(
-        self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0, ordered: bool = True
+        self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0, ordered: bool = True,
+        keys: Mapping[str, str] | None = None,
     ) -> SourceBatch:
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
@@ -106,5 +107,5 @@ class DeltaSource:
             records = frames[0]
             for other in frames[1:]:
                 records = records.unionByName(other)
-        empty = spark.createDataFrame([], "source string, source_file string, line long, raw string, reason string")
+        empty = spark.createDataFrame([], DEAD_LETTER_DDL)
         return SourceBatch(records=records, dead_letters=empty)

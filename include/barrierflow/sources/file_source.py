@@ -10,6 +10,7 @@ ranges of its epoch, so replay never depends on listing the directory again.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 import threading
 from concurrent.futures import Future
@@ -20,7 +21,8 @@ import pyarrow as pa
 
 from barrierflow import storage
 from barrierflow.errors import PipelineDefinitionError, SourceError
-from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
+from barrierflow.sources.base import DEAD_LETTER_DDL, SEQ, SourceBatch, arrival_seq
+from barrierflow.sources.dead_letters import DeadLetterReason, problem, reason_and_detail
 from barrierflow.spark import session_cached
 from barrierflow.storage import join_uri, local_path, normalize_uri
 from barrierflow.table_files import parquet_schema, read_parquet_files
@@ -38,7 +40,11 @@ _WHOLETEXT_MAX_BYTES = 256 * 1024 * 1024
 
 
 class RecordError(ValueError):
-    """Raised by a line parser: the message is the dead-letter reason."""
+    """Raised by a line parser: the line is a dead letter with this ``reason`` code and the message as its detail."""
+
+    def __init__(self, detail: str, reason: DeadLetterReason = DeadLetterReason.INVALID_RECORD) -> None:
+        super().__init__(detail)
+        self.reason = reason
 
 
 LineParser = Callable[[str], Mapping[str, Any]]
@@ -182,10 +188,13 @@ class FileSource:
     # -- reading ----------------------------------------------------------
 
     def read(
-        self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0, ordered: bool = True
+        self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0, ordered: bool = True,
+        keys: Mapping[str, str] | None = None,
     ) -> SourceBatch:
         ranges = end.get("files") or []
         base = normalize_uri(self.path)
+        fields = self.schema if self.schema is not None else self.parser_schema
+        keys = {k: op for k, op in (keys or {}).items() if fields is not None and k in fields.names}
         for name, *_ in ranges:
             if not storage.exists(join_uri(base, name)):
                 raise SourceError(
@@ -197,12 +206,14 @@ class FileSource:
         whole_files = all(from_line == 0 and to_line is None for _, from_line, to_line, _ in ranges)
         # Spark's own readers need a file system it can open; object-store files are read by Python tasks.
         if not ordered and self.parser is None and ranges and whole_files and storage.is_local(base):
-            unordered = self._read_jsonl_unordered(spark, base, ranges)
+            unordered = self._read_jsonl_unordered(spark, base, ranges, keys)
             if unordered is not None:
                 return unordered
-        return self._read_jsonl(spark, base, ranges, source_index, parallelism)
+        return self._read_jsonl(spark, base, ranges, source_index, parallelism, keys)
 
-    def _read_jsonl_unordered(self, spark: "SparkSession", base: str, ranges: list[list[Any]]) -> SourceBatch | None:
+    def _read_jsonl_unordered(
+        self, spark: "SparkSession", base: str, ranges: list[list[Any]], keys: Mapping[str, str] | None = None
+    ) -> SourceBatch | None:
         """Whole files parsed by Spark's JSON reader in one pass, split across cores, without line numbers.
 
         Spark's JSON reader and ``from_json`` (the ordered read) run the same
@@ -234,10 +245,10 @@ class FileSource:
         # Empty files hold no line and Spark's file sources skip them.
         checked = [path for path, (*_, size) in zip(paths, ranges) if size > 0]
         plain_input = _in_background(_plain_input_job, spark, checked)
-        batch = self._json_reader_batch(spark, paths)
+        batch = self._json_reader_batch(spark, paths, tuple(sorted(keys or {})))
         return dataclasses.replace(batch, plain_input=plain_input)
 
-    def _json_reader_batch(self, spark: "SparkSession", paths: list[str]) -> SourceBatch:
+    def _json_reader_batch(self, spark: "SparkSession", paths: list[str], keys: tuple[str, ...] = ()) -> SourceBatch:
         """The lazy plan of :meth:`_read_jsonl_unordered`: good records, counted lines."""
         from pyspark.sql import Observation
         from pyspark.sql.pandas.types import from_arrow_schema
@@ -255,7 +266,10 @@ class FileSource:
             .json(paths)
         )
         required = tuple(f.name for f in self.schema if not f.nullable)
-        good, counts = session_cached(("json_reader_checks", corrupt, required), lambda: _line_checks(corrupt, required))
+        text_keys = tuple(k for k in keys if pa.types.is_string(self.schema.field(k).type))
+        good, counts = session_cached(
+            ("json_reader_checks", corrupt, required, keys, text_keys), lambda: _line_checks(corrupt, required, keys, text_keys)
+        )
         observation = Observation()
         records = parsed.observe(observation, *counts).where(good).select(*fields)
         return SourceBatch(records=records, dead_letters=None, observation=observation)
@@ -333,7 +347,7 @@ class FileSource:
                 "_fidx",
                 "_line",
                 raw.alias("_raw"),
-                F.when(F.col("_bad_utf8"), F.lit("not valid UTF-8 (shown with U+FFFD replacements)"))
+                F.when(F.col("_bad_utf8"), F.lit(problem(DeadLetterReason.INVALID_UTF8, "not valid UTF-8 (shown with U+FFFD replacements)")))
                 .cast("string")
                 .alias("_error"),
             ).where(~F.regexp_like("_raw", F.lit("(?U)^\\s*$")))
@@ -354,7 +368,9 @@ class FileSource:
             lines = spark.createDataFrame([], from_arrow_schema(_RAW_SCHEMA))
         return lines
 
-    def _parsed_lines(self, spark: "SparkSession", base: str, ranges: list[list[Any]], parallelism: int) -> "DataFrame":
+    def _parsed_lines(
+        self, spark: "SparkSession", base: str, ranges: list[list[Any]], parallelism: int, keys: Mapping[str, str] | None = None
+    ) -> "DataFrame":
         """The epoch's non-blank lines through the line parser: its fields, ``_fidx, _line, _raw, _error``.
 
         The parser runs in Python anyway, so each Python task reads its
@@ -372,42 +388,45 @@ class FileSource:
         if not tasks:
             return spark.createDataFrame([], from_arrow_schema(out_schema))
         parser, parser_schema = self.parser, self.parser_schema
+        key_list = sorted((keys or {}).items())
 
         def parse_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
                 for task in batch.to_pylist():
                     for lines in _raw_task(task):
-                        yield _parse_lines(lines, parser, parser_schema, out_schema)
+                        yield _parse_lines(lines, parser, parser_schema, out_schema, key_list)
 
         tasks_df = spark.createDataFrame(tasks, _TASK_SCHEMA).repartition(len(tasks))
         return tasks_df.mapInArrow(parse_tasks, from_arrow_schema(out_schema))
 
-    def _read_jsonl(self, spark: "SparkSession", base: str, ranges: list[list[Any]], source_index: int, parallelism: int = 2) -> SourceBatch:
+    def _read_jsonl(
+        self, spark: "SparkSession", base: str, ranges: list[list[Any]], source_index: int, parallelism: int = 2,
+        keys: Mapping[str, str] | None = None,
+    ) -> SourceBatch:
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
+        from pyspark.sql.types import StringType, StructField
 
         source_id = self.source_id
+        keys = dict(keys or {})
         if self.parser is not None:
-            parsed = self._parsed_lines(spark, base, ranges, parallelism)
+            parsed = self._parsed_lines(spark, base, ranges, parallelism, keys)
         else:
             assert self.schema is not None
-            spark_schema = from_arrow_schema(self.schema)
+            fields = self.schema.names
+            corrupt = _unused_name("_corrupt_line", fields)
+            spark_schema = from_arrow_schema(self.schema).add(StructField(corrupt, StringType()))
             raw = self._lines(spark, base, ranges, parallelism)
-            value = F.from_json("_raw", spark_schema, {"mode": "PERMISSIVE"})
-            raw = raw.withColumn("_value", value)
-            required = [F.col(f"_value.{f.name}").isNull() for f in self.schema if not f.nullable]
-            bad = F.col("_value").isNull()
-            for cond in required:
-                bad = bad | cond
-            reason = f"not a JSON object matching the schema {self.schema.to_string(show_schema_metadata=False)!r}"
-            error = F.when(F.col("_error").isNotNull(), F.col("_error")).when(bad, F.lit(reason.replace("\n", ", ")))
+            options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": corrupt}
+            raw = raw.withColumn("_value", F.from_json("_raw", spark_schema, options))
+            error = F.coalesce(F.col("_error"), _json_line_problem(self.schema, corrupt, keys))
             parsed = raw.select(
                 "_fidx",
                 "_line",
                 # Keep the raw text only for dead letters: the cache stays small.
                 F.when(error.isNotNull(), F.col("_raw")).alias("_raw"),
                 error.alias("_error"),
-                "_value.*",
+                *[F.col("_value").getField(name).alias(name) for name in fields],
             )
         parsed = parsed.persist()
         fields = [f.name for f in (self.parser_schema if self.parser is not None else self.schema)]  # type: ignore[union-attr]
@@ -415,12 +434,14 @@ class FileSource:
             *fields, arrival_seq(source_index, F.col("_fidx"), F.col("_line")).alias(SEQ)
         )
         names = F.array(*[F.lit(name) for name, *_ in ranges]) if ranges else F.array().cast("array<string>")
+        reason, detail = reason_and_detail(F.col("_error"))
         dead = parsed.where(F.col("_error").isNotNull()).select(
             F.lit(source_id).alias("source"),
             F.element_at(names, F.col("_fidx") + 1).alias("source_file"),
             F.col("_line").alias("line"),
             F.col("_raw").alias("raw"),
-            F.col("_error").alias("reason"),
+            reason.alias("reason"),
+            detail.alias("detail"),
         )
         return SourceBatch(records=records, dead_letters=dead, shared=(parsed,))
 
@@ -464,13 +485,14 @@ def _parse_chunk_bytes(ranges: list[list[Any]], parallelism: int) -> int:
 
 def _no_dead_letters(spark: "SparkSession") -> "DataFrame":
     """An empty dead-letter frame, for reads that cannot produce dead letters."""
-    return spark.createDataFrame([], "source string, source_file string, line long, raw string, reason string")
+    return spark.createDataFrame([], DEAD_LETTER_DDL)
 
 
 def _parsed_schema(parser_schema: pa.Schema) -> pa.Schema:
+    """The parsed lines: the parser's fields (nullable: a dead letter has none), then line and problem."""
     return pa.schema(
         [
-            *parser_schema,
+            *(f.with_nullable(True) for f in parser_schema),
             pa.field("_fidx", pa.int32()),
             pa.field("_line", pa.int64()),
             pa.field("_raw", pa.string()),
@@ -479,13 +501,92 @@ def _parsed_schema(parser_schema: pa.Schema) -> pa.Schema:
     )
 
 
-def _line_checks(corrupt: str, required: tuple[str, ...]) -> tuple["Column", list["Column"]]:
-    """The JSON reader's good-record condition and the ``good``/``bad`` line counts."""
+def _json_line_problem(schema: pa.Schema, corrupt: str, keys: Mapping[str, str]) -> "Column":
+    """Why a line ``from_json`` parsed into ``_value`` is not a record (a :func:`problem` string), or null.
+
+    Whether a line is a record is decided exactly as the JSON reader's
+    :func:`_line_checks` decides it: no corrupt value (``from_json`` sets
+    ``corrupt`` when the line is not JSON, not an object, or a value does not
+    convert to its field's type, instead of leaving that field null), every
+    required field and key present and not null, string keys not empty. The
+    other expressions only name the reason, for lines already found bad.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    raw, value = F.col("_raw"), F.col("_value")
+    first = F.regexp_extract(raw, r"^\s*(\S)", 1)
+    scalar = F.get_json_object(raw, "$").isNotNull() | (F.trim(raw) == F.lit("null"))
+    not_an_object = (
+        F.when(first == F.lit("["), F.lit(problem(DeadLetterReason.NOT_AN_OBJECT, "a JSON array, not an object")))
+        .when(F.json_object_keys(raw).isNotNull(), None)
+        .when(first == F.lit("["), F.lit(problem(DeadLetterReason.NOT_AN_OBJECT, "a JSON array, not an object")))
+        .when(first == F.lit('"'), F.lit(problem(DeadLetterReason.NOT_AN_OBJECT, "a JSON string, not an object")))
+        .when(scalar, F.lit(problem(DeadLetterReason.NOT_AN_OBJECT, "a JSON number, boolean or null, not an object")))
+        .otherwise(F.lit(problem(DeadLetterReason.NOT_JSON, "not valid JSON")))
+    )
+    # Each field again as its JSON text: a value that is there as text but
+    # not in the typed parse did not convert to the field's type.
+    as_text = F.from_json(raw, StructType([StructField(f.name, StringType()) for f in schema]))
+    wrong = [
+        F.when(
+            as_text.getField(f.name).isNotNull() & value.getField(f.name).isNull(),
+            F.concat(F.lit(f"{f.name}: "), F.substring(as_text.getField(f.name), 1, 100), F.lit(f" is not {f.type}")),
+        )
+        for f in schema
+        if not pa.types.is_string(f.type)
+    ]
+    described = F.concat_ws("; ", *wrong) if wrong else F.lit("")
+    wrong_type = F.when(
+        described != F.lit(""), F.concat(F.lit(f"{DeadLetterReason.WRONG_TYPE.value}: "), described)
+    ).otherwise(
+        F.lit(problem(DeadLetterReason.WRONG_TYPE, f"does not match the schema {_schema_text(schema)}"))
+    )
+    # A top-level array is never a record, whatever from_json makes of it
+    # (Spark's JSON reader would take its elements as records; such files are
+    # never read by it, see _plain_input_job).
+    problem_of = F.when(
+        value.isNull() | value.getField(corrupt).isNotNull() | (first == F.lit("[")), F.coalesce(not_an_object, wrong_type)
+    )
+    for f in schema:
+        if not f.nullable:
+            problem_of = problem_of.when(
+                value.getField(f.name).isNull(),
+                F.lit(problem(DeadLetterReason.MISSING_FIELD, f"required field {f.name} is missing or null")),
+            )
+    for name, operator_id in sorted(keys.items()):
+        problem_of = problem_of.when(
+            value.getField(name).isNull(),
+            F.lit(problem(DeadLetterReason.NULL_KEY, f"key {name} of operator {operator_id} is missing or null")),
+        )
+        if pa.types.is_string(schema.field(name).type):
+            problem_of = problem_of.when(
+                value.getField(name) == F.lit(""),
+                F.lit(problem(DeadLetterReason.EMPTY_KEY, f"key {name} of operator {operator_id} is empty")),
+            )
+    return problem_of
+
+
+def _schema_text(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name} {f.type}{'' if f.nullable else ' not null'}" for f in schema)
+
+
+def _line_checks(
+    corrupt: str, required: tuple[str, ...], keys: tuple[str, ...] = (), text_keys: tuple[str, ...] = ()
+) -> tuple["Column", list["Column"]]:
+    """The JSON reader's good-record condition and the ``good``/``bad`` line counts.
+
+    A line is good by the same rules as in the ordered read
+    (:func:`_json_line_problem`): parsed without a corrupt value, its
+    required fields and keys not null, its string keys not empty.
+    """
     from pyspark.sql import functions as F
 
     good = F.col(corrupt).isNull()
-    for name in required:
+    for name in (*required, *keys):
         good = good & F.col(name).isNotNull()
+    for name in text_keys:
+        good = good & (F.col(name) != F.lit(""))
     # The reader skips lines of JSON whitespace; other blank lines come back
     # as corrupt and are skipped here, as the ordered read does.
     blank = F.coalesce(F.regexp_like(corrupt, F.lit("(?U)^\\s*$")), F.lit(False))
@@ -645,7 +746,8 @@ def _decode(raw: bytes) -> tuple[str, str | None]:
     try:
         return text.decode("utf-8"), None
     except UnicodeDecodeError as exc:
-        return text.decode("utf-8", errors="replace"), f"not valid UTF-8: {exc.reason} at byte {exc.start}"
+        detail = f"not valid UTF-8: {exc.reason} at byte {exc.start}"
+        return text.decode("utf-8", errors="replace"), problem(DeadLetterReason.INVALID_UTF8, detail)
 
 
 def _read_task_bytes(task: Mapping[str, Any]) -> tuple[int, bytes]:
@@ -719,31 +821,55 @@ def _raw_task_per_line(task: Mapping[str, Any], batch_rows: int = 65536) -> Iter
 
 
 def _parse_lines(
-    batch: pa.RecordBatch, parser: LineParser, parser_schema: pa.Schema, out_schema: pa.Schema
+    batch: pa.RecordBatch,
+    parser: LineParser,
+    parser_schema: pa.Schema,
+    out_schema: pa.Schema,
+    keys: list[tuple[str, str]] | tuple[()] = (),
 ) -> pa.RecordBatch:
-    """Run the line parser over a batch of lines; its RecordError is the dead-letter reason.
+    """Run the line parser over a batch of lines; a line it refuses is a dead letter.
 
+    Its :class:`RecordError` gives the reason and detail; a returned record
+    is a dead letter too when a non-nullable field or a key (``(column,
+    operator id)`` pairs) is missing or null, a string key is empty, or a
+    value does not convert to its field's type (never coerced to null).
     Built column by column (no dict per output row): the wrapper around the
     parser cost as much as the parser itself.
     """
     raws = batch.column("_raw").to_pylist()
     errors = batch.column("_error").to_pylist()
+    required = [f.name for f in parser_schema if not f.nullable]
     records: list[Mapping[str, Any] | None] = []
     for i, text in enumerate(raws):
         if errors[i] is not None:
             records.append(None)
             continue
         try:
-            records.append(parser(text))
-            continue
+            record = parser(text)
         except RecordError as exc:
-            errors[i] = str(exc) or "invalid record"
+            errors[i] = problem(exc.reason, str(exc) or "invalid record")
         except Exception as exc:  # a parser bug must not crash the epoch
-            errors[i] = f"parser failed: {type(exc).__name__}: {exc}"
+            errors[i] = problem(DeadLetterReason.PARSER_FAILED, f"{type(exc).__name__}: {exc}")
+        else:
+            errors[i] = _record_problem(record, required, keys)
+            if errors[i] is None:
+                records.append(record)
+                continue
         records.append(None)
-    fields = [
-        pa.array([None if r is None else r.get(field.name) for r in records], type=field.type) for field in parser_schema
-    ]
+    fields = []
+    for spec in parser_schema:
+        values = [None if r is None else r.get(spec.name) for r in records]
+        accepts = _python_values_of(spec.type)
+        if accepts is not None and not all(v is None or accepts(v) for v in values):
+            # pyarrow would convert these (1.5 to 1, True to 1): the line is a dead letter instead.
+            for i, v in enumerate(values):
+                if v is not None and not accepts(v):
+                    errors[i] = _wrong_type(spec, v)
+                    records[i] = values[i] = None
+        try:
+            fields.append(pa.array(values, type=spec.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+            fields.append(_convert_per_value(values, spec, records, errors))
     kept_raw = [None if r is not None else text for r, text in zip(records, raws)]
     return pa.RecordBatch.from_arrays(
         [
@@ -755,3 +881,53 @@ def _parse_lines(
         ],
         schema=out_schema,
     )
+
+
+def _record_problem(record: Mapping[str, Any], required: list[str], keys: Any) -> str | None:
+    if not isinstance(record, Mapping):
+        return problem(DeadLetterReason.PARSER_FAILED, f"the parser returned a {type(record).__name__}, not a mapping")
+    for name in required:
+        if record.get(name) is None:
+            return problem(DeadLetterReason.MISSING_FIELD, f"required field {name} is missing or null")
+    for name, operator_id in keys:
+        value = record.get(name)
+        if value is None:
+            return problem(DeadLetterReason.NULL_KEY, f"key {name} of operator {operator_id} is missing or null")
+        if value == "":
+            return problem(DeadLetterReason.EMPTY_KEY, f"key {name} of operator {operator_id} is empty")
+    return None
+
+
+def _convert_per_value(
+    values: list[Any], field: pa.Field, records: list[Mapping[str, Any] | None], errors: list[str | None]
+) -> pa.Array:
+    """A column some value of which does not convert: that value's line becomes a dead letter (its record dropped)."""
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        try:
+            pa.array([value], type=field.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+            errors[i] = _wrong_type(field, value)
+            records[i] = None
+            values[i] = None
+    return pa.array(values, type=field.type)
+
+
+def _wrong_type(field: pa.Field, value: Any) -> str:
+    return problem(DeadLetterReason.WRONG_TYPE, f"{field.name}: {str(value)[:100]} is not {field.type}")
+
+
+def _python_values_of(arrow_type: pa.DataType) -> Callable[[Any], bool] | None:
+    """Which Python values a parser may return for a field of this type; None: whatever pyarrow takes."""
+    if pa.types.is_integer(arrow_type):
+        return lambda v: isinstance(v, int) and not isinstance(v, bool)
+    if pa.types.is_floating(arrow_type):
+        return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return lambda v: isinstance(v, str)
+    if pa.types.is_boolean(arrow_type):
+        return lambda v: isinstance(v, bool)
+    if pa.types.is_timestamp(arrow_type):
+        return lambda v: isinstance(v, datetime.datetime)
+    return None
