@@ -270,9 +270,10 @@ def test_json_reports_are_pushed_for_the_ui(tmp_path: Path, warehouse: str) -> N
 
 @pytest.mark.parametrize("earlier_state", ["running", "queued"])
 def test_a_run_waits_while_an_earlier_run_is_queued_or_running(
-    tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    tmp_path: Path, local_warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
     earlier_state: str,
 ) -> None:
+    warehouse = local_warehouse  # the order of Airflow's runs, whatever the store
     # An Airflow 3 backfill runs up to its own max_active_runs (10 unless given)
     # at once, whatever the DAG's max_active_runs, and its next run waits queued:
     # barrier waits for earlier runs in either state.
@@ -292,9 +293,10 @@ def test_a_run_waits_while_an_earlier_run_is_queued_or_running(
 
 
 def test_a_dead_engine_fails_process_naming_it_and_the_retry_succeeds_once_it_is_back(
-    tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    tmp_path: Path, local_warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    warehouse = local_warehouse  # the engine's absence, whatever the store
     from barrierflow.dags.environment import engine_connection
     from barrierflow.devserver import free_port
     from barrierflow.engine import EngineConfig, LocalEngine

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from barrierflow import storage
 from barrierflow.checkpoint import EpochStatus
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.dags import build_pipeline_dag, build_reprocess_dag, build_savepoint_dag
+from barrierflow.dags.settings import CONNECT_MODE, SPARK_SUBMIT_MODE
 from barrierflow.registry import get_pipeline
 from dag_runs import dag_settings, minute, run_dag, set_mtime, task_logs, xcom
 from operations import LANDING_ENV, write_landing
@@ -36,8 +38,9 @@ def test_reprocessing_replays_each_interval_in_order_with_the_schedule_held(
     # Two files in 10:00-10:01, one in 10:01-10:02, none in 10:02-10:03, two in 10:03-10:04.
     for path, seconds in zip(files, (10, 20, 90, 185, 220)):
         set_mtime(path, start + timedelta(seconds=seconds))
-    # The history on the warm engine; the replay as one spark-submit application per epoch (the replay on
-    # the warm engine, through the reprocess DAG's form, is the browser test's).
+    # The history on the warm engine. The replay: on a local warehouse as one spark-submit application
+    # per epoch, on S3 on the warm engine (as the browser test replays through the reprocess DAG's form).
+    replay_mode = SPARK_SUBMIT_MODE if storage.is_local(warehouse) else CONNECT_MODE
     settings = dag_settings(warehouse)
     env = {LANDING_ENV: str(landing)}
     epochs = build_pipeline_dag("sensor_stats", settings, environ=env)
@@ -50,7 +53,7 @@ def test_reprocessing_replays_each_interval_in_order_with_the_schedule_held(
     assert_matches_reference(warehouse, run_reference(history, 30))
     task_logs(caplog, capfd)
 
-    reprocess = build_reprocess_dag("sensor_stats", dag_settings(warehouse, process_mode="spark-submit"), environ=env)
+    reprocess = build_reprocess_dag("sensor_stats", dag_settings(warehouse, process_mode=replay_mode), environ=env)
     run = run_dag(reprocess, start + timedelta(minutes=10), {"savepoint": "after-first", "epoch": None})
     assert run.state == "success", run.tasks
     out = task_logs(caplog, capfd)

@@ -29,11 +29,14 @@ def cli_env(fault: str | None = None, master: str = "local[2]") -> dict[str, str
 
 
 def run_sensor_stats(
-    warehouse: Path | str, landing: Path | str, fault: str | None = None, extra: Sequence[str] = (), master: str = "local[2]"
+    warehouse: Path | str, landing: Path | str, fault: str | None = None, extra: Sequence[str] = (), master: str = "local[2]",
+    remote: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """``barrierflow run sensor_stats`` until caught up: on a Spark of its own (``master``), or on the engine at ``remote``."""
     cmd = barrierflow_cmd(
         "run", "sensor_stats", "--warehouse", str(warehouse),
         "--param", f"landing_dir={landing}", "--param", "max_files_per_epoch=2", "--until-caught-up", *extra,
+        *(("--remote", remote) if remote else ()),
     )
     return subprocess.run(cmd, env=cli_env(fault, master), capture_output=True, text=True, timeout=600)
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,12 +51,16 @@ def test_bad_input_exits_non_zero_with_a_clear_message(args: list[str], message:
     assert "Traceback" not in result.stderr
 
 
-def test_run_status_checkpoints_query(tmp_path: Path, warehouse: str) -> None:
+def test_run_status_checkpoints_query(tmp_path: Path, warehouse: str, spark_engine: Any) -> None:
     env = cli_env()
     env["BARRIERFLOW_WAREHOUSE"] = warehouse  # the env var sets the warehouse too
     landing = tmp_path / "landing"
     assert _cli("generate", str(landing), "--files", "3", "--records-per-file", "50", env=env).returncode == 0
-    run = _cli("run", "sensor_stats", "--param", f"landing_dir={landing}", "--param", "max_files_per_epoch=2", "--until-caught-up", env=env)
+    # On a warm engine (--remote): a Spark of the CLI's own is what the crash tests run.
+    run = _cli(
+        "run", "sensor_stats", "--param", f"landing_dir={landing}", "--param", "max_files_per_epoch=2", "--until-caught-up",
+        "--remote", spark_engine.address, env=env,
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert "epoch 1 COMPLETED" in run.stdout and "epoch 2 COMPLETED" in run.stdout
 

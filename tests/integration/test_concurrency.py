@@ -7,6 +7,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,7 +45,7 @@ _UNGUARDED = textwrap.dedent(
 )
 
 
-def test_two_unguarded_attempts_race_and_output_is_exactly_once(tmp_path: Path, warehouse: str) -> None:
+def test_two_unguarded_attempts_race_and_output_is_exactly_once(tmp_path: Path, warehouse: str, spark_engine: Any) -> None:
     landing = tmp_path / "landing"
     write_sensor_files(landing, SensorStreamSpec(n_files=6, records_per_file=60, seed=31))
     procs = [
@@ -56,7 +57,7 @@ def test_two_unguarded_attempts_race_and_output_is_exactly_once(tmp_path: Path, 
     ]
     for proc in procs:
         proc.communicate(timeout=600)
-    final = run_sensor_stats(warehouse, landing)
+    final = run_sensor_stats(warehouse, landing, remote=spark_engine.address)  # finishes what the racers left
     assert final.returncode == 0, final.stderr[-2000:]
     assert_matches_reference(warehouse, reference_for(landing, 2))
     assert_one_commit_per_table_per_epoch(warehouse, 3)
