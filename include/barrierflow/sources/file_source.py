@@ -520,7 +520,6 @@ def _json_line_problem(schema: pa.Schema, corrupt: str, keys: Mapping[str, str])
     not_an_object = (
         F.when(first == F.lit("["), F.lit(problem(DeadLetterReason.NOT_AN_OBJECT, "a JSON array, not an object")))
         .when(F.json_object_keys(raw).isNotNull(), None)
-        .when(first == F.lit("["), F.lit(problem(DeadLetterReason.NOT_AN_OBJECT, "a JSON array, not an object")))
         .when(first == F.lit('"'), F.lit(problem(DeadLetterReason.NOT_AN_OBJECT, "a JSON string, not an object")))
         .when(scalar, F.lit(problem(DeadLetterReason.NOT_AN_OBJECT, "a JSON number, boolean or null, not an object")))
         .otherwise(F.lit(problem(DeadLetterReason.NOT_JSON, "not valid JSON")))
