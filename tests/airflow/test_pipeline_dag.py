@@ -86,8 +86,10 @@ def _assert_skipped_after_barrier(run: RunOutcome) -> None:
 
 
 def test_epochs_through_the_dag_equal_the_reference(
-    tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, local_warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    # Its S3 counterpart: the same DAG and reference on an s3:// warehouse found through the AWS connection, below.
+    warehouse = local_warehouse
     landing = _landing(tmp_path, files=2, seed=5)
     dag = _dag(warehouse, landing)
 
