@@ -22,6 +22,7 @@ from barrierflow.checkpoint import Fence, TableCommit, TableKind
 from barrierflow.delta_commit import add_actions, commit_epoch_table, counted_rows, open_table
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node
+from barrierflow.sources.dead_letters import DEAD_LETTER_SCHEMA
 from barrierflow.storage import join_uri, remove_tree
 from barrierflow.table_files import PATH_COLUMN, read_parquet_files
 
@@ -34,18 +35,6 @@ __all__ = ["DeltaSink", "SinkNode", "DEAD_LETTER_SCHEMA", "WHOLE_REWRITE_MAX_ROW
 # job to find the files holding changed keys (and the wait for the epoch's
 # rows it implies) costs more than rewriting them all.
 WHOLE_REWRITE_MAX_ROWS = 100_000
-
-DEAD_LETTER_SCHEMA = pa.schema(
-    [
-        ("source", pa.string()),
-        ("source_file", pa.string()),
-        ("line", pa.int64()),
-        ("raw", pa.string()),
-        ("reason", pa.string()),  # a DeadLetterReason code
-        ("detail", pa.string()),  # what exactly was wrong, for a person
-        ("_epoch", pa.int64()),
-    ]
-)
 
 
 @dataclass(frozen=True)

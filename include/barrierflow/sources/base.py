@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Source", "SourceBatch", "SEQ", "DEAD_LETTER_DDL", "arrival_seq", "describe_offsets", "planned_bytes"]
+__all__ = ["Source", "SourceBatch", "SEQ", "arrival_seq", "describe_offsets", "planned_bytes"]
 
 # Every record carries its arrival position packed in one long, ``_seq``:
 # (source index, file index within the epoch, line). Sorting by it gives
@@ -24,8 +24,6 @@ __all__ = ["Source", "SourceBatch", "SEQ", "DEAD_LETTER_DDL", "arrival_seq", "de
 # to shuffle and sort than file names.
 SEQ = "_seq"
 _FILE_BITS, _LINE_BITS = 20, 36
-# The columns of a source's dead letters (the ``dead_letter`` table adds ``_epoch``).
-DEAD_LETTER_DDL = "source string, source_file string, line long, raw string, reason string, detail string"
 
 
 def arrival_seq(source_index: int, file_index: Any, line: Any) -> Any:

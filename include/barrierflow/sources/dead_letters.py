@@ -14,10 +14,24 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from pyspark.sql import Column
+import pyarrow as pa
 
-__all__ = ["DeadLetterReason", "problem", "reason_and_detail"]
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+__all__ = ["DEAD_LETTER_SCHEMA", "DeadLetterReason", "no_dead_letters", "problem", "reason_and_detail"]
+
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),
+        ("source_file", pa.string()),
+        ("line", pa.int64()),
+        ("raw", pa.string()),
+        ("reason", pa.string()),  # a DeadLetterReason code
+        ("detail", pa.string()),  # what exactly was wrong, for a person
+        ("_epoch", pa.int64()),  # set when the epoch stages the table
+    ]
+)
 
 
 class DeadLetterReason(str, enum.Enum):
@@ -44,3 +58,10 @@ def reason_and_detail(error: "Column") -> tuple["Column", "Column"]:
     from pyspark.sql import functions as F
 
     return F.substring_index(error, ": ", 1), F.regexp_extract(error, r"^[a-z0-9_]+: ([\s\S]*)$", 1)
+
+
+def no_dead_letters(spark: "SparkSession") -> "DataFrame":
+    """An empty frame of a source's dead letters (the table's columns but ``_epoch``), for reads that have none."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return spark.createDataFrame([], from_arrow_schema(DEAD_LETTER_SCHEMA.remove(DEAD_LETTER_SCHEMA.get_field_index("_epoch"))))

@@ -15,7 +15,8 @@ import pyarrow as pa
 
 from barrierflow.delta_commit import live_paths
 from barrierflow.errors import PipelineDefinitionError, SourceError
-from barrierflow.sources.base import DEAD_LETTER_DDL, SEQ, SourceBatch, arrival_seq
+from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
+from barrierflow.sources.dead_letters import no_dead_letters
 from barrierflow.storage import join_uri, normalize_uri
 from barrierflow.table_files import ROW_INDEX_COLUMN, read_parquet_files
 
@@ -107,5 +108,4 @@ class DeltaSource:
             records = frames[0]
             for other in frames[1:]:
                 records = records.unionByName(other)
-        empty = spark.createDataFrame([], DEAD_LETTER_DDL)
-        return SourceBatch(records=records, dead_letters=empty)
+        return SourceBatch(records=records, dead_letters=no_dead_letters(spark))

@@ -21,8 +21,8 @@ import pyarrow as pa
 
 from barrierflow import storage
 from barrierflow.errors import PipelineDefinitionError, SourceError
-from barrierflow.sources.base import DEAD_LETTER_DDL, SEQ, SourceBatch, arrival_seq
-from barrierflow.sources.dead_letters import DeadLetterReason, problem, reason_and_detail
+from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
+from barrierflow.sources.dead_letters import DeadLetterReason, no_dead_letters, problem, reason_and_detail
 from barrierflow.spark import session_cached
 from barrierflow.storage import join_uri, local_path, normalize_uri
 from barrierflow.table_files import parquet_schema, read_parquet_files
@@ -467,7 +467,7 @@ class FileSource:
         records = frames[0]
         for other in frames[1:]:
             records = records.unionByName(other)
-        return SourceBatch(records=records, dead_letters=_no_dead_letters(spark))
+        return SourceBatch(records=records, dead_letters=no_dead_letters(spark))
 
 
 # size: the file's size when the barrier was planned (-1: not recorded); a task refuses a file that changed.
@@ -481,11 +481,6 @@ def _parse_chunk_bytes(ranges: list[list[Any]], parallelism: int) -> int:
     """Byte range per parsing task: whole files split about ``parallelism`` ways, within [1 MiB, 16 MiB]."""
     whole_bytes = sum(size for _, from_line, to_line, size in ranges if from_line == 0 and to_line is None)
     return min(_CHUNK_BYTES, max(_MIN_CHUNK_BYTES, math.ceil(whole_bytes / max(1, parallelism))))
-
-
-def _no_dead_letters(spark: "SparkSession") -> "DataFrame":
-    """An empty dead-letter frame, for reads that cannot produce dead letters."""
-    return spark.createDataFrame([], DEAD_LETTER_DDL)
 
 
 def _parsed_schema(parser_schema: pa.Schema) -> pa.Schema:
