@@ -15,6 +15,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from barrierflow import storage
 from barrierflow.coordinator import CheckpointCoordinator
+from barrierflow.errors import SourceError
 from barrierflow.operators import KeyedContext, KeyedProcessFunction
 from barrierflow.params import Param
 from barrierflow.pipeline import PipelineBuilder, pipeline
@@ -102,6 +103,7 @@ def test_process_function_state_types_across_record_bounded_epochs(spark: Any, t
 
 
 def test_delta_table_source_reads_each_version_once(spark: Any, warehouse: str) -> None:
+    """Appends are read once each, rows with a bad key are dead letters, an added column is read, a retyped one refused."""
     source_uri = f"{warehouse.rsplit('/', 1)[0]}/events_table"  # beside the warehouse, on the same store
     write_deltalake(source_uri, pa.table({"user": ["a", "b"], "page": ["x", "y"], "ms": [1, 2]}))
 
@@ -124,6 +126,19 @@ def test_delta_table_source_reads_each_version_once(spark: Any, warehouse: str) 
         {"user": "b", "count": 1, "total_ms": 2.0},
         {"user": "c", "count": 1, "total_ms": 9.0},
     ]
+    # A null and an empty key are dead letters; a column added by a schema merge is read.
+    added = pa.table({"user": [None, "", "a"], "page": ["z"] * 3, "ms": [1, 2, 3], "referrer": ["r"] * 3})
+    write_deltalake(source_uri, added, mode="append", schema_mode="merge")
+    assert len(run()) == 1
+    dead = run_query(warehouse, "from_delta", "select line, reason, detail from dead_letter order by line").to_pylist()
+    assert [(d["line"], d["reason"]) for d in dead] == [(1, "null_key"), (2, "empty_key")]
+    assert dead[0]["detail"] == "key user of operator per_user is missing or null"
+    totals = run_query(warehouse, "from_delta", "select count, total_ms from user_totals where user = 'a'").to_pylist()
+    assert totals == [{"count": 3, "total_ms": 9.0}]
+    # A retyped column: an error naming it, and nothing of that version committed.
+    write_deltalake(source_uri, pa.table({"user": ["a"], "page": ["z"], "ms": ["soon"]}), mode="overwrite", schema_mode="overwrite")
+    with pytest.raises(SourceError, match=r"version 4 of .* column ms is string, not int64"):
+        run()
 
 
 def test_parquet_landing_files_split_by_records_keep_arrival_order(spark: Any, warehouse: str) -> None:
@@ -140,14 +155,18 @@ def test_parquet_landing_files_split_by_records_keep_arrival_order(spark: Any, w
         table = pa.table({k: list(v) for k, v in zip(("user", "page", "ms"), zip(*rows))}, schema=EVENTS)
         pq.write_table(table, buffer, row_group_size=2)  # epoch 1 ends inside a.parquet's second row group
         assert storage.put_if_absent(storage.join_uri(landing, name), buffer.getvalue())
+    # Not Parquet: one dead letter for the whole file, in the epoch that takes it (3).
+    assert storage.put_if_absent(storage.join_uri(landing, "c.parquet"), b'{"user": "u3"}\n')
 
     @pipeline("parquet_clicks", params=[Param("landing_dir", str)])
     def parquet_clicks(p: PipelineBuilder, params: dict[str, Any]) -> None:
-        source = FileSource("clicks", params["landing_dir"], format="parquet", max_files_per_epoch=10, max_records_per_epoch=3)
+        source = FileSource(
+            "clicks", params["landing_dir"], format="parquet", schema=EVENTS, max_files_per_epoch=10, max_records_per_epoch=3
+        )
         p.source(source).key_by("user").process("per_user", PageStats()).sink_to(DeltaSink.append("visits"))
 
     results = CheckpointCoordinator(parquet_clicks, {"landing_dir": landing}, warehouse, spark_factory=lambda: spark).run(until_caught_up=True)
-    assert [r.epoch for r in results] == [1, 2]
+    assert [r.epoch for r in results] == [1, 2, 3]
     # A plain-Python reference of PageStats over the rows in arrival order.
     expected, visits, last, longest = [], {}, {}, {}
     for epoch, (user, page, ms) in [(1 if i < 3 else 2, row) for i, row in enumerate(files["a.parquet"] + files["b.parquet"])]:
@@ -157,6 +176,8 @@ def test_parquet_landing_files_split_by_records_keep_arrival_order(spark: Any, w
         last[user] = page
     rows = run_query(warehouse, "parquet_clicks", "select user, page, visits, previous, longest, _epoch from visits").to_pylist()
     assert sorted(tuple(r.values()) for r in rows) == sorted(expected)
+    dead = run_query(warehouse, "parquet_clicks", "select source_file, line, reason, _epoch from dead_letter").to_pylist()
+    assert dead == [{"source_file": "c.parquet", "line": None, "reason": "unreadable_file", "_epoch": 3}]
 
 
 def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(spark: Any, tmp_path: Path, warehouse: str) -> None:

@@ -12,14 +12,20 @@ columns when the dead letters are projected (:func:`reason_and_detail`).
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from functools import reduce
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import pyarrow as pa
+
+from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["DEAD_LETTER_SCHEMA", "DeadLetterReason", "no_dead_letters", "problem", "reason_and_detail"]
+__all__ = [
+    "DEAD_LETTER_SCHEMA", "DeadLetterReason", "checked_rows", "first_problem", "problem", "reason_and_detail",
+    "record_checks",
+]
 
 DEAD_LETTER_SCHEMA = pa.schema(
     [
@@ -46,11 +52,49 @@ class DeadLetterReason(str, enum.Enum):
     EMPTY_KEY = "empty_key"  # a string key of deduplicate or key_by is empty
     INVALID_RECORD = "invalid_record"  # a line parser refused the line (RecordError without a reason)
     PARSER_FAILED = "parser_failed"  # a line parser raised something other than RecordError
+    UNREADABLE_FILE = "unreadable_file"  # a whole file: not a readable Parquet file (no valid footer)
+    INCOMPATIBLE_SCHEMA = "incompatible_schema"  # a whole file: its schema does not fit the source's
 
 
 def problem(reason: DeadLetterReason, detail: str) -> str:
     """A line's problem as one string, the way a source carries it to the dead-letter projection."""
     return f"{reason.value}: {detail}"
+
+
+def record_checks(
+    column_of: Callable[[str], "Column"], schema: pa.Schema, keys: Mapping[str, str]
+) -> list[tuple["Column", str]]:
+    """The record-level checks every source applies, in order: ``(is bad, problem string)``.
+
+    A non-nullable field of ``schema`` must not be null (``missing_field``);
+    each key of ``keys`` (column -> the operator keyed by it) must not be
+    null (``null_key``) nor, for a string key, empty (``empty_key``).
+    ``column_of`` gives a field's column (of a parsed struct or a frame).
+    """
+    checks = [
+        (column_of(f.name).isNull(), problem(DeadLetterReason.MISSING_FIELD, f"required field {f.name} is missing or null"))
+        for f in schema
+        if not f.nullable
+    ]
+    for name, operator_id in sorted(keys.items()):
+        checks.append(
+            (column_of(name).isNull(), problem(DeadLetterReason.NULL_KEY, f"key {name} of operator {operator_id} is missing or null"))
+        )
+        if pa.types.is_string(schema.field(name).type) or pa.types.is_large_string(schema.field(name).type):
+            checks.append(
+                (column_of(name) == "", problem(DeadLetterReason.EMPTY_KEY, f"key {name} of operator {operator_id} is empty"))
+            )
+    return checks
+
+
+def first_problem(checks: list[tuple["Column", str]], earlier: "Column | None" = None) -> "Column | None":
+    """The problem string of the first failing check (after ``earlier``, a ``F.when`` chain), else null."""
+    from pyspark.sql import functions as F
+
+    chain = earlier
+    for failed, text in checks:
+        chain = F.when(failed, F.lit(text)) if chain is None else chain.when(failed, F.lit(text))
+    return chain
 
 
 def reason_and_detail(error: "Column") -> tuple["Column", "Column"]:
@@ -60,8 +104,52 @@ def reason_and_detail(error: "Column") -> tuple["Column", "Column"]:
     return F.substring_index(error, ": ", 1), F.regexp_extract(error, r"^[a-z0-9_]+: ([\s\S]*)$", 1)
 
 
-def no_dead_letters(spark: "SparkSession") -> "DataFrame":
-    """An empty frame of a source's dead letters (the table's columns but ``_epoch``), for reads that have none."""
+def checked_rows(
+    spark: "SparkSession",
+    frames: Sequence["DataFrame"],
+    schema: pa.Schema,
+    keys: Mapping[str, str],
+    *,
+    source_id: str,
+    names: Sequence[str],
+    source_index: int,
+    whole_files: Sequence[tuple[str, str | None, str]] = (),
+) -> SourceBatch:
+    """A typed source's batch: rows that pass :func:`record_checks` are records, the others dead letters.
+
+    ``frames`` hold the schema's columns plus ``_fidx`` (the file's index
+    in ``names``) and ``_line`` (the row's number in its file, from 1).
+    ``whole_files`` are files refused whole: ``(name, raw, problem string)``,
+    one dead letter each, without a line. A dead row's ``raw`` is the row as
+    JSON. Without checks to make, nothing is cached and no row is looked at.
+    """
+    from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    return spark.createDataFrame([], from_arrow_schema(DEAD_LETTER_SCHEMA.remove(DEAD_LETTER_SCHEMA.get_field_index("_epoch"))))
+    dead_schema = from_arrow_schema(DEAD_LETTER_SCHEMA.remove(DEAD_LETTER_SCHEMA.get_field_index("_epoch")))
+    refused = spark.createDataFrame(
+        [(source_id, name, None, raw, *text.split(": ", 1)) for name, raw, text in whole_files], dead_schema
+    )
+    if frames:
+        rows = reduce(lambda a, b: a.unionByName(b), frames)
+    else:
+        empty = pa.schema([*schema, pa.field("_fidx", pa.int32()), pa.field("_line", pa.int64())])
+        rows = spark.createDataFrame([], from_arrow_schema(empty))
+    fields = schema.names
+    seq = arrival_seq(source_index, F.col("_fidx"), F.col("_line")).alias(SEQ)
+    error = first_problem(record_checks(F.col, schema, keys))
+    if error is None:
+        return SourceBatch(records=rows.select(*fields, seq), dead_letters=refused)
+    checked = rows.withColumn("_error", error).persist()
+    reason, detail = reason_and_detail(F.col("_error"))
+    file_names = F.array(*[F.lit(name) for name in names]) if names else F.array().cast("array<string>")
+    dead = checked.where(F.col("_error").isNotNull()).select(
+        F.lit(source_id).alias("source"),
+        F.element_at(file_names, F.col("_fidx") + 1).alias("source_file"),
+        F.col("_line").alias("line"),
+        F.to_json(F.struct(*fields)).alias("raw"),
+        reason.alias("reason"),
+        detail.alias("detail"),
+    )
+    records = checked.where(F.col("_error").isNull()).select(*fields, seq)
+    return SourceBatch(records=records, dead_letters=dead.unionByName(refused), shared=(checked,))

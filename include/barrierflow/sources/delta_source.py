@@ -3,7 +3,9 @@
 Epoch n reads the rows added by the commits after the previous barrier's
 version up to and including this barrier's version. Only appends are
 supported, as in Spark's Delta streaming source without ``ignoreChanges``:
-a commit that removes data files is refused with a clear error.
+a commit that removes data files is refused with a clear error, and so is
+one that changes the schema other than by adding columns or widening types.
+Rows with a null or empty key are dead letters.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import pyarrow as pa
 
 from barrierflow.delta_commit import live_paths
 from barrierflow.errors import PipelineDefinitionError, SourceError
-from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
-from barrierflow.sources.dead_letters import no_dead_letters
+from barrierflow.sources.base import SourceBatch
+from barrierflow.sources.dead_letters import checked_rows
+from barrierflow.sources.schema_check import schema_mismatches
 from barrierflow.storage import join_uri, normalize_uri
 from barrierflow.table_files import ROW_INDEX_COLUMN, read_parquet_files
 
@@ -74,38 +77,52 @@ class DeltaSource:
         return {"type": "delta", "id": self.source_id, "table_uri": self.table_uri}
 
     def _files_added(self, version: int) -> list[str]:
-        after = live_paths(self._table(version))
+        """Data files version ``version`` added, after checking it neither removed files nor broke the schema."""
+        table = self._table(version)
+        after = live_paths(table)
         if version == 0:
             return sorted(after)
-        before = live_paths(self._table(version - 1))
-        removed = before - after
+        previous = self._table(version - 1)
+        mismatches = schema_mismatches(_schema(previous), _schema(table), absent_nullable_ok=False)
+        if mismatches:
+            raise SourceError(
+                f"source {self.source_id}: version {version} of {self.table_uri} changed the table's schema "
+                f"incompatibly: {'; '.join(m.describe() for m in mismatches)}. A Delta source reads added columns "
+                "and widened types only; write the new schema to a new table and restore the pipeline from a "
+                "savepoint with its source pointed there"
+            )
+        removed = live_paths(previous) - after
         if removed:
             raise SourceError(
                 f"source {self.source_id}: version {version} of {self.table_uri} removed "
                 f"{len(removed)} file(s); a Delta source must be append-only"
             )
-        return sorted(after - before)
+        return sorted(after - live_paths(previous))
 
     def read(
         self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0, ordered: bool = True,
         keys: Mapping[str, str] | None = None,
     ) -> SourceBatch:
+        """The rows the versions after the last barrier's added, in commit order; null or empty keys are dead letters."""
         from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import from_arrow_schema
 
         base = normalize_uri(self.table_uri)
-        schema = pa.schema(self._table(end["version"]).schema().to_arrow())
-        frames = []
+        schema = _schema(self._table(end["version"]))
         # Arrival order: commit version, then file path, then row in the file.
         added = [path for v in range(end["from_version"] + 1, end["version"] + 1) for path in self._files_added(v)]
-        for fidx, path in enumerate(added):
-            df = read_parquet_files(spark, [join_uri(base, path)], schema, with_row_index=True)
-            seq = arrival_seq(source_index, F.lit(fidx), F.col(ROW_INDEX_COLUMN) + 1)
-            frames.append(df.select(*schema.names, seq.alias(SEQ)))
-        if not frames:
-            records = spark.createDataFrame([], from_arrow_schema(schema)).select("*", F.lit(0).cast("long").alias(SEQ))
-        else:
-            records = frames[0]
-            for other in frames[1:]:
-                records = records.unionByName(other)
-        return SourceBatch(records=records, dead_letters=no_dead_letters(spark))
+        frames = [
+            read_parquet_files(spark, [join_uri(base, path)], schema, with_row_index=True).select(
+                *schema.names, F.lit(fidx).alias("_fidx"), (F.col(ROW_INDEX_COLUMN) + 1).alias("_line")
+            )
+            for fidx, path in enumerate(added)
+        ]
+        # Delta writers enforce NOT NULL columns: only keys need checking.
+        return checked_rows(
+            spark, frames, pa.schema([f.with_nullable(True) for f in schema]),
+            {k: op for k, op in (keys or {}).items() if k in schema.names},
+            source_id=self.source_id, names=added, source_index=source_index,
+        )
+
+
+def _schema(table: Any) -> pa.Schema:
+    return pa.schema(table.schema().to_arrow())

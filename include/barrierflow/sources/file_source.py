@@ -20,12 +20,15 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 import pyarrow as pa
 
 from barrierflow import storage
-from barrierflow.errors import PipelineDefinitionError, SourceError
+from barrierflow.errors import PipelineDefinitionError, SourceError, StorageError
 from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
-from barrierflow.sources.dead_letters import DeadLetterReason, no_dead_letters, problem, reason_and_detail
+from barrierflow.sources.dead_letters import (
+    DeadLetterReason, checked_rows, first_problem, problem, reason_and_detail, record_checks,
+)
 from barrierflow.spark import session_cached
 from barrierflow.storage import join_uri, local_path, normalize_uri
-from barrierflow.table_files import parquet_schema, read_parquet_files
+from barrierflow.sources.schema_check import ColumnMismatch, schema_mismatches
+from barrierflow.table_files import ROW_INDEX_COLUMN, parquet_schema, read_parquet_files
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -58,7 +61,9 @@ class FileSource:
     Exactly one of ``schema`` (parse JSON natively in Spark against this
     schema) or ``parser`` (a Python function validating one line, run in
     batches with Arrow; ``parser_schema`` is the schema of what it returns)
-    is used for JSON Lines. Parquet files are read with their own schema.
+    is used for JSON Lines. Parquet files are read as ``schema``: a file
+    whose columns do not fit it is a dead letter as a whole (see
+    :meth:`_read_parquet`).
     """
 
     source_id: str
@@ -78,6 +83,12 @@ class FileSource:
             raise PipelineDefinitionError(
                 f"source {self.source_id}: give exactly one of schema= (native JSON parsing) "
                 "or parser= with parser_schema= (Python validation)"
+            )
+        if self.format == "parquet" and (self.schema is None or self.parser is not None):
+            # As Spark's streaming file source: files landing later must not change the records' schema.
+            raise PipelineDefinitionError(
+                f"source {self.source_id}: a Parquet source needs schema= (the columns and types of its records; "
+                "a file that does not fit it is dead-lettered whole) and takes no parser="
             )
         if self.parser is not None and self.parser_schema is None:
             raise PipelineDefinitionError(f"source {self.source_id}: parser= needs parser_schema=")
@@ -178,8 +189,11 @@ class FileSource:
         if self.format == "parquet":
             import pyarrow.parquet as pq
 
-            with storage.open_input(uri) as fh:
-                return pq.ParquetFile(fh).metadata.num_rows
+            try:
+                with storage.open_input(uri) as fh:
+                    return pq.ParquetFile(fh).metadata.num_rows
+            except (OSError, pa.ArrowInvalid):
+                return 0  # not Parquet: taken whole, and dead-lettered whole when read
         return _count_lines(uri)
 
     def describe(self) -> dict[str, Any]:
@@ -202,7 +216,7 @@ class FileSource:
                     "landing files must be kept until their epoch is completed"
                 )
         if self.format == "parquet":
-            return self._read_parquet(spark, base, ranges, source_index)
+            return self._read_parquet(spark, base, ranges, source_index, keys)
         whole_files = all(from_line == 0 and to_line is None for _, from_line, to_line, _ in ranges)
         # Spark's own readers need a file system it can open; object-store files are read by Python tasks.
         if not ordered and self.parser is None and ranges and whole_files and storage.is_local(base):
@@ -445,29 +459,78 @@ class FileSource:
         )
         return SourceBatch(records=records, dead_letters=dead, shared=(parsed,))
 
-    def _read_parquet(self, spark: "SparkSession", base: str, ranges: list[list[Any]], source_index: int) -> SourceBatch:
+    def _read_parquet(
+        self, spark: "SparkSession", base: str, ranges: list[list[Any]], source_index: int, keys: Mapping[str, str]
+    ) -> SourceBatch:
+        """The epoch's rows of its Parquet files as the source's ``schema``; files that cannot be are dead letters.
+
+        1. Each file's footer (metadata only) is checked against the schema:
+           a file that is not readable Parquet, or whose columns do not read
+           as the schema's (:func:`schema_mismatches`), becomes one dead
+           letter for the whole file and the epoch goes on without it.
+        2. The other files are read by executors with their own column types
+           (Spark's reader for local files, Python tasks for object stores),
+           then widened to the schema's; an absent nullable column is null.
+        3. Rows missing a required field or a key are dead letters
+           (:func:`record_checks`), each with its row number from 1.
+        """
         from pyspark.sql import functions as F
 
-        frames = []
+        assert self.schema is not None
+        frames: list["DataFrame"] = []
+        whole_files: list[tuple[str, str | None, str]] = []
         for fidx, (name, from_line, to_line, size) in enumerate(ranges):
             uri = join_uri(base, name)
-            if storage.is_local(uri):  # Spark's reader, with the schema it reads from the file
-                df = spark.read.parquet(local_path(uri)).select("*", F.col("_metadata.row_index").alias("_row_index"))
-            else:  # Python tasks, with the schema of the file's footer
-                sizes = {uri: size} if size is not None and size >= 0 else None
-                df = read_parquet_files(spark, [uri], parquet_schema(uri), with_row_index=True, sizes=sizes)
-            df = df.where(F.col("_row_index") >= from_line)
+            # 1. The footer only.
+            try:
+                found = parquet_schema(uri)
+            except StorageError as exc:
+                whole_files.append((name, None, problem(DeadLetterReason.UNREADABLE_FILE, f"not a readable Parquet file: {exc}")))
+                continue
+            mismatches = schema_mismatches(self.schema, found, absent_nullable_ok=True)
+            mismatches += [m for m in _unreadable_columns(self.schema, found) if m not in mismatches]
+            if mismatches:
+                detail = "; ".join(m.describe() for m in mismatches)
+                whole_files.append((name, _schema_text(found), problem(DeadLetterReason.INCOMPATIBLE_SCHEMA, detail)))
+                continue
+            # 2. Read as written, then widened.
+            present = pa.schema([found.field(f.name) for f in self.schema if f.name in found.names])
+            sizes = {uri: size} if size is not None and size >= 0 else None
+            df = read_parquet_files(spark, [uri], present, with_row_index=True, sizes=sizes)
+            df = df.where(F.col(ROW_INDEX_COLUMN) >= from_line)
             if to_line is not None:
-                df = df.where(F.col("_row_index") < to_line)
-            frames.append(
-                df.withColumn(SEQ, arrival_seq(source_index, F.lit(fidx), F.col("_row_index") + 1)).drop("_row_index")
-            )
-        if not frames:
-            raise SourceError(f"source {self.source_id}: nothing to read in an empty range")
-        records = frames[0]
-        for other in frames[1:]:
-            records = records.unionByName(other)
-        return SourceBatch(records=records, dead_letters=no_dead_letters(spark))
+                df = df.where(F.col(ROW_INDEX_COLUMN) < to_line)
+            frames.append(df.select(*_widened(self.schema, present), F.lit(fidx).alias("_fidx"), (F.col(ROW_INDEX_COLUMN) + 1).alias("_line")))
+        # 3. Row checks.
+        return checked_rows(
+            spark, frames, self.schema, keys,
+            source_id=self.source_id, names=[name for name, *_ in ranges], source_index=source_index, whole_files=whole_files,
+        )
+
+
+def _widened(schema: pa.Schema, present: pa.Schema) -> list["Column"]:
+    """``schema``'s columns from a frame holding ``present`` (same names, narrower or equal types)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    return [
+        (F.col(f.name) if f.name in present.names else F.lit(None)).cast(from_arrow_type(f.type)).alias(f.name)
+        for f in schema
+    ]
+
+
+def _unreadable_columns(schema: pa.Schema, found: pa.Schema) -> list[ColumnMismatch]:
+    """Columns of ``found`` the source needs whose type Spark cannot represent (e.g. unsigned integers)."""
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    unreadable = []
+    for f in schema:
+        if f.name in found.names and found.get_all_field_indices(f.name) == [found.get_field_index(f.name)]:
+            try:
+                from_arrow_type(found.field(f.name).type)
+            except (TypeError, NotImplementedError):
+                unreadable.append(ColumnMismatch(f.name, f.type, found.field(f.name).type))
+    return unreadable
 
 
 # size: the file's size when the barrier was planned (-1: not recorded); a task refuses a file that changed.
@@ -542,22 +605,8 @@ def _json_line_problem(schema: pa.Schema, corrupt: str, keys: Mapping[str, str])
     problem_of = F.when(
         value.isNull() | value.getField(corrupt).isNotNull() | (first == F.lit("[")), F.coalesce(not_an_object, wrong_type)
     )
-    for f in schema:
-        if not f.nullable:
-            problem_of = problem_of.when(
-                value.getField(f.name).isNull(),
-                F.lit(problem(DeadLetterReason.MISSING_FIELD, f"required field {f.name} is missing or null")),
-            )
-    for name, operator_id in sorted(keys.items()):
-        problem_of = problem_of.when(
-            value.getField(name).isNull(),
-            F.lit(problem(DeadLetterReason.NULL_KEY, f"key {name} of operator {operator_id} is missing or null")),
-        )
-        if pa.types.is_string(schema.field(name).type):
-            problem_of = problem_of.when(
-                value.getField(name) == F.lit(""),
-                F.lit(problem(DeadLetterReason.EMPTY_KEY, f"key {name} of operator {operator_id} is empty")),
-            )
+    problem_of = first_problem(record_checks(value.getField, schema, keys), problem_of)
+    assert problem_of is not None
     return problem_of
 
 
