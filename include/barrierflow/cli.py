@@ -362,6 +362,7 @@ def _cmd_engine(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     from barrierflow.checkpoint import EpochStatus
     from barrierflow.checkpoint_log import CheckpointLog, iso_us
+    from barrierflow.coordinator import blocked_state
     from barrierflow.layout import PipelineLayout
     from barrierflow.storage import exists, list_dir, read_json, join_uri
 
@@ -391,6 +392,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         "offsets": last.offsets_json() if last else {},
         "pending": [{"epoch": e, "status": s} for e, s in sorted(pending_epochs.items())],
         "tables": last.versions() if last else {},
+        "blocked": blocked_state(layout.warehouse, layout.pipeline),
     }
     if args.json:
         print(json.dumps(doc, indent=1))
@@ -401,6 +403,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
     print(f"watermark:            {doc['watermark']}")
     pending_text = ", ".join(f"{p['epoch']} {p['status']}" for p in doc["pending"]) or "none"
     print(f"pending:              {pending_text}")
+    if doc["blocked"]:
+        blocked = doc["blocked"]
+        print(f"blocked:              epoch {blocked.get('epoch')} ({blocked.get('step')}) since {blocked.get('since')}")
+        print(f"  {blocked.get('message')}")
     print("tables (Delta version at the last completed epoch):")
     for name, version in sorted(doc["tables"].items()):
         print(f"  {name:40s} v{version}")

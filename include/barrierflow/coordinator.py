@@ -48,14 +48,15 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from barrierflow import faults, storage
 from barrierflow.checkpoint import Barrier, CheckpointRecord, EpochStatus, Fence, Manifest, TableKind, app_id
 from barrierflow.checkpoint_log import CheckpointLog, iso_now, now_us
 from barrierflow.delta_commit import commit_epoch_table
-from barrierflow.errors import CheckpointError, EpochInProgressError, FencedError, PipelineStoppedError
+from barrierflow.errors import BlockedInputError, CheckpointError, EpochInProgressError, FencedError, PipelineStoppedError
 from barrierflow.intervals import ArrivalBound
 from barrierflow.layout import STAGING_DIR, PipelineLayout
 from barrierflow.lease import EpochLease
@@ -217,6 +218,29 @@ class CheckpointCoordinator:
         storage.remove_document(self.layout.held)
         return True
 
+    def blocked(self) -> dict[str, Any] | None:
+        """Why the pipeline cannot go on (step, epoch, message, since), or None: see :meth:`_blocking`."""
+        return blocked_state(self.layout.warehouse, self.definition.name)
+
+    @contextmanager
+    def _blocking(self, step: str, lineage_id: str, epoch: int) -> Iterator[None]:
+        """Record a :class:`BlockedInputError` raised by ``step`` of an epoch as the pipeline's state, then re-raise.
+
+        The record stays until an epoch completes (:meth:`_commit`); the
+        checkpoints page and ``barrierflow status`` show it, and a task that
+        ran the step elsewhere (spark-submit) reads it to fail without retry.
+        """
+        try:
+            yield
+        except BlockedInputError as exc:
+            doc = {"step": step, "lineage_id": lineage_id, "epoch": epoch, "message": str(exc), "since": iso_now()}
+            current = self.blocked()
+            if current is None or current.get("message") != doc["message"]:
+                if current is not None:
+                    storage.remove_document(self.layout.blocked)
+                storage.write_json_if_absent(self.layout.blocked, doc)
+            raise
+
     # -- step 1: recover -------------------------------------------------
 
     def stopped(self) -> dict[str, Any] | None:
@@ -282,7 +306,8 @@ class CheckpointCoordinator:
                 f"epoch {epoch} of lineage {lineage_id} cannot start: the pipeline was restored into "
                 f"lineage {lineage['lineage_id']}"
             )
-        start, end, cutoff_ms = self._plan_offsets(lineage, epoch, bound)
+        with self._blocking("barrier", lineage_id, epoch):
+            start, end, cutoff_ms = self._plan_offsets(lineage, epoch, bound)
         if end is None:
             return None
         # Parameters fixed by a restore (e.g. a new parallelism) hold for the whole lineage.
@@ -410,6 +435,15 @@ class CheckpointCoordinator:
         on_restore: Callable[[], None] | None = None,
     ) -> tuple[Manifest, bool]:
         """Step 3 without the checkpoint-log row: the winning manifest, and whether this call computed it."""
+        with self._blocking("process", barrier.lineage_id, barrier.epoch):
+            return self._vote_once(barrier, restore_point, on_restore)
+
+    def _vote_once(
+        self,
+        barrier: Barrier,
+        restore_point: "Future[CheckpointRecord | None]",
+        on_restore: Callable[[], None] | None = None,
+    ) -> tuple[Manifest, bool]:
         existing = storage.read_json(self.layout.manifest(barrier.lineage_id, barrier.epoch))
         if existing is not None:
             return Manifest.from_json(existing), False  # never recompute a voted epoch
@@ -483,6 +517,8 @@ class CheckpointCoordinator:
         )
         self.log.append(record)
         faults.maybe_fail("commit.after_completed")
+        # Whatever blocked the pipeline was resolved: an epoch completed.
+        storage.remove_document(self.layout.blocked)
         return record
 
     # -- step 5: notify --------------------------------------------------
@@ -686,6 +722,16 @@ class CheckpointCoordinator:
                 raise CheckpointError(f"epoch {epoch} is not a completed epoch of the current lineage")
         record = max(records, key=lambda r: r.epoch) if records else None
         return record, record.versions() if record else {}
+
+
+def blocked_state(warehouse: str, pipeline: str) -> dict[str, Any] | None:
+    """What blocks ``pipeline`` (``step``, ``lineage_id``, ``epoch``, ``message``, ``since``), or None.
+
+    Recorded by the step that met a :class:`~barrierflow.errors.BlockedInputError`
+    and removed when an epoch completes.
+    """
+    doc = storage.read_json(PipelineLayout.of(warehouse, pipeline).blocked)
+    return dict(doc) if doc else None
 
 
 def recorded_params(pipeline: str, warehouse: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ __all__ = [
     "IncompatibleSavepointError",
     "QueryError",
     "SourceError",
+    "BlockedInputError",
     "InjectedFault",
 ]
 
@@ -105,6 +106,15 @@ class QueryError(BarrierflowError):
 
 class SourceError(BarrierflowError):
     """A source cannot be read or planned (missing directory, changed table)."""
+
+
+class BlockedInputError(SourceError):
+    """Input no retry can read as it is: a file landed behind the stream position and is refused,
+    a file recorded in a barrier is gone, a Delta source table changed incompatibly.
+
+    The pipeline is blocked until someone acts; Airflow fails the task at
+    once instead of retrying, and the checkpoints page shows the message.
+    """
 
 
 class InjectedFault(BarrierflowError):

@@ -77,6 +77,11 @@ class PipelineLayout:
         return join_uri(self.root, "_restoring.json")
 
     @property
+    def blocked(self) -> str:
+        """Why the pipeline cannot go on (a :class:`~barrierflow.errors.BlockedInputError`), until an epoch completes."""
+        return join_uri(self.root, "_blocked.json")
+
+    @property
     def held(self) -> str:
         return join_uri(self.root, "_held.json")
 

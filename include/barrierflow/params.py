@@ -28,10 +28,13 @@ class Param:
     default: Any = REQUIRED
     description: str = ""
     minimum: float | None = None
+    choices: tuple[Any, ...] = ()  # when given, the only values allowed
 
     def __post_init__(self) -> None:
         if self.type not in _TYPES:
             raise ParameterError(f"parameter {self.name}: type must be one of str, int, float, bool")
+        if self.choices and not self.required and self.default not in self.choices:
+            raise ParameterError(f"parameter {self.name}: default {self.default!r} is not one of its choices")
 
     @property
     def required(self) -> bool:
@@ -65,6 +68,10 @@ class Param:
             raise ParameterError(f"parameter {self.name!r} must be a number, got NaN")
         if self.minimum is not None and not out >= self.minimum:
             raise ParameterError(f"parameter {self.name!r} must be >= {self.minimum}, got {out!r}")
+        if self.choices and out not in self.choices:
+            raise ParameterError(
+                f"parameter {self.name!r} must be one of {', '.join(repr(c) for c in self.choices)}, got {out!r}"
+            )
         return out
 
 

@@ -258,6 +258,54 @@ def test_a_pipeline_without_its_required_param_fails_at_once_saying_how_to_set_i
     assert not storage.exists(warehouse)
 
 
+def test_a_file_landing_behind_the_position_fails_at_once_visibly_and_each_policy_does_what_it_says(
+    tmp_path: Path, local_warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A late file: ``late_files=refuse`` blocks (no retry, the page says why), ``dead_letter`` sets it
+    aside whole, ``next_epoch`` (the default) reads it; a file gone before the spark-submit process
+    job reads it fails that task at once too. The store is not what this tests: local only."""
+    from barrierflow.dags.settings import SPARK_SUBMIT_MODE
+    from barrierflow.ui.history import pipeline_history
+    from barrierflow.ui.render import render_pipeline
+
+    warehouse = local_warehouse
+    landing = _landing(tmp_path, files=2, seed=31)
+    files = sorted(landing.glob("*.jsonl"))
+    extra = sorted(_landing(tmp_path / "extra", files=3, seed=32).glob("*.jsonl"))
+    dag = _dag(warehouse, landing)
+    assert run_dag(dag, minute(2035, 1, 6, 0, 1)).state == "success"  # epoch 1: both files
+    late_a, late_b = landing / "0-late-a.jsonl", landing / "0-late-b.jsonl"  # sort before every file read
+    extra[0].rename(late_a)
+
+    task_logs(caplog, capfd)
+    refused = run_dag(dag, minute(2035, 1, 6, 0, 2), {"late_files": "refuse"})
+    assert refused.state == "failed" and refused.tasks["barrier"] == ("failed", 1), refused.tasks  # no retries
+    assert "'0-late-a.jsonl' landed" in task_logs(caplog, capfd)
+    history = pipeline_history(warehouse, "sensor_stats", state_size=False, savepoint_lister=lambda *_: [])
+    assert history.blocked is not None and "'0-late-a.jsonl' landed" in history.blocked["message"]
+    assert 'class="blocked"' in render_pipeline(history)
+
+    assert run_dag(dag, minute(2035, 1, 6, 0, 3), {"late_files": "dead_letter"}).state == "success"  # epoch 2
+    assert _coordinator(warehouse, landing).blocked() is None
+    extra[1].rename(late_b)
+    # A DAG object keeps the last dag.test()'s conf in its params: a fresh one has the default policy.
+    assert run_dag(_dag(warehouse, landing), minute(2035, 1, 6, 0, 4)).state == "success"  # epoch 3
+    assert _epoch_files(warehouse, landing, 3) == [late_b.name]
+    assert_matches_reference(warehouse, run_reference([files, [], [late_b]], 30), late_files={late_a.name: 2})
+
+    # A file recorded in a barrier, gone before the spark-submit job reads it.
+    gone = landing / extra[2].name
+    extra[2].rename(gone)
+    with fault_plan("barrier.after_write:1:raise", tmp_path / "faults"):
+        assert run_dag(_dag(warehouse, landing, retries=0), minute(2035, 1, 6, 0, 5)).state == "failed"
+    gone.unlink()
+    task_logs(caplog, capfd)
+    run = run_dag(_dag(warehouse, landing, process_mode=SPARK_SUBMIT_MODE), minute(2035, 1, 6, 0, 6))
+    assert run.state == "failed" and run.tasks["process"] == ("failed", 1), run.tasks
+    assert f"epoch 4 is blocked: source readings: file {gone.name} recorded in the barrier is gone" in task_logs(caplog, capfd)
+    assert _coordinator(warehouse, landing).blocked()["step"] == "process"
+
+
 def test_json_reports_are_pushed_for_the_ui(tmp_path: Path, warehouse: str) -> None:
     landing = tmp_path / "landing"
     landing.mkdir()

@@ -39,7 +39,8 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
 
 
-def assert_matches_reference(warehouse: Path | str, ref: ReferenceResult) -> None:
+def assert_matches_reference(warehouse: Path | str, ref: ReferenceResult, late_files: dict[str, int] | None = None) -> None:
+    """The tables equal the reference's; ``late_files`` (name -> epoch) were dead-lettered whole as late."""
     snap = table_snapshot(warehouse)
     totals = {r["sensor_id"]: r for r in snap["totals"]}
     assert set(totals) == set(ref.sensor_totals)
@@ -69,8 +70,10 @@ def assert_matches_reference(warehouse: Path | str, ref: ReferenceResult) -> Non
         (r["event_id"], r["sensor_id"], r["ts"], r["temperature"], r["epoch"]) for r in ref.alerts
     )
     dead = [(r["source_file"], r["line"], r["raw"], r["reason"], r["_epoch"]) for r in snap["dead"]]
-    assert sorted(dead) == sorted(
-        (r["source_file"], r["line"], r["raw"], REASON_CODES[r["reason"]], r["epoch"]) for r in ref.dead_letter
+    assert sorted(dead, key=repr) == sorted(
+        [(r["source_file"], r["line"], r["raw"], REASON_CODES[r["reason"]], r["epoch"]) for r in ref.dead_letter]
+        + [(name, None, None, "late_file", epoch) for name, epoch in (late_files or {}).items()],
+        key=repr,
     )
     details = _rows(warehouse, "select count(*) as n from dead_letter where detail is null or detail = ''")
     assert details[0]["n"] == 0

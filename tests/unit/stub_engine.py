@@ -34,7 +34,7 @@ LINE_SCHEMA = pa.schema([pa.field("line_id", pa.string()), pa.field("text", pa.s
 def _build(p: PipelineBuilder, params: dict[str, Any]) -> None:
     source = FileSource(
         "lines", params["landing_dir"], parser=lambda line: {"line_id": "", "text": line}, parser_schema=LINE_SCHEMA,
-        max_files_per_epoch=params["max_files_per_epoch"], suffixes=(".txt",),
+        max_files_per_epoch=params["max_files_per_epoch"], suffixes=(".txt",), late_files=params["late_files"],
     )
     p.source(source).deduplicate("dedup", key="line_id").sink_to(DeltaSink.append("lines"))
 
@@ -42,7 +42,7 @@ def _build(p: PipelineBuilder, params: dict[str, Any]) -> None:
 LINES = PipelineDefinition(
     name="lines",
     build_fn=_build,
-    params=(Param("landing_dir", str), Param("max_files_per_epoch", int, 1)),
+    params=(Param("landing_dir", str), Param("max_files_per_epoch", int, 1), Param("late_files", str, "next_epoch")),
     key_groups=8,
     parallelism_param=None,
 )

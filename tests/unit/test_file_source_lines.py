@@ -227,12 +227,12 @@ def test_plan_max_files_per_epoch_and_resume_after_last_file(make_source: Callab
     assert [r[0] for r in third["files"]] == ["f4.jsonl"]
     assert src.has_records(third)
     idle = src.plan(third, None)
-    assert idle == {"file": "f4.jsonl", "line": None, "files": [], "consumed": 5}
+    assert idle == {"file": "f4.jsonl", "line": None, "files": [], "consumed": 5, "recent": [f"f{i}.jsonl" for i in range(5)]}
     assert not src.has_records(idle)
 
 
 def test_plan_on_empty_directory_is_idle(make_source: Callable[..., FileSource]) -> None:
-    assert make_source().plan(None, None) == {"file": None, "line": None, "files": [], "consumed": 0}
+    assert make_source().plan(None, None) == {"file": None, "line": None, "files": [], "consumed": 0, "recent": []}
 
 
 def test_plan_picks_up_files_landing_later(make_source: Callable[..., FileSource], write_file: Callable[..., Path]) -> None:
@@ -464,21 +464,51 @@ def test_vectorised_raw_task_equals_line_by_line(tmp_path: Path, chunk_bytes: in
     assert (41, '{"crlf": 1}') in fast
 
 
-def test_file_landing_behind_the_position_is_refused_not_dropped(
-    make_source: Callable[..., FileSource], write_file: Callable[..., Path]
+@pytest.mark.parametrize("policy", ["next_epoch", "dead_letter", "refuse"])
+def test_a_file_landing_behind_the_position_is_handled_by_late_files_never_dropped(
+    make_source: Callable[..., FileSource], write_file: Callable[..., Path], policy: str
 ) -> None:
-    from barrierflow.errors import SourceError
+    from barrierflow.errors import BlockedInputError
 
     write_file("b.jsonl", "1\n")
-    write_file("c.jsonl", "2\n")
-    src = make_source(max_files_per_epoch=1)
+    write_file("c.jsonl", "2\n3\n")
+    src = make_source(max_files_per_epoch=1, max_records_per_epoch=1, late_files=policy)
     first = src.plan(None, None)
-    second = src.plan(first, None)
-    assert [r[0] for r in first["files"] + second["files"]] == ["b.jsonl", "c.jsonl"]
-    assert src.plan(second, None)["files"] == []  # idle, nothing behind
-    write_file("a.jsonl", "late\n")  # sorts before the position: would never be read
-    with pytest.raises(SourceError, match="1 file\\(s\\) landed .* before 'c.jsonl'"):
-        src.plan(second, None)
+    second = src.plan(first, None)  # inside c.jsonl: line 1 of 2
+    assert [r[:3] for r in first["files"] + second["files"]] == [["b.jsonl", 0, None], ["c.jsonl", 0, 1]]
+    write_file("a.jsonl", "late\n")  # sorts before the position: never read in name order
+    assert src.earliest_arrival_ms(second, None) is not None  # the schedule sees it as input
+    if policy == "refuse":
+        with pytest.raises(BlockedInputError, match="file\\(s\\) 'a.jsonl' landed .* before the stream position 'c.jsonl'.*late_files='refuse'"):
+            src.plan(second, None)
+        return
+    third = src.plan(second, None)
+    if policy == "next_epoch":  # read whole, ahead of the rest of c.jsonl
+        assert [r[:3] for r in third["files"]] == [["a.jsonl", 0, None], ["c.jsonl", 1, None]]
+        assert "late" not in third
+    else:  # set aside as one dead letter, never read
+        assert [r[:3] for r in third["files"]] == [["c.jsonl", 1, None]]
+        assert third["late"] == [["a.jsonl", 5]]
+    assert (third["file"], third["line"], third["consumed"], third["recent"]) == ("c.jsonl", None, 3, ["a.jsonl", "b.jsonl", "c.jsonl"])
+    assert src.plan(third, None)["files"] == [] and src.earliest_arrival_ms(third, None) is None  # taken once
+
+
+def test_a_late_file_too_far_behind_to_be_named_is_refused_whatever_the_policy(
+    make_source: Callable[..., FileSource], write_file: Callable[..., Path]
+) -> None:
+    from barrierflow.errors import BlockedInputError
+
+    for name in ("b.jsonl", "c.jsonl", "d.jsonl"):
+        write_file(name, "1\n")
+    src = make_source(late_file_window=2)
+    end = src.plan(None, None)
+    assert end["recent"] == ["c.jsonl", "d.jsonl"]  # the two largest names read
+    write_file("a.jsonl", "late\n")  # behind b.jsonl, the last name no longer remembered
+    with pytest.raises(BlockedInputError, match="1 file\\(s\\) too far behind .* last 2 names read"):
+        src.plan(end, None)
+    # Offsets from before names were kept: the count alone tells a file is late.
+    with pytest.raises(BlockedInputError, match="too far behind"):
+        src.plan({k: v for k, v in end.items() if k != "recent"}, None)
 
 
 # -- what decides the unordered read before any byte is read -----------------

@@ -62,9 +62,9 @@ def test_the_earliest_waiting_arrival_follows_the_stream_position(make_source: A
     write_file(".c.jsonl", ["1"], mtime_ms=T0 - MINUTE)  # still being written: not input
     source = make_source()
     assert source.earliest_arrival_ms(None, None) == T0 + 5
-    assert source.earliest_arrival_ms({"file": "a.jsonl", "line": None}, None) == T0 + MINUTE + 5
-    assert source.earliest_arrival_ms({"file": "a.jsonl", "line": 0}, None) == T0 + 5  # a.jsonl partly consumed
-    assert source.earliest_arrival_ms({"file": "a.jsonl", "line": None}, T0 + MINUTE) is None  # b arrived later
+    assert source.earliest_arrival_ms({"file": "a.jsonl", "line": None, "consumed": 1}, None) == T0 + MINUTE + 5
+    assert source.earliest_arrival_ms({"file": "a.jsonl", "line": 0, "consumed": 1}, None) == T0 + 5  # a.jsonl partly consumed
+    assert source.earliest_arrival_ms({"file": "a.jsonl", "line": None, "consumed": 1}, T0 + MINUTE) is None  # b arrived later
 
 
 def _coordinator(landing: Path, warehouse: Path, **params: Any) -> CheckpointCoordinator:

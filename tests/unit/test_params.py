@@ -87,6 +87,15 @@ def test_minimum_applies_to_floats() -> None:
         param.coerce("0.49")
 
 
+def test_choices_allow_only_their_values() -> None:
+    param = Param("late_files", str, "next_epoch", choices=("next_epoch", "refuse"))
+    assert param.coerce("refuse") == "refuse"
+    with pytest.raises(ParameterError, match="'late_files' must be one of 'next_epoch', 'refuse', got 'skip'"):
+        param.coerce("skip")
+    with pytest.raises(ParameterError, match="default 'skip' is not one of its choices"):
+        Param("late_files", str, "skip", choices=("next_epoch",))
+
+
 def test_unsupported_type_is_refused_at_declaration() -> None:
     with pytest.raises(ParameterError, match="parameter things: type must be one of"):
         Param("things", list)

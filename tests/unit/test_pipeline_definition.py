@@ -220,6 +220,7 @@ def test_sensor_stats_operators_and_state(tmp_path: Path) -> None:
         "max_files_per_epoch": 20,
         "parallelism": 3,
         "out_of_orderness_seconds": 30,
+        "late_files": "next_epoch",
     }
     specs = {s.table_name: s for s in pipe.state_specs()}
     assert list(specs) == [

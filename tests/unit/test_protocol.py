@@ -21,7 +21,7 @@ from barrierflow import faults, storage
 from barrierflow.checkpoint import EpochStatus, Fence, Manifest
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.delta_commit import commit_epoch_table
-from barrierflow.errors import FencedError, InjectedFault
+from barrierflow.errors import BlockedInputError, FencedError, InjectedFault
 from barrierflow.restore import restore
 from barrierflow.runtime import completed_future, process_epoch
 from stub_engine import LINES, epoch_tables, stub_compute
@@ -39,9 +39,9 @@ def landing(tmp_path: Path) -> Path:
     return path
 
 
-def _coordinator(warehouse: Path, landing: Path) -> CheckpointCoordinator:
+def _coordinator(warehouse: Path, landing: Path, **params: Any) -> CheckpointCoordinator:
     return CheckpointCoordinator(
-        LINES, {"landing_dir": str(landing), "max_files_per_epoch": 1}, str(warehouse),
+        LINES, {"landing_dir": str(landing), "max_files_per_epoch": 1, **params}, str(warehouse),
         spark_factory=lambda: None, compute=stub_compute,
     )
 
@@ -191,3 +191,27 @@ def test_a_zombie_whose_lineage_check_passed_before_a_restore_is_refused_by_ever
     _coordinator(warehouse, landing).run(until_caught_up=True)
     rows = DeltaTable(coordinator.layout.sink_table("lines")).to_pyarrow_table().to_pylist()
     assert sorted(r["_epoch"] for r in rows) == sorted(e for e in range(1, FILES + 1) for _ in range(LINES_PER_FILE))
+
+
+def test_a_late_file_blocks_the_pipeline_visibly_until_an_epoch_completes(tmp_path: Path, landing: Path) -> None:
+    from barrierflow.ui.history import pipeline_history
+    from barrierflow.ui.render import render_pipeline
+
+    warehouse = tmp_path / "wh"
+    refusing = _coordinator(warehouse, landing, late_files="refuse")
+    assert len(refusing.run(epochs=2)) == 2  # part-00, part-01
+    (landing / "part-00a.txt").write_text("late\n")  # sorts behind the position, part-01.txt
+    with pytest.raises(BlockedInputError, match="'part-00a.txt' landed .* position 'part-01.txt'"):
+        refusing.run(epochs=1)
+    blocked = refusing.blocked()
+    assert blocked is not None and (blocked["step"], blocked["epoch"]) == ("barrier", 3) and "part-00a.txt" in blocked["message"]
+    history = pipeline_history(str(warehouse), "lines", state_size=False, savepoint_lister=lambda *_: [])
+    assert history.blocked == blocked and history.to_json()["blocked"] == blocked
+    page = render_pipeline(history)
+    assert 'class="blocked"' in page and "part-00a.txt" in page and "<dd>blocked</dd>" in page.replace("\n", "")
+    # The same pipeline told to read late files next epoch: it goes on, and is no longer blocked.
+    taking = _coordinator(warehouse, landing, late_files="next_epoch")
+    [result] = taking.run(epochs=1)
+    assert result.epoch == 3 and taking.blocked() is None
+    rows = DeltaTable(taking.layout.sink_table("lines")).to_pyarrow_table().to_pylist()
+    assert [(r["line_id"], r["_epoch"]) for r in rows if r["line_id"].startswith("part-00a")] == [("part-00a.txt:1", 3)]

@@ -10,7 +10,6 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pytest
-from deltalake.exceptions import DeltaError
 
 from barrierflow.query import _with_views, format_rows, to_jsonable
 

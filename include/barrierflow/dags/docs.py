@@ -33,7 +33,10 @@ committed exactly once in two phases:
 
 Steps 1-2 and 4-5 share a task because each task costs a scheduling round
 trip and a task process, more than those steps themselves.
-Every step is idempotent and retried with exponential backoff; state passes
+Every step is idempotent and retried with exponential backoff, except on
+errors no retry can fix (bad parameters, input that blocks the pipeline such
+as a refused late file): those fail the task at once and the checkpoints page
+shows the pipeline as blocked. State passes
 between tasks through the warehouse (barrier and manifest documents), never
 through XCom. Epochs never overlap: one active run, and an epoch lease that
 each step (and the Spark job) holds while it works.

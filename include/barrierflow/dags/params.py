@@ -1,7 +1,7 @@
 """Pipeline parameters as typed Airflow DAG params, and back.
 
 Each :class:`barrierflow.params.Param` becomes an ``airflow.sdk.Param`` with
-its JSON-schema type, minimum, description and default, so the trigger form
+its JSON-schema type, minimum, choices (``enum``), description and default, so the trigger form
 shows a typed field. The default comes from ``BARRIERFLOW_<PIPELINE>__<PARAM>``
 when that variable is set (this is how a required parameter such as
 ``landing_dir`` gets a value for scheduled runs), else from the pipeline.
@@ -70,6 +70,8 @@ def pipeline_dag_params(definition: PipelineDefinition, environ: Mapping[str, st
         schema: dict[str, Any] = {"type": param.json_type}
         if param.minimum is not None:
             schema["minimum"] = param.minimum
+        if param.choices:
+            schema["enum"] = [*param.choices, *([None] if param.required and default is None else [])]
         env_var = param_env_var(definition.name, param.name)
         description = param.description or param.json_type
         if param.required:

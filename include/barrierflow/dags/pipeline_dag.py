@@ -52,6 +52,7 @@ from barrierflow.dags.spark_connect import engine_spark_factory
 from barrierflow.dags.spark_submit import ProcessEpochOperator, submit_process_job
 from barrierflow.errors import (
     BarrierflowError,
+    BlockedInputError,
     ConfigurationError,
     EpochInProgressError,
     ParameterError,
@@ -111,7 +112,7 @@ def owner_active(context: "Context") -> Callable[[str], bool]:
 
 
 # Errors in what the run was asked to do: retrying the same request cannot fix them.
-_NOT_RETRYABLE = (ParameterError, PipelineDefinitionError, ConfigurationError, UnknownPipelineError)
+_NOT_RETRYABLE = (ParameterError, PipelineDefinitionError, ConfigurationError, UnknownPipelineError, BlockedInputError)
 
 
 REPORT_KEY = "report"
@@ -136,8 +137,9 @@ def _epoch_task(
 ) -> Iterator[tuple["Context", CheckpointCoordinator]]:
     """What every epoch task starts with: its context and a coordinator on the run's params.
 
-    Errors a retry cannot fix (bad params, a bad setting) fail the task at
-    once, wherever in the task they are raised; the rest are retried.
+    Errors a retry cannot fix (bad params, a bad setting, input that blocks
+    the pipeline) fail the task at once, wherever in the task they are
+    raised; the rest are retried.
     """
     from airflow.sdk import get_current_context
 

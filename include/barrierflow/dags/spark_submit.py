@@ -8,7 +8,9 @@ job arguments, the worker's Python for the driver and the executors
 connection (``spark_default`` = ``local[*]``) when none is defined.
 
 The job reads the pending barrier from the warehouse, so a retry replays
-exactly the same barrier; it takes the epoch lease itself.
+exactly the same barrier; it takes the epoch lease itself. A job that failed
+because its input blocks the pipeline (it recorded a
+:class:`~barrierflow.errors.BlockedInputError`) fails the task without retry.
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from airflow.exceptions import AirflowException
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from barrierflow.checkpoint_log import iso_now
+from barrierflow.coordinator import blocked_state
 from barrierflow.dags.environment import LOCAL_SPARK_CONNECTION, SPARK_CONN_ENV
 from barrierflow.dags.params import resolve_pipeline_params
+from barrierflow.errors import BlockedInputError
 from barrierflow.registry import get_pipeline
 from barrierflow.spark import application_conf
 
@@ -115,7 +121,25 @@ class ProcessEpochOperator(SparkSubmitOperator):
         ensure_spark_connection(self._conn_id)
         self._hook = None  # a hook built now sees the arguments above
         self.log.info("process: spark-submit %s %s", self.application, " ".join(self.application_args))
-        super().execute(context)
+        started = iso_now()
+        try:
+            super().execute(context)
+        except AirflowException:
+            blocked = _blocked_since(self.warehouse, self.pipeline, started)
+            if blocked is not None:
+                from airflow.sdk.exceptions import AirflowFailException
+
+                self.log.error("%s", blocked)
+                raise AirflowFailException(str(blocked)) from None
+            raise
+
+
+def _blocked_since(warehouse: str, pipeline: str, started: str) -> BlockedInputError | None:
+    """The error a process job recorded as blocking the pipeline since ``started`` (ISO time), if any."""
+    doc = blocked_state(warehouse, pipeline)
+    if doc is None or doc.get("step") != "process" or str(doc.get("since", "")) < started:
+        return None
+    return BlockedInputError(f"epoch {doc.get('epoch')} is blocked: {doc.get('message')}")
 
 
 def submit_process_job(
@@ -138,4 +162,11 @@ def submit_process_job(
         application_args=process_job_arguments(pipeline, warehouse, params, lease_wait_s),
         env_vars=_job_env(warehouse),
     )
-    hook.submit(application)
+    started = iso_now()
+    try:
+        hook.submit(application)
+    except AirflowException:
+        blocked = _blocked_since(warehouse, pipeline, started)
+        if blocked is not None:
+            raise blocked from None
+        raise

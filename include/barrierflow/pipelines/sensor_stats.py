@@ -21,7 +21,7 @@ from barrierflow.operators.window import TumblingEventTimeWindows
 from barrierflow.params import Param
 from barrierflow.pipeline import PipelineBuilder, pipeline
 from barrierflow.sinks import DeltaSink
-from barrierflow.sources import DeadLetterReason, FileSource, RecordError
+from barrierflow.sources import DeadLetterReason, FileSource, LateFiles, RecordError
 from barrierflow.state import ListStateDescriptor
 
 __all__ = ["sensor_stats", "parse_reading", "RisingTemperatureAlert", "READING_SCHEMA"]
@@ -127,6 +127,11 @@ class RisingTemperatureAlert(KeyedProcessFunction):
         Param("max_files_per_epoch", int, 20, "files per epoch at most (bounds an epoch after a backlog)", minimum=1),
         Param("parallelism", int, 2, "Spark shuffle partitions for this epoch", minimum=1),
         Param("out_of_orderness_seconds", int, 30, "watermark bound", minimum=0),
+        Param(
+            "late_files", str, LateFiles.NEXT_EPOCH.value,
+            "a file landing behind the stream position: read it next epoch, dead-letter it, or refuse (block)",
+            choices=tuple(p.value for p in LateFiles),
+        ),
     ],
     description=__doc__ or "",
 )
@@ -140,6 +145,7 @@ def sensor_stats(p: PipelineBuilder, params: dict[str, Any]) -> None:
             parser_schema=READING_SCHEMA,
             max_files_per_epoch=params["max_files_per_epoch"],
             suffixes=(".jsonl",),
+            late_files=LateFiles(params["late_files"]),
         )
     )
     valid = readings.deduplicate("dedup", key="event_id").with_watermark(

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEAD_LETTER_SCHEMA", "DeadLetterReason", "checked_rows", "first_problem", "problem", "reason_and_detail",
-    "record_checks",
+    "record_checks", "whole_file_dead_letters",
 ]
 
 DEAD_LETTER_SCHEMA = pa.schema(
@@ -54,6 +54,7 @@ class DeadLetterReason(str, enum.Enum):
     PARSER_FAILED = "parser_failed"  # a line parser raised something other than RecordError
     UNREADABLE_FILE = "unreadable_file"  # a whole file: not a readable Parquet file (no valid footer)
     INCOMPATIBLE_SCHEMA = "incompatible_schema"  # a whole file: its schema does not fit the source's
+    LATE_FILE = "late_file"  # a whole file: landed behind the stream position (late_files='dead_letter')
 
 
 def problem(reason: DeadLetterReason, detail: str) -> str:
@@ -126,10 +127,7 @@ def checked_rows(
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    dead_schema = from_arrow_schema(DEAD_LETTER_SCHEMA.remove(DEAD_LETTER_SCHEMA.get_field_index("_epoch")))
-    refused = spark.createDataFrame(
-        [(source_id, name, None, raw, *text.split(": ", 1)) for name, raw, text in whole_files], dead_schema
-    )
+    refused = whole_file_dead_letters(spark, source_id, whole_files)
     if frames:
         rows = reduce(lambda a, b: a.unionByName(b), frames)
     else:
@@ -153,3 +151,13 @@ def checked_rows(
     )
     records = checked.where(F.col("_error").isNull()).select(*fields, seq)
     return SourceBatch(records=records, dead_letters=dead.unionByName(refused), shared=(checked,))
+
+
+def whole_file_dead_letters(
+    spark: "SparkSession", source_id: str, whole_files: Sequence[tuple[str, str | None, str]]
+) -> "DataFrame":
+    """One dead letter per file refused whole, ``(name, raw, problem string)``, without a line."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    dead_schema = from_arrow_schema(DEAD_LETTER_SCHEMA.remove(DEAD_LETTER_SCHEMA.get_field_index("_epoch")))
+    return spark.createDataFrame([(source_id, name, None, raw, *text.split(": ", 1)) for name, raw, text in whole_files], dead_schema)

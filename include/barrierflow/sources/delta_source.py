@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import pyarrow as pa
 
 from barrierflow.delta_commit import live_paths
-from barrierflow.errors import PipelineDefinitionError, SourceError
+from barrierflow.errors import BlockedInputError, PipelineDefinitionError, SourceError
 from barrierflow.sources.base import SourceBatch
 from barrierflow.sources.dead_letters import checked_rows
 from barrierflow.sources.schema_check import schema_mismatches
@@ -85,7 +85,7 @@ class DeltaSource:
         previous = self._table(version - 1)
         mismatches = schema_mismatches(_schema(previous), _schema(table), absent_nullable_ok=False)
         if mismatches:
-            raise SourceError(
+            raise BlockedInputError(
                 f"source {self.source_id}: version {version} of {self.table_uri} changed the table's schema "
                 f"incompatibly: {'; '.join(m.describe() for m in mismatches)}. A Delta source reads added columns "
                 "and widened types only; write the new schema to a new table and restore the pipeline from a "
@@ -93,7 +93,7 @@ class DeltaSource:
             )
         removed = live_paths(previous) - after
         if removed:
-            raise SourceError(
+            raise BlockedInputError(
                 f"source {self.source_id}: version {version} of {self.table_uri} removed "
                 f"{len(removed)} file(s); a Delta source must be append-only"
             )

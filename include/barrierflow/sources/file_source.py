@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 import math
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import pyarrow as pa
 
 from barrierflow import storage
-from barrierflow.errors import PipelineDefinitionError, SourceError, StorageError
+from barrierflow.errors import BlockedInputError, PipelineDefinitionError, SourceError, StorageError
 from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
 from barrierflow.sources.dead_letters import (
-    DeadLetterReason, checked_rows, first_problem, problem, reason_and_detail, record_checks,
+    DeadLetterReason, checked_rows, first_problem, problem, reason_and_detail, record_checks, whole_file_dead_letters,
 )
 from barrierflow.spark import session_cached
 from barrierflow.storage import join_uri, local_path, normalize_uri
@@ -33,7 +34,7 @@ from barrierflow.table_files import ROW_INDEX_COLUMN, parquet_schema, read_parqu
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["FileSource", "RecordError", "LineParser"]
+__all__ = ["FileSource", "LateFiles", "RecordError", "LineParser"]
 
 _CHUNK_BYTES = 16 * 1024 * 1024
 # Smaller ranges than this cost more in task overhead than they gain in parallelism.
@@ -52,6 +53,18 @@ class RecordError(ValueError):
 
 LineParser = Callable[[str], Mapping[str, Any]]
 _T = TypeVar("_T")
+
+
+class LateFiles(str, enum.Enum):
+    """What a file source does with a file landing with a name at or before its position (already passed).
+
+    Barriers record their epochs' file lists, so taking such a file later is
+    as exactly-once as taking it in order; only the arrival order differs.
+    """
+
+    NEXT_EPOCH = "next_epoch"  # the default: read it whole in the next epoch, ahead of the files after the position
+    DEAD_LETTER = "dead_letter"  # one dead letter for the whole file (reason late_file); it is never read
+    REFUSE = "refuse"  # the pipeline is blocked (BlockedInputError) until the file is moved
 
 
 @dataclass(frozen=True)
@@ -75,8 +88,21 @@ class FileSource:
     max_files_per_epoch: int = 10
     max_records_per_epoch: int | None = None
     suffixes: tuple[str, ...] = field(default=())
+    # A file landing with a name at or before the stream position: see LateFiles.
+    late_files: LateFiles = LateFiles.NEXT_EPOCH
+    # How many of the largest names read the offsets keep, to name late files.
+    late_file_window: int = 100
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "late_files", LateFiles(self.late_files))
+        except ValueError:
+            raise PipelineDefinitionError(
+                f"source {self.source_id}: late_files must be one of {', '.join(repr(p.value) for p in LateFiles)}, "
+                f"got {self.late_files!r}"
+            ) from None
+        if self.late_file_window < 1:
+            raise PipelineDefinitionError(f"source {self.source_id}: late_file_window must be >= 1")
         if self.format not in ("jsonl", "parquet"):
             raise PipelineDefinitionError(f"source {self.source_id}: format must be 'jsonl' or 'parquet'")
         if self.format == "jsonl" and (self.parser is None) == (self.schema is None):
@@ -125,34 +151,90 @@ class FileSource:
             arrived[found.path] = found.modified_ns
         return arrived
 
+    def _late_files(self, start: Mapping[str, Any] | None, arrivals: Mapping[str, int]) -> tuple[list[str], int]:
+        """Files that landed behind the stream position since it passed them: (the ones named, how many in all).
+
+        Files are read in name order, so a file sorting at or before the
+        position that was not read landed late. The offsets count the files
+        read (``consumed``) and keep the :attr:`late_file_window` largest
+        names read (``recent``): a file unread but within that window is
+        named; one further behind is only counted.
+        """
+        if not start or start.get("file") is None:
+            return [], 0
+        pos_file, consumed = start["file"], int(start.get("consumed", 0))
+        behind = [name for name in arrivals if name <= pos_file]
+        unread = len(behind) - consumed
+        if unread <= 0:
+            return [], 0
+        recent = start.get("recent") or []
+        # Every name read is in ``recent`` until the window fills; after that, those from its first on.
+        floor = "" if len(recent) >= consumed else (recent[0] if recent else None)
+        known = set(recent)
+        named = sorted(n for n in behind if floor is not None and n >= floor and n not in known)
+        return named, max(unread, len(named))
+
+    def _refuse_late(self, named: list[str], count: int, pos_file: str) -> BlockedInputError:
+        shown = ", ".join(repr(n) for n in named[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
+        unnamed = count - len(named)
+        what = f"file(s) {shown}" if named else ""
+        if unnamed > 0:
+            what += (" and " if what else "") + (
+                f"{unnamed} file(s) too far behind to tell from files already read (only the last "
+                f"{self.late_file_window} names read are kept)"
+            )
+        return BlockedInputError(
+            f"source {self.source_id}: {what} landed in {self.path} sorting at or before the stream position "
+            f"{pos_file!r}: files are read in name order. late_files={self.late_files.value!r} refuses them. "
+            "Set late_files='next_epoch' (read them in the next epoch) or 'dead_letter' (one dead letter per file); "
+            "or move each to a name after the position but before files still to land"
+        )
+
     def earliest_arrival_ms(self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None) -> int | None:
         """When the earliest file not yet (wholly) consumed arrived, in ms rounded up; None if none."""
         pos_file = start["file"] if start else None
         pos_line = start["line"] if start else None
+        arrivals = self._arrivals(arrival_cutoff_ms)
         waiting = [
             mtime_ns
-            for name, mtime_ns in self._arrivals(arrival_cutoff_ms).items()
+            for name, mtime_ns in arrivals.items()
             if pos_file is None or name > pos_file or (name == pos_file and pos_line is not None)
         ]
+        named, count = self._late_files(start, arrivals)
+        # Late files are input too (refused ones as well: planning then says why).
+        if count:
+            late = [arrivals[n] for n in named] if count == len(named) else [t for n, t in arrivals.items() if n <= str(pos_file)]
+            waiting += late
         # Rounded up: a cut-off at this millisecond still takes the file.
         return -(-min(waiting) // 1_000_000) if waiting else None
 
     def plan(self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None) -> dict[str, Any]:
+        """End offsets: the next files in name order, files that landed behind the position by ``late_files``.
+
+        1. Late files (see :meth:`_late_files`): refused with a
+           :class:`BlockedInputError`, or taken whole in this epoch (ahead of
+           the others), or listed under ``late`` as whole-file dead letters.
+           A file too far behind to be named is always refused.
+        2. The files after the position, up to ``max_files_per_epoch`` and
+           ``max_records_per_epoch``, as ranges of lines (rows).
+        3. The new position: the last range's end; ``consumed`` and
+           ``recent`` take every file read or dead-lettered.
+        """
         pos_file = start["file"] if start else None
         pos_line = start["line"] if start else None
         consumed = int(start.get("consumed", 0)) if start else 0
-        eligible = sorted(self._arrivals(arrival_cutoff_ms))
-        if pos_file is not None:
-            # A file that lands with a name sorting before the stream position
-            # would never be read: refuse loudly rather than drop it silently.
-            behind = sum(1 for name in eligible if name <= pos_file)
-            if behind > consumed:
-                raise SourceError(
-                    f"source {self.source_id}: {behind - consumed} file(s) landed in {self.path} with names "
-                    f"sorting at or before {pos_file!r}, which the stream has already passed; files must "
-                    "land in lexicographic name order (e.g. prefix names with a timestamp). Move them to "
-                    "names after the position, or restore from an earlier savepoint."
-                )
+        recent = list(start.get("recent") or []) if start else []
+        arrivals = self._arrivals(arrival_cutoff_ms)
+        eligible = sorted(arrivals)
+        base = normalize_uri(self.path)
+        # 1. Late files.
+        named, count = self._late_files(start, arrivals)
+        if count and (self.late_files is LateFiles.REFUSE or count > len(named)):
+            raise self._refuse_late(named, count, str(pos_file))
+        sizes = {name: storage.file_size(join_uri(base, name)) for name in named}
+        taken = [[n, 0, None, sizes[n]] for n in named] if self.late_files is LateFiles.NEXT_EPOCH else []
+        dead = [[n, sizes[n]] for n in named] if self.late_files is LateFiles.DEAD_LETTER else []
+        # 2. The files after the position.
         remaining: list[tuple[str, int]] = []
         for name in eligible:
             if pos_file is None or name > pos_file:
@@ -162,7 +244,7 @@ class FileSource:
         ranges: list[list[Any]] = []
         budget = self.max_records_per_epoch
         for name, from_line in remaining[: self.max_files_per_epoch]:
-            full = join_uri(normalize_uri(self.path), name)
+            full = join_uri(base, name)
             if budget is None:
                 ranges.append([name, from_line, None, storage.file_size(full)])
                 continue
@@ -176,14 +258,23 @@ class FileSource:
                 budget = 0
             if budget == 0:
                 break
-        if not ranges:
-            return {"file": pos_file, "line": pos_line, "files": [], "consumed": consumed}
-        last_name, _, last_to, _ = ranges[-1]
-        new_files = sum(1 for name, *_ in ranges if name != pos_file)
-        return {"file": last_name, "line": last_to, "files": ranges, "consumed": consumed + new_files}
+        # 3. The new position.
+        new_names = named + [name for name, *_ in ranges if name != pos_file]
+        if ranges:
+            pos_file, _, pos_line, _ = ranges[-1]
+        end: dict[str, Any] = {
+            "file": pos_file,
+            "line": pos_line,
+            "files": taken + ranges,
+            "consumed": consumed + len(new_names),
+            "recent": sorted(set(recent).union(new_names))[-self.late_file_window :],
+        }
+        if dead:
+            end["late"] = dead
+        return end
 
     def has_records(self, end: Mapping[str, Any]) -> bool:
-        return bool(end.get("files"))
+        return bool(end.get("files") or end.get("late"))
 
     def _count_records(self, uri: str) -> int:
         if self.format == "parquet":
@@ -211,19 +302,30 @@ class FileSource:
         keys = {k: op for k, op in (keys or {}).items() if fields is not None and k in fields.names}
         for name, *_ in ranges:
             if not storage.exists(join_uri(base, name)):
-                raise SourceError(
+                raise BlockedInputError(
                     f"source {self.source_id}: file {name} recorded in the barrier is gone; "
                     "landing files must be kept until their epoch is completed"
                 )
+        # Files that landed behind the position, set aside whole (late_files='dead_letter').
+        late = [
+            (name, None, problem(DeadLetterReason.LATE_FILE, f"landed after the stream had passed its name ({size} bytes, never read)"))
+            for name, size in end.get("late") or []
+        ]
         if self.format == "parquet":
-            return self._read_parquet(spark, base, ranges, source_index, keys)
+            return self._read_parquet(spark, base, ranges, source_index, keys, late)
         whole_files = all(from_line == 0 and to_line is None for _, from_line, to_line, _ in ranges)
         # Spark's own readers need a file system it can open; object-store files are read by Python tasks.
-        if not ordered and self.parser is None and ranges and whole_files and storage.is_local(base):
+        if not ordered and not late and self.parser is None and ranges and whole_files and storage.is_local(base):
             unordered = self._read_jsonl_unordered(spark, base, ranges, keys)
             if unordered is not None:
                 return unordered
-        return self._read_jsonl(spark, base, ranges, source_index, parallelism, keys)
+        batch = self._read_jsonl(spark, base, ranges, source_index, parallelism, keys)
+        if late:
+            assert batch.dead_letters is not None
+            batch = dataclasses.replace(
+                batch, dead_letters=batch.dead_letters.unionByName(whole_file_dead_letters(spark, self.source_id, late))
+            )
+        return batch
 
     def _read_jsonl_unordered(
         self, spark: "SparkSession", base: str, ranges: list[list[Any]], keys: Mapping[str, str] | None = None
@@ -460,7 +562,8 @@ class FileSource:
         return SourceBatch(records=records, dead_letters=dead, shared=(parsed,))
 
     def _read_parquet(
-        self, spark: "SparkSession", base: str, ranges: list[list[Any]], source_index: int, keys: Mapping[str, str]
+        self, spark: "SparkSession", base: str, ranges: list[list[Any]], source_index: int, keys: Mapping[str, str],
+        whole_files: Sequence[tuple[str, str | None, str]],
     ) -> SourceBatch:
         """The epoch's rows of its Parquet files as the source's ``schema``; files that cannot be are dead letters.
 
@@ -478,7 +581,7 @@ class FileSource:
 
         assert self.schema is not None
         frames: list["DataFrame"] = []
-        whole_files: list[tuple[str, str | None, str]] = []
+        whole_files = list(whole_files)
         for fidx, (name, from_line, to_line, size) in enumerate(ranges):
             uri = join_uri(base, name)
             # 1. The footer only.

@@ -160,6 +160,7 @@ class PipelineHistory:
     savepoints_error: str | None
     error: str | None
     stopped: Mapping[str, Any] | None = None  # the stop marker while stopped with a savepoint
+    blocked: Mapping[str, Any] | None = None  # what blocks the pipeline (coordinator.blocked_state)
     state_size_method: str = STATE_SIZE_METHOD
     generated_at: str = ""
 
@@ -180,6 +181,7 @@ class PipelineHistory:
             "savepoints_error": self.savepoints_error,
             "error": self.error,
             "stopped": dict(self.stopped) if self.stopped is not None else None,
+            "blocked": dict(self.blocked) if self.blocked is not None else None,
             "state_size_method": self.state_size_method,
             "watermark_lag": {
                 "event_time_lag_ms": "max event time seen - watermark",
@@ -360,9 +362,11 @@ def pipeline_history(
     records: list[CheckpointRecord] = []
     lineage_docs: list[tuple[str, dict[str, Any]]] = []
     stopped: dict[str, Any] | None = None
+    blocked: dict[str, Any] | None = None
     try:
         meta = storage.read_json(layout.pipeline_meta) or {}
         stopped = storage.read_json(layout.stopped)
+        blocked = storage.read_json(layout.blocked)
         lineage_docs = _read_lineages(layout)
         records = CheckpointLog(layout).records()
     except Exception as exc:  # noqa: BLE001 - show what is wrong instead of a 500
@@ -449,6 +453,7 @@ def pipeline_history(
         savepoints_error=sp_error,
         error=error,
         stopped=stopped,
+        blocked=blocked,
         generated_at=generated_at,
     )
 

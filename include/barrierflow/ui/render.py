@@ -43,6 +43,7 @@ table.bf-epochs { font-size: 13px; }
 th, td { border-bottom: 1px solid var(--border); padding: 4px 7px; text-align: right; white-space: nowrap; }
 th { position: sticky; top: 0; background: var(--panel); font-weight: 600; font-size: 12px; }
 td.l, th.l { text-align: left; } td.wrap { white-space: normal; overflow-wrap: anywhere; text-align: left; }
+.blocked { border-left: 4px solid var(--bad); padding: .4em .8em; overflow-wrap: anywhere; }
 .status { font-weight: 600; } .status-COMPLETED { color: var(--ok); } .status-ABORTED { color: var(--bad); }
 .status-PLANNED, .status-PRE_COMMITTED { color: var(--warn); }
 .error { color: var(--bad); font-weight: 600; }
@@ -191,6 +192,13 @@ def render_pipeline(history: PipelineHistory, *, epoch_rows: int = DEFAULT_EPOCH
     stopped = ""
     if history.stopped:
         stopped = f"stopped with savepoint {history.stopped.get('savepoint', '')}"
+    blocked = ""
+    if history.blocked:
+        b = history.blocked
+        blocked = (
+            f'<p class="blocked" role="alert"><b>Blocked</b> at epoch {_e(b.get("epoch"))} ({_e(b.get("step"))}) since '
+            f'{_short_time(b.get("since"))}: {_e(b.get("message"))}</p>'
+        )
     summary = _summary(
         [
             ("DAG", f"<code>{_e(history.dag_id)}</code>"),
@@ -201,7 +209,10 @@ def render_pipeline(history: PipelineHistory, *, epoch_rows: int = DEFAULT_EPOCH
             ("State size", _e(format_bytes(last.state_bytes)) if last else ""),
             ("Savepoints", _e(len(history.savepoints))),
             ("Key groups", _e(history.key_groups)),
-            ("State", _e(stopped) if stopped else "running" if completed else "not started"),
+            (
+                "State",
+                _e(stopped) if stopped else "blocked" if blocked else "running" if completed else "not started",
+            ),
         ]
     )
     points, size_label = chart_points(history.epochs)
@@ -220,7 +231,7 @@ def render_pipeline(history: PipelineHistory, *, epoch_rows: int = DEFAULT_EPOCH
     )
     return (
         f'<section class="bf-pipeline" id="{_e(anchor)}" data-pipeline="{_e(history.pipeline)}">'
-        f"<h2>{_e(history.pipeline)}</h2>{error}{summary}"
+        f"<h2>{_e(history.pipeline)}</h2>{error}{blocked}{summary}"
         f"<h3>Epoch durations and {_e(size_label)}</h3>{chart}"
         f'<p class="muted small">{_e(size_note)} Duration: recover to commit, as recorded in the checkpoint log.</p>'
         f"<h3>Savepoints</h3>{_savepoints_table(history)}"
