@@ -31,7 +31,11 @@ class EpochStatus(str, enum.Enum):
     PLANNED = "PLANNED"  # barrier written: offsets fixed, nothing processed
     PRE_COMMITTED = "PRE_COMMITTED"  # manifest written: the vote
     COMPLETED = "COMPLETED"  # every table committed: the completed checkpoint
-    ABORTED = "ABORTED"  # an attempt's staged files were discarded
+    ABORTED = "ABORTED"  # an attempt failed before its vote (the message says why); the epoch is retried
+
+
+# The attempt id of a restore point's COMPLETED row: recorded by a restore, not computed.
+RESTORE_ATTEMPT_PREFIX = "restore-"
 
 
 class TableKind(str, enum.Enum):
@@ -92,7 +96,7 @@ class Barrier:
     input the epoch took (None: everything that had arrived), and
     ``planned_by`` is the run that planned it (an Airflow run id, or
     ``barrierflow run``); barriers written before these fields read as None
-    and "".
+    and "". ``backlog`` is informational: what input it left waiting.
     """
 
     pipeline: str
@@ -106,6 +110,8 @@ class Barrier:
     params: Mapping[str, Any] = field(default_factory=dict)
     arrival_cutoff_ms: int | None = None
     planned_by: str = ""
+    # Per source, input left waiting once this barrier was planned (Backlog.to_json()); {} when unknown.
+    backlog: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -235,6 +241,12 @@ class CheckpointRecord:
     table_versions: str = "{}"  # JSON: table name -> Delta version (the consistent cut)
     message: str = ""
     arrival_cutoff_ms: int | None = None  # the barrier's: input that arrived by then (None: all)
+    # Input the barrier left waiting (all sources; per source in ``backlog``) and how long the oldest had waited.
+    backlog_files: int | None = None
+    backlog_bytes: int | None = None
+    input_lag_ms: int | None = None
+    backlog: str = "{}"  # JSON: source -> Backlog.to_json()
+    planned_by: str = ""  # the barrier's: the Airflow run (dag_id:run_id) or command that planned the epoch
 
     def offsets_json(self) -> dict[str, Any]:
         return json.loads(self.offsets)

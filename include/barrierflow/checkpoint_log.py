@@ -2,7 +2,8 @@
 
 Rows are appended (blind appends never conflict), so several attempts may
 record the same transition; readers keep the first row per
-``(lineage_id, epoch, status)``. The log is a plain Delta table that people can
+``(lineage_id, epoch, status)``, and every ABORTED row (each failed
+attempt). The log is a plain Delta table that people can
 query (``barrierflow checkpoints``, or SQL over ``_checkpoints``).
 """
 
@@ -46,6 +47,11 @@ _SCHEMA = pa.schema(
         ("table_versions", pa.string()),
         ("message", pa.string()),
         ("arrival_cutoff_ms", pa.int64()),
+        ("backlog_files", pa.int64()),
+        ("backlog_bytes", pa.int64()),
+        ("input_lag_ms", pa.int64()),
+        ("backlog", pa.string()),
+        ("planned_by", pa.string()),
     ]
 )
 
@@ -134,14 +140,18 @@ class CheckpointLog:
             self._table = None
             raise CheckpointError(f"cannot read checkpoint log {self._uri}: {exc}") from exc
         rows = sorted(rows, key=lambda r: r["recorded_at_us"])
-        seen: set[tuple[str, int, str]] = set()
+        seen: set[tuple[str, int, str, int]] = set()
         out: list[CheckpointRecord] = []
         for row in rows:
-            ident = (row["lineage_id"], row["epoch"], row["status"])
+            # Every failure is its own row; other transitions are kept once, as first recorded.
+            again = row["recorded_at_us"] if row["status"] == EpochStatus.ABORTED.value else 0
+            ident = (row["lineage_id"], row["epoch"], row["status"], again)
             if ident in seen:
                 continue
             seen.add(ident)
             row["status"] = EpochStatus(row["status"])
+            row["backlog"] = row["backlog"] or "{}"  # rows from before these columns
+            row["planned_by"] = row["planned_by"] or ""
             out.append(CheckpointRecord(**row))
         return out
 
@@ -173,6 +183,23 @@ class CheckpointLog:
     def last_completed(records: Iterable[CheckpointRecord]) -> CheckpointRecord | None:
         completed = [r for r in records if r.status is EpochStatus.COMPLETED]
         return max(completed, key=lambda r: r.epoch) if completed else None
+
+    @staticmethod
+    def current_status(records: Iterable[CheckpointRecord]) -> dict[tuple[str, int], CheckpointRecord]:
+        """Per ``(lineage_id, epoch)``, the record of where it stands: COMPLETED once it completed, else the newest.
+
+        (An epoch completes at most once; before that a failed attempt's
+        ABORTED row may be followed by a retry's PRE_COMMITTED, and so on.)
+        """
+        out: dict[tuple[str, int], CheckpointRecord] = {}
+        for r in records:
+            ident = (r.lineage_id, r.epoch)
+            cur = out.get(ident)
+            if cur is None or (cur.status is not EpochStatus.COMPLETED and (
+                r.status is EpochStatus.COMPLETED or r.recorded_at_us >= cur.recorded_at_us
+            )):
+                out[ident] = r
+        return out
 
     @staticmethod
     def status_of(records: Iterable[CheckpointRecord], epoch: int) -> set[EpochStatus]:

@@ -360,10 +360,10 @@ def _cmd_engine(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from barrierflow.checkpoint import EpochStatus
     from barrierflow.checkpoint_log import CheckpointLog, iso_us
-    from barrierflow.coordinator import blocked_state
+    from barrierflow.coordinator import backlog_report, blocked_state
     from barrierflow.layout import PipelineLayout
+    from barrierflow.ui.chart import format_bytes, format_ms
     from barrierflow.storage import exists, list_dir, read_json, join_uri
 
     layout = PipelineLayout.of(_warehouse(args), _pipeline_name(args.pipeline))
@@ -374,14 +374,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
     lineage = read_json(join_uri(layout.lineages, lineages[-1])) if lineages else {}
     records = CheckpointLog(layout).lineage_records(lineage.get("lineage_id", ""))
     last = CheckpointLog.last_completed(records)
-    pending = sorted(
-        {(r.epoch, r.status.value) for r in records if not last or r.epoch > last.epoch},
-    )
-    pending_epochs: dict[int, str] = {}
-    order = [s.value for s in EpochStatus]
-    for epoch, status in pending:
-        if order.index(status) >= order.index(pending_epochs.get(epoch, status)):
-            pending_epochs[epoch] = status
+    pending_epochs = {
+        epoch: r.status.value
+        for (_, epoch), r in CheckpointLog.current_status(records).items()
+        if not last or epoch > last.epoch
+    }
     doc: dict[str, Any] = {
         "pipeline": args.pipeline,
         "warehouse": layout.warehouse,
@@ -393,6 +390,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         "pending": [{"epoch": e, "status": s} for e, s in sorted(pending_epochs.items())],
         "tables": last.versions() if last else {},
         "blocked": blocked_state(layout.warehouse, layout.pipeline),
+        "backlog": backlog_report(layout.warehouse, layout.pipeline),
     }
     if args.json:
         print(json.dumps(doc, indent=1))
@@ -407,6 +405,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
         blocked = doc["blocked"]
         print(f"blocked:              epoch {blocked.get('epoch')} ({blocked.get('step')}) since {blocked.get('since')}")
         print(f"  {blocked.get('message')}")
+    backlog = doc["backlog"]
+    if "error" in backlog:
+        print(f"backlog:              not measured: {backlog['error']}")
+    for source, b in backlog.get("sources", {}).items():
+        lag = f", oldest waiting {format_ms(b['lag_ms'])}" if b["files"] else ""
+        print(f"backlog {source + ':':13s} {b['files']} file(s), {format_bytes(b['bytes'])}{lag}")
     print("tables (Delta version at the last completed epoch):")
     for name, version in sorted(doc["tables"].items()):
         print(f"  {name:40s} v{version}")
@@ -414,7 +418,6 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_checkpoints(args: argparse.Namespace) -> int:
-    from barrierflow.checkpoint import EpochStatus
     from barrierflow.checkpoint_log import CheckpointLog, iso_us
     from barrierflow.layout import PipelineLayout
     from barrierflow.storage import exists
@@ -422,12 +425,7 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
     layout = PipelineLayout.of(_warehouse(args), _pipeline_name(args.pipeline))
     if not exists(layout.pipeline_meta):
         raise BarrierflowError(f"pipeline {args.pipeline!r} has never run in warehouse {layout.warehouse}")
-    rank = {s: i for i, s in enumerate(EpochStatus)}
-    latest: dict[tuple[str, int], Any] = {}
-    for r in CheckpointLog(layout).records():
-        ident = (r.lineage_id, r.epoch)
-        if ident not in latest or rank[r.status] > rank[latest[ident].status]:
-            latest[ident] = r
+    latest = CheckpointLog.current_status(CheckpointLog(layout).records())
     rows = [
         {
             "epoch": r.epoch,
@@ -444,6 +442,9 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
             "recorded_at": iso_us(r.recorded_at_us),
             "arrival_cutoff": _cutoff(r.arrival_cutoff_ms),
             "table_versions": r.versions(),
+            "backlog_files": r.backlog_files,
+            "backlog_bytes": r.backlog_bytes,
+            "input_lag_ms": r.input_lag_ms,
         }
         for r in sorted(latest.values(), key=lambda r: r.recorded_at_us)
     ]
@@ -451,14 +452,15 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     print(
-        f"{'epoch':>5}  {'status':13} {'rows_in':>9} {'rows_out':>9} {'dead':>6} {'ms':>7} {'bytes':>10}  "
-        f"{'arrival cut-off':24}  watermark"
+        f"{'epoch':>5}  {'status':13} {'rows_in':>9} {'rows_out':>9} {'dead':>6} {'ms':>7} {'bytes':>10} "
+        f"{'backlog':>7}  {'arrival cut-off':24}  watermark"
     )
     for row in rows:
         print(
             f"{row['epoch']:>5}  {row['status']:13} {row['rows_in'] or '':>9} {row['rows_out'] or '':>9} "
             f"{row['dead_letters'] if row['dead_letters'] is not None else '':>6} {row['duration_ms'] or '':>7} "
-            f"{row['bytes_written'] or '':>10}  {row['arrival_cutoff']:24}  {row['watermark'] or ''}"
+            f"{row['bytes_written'] or '':>10} {row['backlog_files'] if row['backlog_files'] is not None else '':>7}  "
+            f"{row['arrival_cutoff']:24}  {row['watermark'] or ''}"
         )
     return 0
 

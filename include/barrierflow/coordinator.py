@@ -56,17 +56,25 @@ from barrierflow import faults, storage
 from barrierflow.checkpoint import Barrier, CheckpointRecord, EpochStatus, Fence, Manifest, TableKind, app_id
 from barrierflow.checkpoint_log import CheckpointLog, iso_now, now_us
 from barrierflow.delta_commit import commit_epoch_table
-from barrierflow.errors import BlockedInputError, CheckpointError, EpochInProgressError, FencedError, PipelineStoppedError
+from barrierflow.errors import (
+    BarrierflowError,
+    BlockedInputError,
+    CheckpointError,
+    EpochInProgressError,
+    FencedError,
+    PipelineStoppedError,
+)
 from barrierflow.intervals import ArrivalBound
 from barrierflow.layout import STAGING_DIR, PipelineLayout
 from barrierflow.lease import EpochLease
 from barrierflow.pipeline import Pipeline, PipelineDefinition
 from barrierflow.runtime import Compute, check_follows, completed_future, process_epoch
+from barrierflow.sources.base import Backlog, Source
 from barrierflow.spark import engine_lost
 from barrierflow.state import resident
 from barrierflow.state.delta_state_backend import compact, needs_compaction
 
-__all__ = ["CheckpointCoordinator", "EpochResult", "Recovery", "recorded_params"]
+__all__ = ["CheckpointCoordinator", "EpochResult", "Recovery", "backlog_report", "blocked_state", "recorded_params"]
 
 _log = logging.getLogger(__name__)
 # The checkpoint log gains about three files per epoch; past this many, step 5
@@ -219,26 +227,53 @@ class CheckpointCoordinator:
         return True
 
     def blocked(self) -> dict[str, Any] | None:
-        """Why the pipeline cannot go on (step, epoch, message, since), or None: see :meth:`_blocking`."""
+        """Why the pipeline cannot go on (step, epoch, message, since), or None: see :meth:`_attempt`."""
         return blocked_state(self.layout.warehouse, self.definition.name)
 
     @contextmanager
-    def _blocking(self, step: str, lineage_id: str, epoch: int) -> Iterator[None]:
-        """Record a :class:`BlockedInputError` raised by ``step`` of an epoch as the pipeline's state, then re-raise.
+    def _attempt(self, step: str, lineage_id: str, epoch: int, barrier: Barrier | None = None) -> Iterator[None]:
+        """Record how ``step`` of an epoch failed before its vote, then re-raise.
 
-        The record stays until an epoch completes (:meth:`_commit`); the
-        checkpoints page and ``barrierflow status`` show it, and a task that
-        ran the step elsewhere (spark-submit) reads it to fail without retry.
+        1. Any failure is an ABORTED row in the checkpoint log, with the
+           error as its message: the pending checkpoint is aborted (its
+           staged files are discarded) and the epoch is retried from its
+           barrier. The row is only reported: recovery never reads it.
+        2. A :class:`BlockedInputError` is also the pipeline's blocked state
+           until an epoch completes (:meth:`_commit`); the checkpoints page
+           and ``barrierflow status`` show it, and a task that ran the step
+           elsewhere (spark-submit) reads it to fail without retry.
         """
         try:
             yield
-        except BlockedInputError as exc:
-            doc = {"step": step, "lineage_id": lineage_id, "epoch": epoch, "message": str(exc), "since": iso_now()}
-            current = self.blocked()
-            if current is None or current.get("message") != doc["message"]:
-                if current is not None:
-                    storage.remove_document(self.layout.blocked)
-                storage.write_json_if_absent(self.layout.blocked, doc)
+        except EpochInProgressError:
+            raise  # another attempt holds the epoch: nothing failed
+        except Exception as exc:
+            message = f"{step} failed: {type(exc).__name__}: {exc}"
+            # 1. The aborted attempt.
+            try:
+                self.log.append(
+                    CheckpointRecord(
+                        pipeline=self.definition.name,
+                        lineage_id=lineage_id,
+                        epoch=epoch,
+                        status=EpochStatus.ABORTED,
+                        attempt_id=barrier.attempt_id if barrier else "",
+                        recorded_at_us=now_us(),
+                        offsets=json.dumps(barrier.end_offsets, sort_keys=True) if barrier else "{}",
+                        message=message[:4000],
+                        arrival_cutoff_ms=barrier.arrival_cutoff_ms if barrier else None,
+                    )
+                )
+            except BarrierflowError as log_error:  # e.g. the store is down: the original error matters
+                _log.warning("epoch %d: the failure was not recorded: %s", epoch, log_error)
+            # 2. The blocked state.
+            if isinstance(exc, BlockedInputError):
+                doc = {"step": step, "lineage_id": lineage_id, "epoch": epoch, "message": str(exc), "since": iso_now()}
+                current = self.blocked()
+                if current is None or current.get("message") != doc["message"]:
+                    if current is not None:
+                        storage.remove_document(self.layout.blocked)
+                    storage.write_json_if_absent(self.layout.blocked, doc)
             raise
 
     # -- step 1: recover -------------------------------------------------
@@ -306,12 +341,13 @@ class CheckpointCoordinator:
                 f"epoch {epoch} of lineage {lineage_id} cannot start: the pipeline was restored into "
                 f"lineage {lineage['lineage_id']}"
             )
-        with self._blocking("barrier", lineage_id, epoch):
+        with self._attempt("barrier", lineage_id, epoch):
             start, end, cutoff_ms = self._plan_offsets(lineage, epoch, bound)
         if end is None:
             return None
         # Parameters fixed by a restore (e.g. a new parallelism) hold for the whole lineage.
         params = self.definition.resolve({**self.params, **(lineage.get("params") or {})})
+        waiting = self._backlog_after(end)
         barrier = Barrier(
             pipeline=self.definition.name,
             lineage_id=lineage_id,
@@ -324,6 +360,7 @@ class CheckpointCoordinator:
             params=params,
             arrival_cutoff_ms=cutoff_ms,
             planned_by=bound.owner,
+            backlog={source_id: b.to_json() for source_id, b in waiting.items()},
         )
         faults.maybe_fail("barrier.before_write")
         uri = self.layout.barrier(lineage_id, epoch)
@@ -338,6 +375,8 @@ class CheckpointCoordinator:
                     recorded_at_us=now_us(),
                     offsets=json.dumps(end, sort_keys=True),
                     arrival_cutoff_ms=cutoff_ms,
+                    planned_by=barrier.planned_by,
+                    **_backlog_columns(barrier),
                 )
             )
         faults.maybe_fail("barrier.after_write")
@@ -360,7 +399,7 @@ class CheckpointCoordinator:
 
     def _plan_from(self, start: Mapping[str, Any], bound: ArrivalBound) -> tuple[dict[str, Any] | None, int | None]:
         """End offsets (None: no input) and arrival cut-off of the epoch after ``start``."""
-        sources = [node.source for node in self.pipeline.sources if node.source is not None]
+        sources = self._sources()
         cutoff_ms = bound.cutoff_ms
         if bound.schedule is not None:
             arrivals = [s.earliest_arrival_ms(start.get(s.source_id), bound.cutoff_ms) for s in sources]
@@ -405,6 +444,25 @@ class CheckpointCoordinator:
             return True
         return self._plan_offsets(lineage, epoch, bound)[1] is not None
 
+    def _sources(self) -> list[Source]:
+        return [node.source for node in self.pipeline.sources if node.source is not None]
+
+    def _backlog_after(self, end: Mapping[str, Any]) -> dict[str, Backlog]:
+        """Per source, the input ``end`` leaves waiting; {} when a source cannot say (it is only reported)."""
+        try:
+            return {s.source_id: s.backlog(end.get(s.source_id)) for s in self._sources()}
+        except BarrierflowError as exc:
+            _log.warning("backlog not measured: %s", exc)
+            return {}
+
+    def backlog(self) -> dict[str, Backlog]:
+        """Per source, the input no barrier of the current lineage has taken yet, measured now."""
+        started = storage.exists(self.layout.lineages)
+        records = self.log.lineage_records(self.current_lineage()["lineage_id"]) if started else []
+        planned = [r for r in records if r.status is not EpochStatus.ABORTED]  # a failed plan has no offsets
+        newest = max(planned, key=lambda r: r.epoch).offsets_json() if planned else {}
+        return {s.source_id: s.backlog(newest.get(s.source_id)) for s in self._sources()}
+
     # -- step 3: process + pre-commit -------------------------------------
 
     def process(self, barrier: Barrier, recovery: Recovery) -> Manifest:
@@ -435,7 +493,7 @@ class CheckpointCoordinator:
         on_restore: Callable[[], None] | None = None,
     ) -> tuple[Manifest, bool]:
         """Step 3 without the checkpoint-log row: the winning manifest, and whether this call computed it."""
-        with self._blocking("process", barrier.lineage_id, barrier.epoch):
+        with self._attempt("process", barrier.lineage_id, barrier.epoch, barrier):
             return self._vote_once(barrier, restore_point, on_restore)
 
     def _vote_once(
@@ -734,6 +792,28 @@ def blocked_state(warehouse: str, pipeline: str) -> dict[str, Any] | None:
     return dict(doc) if doc else None
 
 
+def backlog_report(warehouse: str, pipeline: str) -> dict[str, Any]:
+    """The pipeline's backlog measured now, per source and in all, as plain JSON; ``{"error": ...}`` if it cannot be.
+
+    The pipeline is built with the parameters its newest barrier recorded,
+    so it needs the pipeline's code (the registry) and its sources' input.
+    """
+    from barrierflow.registry import get_pipeline
+
+    try:
+        coordinator = CheckpointCoordinator(get_pipeline(pipeline), recorded_params(pipeline, warehouse), warehouse)
+        measured = coordinator.backlog()
+    except BarrierflowError as exc:
+        return {"error": str(exc)}
+    now_ms = int(time.time() * 1000)
+    total = sum(measured.values(), Backlog())
+
+    def doc(b: Backlog) -> dict[str, Any]:
+        return {**b.to_json(), "lag_ms": b.lag_ms(now_ms)}
+
+    return {"measured_at_ms": now_ms, "total": doc(total), "sources": {sid: doc(b) for sid, b in sorted(measured.items())}}
+
+
 def recorded_params(pipeline: str, warehouse: str) -> dict[str, Any]:
     """The parameters the pipeline's newest barrier ran with ({} before the first epoch).
 
@@ -778,7 +858,22 @@ def _manifest_record(
         duration_ms=duration_ms,
         table_versions=table_versions,
         arrival_cutoff_ms=barrier.arrival_cutoff_ms,
+        planned_by=barrier.planned_by,
+        **_backlog_columns(barrier),
     )
+
+
+def _backlog_columns(barrier: Barrier) -> dict[str, Any]:
+    """The checkpoint-log columns of the input ``barrier`` left waiting (None when it was not measured)."""
+    if not barrier.backlog:
+        return {}
+    total = sum((Backlog.from_json(doc) for doc in barrier.backlog.values()), Backlog())
+    return {
+        "backlog_files": total.files,
+        "backlog_bytes": total.bytes,
+        "input_lag_ms": total.lag_ms(barrier.processing_time_ms),
+        "backlog": json.dumps(barrier.backlog, sort_keys=True),
+    }
 
 
 

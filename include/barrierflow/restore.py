@@ -50,7 +50,7 @@ from deltalake.exceptions import DeltaError
 from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from barrierflow import faults, storage
-from barrierflow.checkpoint import CheckpointRecord, EpochStatus, Fence, app_id
+from barrierflow.checkpoint import RESTORE_ATTEMPT_PREFIX, CheckpointRecord, EpochStatus, Fence, app_id
 from barrierflow.checkpoint_log import iso_now, now_us
 from barrierflow.delta_commit import TABLE_CONFIGURATION, fence_transaction, open_table, raise_fence, stored_rows
 from barrierflow.staging import write_parquet
@@ -315,7 +315,7 @@ def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -
                 lineage_id=lineage_id,
                 epoch=epoch,
                 status=EpochStatus.COMPLETED,
-                attempt_id=f"restore-{lineage_id}",
+                attempt_id=f"{RESTORE_ATTEMPT_PREFIX}{lineage_id}",
                 recorded_at_us=now_us(),
                 offsets=json.dumps(intent["offsets"], sort_keys=True),
                 watermark_us=intent["watermark_us"],

@@ -67,10 +67,14 @@ def test_run_status_checkpoints_query(tmp_path: Path, warehouse: str, spark_engi
     status = json.loads(_cli("status", "sensor_stats", "--json", env=env).stdout)
     assert status["last_completed_epoch"] == 2 and status["pending"] == [] and status["key_groups"] == 128
     assert set(status["tables"]) >= {"sensor_totals", "sensor_minute", "alerts", "late_readings", "dead_letter", "dedup__seen"}
+    assert status["backlog"]["total"] == {"files": 0, "bytes": 0, "oldest_arrival_ms": None, "lag_ms": 0}  # caught up
+    assert status["blocked"] is None
 
     log = json.loads(_cli("checkpoints", "sensor_stats", "--json", env=env).stdout)
     assert [(c["epoch"], c["status"]) for c in log] == [(1, "COMPLETED"), (2, "COMPLETED")]
     assert all(c["rows_in"] > 0 and c["bytes_written"] > 0 and c["duration_ms"] > 0 for c in log)
+    assert [c["backlog_files"] for c in log] == [1, 0]  # the third file waited after epoch 1's barrier
+    assert log[0]["backlog_bytes"] == (landing / sorted(p.name for p in landing.iterdir())[2]).stat().st_size
 
     now = json.loads(_cli("query", "sensor_stats", "--format", "json", "select sum(count) as n from sensor_totals", env=env).stdout)
     then = json.loads(_cli("query", "sensor_stats", "--as-of-epoch", "1", "--format", "json", "select sum(count) as n from sensor_totals", env=env).stdout)

@@ -119,7 +119,11 @@ def test_delta_table_source_reads_each_version_once(spark: Any, warehouse: str) 
     assert len(run()) == 1
     write_deltalake(source_uri, pa.table({"user": ["a"], "page": ["z"], "ms": [5]}), mode="append")
     write_deltalake(source_uri, pa.table({"user": ["c"], "page": ["z"], "ms": [9]}), mode="append")
+    waiting = DeltaSource("events", source_uri).backlog({"version": 0})  # the two appends, since the first one's commit
+    first_commit = next(h["timestamp"] for h in DeltaTable(source_uri).history() if h["version"] == 1)
+    assert (waiting.files, waiting.oldest_arrival_ms) == (2, first_commit) and waiting.bytes > 0
     assert len(run()) == 2  # one version per epoch
+    assert DeltaSource("events", source_uri).backlog({"version": 2}).files == 0
     rows = run_query(warehouse, "from_delta", "select user, count, total_ms from user_totals order by user").to_pylist()
     assert rows == [
         {"user": "a", "count": 2, "total_ms": 6.0},

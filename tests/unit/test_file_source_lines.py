@@ -493,6 +493,26 @@ def test_a_file_landing_behind_the_position_is_handled_by_late_files_never_dropp
     assert src.plan(third, None)["files"] == [] and src.earliest_arrival_ms(third, None) is None  # taken once
 
 
+def test_backlog_is_what_no_barrier_took_with_the_oldest_arrival(
+    make_source: Callable[..., FileSource], write_file: Callable[..., Path]
+) -> None:
+    from barrierflow.sources.base import Backlog
+
+    write_file("b.jsonl", "1\n2\n", mtime_ms=1_000)
+    write_file("c.jsonl", "3\n", mtime_ms=3_000)
+    write_file("d.jsonl", "4\n5\n6\n", mtime_ms=2_000)
+    write_file(".e.jsonl", "being written\n", mtime_ms=500)  # not input yet
+    src = make_source(max_files_per_epoch=1, max_records_per_epoch=1)
+    assert src.backlog(None) == Backlog(3, 4 + 2 + 6, 1_000)
+    first = src.plan(None, None)  # b.jsonl line 1: b stays waiting (counted whole)
+    assert src.backlog(first) == Backlog(3, 12, 1_000)
+    second = src.plan(first, None)  # the rest of b.jsonl
+    assert src.backlog(second) == Backlog(2, 8, 2_000) and src.backlog(second).lag_ms(2_500) == 500
+    write_file("a.jsonl", "late\n", mtime_ms=5_000)  # behind the position: waiting too
+    assert src.backlog(second) == Backlog(3, 13, 2_000)
+    assert Backlog().lag_ms(10) == 0 and Backlog(1, 2, 5) + Backlog(3, 4, None) == Backlog(4, 6, 5)
+
+
 def test_a_late_file_too_far_behind_to_be_named_is_refused_whatever_the_policy(
     make_source: Callable[..., FileSource], write_file: Callable[..., Path]
 ) -> None:

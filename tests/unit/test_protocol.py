@@ -215,3 +215,22 @@ def test_a_late_file_blocks_the_pipeline_visibly_until_an_epoch_completes(tmp_pa
     assert result.epoch == 3 and taking.blocked() is None
     rows = DeltaTable(taking.layout.sink_table("lines")).to_pyarrow_table().to_pylist()
     assert [(r["line_id"], r["_epoch"]) for r in rows if r["line_id"].startswith("part-00a")] == [("part-00a.txt:1", 3)]
+
+
+def test_each_epoch_records_the_backlog_it_left_and_the_coordinator_measures_it_now(tmp_path: Path, landing: Path) -> None:
+    from barrierflow.sources.base import Backlog
+
+    coordinator = _coordinator(tmp_path / "wh", landing)
+    size = (landing / "part-00.txt").stat().st_size  # every file has the same size
+    assert (coordinator.backlog()["lines"].files, coordinator.backlog()["lines"].bytes) == (FILES, FILES * size)  # never run
+    coordinator.run(epochs=1)
+    [planned, pre, done] = coordinator.log.records()
+    for record in (planned, pre, done):  # one file per epoch: three left waiting, the oldest since it landed
+        assert (record.backlog_files, record.backlog_bytes) == (FILES - 1, (FILES - 1) * size)
+        assert record.input_lag_ms is not None and record.input_lag_ms >= 0
+        assert json.loads(record.backlog)["lines"]["files"] == FILES - 1
+    now = coordinator.backlog()["lines"]
+    assert (now.files, now.bytes) == (FILES - 1, (FILES - 1) * size) and now.oldest_arrival_ms is not None
+    coordinator.run(until_caught_up=True)
+    assert coordinator.backlog() == {"lines": Backlog()}
+    assert coordinator.log.records()[-1].backlog_files == 0

@@ -23,7 +23,7 @@ from barrierflow.ui.chart import (
     render_epoch_chart,
 )
 from barrierflow.ui.history import discover_pipelines, pipeline_history, resolve_warehouse, warehouse_history
-from barrierflow.ui.render import render_page
+from barrierflow.ui.render import render_page, render_pipeline
 from ui_warehouse import MS, S, build_demo_warehouse, live_bytes
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -251,9 +251,59 @@ def test_page_shows_epochs_savepoints_lineages_and_chart_escaped(demo: dict[str,
     assert sum(1 for t, a in page.tags if t == "tr" and a.get("class") == "bf-lineage") == 2
     assert any(t == "svg" and a.get("id") == "epoch-chart-demo" for t, a in page.tags)
     text = " ".join(page.text)
-    assert "Event-time lag" in text and "Wall-clock lag" in text
-    assert "max event time seen − watermark" in text and "commit time of the epoch − watermark" in text
+    assert "Event-time lag" in text and "Backlog" in text and "Input lag" in text
+    assert "max event time seen − watermark" in text and "how long the oldest of them had waited" in text
     assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")  # no external assets
+
+
+def test_page_shows_the_backlog_measured_now_and_per_epoch(demo: dict[str, Any]) -> None:
+    import dataclasses
+
+    h = pipeline_history(str(demo["root"]), "demo", savepoint_lister=_lister)
+    assert h.backlog is not None and h.backlog["error"].startswith("unknown pipeline 'demo'")  # no code for it here
+    report = {
+        "measured_at_ms": 0,
+        "total": {"files": 3, "bytes": 2048, "oldest_arrival_ms": 0, "lag_ms": 125_000},
+        "sources": {"readings": {"files": 3, "bytes": 2048, "oldest_arrival_ms": 0, "lag_ms": 125_000}},
+    }
+    rows = [dataclasses.replace(e, backlog_files=2, backlog_bytes=1536, input_lag_ms=61_000) for e in h.epochs]
+    page = _parse(render_pipeline(dataclasses.replace(h, backlog=report, epochs=tuple(rows))))
+    text = " ".join(page.text)
+    assert "Backlog 3 files, 2.0 KiB" in text and "Input lag 2 min 5 s" in text
+    assert "2 files, 1.5 KiB 1 min 1 s" in text  # an epoch's row
+    idle = {**report, "total": {"files": 0, "bytes": 0, "oldest_arrival_ms": None, "lag_ms": 0}}
+    assert "Input lag none waiting" in " ".join(_parse(render_pipeline(dataclasses.replace(h, backlog=idle))).text)
+
+
+def test_failures_restore_points_and_rewound_epochs_read_as_what_they_are(tmp_path: Path) -> None:
+    import dataclasses
+
+    from barrierflow.checkpoint import EpochStatus
+    from barrierflow.checkpoint_log import CheckpointLog
+    from ui_warehouse import S, WALL, _record
+
+    facts = build_demo_warehouse(tmp_path)
+    log = CheckpointLog(facts["layout"])
+    # L1's epoch 3 failed once, then completed; the restore to epoch 2 (lineage L2) rewound it.
+    log.append(_record("demo", "L1", 3, EpochStatus.ABORTED, WALL + 21 * S, message="process failed: EngineUnavailableError: down"))
+    log.append(_record("demo", "L1", 3, EpochStatus.COMPLETED, WALL + 22 * S, duration_ms=99_000, rows_in=7))
+    point = _record("demo", "L2", 2, EpochStatus.COMPLETED, WALL + 25 * S, rows_in=0, duration_ms=0)
+    log.append(dataclasses.replace(point, attempt_id="restore-L2"))
+    h = pipeline_history(str(tmp_path), "demo", savepoint_lister=_lister, state_size=False)
+    rows = {(e.lineage_id, e.epoch): e for e in h.epochs}
+    assert rows[("L1", 3)].status == "COMPLETED" and rows[("L1", 3)].rewound
+    assert rows[("L2", 2)].restore_point and not rows[("L2", 3)].rewound
+    assert [(f.epoch, f.message) for f in h.failures] == [(3, "process failed: EngineUnavailableError: down")]
+    summary = h.summary()
+    assert {k: summary[k] for k in ("completed", "in_progress", "failed", "restored", "recent")} == {
+        "completed": 1, "in_progress": 0, "failed": 1, "restored": 1, "recent": 3,  # the rewound epoch is not recent work
+    }
+    assert summary["duration_ms"] == {"min": 2500, "avg": 3166.6666666666665, "max": 4000}
+    text = " ".join(_parse(render_pipeline(h)).text)
+    assert "RESTORE POINT" in text and "REWOUND" in text and "Failed attempts 1" in text and "Restores 1" in text
+    assert "Latest failure : epoch 3" in text and "EngineUnavailableError: down" in text
+    assert "over the last 3 computed epochs" in text and "2.5 s 3.2 s 4.0 s" in text
+    assert h.to_json()["summary"]["failed"] == 1
 
 
 def test_page_limits_epoch_rows_and_handles_an_empty_warehouse(demo: dict[str, Any], tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Source", "SourceBatch", "SEQ", "arrival_seq", "describe_offsets", "planned_bytes"]
+__all__ = ["Backlog", "Source", "SourceBatch", "SEQ", "arrival_seq", "describe_offsets", "planned_bytes"]
 
 # Every record carries its arrival position packed in one long, ``_seq``:
 # (source index, file index within the epoch, line). Sorting by it gives
@@ -61,6 +61,36 @@ class SourceBatch:
     plain_input: "concurrent.futures.Future[bool] | None" = None
 
 
+@dataclass(frozen=True)
+class Backlog:
+    """Input that has arrived but no barrier has taken yet: how much, and since when.
+
+    ``files`` are landing files (a Delta source: data files its table added);
+    a file partly read counts whole. ``oldest_arrival_ms`` is when the
+    earliest of them arrived (its modification or commit time), None when
+    there is no backlog; the input lag is the time since then.
+    """
+
+    files: int = 0
+    bytes: int = 0
+    oldest_arrival_ms: int | None = None
+
+    def lag_ms(self, now_ms: int) -> int:
+        """How long the oldest waiting input has waited at ``now_ms`` (0 without backlog)."""
+        return max(0, now_ms - self.oldest_arrival_ms) if self.oldest_arrival_ms is not None else 0
+
+    def __add__(self, other: "Backlog") -> "Backlog":
+        times = [t for t in (self.oldest_arrival_ms, other.oldest_arrival_ms) if t is not None]
+        return Backlog(self.files + other.files, self.bytes + other.bytes, min(times) if times else None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"files": self.files, "bytes": self.bytes, "oldest_arrival_ms": self.oldest_arrival_ms}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "Backlog":
+        return cls(int(doc.get("files", 0)), int(doc.get("bytes", 0)), doc.get("oldest_arrival_ms"))
+
+
 class Source(Protocol):
     source_id: str
 
@@ -76,6 +106,9 @@ class Source(Protocol):
 
     def has_records(self, end: Mapping[str, Any]) -> bool:
         """Whether the planned range holds any input."""
+
+    def backlog(self, end: Mapping[str, Any] | None) -> Backlog:
+        """Input that arrived (whatever the cut-off) and that no barrier up to ``end`` took."""
 
     def read(
         self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0, ordered: bool = True,

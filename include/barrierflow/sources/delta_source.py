@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import pyarrow as pa
 
-from barrierflow.delta_commit import live_paths
+from barrierflow.delta_commit import add_actions, live_paths
 from barrierflow.errors import BlockedInputError, PipelineDefinitionError, SourceError
-from barrierflow.sources.base import SourceBatch
+from barrierflow.sources.base import Backlog, SourceBatch
 from barrierflow.sources.dead_letters import checked_rows
 from barrierflow.sources.schema_check import schema_mismatches
 from barrierflow.storage import join_uri, normalize_uri
@@ -72,6 +72,18 @@ class DeltaSource:
 
     def has_records(self, end: Mapping[str, Any]) -> bool:
         return end["version"] > end["from_version"]
+
+    def backlog(self, end: Mapping[str, Any] | None) -> Backlog:
+        """Data files the table's versions after ``end`` added, and when the first of those versions was committed."""
+        table = self._table()
+        done = end["version"] if end else -1
+        if table.version() <= done:
+            return Backlog()
+        actions = add_actions(table)
+        sizes = dict(zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist()))
+        waiting = set(sizes) - (live_paths(self._table(done)) if done >= 0 else set())
+        oldest = min((h["timestamp"] for h in table.history() if h["version"] > done), default=None)
+        return Backlog(len(waiting), sum(sizes[p] or 0 for p in waiting), oldest)
 
     def describe(self) -> dict[str, Any]:
         return {"type": "delta", "id": self.source_id, "table_uri": self.table_uri}

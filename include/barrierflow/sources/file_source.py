@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from barrierflow import storage
 from barrierflow.errors import BlockedInputError, PipelineDefinitionError, SourceError, StorageError
-from barrierflow.sources.base import SEQ, SourceBatch, arrival_seq
+from barrierflow.sources.base import SEQ, Backlog, SourceBatch, arrival_seq
 from barrierflow.sources.dead_letters import (
     DeadLetterReason, checked_rows, first_problem, problem, reason_and_detail, record_checks, whole_file_dead_letters,
 )
@@ -129,6 +129,19 @@ class FileSource:
     def _suffixes(self) -> tuple[str, ...]:
         return self.suffixes or ((".jsonl", ".json") if self.format == "jsonl" else (".parquet",))
 
+    def _listing(self) -> list[storage.StoredFile]:
+        """Every complete input file in the landing directory (see :meth:`_arrivals`)."""
+        directory = normalize_uri(self.path)
+        if storage.is_local(directory) and not storage.exists(directory):
+            raise SourceError(
+                f"source {self.source_id}: landing directory {directory} does not exist; "
+                "create it or pass --param landing_dir=<existing directory>"
+            )
+        return [
+            found for found in storage.list_files(directory)
+            if not found.path.startswith((".", "_")) and found.path.endswith(self._suffixes)
+        ]
+
     def _arrivals(self, arrival_cutoff_ms: int | None) -> dict[str, int]:
         """Name -> arrival (modification time, ns) of every complete file that arrived by the cut-off.
 
@@ -136,16 +149,8 @@ class FileSource:
         not data); an object store's PUT is atomic, so there every listed
         object is complete. S3 keeps modification times in whole seconds.
         """
-        directory = normalize_uri(self.path)
-        if storage.is_local(directory) and not storage.exists(directory):
-            raise SourceError(
-                f"source {self.source_id}: landing directory {directory} does not exist; "
-                "create it or pass --param landing_dir=<existing directory>"
-            )
         arrived = {}
-        for found in storage.list_files(directory):
-            if found.path.startswith((".", "_")) or not found.path.endswith(self._suffixes):
-                continue
+        for found in self._listing():
             if arrival_cutoff_ms is not None and found.modified_ns > arrival_cutoff_ms * 1_000_000:
                 continue
             arrived[found.path] = found.modified_ns
@@ -275,6 +280,19 @@ class FileSource:
 
     def has_records(self, end: Mapping[str, Any]) -> bool:
         return bool(end.get("files") or end.get("late"))
+
+    def backlog(self, end: Mapping[str, Any] | None) -> Backlog:
+        """Files after the position (the one partly read included) and late files not yet taken."""
+        listing = self._listing()
+        pos_file = end["file"] if end else None
+        pos_line = end["line"] if end else None
+        named, _ = self._late_files(end, {f.path: f.modified_ns for f in listing})
+        waiting = [
+            f for f in listing
+            if pos_file is None or f.path > pos_file or (f.path == pos_file and pos_line is not None) or f.path in named
+        ]
+        oldest = min((f.modified_ns for f in waiting), default=None)
+        return Backlog(len(waiting), sum(f.size for f in waiting), -(-oldest // 1_000_000) if oldest is not None else None)
 
     def _count_records(self, uri: str) -> int:
         if self.format == "parquet":

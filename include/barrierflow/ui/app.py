@@ -176,6 +176,7 @@ def create_app(
         pipeline: list[str] | None = Query(default=None, description="only these pipelines"),
         limit: int = Query(default=DEFAULT_EPOCH_ROWS, ge=1, le=100_000, description="epoch rows per pipeline"),
         state_size: bool = Query(default=True, description="compute the live state size per epoch"),
+        refresh: int | None = Query(default=None, ge=5, le=3600, description="reload the page every N seconds"),
     ) -> Response:
         if not request.url.path.endswith("/"):
             # Relative links (api/pipelines) need the trailing slash.
@@ -193,6 +194,7 @@ def create_app(
             epoch_rows=limit,
             user=viewer.name,
             json_href="api/pipelines" + (f"?{request.url.query}" if request.url.query else ""),
+            refresh_s=refresh,
         )
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 

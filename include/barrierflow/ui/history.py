@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from barrierflow import storage
-from barrierflow.checkpoint import CheckpointRecord, EpochStatus
+from barrierflow.checkpoint import RESTORE_ATTEMPT_PREFIX, CheckpointRecord, EpochStatus
 from barrierflow.checkpoint_log import CheckpointLog, iso_us
 from barrierflow.layout import PipelineLayout
 
@@ -110,15 +110,38 @@ class EpochRow:
     table_versions: Mapping[str, int] = field(default_factory=dict)
     message: str = ""
     arrival_cutoff: str | None = None  # the epoch took input that arrived by then (None: all that had)
+    backlog_files: int | None = None  # input its barrier left waiting (None: not measured)
+    backlog_bytes: int | None = None
+    input_lag_ms: int | None = None  # how long the oldest waiting input had waited when it was planned
+    input_files: tuple[str, ...] = ()  # the files its barrier took (file sources)
+    restore_point: bool = False  # the epoch a restore started this lineage from: recorded, not computed
+    rewound: bool = False  # a completed epoch of an older lineage after the point a restore went back to
+    planned_by: str = ""  # the Airflow run (dag_id:run_id) or command that planned it
 
     @property
     def completed(self) -> bool:
         return self.status == EpochStatus.COMPLETED.value
 
+    @property
+    def computed(self) -> bool:
+        """A completed epoch that the engine computed (not a restore point)."""
+        return self.completed and not self.restore_point
+
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["table_versions"] = dict(self.table_versions)
+        doc["input_files"] = list(self.input_files)
         return doc
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed attempt (an ABORTED row of the checkpoint log)."""
+
+    lineage_id: str
+    epoch: int
+    recorded_at: str | None
+    message: str
 
 
 @dataclass(frozen=True)
@@ -161,8 +184,32 @@ class PipelineHistory:
     error: str | None
     stopped: Mapping[str, Any] | None = None  # the stop marker while stopped with a savepoint
     blocked: Mapping[str, Any] | None = None  # what blocks the pipeline (coordinator.blocked_state)
+    backlog: Mapping[str, Any] | None = None  # measured now (coordinator.backlog_report); None: not asked for
+    failures: tuple[Failure, ...] = ()  # every failed attempt, newest first
     state_size_method: str = STATE_SIZE_METHOD
     generated_at: str = ""
+
+    def summary(self, recent: int = 20) -> dict[str, Any]:
+        """Counts, as Flink's checkpoint history shows them, and min/avg/max over the ``recent`` newest computed epochs."""
+        current = [e for e in self.epochs if e.lineage_id == self.current_lineage_id]
+        computed = sorted((e for e in self.epochs if e.computed and not e.rewound), key=lambda e: e.recorded_at_us)[-recent:]
+
+        def spread(values: list[int | None]) -> dict[str, float | None]:
+            known = [v for v in values if v is not None]
+            if not known:
+                return {"min": None, "avg": None, "max": None}
+            return {"min": min(known), "avg": sum(known) / len(known), "max": max(known)}
+
+        return {
+            "completed": sum(1 for e in current if e.computed),
+            "in_progress": sum(1 for e in current if not e.completed),
+            "failed": len(self.failures),
+            "restored": max(0, len(self.lineages) - 1),  # every lineage after the first began with a restore
+            "recent": len(computed),
+            "duration_ms": spread([e.duration_ms for e in computed]),
+            "bytes_written": spread([e.bytes_written for e in computed]),
+            "rows_in": spread([e.rows_in for e in computed]),
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -182,6 +229,9 @@ class PipelineHistory:
             "error": self.error,
             "stopped": dict(self.stopped) if self.stopped is not None else None,
             "blocked": dict(self.blocked) if self.blocked is not None else None,
+            "backlog": dict(self.backlog) if self.backlog is not None else None,
+            "failures": [asdict(f) for f in self.failures],
+            "summary": self.summary(),
             "state_size_method": self.state_size_method,
             "watermark_lag": {
                 "event_time_lag_ms": "max event time seen - watermark",
@@ -276,29 +326,14 @@ def _state_sizes(layout: PipelineLayout, rows: Iterable[tuple[Any, Mapping[str, 
 
 # -- the history ---------------------------------------------------------------
 
-_RANK = {s.value: i for i, s in enumerate(EpochStatus)}
-
-
 def _furthest(records: Iterable[CheckpointRecord]) -> list[tuple[CheckpointRecord, int]]:
-    """Per (lineage, epoch): the record of its furthest status, and when it first appeared.
-
-    COMPLETED wins over everything (an epoch completes at most once); otherwise
-    the status furthest along the protocol wins.
-    """
-    best: dict[tuple[str, int], CheckpointRecord] = {}
+    """Per (lineage, epoch): the record of where it stands (:meth:`CheckpointLog.current_status`), and when it first appeared."""
+    records = list(records)
     first_seen: dict[tuple[str, int], int] = {}
     for r in records:
         ident = (r.lineage_id, r.epoch)
         first_seen[ident] = min(first_seen.get(ident, r.recorded_at_us), r.recorded_at_us)
-        cur = best.get(ident)
-        if cur is None:
-            best[ident] = r
-            continue
-        if cur.status is EpochStatus.COMPLETED:
-            continue
-        if r.status is EpochStatus.COMPLETED or _RANK[r.status.value] > _RANK[cur.status.value]:
-            best[ident] = r
-    ordered = sorted(best.items(), key=lambda kv: (first_seen[kv[0]], kv[0][1]))
+    ordered = sorted(CheckpointLog.current_status(records).items(), key=lambda kv: (first_seen[kv[0]], kv[0][1]))
     return [(rec, first_seen[ident]) for ident, rec in ordered]
 
 
@@ -306,6 +341,16 @@ def _lag(later_us: int | None, watermark_us: int | None) -> int | None:
     if later_us is None or watermark_us is None:
         return None
     return (later_us - watermark_us) // 1000
+
+
+def _input_files(offsets: Mapping[str, Any]) -> tuple[str, ...]:
+    """The files an epoch's end offsets took, over its file sources (late files set aside included)."""
+    names: list[str] = []
+    for end in offsets.values():
+        if isinstance(end, Mapping):
+            names += [f[0] for f in end.get("files") or [] if isinstance(f, (list, tuple)) and f]
+            names += [f[0] for f in end.get("late") or [] if isinstance(f, (list, tuple)) and f]
+    return tuple(names)
 
 
 def _read_lineages(layout: PipelineLayout) -> list[tuple[str, dict[str, Any]]]:
@@ -346,12 +391,15 @@ def pipeline_history(
     *,
     state_size: bool = True,
     savepoint_lister: Callable[[str, str], Sequence[Any]] | None = None,
+    backlog: bool = True,
 ) -> PipelineHistory:
     """The checkpoint history, lineages and savepoints of one pipeline.
 
     ``state_size=False`` skips opening the state tables (only the cumulative
     bytes written are reported). ``savepoint_lister`` replaces
-    ``barrierflow.savepoint.list_savepoints`` (tests).
+    ``barrierflow.savepoint.list_savepoints`` (tests). ``backlog`` measures
+    the input waiting now (it lists the sources' input; it needs the
+    pipeline's code).
     """
     warehouse = storage.normalize_uri(warehouse)
     layout = PipelineLayout.of(warehouse, pipeline)
@@ -383,6 +431,16 @@ def pipeline_history(
         except Exception as exc:  # noqa: BLE001
             _log.warning("cannot compute state sizes of %s: %s", pipeline, exc)
 
+    # A lineage's completed epochs after the point the next lineage was restored to are rewound.
+    rewound_after: dict[str, int] = {}
+    for (_, older), (_, newer) in zip(lineage_docs, lineage_docs[1:]):
+        if newer.get("start_epoch") is not None and older.get("lineage_id"):
+            rewound_after[older["lineage_id"]] = int(newer["start_epoch"])
+    failures = tuple(
+        Failure(r.lineage_id, r.epoch, iso_us(r.recorded_at_us), r.message)
+        for r in sorted(records, key=lambda r: r.recorded_at_us, reverse=True)
+        if r.status is EpochStatus.ABORTED
+    )
     cumulative: dict[str, int] = {}
     rows: list[EpochRow] = []
     for r, first_us in furthest:
@@ -415,6 +473,13 @@ def pipeline_history(
                 table_versions=r.versions() if done else {},
                 message=r.message or "",
                 arrival_cutoff=iso_us(r.arrival_cutoff_ms * 1000) if r.arrival_cutoff_ms is not None else None,
+                backlog_files=r.backlog_files,
+                backlog_bytes=r.backlog_bytes,
+                input_lag_ms=r.input_lag_ms,
+                input_files=_input_files(r.offsets_json()),
+                restore_point=r.attempt_id.startswith(RESTORE_ATTEMPT_PREFIX),
+                rewound=done and r.epoch > rewound_after.get(r.lineage_id, r.epoch),
+                planned_by=r.planned_by,
             )
         )
 
@@ -454,8 +519,19 @@ def pipeline_history(
         error=error,
         stopped=stopped,
         blocked=blocked,
+        backlog=_backlog(warehouse, pipeline) if backlog and meta else None,
+        failures=failures,
         generated_at=generated_at,
     )
+
+
+def _backlog(warehouse: str, pipeline: str) -> dict[str, Any]:
+    from barrierflow.coordinator import backlog_report  # the engine's modules: only when asked
+
+    try:
+        return backlog_report(warehouse, pipeline)
+    except Exception as exc:  # noqa: BLE001 - show what is wrong instead of a 500
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def warehouse_history(
