@@ -112,6 +112,7 @@ class Barrier:
     planned_by: str = ""
     # Per source, input left waiting once this barrier was planned (Backlog.to_json()); {} when unknown.
     backlog: Mapping[str, Any] = field(default_factory=dict)
+    plan_ms: int | None = None  # how long planning took (listing sources, measuring the backlog)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -198,6 +199,8 @@ class Manifest:
     rows_out: int
     dead_letters: int
     process_ms: int
+    # Parts of process_ms: "wait" for epoch n-1 to complete (Flink's alignment), "stage" for staged writes.
+    phase_ms: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def bytes_written(self) -> int:
@@ -247,9 +250,14 @@ class CheckpointRecord:
     input_lag_ms: int | None = None
     backlog: str = "{}"  # JSON: source -> Backlog.to_json()
     planned_by: str = ""  # the barrier's: the Airflow run (dag_id:run_id) or command that planned the epoch
+    # JSON: phase -> ms: barrier (planning), process (computing), wait (for epoch n-1), stage (writes), commit.
+    phase_ms: str = "{}"
 
     def offsets_json(self) -> dict[str, Any]:
         return json.loads(self.offsets)
 
     def versions(self) -> dict[str, int]:
         return json.loads(self.table_versions)
+
+    def phases(self) -> dict[str, int]:
+        return json.loads(self.phase_ms)

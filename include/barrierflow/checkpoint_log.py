@@ -52,6 +52,7 @@ _SCHEMA = pa.schema(
         ("input_lag_ms", pa.int64()),
         ("backlog", pa.string()),
         ("planned_by", pa.string()),
+        ("phase_ms", pa.string()),
     ]
 )
 
@@ -152,6 +153,7 @@ class CheckpointLog:
             row["status"] = EpochStatus(row["status"])
             row["backlog"] = row["backlog"] or "{}"  # rows from before these columns
             row["planned_by"] = row["planned_by"] or ""
+            row["phase_ms"] = row["phase_ms"] or "{}"
             out.append(CheckpointRecord(**row))
         return out
 

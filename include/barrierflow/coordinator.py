@@ -341,6 +341,7 @@ class CheckpointCoordinator:
                 f"epoch {epoch} of lineage {lineage_id} cannot start: the pipeline was restored into "
                 f"lineage {lineage['lineage_id']}"
             )
+        planning = time.monotonic()
         with self._attempt("barrier", lineage_id, epoch):
             start, end, cutoff_ms = self._plan_offsets(lineage, epoch, bound)
         if end is None:
@@ -361,6 +362,7 @@ class CheckpointCoordinator:
             arrival_cutoff_ms=cutoff_ms,
             planned_by=bound.owner,
             backlog={source_id: b.to_json() for source_id, b in waiting.items()},
+            plan_ms=int((time.monotonic() - planning) * 1000),
         )
         faults.maybe_fail("barrier.before_write")
         uri = self.layout.barrier(lineage_id, epoch)
@@ -376,6 +378,7 @@ class CheckpointCoordinator:
                     offsets=json.dumps(end, sort_keys=True),
                     arrival_cutoff_ms=cutoff_ms,
                     planned_by=barrier.planned_by,
+                    phase_ms=json.dumps({"barrier": barrier.plan_ms}),
                     **_backlog_columns(barrier),
                 )
             )
@@ -572,6 +575,7 @@ class CheckpointCoordinator:
             if epoch_started is not None
             else manifest.process_ms + int((time.monotonic() - started) * 1000),
             table_versions=json.dumps(versions, sort_keys=True),
+            commit_ms=int((time.monotonic() - started) * 1000),
         )
         self.log.append(record)
         faults.maybe_fail("commit.after_completed")
@@ -837,9 +841,17 @@ def _stopped_message(name: str, stop: Mapping[str, Any]) -> str:
 
 
 def _manifest_record(
-    status: EpochStatus, barrier: Barrier, manifest: Manifest, duration_ms: int, table_versions: str = "{}"
+    status: EpochStatus, barrier: Barrier, manifest: Manifest, duration_ms: int, table_versions: str = "{}",
+    commit_ms: int | None = None,
 ) -> CheckpointRecord:
     """A checkpoint-log row carrying the epoch's offsets and the manifest's metrics."""
+    waited = dict(manifest.phase_ms)
+    phases = {
+        "barrier": barrier.plan_ms,
+        "process": manifest.process_ms - sum(waited.values()),
+        **waited,
+        **({"commit": commit_ms} if commit_ms is not None else {}),
+    }
     return CheckpointRecord(
         pipeline=manifest.pipeline,
         lineage_id=manifest.lineage_id,
@@ -859,6 +871,7 @@ def _manifest_record(
         table_versions=table_versions,
         arrival_cutoff_ms=barrier.arrival_cutoff_ms,
         planned_by=barrier.planned_by,
+        phase_ms=json.dumps(phases),
         **_backlog_columns(barrier),
     )
 

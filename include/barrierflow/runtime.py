@@ -118,6 +118,9 @@ class EpochContext:
         self._max_event_time_us: int | None = None
         self._watermark_us: int | None = None
         self.staging_prefix = ""
+        # Phase times (ms): waiting for epoch n-1 to complete, and for staged writes after computing.
+        self.wait_ms = 0
+        self.stage_ms = 0
         # The epoch's input records and dead letters, once every source has
         # counted them before the operators run (None: not known up front).
         self.rows_read: int | None = None
@@ -145,6 +148,7 @@ class EpochContext:
                     self._on_restore()
                 waiting = time.monotonic()
                 record = self._restore_point.result()
+                self.wait_ms += int((time.monotonic() - waiting) * 1000)
                 _log.info("epoch %d: restore point after %.0f ms", self.epoch, (time.monotonic() - waiting) * 1000)
                 check_follows(self.epoch, record)
                 self._last_completed = record
@@ -346,8 +350,11 @@ class EpochContext:
 
     def commits(self) -> dict[str, TableCommit]:
         """Every table staged so far, in pipeline order; waits for files still being written."""
+        waiting = time.monotonic()
         ordered = sorted(self._staging.items(), key=lambda item: item[1][0])
-        return {name: future.result() for name, (_, _, future) in ordered}
+        done = {name: future.result() for name, (_, _, future) in ordered}
+        self.stage_ms += int((time.monotonic() - waiting) * 1000)
+        return done
 
     def discard_staged(self) -> None:
         """Delete this attempt's staged files, once writes in flight have ended."""
@@ -464,6 +471,7 @@ def process_epoch(
         rows_out=sum(c.rows for c in commits if c.kind is TableKind.SINK),
         dead_letters=staged["dead_letter"].rows,
         process_ms=int((time.monotonic() - started) * 1000),
+        phase_ms={"wait": ctx.wait_ms, "stage": ctx.stage_ms},
     )
     faults.maybe_fail("process.before_manifest")
     uri = layout.manifest(barrier.lineage_id, barrier.epoch)

@@ -229,6 +229,9 @@ def test_each_epoch_records_the_backlog_it_left_and_the_coordinator_measures_it_
         assert (record.backlog_files, record.backlog_bytes) == (FILES - 1, (FILES - 1) * size)
         assert record.input_lag_ms is not None and record.input_lag_ms >= 0
         assert json.loads(record.backlog)["lines"]["files"] == FILES - 1
+    # Where the time went, as Flink splits a checkpoint's: planning, processing, waiting, staging, committing.
+    assert set(planned.phases()) == {"barrier"} and set(done.phases()) == {"barrier", "process", "wait", "stage", "commit"}
+    assert all(ms is not None and ms >= 0 for ms in done.phases().values())
     now = coordinator.backlog()["lines"]
     assert (now.files, now.bytes) == (FILES - 1, (FILES - 1) * size) and now.oldest_arrival_ms is not None
     coordinator.run(until_caught_up=True)

@@ -266,11 +266,13 @@ def test_page_shows_the_backlog_measured_now_and_per_epoch(demo: dict[str, Any])
         "total": {"files": 3, "bytes": 2048, "oldest_arrival_ms": 0, "lag_ms": 125_000},
         "sources": {"readings": {"files": 3, "bytes": 2048, "oldest_arrival_ms": 0, "lag_ms": 125_000}},
     }
-    rows = [dataclasses.replace(e, backlog_files=2, backlog_bytes=1536, input_lag_ms=61_000) for e in h.epochs]
+    phases = {"barrier": 120, "process": 2_000, "wait": 0, "stage": 300, "commit": 80}
+    rows = [dataclasses.replace(e, backlog_files=2, backlog_bytes=1536, input_lag_ms=61_000, phase_ms=phases) for e in h.epochs]
     page = _parse(render_pipeline(dataclasses.replace(h, backlog=report, epochs=tuple(rows))))
     text = " ".join(page.text)
     assert "Backlog 3 files, 2.0 KiB" in text and "Input lag 2 min 5 s" in text
     assert "2 files, 1.5 KiB 1 min 1 s" in text  # an epoch's row
+    assert "b 120 ms p 2.0 s s 300 ms c 80 ms" in text  # its phases (a zero wait left out)
     idle = {**report, "total": {"files": 0, "bytes": 0, "oldest_arrival_ms": None, "lag_ms": 0}}
     assert "Input lag none waiting" in " ".join(_parse(render_pipeline(dataclasses.replace(h, backlog=idle))).text)
 

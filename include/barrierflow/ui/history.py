@@ -117,6 +117,7 @@ class EpochRow:
     restore_point: bool = False  # the epoch a restore started this lineage from: recorded, not computed
     rewound: bool = False  # a completed epoch of an older lineage after the point a restore went back to
     planned_by: str = ""  # the Airflow run (dag_id:run_id) or command that planned it
+    phase_ms: Mapping[str, int | None] = field(default_factory=dict)  # barrier, process, wait, stage, commit
 
     @property
     def completed(self) -> bool:
@@ -131,6 +132,7 @@ class EpochRow:
         doc = asdict(self)
         doc["table_versions"] = dict(self.table_versions)
         doc["input_files"] = list(self.input_files)
+        doc["phase_ms"] = dict(self.phase_ms)
         return doc
 
 
@@ -480,6 +482,7 @@ def pipeline_history(
                 restore_point=r.attempt_id.startswith(RESTORE_ATTEMPT_PREFIX),
                 rewound=done and r.epoch > rewound_after.get(r.lineage_id, r.epoch),
                 planned_by=r.planned_by,
+                phase_ms=r.phases(),
             )
         )
 

@@ -56,7 +56,7 @@ td.l, th.l { text-align: left; } td.wrap { white-space: normal; overflow-wrap: a
 .status { font-weight: 600; } .status-COMPLETED { color: var(--ok); } .status-ABORTED { color: var(--bad); }
 .status-PLANNED, .status-PRE_COMMITTED { color: var(--warn); } .status-RESTORED { color: var(--accent); }
 .status-REWOUND { color: var(--muted); } tr.bf-rewound td { color: var(--muted); }
-table.bf-stats { width: auto; margin: 6px 0; } table.bf-stats caption { text-align: left; }
+.bf-phases { font-size: 11px; } table.bf-stats { width: auto; margin: 6px 0; } table.bf-stats caption { text-align: left; }
 .bf-failure { border-left: 4px solid var(--warn); padding: .3em .8em; overflow-wrap: anywhere; }
 .error { color: var(--bad); font-weight: 600; }
 .bf-chart { max-width: 1100px; background: var(--panel); border: 1px solid var(--border); border-radius: 6px; }
@@ -136,6 +136,19 @@ def _files_cell(files: Sequence[str]) -> str:
     return f'<span title="{_e(listed)}">{len(files)}</span>'
 
 
+_PHASES = (("barrier", "b"), ("process", "p"), ("wait", "w"), ("stage", "s"), ("commit", "c"))
+
+
+def _duration_cell(r: EpochRow) -> str:
+    """The epoch's duration; its phases (as Flink splits a checkpoint's time) on hover and below it."""
+    known = [(name, short, r.phase_ms[name]) for name, short in _PHASES if r.phase_ms.get(name) is not None]
+    if not known:
+        return _e(format_ms(r.duration_ms))
+    title = " · ".join(f"{name} {format_ms(ms)}" for name, _, ms in known)
+    parts = " ".join(f"{short} {format_ms(ms)}" for _, short, ms in known if ms)
+    return f'<span title="{_e(title)}">{_e(format_ms(r.duration_ms))}</span><div class="muted bf-phases">{_e(parts)}</div>'
+
+
 def _status_cell(r: EpochRow) -> str:
     if r.restore_point:
         return '<span class="status status-RESTORED" title="the point a restore started this lineage from">RESTORE POINT</span>'
@@ -148,7 +161,8 @@ def _epochs_table(rows: Sequence[EpochRow], limit: int) -> str:
     newest = sorted(rows, key=lambda r: r.recorded_at_us, reverse=True)
     shown = newest[:limit]
     head = (
-        "<tr><th title='hover: its lineage'>Epoch</th><th class=l>Status</th><th>Duration</th>"
+        "<tr><th title='hover: its lineage'>Epoch</th><th class=l>Status</th>"
+        "<th title='b barrier (planning) · p process · w waiting for the epoch before · s staged writes · c commit'>Duration</th>"
         "<th>Rows in</th><th>Rows out</th><th>Dead letters</th><th>Bytes written</th>"
         "<th title='live bytes of the state tables at this epoch'>State size</th>"
         "<th title='input files its barrier took (hover: their names)'>Files</th>"
@@ -167,7 +181,7 @@ def _epochs_table(rows: Sequence[EpochRow], limit: int) -> str:
             f' data-lineage="{_e(r.lineage_id)}">'
             f'<td title="lineage {_e(r.lineage_id)}">{r.epoch}</td><td class=l>{_status_cell(r)}</td>'
             + (
-                f"<td>{_e(format_ms(r.duration_ms))}</td><td>{_num(r.rows_in)}</td><td>{_num(r.rows_out)}</td>"
+                f"<td>{_duration_cell(r)}</td><td>{_num(r.rows_in)}</td><td>{_num(r.rows_out)}</td>"
                 f"<td>{_num(r.dead_letters)}</td><td>{_e(format_bytes(r.bytes_written))}</td>"
                 if metrics
                 else "<td></td>" * 5
