@@ -37,6 +37,7 @@ from barrierflow.checkpoint import EpochStatus
 from barrierflow.delta_commit import live_paths, open_table
 from barrierflow.errors import CheckpointError, ParameterError
 from barrierflow.layout import DATA_DIRS, STAGING_DIR
+from barrierflow.params import with_placeholders
 from barrierflow.pipeline import PipelineDefinition
 from barrierflow.savepoint import DEFAULT_LEASE_WAIT_S
 from barrierflow.state.delta_state_backend import compact
@@ -75,7 +76,8 @@ def run_maintenance(
         raise ParameterError(f"retained_checkpoints must be an integer >= 1, not {retained_checkpoints!r}")
     if not isinstance(vacuum_retention_hours, int) or vacuum_retention_hours < 0:
         raise ParameterError(f"vacuum_retention_hours must be an integer >= 0, not {vacuum_retention_hours!r}")
-    coordinator = CheckpointCoordinator(definition, params or {}, warehouse)
+    # Maintenance reads no input: a source parameter nobody recorded or gave is not needed.
+    coordinator = CheckpointCoordinator(definition, with_placeholders(definition.params, params or {}), warehouse)
     layout = coordinator.layout
     coordinator.acquire_lease(wait_s=lease_wait_s)  # step 1
     try:

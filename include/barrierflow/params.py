@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from barrierflow.errors import ParameterError
 
-__all__ = ["Param", "REQUIRED", "parse_assignments", "resolve_params"]
+__all__ = ["Param", "REQUIRED", "parse_assignments", "placeholder", "resolve_params", "with_placeholders"]
 
 
 class _Required:
@@ -96,6 +98,27 @@ def resolve_params(declared: tuple[Param, ...], given: Mapping[str, Any]) -> dic
         else:
             out[param.name] = param.default
     return out
+
+
+def placeholder(param: Param) -> Any:
+    """A stand-in value for a required parameter when a pipeline is only *built* (never run).
+
+    Building declares operators, sinks and tables and reads no input, so a
+    placeholder path such as ``<landing_dir>`` is harmless there.
+    """
+    if param.type is str:
+        return f"<{param.name}>"
+    if param.type is bool:
+        return False
+    floor = param.minimum if param.minimum is not None else 0
+    return math.ceil(floor) if param.type is int else float(floor)
+
+
+def with_placeholders(declared: tuple[Param, ...], given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` plus a :func:`placeholder` for each required parameter it lacks (to build, not run, a pipeline)."""
+    return {**{p.name: placeholder(p) for p in declared if p.required and given.get(p.name) is None}, **{
+        k: v for k, v in given.items() if v is not None
+    }}
 
 
 def parse_assignments(pairs: Sequence[str]) -> dict[str, str]:

@@ -249,6 +249,24 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     assert cutoffs and cutoffs == sorted(cutoffs) and len(set(cutoffs)) == len(cutoffs), replayed
     assert all(c % 60_000 == 0 for c in cutoffs), cutoffs  # one-minute interval ends
 
+    # The page shows the restore as what it is (a restore point, the old lineage's undone epochs
+    # rewound), Flink-like summary counts, the backlog and input lag; at 1400 px nothing overflows.
+    d.set_window_size(1400, 2400)
+    d.get(f"{url}/barrierflow/")
+    section = wait_for(d, lambda: css(f"section#pipeline-{PIPELINE}"), 60, "the sensor_stats section")[0]
+    assert section.find_elements(By.CSS_SELECTOR, f"tr.bf-epoch[data-lineage='{new_lineage}'] .status-RESTORED")
+    assert section.find_elements(By.CSS_SELECTOR, "tr.bf-rewound"), "the epochs the restore undid are not marked rewound"
+    summary = {
+        cell.find_element(By.TAG_NAME, "dt").text: cell.find_element(By.TAG_NAME, "dd").text
+        for cell in section.find_elements(By.CSS_SELECTOR, "dl.bf-summary > div")
+    }
+    assert int(summary["Restores"]) >= 1 and summary["State"] == "running", summary
+    assert summary["Backlog"] and summary["Input lag"], summary  # measured now
+    assert section.find_elements(By.CSS_SELECTOR, "table.bf-stats"), "no min/avg/max over recent epochs"
+    assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth"), "the page overflows 1400 px"
+    step.shot("checkpoints-after-restore")
+    d.set_window_size(1440, 1000)
+
     # 9. Query the restored state from a shell, as the README shows.
     import subprocess
     import sys

@@ -11,13 +11,13 @@ run's first task with a message saying how to set it.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import TYPE_CHECKING, Any, Mapping
 
 from barrierflow.dags.settings import param_env_var
 from barrierflow.errors import ParameterError, PipelineDefinitionError
 from barrierflow.params import Param as PipelineParam
+from barrierflow.params import placeholder
 from barrierflow.pipeline import PipelineDefinition
 
 if TYPE_CHECKING:
@@ -116,18 +116,9 @@ def introspection_params(definition: PipelineDefinition, environ: Mapping[str, s
     for param in definition.params:
         value = param_default(definition, param, environ)
         if value is None and param.required:
-            value = _placeholder(param)
+            value = placeholder(param)
         out[param.name] = value
     return out
-
-
-def _placeholder(param: PipelineParam) -> Any:
-    if param.type is str:
-        return f"<{param.name}>"
-    if param.type is bool:
-        return False
-    floor = param.minimum if param.minimum is not None else 0
-    return math.ceil(floor) if param.type is int else float(floor)
 
 
 def operational_params(definition: PipelineDefinition, warehouse: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
