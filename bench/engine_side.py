@@ -11,6 +11,7 @@ in ``sensor_stats_bench.py``).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -23,6 +24,12 @@ from typing import Any
 __all__ = ["PIPELINE", "EngineRunError", "run_engine", "data_epochs", "processing_seconds"]
 
 PIPELINE = "bench_running_agg"
+# The benchmark's pipeline is not the product's: registered for the CLI runs (bench/ on PYTHONPATH).
+_BENCH_DIR = str(Path(__file__).resolve().parent)
+_ENV = {
+    "BARRIERFLOW_PIPELINES": "bench_running_agg:bench_running_agg",
+    "PYTHONPATH": os.pathsep.join(filter(None, [_BENCH_DIR, os.environ.get("PYTHONPATH")])),
+}
 WARMUP_EPOCHS = 2
 STDERR_TAIL_LINES = 40
 
@@ -35,7 +42,7 @@ def _run_cli(args: list[str]) -> tuple[subprocess.CompletedProcess[str], float]:
     """Run ``python -m barrierflow ARGS``; return the completed process and its wall seconds."""
     command = [sys.executable, "-m", "barrierflow", *args]
     started = time.perf_counter()
-    completed = subprocess.run(command, capture_output=True, text=True)
+    completed = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **_ENV})
     wall_s = time.perf_counter() - started
     if completed.returncode != 0:
         tail = "\n".join(completed.stderr.splitlines()[-STDERR_TAIL_LINES:])

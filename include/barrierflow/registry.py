@@ -1,32 +1,76 @@
-"""Finding pipelines by name: the built-in ones, or ``module:attribute``."""
+"""Finding pipelines by name: the product's, the ones users register, or ``module:attribute``.
+
+A registered pipeline gets its Airflow DAGs (epochs, savepoints, restores,
+reprocessing, maintenance) and is known to every command by name. Registered
+are, in this order (a name registered twice is an error):
+
+1. the product's pipelines (``sensor_stats``);
+2. entry points of installed packages in the group ``barrierflow.pipelines``
+   (name = the pipeline's name, value = ``module:attribute``);
+3. ``$BARRIERFLOW_PIPELINES``: comma-separated ``module:attribute`` targets,
+   each a :class:`~barrierflow.pipeline.PipelineDefinition` (its name is its own),
+   with the modules on ``PYTHONPATH`` wherever Airflow and the CLI run.
+
+Any other ``module:attribute`` also loads a pipeline, for one command.
+"""
 
 from __future__ import annotations
 
 import importlib
+import os
+from importlib.metadata import entry_points
+from typing import Mapping
 
 from barrierflow.errors import UnknownPipelineError
 from barrierflow.pipeline import PipelineDefinition
 
-__all__ = ["get_pipeline", "pipeline_names"]
+__all__ = ["ENTRY_POINT_GROUP", "PIPELINES_ENV", "get_pipeline", "pipeline_names", "registered_pipelines"]
 
-_BUILTIN = {
+ENTRY_POINT_GROUP = "barrierflow.pipelines"
+PIPELINES_ENV = "BARRIERFLOW_PIPELINES"
+
+_PRODUCT = {
     "sensor_stats": "barrierflow.pipelines.sensor_stats:sensor_stats",
-    "bench_running_agg": "barrierflow.pipelines.bench_running_agg:bench_running_agg",
 }
 
 
-def pipeline_names() -> list[str]:
-    return sorted(_BUILTIN)
+def registered_pipelines(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Name -> ``module:attribute`` of every registered pipeline (steps 1-3 of the module docstring)."""
+    env = os.environ if environ is None else environ
+    out = dict(_PRODUCT)
+
+    def register(name: str, target: str, where: str) -> None:
+        if name in out and out[name] != target:
+            raise UnknownPipelineError(f"pipeline {name!r} from {where} ({target}) is already registered as {out[name]}")
+        out[name] = target
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP):  # 2.
+        register(entry.name, entry.value, f"entry point {entry.name} of {ENTRY_POINT_GROUP}")
+    for target in filter(None, (t.strip() for t in env.get(PIPELINES_ENV, "").split(","))):  # 3.
+        if ":" not in target:
+            raise UnknownPipelineError(f"${PIPELINES_ENV}: {target!r} is not module:attribute")
+        register(_load(target, target).name, target, f"${PIPELINES_ENV}")
+    return out
 
 
-def get_pipeline(name: str) -> PipelineDefinition:
+def pipeline_names(environ: Mapping[str, str] | None = None) -> list[str]:
+    return sorted(registered_pipelines(environ))
+
+
+def get_pipeline(name: str, environ: Mapping[str, str] | None = None) -> PipelineDefinition:
     """The definition registered as ``name``, or loaded from ``package.module:attr``."""
-    target = _BUILTIN.get(name, name if ":" in name else None)
+    registered = registered_pipelines(environ)
+    target = registered.get(name, name if ":" in name else None)
     if target is None:
         raise UnknownPipelineError(
-            f"unknown pipeline {name!r}; registered: {', '.join(pipeline_names())} "
-            "(or give package.module:attribute)"
+            f"unknown pipeline {name!r}; registered: {', '.join(sorted(registered))} "
+            f"(register yours with ${PIPELINES_ENV}=module:attribute or an entry point in {ENTRY_POINT_GROUP!r}, "
+            "or give package.module:attribute)"
         )
+    return _load(name, target)
+
+
+def _load(name: str, target: str) -> PipelineDefinition:
     module_name, _, attr = target.partition(":")
     try:
         definition = getattr(importlib.import_module(module_name), attr)

@@ -19,15 +19,16 @@ import pytest
 from barrierflow.dags.environment import repo_root
 from barrierflow.dags.settings import MAINTENANCE_DAG_ID
 from barrierflow.registry import get_pipeline, pipeline_names
+from readme_example import TARGET as README_TARGET
+from readme_example import write_readme_module
 
 DAGS_FOLDER = repo_root() / "dags"
-EXPECTED_IDS = sorted(
-    [f"barrierflow_{p}" for p in pipeline_names()]
-    + [f"barrierflow_{p}_savepoint" for p in pipeline_names()]
-    + [f"barrierflow_{p}_restore" for p in pipeline_names()]
-    + [f"barrierflow_{p}_reprocess" for p in pipeline_names()]
-    + [MAINTENANCE_DAG_ID]
-)
+def _dag_ids(names: list[str]) -> list[str]:
+    kinds = ("", "_savepoint", "_restore", "_reprocess")
+    return sorted([f"barrierflow_{p}{kind}" for p in names for kind in kinds] + [MAINTENANCE_DAG_ID])
+
+
+EXPECTED_IDS = _dag_ids(pipeline_names())
 
 # Fills a DagBag from dags/ in a fresh interpreter, recording every directory
 # listing and every file opened under the warehouse or the landing directory.
@@ -68,12 +69,19 @@ _PARSE_SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module", params=["local", "s3"])
 def parsed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The DagBag's figures with a local warehouse, and with an ``s3://`` one (which tasks refuse, but parsing must not)."""
+    """The DagBag's figures with a local warehouse, and with an ``s3://`` one (which tasks refuse, but parsing must not).
+
+    A user's pipeline (the README's example, saved as a module on the path) is
+    registered through ``$BARRIERFLOW_PIPELINES``: it gets its DAGs too.
+    """
     base = tmp_path_factory.mktemp("parse")
+    write_readme_module(base / "user_code")
     env = {
         **os.environ,
         "BARRIERFLOW_WAREHOUSE": str(base / "warehouse") if request.param == "local" else "s3://bucket/warehouse",
         "BARRIERFLOW_SENSOR_STATS__LANDING_DIR": str(base / "landing"),
+        "BARRIERFLOW_PIPELINES": README_TARGET,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(base / "user_code"), os.environ.get("PYTHONPATH")])),
     }
     proc = subprocess.run(
         [sys.executable, "-c", _PARSE_SCRIPT, str(DAGS_FOLDER)],
@@ -87,7 +95,7 @@ def parsed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 def test_every_dag_file_imports_without_errors(parsed: dict[str, Any]) -> None:
     assert parsed["errors"] == {}
-    assert parsed["dag_ids"] == EXPECTED_IDS
+    assert parsed["dag_ids"] == _dag_ids([*pipeline_names(), "clicks"])
 
 
 def test_importing_the_dag_files_does_no_work(parsed: dict[str, Any]) -> None:

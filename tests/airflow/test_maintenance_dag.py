@@ -11,26 +11,32 @@ from barrierflow import storage
 from barrierflow.dags import build_maintenance_dag
 from dag_runs import dag_settings, minute, run_dag, task_logs, xcom
 from operations import LANDING_ENV, run_epochs_in_process, write_landing
+from readme_example import TARGET, write_readme_module
 from sensor_check import assert_matches_reference, reference_for
 
 pytestmark = pytest.mark.slow
 
 
 def test_maintenance_keeps_the_retained_checkpoints_and_skips_pipelines_that_never_ran(
-    tmp_path: Path, local_warehouse: str, spark: Any, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, local_warehouse: str, spark: Any, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Maintenance itself on S3: test_savepoint_restore.py (retained epochs) and test_object_store.py (unreferenced files).
     warehouse = local_warehouse
     landing = write_landing(tmp_path, files=2, seed=41)
     coordinator = run_epochs_in_process(warehouse, landing, spark, epochs=2)
     lineage = coordinator.current_lineage()["lineage_id"]
+    # A user's pipeline (the README's), registered but never run: its task is skipped.
+    write_readme_module(tmp_path / "user_code")
+    monkeypatch.syspath_prepend(str(tmp_path / "user_code"))
+    monkeypatch.setenv("BARRIERFLOW_PIPELINES", TARGET)
     dag = build_maintenance_dag(None, dag_settings(warehouse), environ={LANDING_ENV: str(landing)})
 
     run = run_dag(dag, minute(2036, 3, 1, 0, 0), {"retained_checkpoints": 1, "vacuum_retention_hours": 0})
     assert run.state == "success", run.tasks
     assert run.state_of("maintain_sensor_stats") == "success"
-    assert run.state_of("maintain_bench_running_agg") == "skipped"
-    assert "pipeline bench_running_agg has never run" in task_logs(caplog, capfd)
+    assert run.state_of("maintain_clicks") == "skipped"
+    assert "pipeline clicks has never run" in task_logs(caplog, capfd)
     report = xcom(run, "maintain_sensor_stats")
     assert report["retained_epochs"] == [2]
     assert report["expired_epochs"] == [f"{lineage}/1"]

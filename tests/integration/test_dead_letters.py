@@ -1,7 +1,7 @@
 """What is not a record of the pipeline is a dead letter with a reason code, never a coerced or dropped record.
 
 The README's ``clicks`` pipeline (deduplicate by ``event_id``, running totals
-per ``user_id``) runs over lines a producer gets wrong; its totals are
+per ``user_id``; the README's code itself) runs over lines a producer gets wrong; its totals are
 compared with a plain-Python model that keeps only the well-formed records,
 and each bad line must come back once in ``dead_letter`` with the reason code
 the model gives it. A fuzz test then feeds adversarial bytes to both JSON
@@ -31,6 +31,7 @@ from barrierflow.query import run_query
 from barrierflow.sinks import DeltaSink
 from barrierflow.sources import FileSource, RecordError
 from barrierflow.sources.base import SEQ
+from readme_example import readme_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -41,15 +42,6 @@ EVENT_SCHEMA = pa.schema(
         pa.field("amount", pa.float64(), nullable=False),
     ]
 )
-
-
-@pipeline("clicks", params=[Param("landing_dir", str)])
-def clicks(p: PipelineBuilder, params: dict[str, Any]) -> None:
-    events = p.source(FileSource("events", params["landing_dir"], schema=EVENT_SCHEMA))
-    (events.deduplicate("dedup", key="event_id")
-           .key_by("user_id")
-           .aggregate("per_user", Count(), Sum("amount", "total"))
-           .sink_to(DeltaSink.upsert("user_totals", key="user_id")))  # fmt: skip
 
 
 @pipeline("clicks_unordered", params=[Param("landing_dir", str)])
@@ -112,8 +104,10 @@ def _totals(dedup: bool) -> dict[str, tuple[int, float]]:
     return totals
 
 
-@pytest.mark.parametrize("definition", [clicks, clicks_unordered], ids=["deduplicated", "unordered-first"])
-def test_the_readme_pipeline_dead_letters_each_bad_line_with_its_reason(spark: Any, tmp_path: Path, definition: Any) -> None:
+@pytest.mark.parametrize("variant", ["readme", "unordered-first"])
+def test_the_readme_pipeline_dead_letters_each_bad_line_with_its_reason(spark: Any, tmp_path: Path, variant: str) -> None:
+    """The README's own code (its "Declare a pipeline" block), and a variant without deduplication."""
+    definition = readme_pipeline(tmp_path / "user_code") if variant == "readme" else clicks_unordered
     # A local warehouse: dead letters are staged and committed as every table is (on S3 in test_sensor_stats.py).
     landing, warehouse = tmp_path / "landing", str(tmp_path / "wh")
     landing.mkdir()
@@ -122,7 +116,7 @@ def test_the_readme_pipeline_dead_letters_each_bad_line_with_its_reason(spark: A
     assert [r.epoch for r in coordinator.run(until_caught_up=True)] == [1]
 
     rows = run_query(warehouse, definition.name, "select user_id, count, total from user_totals").to_pylist()
-    dedup = definition is clicks
+    dedup = variant == "readme"
     assert {r["user_id"]: (r["count"], r["total"]) for r in rows} == _totals(dedup)
     dead = run_query(warehouse, definition.name, "select line, raw, reason, detail from dead_letter").to_pylist()
     want = {n: (LINES[n - 1][0], reason) for n, reason in _reasons(dedup).items()}

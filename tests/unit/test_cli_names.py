@@ -6,7 +6,7 @@ from barrierflow.cli import _pipeline_name
 
 
 def test_a_module_attribute_reference_names_the_pipeline_it_defines() -> None:
-    assert _pipeline_name("barrierflow.pipelines.bench_running_agg:bench_running_agg") == "bench_running_agg"
+    assert _pipeline_name("barrierflow.pipelines.sensor_stats:sensor_stats") == "sensor_stats"
 
 
 def test_a_plain_name_is_taken_as_is_without_loading_code() -> None:

@@ -186,15 +186,34 @@ def test_module_attribute_targets_that_are_not_pipelines(target: str, match: str
 
 
 def test_module_attribute_target_loads_a_definition() -> None:
-    definition = get_pipeline("barrierflow.pipelines.bench_running_agg:bench_running_agg")
-    assert definition is get_pipeline("bench_running_agg")
+    definition = get_pipeline("barrierflow.pipelines.sensor_stats:sensor_stats")
+    assert definition is get_pipeline("sensor_stats")
 
 
-def test_registered_names() -> None:
-    assert pipeline_names() == ["bench_running_agg", "sensor_stats"]
+def test_the_registry_holds_the_products_pipelines_and_those_users_register(tmp_path: Path) -> None:
+    from readme_example import TARGET, write_readme_module
+
+    assert pipeline_names() == ["sensor_stats"]  # the benchmark's pipeline lives in bench/
     for name in pipeline_names():
-        assert isinstance(get_pipeline(name), PipelineDefinition)
-        assert get_pipeline(name).name == name
+        assert isinstance(get_pipeline(name), PipelineDefinition) and get_pipeline(name).name == name
+    # A user's module on the path, named in $BARRIERFLOW_PIPELINES: registered under its own name.
+    write_readme_module(tmp_path)
+    env = {"BARRIERFLOW_PIPELINES": f" {TARGET} ,"}
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert pipeline_names(env) == ["clicks", "sensor_stats"]
+        assert get_pipeline("clicks", env).name == "clicks"
+        with pytest.raises(UnknownPipelineError, match="not module:attribute"):
+            pipeline_names({"BARRIERFLOW_PIPELINES": "clicks"})
+        with pytest.raises(UnknownPipelineError, match="BARRIERFLOW_PIPELINES=module:attribute"):
+            get_pipeline("clicks")  # not registered here
+        (tmp_path / "same_name.py").write_text("from barrierflow.pipelines.sensor_stats import sensor_stats as again\n")
+        with pytest.raises(UnknownPipelineError, match="'sensor_stats' .* is already registered"):
+            pipeline_names({"BARRIERFLOW_PIPELINES": "same_name:again"})
+    finally:
+        sys.path.remove(str(tmp_path))
 
 
 # -- sensor_stats -----------------------------------------------------------------
