@@ -363,8 +363,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from barrierflow.checkpoint_log import CheckpointLog, iso_us
     from barrierflow.coordinator import backlog_report, blocked_state
     from barrierflow.layout import PipelineLayout
+    from barrierflow.storage import exists, join_uri, list_dir, read_json
     from barrierflow.ui.chart import format_bytes, format_ms
-    from barrierflow.storage import exists, list_dir, read_json, join_uri
 
     layout = PipelineLayout.of(_warehouse(args), _pipeline_name(args.pipeline))
     if not exists(layout.pipeline_meta):

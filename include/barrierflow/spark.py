@@ -23,8 +23,8 @@ import os
 import socket
 import sys
 import uuid
-from urllib.parse import urlparse
 from typing import TYPE_CHECKING, Any, Callable, Hashable, TypeVar
+from urllib.parse import urlparse
 
 from barrierflow.errors import ConfigurationError, EngineUnavailableError
 from barrierflow.shipping import package_archive, ships_package

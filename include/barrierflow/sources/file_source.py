@@ -24,11 +24,17 @@ from barrierflow import storage
 from barrierflow.errors import BlockedInputError, PipelineDefinitionError, SourceError, StorageError
 from barrierflow.sources.base import SEQ, Backlog, SourceBatch, arrival_seq
 from barrierflow.sources.dead_letters import (
-    DeadLetterReason, checked_rows, first_problem, problem, reason_and_detail, record_checks, whole_file_dead_letters,
+    DeadLetterReason,
+    checked_rows,
+    first_problem,
+    problem,
+    reason_and_detail,
+    record_checks,
+    whole_file_dead_letters,
 )
+from barrierflow.sources.schema_check import ColumnMismatch, schema_mismatches
 from barrierflow.spark import session_cached
 from barrierflow.storage import join_uri, local_path, normalize_uri
-from barrierflow.sources.schema_check import ColumnMismatch, schema_mismatches
 from barrierflow.table_files import ROW_INDEX_COLUMN, parquet_schema, read_parquet_files
 
 if TYPE_CHECKING:
