@@ -371,7 +371,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         raise BarrierflowError(f"pipeline {args.pipeline!r} has never run in warehouse {layout.warehouse}")
     meta = read_json(layout.pipeline_meta) or {}
     lineages = [n for n in list_dir(layout.lineages) if n.endswith(".json")]
-    lineage = read_json(join_uri(layout.lineages, lineages[-1])) if lineages else {}
+    lineage = (read_json(join_uri(layout.lineages, lineages[-1])) or {}) if lineages else {}
     records = CheckpointLog(layout).lineage_records(lineage.get("lineage_id", ""))
     last = CheckpointLog.last_completed(records)
     pending_epochs = {

@@ -451,7 +451,8 @@ def _replace_content(
             )
         else:
             # Overwrite removes every live file itself, and takes the code's schema.
-            table.create_write_transaction(adds, mode="overwrite", schema=delta_schema, commit_properties=properties)
+            # ([*adds]: deltalake types this argument as a list of adds and removes, and a list is invariant.)
+            table.create_write_transaction([*adds], mode="overwrite", schema=delta_schema, commit_properties=properties)
     except DeltaError as exc:
         raise CheckpointError(f"cannot restore table {uri}: {exc}; run the restore again") from exc
     return sum(f.rows for f in staged)

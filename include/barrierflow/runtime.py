@@ -471,7 +471,9 @@ def process_epoch(
         faults.maybe_fail("process.after_manifest")
         return manifest
     # Another attempt voted first: its file set is the only one that may commit.
-    winner = Manifest.from_json(storage.read_json(uri))
+    winner_doc = storage.read_json(uri)
+    assert winner_doc is not None  # the file exists: the conditional write above lost to it
+    winner = Manifest.from_json(winner_doc)
     ctx.discard_staged()
     return winner
 

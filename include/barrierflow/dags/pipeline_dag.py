@@ -164,7 +164,7 @@ def _wait_for_earlier_runs(context: "Context", wait_s: float) -> None:
 
     ti = context["ti"]
     deadline = time.monotonic() + wait_s
-    announced = False
+    announced: str | None = None
     while True:
         earlier = ti.get_previous_dagrun(state=DagRunState.RUNNING) or ti.get_previous_dagrun(
             state=DagRunState.QUEUED

@@ -149,6 +149,7 @@ class DeltaStateBackend:
         if key_count is not None and not worth_matching(stored, key_count, cached=cached):
             keys, cached = None, False
         if cached:
+            assert keys is not None  # cached only with keys
             live = self._lookup_in_workers(spec, files, keys)
         else:
             live = self._latest(spec, [f.uri for f in files], keep_expired=False, key_groups=wanted, keys=keys, key_count=key_count)
