@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser postgres run test bench bench-airflow lock clean
+.PHONY: setup browser postgres run lint test bench bench-airflow lock clean
 
 setup: $(STAMP)
 
@@ -36,7 +36,12 @@ postgres:
 run: setup
 	$(BIN)/python -m barrierflow.devserver
 
-test: setup
+# Lint and type checks (configured in pyproject.toml); make test runs them first.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: setup lint
 	$(BIN)/pytest -n 2 --maxschedchunk=1 --durations=25
 
 bench: setup

@@ -93,8 +93,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
 
-from bench_bigstate import PIPELINE_REF, SINK  # noqa: E402
 from barrierflow.spark import MASTER_ENV  # noqa: E402
+from bench_bigstate import PIPELINE_REF, SINK  # noqa: E402
 
 __all__ = ["run_bigstate", "generate_bigstate", "ProcessTreeMonitor", "DEFAULT_SIZES"]
 

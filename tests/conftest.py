@@ -75,6 +75,7 @@ def s3_bucket(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> str:
     import uuid
 
     import boto3
+
     from s3_server import aws_env
 
     for name, value in aws_env(s3_server.endpoint).items():

@@ -13,7 +13,7 @@ import dataclasses
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, Iterable
+from typing import Any, Iterable, overload
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
@@ -66,6 +66,12 @@ def iso_now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
+@overload
+def iso_us(us: int) -> str: ...
+@overload
+def iso_us(us: None) -> None: ...
+@overload
+def iso_us(us: int | None) -> str | None: ...
 def iso_us(us: int | None) -> str | None:
     """A microsecond epoch timestamp as ISO 8601 UTC (``...Z``)."""
     if us is None:

@@ -363,15 +363,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from barrierflow.checkpoint_log import CheckpointLog, iso_us
     from barrierflow.coordinator import backlog_report, blocked_state
     from barrierflow.layout import PipelineLayout
+    from barrierflow.storage import exists, join_uri, list_dir, read_json
     from barrierflow.ui.chart import format_bytes, format_ms
-    from barrierflow.storage import exists, list_dir, read_json, join_uri
 
     layout = PipelineLayout.of(_warehouse(args), _pipeline_name(args.pipeline))
     if not exists(layout.pipeline_meta):
         raise BarrierflowError(f"pipeline {args.pipeline!r} has never run in warehouse {layout.warehouse}")
     meta = read_json(layout.pipeline_meta) or {}
     lineages = [n for n in list_dir(layout.lineages) if n.endswith(".json")]
-    lineage = read_json(join_uri(layout.lineages, lineages[-1])) if lineages else {}
+    lineage = (read_json(join_uri(layout.lineages, lineages[-1])) or {}) if lineages else {}
     records = CheckpointLog(layout).lineage_records(lineage.get("lineage_id", ""))
     last = CheckpointLog.last_completed(records)
     pending_epochs = {

@@ -72,9 +72,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from barrierflow.dags.settings import PROCESS_MODE_ENV, SPARK_SUBMIT_MODE, DagSettings, param_env_var, pipeline_dag_id
 from barrierflow.engine import DEFAULT_ENGINE_PORT, EngineConfig, LocalEngine
-from barrierflow.warmup import DEFAULT_WARM_UP_EPOCHS
 from barrierflow.errors import ConfigurationError, EngineUnavailableError
 from barrierflow.metadata_db import EmbeddedPostgres
+from barrierflow.warmup import DEFAULT_WARM_UP_EPOCHS
 
 __all__ = [
     "DevServerConfig",

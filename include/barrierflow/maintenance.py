@@ -111,8 +111,8 @@ def run_maintenance(
                 expired.append(f"{lineage}/{epoch}")
         keep: dict[str, set[int]] = {}
         for record in retained:
-            for table, version in record.versions().items():
-                keep.setdefault(table, set()).add(version)
+            for table_name, version in record.versions().items():
+                keep.setdefault(table_name, set()).add(version)
         vacuumed: dict[str, int] = {}
         cutoff = time.time() - vacuum_retention_hours * 3600
         in_flight = (lineage_id, last.epoch if last is not None else 0)

@@ -24,7 +24,6 @@ from typing import Any, Callable, Mapping
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.aggregate import Aggregation, RunningAggregate
 from barrierflow.operators.base import Node
-from barrierflow.state.spec import StateSpec
 from barrierflow.operators.dedup import Deduplicate
 from barrierflow.operators.process import KeyedProcess, KeyedProcessFunction
 from barrierflow.operators.watermark import WatermarkAssigner
@@ -32,6 +31,7 @@ from barrierflow.operators.window import TumblingEventTimeWindows, TumblingWindo
 from barrierflow.params import Param, resolve_params
 from barrierflow.sinks.delta_sink import DeltaSink, SinkNode
 from barrierflow.sources.base import Source
+from barrierflow.state.spec import StateSpec
 
 __all__ = [
     "PipelineDefinition",

@@ -14,7 +14,8 @@ import io
 import json
 import math
 import re
-from datetime import date, datetime, time as dtime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
+from datetime import time as dtime
 from decimal import Decimal
 from typing import Any
 

@@ -53,10 +53,8 @@ from barrierflow import faults, storage
 from barrierflow.checkpoint import RESTORE_ATTEMPT_PREFIX, CheckpointRecord, EpochStatus, Fence, app_id
 from barrierflow.checkpoint_log import iso_now, now_us
 from barrierflow.delta_commit import TABLE_CONFIGURATION, fence_transaction, open_table, raise_fence, stored_rows
-from barrierflow.staging import write_parquet
 from barrierflow.errors import CheckpointError, CommitConflictError, IncompatibleSavepointError, SavepointError
 from barrierflow.layout import RESTORED_DIR, PipelineLayout
-from barrierflow.state.spec import KEY_GROUP
 from barrierflow.pipeline import Pipeline, PipelineDefinition
 from barrierflow.savepoint import (
     DEFAULT_LEASE_WAIT_S,
@@ -65,7 +63,9 @@ from barrierflow.savepoint import (
     snapshot_chunks,
     state_signature,
 )
+from barrierflow.staging import write_parquet
 from barrierflow.state.delta_state_backend import live_row_chunks, stored_batches
+from barrierflow.state.spec import KEY_GROUP
 
 if TYPE_CHECKING:
     from barrierflow.coordinator import CheckpointCoordinator
@@ -451,7 +451,8 @@ def _replace_content(
             )
         else:
             # Overwrite removes every live file itself, and takes the code's schema.
-            table.create_write_transaction(adds, mode="overwrite", schema=delta_schema, commit_properties=properties)
+            # ([*adds]: deltalake types this argument as a list of adds and removes, and a list is invariant.)
+            table.create_write_transaction([*adds], mode="overwrite", schema=delta_schema, commit_properties=properties)
     except DeltaError as exc:
         raise CheckpointError(f"cannot restore table {uri}: {exc}; run the restore again") from exc
     return sum(f.rows for f in staged)

@@ -21,7 +21,6 @@ from barrierflow.checkpoint import Barrier, CheckpointRecord, Manifest, TableCom
 from barrierflow.delta_commit import schema_json_of
 from barrierflow.errors import CheckpointError, FencedError, PipelineDefinitionError
 from barrierflow.layout import PipelineLayout
-from barrierflow.state.spec import KEY_GROUP
 from barrierflow.pipeline import Node, Pipeline, SourceNode
 from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
 from barrierflow.sources.base import planned_bytes
@@ -29,6 +28,7 @@ from barrierflow.spark import describe_jobs, observation_done
 from barrierflow.staging import stage_frame, with_constants, write_parquet
 from barrierflow.state import resident
 from barrierflow.state.delta_state_backend import DeltaStateBackend
+from barrierflow.state.spec import KEY_GROUP
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -479,7 +479,9 @@ def process_epoch(
         faults.maybe_fail("process.after_manifest")
         return manifest
     # Another attempt voted first: its file set is the only one that may commit.
-    winner = Manifest.from_json(storage.read_json(uri))
+    winner_doc = storage.read_json(uri)
+    assert winner_doc is not None  # the file exists: the conditional write above lost to it
+    winner = Manifest.from_json(winner_doc)
     ctx.discard_staged()
     return winner
 

@@ -255,7 +255,8 @@ def _snapshot_state(
         return StateSnapshot(operator_id, state, (), 0, ())
     schema = table.to_pyarrow_dataset().schema
     keys = schema.names[: schema.get_field_index("_key_group")]
-    rels, rows = [], 0
+    rels: list[str] = []
+    rows = 0
     for chunk in live_row_chunks(table, keys):  # bounded memory, whatever the state's size
         rel = f"{prefix}/state/{operator_id}/{state}/part-{len(rels):05d}.parquet"
         _write_parquet([chunk], chunk.schema, storage.join_uri(root, rel))

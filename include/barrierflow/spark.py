@@ -23,8 +23,8 @@ import os
 import socket
 import sys
 import uuid
-from urllib.parse import urlparse
 from typing import TYPE_CHECKING, Any, Callable, Hashable, TypeVar
+from urllib.parse import urlparse
 
 from barrierflow.errors import ConfigurationError, EngineUnavailableError
 from barrierflow.shipping import package_archive, ships_package
@@ -103,7 +103,7 @@ def session_cached(key: Hashable, build: Callable[[], _T]) -> _T:
     owner = _session_owner()
     hit = _cached.get(key)
     if hit is not None and hit[0] is owner:
-        return hit[1]  # type: ignore[no-any-return]
+        return hit[1]
     value = build()
     _cached[key] = (owner, value)
     return value
@@ -338,8 +338,9 @@ def _classic_session(master: str | None) -> "SparkSession":
         # Under spark-submit without an explicit choice, --master (the Airflow Spark connection) holds.
         builder = builder.master(chosen)
     builder = (
-        builder.config(map=session_conf())
-        .config(map=application_conf())
+        # ({**...}: PySpark types map= as a dict of any primitive values, and a dict is invariant.)
+        builder.config(map={**session_conf()})
+        .config(map={**application_conf()})
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", os.environ.get("BARRIERFLOW_DRIVER_MEMORY", "2g"))

@@ -525,7 +525,8 @@ def _s3_head(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
 
 def _retryable(exc: Exception) -> bool:
     """A transport error or a server-side error: the request may or may not have taken effect."""
-    from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
+    from botocore.exceptions import ClientError, HTTPClientError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
 
     if isinstance(exc, (BotoConnectionError, HTTPClientError)):
         return True

@@ -65,10 +65,9 @@ def fresh_assets() -> None:
     unreferenced ones is the scheduler's job (``_update_asset_orphanage``),
     and no scheduler runs here, so it is done by hand.
     """
-    from sqlalchemy import delete
-
     from airflow.models.asset import AssetActive
     from airflow.utils.session import create_session
+    from sqlalchemy import delete
 
     with create_session() as session:
         session.execute(delete(AssetActive))

@@ -89,10 +89,9 @@ def _text(state: Any) -> str | None:
 
 def asset_events(run: RunOutcome) -> list[tuple[str, str, dict[str, Any]]]:
     """(task_id, asset name, extra) of every asset event the run emitted."""
-    from sqlalchemy import select
-
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     with create_session() as session:
         rows = session.execute(

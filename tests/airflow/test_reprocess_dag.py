@@ -23,8 +23,8 @@ from barrierflow.dags.settings import CONNECT_MODE, SPARK_SUBMIT_MODE
 from barrierflow.registry import get_pipeline
 from dag_runs import dag_settings, minute, run_dag, set_mtime, task_logs, xcom
 from operations import LANDING_ENV, write_landing
-from sensor_check import assert_matches_reference
 from reference.sensor_stats_reference import run_reference
+from sensor_check import assert_matches_reference
 
 pytestmark = pytest.mark.slow
 

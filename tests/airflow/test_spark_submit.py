@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from barrierflow.dags.environment import LOCAL_SPARK_CONNECTION, SPARK_CONN_ENV
-from barrierflow.dags.spark_submit import ProcessEpochOperator, ensure_spark_connection, process_job_arguments
 from barrierflow.dags.settings import DagSettings
+from barrierflow.dags.spark_submit import ProcessEpochOperator, ensure_spark_connection, process_job_arguments
 
 
 def test_job_arguments_carry_the_runs_params() -> None:

@@ -126,8 +126,9 @@ def assert_nothing_staged_visible(warehouse: Path | str) -> None:
         manifest = Manifest.from_json(storage.read_json(layout.manifest(record.lineage_id, record.epoch)))
         for table in manifest.tables:
             winners.setdefault(table.name, set()).update(f.path for f in table.adds)
-    from barrierflow.query import table_uri
     import pyarrow as pa
+
+    from barrierflow.query import table_uri
 
     for name in completed[-1].versions():
         table = DeltaTable(table_uri(layout, name))

@@ -103,10 +103,10 @@ def test_run_status_checkpoints_query(tmp_path: Path, warehouse: str, spark_engi
 
 def test_process_step_runs_as_a_separate_spark_job(tmp_path: Path, warehouse: str) -> None:
     """Steps in separate processes, as Airflow tasks run them: plan, spark job, commit."""
+    from barrierflow import storage
     from barrierflow.coordinator import CheckpointCoordinator
     from barrierflow.datagen import SensorStreamSpec, write_sensor_files
     from barrierflow.registry import get_pipeline
-    from barrierflow import storage
 
     landing = tmp_path / "landing"
     write_sensor_files(landing, SensorStreamSpec(n_files=2, records_per_file=40, seed=51))

@@ -9,10 +9,9 @@ from typing import Any, Callable
 
 import pytest
 
-from barrierflow import storage
+from barrierflow import runtime, storage
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow import runtime
 from barrierflow.registry import get_pipeline
 from barrierflow.sinks import delta_sink
 from barrierflow.state import delta_state_backend, worker_cache
@@ -123,8 +122,7 @@ def test_files_arriving_between_epochs(spark: Any, tmp_path: Path, store_root: s
 def test_a_line_parser_reads_many_small_byte_ranges_exactly_once(spark: Any, store_root: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Python tasks read, number and parse their own byte ranges (from a directory or an S3 prefix): the records and dead letters of a line-by-line reading."""
     from barrierflow.pipelines.sensor_stats import READING_SCHEMA, parse_reading
-    from barrierflow.sources import FileSource, RecordError
-    from barrierflow.sources import file_source
+    from barrierflow.sources import FileSource, RecordError, file_source
 
     good = '{"event_id": "e%d", "sensor_id": "s%d", "ts": "2026-01-01T00:00:%02dZ", "temperature": %d.5}'
     lines = [(good % (i, i % 3, i % 60, i)).encode() for i in range(400)]

@@ -19,12 +19,12 @@ import pyarrow as pa
 
 from barrierflow import faults
 from barrierflow.checkpoint import TableKind
-from barrierflow.state.spec import KEY_GROUP
 from barrierflow.params import Param
 from barrierflow.pipeline import PipelineBuilder, PipelineDefinition
 from barrierflow.runtime import EpochContext
 from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
 from barrierflow.sources.file_source import FileSource
+from barrierflow.state.spec import KEY_GROUP
 
 __all__ = ["LINES", "stub_compute", "epoch_tables", "LINE_SCHEMA"]
 

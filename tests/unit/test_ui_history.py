@@ -282,7 +282,7 @@ def test_failures_restore_points_and_rewound_epochs_read_as_what_they_are(tmp_pa
 
     from barrierflow.checkpoint import EpochStatus
     from barrierflow.checkpoint_log import CheckpointLog
-    from ui_warehouse import S, WALL, _record
+    from ui_warehouse import WALL, S, _record
 
     facts = build_demo_warehouse(tmp_path)
     log = CheckpointLog(facts["layout"])

@@ -127,12 +127,12 @@ def barrier_step(
         held = _hold_of_another(coordinator, bound.owner, owner_active)  # 0
         pending = recovery.pending_barrier
         foreign = pending is not None and pending.planned_by != bound.owner
-        if held is not None or (foreign and owner_active(pending.planned_by)):  # 0, 2b
+        if held is not None or (foreign and pending is not None and owner_active(pending.planned_by)):  # 0, 2b
             barrier, stop = None, None
         else:  # 2a, 2c, 3
             barrier = coordinator.trigger_checkpoint(recovery, bound)
             stop = _stop_reason(coordinator) if barrier is None else None
-    base = dict(pipeline=name, step="barrier", lineage_id=recovery.lineage_id)
+    base: dict[str, Any] = dict(pipeline=name, step="barrier", lineage_id=recovery.lineage_id)
     recovered = {
         "last_completed_epoch": recovery.last_completed_epoch,
         "rolled_forward": list(recovery.rolled_forward),
@@ -302,7 +302,7 @@ def run_epoch_steps(
     bound: ArrivalBound,
     lease_wait_s: float,
     process: Callable[[], None],
-    on_report: Callable[[StepReport], None] = lambda report: None,
+    on_report: Callable[[StepReport], object] = lambda report: None,
     owner_active: Callable[[str], bool] = lambda owner: False,
 ) -> StepReport | None:
     """Steps 1-5 of one more epoch, each under its own lease; ``process`` runs step 3

@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.dags.assets import pipeline_sinks, sink_assets
 from barrierflow.dags.docs import pipeline_doc
-from barrierflow.dags.operations import fail_without_retry
 from barrierflow.dags.lifecycle import (
     StepReport,
     barrier_step,
@@ -46,6 +45,7 @@ from barrierflow.dags.lifecycle import (
     process_step,
     run_epoch_steps,
 )
+from barrierflow.dags.operations import fail_without_retry
 from barrierflow.dags.params import CATCH_UP_PARAM, pipeline_dag_params, resolve_pipeline_params, unset_required_params
 from barrierflow.dags.settings import CONNECT_MODE, SPARK_SUBMIT_MODE, DagSettings, pipeline_dag_id
 from barrierflow.dags.spark_connect import engine_spark_factory
@@ -164,7 +164,7 @@ def _wait_for_earlier_runs(context: "Context", wait_s: float) -> None:
 
     ti = context["ti"]
     deadline = time.monotonic() + wait_s
-    announced = False
+    announced: str | None = None
     while True:
         earlier = ti.get_previous_dagrun(state=DagRunState.RUNNING) or ti.get_previous_dagrun(
             state=DagRunState.QUEUED

@@ -33,10 +33,16 @@ if TYPE_CHECKING:
 
     from barrierflow.coordinator import CheckpointCoordinator
     from barrierflow.intervals import ArrivalBound
+    from barrierflow.reprocess import ReprocessPlan
 
 __all__ = ["build_reprocess_dag"]
 
 _log = logging.getLogger("barrierflow.dags")
+
+
+def _log_plan(plan: ReprocessPlan) -> None:
+    for line in plan.describe():
+        _log.info("%s", line)
 
 
 def build_reprocess_dag(
@@ -117,7 +123,7 @@ def build_reprocess_dag(
                     params=operational_params(definition, warehouse, environ),
                     spark_factory=engine_spark_factory(settings.conn_id, name) if settings.process_mode == CONNECT_MODE else None,
                     replay=replay,
-                    on_plan=lambda p: [_log.info("%s", line) for line in p.describe()],
+                    on_plan=_log_plan,
                     lease_wait_s=settings.lease_wait_s,
                     **point(params),
                 )

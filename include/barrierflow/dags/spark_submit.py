@@ -91,6 +91,10 @@ def _job_env(warehouse: str) -> dict[str, str]:
 class ProcessEpochOperator(SparkSubmitOperator):
     """spark-submit ``process_epoch.py`` for the pipeline's planned epoch (step 3)."""
 
+    # Set by SparkSubmitOperator.__init__; declared for the type checker.
+    conf: dict[Any, Any] | None
+    env_vars: dict[str, Any] | None
+
     def __init__(
         self,
         *,

@@ -214,7 +214,7 @@ class RunningAggregate(Node):
         epoch = ctx.persist(
             df.groupBy(*self.key).agg(*aggregates).withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
         )
-        sums = [col for name, col, _ in self._accumulators() if name.startswith("sum_")]
+        sums = [col for name, col, _ in self._accumulators() if name.startswith("sum_") and col is not None]
         flags = [F.col(f"_inexact_{col}") for col in sums]
         any_flag = F.lit(False)
         for flag in flags:
@@ -267,7 +267,7 @@ class RunningAggregate(Node):
         merged = epoch.join(previous, on=list(self.key), how="full")
         if flagged:
             for name, col, _ in accs:
-                if name.startswith("sum_"):
+                if name.startswith("sum_") and col is not None:
                     merged = merged.join(_fallback_sum_frame(keyed, self.key, col, epoch), on=list(self.key), how="left")
         touched = F.col("_n").isNotNull()
         columns = [*[F.col(k) for k in self.key], F.coalesce(F.col(KEY_GROUP), F.col("_prev_group")).cast("int").alias(KEY_GROUP)]
@@ -366,6 +366,7 @@ class RunningAggregate(Node):
         for name, col, _ in self._accumulators():
             if name == "count":
                 continue
+            assert col is not None  # only the count has no source column
             value = F.col(col).cast("double")
             if name.startswith("sum_"):
                 scaled = F.rint(value * F.lit(_MICRO))
@@ -409,6 +410,7 @@ class RunningAggregate(Node):
             if name == "count":
                 columns[name] = pc.add(pc.fill_null(prev, 0), merged["_n"])
             elif name.startswith("sum_"):
+                assert col is not None  # only the count has no source column
                 inexact = merged[f"_inexact_{col}"]
                 epoch_sum = pc.if_else(inexact, 0.0, pc.fill_null(merged[f"_esum_{col}"], 0.0))
                 columns[name] = pc.add(pc.fill_null(prev, 0.0), epoch_sum)

@@ -48,6 +48,7 @@ class Deduplicate(Node):
         # One small job over the epoch's records, no shuffle: the key groups
         # touched (the state read's pruning) and at most how many keys.
         touched = keyed.agg(F.count(F.lit(1)).alias("records"), F.collect_set(KEY_GROUP).alias("groups")).first()
+        assert touched is not None  # a global aggregate has exactly one row
         seen = ctx.state.read(spec, sorted(touched["groups"]), keys=firsts, key_count=touched["records"]).select(*self.key)
         fresh = firsts.join(joinable(seen, touched["records"]), on=list(self.key), how="left_anti")
         fresh = ctx.persist(fresh)

@@ -22,7 +22,9 @@ class WatermarkAssigner(Node):
         from pyspark.sql import functions as F
 
         df = ctx.persist(df)
-        max_us = df.agg(F.max(F.unix_micros(F.col(self.column))).alias("m")).first()["m"]
+        row = df.agg(F.max(F.unix_micros(F.col(self.column))).alias("m")).first()
+        assert row is not None  # a global aggregate has exactly one row
+        max_us = row["m"]
         ctx.observe_event_time(max_us, self.out_of_orderness_us)
         return df
 

@@ -51,7 +51,7 @@ class TumblingWindow(Node):
         columns = {a.column for a in self.aggregations if not isinstance(a, Count)}
         if len(columns) > 1:
             raise PipelineDefinitionError(
-                f"window {self.operator_id}: all aggregations must read the same column, got {sorted(columns)}"
+                f"window {self.operator_id}: all aggregations must read the same column, got {sorted(columns, key=str)}"
             )
         if self.assigner.size_us <= 0:
             raise PipelineDefinitionError(f"window {self.operator_id}: size must be positive")

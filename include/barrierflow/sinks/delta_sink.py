@@ -158,15 +158,13 @@ def _with_epoch(ctx: Any, rows: "DataFrame | pa.Table") -> "DataFrame | pa.Table
 
 @dataclass
 class SinkNode(Node):
-    sink: DeltaSink | None = None
+    sink: DeltaSink
 
     accepts_arrow = True
 
     def apply(self, ctx: Any, df: "DataFrame | pa.Table") -> "DataFrame | pa.Table":
-        assert self.sink is not None
         self.sink.pre_commit(ctx, df)
         return df
 
     def describe(self) -> dict[str, Any]:
-        assert self.sink is not None
         return {**super().describe(), "sink": self.sink.name, "mode": self.sink.mode, "key": list(self.sink.key)}

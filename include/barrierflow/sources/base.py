@@ -92,7 +92,8 @@ class Backlog:
 
 
 class Source(Protocol):
-    source_id: str
+    @property
+    def source_id(self) -> str: ...
 
     def plan(self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None) -> dict[str, Any]:
         """End offsets for the next epoch (equal to ``start`` content when idle)."""

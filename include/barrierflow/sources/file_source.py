@@ -24,11 +24,17 @@ from barrierflow import storage
 from barrierflow.errors import BlockedInputError, PipelineDefinitionError, SourceError, StorageError
 from barrierflow.sources.base import SEQ, Backlog, SourceBatch, arrival_seq
 from barrierflow.sources.dead_letters import (
-    DeadLetterReason, checked_rows, first_problem, problem, reason_and_detail, record_checks, whole_file_dead_letters,
+    DeadLetterReason,
+    checked_rows,
+    first_problem,
+    problem,
+    reason_and_detail,
+    record_checks,
+    whole_file_dead_letters,
 )
+from barrierflow.sources.schema_check import ColumnMismatch, schema_mismatches
 from barrierflow.spark import session_cached
 from barrierflow.storage import join_uri, local_path, normalize_uri
-from barrierflow.sources.schema_check import ColumnMismatch, schema_mismatches
 from barrierflow.table_files import ROW_INDEX_COLUMN, parquet_schema, read_parquet_files
 
 if TYPE_CHECKING:
@@ -410,8 +416,8 @@ class FileSource:
 
     def _tasks(
         self, base: str, ranges: list[list[Any]], chunk_bytes: int | None = None
-    ) -> list[tuple[str, int, str, int, int, int, int]]:
-        # (name, file index in the epoch, path, from_line, to_line (-1: to the end), byte_start, byte_end)
+    ) -> list[tuple[str, int, str, int, int, int, int, int]]:
+        # (name, file index in the epoch, path, from_line, to_line (-1: to the end), byte_start, byte_end, size)
         chunk_bytes = chunk_bytes or _CHUNK_BYTES
         tasks = []
         for fidx, (name, from_line, to_line, size) in enumerate(ranges):
@@ -723,7 +729,7 @@ def _json_line_problem(schema: pa.Schema, corrupt: str, keys: Mapping[str, str])
     # A top-level array is never a record, whatever from_json makes of it
     # (Spark's JSON reader would take its elements as records; such files are
     # never read by it, see _plain_input_job).
-    problem_of = F.when(
+    problem_of: Column | None = F.when(
         value.isNull() | value.getField(corrupt).isNotNull() | (first == F.lit("[")), F.coalesce(not_an_object, wrong_type)
     )
     problem_of = first_problem(record_checks(value.getField, schema, keys), problem_of)

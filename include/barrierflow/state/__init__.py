@@ -10,7 +10,6 @@ from barrierflow.state.descriptors import (
     StateTtlConfig,
     ValueStateDescriptor,
 )
-from barrierflow.state.spec import KEY_GROUP, StateSpec
 from barrierflow.state.keyed import (
     AggregatingState,
     ListState,
@@ -18,6 +17,7 @@ from barrierflow.state.keyed import (
     ReducingState,
     ValueState,
 )
+from barrierflow.state.spec import KEY_GROUP, StateSpec
 
 __all__ = [
     "KEY_GROUP",

@@ -20,10 +20,10 @@ import pyarrow.compute as pc
 from barrierflow.checkpoint import TableKind
 from barrierflow.delta_commit import add_actions, counted_rows, open_table, stored_rows
 from barrierflow.errors import CheckpointError
-from barrierflow.state.spec import KEY_GROUP, StateSpec
-from barrierflow.state import resident
-from barrierflow.state.worker_cache import StateFile, StateLookup, cache_limit_bytes, latest_rows, lookup_keys, unexpired
 from barrierflow.layout import COMPACTED_DIR
+from barrierflow.state import resident
+from barrierflow.state.spec import KEY_GROUP, StateSpec
+from barrierflow.state.worker_cache import StateFile, StateLookup, cache_limit_bytes, latest_rows, lookup_keys, unexpired
 from barrierflow.storage import join_uri
 from barrierflow.table_files import read_parquet_files
 
@@ -149,6 +149,7 @@ class DeltaStateBackend:
         if key_count is not None and not worth_matching(stored, key_count, cached=cached):
             keys, cached = None, False
         if cached:
+            assert keys is not None  # cached only with keys
             live = self._lookup_in_workers(spec, files, keys)
         else:
             live = self._latest(spec, [f.uri for f in files], keep_expired=False, key_groups=wanted, keys=keys, key_count=key_count)

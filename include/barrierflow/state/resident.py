@@ -37,7 +37,7 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar, cast
 
 import pyarrow as pa
 
@@ -63,7 +63,8 @@ class Snapshot:
     def of(cls, table: "DeltaTable | None") -> "Snapshot":
         if table is None:
             return cls(None, None)
-        return cls(table.metadata().id, table.version())
+        # deltalake annotates Metadata.id as int; it is the table's id string (a UUID).
+        return cls(cast(str, table.metadata().id), table.version())
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ class ResidentCopies(Generic[_T]):
                 from barrierflow.delta_commit import open_table
 
                 table = open_table(uri)
-                ident = table.metadata().id if table is not None else None
+                ident = cast(str, table.metadata().id) if table is not None else None  # a string, see Snapshot.of
             if ident is None:
                 dropped.append(pending.copy.live)
                 return

@@ -109,10 +109,9 @@ def _login_url(request: Request) -> str | None:
 
 async def airflow_authenticator(request: Request) -> Viewer:
     """Resolve the caller with Airflow's own ``get_user`` (cookie or bearer JWT)."""
-    from fastapi.security import HTTPBearer
-
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.core_api.security import get_user
+    from fastapi.security import HTTPBearer
 
     bearer = await HTTPBearer(auto_error=False)(request)
     try:
