@@ -267,8 +267,14 @@ def test_page_shows_the_backlog_measured_now_and_per_epoch(demo: dict[str, Any])
         "sources": {"readings": {"files": 3, "bytes": 2048, "oldest_arrival_ms": 0, "lag_ms": 125_000}},
     }
     phases = {"barrier": 120, "process": 2_000, "wait": 0, "stage": 300, "commit": 80}
-    rows = [dataclasses.replace(e, backlog_files=2, backlog_bytes=1536, input_lag_ms=61_000, phase_ms=phases) for e in h.epochs]
+    run = "barrierflow_demo:scheduled__2024-01-01T00:01:00+00:00"
+    rows = [
+        dataclasses.replace(e, backlog_files=2, backlog_bytes=1536, input_lag_ms=61_000, phase_ms=phases, planned_by=run)
+        for e in h.epochs
+    ]
     page = _parse(render_pipeline(dataclasses.replace(h, backlog=report, epochs=tuple(rows))))
+    links = [a.get("href") for t, a in page.tags if t == "a"]
+    assert "/dags/barrierflow_demo/runs/scheduled__2024-01-01T00%3A01%3A00%2B00%3A00" in links  # the run's page in Airflow
     text = " ".join(page.text)
     assert "Backlog 3 files, 2.0 KiB" in text and "Input lag 2 min 5 s" in text
     assert "2 files, 1.5 KiB 1 min 1 s" in text  # an epoch's row

@@ -79,8 +79,8 @@ def _status(status: str) -> str:
     return f'<span class="status status-{_e(status)}">{_e(status)}</span>'
 
 
-def _short_time(iso: str | None) -> str:
-    """``2024-01-02T03:04:05.678901Z`` -> ``2024-01-02 03:04:05Z`` (full value in the title)."""
+def _short_time(iso: str | None, compact: bool = False) -> str:
+    """``2024-01-02T03:04:05.678901Z`` -> ``2024-01-02 03:04:05Z``, or ``01-02 03:04:05`` when ``compact`` (full value in the title)."""
     if not iso:
         return ""
     text = iso.replace("T", " ")
@@ -88,6 +88,8 @@ def _short_time(iso: str | None) -> str:
         head, _, tail = text.partition(".")
         zone = "Z" if tail.endswith("Z") else ""
         text = head + zone
+    if compact and len(text) >= 19 and text[4] == "-":
+        text = text[5:19]  # the epochs table: month-day time, UTC (the header says so)
     return f'<span title="{_e(iso)}">{_e(text)}</span>'
 
 
@@ -126,7 +128,8 @@ def _run_link(planned_by: str) -> str:
     if run is None:
         return _e(planned_by)
     dag_id, run_id = run
-    return f'<a href="/dags/{quote(dag_id, safe="")}/runs/{quote(run_id, safe="")}" title="{_e(planned_by)}">{_e(run_id)}</a>'
+    kind = run_id.split("__", 1)[0] if "__" in run_id else "run"  # scheduled, manual, backfill, ...
+    return f'<a href="/dags/{quote(dag_id, safe="")}/runs/{quote(run_id, safe="")}" title="{_e(planned_by)}">{_e(kind)}</a>'
 
 
 def _files_cell(files: Sequence[str]) -> str:
@@ -166,12 +169,12 @@ def _epochs_table(rows: Sequence[EpochRow], limit: int) -> str:
         "<th>Rows in</th><th>Rows out</th><th>Dead letters</th><th>Bytes written</th>"
         "<th title='live bytes of the state tables at this epoch'>State size</th>"
         "<th title='input files its barrier took (hover: their names)'>Files</th>"
-        "<th class=l title='the epoch took the input that arrived by then'>Arrival cut-off</th>"
-        "<th class=l>Watermark</th>"
+        "<th class=l title='the epoch took the input that arrived by then (UTC)'>Arrival cut-off</th>"
+        "<th class=l title='UTC'>Watermark</th>"
         "<th title='max event time seen minus the watermark'>Event-time lag</th>"
         "<th title='input the barrier left waiting'>Backlog</th>"
         "<th title='how long the oldest input left waiting had waited when the epoch was planned'>Input lag</th>"
-        "<th class=l title='the Airflow run that planned it'>Run</th><th class=l>Recorded</th></tr>"
+        "<th class=l title='the Airflow run that planned it'>Run</th><th class=l title='UTC'>Recorded</th></tr>"
     )
     body = []
     for r in shown:
@@ -187,10 +190,10 @@ def _epochs_table(rows: Sequence[EpochRow], limit: int) -> str:
                 else "<td></td>" * 5
             )
             + f"<td>{_e(format_bytes(r.state_bytes))}</td><td>{_files_cell(r.input_files) if metrics else ''}</td>"
-            f"<td class=l>{_short_time(r.arrival_cutoff)}</td><td class=l>{_short_time(r.watermark)}</td>"
+            f"<td class=l>{_short_time(r.arrival_cutoff, True)}</td><td class=l>{_short_time(r.watermark, True)}</td>"
             f"<td>{_e(format_ms(r.event_time_lag_ms))}</td><td>{_backlog_cell(r.backlog_files, r.backlog_bytes)}</td>"
             f"<td>{_e(format_ms(r.input_lag_ms))}</td><td class=l>{_run_link(r.planned_by)}</td>"
-            f"<td class=l>{_short_time(r.recorded_at)}</td></tr>"
+            f"<td class=l>{_short_time(r.recorded_at, True)}</td></tr>"
         )
     more = ""
     if len(newest) > len(shown):
@@ -279,7 +282,7 @@ def _lineages_table(history: PipelineHistory) -> str:
 
 def _fmt_detail(value: Any) -> str:
     if isinstance(value, Mapping):
-        text = ", ".join(f"{k} = {v}" for k, v in sorted(value.items()))
+        text = ", ".join(f"{k} = {v if isinstance(v, str) else json.dumps(v, default=str)}" for k, v in sorted(value.items()))
     else:
         text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text if len(text) <= 120 else text[:117] + "..."
