@@ -56,7 +56,8 @@ td.l, th.l { text-align: left; } td.wrap { white-space: normal; overflow-wrap: a
 .status { font-weight: 600; } .status-COMPLETED { color: var(--ok); } .status-ABORTED { color: var(--bad); }
 .status-PLANNED, .status-PRE_COMMITTED { color: var(--warn); } .status-RESTORED { color: var(--accent); }
 .status-REWOUND { color: var(--muted); } tr.bf-rewound td { color: var(--muted); }
-.bf-phases { font-size: 11px; } table.bf-stats { width: auto; margin: 6px 0; } table.bf-stats caption { text-align: left; }
+.bf-phases { font-size: 11px; white-space: normal; max-width: 8em; margin-left: auto; }
+table.bf-epochs th { white-space: normal; vertical-align: bottom; } table.bf-stats { width: auto; margin: 6px 0; } table.bf-stats caption { text-align: left; }
 .bf-failure { border-left: 4px solid var(--warn); padding: .3em .8em; overflow-wrap: anywhere; }
 .error { color: var(--bad); font-weight: 600; }
 .bf-chart { max-width: 1100px; background: var(--panel); border: 1px solid var(--border); border-radius: 6px; }
