@@ -196,7 +196,7 @@ print("LEFT", *sorted(devserver.descendant_pids() - baseline))
 
 
 def test_stop_process_tree_leaves_no_orphan(tmp_path: Path) -> None:
-    src = str(Path(devserver.__file__).resolve().parents[1])
+    src = str(Path(devserver.__file__).resolve().parents[2])
     leader = tmp_path / "leader.py"
     leader.write_text(_LEADER)
     driver = tmp_path / "driver.py"

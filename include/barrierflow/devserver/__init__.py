@@ -927,6 +927,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().error("--records-per-file must be >= 1")
     return run(config_from_args(args), ready_timeout_s=args.ready_timeout)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
