@@ -2,6 +2,6 @@
 
 import sys
 
-from barrierflow.devserver import main
+from barrierflow.devserver.server import main
 
 sys.exit(main())
