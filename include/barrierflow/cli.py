@@ -330,7 +330,7 @@ def _cmd_airflow(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from barrierflow.dags.environment import repo_root
-    from barrierflow.devserver import STACK_FILE
+    from barrierflow.devserver.environment import STACK_FILE
 
     home = Path(args.home) if args.home else repo_root() / ".airflow"
     stack = home / STACK_FILE

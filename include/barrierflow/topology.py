@@ -42,7 +42,7 @@ from barrierflow.errors import ConfigurationError
 from barrierflow.process_group import stop_group
 
 if TYPE_CHECKING:
-    from barrierflow.devserver import DevServerConfig
+    from barrierflow.devserver.environment import DevServerConfig
 
 __all__ = ["SERVICES", "TopologyConfig", "service_command", "service_environment", "serve", "running_topology", "main"]
 
@@ -131,7 +131,7 @@ class TopologyConfig:
         return {**_CREDENTIALS, "AWS_ENDPOINT_URL": self.s3_endpoint, "AWS_ALLOW_HTTP": "true"}
 
     def devserver(self) -> "DevServerConfig":
-        from barrierflow.devserver import DevServerConfig, _repo_root
+        from barrierflow.devserver.environment import DevServerConfig, _repo_root
 
         return DevServerConfig(
             root=_repo_root(), home=self.home / "airflow", warehouse=self.warehouse,
@@ -142,7 +142,7 @@ class TopologyConfig:
 
 def service_environment(service: str, config: TopologyConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment ``service`` runs with (Airflow's settings for the Airflow services, AWS for all)."""
-    from barrierflow.devserver import devserver_environment
+    from barrierflow.devserver.environment import devserver_environment
     from barrierflow.spark import MASTER_ENV
 
     env = dict(os.environ if base is None else base)
@@ -161,7 +161,7 @@ def service_command(service: str, config: TopologyConfig) -> list[str]:
     """The command line of ``service`` (what its container runs, after :func:`serve`'s preparation)."""
     import pyspark
 
-    from barrierflow.devserver import AirflowProcesses
+    from barrierflow.devserver.processes import AirflowProcesses
 
     spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
     airflow = str(Path(sys.executable).with_name("airflow"))
@@ -190,7 +190,7 @@ def service_command(service: str, config: TopologyConfig) -> list[str]:
 
 def serve(service: str, config: TopologyConfig) -> int:
     """Run ``service`` in the foreground (a container's command); its exit code."""
-    from barrierflow.devserver import write_password_file
+    from barrierflow.devserver.environment import write_password_file
 
     env = service_environment(service, config)
     config.home.mkdir(parents=True, exist_ok=True)
@@ -243,7 +243,8 @@ def _init(config: TopologyConfig, env: Mapping[str, str]) -> int:
 
 
 def _ready(service: str, config: TopologyConfig) -> bool:
-    from barrierflow.devserver import DEFAULT_PASSWORD, DEFAULT_USER, ApiClient, port_in_use
+    from barrierflow.devserver.client import ApiClient
+    from barrierflow.devserver.environment import DEFAULT_PASSWORD, DEFAULT_USER, port_in_use
 
     ports = {
         "postgres": config.postgres_port, "s3": config.s3_port, "spark-master": config.master_port,
