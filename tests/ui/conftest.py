@@ -67,7 +67,10 @@ def devserver(artifacts: Path) -> Iterator[DevServer]:
 
     # No generator (--interval 0): the test lands its input itself (write_input), so the work it
     # asks for (epochs to commit, intervals to replay) does not grow when a loaded machine is slow.
-    with running_stack(artifacts / "devserver.log", ["--interval", "0"]) as server:
+    # late_files=refuse by default here: a file the test lands behind the position blocks the pipeline,
+    # so the page's blocked state is seen in the browser.
+    env = {"BARRIERFLOW_SENSOR_STATS__LATE_FILES": "refuse"}
+    with running_stack(artifacts / "devserver.log", ["--interval", "0"], env=env) as server:
         yield server
 
 

@@ -11,6 +11,7 @@ Each step saves a screenshot in ``test-artifacts/ui/``.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -266,6 +267,22 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth"), "the page overflows 1400 px"
     step.shot("checkpoints-after-restore")
     d.set_window_size(1440, 1000)
+
+    # A file lands behind the stream position: with late_files=refuse (this stack's default) the next
+    # scheduled run fails at once, and the page says the pipeline is blocked and why.
+    if not os.environ.get("BARRIERFLOW_UI_TEST_URL"):  # a server of the test's own: its landing directory is here
+        first = min(devserver.landing.glob("*.jsonl"))
+        (devserver.landing / ".0-late.tmp").write_bytes(first.read_bytes())
+        (devserver.landing / ".0-late.tmp").rename(devserver.landing / "0-late.jsonl")  # sorts before every file read
+
+        def blocked() -> list[Any]:
+            d.get(f"{url}/barrierflow/")
+            return [p for p in css(f"section#pipeline-{PIPELINE} p.blocked") if "0-late.jsonl" in p.text]
+
+        wait_for(d, blocked, 240, "the page to show the pipeline blocked by 0-late.jsonl", poll_s=5)
+        summary_state = [c.text for c in css(f"section#pipeline-{PIPELINE} dl.bf-summary > div") if c.text.startswith("State")]
+        assert summary_state == ["State\nblocked"], summary_state
+        step.shot("checkpoints-blocked")
 
     # 9. Query the restored state from a shell, as the README shows.
     import subprocess
