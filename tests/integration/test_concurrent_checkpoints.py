@@ -138,7 +138,8 @@ def test_a_failure_on_either_side_leaves_a_state_a_rerun_finishes_exactly_once(
     # Epoch 2's barrier was injected before the failure; it never voted.
     assert any(r.epoch == 2 and r.status is EpochStatus.PLANNED for r in records)
     assert storage.read_json(_layout(warehouse).manifest(_lineage(warehouse), 2)) is None
-    assert not any(r.epoch == 2 and r.status is not EpochStatus.PLANNED for r in records)
+    # (An attempt stopped before its vote may record ABORTED.)
+    assert not any(r.epoch == 2 and r.status in (EpochStatus.PRE_COMMITTED, EpochStatus.COMPLETED) for r in records)
 
     monkeypatch.delenv(faults.ENV_VAR)
     resumed = coordinator(warehouse).run(until_caught_up=True)
