@@ -251,19 +251,19 @@ class CheckpointCoordinator:
             message = f"{step} failed: {type(exc).__name__}: {exc}"
             # 1. The aborted attempt.
             try:
-                self.log.append(
-                    CheckpointRecord(
+                if barrier is not None:
+                    record = _barrier_record(EpochStatus.ABORTED, barrier, message=message[:4000])
+                else:  # the barrier itself could not be planned
+                    record = CheckpointRecord(
                         pipeline=self.definition.name,
                         lineage_id=lineage_id,
                         epoch=epoch,
                         status=EpochStatus.ABORTED,
-                        attempt_id=barrier.attempt_id if barrier else "",
+                        attempt_id="",
                         recorded_at_us=now_us(),
-                        offsets=json.dumps(barrier.end_offsets, sort_keys=True) if barrier else "{}",
                         message=message[:4000],
-                        arrival_cutoff_ms=barrier.arrival_cutoff_ms if barrier else None,
                     )
-                )
+                self.log.append(record)
             except BarrierflowError as log_error:  # e.g. the store is down: the original error matters
                 _log.warning("epoch %d: the failure was not recorded: %s", epoch, log_error)
             # 2. The blocked state.
@@ -367,21 +367,7 @@ class CheckpointCoordinator:
         faults.maybe_fail("barrier.before_write")
         uri = self.layout.barrier(lineage_id, epoch)
         if storage.write_json_if_absent(uri, barrier.to_json()):
-            self.log.append(
-                CheckpointRecord(
-                    pipeline=self.definition.name,
-                    lineage_id=lineage_id,
-                    epoch=epoch,
-                    status=EpochStatus.PLANNED,
-                    attempt_id=barrier.attempt_id,
-                    recorded_at_us=now_us(),
-                    offsets=json.dumps(end, sort_keys=True),
-                    arrival_cutoff_ms=cutoff_ms,
-                    planned_by=barrier.planned_by,
-                    phase_ms=json.dumps({"barrier": barrier.plan_ms}),
-                    **_backlog_columns(barrier),
-                )
-            )
+            self.log.append(_barrier_record(EpochStatus.PLANNED, barrier))
         faults.maybe_fail("barrier.after_write")
         winner = self._read_barrier(lineage_id, epoch)
         assert winner is not None
@@ -872,6 +858,24 @@ def _manifest_record(
         arrival_cutoff_ms=barrier.arrival_cutoff_ms,
         planned_by=barrier.planned_by,
         phase_ms=json.dumps(phases),
+        **_backlog_columns(barrier),
+    )
+
+
+def _barrier_record(status: EpochStatus, barrier: Barrier, message: str = "") -> CheckpointRecord:
+    """A checkpoint-log row of what ``barrier`` planned (PLANNED, or ABORTED with the error before a vote)."""
+    return CheckpointRecord(
+        pipeline=barrier.pipeline,
+        lineage_id=barrier.lineage_id,
+        epoch=barrier.epoch,
+        status=status,
+        attempt_id=barrier.attempt_id,
+        recorded_at_us=now_us(),
+        offsets=json.dumps(barrier.end_offsets, sort_keys=True),
+        message=message,
+        arrival_cutoff_ms=barrier.arrival_cutoff_ms,
+        planned_by=barrier.planned_by,
+        phase_ms=json.dumps({"barrier": barrier.plan_ms}),
         **_backlog_columns(barrier),
     )
 

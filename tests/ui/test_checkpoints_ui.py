@@ -120,6 +120,24 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     step.shot("epoch-runs")
     epochs_before = _completed_epochs(devserver.warehouse)
 
+    # 3b. The run that planned an epoch shows it on its own page: the "Checkpoint" tab of the DAG run.
+    first = next(e for e in pipeline_history(str(devserver.warehouse), PIPELINE, state_size=False).epochs if e.completed)
+    planned_dag, _, planned_run = first.planned_by.partition(":")
+    assert planned_dag == DAG_ID, first.planned_by
+    d.get(f"{url}/dags/{DAG_ID}/runs/{quote(planned_run, safe='')}")
+    tab = wait_for(
+        d, lambda: [e for e in d.find_elements(By.XPATH, "//*[normalize-space(text())='Checkpoint']") if e.is_displayed()],
+        60, "the run page's Checkpoint tab",
+    )
+    tab[0].click()
+    frame = wait_for(d, lambda: [f for f in css("iframe") if "/barrierflow/run" in (f.get_attribute("src") or "")], 60, "the tab's frame")
+    d.switch_to.frame(frame[0])
+    try:
+        wait_for(d, lambda: css(f"a.bf-run-epoch[data-epoch='{first.epoch}'][data-status=COMPLETED]"), 60, f"epoch {first.epoch} on its run's tab")
+    finally:
+        d.switch_to.default_content()
+    step.shot("run-checkpoint-tab")
+
     # 4. A savepoint through the DAG's trigger form (the savepoint_name field of the params form).
     name = f"ui-{time.strftime('%Y%m%d-%H%M%S')}"
     d.get(f"{url}/dags/{SAVEPOINT_DAG_ID}")

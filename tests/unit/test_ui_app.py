@@ -16,7 +16,14 @@ with warnings.catch_warnings():
     from fastapi.testclient import TestClient
 
 from barrierflow.ui.app import NotAuthenticated, create_app
-from barrierflow.ui.plugin import URL_PREFIX, VIEW_ROUTE, external_view_spec, fastapi_app_spec
+from barrierflow.ui.plugin import (
+    RUN_VIEW_ROUTE,
+    URL_PREFIX,
+    VIEW_ROUTE,
+    external_view_spec,
+    fastapi_app_spec,
+    run_view_spec,
+)
 from ui_warehouse import build_demo_warehouse
 
 
@@ -101,6 +108,58 @@ def test_json_endpoints_carry_the_page_data(client: TestClient) -> None:
     assert client.get("/", params={"limit": 0}, cookies={"_token": "ok"}).status_code == 422
 
 
+def test_a_runs_tab_shows_the_epochs_that_run_planned_and_links_them_to_the_checkpoints_page(
+    client: TestClient, tmp_path: Path
+) -> None:
+    r = client.get("/run", params={"dag_id": "barrierflow_demo", "run_id": "scheduled__L1-2"}, cookies={"_token": "ok"})
+    assert r.status_code == 200 and r.headers["cache-control"] == "no-store"
+    assert 'class="bf-run-epoch" data-epoch="2" data-status="COMPLETED"' in r.text
+    # The link back goes to the epoch's row on the checkpoints page, whose id the page gives it.
+    assert 'href="./?pipeline=demo#epoch-demo-L1-2"' in r.text
+    assert 'id="epoch-demo-L1-2"' in client.get("/", params={"pipeline": "demo"}, cookies={"_token": "ok"}).text
+    assert "demo · epoch run" in r.text and r.text.count('<tr class="bf-epoch') == 1
+
+    doc = client.get("/api/run", params={"dag_id": "barrierflow_demo", "run_id": "scheduled__L2-3"},
+                     headers={"Authorization": "Bearer ok"}).json()  # fmt: skip
+    assert (doc["pipeline"], doc["role"], doc["current_lineage_id"]) == ("demo", "pipeline", "L2")
+    assert [(e["lineage_id"], e["epoch"], e["status"]) for e in doc["epochs"]] == [("L2", 3, "COMPLETED")]
+
+    # A run that planned nothing, another barrierflow DAG, and a DAG that is not barrierflow's.
+    idle = client.get("/run", params={"dag_id": "barrierflow_demo", "run_id": "manual__x"}, cookies={"_token": "ok"})
+    assert "This run planned no epoch (no new input" in idle.text
+    saving = client.get("/run", params={"dag_id": "barrierflow_demo_savepoint", "run_id": "m"}, cookies={"_token": "ok"})
+    assert "demo · savepoint run" in saving.text and "savepoints copy the last completed epoch" in saving.text
+    other = client.get("/run", params={"dag_id": "etl_daily", "run_id": "m"}, cookies={"_token": "ok"})
+    assert other.status_code == 200 and "is not a run of a barrierflow" in other.text and "<tr" not in other.text
+    # Values are escaped, and the runs of a pipeline the user may not read are refused.
+    odd = client.get("/run", params={"dag_id": "<b>x</b>", "run_id": "<i>"}, cookies={"_token": "ok"})
+    assert "<b>x</b>" not in odd.text and "&lt;b&gt;x&lt;/b&gt;" in odd.text
+    assert client.get("/run", params={"dag_id": "barrierflow_other", "run_id": "m"}, cookies={"_token": "demo-only"}).status_code == 403
+    assert client.get("/api/run", params={"dag_id": "barrierflow_demo", "run_id": "m"}).status_code == 401
+    assert client.get("/run", params={"dag_id": "barrierflow_demo"}, cookies={"_token": "ok"}).status_code == 422
+
+
+def test_a_runs_tab_shows_failed_attempts_of_its_epochs_and_the_blocked_state(tmp_path: Path) -> None:
+    from barrierflow import storage
+    from barrierflow.checkpoint import CheckpointRecord, EpochStatus
+    from barrierflow.checkpoint_log import CheckpointLog
+
+    facts = build_demo_warehouse(tmp_path, "demo")
+    layout = facts["layout"]
+    by = "barrierflow_demo:scheduled__L2-4"
+    log = CheckpointLog(layout)
+    for status, at, message in ((EpochStatus.PLANNED, 1, ""), (EpochStatus.ABORTED, 2, "process failed: BlockedInputError: a.jsonl is gone")):
+        log.append(CheckpointRecord(pipeline="demo", lineage_id="L2", epoch=4, status=status, attempt_id="a4",
+                                    recorded_at_us=1_900_000_000_000_000 + at, planned_by=by, message=message))  # fmt: skip
+    storage.write_json_if_absent(layout.blocked, {"step": "process", "lineage_id": "L2", "epoch": 4,
+                                                  "message": "a.jsonl is gone", "since": "2030-01-01T00:00:00Z"})  # fmt: skip
+    with TestClient(create_app(warehouse=str(tmp_path), authenticator=_auth, savepoint_lister=_lister)) as c:
+        page = c.get("/run", params={"dag_id": "barrierflow_demo", "run_id": "scheduled__L2-4"}, cookies={"_token": "ok"}).text
+    assert 'data-epoch="4" data-status="ABORTED"' in page  # its newest status: the failed attempt
+    assert "The pipeline is blocked</b> at epoch 4 (process)" in page and "a.jsonl is gone" in page
+    assert "Attempt of epoch 4 failed" in page and "BlockedInputError" in page
+
+
 def test_the_warehouse_comes_from_the_environment_at_request_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     app = create_app(authenticator=_auth, savepoint_lister=_lister)
     with TestClient(app) as c:
@@ -118,6 +177,10 @@ def test_plugin_parts() -> None:
     assert view["href"] == "barrierflow/" and not view["href"].startswith("/")
     assert view["url_route"] == VIEW_ROUTE and view["destination"] == "nav" and view["category"] == "browse"
     assert view["icon"].startswith("data:image/svg+xml")
+    tab = run_view_spec()
+    assert tab["destination"] == "dag_run" and tab["url_route"] == RUN_VIEW_ROUTE
+    # The UI fills {DAG_ID} and {RUN_ID} (URL-encoded) and resolves the relative href against its base URL.
+    assert tab["href"] == "barrierflow/run?dag_id={DAG_ID}&run_id={RUN_ID}"
     plugin_file = Path(__file__).resolve().parents[2] / "plugins" / "barrierflow_plugin.py"
     assert len(plugin_file.read_text().splitlines()) <= 15  # the plugin file stays thin
 

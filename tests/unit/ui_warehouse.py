@@ -72,14 +72,16 @@ def build_demo_warehouse(root: Path, pipeline: str = "demo") -> dict[str, Any]:
     s3 = _write(sink, [{"k": "c", "_epoch": 3}], "append")
 
     def done(lineage: str, epoch: int, at: int, versions: dict[str, int], *, duration_ms: int, sbw: int) -> None:
+        # Each epoch planned by a scheduled run of the pipeline's DAG, as the coordinator records it on every row.
+        by = f"barrierflow_{pipeline}:scheduled__{lineage}-{epoch}"
         for offset, status in enumerate((EpochStatus.PLANNED, EpochStatus.PRE_COMMITTED)):
-            log.append(_record(pipeline, lineage, epoch, status, at + offset * MS))
+            log.append(_record(pipeline, lineage, epoch, status, at + offset * MS, planned_by=by))
         log.append(
             _record(
                 pipeline, lineage, epoch, EpochStatus.COMPLETED, at + 5 * MS,
                 watermark_us=T0 + epoch * 60 * S, max_event_time_us=T0 + epoch * 60 * S + 30 * S,
                 rows_in=100 * epoch, rows_out=10 * epoch, dead_letters=epoch, bytes_written=1000 * epoch,
-                state_bytes_written=sbw, duration_ms=duration_ms, table_versions=json.dumps(versions),
+                state_bytes_written=sbw, duration_ms=duration_ms, table_versions=json.dumps(versions), planned_by=by,
             )
         )
 

@@ -4,7 +4,9 @@ Routes (relative to the mount point, ``/barrierflow`` in Airflow):
 
 * ``GET /``                      the HTML page (``?pipeline=NAME`` repeatable, ``?limit=N`` epoch rows);
 * ``GET /api/pipelines``         the same data as JSON, every readable pipeline;
-* ``GET /api/pipelines/{name}``  one pipeline as JSON.
+* ``GET /api/pipelines/{name}``  one pipeline as JSON;
+* ``GET /run?dag_id=D&run_id=R``  the epochs one Airflow DAG run planned (the run page's
+  "Checkpoint" tab); ``GET /api/run?...`` the same as JSON.
 
 **Authentication.** Airflow mounts a plugin's FastAPI app with ``app.mount``;
 the core API's authentication dependency does not reach mounted apps and no
@@ -36,7 +38,8 @@ from barrierflow.ui.history import (
     pipeline_history,
     resolve_warehouse,
 )
-from barrierflow.ui.render import DEFAULT_EPOCH_ROWS, render_page
+from barrierflow.ui.render import DEFAULT_EPOCH_ROWS, render_page, render_run
+from barrierflow.ui.run_view import RunView, find_pipeline, run_view
 
 __all__ = [
     "Viewer",
@@ -232,5 +235,35 @@ def create_app(
             raise HTTPException(status_code=403, detail=f"not allowed to read the runs of DAG {dag_id_for(name)}")
         root, histories = await run_in_threadpool(_histories, [name], state_size)
         return JSONResponse(histories[0].to_json(), headers={"Cache-Control": "no-store"})
+
+    def _run_view(viewer: Viewer, dag_id: str, run_id: str) -> tuple[str, RunView]:
+        root = resolve_warehouse(warehouse)
+        found = find_pipeline(dag_id, discover_pipelines(root))
+        if found and not viewer.can_read(found[0]):
+            raise HTTPException(status_code=403, detail=f"not allowed to read the runs of DAG {dag_id_for(found[0])}")
+        history = (
+            pipeline_history(root, found[0], state_size=False, backlog=False, savepoint_lister=savepoint_lister)
+            if found
+            else None
+        )
+        return root, run_view(dag_id, run_id, found, history)
+
+    @app.get("/run", response_class=HTMLResponse)
+    async def run_page(
+        viewer: Viewer = Depends(authenticate),
+        dag_id: str = Query(description="the DAG of the run"),
+        run_id: str = Query(description="the run"),
+    ) -> Response:
+        root, view = await run_in_threadpool(_run_view, viewer, dag_id, run_id)
+        return HTMLResponse(render_run(view, warehouse=root), headers={"Cache-Control": "no-store"})
+
+    @app.get("/api/run")
+    async def run_json(
+        viewer: Viewer = Depends(authenticate),
+        dag_id: str = Query(description="the DAG of the run"),
+        run_id: str = Query(description="the run"),
+    ) -> JSONResponse:
+        _, view = await run_in_threadpool(_run_view, viewer, dag_id, run_id)
+        return JSONResponse(view.to_json(), headers={"Cache-Control": "no-store"})
 
     return app

@@ -24,9 +24,10 @@ from barrierflow.ui.chart import (
     format_ms,
     render_epoch_chart,
 )
-from barrierflow.ui.history import PipelineHistory, iso_us
+from barrierflow.ui.history import EpochRow, PipelineHistory, iso_us
+from barrierflow.ui.run_view import DagRole, RunView
 
-__all__ = ["render_page", "render_pipeline", "DEFAULT_EPOCH_ROWS"]
+__all__ = ["render_page", "render_pipeline", "render_run", "epoch_anchor", "DEFAULT_EPOCH_ROWS"]
 
 DEFAULT_EPOCH_ROWS = 100
 AUTO_REFRESH_S = 15
@@ -52,8 +53,15 @@ def _templates() -> Environment:
         cutoff_iso=_cutoff_iso,
         urlquote=lambda value: quote(str(value), safe=""),
     )
-    env.globals.update(run_of=airflow_run_of, phases=_phases, lineage_details=_lineage_details)
+    env.globals.update(
+        run_of=airflow_run_of, phases=_phases, lineage_details=_lineage_details, epoch_anchor=epoch_anchor
+    )
     return env
+
+
+def epoch_anchor(pipeline: str, row: EpochRow) -> str:
+    """The id of an epoch's row on the checkpoints page (the run page links to it)."""
+    return f"epoch-{pipeline}-{row.lineage_id}-{row.epoch}"
 
 
 def _num(value: float | None) -> str:
@@ -153,4 +161,21 @@ def render_page(
         links=list((links or {}).items()),
         refresh_s=int(refresh_s) if refresh_s else None,
         auto_refresh_s=AUTO_REFRESH_S,
+    )
+
+
+# What each role's runs do, and why such a run may have planned no epoch.
+_ROLES = {
+    DagRole.PIPELINE: ("epoch run", " (no new input up to its arrival cut-off, or it has not reached its barrier yet)"),
+    DagRole.REPROCESS: ("reprocess run", " (nothing to replay, or it has not replayed one yet)"),
+    DagRole.SAVEPOINT: ("savepoint run", ": savepoints copy the last completed epoch; see the checkpoints page"),
+    DagRole.RESTORE: ("restore run", ": a restore starts a new lineage from a savepoint; see the checkpoints page"),
+}
+
+
+def render_run(view: RunView, *, warehouse: str) -> str:
+    """The "Checkpoint" tab of one Airflow DAG run (``templates/run.html.j2``)."""
+    role_text, no_epoch_reason = _ROLES.get(view.role or "", ("run", ""))
+    return _templates().get_template("run.html.j2").render(
+        view=view, warehouse=warehouse, role_text=role_text, no_epoch_reason=no_epoch_reason
     )
