@@ -117,7 +117,7 @@ def test_a_runs_tab_shows_the_epochs_that_run_planned_and_links_them_to_the_chec
     # The link back goes to the epoch's row on the checkpoints page, whose id the page gives it.
     assert 'href="./?pipeline=demo#epoch-demo-L1-2"' in r.text
     assert 'id="epoch-demo-L1-2"' in client.get("/", params={"pipeline": "demo"}, cookies={"_token": "ok"}).text
-    assert "demo · epoch run" in r.text and r.text.count('<tr class="bf-epoch') == 1
+    assert "demo · epoch run" in r.text and r.text.count('<div class="bf-epoch') == 1
 
     doc = client.get("/api/run", params={"dag_id": "barrierflow_demo", "run_id": "scheduled__L2-3"},
                      headers={"Authorization": "Bearer ok"}).json()  # fmt: skip
