@@ -241,10 +241,9 @@ def create_app(
         found = find_pipeline(dag_id, discover_pipelines(root))
         if found and not viewer.can_read(found[0]):
             raise HTTPException(status_code=403, detail=f"not allowed to read the runs of DAG {dag_id_for(found[0])}")
+        # The tab shows the run's epochs: no state sizes, backlog or savepoints to measure or list.
         history = (
-            pipeline_history(root, found[0], state_size=False, backlog=False, savepoint_lister=savepoint_lister)
-            if found
-            else None
+            pipeline_history(root, found[0], state_size=False, backlog=False, savepoints=False) if found else None
         )
         return root, run_view(dag_id, run_id, found, history)
 

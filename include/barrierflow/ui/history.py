@@ -394,6 +394,7 @@ def pipeline_history(
     state_size: bool = True,
     savepoint_lister: Callable[[str, str], Sequence[Any]] | None = None,
     backlog: bool = True,
+    savepoints: bool = True,
 ) -> PipelineHistory:
     """The checkpoint history, lineages and savepoints of one pipeline.
 
@@ -401,12 +402,14 @@ def pipeline_history(
     bytes written are reported). ``savepoint_lister`` replaces
     ``barrierflow.savepoint.list_savepoints`` (tests). ``backlog`` measures
     the input waiting now (it lists the sources' input; it needs the
-    pipeline's code).
+    pipeline's code). ``savepoints=False`` skips listing the savepoints.
     """
     warehouse = storage.normalize_uri(warehouse)
     layout = PipelineLayout.of(warehouse, pipeline)
     generated_at = iso_us(int(datetime.now(timezone.utc).timestamp() * 1e6)) or ""
-    savepoints, available, sp_error = _load_savepoints(pipeline, warehouse, savepoint_lister)
+    listed, available, sp_error = (
+        _load_savepoints(pipeline, warehouse, savepoint_lister) if savepoints else ((), False, None)
+    )
     error: str | None = None
     meta: dict[str, Any] = {}
     records: list[CheckpointRecord] = []
@@ -516,7 +519,7 @@ def pipeline_history(
         last_completed_epoch=max(current_done) if current_done else None,
         lineages=tuple(lineages),
         epochs=tuple(rows),
-        savepoints=savepoints,
+        savepoints=listed,
         savepoints_available=available,
         savepoints_error=sp_error,
         error=error,

@@ -65,10 +65,6 @@ class RunView:
     current_lineage_id: str | None = None
     error: str | None = None  # the pipeline's history could not be read
 
-    @property
-    def owner(self) -> str:
-        return airflow_owner(self.dag_id, self.run_id)
-
     def to_json(self) -> dict[str, Any]:
         return {
             "dag_id": self.dag_id,
