@@ -42,7 +42,7 @@ lint: setup
 	$(BIN)/mypy
 
 test: setup lint
-	$(BIN)/pytest -n 2 --maxschedchunk=1 --durations=25
+	$(BIN)/pytest -n 2 --dist loadgroup --durations=40
 
 bench: setup
 	$(BIN)/python bench/run_bench.py

@@ -99,6 +99,10 @@ def warehouse(store_root: str) -> str:
     return f"{store_root}/warehouse"
 
 
+# The xdist group of the tests that start a whole Airflow stack.
+AIRFLOW_STACK_GROUP = "airflow-stack"
+
+
 @pytest.fixture(scope="session")
 def spark(spark_engine: object) -> object:
     from barrierflow.spark import get_spark
@@ -107,13 +111,13 @@ def spark(spark_engine: object) -> object:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first: the two Airflow stacks (browser, then the whole-stack
-    test), the other slow tests, the cluster tests, then the rest.
-    ``make test`` hands tests out one at a time (``--maxschedchunk=1``) after
-    a first two per worker, so the two stacks go to one worker and run one
-    after the other (never two stacks at once), beside slow tests that run a
-    single JVM rather than a cluster's three; the long tests run beside each
-    other, and the short ones fill the end instead of a long test running alone."""
+    """Longest first, and never two Airflow stacks at once.
+    The stack tests (the browser test and ``tests/stack/``) share one
+    ``xdist_group``: ``make test`` runs with ``--dist loadgroup``, so one worker
+    runs them one after the other while the other worker takes the remaining
+    tests, longest first (slow tests, then the cluster tests, then the rest),
+    so the short ones fill the end instead of a long test running alone.
+    Two stacks side by side on two cores each took twice as long as alone."""
 
     def rank(item: pytest.Item) -> int:
         if item.get_closest_marker("browser"):
@@ -124,3 +128,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return 1 if "/tests/stack/" in path else 3 if path.endswith("test_clusters.py") else 2
 
     items.sort(key=rank)
+    for item in items:
+        if rank(item) <= 1:
+            item.add_marker(pytest.mark.xdist_group(AIRFLOW_STACK_GROUP))

@@ -12,6 +12,7 @@ __all__ = [
     "ConfigurationError",
     "EngineUnavailableError",
     "PipelineDefinitionError",
+    "UserFunctionError",
     "UnknownPipelineError",
     "ParameterError",
     "StorageError",
@@ -44,6 +45,14 @@ class EngineUnavailableError(BarrierflowError):
 
 class PipelineDefinitionError(BarrierflowError):
     """A pipeline is declared inconsistently (duplicate operator ids, bad types)."""
+
+
+class UserFunctionError(BarrierflowError):
+    """A user's Python function (of map, flat_map or filter) raised, or returned rows that do not fit its declaration.
+
+    Raised on the executors, naming the operator; the epoch fails before its
+    vote and a retry replays the same barrier, so fix the function and run again.
+    """
 
 
 class UnknownPipelineError(BarrierflowError):

@@ -3,13 +3,19 @@
 A pipeline is declared by a build function that receives a
 :class:`PipelineBuilder` and the resolved parameters::
 
-    @pipeline("sensor_stats", params=[Param("landing_dir", str)])
-    def sensor_stats(p: PipelineBuilder, params: dict) -> None:
-        readings = p.source(FileSource("readings", params["landing_dir"], ...))
-        readings.key_by("sensor_id").aggregate("totals", Count(), ...).sink_to(DeltaSink.upsert(...))
+    @bf.pipeline("sensor_stats", params=[bf.Param("landing_dir", str)])
+    def sensor_stats(p: bf.PipelineBuilder, params: dict) -> None:
+        readings = p.source(bf.FileSource("readings", params["landing_dir"], ...))
+        (readings.filter("temperature > -100")
+                 .key_by("sensor_id")
+                 .aggregate("totals", count=bf.Count(), total=bf.Sum("temperature"))
+                 .sink_to(bf.DeltaSink.upsert(...)))
 
 Declarative operators (deduplicate, running aggregates, event-time windows)
-compile to native Spark expressions; :meth:`KeyedStream.process` runs a
+and stateless operators given column expressions compile to native Spark
+expressions; stateless operators given Python functions run them over Arrow
+batches on the executors (:mod:`barrierflow.operators.stateless`);
+:meth:`KeyedStream.process` runs a
 :class:`~barrierflow.operators.process.KeyedProcessFunction` over whole key
 groups with Arrow.
 """
@@ -21,11 +27,27 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Mapping
 
+import pyarrow as pa
+
 from barrierflow.errors import PipelineDefinitionError
-from barrierflow.operators.aggregate import Aggregation, RunningAggregate
+from barrierflow.operators.aggregate import Aggregation, RunningAggregate, named_aggregations
 from barrierflow.operators.base import Node
 from barrierflow.operators.dedup import Deduplicate
 from barrierflow.operators.process import KeyedProcess, KeyedProcessFunction
+from barrierflow.operators.stateless import (
+    BatchFunction,
+    Expression,
+    Filter,
+    FlatMapColumn,
+    FlatMapFunction,
+    MapColumns,
+    MapFunction,
+    Select,
+    check_column_name,
+    check_expression,
+    check_function,
+    is_column,
+)
 from barrierflow.operators.watermark import WatermarkAssigner
 from barrierflow.operators.window import TumblingEventTimeWindows, TumblingWindow
 from barrierflow.params import Param, resolve_params
@@ -82,22 +104,29 @@ class Pipeline:
     def source_keys(self, source: SourceNode) -> dict[str, str]:
         """The key columns keyed operators take straight from ``source``'s records, each with the first such operator.
 
-        A key passes unchanged through watermarks and deduplication to the
-        operator keyed by it; keys of later operators come from the outputs
-        of earlier keyed ones, whose own keys were checked at the source.
+        A key passes unchanged through watermarks, deduplication and
+        stateless operators that do not compute it (``Node.passes_through``)
+        to the operator keyed by it; keys of later operators come from the
+        outputs of earlier keyed ones, whose own keys were checked at the source.
         """
         keys: dict[str, str] = {}
         for node in self.nodes:
             key = getattr(node, "key", ())
             if not key:
                 continue
-            upstream = node.parent
-            while isinstance(upstream, (WatermarkAssigner, Deduplicate)):
-                upstream = upstream.parent
-            if upstream is source:
-                for column in key:
+            for column in key:
+                upstream = node.parent
+                while upstream is not None and upstream is not source and upstream.passes_through(column):
+                    upstream = upstream.parent
+                if upstream is source:
                     keys.setdefault(column, node.operator_id)
         return keys
+
+    def needs_arrival_order(self, node: Node) -> bool:
+        """Whether ``node`` reads the ``_seq`` arrival position of its input (a stateless operator: if a consumer does)."""
+        if node.forwards_arrival_order:
+            return any(self.needs_arrival_order(child) for child in self.children(node))
+        return node.needs_arrival_order
 
     def children(self, node: Node) -> list[Node]:
         return [n for n in self.nodes if n.parent is node]
@@ -117,8 +146,8 @@ class PipelineBuilder:
         self.key_groups = key_groups
         self.nodes: list[Node] = []
 
-    def _add(self, node: Node) -> Node:
-        if not _ID.match(node.operator_id):
+    def _add(self, node: Node, generated: bool = False) -> Node:
+        if not generated and not _ID.match(node.operator_id):
             raise PipelineDefinitionError(
                 f"operator id {node.operator_id!r} must be lower_snake_case (letters, digits, _)"
             )
@@ -131,6 +160,17 @@ class PipelineBuilder:
         node = self._add(SourceNode(operator_id=source.source_id, parent=None, source=source))
         return DataStream(self, node)
 
+    def stateless_id(self, kind: str, operator_id: str | None) -> tuple[str, bool]:
+        """The id of a stateless operator: the one given, else ``<kind>-<n>`` (the n-th of its kind).
+
+        A generated id holds a ``-``, which no given id may, so it never takes
+        an id a stateful operator declared later wants; it depends only on
+        how many operators of its kind were declared before it.
+        """
+        if operator_id is not None:
+            return operator_id, False
+        return f"{kind}-{sum(1 for n in self.nodes if n.operator_id.startswith(f'{kind}-')) + 1}", True
+
 
 @dataclass(frozen=True)
 class DataStream:
@@ -139,6 +179,113 @@ class DataStream:
 
     def _then(self, node: Node) -> "DataStream":
         return DataStream(self.builder, self.builder._add(node))
+
+    def _stateless(self, kind: str, operator_id: str | None, make: Callable[[str], Node]) -> "DataStream":
+        node_id, generated = self.builder.stateless_id(kind, operator_id)
+        return DataStream(self.builder, self.builder._add(make(node_id), generated))
+
+    def filter(self, condition: "Expression | BatchFunction", *, operator_id: str | None = None) -> "DataStream":
+        """Keep the records for which ``condition`` holds.
+
+        ``condition`` is a SQL expression (``"amount > 0"``) or a
+        ``pyspark.sql.Column`` (run as Spark's ``where``), or a Python function
+        taking a ``pyarrow.RecordBatch`` of the user columns and returning one
+        boolean per record (run batched on the executors; null drops the record).
+        """
+        if isinstance(condition, str) or is_column(condition):
+            check_expression(operator_id or "filter", condition)
+            expression = condition
+            return self._stateless("filter", operator_id, lambda i: Filter(operator_id=i, parent=self.node, condition=expression))
+        if not callable(condition):
+            raise PipelineDefinitionError(
+                f"{operator_id or 'filter'}: {condition!r} is neither a column expression (a SQL string or a pyspark "
+                "Column) nor a function of a pyarrow.RecordBatch"
+            )
+        function = condition  # a callable that is neither a string nor a Column
+        return self._stateless("filter", operator_id, lambda i: Filter(operator_id=i, parent=self.node, function=function))
+
+    def select(self, *columns: "Expression", operator_id: str | None = None) -> "DataStream":
+        """Project each record onto ``columns``: column names, SQL expressions (``"amount * 100 AS cents"``) or Columns.
+
+        ``"*"`` stands for every user column. The engine's columns (``_seq``
+        and others starting with ``_``) are kept whatever is selected.
+        """
+        if not columns:
+            raise PipelineDefinitionError("select needs at least one column")
+        for column in columns:
+            check_expression(operator_id or "select", column)
+        return self._stateless("select", operator_id, lambda i: Select(operator_id=i, parent=self.node, columns=tuple(columns)))
+
+    def map(
+        self,
+        function: "BatchFunction | None" = None,
+        *,
+        schema: pa.Schema | None = None,
+        operator_id: str | None = None,
+        **columns: "Expression",
+    ) -> "DataStream":
+        """Transform each record.
+
+        - ``map(cents="amount * 100", user="lower(user)")``: add or replace
+          those columns (Spark's ``withColumns``); the record keeps its others.
+        - ``map(function, schema=...)``: ``function`` takes a
+          ``pyarrow.RecordBatch`` of the user columns and returns one row per
+          record (a ``RecordBatch``, ``Table`` or mapping of column to values)
+          of the declared ``schema``, which replaces the record's user
+          columns. Runs batched on the executors; a wrong row count or schema
+          fails the epoch with an error naming the operator.
+        """
+        if function is not None:
+            declared = check_function("map", operator_id, function, schema, columns)
+            return self._stateless(
+                "map", operator_id, lambda i: MapFunction(operator_id=i, parent=self.node, function=function, schema=declared)
+            )
+        if not columns:
+            raise PipelineDefinitionError("map needs a function and schema=, or columns as keywords (map(cents='amount * 100'))")
+        if schema is not None:
+            raise PipelineDefinitionError("map: schema= is for a Python function; column expressions have their own types")
+        for name, value in columns.items():
+            check_column_name(operator_id or "map", name)
+            check_expression(operator_id or "map", value)
+        return self._stateless("map", operator_id, lambda i: MapColumns(operator_id=i, parent=self.node, columns=dict(columns)))
+
+    def flat_map(
+        self,
+        function: "BatchFunction | None" = None,
+        *,
+        schema: pa.Schema | None = None,
+        operator_id: str | None = None,
+        **column: "Expression",
+    ) -> "DataStream":
+        """Turn each record into zero or more records.
+
+        - ``flat_map(word="split(text, ' ')")``: one record per element of
+          the array expression, as that column; the record's other columns
+          are repeated (Spark's ``explode``); a null or empty array gives none.
+        - ``flat_map(function, schema=...)``: ``function`` takes a
+          ``pyarrow.RecordBatch`` of the user columns and returns one list of
+          rows per record (e.g. a list of lists of dicts, or a
+          ``pyarrow.ListArray`` of structs) of the declared ``schema``, which
+          replaces the record's user columns. Runs batched on the executors.
+
+        Outputs keep their record's arrival position, refined by their index
+        among its outputs, so downstream results never depend on parallelism.
+        """
+        if function is not None:
+            declared = check_function("flat_map", operator_id, function, schema, column)
+            return self._stateless(
+                "flat_map", operator_id, lambda i: FlatMapFunction(operator_id=i, parent=self.node, function=function, schema=declared)
+            )
+        if len(column) != 1 or schema is not None:
+            raise PipelineDefinitionError(
+                "flat_map needs a function and schema=, or exactly one column as a keyword (flat_map(word=\"split(text, ' ')\"))"
+            )
+        ((name, value),) = column.items()
+        check_column_name(operator_id or "flat_map", name)
+        check_expression(operator_id or "flat_map", value)
+        return self._stateless(
+            "flat_map", operator_id, lambda i: FlatMapColumn(operator_id=i, parent=self.node, name=name, expression=value)
+        )
 
     def deduplicate(self, operator_id: str, key: str | tuple[str, ...], ttl: timedelta | None = None) -> "DataStream":
         """Drop records whose key was seen before (in this or an earlier epoch)."""
@@ -176,11 +323,14 @@ class KeyedStream:
     def _then(self, node: Node) -> DataStream:
         return DataStream(self.builder, self.builder._add(node))
 
-    def aggregate(self, operator_id: str, *aggregations: Aggregation) -> DataStream:
-        """Running aggregates per key over all records so far (emits changed keys)."""
-        return self._then(
-            RunningAggregate(operator_id=operator_id, parent=self.node, key=self.key, aggregations=aggregations)
-        )
+    def aggregate(self, operator_id: str, *aggregations: Aggregation, **named: Aggregation) -> DataStream:
+        """Running aggregates per key over all records so far (emits changed keys).
+
+        Name outputs by keyword: ``aggregate("totals", count=Count(), total=Sum("amount"))``;
+        positional aggregations keep their own names (``Sum("amount", "total")``).
+        """
+        chosen = named_aggregations(operator_id, aggregations, named, reserved=self.key)
+        return self._then(RunningAggregate(operator_id=operator_id, parent=self.node, key=self.key, aggregations=chosen))
 
     def window(
         self,
@@ -188,17 +338,22 @@ class KeyedStream:
         assigner: TumblingEventTimeWindows,
         *aggregations: Aggregation,
         late_output: str | None = None,
+        **named: Aggregation,
     ) -> DataStream:
-        """Event-time tumbling windows that fire once the watermark passes their end."""
+        """Event-time tumbling windows that fire once the watermark passes their end.
+
+        Aggregations are named as in :meth:`aggregate` (``count=Count(), p99=Percentile("v", q=0.99)``).
+        """
         if not any(isinstance(n, WatermarkAssigner) for n in self.builder.nodes):
             raise PipelineDefinitionError(f"window {operator_id!r} needs with_watermark() upstream")
+        chosen = named_aggregations(operator_id, aggregations, named, reserved=(*self.key, "window_start", "window_end"))
         return self._then(
             TumblingWindow(
                 operator_id=operator_id,
                 parent=self.node,
                 key=self.key,
                 assigner=assigner,
-                aggregations=aggregations,
+                aggregations=chosen,
                 late_output=late_output,
             )
         )

@@ -503,7 +503,7 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                 describe_jobs(spark, f"epoch {barrier.epoch}: read {node.operator_id}")
                 assert node.source is not None
                 source_index = pipe.sources.index(node)
-                ordered = ordered_only or any(child.needs_arrival_order for child in pipe.children(node))
+                ordered = ordered_only or any(pipe.needs_arrival_order(child) for child in pipe.children(node))
                 batch = node.source.read(
                     spark, barrier.end_offsets[node.source.source_id], ctx.parallelism, source_index, ordered=ordered,
                     keys=pipe.source_keys(node),

@@ -43,10 +43,8 @@ def package_archive(directory: str | None = None) -> str:
     partial = target.with_name(f".{target.name}.{os.getpid()}")
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
         for path in files:
+            # The package's __init__.py among them: zipimport finds no namespace-package
+            # portions, so without it an executor would import barrierflow from elsewhere.
             archive.write(path, f"barrierflow/{path.relative_to(root)}")
-        if not (root / "__init__.py").exists():
-            # zipimport finds no namespace-package portions: without this file an
-            # executor would import barrierflow from wherever else it is installed.
-            archive.writestr("barrierflow/__init__.py", "")
     os.replace(partial, target)  # concurrent builders write the same content
     return str(target)

@@ -1,14 +1,15 @@
-"""Operators: deduplication, watermarks, running aggregates, windows, process functions."""
+"""Operators: stateless transformations, deduplication, watermarks, running aggregates, windows, process functions."""
 
 from barrierflow.operators.aggregate import Aggregation, Avg, Count, Max, Min, Percentile, RunningAggregate, Sum
 from barrierflow.operators.base import Node
 from barrierflow.operators.dedup import Deduplicate
 from barrierflow.operators.process import KeyedContext, KeyedProcess, KeyedProcessFunction
+from barrierflow.operators.stateless import Filter, FlatMapColumn, FlatMapFunction, MapColumns, MapFunction, Select
 from barrierflow.operators.watermark import WatermarkAssigner
 from barrierflow.operators.window import TumblingEventTimeWindows, TumblingWindow
 
 __all__ = [
-    "Aggregation", "Avg", "Count", "Deduplicate", "KeyedContext", "KeyedProcess", "KeyedProcessFunction",
-    "Max", "Min", "Node", "Percentile", "RunningAggregate", "Sum", "TumblingEventTimeWindows",
-    "TumblingWindow", "WatermarkAssigner",
+    "Aggregation", "Avg", "Count", "Deduplicate", "Filter", "FlatMapColumn", "FlatMapFunction", "KeyedContext",
+    "KeyedProcess", "KeyedProcessFunction", "MapColumns", "MapFunction", "Max", "Min", "Node", "Percentile",
+    "RunningAggregate", "Select", "Sum", "TumblingEventTimeWindows", "TumblingWindow", "WatermarkAssigner",
 ]

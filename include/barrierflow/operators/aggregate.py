@@ -24,9 +24,9 @@ arrival order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,7 +40,7 @@ from barrierflow.state.spec import KEY_GROUP, StateSpec
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["Aggregation", "Count", "Sum", "Min", "Max", "Avg", "Percentile", "RunningAggregate"]
+__all__ = ["Accumulator", "Aggregation", "Count", "Sum", "Min", "Max", "Avg", "Percentile", "RunningAggregate", "named_aggregations"]
 
 _EXACT_SUM_TYPE = "decimal(38,18)"
 # Below the type's 1e20 limit by a margin, so no partial sum can overflow.
@@ -55,11 +55,188 @@ _LONG_BOUND = 9e18
 
 
 @dataclass(frozen=True)
+class Accumulator:
+    """One state column of a running aggregate and how an epoch's records fold into it.
+
+    The epoch's aggregates (:meth:`epoch_aggregates`) are computed per key
+    natively; :meth:`merged` (Spark) and :meth:`merged_arrow` (the heap
+    backend, same IEEE arithmetic) combine them with the stored value
+    ``_prev_<name>``.
+    """
+
+    column: str | None
+
+    # Whether the epoch's value is an exact sum that may need the fallback
+    # methods 2-3 of the module docstring (a ``_inexact_<column>`` flag).
+    exact_sum: ClassVar[bool] = False
+    type: ClassVar[pa.DataType] = pa.float64()
+
+    @property
+    def name(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def source(self) -> str:
+        assert self.column is not None  # only the count reads no column
+        return self.column
+
+    def epoch_aggregates(self) -> list["Column"]:
+        return []
+
+    def merged(self, flagged: bool) -> "Column":
+        raise NotImplementedError
+
+    def merged_arrow(self, merged: pa.Table) -> pa.ChunkedArray:
+        raise NotImplementedError
+
+    def flagged_keys(self, merged: pa.Table, key: tuple[str, ...]) -> pa.Table | None:
+        """Keys whose epoch value the heap merge left out (for :func:`_fallback_sums`)."""
+        return None
+
+
+@dataclass(frozen=True)
+class _CountAccumulator(Accumulator):
+    column: str | None = None
+    type: ClassVar[pa.DataType] = pa.int64()
+
+    @property
+    def name(self) -> str:
+        return "count"
+
+    def merged(self, flagged: bool) -> "Column":
+        from pyspark.sql import functions as F
+
+        return F.coalesce(F.col("_prev_count"), F.lit(0).cast("long")) + F.col("_n")
+
+    def merged_arrow(self, merged: pa.Table) -> pa.ChunkedArray:
+        return pc.add(pc.fill_null(merged["_prev_count"], 0), merged["_n"])
+
+
+@dataclass(frozen=True)
+class _SumAccumulator(Accumulator):
+    exact_sum: ClassVar[bool] = True
+
+    @property
+    def name(self) -> str:
+        return f"sum_{self.column}"
+
+    def epoch_aggregates(self) -> list["Column"]:
+        from pyspark.sql import functions as F
+
+        col = self.source
+        value = F.col(col).cast("double")
+        scaled = F.rint(value * F.lit(_MICRO))
+        exact = (F.abs(value) < F.lit(_MICRO_VALUE_BOUND)) & (scaled / F.lit(_MICRO) == value)
+        units = F.when(exact, scaled.cast("long"))
+        # try_sum: a key large enough to overflow is flagged below, never raises.
+        total = F.try_sum(units)
+        bound = F.max(F.abs(units)).cast("double") * F.count(F.lit(1))  # n >= the exact values
+        inexact = (
+            (F.count_if(value.isNotNull() & ~F.coalesce(exact, F.lit(False))) > 0)
+            | F.coalesce(bound >= F.lit(_LONG_BOUND), F.lit(False))
+            | F.coalesce(F.abs(total).cast("double") >= F.lit(_MICRO_SUM_BOUND), F.lit(False))
+        )
+        # Below 2**53 the integer is an exact double: one correctly rounded division.
+        return [(total.cast("double") / F.lit(_MICRO)).alias(f"_esum_{col}"), inexact.alias(f"_inexact_{col}")]
+
+    def merged(self, flagged: bool) -> "Column":
+        from pyspark.sql import functions as F
+
+        col = self.source
+        epoch_sum = F.coalesce(F.col(f"_esum_{col}"), F.lit(0.0))
+        if flagged:
+            epoch_sum = F.when(F.col(f"_inexact_{col}"), F.col(f"_fsum_{col}")).otherwise(epoch_sum)
+        return F.coalesce(F.col(f"_prev_{self.name}"), F.lit(0.0)) + epoch_sum
+
+    def merged_arrow(self, merged: pa.Table) -> pa.ChunkedArray:
+        # A flagged key's epoch sum is 0.0 here; _patch_sums adds its fallback sum.
+        col = self.source
+        epoch_sum = pc.if_else(merged[f"_inexact_{col}"], 0.0, pc.fill_null(merged[f"_esum_{col}"], 0.0))
+        return pc.add(pc.fill_null(merged[f"_prev_{self.name}"], 0.0), epoch_sum)
+
+    def flagged_keys(self, merged: pa.Table, key: tuple[str, ...]) -> pa.Table:
+        return merged.filter(merged[f"_inexact_{self.source}"]).select(list(key))
+
+
+@dataclass(frozen=True)
+class _ExtremeAccumulator(Accumulator):
+    """The least or greatest value: Spark's ``min``/``max`` over the epoch, ``least``/``greatest`` with the stored one."""
+
+    kind: ClassVar[str]  # "min" or "max": Spark's aggregate, and the column's prefix
+    merge: ClassVar[str]  # "least" or "greatest": Spark's function merging with the stored value
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}_{self.column}"
+
+    def epoch_aggregates(self) -> list["Column"]:
+        from pyspark.sql import functions as F
+
+        return [getattr(F, self.kind)(F.col(self.source).cast("double")).alias(f"_e{self.kind}_{self.source}")]
+
+    def merged(self, flagged: bool) -> "Column":
+        from pyspark.sql import functions as F
+
+        return getattr(F, self.merge)(F.col(f"_prev_{self.name}"), F.col(f"_e{self.kind}_{self.source}"))
+
+    def merged_arrow(self, merged: pa.Table) -> pa.ChunkedArray:
+        return self.merge_arrow(merged[f"_prev_{self.name}"], merged[f"_e{self.kind}_{self.source}"])
+
+    def merge_arrow(self, prev: pa.ChunkedArray, value: pa.ChunkedArray) -> pa.ChunkedArray:
+        """:attr:`merge` on Arrow, with Spark's NaN ordering."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class _MinAccumulator(_ExtremeAccumulator):
+    kind: ClassVar[str] = "min"
+    merge: ClassVar[str] = "least"
+
+    def merge_arrow(self, prev: pa.ChunkedArray, value: pa.ChunkedArray) -> pa.ChunkedArray:
+        return _least(prev, value)
+
+
+@dataclass(frozen=True)
+class _MaxAccumulator(_ExtremeAccumulator):
+    kind: ClassVar[str] = "max"
+    merge: ClassVar[str] = "greatest"
+
+    def merge_arrow(self, prev: pa.ChunkedArray, value: pa.ChunkedArray) -> pa.ChunkedArray:
+        return _greatest(prev, value)
+
+
+@dataclass(frozen=True)
 class Aggregation:
-    """An aggregate over one column; ``name`` is its output column."""
+    """An aggregate over one column; ``name`` is its output column.
+
+    Each aggregation says what it keeps as a running aggregate
+    (:meth:`accumulators`, state columns shared by name: ``Sum("v")`` and
+    ``Avg("v")`` keep one ``sum_v``), how its result follows from them
+    (:meth:`running_result`, :meth:`running_result_arrow`), and how a
+    window computes it from the window's values (:meth:`result`).
+    """
 
     column: str | None
     name: str
+
+    @property
+    def value_column(self) -> str | None:
+        """The column whose values it aggregates (None: it only counts records)."""
+        return self.column
+
+    def accumulators(self) -> tuple[Accumulator, ...]:
+        """State columns of a running aggregate; empty: it cannot run as one."""
+        return ()
+
+    def running_result(self) -> "Column":
+        """Its value from the state row's accumulator columns (Spark)."""
+        from pyspark.sql import functions as F
+
+        return F.col(self.accumulators()[0].name)
+
+    def running_result_arrow(self, state: pa.Table) -> pa.ChunkedArray:
+        """Its value from the state rows' accumulator columns (Arrow: same arithmetic as Spark)."""
+        return state[self.accumulators()[0].name]
 
     def result(self, values: "Column", count: "Column") -> "Column":
         """The aggregate from an array of values in arrival order (windows)."""
@@ -70,6 +247,13 @@ class Aggregation:
 class Count(Aggregation):
     column: str | None = None
     name: str = "count"
+
+    @property
+    def value_column(self) -> str | None:
+        return None
+
+    def accumulators(self) -> tuple[Accumulator, ...]:
+        return (_CountAccumulator(),)
 
     def result(self, values: "Column", count: "Column") -> "Column":
         return count.cast("long")
@@ -85,6 +269,9 @@ def _fold_sum(values: "Column", start: "Column") -> "Column":
 class Sum(Aggregation):
     name: str = "sum"
 
+    def accumulators(self) -> tuple[Accumulator, ...]:
+        return (_SumAccumulator(self.column),)
+
     def result(self, values: "Column", count: "Column") -> "Column":
         from pyspark.sql import functions as F
 
@@ -94,6 +281,9 @@ class Sum(Aggregation):
 @dataclass(frozen=True)
 class Min(Aggregation):
     name: str = "min"
+
+    def accumulators(self) -> tuple[Accumulator, ...]:
+        return (_MinAccumulator(self.column),)
 
     def result(self, values: "Column", count: "Column") -> "Column":
         from pyspark.sql import functions as F
@@ -105,6 +295,9 @@ class Min(Aggregation):
 class Max(Aggregation):
     name: str = "max"
 
+    def accumulators(self) -> tuple[Accumulator, ...]:
+        return (_MaxAccumulator(self.column),)
+
     def result(self, values: "Column", count: "Column") -> "Column":
         from pyspark.sql import functions as F
 
@@ -115,6 +308,19 @@ class Max(Aggregation):
 class Avg(Aggregation):
     name: str = "avg"
 
+    def accumulators(self) -> tuple[Accumulator, ...]:
+        return (_SumAccumulator(self.column), _CountAccumulator())
+
+    def running_result(self) -> "Column":
+        from pyspark.sql import functions as F
+
+        total, count = self.accumulators()
+        return F.col(total.name) / F.col(count.name).cast("double")
+
+    def running_result_arrow(self, state: pa.Table) -> pa.ChunkedArray:
+        total, count = self.accumulators()
+        return pc.divide(state[total.name], pc.cast(state[count.name], pa.float64()))
+
     def result(self, values: "Column", count: "Column") -> "Column":
         from pyspark.sql import functions as F
 
@@ -123,7 +329,10 @@ class Avg(Aggregation):
 
 @dataclass(frozen=True)
 class Percentile(Aggregation):
-    """Nearest-rank percentile: sorted ascending, 1-based position ceil(q x n)."""
+    """Nearest-rank percentile: sorted ascending, 1-based position ceil(q x n).
+
+    Windows only: a running percentile would need every value ever seen.
+    """
 
     q: float = 0.5
     name: str = "p50"
@@ -139,6 +348,46 @@ class Percentile(Aggregation):
         return F.element_at(F.array_sort(values), pos.cast("int"))
 
 
+def named_aggregations(
+    operator_id: str,
+    positional: tuple[Aggregation, ...],
+    named: Mapping[str, Aggregation],
+    reserved: tuple[str, ...] = (),
+) -> tuple[Aggregation, ...]:
+    """The aggregations of one operator, each under its output column.
+
+    Positional ones keep their own ``name`` (``Sum("v", "total")``, or the
+    class's default); a keyword names its aggregation (``total=Sum("v")``).
+    Output columns must be unique, not start with ``_`` (the engine's) and
+    not clash with ``reserved`` (the key and, for windows, the window's
+    columns).
+    """
+    given = [*positional, *named.values()]
+    wrong = [f"{a!r}" for a in given if not isinstance(a, Aggregation)]
+    if wrong:
+        raise PipelineDefinitionError(
+            f"{operator_id}: {', '.join(wrong)} is not an aggregation; give Count(), Sum(column), Min(column), "
+            "Max(column), Avg(column) or Percentile(column, q=...)"
+        )
+    aggregations = (*positional, *(replace(agg, name=name) for name, agg in named.items()))
+    if not aggregations:
+        raise PipelineDefinitionError(f"{operator_id}: no aggregation given, e.g. aggregate({operator_id!r}, count=Count())")
+    names = [a.name for a in aggregations]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise PipelineDefinitionError(
+            f"{operator_id}: output column(s) {duplicates} named more than once; name each aggregation by keyword, "
+            f"e.g. total_a=Sum('a'), total_b=Sum('b')"
+        )
+    bad = sorted({n for n in names if not n or n.startswith("_") or n in reserved})
+    if bad:
+        raise PipelineDefinitionError(
+            f"{operator_id}: output column(s) {bad} are not allowed: a name must not be empty, start with _ "
+            f"(the engine's columns) or be one of {list(reserved)}"
+        )
+    return aggregations
+
+
 @dataclass
 class RunningAggregate(Node):
     key: tuple[str, ...] = ()
@@ -146,25 +395,17 @@ class RunningAggregate(Node):
 
     def __post_init__(self) -> None:
         for agg in self.aggregations:
-            if not isinstance(agg, (Count, Sum, Min, Max, Avg)):
+            if not agg.accumulators():
                 raise PipelineDefinitionError(
                     f"{self.operator_id}: running aggregates support Count, Sum, Min, Max, Avg; "
-                    f"got {type(agg).__name__}"
+                    f"got {type(agg).__name__} (it needs every value: use it in a window)"
                 )
 
-    def _accumulators(self) -> list[tuple[str, str | None, pa.DataType]]:
-        # (accumulator column, source column, type); Avg is sum/count.
-        out: list[tuple[str, str | None, pa.DataType]] = [("count", None, pa.int64())]
-        for agg in self.aggregations:
-            if isinstance(agg, (Sum, Avg)):
-                out.append((f"sum_{agg.column}", agg.column, pa.float64()))
-            elif isinstance(agg, Min):
-                out.append((f"min_{agg.column}", agg.column, pa.float64()))
-            elif isinstance(agg, Max):
-                out.append((f"max_{agg.column}", agg.column, pa.float64()))
-        seen: dict[str, tuple[str, str | None, pa.DataType]] = {}
-        for acc in out:
-            seen.setdefault(acc[0], acc)
+    def _accumulators(self) -> list[Accumulator]:
+        """The state columns: the count first (every key has one), then each aggregation's, once by name."""
+        seen: dict[str, Accumulator] = {}
+        for acc in (_CountAccumulator(), *(acc for agg in self.aggregations for acc in agg.accumulators())):
+            seen.setdefault(acc.name, acc)
         return list(seen.values())
 
     def _spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
@@ -173,7 +414,7 @@ class RunningAggregate(Node):
             operator_id=self.operator_id,
             name="accumulators",
             key_fields=tuple(pa.field(k, types.get(k, pa.string())) for k in self.key),
-            value_fields=tuple(pa.field(n, t) for n, _, t in self._accumulators()),
+            value_fields=tuple(pa.field(acc.name, acc.type) for acc in self._accumulators()),
         )
 
     def state_specs(self) -> list[StateSpec]:
@@ -214,7 +455,7 @@ class RunningAggregate(Node):
         epoch = ctx.persist(
             df.groupBy(*self.key).agg(*aggregates).withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
         )
-        sums = [col for name, col, _ in self._accumulators() if name.startswith("sum_") and col is not None]
+        sums = [acc.source for acc in self._accumulators() if acc.exact_sum]
         flags = [F.col(f"_inexact_{col}") for col in sums]
         any_flag = F.lit(False)
         for flag in flags:
@@ -229,7 +470,7 @@ class RunningAggregate(Node):
             return self._merge_whole(ctx, spec, epoch, keyed, whole, flagged)
         prior = ctx.state.read(spec, sorted(summary["groups"]), keys=epoch, key_count=summary["keys"])
         previous = joinable(
-            prior.select(*self.key, *[F.col(n).alias(f"_prev_{n}") for n, _, _ in self._accumulators()]), summary["keys"]
+            prior.select(*self.key, *[F.col(acc.name).alias(f"_prev_{acc.name}") for acc in self._accumulators()]), summary["keys"]
         )
         merged = epoch.join(previous, on=list(self.key), how="left")
         if flagged:
@@ -260,15 +501,15 @@ class RunningAggregate(Node):
         previous = live.select(
             *self.key,
             F.col(KEY_GROUP).alias("_prev_group"),
-            *[F.col(n).alias(f"_prev_{n}") for n, _, _ in accs],
+            *[F.col(acc.name).alias(f"_prev_{acc.name}") for acc in accs],
             F.col("_updated_at_ms").alias("_prev_updated_at_ms"),
             F.col("_epoch").alias("_prev_epoch"),
         )
         merged = epoch.join(previous, on=list(self.key), how="full")
         if flagged:
-            for name, col, _ in accs:
-                if name.startswith("sum_") and col is not None:
-                    merged = merged.join(_fallback_sum_frame(keyed, self.key, col, epoch), on=list(self.key), how="left")
+            for acc in accs:
+                if acc.exact_sum:
+                    merged = merged.join(_fallback_sum_frame(keyed, self.key, acc.source, epoch), on=list(self.key), how="left")
         touched = F.col("_n").isNotNull()
         columns = [*[F.col(k) for k in self.key], F.coalesce(F.col(KEY_GROUP), F.col("_prev_group")).cast("int").alias(KEY_GROUP)]
         for name, value in self._merged_values(flagged):
@@ -285,7 +526,7 @@ class RunningAggregate(Node):
             after = ctx.persist(rows)
         live_rows = after.count()  # materializes the checkpoint
         state = after.where(F.col("_touched")).select(
-            *self.key, KEY_GROUP, *[n for n, _, _ in accs], F.lit(False).alias("_deleted")
+            *self.key, KEY_GROUP, *[acc.name for acc in accs], F.lit(False).alias("_deleted")
         )
         if kept:
             ctx.state.stage(spec, state, live=after.drop("_touched"), live_rows=live_rows)
@@ -295,24 +536,7 @@ class RunningAggregate(Node):
 
     def _merged_values(self, flagged: int) -> list[tuple[str, "Column"]]:
         """Each accumulator after the epoch, from ``_prev_<name>`` and the epoch's aggregates (step 3)."""
-        from pyspark.sql import functions as F
-
-        values = []
-        for name, col, _ in self._accumulators():
-            prev = F.col(f"_prev_{name}")
-            if name == "count":
-                value = F.coalesce(prev, F.lit(0).cast("long")) + F.col("_n")
-            elif name.startswith("sum_"):
-                epoch_sum = F.coalesce(F.col(f"_esum_{col}"), F.lit(0.0))
-                if flagged:
-                    epoch_sum = F.when(F.col(f"_inexact_{col}"), F.col(f"_fsum_{col}")).otherwise(epoch_sum)
-                value = F.coalesce(prev, F.lit(0.0)) + epoch_sum
-            elif name.startswith("min_"):
-                value = F.least(prev, F.col(f"_emin_{col}"))
-            else:
-                value = F.greatest(prev, F.col(f"_emax_{col}"))
-            values.append((name, value))
-        return values
+        return [(acc.name, acc.merged(bool(flagged))) for acc in self._accumulators()]
 
     def _apply_on_driver(self, ctx: Any, spec: StateSpec, keyed: "DataFrame", aggregates: list["Column"]) -> pa.Table:
         """The heap backend: collect the epoch's aggregates and merge with resident state.
@@ -345,48 +569,12 @@ class RunningAggregate(Node):
         """The output columns (Avg = sum / count) of state rows in Spark."""
         from pyspark.sql import functions as F
 
-        columns = [F.col(k) for k in self.key]
-        for agg in self.aggregations:
-            if isinstance(agg, Count):
-                columns.append(F.col("count").alias(agg.name))
-            elif isinstance(agg, Avg):
-                columns.append((F.col(f"sum_{agg.column}") / F.col("count").cast("double")).alias(agg.name))
-            elif isinstance(agg, Sum):
-                columns.append(F.col(f"sum_{agg.column}").alias(agg.name))
-            elif isinstance(agg, Min):
-                columns.append(F.col(f"min_{agg.column}").alias(agg.name))
-            else:
-                columns.append(F.col(f"max_{agg.column}").alias(agg.name))
-        return columns
+        return [*[F.col(k) for k in self.key], *[agg.running_result().alias(agg.name) for agg in self.aggregations]]
 
     def _epoch_aggregates(self) -> list["Column"]:
         from pyspark.sql import functions as F
 
-        aggregates = [F.count(F.lit(1)).alias("_n")]
-        for name, col, _ in self._accumulators():
-            if name == "count":
-                continue
-            assert col is not None  # only the count has no source column
-            value = F.col(col).cast("double")
-            if name.startswith("sum_"):
-                scaled = F.rint(value * F.lit(_MICRO))
-                exact = (F.abs(value) < F.lit(_MICRO_VALUE_BOUND)) & (scaled / F.lit(_MICRO) == value)
-                units = F.when(exact, scaled.cast("long"))
-                # try_sum: a key large enough to overflow is flagged below, never raises.
-                total = F.try_sum(units)
-                bound = F.max(F.abs(units)).cast("double") * F.count(F.lit(1))  # n >= the exact values
-                inexact = (
-                    (F.count_if(value.isNotNull() & ~F.coalesce(exact, F.lit(False))) > 0)
-                    | F.coalesce(bound >= F.lit(_LONG_BOUND), F.lit(False))
-                    | F.coalesce(F.abs(total).cast("double") >= F.lit(_MICRO_SUM_BOUND), F.lit(False))
-                )
-                # Below 2**53 the integer is an exact double: one correctly rounded division.
-                aggregates += [(total.cast("double") / F.lit(_MICRO)).alias(f"_esum_{col}"), inexact.alias(f"_inexact_{col}")]
-            elif name.startswith("min_"):
-                aggregates.append(F.min(value).alias(f"_emin_{col}"))
-            else:
-                aggregates.append(F.max(value).alias(f"_emax_{col}"))
-        return aggregates
+        return [F.count(F.lit(1)).alias("_n"), *[agg for acc in self._accumulators() for agg in acc.epoch_aggregates()]]
 
     def _merge(
         self, spec: StateSpec, epoch: pa.Table, prior: pa.Table, processing_time_ms: int, epoch_number: int
@@ -398,27 +586,18 @@ class RunningAggregate(Node):
         ``greatest`` with Spark's NaN ordering (NaN above every number).
         """
         accs = self._accumulators()
-        previous = prior.select([*self.key, *[n for n, _, _ in accs]]).rename_columns(
-            [*self.key, *[f"_prev_{n}" for n, _, _ in accs]]
+        previous = prior.select([*self.key, *[acc.name for acc in accs]]).rename_columns(
+            [*self.key, *[f"_prev_{acc.name}" for acc in accs]]
         )
         merged = epoch.join(previous, keys=list(self.key), join_type="left outer")
         columns: dict[str, pa.ChunkedArray] = {k: merged[k] for k in self.key}
         columns[KEY_GROUP] = merged[KEY_GROUP]
         flagged: dict[str, pa.Table] = {}
-        for name, col, _ in accs:
-            prev = merged[f"_prev_{name}"]
-            if name == "count":
-                columns[name] = pc.add(pc.fill_null(prev, 0), merged["_n"])
-            elif name.startswith("sum_"):
-                assert col is not None  # only the count has no source column
-                inexact = merged[f"_inexact_{col}"]
-                epoch_sum = pc.if_else(inexact, 0.0, pc.fill_null(merged[f"_esum_{col}"], 0.0))
-                columns[name] = pc.add(pc.fill_null(prev, 0.0), epoch_sum)
-                flagged[col] = merged.filter(inexact).select(list(self.key))
-            elif name.startswith("min_"):
-                columns[name] = _least(prev, merged[f"_emin_{col}"])
-            else:
-                columns[name] = _greatest(prev, merged[f"_emax_{col}"])
+        for acc in accs:
+            columns[acc.name] = acc.merged_arrow(merged)
+            keys = acc.flagged_keys(merged, self.key)
+            if keys is not None:
+                flagged[acc.source] = keys
         n = merged.num_rows
         columns["_updated_at_ms"] = pa.array([processing_time_ms] * n, pa.int64())
         columns["_deleted"] = pa.array([False] * n, pa.bool_())
@@ -428,18 +607,8 @@ class RunningAggregate(Node):
 
     def _outputs_arrow(self, state: pa.Table) -> pa.Table:
         """The output columns (Avg = sum / count, IEEE division) of the new state rows."""
-        columns: dict[str, pa.Array] = {k: state[k] for k in self.key}
-        for agg in self.aggregations:
-            if isinstance(agg, Count):
-                columns[agg.name] = state["count"]
-            elif isinstance(agg, Avg):
-                columns[agg.name] = pc.divide(state[f"sum_{agg.column}"], pc.cast(state["count"], pa.float64()))
-            elif isinstance(agg, Sum):
-                columns[agg.name] = state[f"sum_{agg.column}"]
-            elif isinstance(agg, Min):
-                columns[agg.name] = state[f"min_{agg.column}"]
-            else:
-                columns[agg.name] = state[f"max_{agg.column}"]
+        columns: dict[str, pa.ChunkedArray] = {k: state[k] for k in self.key}
+        columns.update((agg.name, agg.running_result_arrow(state)) for agg in self.aggregations)
         return pa.table(columns)
 
     def describe(self) -> dict[str, Any]:

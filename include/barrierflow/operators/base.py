@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pyarrow as pa
 
@@ -13,7 +15,12 @@ from barrierflow.state.spec import StateSpec
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["Node", "user_columns", "key_group_column", "position_order"]
+__all__ = ["Node", "user_columns", "key_group_column", "position_columns", "position_order", "ship_user_code"]
+
+# A flat_map's outputs carry their input's position plus their index among
+# that input's outputs (``_seq_1``, then ``_seq_2`` for a flat_map of a
+# flat_map's output): together a unique position, derived from the records alone.
+_SUB_POSITION = re.compile(r"^_seq_([0-9]+)$")
 
 
 @dataclass
@@ -30,6 +37,9 @@ class Node:
     # result is already on the driver returns it as Arrow, and only
     # consumers without this flag get it as a Spark frame.
     accepts_arrow = False
+    # Whether the operator passes arrival order on without using it (stateless
+    # operators): then whether its input needs ``_seq`` is up to its consumers.
+    forwards_arrival_order = False
 
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame | pa.Table":
         raise NotImplementedError
@@ -39,6 +49,10 @@ class Node:
 
     def side_outputs(self) -> list[str]:
         return []
+
+    def passes_through(self, column: str) -> bool:
+        """Whether ``column`` of its output is that of its input record, unchanged (a key checked at the source)."""
+        return False
 
     def describe(self) -> dict[str, Any]:
         return {"operator_id": self.operator_id, "type": type(self).__name__}
@@ -59,7 +73,28 @@ def key_group_column(key: tuple[str, ...], key_groups: int) -> "Column":
     return session_cached(("key_group", tuple(key), key_groups), build)
 
 
-def position_order() -> list["Column"]:
+def position_columns(columns: Sequence[str]) -> list[str]:
+    """The arrival-position columns among ``columns``, most significant first: ``_seq``, ``_seq_1``, ..."""
+    subs = sorted((int(m.group(1)), c) for c in columns if (m := _SUB_POSITION.match(c)))
+    return ["_seq", *[c for _, c in subs]]
+
+
+def position_order(columns: Sequence[str]) -> list["Column"]:
     from pyspark.sql import functions as F
 
-    return [F.col("_seq")]
+    return [F.col(c) for c in position_columns(columns)]
+
+
+def ship_user_code(obj: Any) -> None:
+    """Pickle the module defining ``obj`` (a user function or class) by value, so workers need not import it.
+
+    A function defined in an application module (or a test) is not
+    necessarily on the workers' path; shipping its module with the task makes
+    local and cluster runs behave the same.
+    """
+    from pyspark import cloudpickle
+
+    name = getattr(obj, "__module__", None) or type(obj).__module__
+    module = sys.modules.get(name)
+    if module is not None and module.__name__ != "__main__" and not module.__name__.startswith("barrierflow."):
+        cloudpickle.register_pickle_by_value(module)

@@ -36,6 +36,9 @@ class Deduplicate(Node):
     def state_specs(self) -> list[StateSpec]:
         return [self._spec()]
 
+    def passes_through(self, column: str) -> bool:
+        return True  # it drops records, never changes one
+
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
         from pyspark.sql import Window
         from pyspark.sql import functions as F
@@ -43,7 +46,7 @@ class Deduplicate(Node):
         spec = self._spec(ctx.arrow_types(df, self.key))
         keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
         # First occurrence within the epoch, by arrival position.
-        first = Window.partitionBy(*self.key).orderBy(*position_order())
+        first = Window.partitionBy(*self.key).orderBy(*position_order(df.columns))
         firsts = keyed.withColumn("_rn", F.row_number().over(first)).where("_rn = 1").drop("_rn")
         # One small job over the epoch's records, no shuffle: the key groups
         # touched (the state read's pruning) and at most how many keys.

@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import groupby
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 from zoneinfo import ZoneInfo
 
 import pyarrow as pa
 
 from barrierflow.errors import PipelineDefinitionError
-from barrierflow.operators.base import Node, key_group_column
+from barrierflow.operators.base import Node, key_group_column, position_columns, ship_user_code
 from barrierflow.state.descriptors import StateDescriptor
 from barrierflow.state.keyed import State, state_for
 from barrierflow.state.spec import KEY_GROUP, StateSpec
@@ -42,22 +42,64 @@ class KeyedContext:
             return self._states[descriptor.name]
         except KeyError:
             raise PipelineDefinitionError(
-                f"state {descriptor.name!r} is not declared in state_descriptors"
+                f"state {descriptor.name!r} is not declared by the process function: declare it as a class "
+                f"attribute, e.g. {descriptor.name} = {type(descriptor).__name__}({descriptor.name!r}, ...)"
             ) from None
 
 
 class KeyedProcessFunction:
     """Subclass and implement :meth:`process_element`; emit rows with ``out``.
 
-    Class attributes: ``state_descriptors`` (the per-key state it uses) and
-    ``output_schema`` (a pyarrow schema of the emitted rows).
+    The per-key state it uses is every :class:`StateDescriptor` among its
+    class attributes (``total = ValueStateDescriptor("total", pa.int64())``),
+    inherited ones included; the state's name (its table) is the
+    descriptor's, not the attribute's. ``state_descriptors`` is then
+    collected for you; a tuple given there is still read, and must agree.
+    ``output_schema`` is a pyarrow schema of the emitted rows.
     """
 
-    state_descriptors: tuple[StateDescriptor, ...] = ()
+    state_descriptors: ClassVar[tuple[StateDescriptor, ...]] = ()
     output_schema: pa.Schema = pa.schema([])
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.state_descriptors = _declared_states(cls)
 
     def process_element(self, record: dict[str, Any], ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
         raise NotImplementedError
+
+
+def _declared_states(cls: type) -> tuple[StateDescriptor, ...]:
+    """The state descriptors of a process function class: its ``state_descriptors`` tuple, then its attributes'.
+
+    One descriptor per state name: the same name declared twice with
+    different definitions (two attributes, or an attribute and the tuple)
+    is an error, since both would be one state table.
+    """
+    listed = tuple(cls.__dict__.get("state_descriptors", ()))
+    attributes: dict[str, StateDescriptor] = {}
+    for klass in reversed(cls.__mro__):  # bases first; a subclass's attribute overrides its base's
+        for attr, value in vars(klass).items():
+            if isinstance(value, StateDescriptor):
+                attributes[attr] = value
+    wrong = [d for d in listed if not isinstance(d, StateDescriptor)]
+    if wrong:
+        raise PipelineDefinitionError(f"{cls.__qualname__}.state_descriptors holds {wrong!r}: give StateDescriptor objects")
+    inherited = [d for base in cls.__mro__[1:] for d in getattr(base, "state_descriptors", ())]
+    by_name: dict[str, tuple[str, StateDescriptor]] = {}
+    for where, descriptor in [
+        *((f"state_descriptors[{i}]", d) for i, d in enumerate(listed)),
+        *((f"attribute {a}", d) for a, d in attributes.items()),
+        *(("an inherited state_descriptors", d) for d in inherited),
+    ]:
+        seen = by_name.setdefault(descriptor.name, (where, descriptor))
+        if seen[1] != descriptor:
+            raise PipelineDefinitionError(
+                f"{cls.__qualname__}: state {descriptor.name!r} is declared twice, differently ({seen[0]}: "
+                f"{seen[1].signature()}, {where}: {descriptor.signature()}); a state name is one state table: "
+                "give each state its own name, or declare it once"
+            )
+    return tuple(d for _, d in by_name.values())
 
 
 def _state_column(name: str) -> str:
@@ -101,7 +143,7 @@ class KeyedProcess(Node):
 
         fn = self.function
         assert fn is not None
-        _ship_user_module(fn)
+        ship_user_code(fn)
         key_types = ctx.arrow_types(df, self.key)
         descriptors = fn.state_descriptors
         specs = [self._spec(d, key_types) for d in descriptors]
@@ -163,22 +205,6 @@ class KeyedProcess(Node):
         }
 
 
-def _ship_user_module(fn: KeyedProcessFunction) -> None:
-    """Pickle the user's module by value so workers need not import it.
-
-    A process function defined in an application module (or a test) is not
-    necessarily on the workers' path; shipping its module with the task makes
-    local and cluster runs behave the same.
-    """
-    import sys
-
-    from pyspark import cloudpickle
-
-    module = sys.modules.get(type(fn).__module__)
-    if module is not None and module.__name__ != "__main__" and not module.__name__.startswith("barrierflow."):
-        cloudpickle.register_pickle_by_value(module)
-
-
 def _python_values(column: "pa.ChunkedArray | pa.Array") -> list[Any]:
     """``column.to_pylist()``, faster for UTC microsecond timestamps (event times).
 
@@ -221,7 +247,8 @@ def _run_key_group(
             for key, value in zip(state_keys, _python_values(state.column(_state_column(d.name)))):
                 if value is not None:
                     stored.setdefault(key, {})[d.name] = value
-    records = records.sort_by([(k, "ascending") for k in key_names] + [("_seq", "ascending")])
+    order = [*key_names, *position_columns(records.column_names)]
+    records = records.sort_by([(c, "ascending") for c in order])
     kg = records.column(KEY_GROUP)[0].as_py()
     user_names = [name for name in records.column_names if not name.startswith("_")]
     user_rows = [dict(zip(user_names, values)) for values in zip(*(_python_values(records.column(n)) for n in user_names))]

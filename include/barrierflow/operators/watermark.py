@@ -18,6 +18,9 @@ class WatermarkAssigner(Node):
     column: str = "ts"
     out_of_orderness_us: int = 0
 
+    def passes_through(self, column: str) -> bool:
+        return True  # it observes event time, never changes a record
+
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
         from pyspark.sql import functions as F
 

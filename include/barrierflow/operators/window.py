@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from barrierflow.errors import PipelineDefinitionError
-from barrierflow.operators.aggregate import Aggregation, Count
-from barrierflow.operators.base import Node, key_group_column, user_columns
+from barrierflow.operators.aggregate import Aggregation
+from barrierflow.operators.base import Node, key_group_column, position_columns, user_columns
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class TumblingWindow(Node):
     late_output: str | None = None
 
     def __post_init__(self) -> None:
-        columns = {a.column for a in self.aggregations if not isinstance(a, Count)}
+        columns = {a.value_column for a in self.aggregations if a.value_column is not None}
         if len(columns) > 1:
             raise PipelineDefinitionError(
                 f"window {self.operator_id}: all aggregations must read the same column, got {sorted(columns, key=str)}"
@@ -58,7 +58,7 @@ class TumblingWindow(Node):
 
     @property
     def value_column(self) -> str | None:
-        return next((a.column for a in self.aggregations if not isinstance(a, Count)), None)
+        return next((a.value_column for a in self.aggregations if a.value_column is not None), None)
 
     def _spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
         types = key_types or {}
@@ -102,7 +102,7 @@ class TumblingWindow(Node):
         on_time = windowed.where(~F.col("_late"))
         value = F.col(self.value_column).cast("double") if self.value_column else F.lit(0.0)
         epoch_windows = on_time.groupBy(*self.key, "_start_us").agg(
-            F.array_sort(F.collect_list(F.struct("_seq", value.alias("v")))).alias("_vals")
+            F.array_sort(F.collect_list(F.struct(*position_columns(df.columns), value.alias("v")))).alias("_vals")
         ).select(
             *self.key,
             F.timestamp_micros("_start_us").alias("window_start"),

@@ -101,7 +101,6 @@ class RisingTemperatureAlert(KeyedProcessFunction):
     """Alert on a reading strictly above the previous one, itself above the one before."""
 
     last_two = ListStateDescriptor("last_two", pa.float64())
-    state_descriptors = (last_two,)
     output_schema = pa.schema(
         [
             pa.field("sensor_id", pa.string()),
@@ -153,15 +152,15 @@ def sensor_stats(p: PipelineBuilder, params: dict[str, Any]) -> None:
     )
     by_sensor = valid.key_by("sensor_id")
     by_sensor.aggregate(
-        "totals", Count(), Sum("temperature", "sum"), Min("temperature", "min"), Max("temperature", "max")
+        "totals", count=Count(), sum=Sum("temperature"), min=Min("temperature"), max=Max("temperature")
     ).sink_to(DeltaSink.upsert("sensor_totals", key="sensor_id"))
     by_sensor.window(
         "minute_windows",
         TumblingEventTimeWindows.of(timedelta(minutes=1), "ts"),
-        Count(),
-        Avg("temperature", "avg"),
-        Percentile("temperature", "p75", q=0.75),
-        Percentile("temperature", "p99", q=0.99),
+        count=Count(),
+        avg=Avg("temperature"),
+        p75=Percentile("temperature", q=0.75),
+        p99=Percentile("temperature", q=0.99),
         late_output="late_readings",
     ).sink_to(DeltaSink.append("sensor_minute"))
     by_sensor.process("rising_alerts", RisingTemperatureAlert()).sink_to(DeltaSink.append("alerts"))

@@ -21,7 +21,7 @@ import pyarrow as pa
 from barrierflow.checkpoint import Fence, TableCommit, TableKind
 from barrierflow.delta_commit import add_actions, commit_epoch_table, counted_rows, open_table
 from barrierflow.errors import PipelineDefinitionError
-from barrierflow.operators.base import Node
+from barrierflow.operators.base import Node, position_columns
 from barrierflow.sources.dead_letters import DEAD_LETTER_SCHEMA
 from barrierflow.storage import join_uri, remove_tree
 from barrierflow.table_files import PATH_COLUMN, read_parquet_files
@@ -163,6 +163,11 @@ class SinkNode(Node):
     accepts_arrow = True
 
     def apply(self, ctx: Any, df: "DataFrame | pa.Table") -> "DataFrame | pa.Table":
+        # A flat_map's sub-positions (_seq_1, ...) order records inside an epoch only; kept,
+        # they would change the table's schema whenever a flat_map is added upstream.
+        subs = position_columns(df.column_names if isinstance(df, pa.Table) else df.columns)[1:]
+        if subs:
+            df = df.drop_columns(subs) if isinstance(df, pa.Table) else df.drop(*subs)
         self.sink.pre_commit(ctx, df)
         return df
 

@@ -1,0 +1,176 @@
+"""barrierflow: Flink's checkpointed, exactly-once stream processing on Airflow, PySpark and Delta Lake.
+
+``import barrierflow as bf`` gives what a pipeline author needs::
+
+    @bf.pipeline("clicks", params=[bf.Param("landing_dir", str)])
+    def clicks(p: bf.PipelineBuilder, params: dict) -> None:
+        events = p.source(bf.FileSource("events", params["landing_dir"], schema=SCHEMA))
+        (events.filter("amount > 0")
+               .key_by("user_id")
+               .aggregate("per_user", count=bf.Count(), total=bf.Sum("amount"))
+               .sink_to(bf.DeltaSink.upsert("user_totals", key="user_id")))
+
+Names load on first use (PEP 562): DAG files import this package, and
+importing it must cost nothing (no PySpark, no Delta) until a name is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+# Public name -> the module defining it.
+_EXPORTS: dict[str, str] = {
+    # declaring a pipeline
+    "pipeline": "barrierflow.pipeline",
+    "Pipeline": "barrierflow.pipeline",
+    "PipelineBuilder": "barrierflow.pipeline",
+    "PipelineDefinition": "barrierflow.pipeline",
+    "DataStream": "barrierflow.pipeline",
+    "KeyedStream": "barrierflow.pipeline",
+    "Param": "barrierflow.params",
+    # sources and sinks
+    "FileSource": "barrierflow.sources.file_source",
+    "DeltaSource": "barrierflow.sources.delta_source",
+    "LateFiles": "barrierflow.sources.file_source",
+    "LineParser": "barrierflow.sources.file_source",
+    "RecordError": "barrierflow.sources.file_source",
+    "DeadLetterReason": "barrierflow.sources.dead_letters",
+    "DeltaSink": "barrierflow.sinks.delta_sink",
+    # aggregations and windows
+    "Aggregation": "barrierflow.operators.aggregate",
+    "Count": "barrierflow.operators.aggregate",
+    "Sum": "barrierflow.operators.aggregate",
+    "Min": "barrierflow.operators.aggregate",
+    "Max": "barrierflow.operators.aggregate",
+    "Avg": "barrierflow.operators.aggregate",
+    "Percentile": "barrierflow.operators.aggregate",
+    "TumblingEventTimeWindows": "barrierflow.operators.window",
+    # process functions and keyed state
+    "KeyedProcessFunction": "barrierflow.operators.process",
+    "KeyedContext": "barrierflow.operators.process",
+    "ValueStateDescriptor": "barrierflow.state.descriptors",
+    "ListStateDescriptor": "barrierflow.state.descriptors",
+    "MapStateDescriptor": "barrierflow.state.descriptors",
+    "ReducingStateDescriptor": "barrierflow.state.descriptors",
+    "AggregatingStateDescriptor": "barrierflow.state.descriptors",
+    "AggregateFunction": "barrierflow.state.descriptors",
+    "StateTtlConfig": "barrierflow.state.descriptors",
+    "ValueState": "barrierflow.state.keyed",
+    "ListState": "barrierflow.state.keyed",
+    "MapState": "barrierflow.state.keyed",
+    "ReducingState": "barrierflow.state.keyed",
+    "AggregatingState": "barrierflow.state.keyed",
+    # reading results
+    "run_query": "barrierflow.query",
+    # errors
+    "BarrierflowError": "barrierflow.errors",
+    "ConfigurationError": "barrierflow.errors",
+    "EngineUnavailableError": "barrierflow.errors",
+    "PipelineDefinitionError": "barrierflow.errors",
+    "UserFunctionError": "barrierflow.errors",
+    "UnknownPipelineError": "barrierflow.errors",
+    "ParameterError": "barrierflow.errors",
+    "StorageError": "barrierflow.errors",
+    "CheckpointError": "barrierflow.errors",
+    "EpochInProgressError": "barrierflow.errors",
+    "CommitConflictError": "barrierflow.errors",
+    "FencedError": "barrierflow.errors",
+    "LeaseLostError": "barrierflow.errors",
+    "PipelineStoppedError": "barrierflow.errors",
+    "SavepointError": "barrierflow.errors",
+    "IncompatibleSavepointError": "barrierflow.errors",
+    "QueryError": "barrierflow.errors",
+    "SourceError": "barrierflow.errors",
+    "BlockedInputError": "barrierflow.errors",
+}
+
+# Literal, for linters and type checkers; a unit test checks it against _EXPORTS.
+__all__ = [
+    "AggregateFunction", "AggregatingState", "AggregatingStateDescriptor", "Aggregation", "Avg", "BarrierflowError",
+    "BlockedInputError", "CheckpointError", "CommitConflictError", "ConfigurationError", "Count", "DataStream",
+    "DeadLetterReason", "DeltaSink", "DeltaSource", "EngineUnavailableError", "EpochInProgressError", "FencedError",
+    "FileSource", "IncompatibleSavepointError", "KeyedContext", "KeyedProcessFunction", "KeyedStream", "LateFiles",
+    "LeaseLostError", "LineParser", "ListState", "ListStateDescriptor", "MapState", "MapStateDescriptor", "Max",
+    "Min", "Param", "ParameterError", "Percentile", "Pipeline", "PipelineBuilder", "PipelineDefinition",
+    "PipelineDefinitionError", "PipelineStoppedError", "QueryError", "RecordError", "ReducingState",
+    "ReducingStateDescriptor", "SavepointError", "SourceError", "StateTtlConfig", "StorageError", "Sum",
+    "TumblingEventTimeWindows", "UnknownPipelineError", "UserFunctionError", "ValueState", "ValueStateDescriptor",
+    "pipeline", "run_query",
+]
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads them
+    from barrierflow.errors import (
+        BarrierflowError,
+        BlockedInputError,
+        CheckpointError,
+        CommitConflictError,
+        ConfigurationError,
+        EngineUnavailableError,
+        EpochInProgressError,
+        FencedError,
+        IncompatibleSavepointError,
+        LeaseLostError,
+        ParameterError,
+        PipelineDefinitionError,
+        PipelineStoppedError,
+        QueryError,
+        SavepointError,
+        SourceError,
+        StorageError,
+        UnknownPipelineError,
+        UserFunctionError,
+    )
+    from barrierflow.operators.aggregate import Aggregation, Avg, Count, Max, Min, Percentile, Sum
+    from barrierflow.operators.process import KeyedContext, KeyedProcessFunction
+    from barrierflow.operators.window import TumblingEventTimeWindows
+    from barrierflow.params import Param
+    from barrierflow.pipeline import DataStream, KeyedStream, Pipeline, PipelineBuilder, PipelineDefinition, pipeline
+    from barrierflow.query import run_query
+    from barrierflow.sinks.delta_sink import DeltaSink
+    from barrierflow.sources.dead_letters import DeadLetterReason
+    from barrierflow.sources.delta_source import DeltaSource
+    from barrierflow.sources.file_source import FileSource, LateFiles, LineParser, RecordError
+    from barrierflow.state.descriptors import (
+        AggregateFunction,
+        AggregatingStateDescriptor,
+        ListStateDescriptor,
+        MapStateDescriptor,
+        ReducingStateDescriptor,
+        StateTtlConfig,
+        ValueStateDescriptor,
+    )
+    from barrierflow.state.keyed import AggregatingState, ListState, MapState, ReducingState, ValueState
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'barrierflow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # loaded once; later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    """This package, keeping its public names when a submodule of the same name loads.
+
+    ``bf.pipeline`` is the decorator, yet ``barrierflow.pipeline`` is also
+    the module defining it: loading that module (``from barrierflow.pipeline
+    import ...`` anywhere) would set the package's attribute ``pipeline`` to
+    the module. The decorator stays; the module is in ``sys.modules``.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
