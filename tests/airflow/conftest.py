@@ -75,9 +75,9 @@ def fresh_assets() -> None:
 
 @pytest.fixture
 def warehouse(store_root: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The test's warehouse on each storage scheme, also seen by the DAG files that ``dag.test()`` re-parses.
+    """The test's warehouse on its storage scheme, also seen by the DAG files that ``dag.test()`` re-parses.
 
-    Local directory, then ``s3://`` on the test endpoint: the tasks (and a
+    A local directory or ``s3://`` on the test endpoint (its ``stores`` marker): the tasks (and a
     spark-submit job) find S3 through the standard AWS environment that
     ``s3_bucket`` sets; the AWS connection is ``test_pipeline_dag``'s own case.
     """

@@ -120,6 +120,7 @@ def test_epochs_through_the_dag_equal_the_reference(
     assert_nothing_staged_visible(warehouse)
 
 
+@pytest.mark.stores("s3")
 def test_a_failure_in_every_task_is_retried_to_exactly_once_output(tmp_path: Path, warehouse: str) -> None:
     landing = _landing(tmp_path, files=2, seed=11)
     # The spark-submit mode: process is a Spark application of its own, whose driver the fault kills.

@@ -38,6 +38,7 @@ def _coordinator(warehouse: str, landing: Path) -> CheckpointCoordinator:
     return CheckpointCoordinator(get_pipeline("sensor_stats"), {"landing_dir": str(landing)}, str(warehouse))
 
 
+@pytest.mark.stores("s3")
 def test_stop_with_savepoint_then_restore_resumes_exactly_once(
     warehouse: str, history: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,7 +6,7 @@ themselves, importing the barrierflow package that the driver ships
 a standalone cluster (a master and two workers with work directories of
 their own, as in production). A ``kill -9`` of the driver between two
 tables' commits runs on it; restores at another parallelism are checked on
-both stores in ``test_savepoint_restore.py``.
+a local warehouse in ``test_savepoint_restore.py``.
 ``local-cluster`` masters ship the package the same way and are what
 ``make bench`` runs the big-state benchmark on; they are not run here a
 second time. (That results never depend on parallelism, bit for bit, is

@@ -22,7 +22,7 @@ from sensor_check import (
     reference_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.stores("s3")]
 
 _UNGUARDED = textwrap.dedent(
     """

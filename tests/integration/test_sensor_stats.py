@@ -39,6 +39,7 @@ def _coordinator(spark: Any, landing: Path | str, warehouse: Path | str, **param
     return CheckpointCoordinator(get_pipeline("sensor_stats"), given, str(warehouse), spark_factory=lambda: spark)
 
 
+@pytest.mark.stores("local", "s3")
 def test_epochs_match_reference(spark: Any, make_stream: Callable[..., Path], warehouse: str) -> None:
     landing = make_stream(n_files=6, records_per_file=150, seed=3, late_rate=0.05, duplicate_rate=0.1)
     results = _coordinator(spark, landing, warehouse).run(until_caught_up=True)
@@ -94,6 +95,7 @@ def test_parallelism_changes_between_epochs(
     assert_matches_reference(varied, reference_for(landing, 2))
 
 
+@pytest.mark.stores("s3")
 def test_files_arriving_between_epochs(spark: Any, tmp_path: Path, store_root: str) -> None:
     """Files land in a directory or under an S3 prefix while the pipeline runs; names starting with . or _ are in progress."""
     generated, landing, warehouse = tmp_path / "generated", f"{store_root}/landing", f"{store_root}/warehouse"
