@@ -51,6 +51,8 @@ _EXPORTS: dict[str, str] = {
     # process functions and keyed state
     "KeyedProcessFunction": "barrierflow.operators.process",
     "KeyedContext": "barrierflow.operators.process",
+    "TimeDomain": "barrierflow.operators.timers",
+    "TimerService": "barrierflow.operators.timers",
     "ValueStateDescriptor": "barrierflow.state.descriptors",
     "ListStateDescriptor": "barrierflow.state.descriptors",
     "MapStateDescriptor": "barrierflow.state.descriptors",
@@ -96,8 +98,8 @@ __all__ = [
     "LeaseLostError", "LineParser", "ListState", "ListStateDescriptor", "MapState", "MapStateDescriptor", "Max",
     "Min", "Param", "ParameterError", "Percentile", "Pipeline", "PipelineBuilder", "PipelineDefinition",
     "PipelineDefinitionError", "PipelineStoppedError", "QueryError", "RecordError", "ReducingState",
-    "ReducingStateDescriptor", "SavepointError", "SourceError", "StateTtlConfig", "StorageError", "Sum",
-    "TumblingEventTimeWindows", "UnknownPipelineError", "UserFunctionError", "ValueState", "ValueStateDescriptor",
+    "ReducingStateDescriptor", "SavepointError", "SourceError", "StateTtlConfig", "StorageError", "Sum", "TimeDomain",
+    "TimerService", "TumblingEventTimeWindows", "UnknownPipelineError", "UserFunctionError", "ValueState", "ValueStateDescriptor",
     "pipeline", "run_query",
 ]
 
@@ -125,6 +127,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     )
     from barrierflow.operators.aggregate import Aggregation, Avg, Count, Max, Min, Percentile, Sum
     from barrierflow.operators.process import KeyedContext, KeyedProcessFunction
+    from barrierflow.operators.timers import TimeDomain, TimerService
     from barrierflow.operators.window import TumblingEventTimeWindows
     from barrierflow.params import Param
     from barrierflow.pipeline import DataStream, KeyedStream, Pipeline, PipelineBuilder, PipelineDefinition, pipeline
@@ -171,6 +174,12 @@ class _Package(types.ModuleType):
         if name in _EXPORTS and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # Pickled by name, as any module: a user function that says ``bf.X``
+        # refers to this package, and cloudpickle (shipping it to executors)
+        # recognises modules by their exact type, not this subclass.
+        return importlib.import_module, (self.__name__,)
 
 
 sys.modules[__name__].__class__ = _Package

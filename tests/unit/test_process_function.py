@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from barrierflow.operators.process import KeyedContext, KeyedProcessFunction, _python_values, _run_key_group, _state_column
+from barrierflow.operators.timers import EpochClocks
 from barrierflow.state import ListStateDescriptor
 from barrierflow.state.spec import KEY_GROUP
 
@@ -59,7 +60,7 @@ def test_each_key_sees_its_records_in_arrival_order_with_its_stored_state() -> N
          _state_column("last_two"): pa.array(list(stored.values()), pa.list_(pa.float64()))}
     )  # fmt: skip
     fn = KeepLastTwo()
-    out = _run_key_group(fn, ["sensor_id"], records, state, _out_schema(fn), epoch=2, processing_time_ms=0).to_pylist()
+    out = _run_key_group(fn, ["sensor_id"], records, state, _out_schema(fn), EpochClocks(2, 0)).to_pylist()
 
     # Reference: plain Python over the rows in (key, arrival) order.
     expected_out, last = [], {k: list(v) for k, v in stored.items()}
@@ -79,7 +80,7 @@ def test_a_key_group_without_records_emits_nothing() -> None:
     records = pa.table({"event_id": pa.array([], pa.string()), "sensor_id": pa.array([], pa.string()), "_seq": pa.array([], pa.int64()),
                         KEY_GROUP: pa.array([], pa.int32())})  # fmt: skip
     state = pa.table({"sensor_id": ["a"], KEY_GROUP: pa.array([1], pa.int32()), _state_column("last_two"): pa.array([[1.0]], pa.list_(pa.float64()))})
-    assert _run_key_group(fn, ["sensor_id"], records, state, _out_schema(fn), epoch=1, processing_time_ms=0).num_rows == 0
+    assert _run_key_group(fn, ["sensor_id"], records, state, _out_schema(fn), EpochClocks(1, 0)).num_rows == 0
 
 
 @pytest.mark.parametrize(

@@ -79,3 +79,23 @@ def test_packaging_finds_the_package_its_subpackages_and_templates() -> None:
     subpackages = {f"barrierflow.{p.parent.name}" for p in PACKAGE.glob("*/__init__.py")}
     assert {"barrierflow", "barrierflow.ui", "barrierflow.operators"} | subpackages <= found
     assert list((PACKAGE / "ui" / "templates").glob("*"))  # package-data "barrierflow.ui" = ["templates/*"]
+
+
+def test_a_user_function_naming_the_package_pickles_for_the_executors(tmp_path: Path) -> None:
+    """A function shipped by value (as ship_user_code ships user modules) that says ``bf.X`` refers to the package by name."""
+    import importlib
+    import pickle
+
+    from pyspark import cloudpickle
+
+    (tmp_path / "user_fn_module.py").write_text("import barrierflow as bf\n\ndef domain():\n    return bf.TimeDomain.EVENT_TIME\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module("user_fn_module")
+        cloudpickle.register_pickle_by_value(module)
+        restored = pickle.loads(cloudpickle.dumps(module.domain))
+        assert restored() is bf.TimeDomain.EVENT_TIME
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("user_fn_module", None)

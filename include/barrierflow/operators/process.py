@@ -1,9 +1,10 @@
-"""Keyed process functions: user Python with per-key state, batched per key group.
+"""Keyed process functions: user Python with per-key state and timers, batched per key group.
 
-The epoch's records and the stored state are cogrouped by key group and
-handed to one Python call per key group as Arrow tables (never one call per
-key); inside, the runtime walks the keys in order and scopes the state
-handles to the current key, as Flink does.
+The epoch's records and the stored state (timers included) are cogrouped by
+key group and handed to one Python call per key group as Arrow tables (never
+one call per key); inside, the runtime walks the keys in order and scopes the
+state handles and the timer service to the current key, as Flink does. Which
+timers fire, and when, is :mod:`barrierflow.operators.timers`'.
 """
 
 from __future__ import annotations
@@ -18,6 +19,17 @@ import pyarrow as pa
 
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, key_group_column, position_columns, ship_user_code
+from barrierflow.operators.timers import (
+    TIMER_DOMAIN,
+    TIMER_STATE,
+    TIMER_TIMESTAMP,
+    EpochClocks,
+    TimeDomain,
+    TimerService,
+    due_timers,
+    from_micros,
+    timer_spec,
+)
 from barrierflow.state.descriptors import StateDescriptor
 from barrierflow.state.keyed import State, state_for
 from barrierflow.state.spec import KEY_GROUP, StateSpec
@@ -29,13 +41,30 @@ __all__ = ["KeyedProcessFunction", "KeyedContext", "KeyedProcess"]
 
 
 class KeyedContext:
-    """What a process function sees for the current key."""
+    """What a process function sees for the current key.
 
-    def __init__(self, key: tuple[Any, ...], epoch: int, processing_time_ms: int, states: dict[str, State]) -> None:
+    In ``on_timer``, ``time_domain`` is the firing timer's domain (None in
+    ``process_element``).
+    """
+
+    def __init__(
+        self,
+        key: tuple[Any, ...],
+        epoch: int,
+        processing_time_ms: int,
+        states: dict[str, State],
+        timers: TimerService | None = None,
+    ) -> None:
         self.key = key
         self.epoch = epoch
         self.processing_time_ms = processing_time_ms
         self._states = states
+        self._timers = timers or TimerService(None, processing_time_ms, enabled=False)
+        self.time_domain: TimeDomain | None = None
+
+    def timer_service(self) -> TimerService:
+        """The current key's timers, the watermark and the epoch's processing time."""
+        return self._timers
 
     def get_state(self, descriptor: StateDescriptor) -> Any:
         try:
@@ -49,6 +78,11 @@ class KeyedContext:
 
 class KeyedProcessFunction:
     """Subclass and implement :meth:`process_element`; emit rows with ``out``.
+
+    Implement :meth:`on_timer` to use timers: it is called for each timer
+    that fires (see :mod:`barrierflow.operators.timers` for when), with the
+    timer's timestamp as a UTC datetime, and may emit, use state and
+    register or delete timers like ``process_element``.
 
     The per-key state it uses is every :class:`StateDescriptor` among its
     class attributes (``total = ValueStateDescriptor("total", pa.int64())``),
@@ -67,6 +101,14 @@ class KeyedProcessFunction:
 
     def process_element(self, record: dict[str, Any], ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
         raise NotImplementedError
+
+    def on_timer(self, timestamp: datetime, ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def uses_timers(cls) -> bool:
+        """Whether the function implements ``on_timer`` (then its operator keeps a timer state table)."""
+        return cls.on_timer is not KeyedProcessFunction.on_timer
 
 
 def _declared_states(cls: type) -> tuple[StateDescriptor, ...]:
@@ -106,6 +148,11 @@ def _state_column(name: str) -> str:
     return f"state_{name}"
 
 
+# A timer's columns in the frame handed to a key group (its timestamp in microseconds).
+_TIMER_DOMAIN = "_timer_domain"
+_TIMER_TS = "_timer_ts"
+
+
 @dataclass
 class KeyedProcess(Node):
     key: tuple[str, ...] = ()
@@ -117,6 +164,11 @@ class KeyedProcess(Node):
         names = [d.name for d in self.function.state_descriptors]
         if len(names) != len(set(names)):
             raise PipelineDefinitionError(f"process {self.operator_id}: duplicate state names {names}")
+        if self.function.uses_timers() and TIMER_STATE in names:
+            raise PipelineDefinitionError(
+                f"process {self.operator_id}: state name {TIMER_STATE!r} is the table of the function's timers "
+                "(it implements on_timer): give the state another name"
+            )
 
     def _spec(self, descriptor: StateDescriptor, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
         types = key_types or {}
@@ -129,9 +181,17 @@ class KeyedProcess(Node):
             ttl_ms=ttl.ttl_ms if ttl else None,
         )
 
+    def _timer_spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec | None:
+        assert self.function is not None
+        if not self.function.uses_timers():
+            return None
+        types = key_types or {}
+        return timer_spec(self.operator_id, tuple(pa.field(k, types.get(k, pa.string())) for k in self.key))
+
     def state_specs(self) -> list[StateSpec]:
         assert self.function is not None
-        return [self._spec(d) for d in self.function.state_descriptors]
+        timers = self._timer_spec()
+        return [self._spec(d) for d in self.function.state_descriptors] + ([timers] if timers else [])
 
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
         """Run the function over every key group the epoch touches; stage state changes.
@@ -147,18 +207,45 @@ class KeyedProcess(Node):
         key_types = ctx.arrow_types(df, self.key)
         descriptors = fn.state_descriptors
         specs = [self._spec(d, key_types) for d in descriptors]
+        timers = self._timer_spec(key_types)
         keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
-        # All descriptors' live state, side by side in one wide frame.
+        watermark_prev_us, watermark_us = ctx.watermark_prev_us, ctx.watermark_us
+        epoch, processing_time_ms = ctx.epoch, ctx.processing_time_ms
+        # The key groups to run: those the records touch and those holding a
+        # timer due this epoch (a key may fire a timer without any record).
+        touched = keyed
+        if timers is not None:
+            due = ctx.state.read(timers).where(due_timers(watermark_us, processing_time_ms))
+            touched = keyed.select(KEY_GROUP).unionByName(due.select(KEY_GROUP))
+        timer_columns = [_TIMER_DOMAIN, _TIMER_TS] if timers is not None else []
+
+        def nulls(*names: str) -> list[Any]:
+            types = {_state_column(d.name): d.value_type for d in descriptors}
+            types.update({_TIMER_DOMAIN: pa.string(), _TIMER_TS: pa.int64()})
+            return [F.lit(None).cast(from_arrow_type(types[n])).alias(n) for n in names]
+
+        # All descriptors' live state (and the timers), side by side in one wide frame.
         state_frames = []
         for d, spec in zip(descriptors, specs):
-            live = ctx.state.read(spec, keyed)
+            live = ctx.state.read(spec, touched)
             cols = [F.col(k) for k in self.key] + [F.col(KEY_GROUP)]
             for other in descriptors:
                 if other.name == d.name:
                     cols.append(F.col("value").alias(_state_column(other.name)))
                 else:
-                    cols.append(F.lit(None).cast(from_arrow_type(other.value_type)).alias(_state_column(other.name)))
-            state_frames.append(live.select(*cols))
+                    cols.extend(nulls(_state_column(other.name)))
+            state_frames.append(live.select(*cols, *nulls(*timer_columns)))
+        if timers is not None:
+            stored_timers = ctx.state.read(timers, touched)
+            state_frames.append(
+                stored_timers.select(
+                    *self.key,
+                    KEY_GROUP,
+                    *nulls(*[_state_column(d.name) for d in descriptors]),
+                    F.col(TIMER_DOMAIN).alias(_TIMER_DOMAIN),
+                    F.unix_micros(F.col(TIMER_TIMESTAMP)).alias(_TIMER_TS),
+                )
+            )
         if state_frames:
             state_df = state_frames[0]
             for other_df in state_frames[1:]:
@@ -173,15 +260,16 @@ class KeyedProcess(Node):
                 *key_fields,
                 pa.field(KEY_GROUP, pa.int32()),
                 *[pa.field(_state_column(d.name), d.value_type) for d in descriptors],
+                *([pa.field(_TIMER_DOMAIN, pa.string()), pa.field(_TIMER_TS, pa.int64())] if timers is not None else []),
                 pa.field("_deleted", pa.bool_()),
                 *[pa.field(f"_out_{f.name}", f.type) for f in fn.output_schema],
             ]
         )
         key_names = list(self.key)
-        epoch, processing_time_ms = ctx.epoch, ctx.processing_time_ms
+        clocks = EpochClocks(epoch, processing_time_ms, watermark_prev_us, watermark_us)
 
         def run_group(records: pa.Table, state: pa.Table) -> pa.Table:
-            return _run_key_group(fn, key_names, records, state, out_schema, epoch, processing_time_ms)
+            return _run_key_group(fn, key_names, records, state, out_schema, clocks)
 
         result = keyed.groupBy(KEY_GROUP).cogroup(state_df.groupBy(KEY_GROUP)).applyInArrow(
             run_group, from_arrow_schema(out_schema)
@@ -192,6 +280,15 @@ class KeyedProcess(Node):
         for d, spec in zip(descriptors, specs):
             changes = result.where(F.col("_kind") == F.lit(d.name)).withColumnRenamed(_state_column(d.name), "value")
             ctx.state.stage(spec, changes)
+        if timers is not None:
+            timer_changes = result.where(F.col("_kind") == F.lit(TIMER_STATE)).select(
+                *self.key,
+                KEY_GROUP,
+                F.col(_TIMER_DOMAIN).alias(TIMER_DOMAIN),
+                F.timestamp_micros(F.col(_TIMER_TS)).alias(TIMER_TIMESTAMP),
+                "_deleted",
+            )
+            ctx.state.stage(timers, timer_changes)
         outputs = result.where(F.col("_kind") == F.lit("_out"))
         return ctx.cached_view(outputs.select(*[F.col(f"_out_{f.name}").alias(f.name) for f in fn.output_schema]))
 
@@ -202,6 +299,7 @@ class KeyedProcess(Node):
             "key": list(self.key),
             "function": type(self.function).__qualname__,
             "states": {d.name: d.signature() for d in self.function.state_descriptors},
+            "timers": self.function.uses_timers(),
         }
 
 
@@ -228,40 +326,60 @@ def _run_key_group(
     records: pa.Table,
     state: pa.Table,
     out_schema: pa.Schema,
-    epoch: int,
-    processing_time_ms: int,
+    clocks: EpochClocks,
 ) -> pa.Table:
-    """Process one key group: every key's records in arrival order, with its state.
+    """Process one key group: every key's records in arrival order with its state, then its due timers.
 
     Column-wise: the records are sorted by key and arrival and converted to
     Python once per column; each key's run of records is handed to the
-    function with its state handles.
+    function with its state handles. The keys run are those with records
+    and those with a timer due this epoch, in key order; for each, the steps
+    of :mod:`barrierflow.operators.timers` (records at W(n-1), then event-time
+    timers up to W(n), then processing-time timers up to P(n)).
     """
     descriptors = fn.state_descriptors
-    if not records.num_rows:
-        return out_schema.empty_table()  # state of keys this epoch did not touch: unchanged
+    with_timers = _TIMER_DOMAIN in state.column_names
     stored: dict[tuple[Any, ...], dict[str, Any]] = {}
+    stored_timers: dict[tuple[Any, ...], set[tuple[TimeDomain, int]]] = {}
     if state.num_rows:
         state_keys = list(zip(*(state.column(k).to_pylist() for k in key_names)))
         for d in descriptors:
             for key, value in zip(state_keys, _python_values(state.column(_state_column(d.name)))):
                 if value is not None:
                     stored.setdefault(key, {})[d.name] = value
+        if with_timers:
+            domains, stamps = state.column(_TIMER_DOMAIN).to_pylist(), state.column(_TIMER_TS).to_pylist()
+            for key, domain, ts in zip(state_keys, domains, stamps):
+                if domain is not None:
+                    stored_timers.setdefault(key, set()).add((TimeDomain(domain), ts))
+    due = {key for key, timers in stored_timers.items() if clocks.any_due(timers)}
+    if not records.num_rows and not due:
+        return out_schema.empty_table()  # state of keys this epoch did not touch: unchanged
     order = [*key_names, *position_columns(records.column_names)]
     records = records.sort_by([(c, "ascending") for c in order])
-    kg = records.column(KEY_GROUP)[0].as_py()
+    kg = (records if records.num_rows else state).column(KEY_GROUP)[0].as_py()
     user_names = [name for name in records.column_names if not name.startswith("_")]
     user_rows = [dict(zip(user_names, values)) for values in zip(*(_python_values(records.column(n)) for n in user_names))]
     keys = list(zip(*(records.column(k).to_pylist() for k in key_names)))
-    rows_out: list[dict[str, Any]] = []
     # Sorted by key: each key's records are one run.
-    for key, run in groupby(range(len(keys)), key=keys.__getitem__):
+    runs = {key: list(run) for key, run in groupby(range(len(keys)), key=keys.__getitem__)}
+    rows_out: list[dict[str, Any]] = []
+    for key in sorted(runs.keys() | due):
         known = stored.get(key, {})
         handles = {d.name: state_for(d, known.get(d.name)) for d in descriptors}
-        kctx = KeyedContext(key, epoch, processing_time_ms, handles)
+        before = stored_timers.get(key, set())
+        service = TimerService(clocks.watermark_prev_us, clocks.processing_time_ms, set(before), enabled=with_timers)
+        kctx = KeyedContext(key, clocks.epoch, clocks.processing_time_ms, handles, service)
         emitted: list[dict[str, Any]] = []
-        for i in run:
+        for i in runs.get(key, ()):  # 1. records, at W(n-1)
             fn.process_element(user_rows[i], kctx, emitted.append)
+        if with_timers:  # 2.-3. due timers, at W(n)
+            service.watermark_us = clocks.watermark_us
+            while (timer := clocks.next_due(service.timers)) is not None:
+                service.timers.discard(timer)
+                kctx.time_domain = timer[0]
+                fn.on_timer(from_micros(timer[1]), kctx, emitted.append)
+            kctx.time_domain = None
         base = dict(zip(key_names, key))
         for row in emitted:
             rows_out.append({"_kind": "_out", **base, KEY_GROUP: kg, **{f"_out_{k}": v for k, v in row.items()}})
@@ -271,4 +389,9 @@ def _run_key_group(
                 rows_out.append(
                     {"_kind": name, **base, KEY_GROUP: kg, _state_column(name): value, "_deleted": value is None}
                 )
+        # 4. the key's timer state: registered ones added, fired and deleted ones removed.
+        for (domain, ts), deleted in [*((t, False) for t in service.timers - before), *((t, True) for t in before - service.timers)]:
+            rows_out.append(
+                {"_kind": TIMER_STATE, **base, KEY_GROUP: kg, _TIMER_DOMAIN: domain.value, _TIMER_TS: ts, "_deleted": deleted}
+            )
     return pa.Table.from_pylist(rows_out, schema=out_schema)
