@@ -235,10 +235,6 @@ class _Window(Node):
         _micros(f"window {self.operator_id}: allowed_lateness", self.allowed_lateness, positive=False)
 
     @property
-    def assigner_of(self) -> WindowAssigner:
-        raise NotImplementedError
-
-    @property
     def lateness_us(self) -> int:
         return self.allowed_lateness // _ONE_US
 
@@ -286,9 +282,9 @@ class _Window(Node):
         return fires, purged
 
     def _results(self, values: "Column") -> list["Column"]:
+        """Each aggregation over ``values`` (an array in arrival order), unnamed."""
         from pyspark.sql import functions as F
 
-        """Each aggregation over ``values`` (an array in arrival order), unnamed."""
         return [a.result(values, F.size(values)) for a in self.aggregations]
 
     def describe(self) -> dict[str, Any]:
@@ -306,10 +302,6 @@ class AlignedWindow(_Window):
     """Tumbling and sliding windows: windows aligned to the Unix epoch, keyed by their start."""
 
     assigner: TumblingEventTimeWindows | SlidingEventTimeWindows = TumblingEventTimeWindows(timedelta(minutes=1))
-
-    @property
-    def assigner_of(self) -> WindowAssigner:
-        return self.assigner
 
     def _spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
         types = key_types or {}
@@ -414,10 +406,6 @@ class SessionWindow(_Window):
     """Session windows: per key, sessions merged across epochs (steps 3 and 6 of the module docstring)."""
 
     assigner: EventTimeSessionWindows = EventTimeSessionWindows(timedelta(minutes=1))
-
-    @property
-    def assigner_of(self) -> WindowAssigner:
-        return self.assigner
 
     def extra_output_columns(self) -> tuple[str, ...]:
         return ("is_update", "retracted") if self.lateness_us > 0 else ()
