@@ -129,7 +129,7 @@ def session_reference(lateness: int) -> tuple[list[tuple[Any, ...]], list[tuple[
             new = {"start": t, "end": t + GAP, "values": [(epoch, position, v)], "taken": [], "touched": True, "fired": False}
             keep = []
             for s in sessions.get(k, []):
-                if s["start"] < new["end"] and new["start"] < s["end"]:
+                if s["start"] <= new["end"] and new["start"] <= s["end"]:  # Flink's TimeWindow.intersects
                     new["start"], new["end"] = min(new["start"], s["start"]), max(new["end"], s["end"])
                     new["values"] += s["values"]
                     new["taken"] += s["taken"]

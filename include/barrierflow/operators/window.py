@@ -10,11 +10,11 @@ Window assigners, all in event time (microseconds since the Unix epoch, in UTC):
   slide larger than the size is refused: records between two windows would
   belong to none and vanish.
 - :class:`EventTimeSessionWindows` ``.with_gap(gap)``: per key, records
-  less than ``gap`` apart form one session ``[first ts, last ts + gap)``.
+  at most ``gap`` apart form one session ``[first ts, last ts + gap)``.
   Each record opens its own window ``[ts, ts + gap)``; windows that overlap
-  merge (two records exactly ``gap`` apart do not: Flink, whose windows
-  are closed intervals, would merge them), also across epochs: a record may
-  bridge two stored sessions into one.
+  or touch merge, as Flink's (``TimeWindow.intersects``: two records exactly
+  ``gap`` apart are one session), also across epochs: a record may bridge
+  two stored sessions into one.
 
 With W(n-1) the watermark at the start of epoch n, W(n) the one at its end
 and L the allowed lateness (a ``timedelta``, default 0, as Flink's
@@ -467,10 +467,10 @@ class SessionWindow(_Window):
             F.lit(0).cast("long").alias("_tie"),
         )
         # Gaps and islands: sorted by start, a window opens a new session
-        # when it starts at or after the end of every window before it.
+        # when it starts after the end of every window before it (touching ones merge, as in Flink).
         by_start = Window.partitionBy(*self.key).orderBy("_start_us", "_end_us", "_tie")
         before = F.max("_end_us").over(by_start.rowsBetween(Window.unboundedPreceding, -1))
-        opens = (before.isNull() | (F.col("_start_us") >= before)).cast("long")
+        opens = (before.isNull() | (F.col("_start_us") > before)).cast("long")
         islands = stored.unionByName(records).withColumn("_opens", opens).withColumn(
             "_island", F.sum("_opens").over(by_start.rowsBetween(Window.unboundedPreceding, Window.currentRow))
         )
