@@ -48,6 +48,8 @@ _EXPORTS: dict[str, str] = {
     "Avg": "barrierflow.operators.aggregate",
     "Percentile": "barrierflow.operators.aggregate",
     "TumblingEventTimeWindows": "barrierflow.operators.window",
+    "SlidingEventTimeWindows": "barrierflow.operators.window",
+    "EventTimeSessionWindows": "barrierflow.operators.window",
     # process functions and keyed state
     "KeyedProcessFunction": "barrierflow.operators.process",
     "KeyedContext": "barrierflow.operators.process",
@@ -93,13 +95,15 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "AggregateFunction", "AggregatingState", "AggregatingStateDescriptor", "Aggregation", "Avg", "BarrierflowError",
     "BlockedInputError", "CheckpointError", "CommitConflictError", "ConfigurationError", "Count", "DataStream",
-    "DeadLetterReason", "DeltaSink", "DeltaSource", "EngineUnavailableError", "EpochInProgressError", "FencedError",
+    "DeadLetterReason", "DeltaSink", "DeltaSource", "EngineUnavailableError", "EpochInProgressError",
+    "EventTimeSessionWindows", "FencedError",
     "FileSource", "IncompatibleSavepointError", "KeyedContext", "KeyedProcessFunction", "KeyedStream", "LateFiles",
     "LeaseLostError", "LineParser", "ListState", "ListStateDescriptor", "MapState", "MapStateDescriptor", "Max",
     "Min", "Param", "ParameterError", "Percentile", "Pipeline", "PipelineBuilder", "PipelineDefinition",
     "PipelineDefinitionError", "PipelineStoppedError", "QueryError", "RecordError", "ReducingState",
-    "ReducingStateDescriptor", "SavepointError", "SourceError", "StateTtlConfig", "StorageError", "Sum", "TimeDomain",
-    "TimerService", "TumblingEventTimeWindows", "UnknownPipelineError", "UserFunctionError", "ValueState", "ValueStateDescriptor",
+    "ReducingStateDescriptor", "SavepointError", "SlidingEventTimeWindows", "SourceError", "StateTtlConfig", "StorageError", "Sum",
+    "TimeDomain", "TimerService", "TumblingEventTimeWindows", "UnknownPipelineError", "UserFunctionError", "ValueState",
+    "ValueStateDescriptor",
     "pipeline", "run_query",
 ]
 
@@ -128,7 +132,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from barrierflow.operators.aggregate import Aggregation, Avg, Count, Max, Min, Percentile, Sum
     from barrierflow.operators.process import KeyedContext, KeyedProcessFunction
     from barrierflow.operators.timers import TimeDomain, TimerService
-    from barrierflow.operators.window import TumblingEventTimeWindows
+    from barrierflow.operators.window import EventTimeSessionWindows, SlidingEventTimeWindows, TumblingEventTimeWindows
     from barrierflow.params import Param
     from barrierflow.pipeline import DataStream, KeyedStream, Pipeline, PipelineBuilder, PipelineDefinition, pipeline
     from barrierflow.query import run_query

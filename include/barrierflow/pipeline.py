@@ -49,7 +49,7 @@ from barrierflow.operators.stateless import (
     is_column,
 )
 from barrierflow.operators.watermark import WatermarkAssigner
-from barrierflow.operators.window import TumblingEventTimeWindows, TumblingWindow
+from barrierflow.operators.window import WindowAssigner, window_node
 from barrierflow.params import Param, resolve_params
 from barrierflow.sinks.delta_sink import DeltaSink, SinkNode
 from barrierflow.sources.base import Source
@@ -335,32 +335,50 @@ class KeyedStream:
     def window(
         self,
         operator_id: str,
-        assigner: TumblingEventTimeWindows,
+        assigner: WindowAssigner,
         *aggregations: Aggregation,
         late_output: str | None = None,
+        allowed_lateness: timedelta = timedelta(0),
         **named: Aggregation,
     ) -> DataStream:
-        """Event-time tumbling windows that fire once the watermark passes their end.
+        """Event-time windows that fire once the watermark passes their end (:mod:`barrierflow.operators.window`).
 
-        Aggregations are named as in :meth:`aggregate` (``count=Count(), p99=Percentile("v", q=0.99)``).
+        ``assigner``: ``TumblingEventTimeWindows.of(size)``,
+        ``SlidingEventTimeWindows.of(size, slide)`` or
+        ``EventTimeSessionWindows.with_gap(gap)``. Aggregations are named as in
+        :meth:`aggregate` (``count=Count(), p99=Percentile("v", q=0.99)``).
+        Records later than ``allowed_lateness`` go to ``late_output`` (or are
+        dropped, and counted in the log); with ``allowed_lateness`` > 0 a late
+        record within it fires its window again, the row marked ``is_update``.
         """
         if not any(isinstance(n, WatermarkAssigner) for n in self.builder.nodes):
             raise PipelineDefinitionError(f"window {operator_id!r} needs with_watermark() upstream")
-        chosen = named_aggregations(operator_id, aggregations, named, reserved=(*self.key, "window_start", "window_end"))
+        # Checked before the node is built, so that the reserved output columns below are known.
+        lateness = _window_lateness(operator_id, allowed_lateness)
+        reserved = (*self.key, "window_start", "window_end")
+        if lateness:
+            reserved += ("is_update", "retracted")
+        chosen = named_aggregations(operator_id, aggregations, named, reserved=reserved)
         return self._then(
-            TumblingWindow(
-                operator_id=operator_id,
-                parent=self.node,
-                key=self.key,
-                assigner=assigner,
-                aggregations=chosen,
-                late_output=late_output,
-            )
+            window_node(operator_id, self.node, self.key, assigner, chosen, late_output, allowed_lateness)
         )
 
     def process(self, operator_id: str, function: KeyedProcessFunction) -> DataStream:
         """Run a keyed process function with per-key state over whole key groups."""
         return self._then(KeyedProcess(operator_id=operator_id, parent=self.node, key=self.key, function=function))
+
+
+def _window_lateness(operator_id: str, allowed_lateness: Any) -> bool:
+    """Whether ``allowed_lateness`` is positive; refuses one that is not a timedelta or is negative."""
+    if not isinstance(allowed_lateness, timedelta):
+        raise PipelineDefinitionError(
+            f"window {operator_id!r}: allowed_lateness must be a datetime.timedelta (zero or positive), got {allowed_lateness!r}"
+        )
+    if allowed_lateness < timedelta(0):
+        raise PipelineDefinitionError(
+            f"window {operator_id!r}: allowed_lateness must be zero or positive, got {allowed_lateness!r}"
+        )
+    return allowed_lateness > timedelta(0)
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,18 @@ from barrierflow.operators.dedup import Deduplicate
 from barrierflow.operators.process import KeyedContext, KeyedProcess, KeyedProcessFunction
 from barrierflow.operators.stateless import Filter, FlatMapColumn, FlatMapFunction, MapColumns, MapFunction, Select
 from barrierflow.operators.watermark import WatermarkAssigner
-from barrierflow.operators.window import TumblingEventTimeWindows, TumblingWindow
+from barrierflow.operators.window import (
+    AlignedWindow,
+    EventTimeSessionWindows,
+    SessionWindow,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+    TumblingWindow,
+)
 
 __all__ = [
-    "Aggregation", "Avg", "Count", "Deduplicate", "Filter", "FlatMapColumn", "FlatMapFunction", "KeyedContext",
-    "KeyedProcess", "KeyedProcessFunction", "MapColumns", "MapFunction", "Max", "Min", "Node", "Percentile",
-    "RunningAggregate", "Select", "Sum", "TumblingEventTimeWindows", "TumblingWindow", "WatermarkAssigner",
+    "Aggregation", "AlignedWindow", "Avg", "Count", "Deduplicate", "EventTimeSessionWindows", "Filter", "FlatMapColumn",
+    "FlatMapFunction", "KeyedContext", "KeyedProcess", "KeyedProcessFunction", "MapColumns", "MapFunction", "Max", "Min",
+    "Node", "Percentile", "RunningAggregate", "Select", "SessionWindow", "SlidingEventTimeWindows", "Sum",
+    "TumblingEventTimeWindows", "TumblingWindow", "WatermarkAssigner",
 ]
