@@ -99,3 +99,12 @@ def test_a_user_function_naming_the_package_pickles_for_the_executors(tmp_path: 
         cloudpickle.unregister_pickle_by_value(module)
         sys.path.remove(str(tmp_path))
         sys.modules.pop("user_fn_module", None)
+
+
+def test_test_files_have_unique_basenames() -> None:
+    """pytest imports test modules by basename (rootdir-relative, no packages): two ``test_x.py`` break collection of the suite."""
+    tests = Path(__file__).resolve().parents[1]
+    seen: dict[str, list[str]] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
