@@ -281,6 +281,27 @@ class _Window(Node):
         purged = end_us + F.lit(self.lateness_us) <= F.lit(wm)
         return fires, purged
 
+    def _spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
+        raise NotImplementedError
+
+    def state_specs(self) -> list[StateSpec]:
+        return [self._spec()]
+
+    def _state_spec(self, name: str, values: list[pa.Field], key_types: dict[str, pa.DataType] | None) -> StateSpec:
+        """The window table: the key, ``window_start``, then ``values`` (and ``fired`` with lateness, step 5)."""
+        types = key_types or {}
+        if self.lateness_us > 0:  # windows that fired stay until purged
+            values = [*values, pa.field("fired", pa.bool_())]
+        return StateSpec(
+            operator_id=self.operator_id,
+            name=name,
+            key_fields=(
+                *(pa.field(k, types.get(k, pa.string())) for k in self.key),
+                pa.field("window_start", pa.timestamp("us", tz="UTC")),
+            ),
+            value_fields=tuple(values),
+        )
+
     def _results(self, values: "Column") -> list["Column"]:
         """Each aggregation over ``values`` (an array in arrival order), unnamed."""
         from pyspark.sql import functions as F
@@ -304,22 +325,7 @@ class AlignedWindow(_Window):
     assigner: TumblingEventTimeWindows | SlidingEventTimeWindows = TumblingEventTimeWindows(timedelta(minutes=1))
 
     def _spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
-        types = key_types or {}
-        values = [pa.field("window_values", pa.list_(pa.float64()))]
-        if self.lateness_us > 0:  # windows that fired stay until purged (step 5)
-            values.append(pa.field("fired", pa.bool_()))
-        return StateSpec(
-            operator_id=self.operator_id,
-            name="pending_windows",
-            key_fields=(
-                *(pa.field(k, types.get(k, pa.string())) for k in self.key),
-                pa.field("window_start", pa.timestamp("us", tz="UTC")),
-            ),
-            value_fields=tuple(values),
-        )
-
-    def state_specs(self) -> list[StateSpec]:
-        return [self._spec()]
+        return self._state_spec("pending_windows", [pa.field("window_values", pa.list_(pa.float64()))], key_types)
 
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
         """Steps 1-7 of the module docstring; returns the fired windows (executors write them and the state changes)."""
@@ -411,22 +417,8 @@ class SessionWindow(_Window):
         return ("is_update", "retracted") if self.lateness_us > 0 else ()
 
     def _spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
-        types = key_types or {}
         values = [pa.field("window_end", pa.timestamp("us", tz="UTC")), pa.field("window_values", pa.list_(_SESSION_VALUE))]
-        if self.lateness_us > 0:
-            values.append(pa.field("fired", pa.bool_()))
-        return StateSpec(
-            operator_id=self.operator_id,
-            name="sessions",
-            key_fields=(
-                *(pa.field(k, types.get(k, pa.string())) for k in self.key),
-                pa.field("window_start", pa.timestamp("us", tz="UTC")),
-            ),
-            value_fields=tuple(values),
-        )
-
-    def state_specs(self) -> list[StateSpec]:
-        return [self._spec()]
+        return self._state_spec("sessions", values, key_types)
 
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
         """Steps 1-7 of the module docstring for sessions; returns fired sessions and retractions."""
