@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from functools import reduce
 from pathlib import Path
@@ -77,15 +78,20 @@ def _sum(values: list[float]) -> float:
     return reduce(lambda acc, x: acc + x, values, 0.0)
 
 
+def _epochs_with_watermarks() -> Iterator[tuple[int, list[tuple[str, int, float]], int | None, int]]:
+    """(epoch, records, W(n-1), W(n)): the watermark is the highest event time seen so far."""
+    high: int | None = None
+    for epoch, records in enumerate(EPOCHS, 1):
+        wm_prev, high = high, max([t for _, t, _ in records] + ([high] if high is not None else []))
+        yield epoch, records, wm_prev, high
+
+
 def sliding_reference(lateness: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], set[tuple[str, int]]]:
     """Emitted rows (epoch, k, start, end, n, total, is_update), late records (epoch, k, t, v), windows left in state."""
     state: dict[tuple[str, int], dict[str, Any]] = {}
     rows: list[tuple[Any, ...]] = []
     late: list[tuple[Any, ...]] = []
-    high, wm_prev = None, None
-    for epoch, records in enumerate(EPOCHS, 1):
-        high = max([t for _, t, _ in records] + ([high] if high is not None else []))
-        wm = high
+    for epoch, records, wm_prev, wm in _epochs_with_watermarks():
         touched = set()
         for k, t, v in records:
             starts = [s for s in range(t - SIZE - SLIDE, t + 1) if s % SLIDE == 0 and s <= t < s + SIZE]
@@ -103,7 +109,6 @@ def sliding_reference(lateness: int) -> tuple[list[tuple[Any, ...]], list[tuple[
                 w["fired"] = True
             if end + lateness <= wm:
                 del state[(k, s)]
-        wm_prev = wm
     return rows, late, set(state)
 
 
@@ -116,10 +121,7 @@ def session_reference(lateness: int) -> tuple[list[tuple[Any, ...]], list[tuple[
     sessions: dict[str, list[dict[str, Any]]] = {}
     rows: list[tuple[Any, ...]] = []
     late: list[tuple[Any, ...]] = []
-    high, wm_prev = None, None
-    for epoch, records in enumerate(EPOCHS, 1):
-        high = max([t for _, t, _ in records] + ([high] if high is not None else []))
-        wm = high
+    for epoch, records, wm_prev, wm in _epochs_with_watermarks():
         for stored in (s for ss in sessions.values() for s in ss):
             stored["taken"], stored["touched"] = [(stored["start"], stored["end"], stored["fired"])], False
         for position, (k, t, v) in enumerate(records):
@@ -148,7 +150,6 @@ def session_reference(lateness: int) -> tuple[list[tuple[Any, ...]], list[tuple[
                     fired = True
                 s["fired"] = fired
             sessions[k] = [s for s in sessions[k] if s["end"] + lateness > wm]
-        wm_prev = wm
     return rows, late, {(k, s["start"]) for k, ss in sessions.items() for s in ss}
 
 
