@@ -14,6 +14,7 @@ import pytest
 from barrierflow import storage
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
 from barrierflow.layout import PipelineLayout
+from barrierflow.spark import REMOTE_ENV
 from cli_runner import barrierflow_cmd, cli_env, run_sensor_stats
 from sensor_check import (
     assert_matches_reference,
@@ -48,10 +49,13 @@ _UNGUARDED = textwrap.dedent(
 def test_two_unguarded_attempts_race_and_output_is_exactly_once(tmp_path: Path, warehouse: str, spark_engine: Any) -> None:
     landing = tmp_path / "landing"
     write_sensor_files(landing, SensorStreamSpec(n_files=6, records_per_file=60, seed=31))
+    # Two driver processes on one warm engine, as two Airflow workers would be: they meet in the
+    # pipeline's Connect session and race only through the warehouse.
+    env = {**cli_env(), REMOTE_ENV: spark_engine.address}
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _UNGUARDED, str(landing), str(warehouse)],
-            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         for _ in range(2)
     ]

@@ -1,6 +1,6 @@
 """A backfill raced by the live schedule, on the real stack (scheduler, LocalExecutor, PostgreSQL).
 
-Input lands in six past one-minute intervals while the pipeline DAG is
+Input lands in four past one-minute intervals while the pipeline DAG is
 unpaused and scheduled every minute. A backfill of those intervals is
 created late in a minute, with ``max_active_runs=1``, and paused through the
 REST API so that the scheduled run of the next minute (a later interval,
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 DAG_ID = "barrierflow_sensor_stats"
 # Files per interval: an empty interval in between, as a backfill range may hold.
-PER_INTERVAL = [2, 1, 0, 2, 1, 1, 1]
+PER_INTERVAL = [2, 0, 1, 1]
 
 
 def _task_log(home: Path, run_id: str, task_id: str) -> str:
@@ -51,21 +50,29 @@ def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Pat
         api = stack.api
         until("the DAG to be parsed and unpaused", lambda: (api.get(f"/api/v2/dags/{DAG_ID}")[1] or {}).get("is_paused") is False, 300)
 
-        # Late in a minute (the scheduled run of its start has long finished: there was no input),
-        # input lands in past intervals and the backfill of those intervals is created.
-        now = datetime.now(timezone.utc)
-        if now.second > 40:
-            time.sleep(61 - now.second)
-        time.sleep(max(0.0, 40 - datetime.now(timezone.utc).second))
-        first = (datetime.now(timezone.utc) - timedelta(minutes=30)).replace(second=0, microsecond=0)
+        def runs() -> list[dict[str, Any]]:
+            return (api.get(f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100&order_by=logical_date")[1] or {}).get("dag_runs", [])
+
+        # The input is generated aside, then lands (a rename) in past intervals late in a minute, once
+        # no run is active: a scheduled run still evaluating its barrier on a loaded machine would
+        # rightly plan input that lands before the backfill exists.
+        incoming = stack.landing.parent / "incoming"
         spec = SensorStreamSpec(n_files=sum(PER_INTERVAL), records_per_file=40, seed=61, late_rate=0.05)
-        files = write_sensor_files(stack.landing, spec)
+        files = write_sensor_files(incoming, spec)
+
+        def quiet_late_in_a_minute() -> bool:
+            return 35 <= datetime.now(timezone.utc).second <= 45 and not [r for r in runs() if r["state"] in ("queued", "running")]
+
+        until("no active run, late in a minute", quiet_late_in_a_minute, 300, poll_s=1)
+        landed_at = datetime.now(timezone.utc)
+        first = (landed_at - timedelta(minutes=30)).replace(second=0, microsecond=0)
         epochs: list[list[Path]] = []
         for k, count in enumerate(PER_INTERVAL):
-            chunk = files[sum(PER_INTERVAL[:k]) : sum(PER_INTERVAL[: k + 1])]
+            chunk = [stack.landing / p.name for p in files[sum(PER_INTERVAL[:k]) : sum(PER_INTERVAL[: k + 1])]]
             for i, path in enumerate(chunk):
                 at = (first + timedelta(minutes=k, seconds=10 + 15 * i)).timestamp()
-                os.utime(path, (at, at))
+                os.utime(incoming / path.name, (at, at))
+                (incoming / path.name).rename(path)
             if chunk:
                 epochs.append(chunk)
         last = first + timedelta(minutes=len(PER_INTERVAL) - 1)  # --to-date is inclusive: the last interval's start
@@ -78,9 +85,10 @@ def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Pat
         status, paused = api.put(f"/api/v2/backfills/{backfill['id']}/pause")
         assert status == 200 and paused["is_paused"], paused
         raced_at = (datetime.now(timezone.utc) + timedelta(minutes=1)).replace(second=0, microsecond=0)
-
-        def runs() -> list[dict[str, Any]]:
-            return (api.get(f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100&order_by=logical_date")[1] or {}).get("dag_runs", [])
+        # Else a scheduled run may have started between the landing and the backfill: no race to test.
+        assert raced_at == (landed_at + timedelta(minutes=1)).replace(second=0, microsecond=0), (
+            f"landing at {landed_at:%H:%M:%S} and creating the backfill slipped past a minute boundary"
+        )
 
         def raced_run_waits() -> bool:
             raced = [r for r in runs() if r["run_type"] == "scheduled" and r.get("run_after", "") >= raced_at.isoformat()[:19]]

@@ -166,8 +166,10 @@ def _wait_for_earlier_runs(context: "Context", wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
     announced: str | None = None
     while True:
-        earlier = ti.get_previous_dagrun(state=DagRunState.RUNNING) or ti.get_previous_dagrun(
-            state=DagRunState.QUEUED
+        # Queued first: a run moving from queued to running between the two questions is then
+        # seen as running (asked in the other order, it would be missed by both).
+        earlier = ti.get_previous_dagrun(state=DagRunState.QUEUED) or ti.get_previous_dagrun(
+            state=DagRunState.RUNNING
         )
         if earlier is None:
             return
