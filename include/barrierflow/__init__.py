@@ -67,6 +67,8 @@ _EXPORTS: dict[str, str] = {
     "MapState": "barrierflow.state.keyed",
     "ReducingState": "barrierflow.state.keyed",
     "AggregatingState": "barrierflow.state.keyed",
+    # evolving state and sink schemas
+    "field_with_default": "barrierflow.schema_evolution",
     # reading results
     "run_query": "barrierflow.query",
     # errors
@@ -86,6 +88,7 @@ _EXPORTS: dict[str, str] = {
     "PipelineStoppedError": "barrierflow.errors",
     "SavepointError": "barrierflow.errors",
     "IncompatibleSavepointError": "barrierflow.errors",
+    "SchemaEvolutionError": "barrierflow.errors",
     "QueryError": "barrierflow.errors",
     "SourceError": "barrierflow.errors",
     "BlockedInputError": "barrierflow.errors",
@@ -101,10 +104,10 @@ __all__ = [
     "LeaseLostError", "LineParser", "ListState", "ListStateDescriptor", "MapState", "MapStateDescriptor", "Max",
     "Min", "Param", "ParameterError", "Percentile", "Pipeline", "PipelineBuilder", "PipelineDefinition",
     "PipelineDefinitionError", "PipelineStoppedError", "QueryError", "RecordError", "ReducingState",
-    "ReducingStateDescriptor", "SavepointError", "SlidingEventTimeWindows", "SourceError", "StateTtlConfig", "StorageError", "Sum",
+    "ReducingStateDescriptor", "SavepointError", "SchemaEvolutionError", "SlidingEventTimeWindows", "SourceError", "StateTtlConfig", "StorageError", "Sum",
     "TimeDomain", "TimerService", "TumblingEventTimeWindows", "UnknownPipelineError", "UserFunctionError", "ValueState",
     "ValueStateDescriptor",
-    "pipeline", "run_query",
+    "field_with_default", "pipeline", "run_query",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads them
@@ -124,6 +127,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
         PipelineStoppedError,
         QueryError,
         SavepointError,
+        SchemaEvolutionError,
         SourceError,
         StorageError,
         UnknownPipelineError,
@@ -136,6 +140,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from barrierflow.params import Param
     from barrierflow.pipeline import DataStream, KeyedStream, Pipeline, PipelineBuilder, PipelineDefinition, pipeline
     from barrierflow.query import run_query
+    from barrierflow.schema_evolution import field_with_default
     from barrierflow.sinks.delta_sink import DeltaSink
     from barrierflow.sources.dead_letters import DeadLetterReason
     from barrierflow.sources.delta_source import DeltaSource

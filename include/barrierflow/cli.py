@@ -554,6 +554,8 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
         f"restored {result.pipeline} from {result.restored_from} into lineage {result.lineage_id}: "
         f"the next epoch is {result.epoch + 1}"
     )
+    for name, changes in sorted(result.evolved_states.items()):
+        print(f"  state {name} restored into the code's schema: {'; '.join(changes)}")
     for label, names in (("dropped", result.dropped_states), ("started empty", result.empty_states)):
         if names:
             print(f"  state {label}: {', '.join(names)}")

@@ -14,13 +14,13 @@ from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Schema, Transaction
+from deltalake import CommitProperties, DeltaTable, Field, Schema, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from barrierflow import faults
 from barrierflow.checkpoint import Fence, StagedFile, TableCommit
-from barrierflow.errors import CheckpointError, CommitConflictError, FencedError, StorageError
+from barrierflow.errors import CommitConflictError, FencedError, StorageError
 
 __all__ = [
     "commit_epoch_table",
@@ -260,21 +260,17 @@ def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, prop
 
 
 def _add_new_columns(table: DeltaTable, name: str, schema: Schema) -> None:
-    """Give a table created by an earlier release the nullable columns its files now carry (a commit of its own).
+    """Give a table the columns its new files carry (a commit of its own), nullable: earlier rows have none.
 
     An append's schema does not change the table's (delta-rs keeps the
-    table's metadata), so e.g. ``dead_letter.detail`` would stay invisible.
+    table's metadata), so e.g. ``dead_letter.detail`` or a column the code
+    added to a sink's output would stay invisible. What may change is
+    checked before the vote (:func:`~barrierflow.schema_evolution.check_sink_schema`).
     """
     existing = {f.name for f in table.schema().fields}
-    missing = [f for f in schema.fields if f.name not in existing]
-    if not missing:
-        return
-    required = [f.name for f in missing if not f.nullable]
-    if required:
-        raise CheckpointError(
-            f"table {name} lacks the non-nullable column(s) {', '.join(required)}; only nullable columns can be added"
-        )
-    table.alter.add_columns(missing)
+    missing = [Field(f.name, f.type, nullable=True, metadata=f.metadata) for f in schema.fields if f.name not in existing]
+    if missing:
+        table.alter.add_columns(missing)
 
 
 def fence_transaction(fence: Fence) -> Transaction:

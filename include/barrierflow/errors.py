@@ -12,6 +12,7 @@ __all__ = [
     "ConfigurationError",
     "EngineUnavailableError",
     "PipelineDefinitionError",
+    "SchemaEvolutionError",
     "UserFunctionError",
     "UnknownPipelineError",
     "ParameterError",
@@ -45,6 +46,14 @@ class EngineUnavailableError(BarrierflowError):
 
 class PipelineDefinitionError(BarrierflowError):
     """A pipeline is declared inconsistently (duplicate operator ids, bad types)."""
+
+
+class SchemaEvolutionError(PipelineDefinitionError):
+    """The code's output no longer fits a table's stored schema (a sink column changed type).
+
+    Raised before the epoch votes, so nothing is committed; see
+    :mod:`barrierflow.schema_evolution` for what may change.
+    """
 
 
 class UserFunctionError(BarrierflowError):

@@ -6,15 +6,18 @@
   1. take the pipeline's epoch lease (never races a running epoch);
   2. resolve the restore point: a savepoint (by name or path) or a completed
      epoch of the current lineage whose checkpoint is still retained;
-  3. check it against the current code: key groups must match; state that
-     the code no longer declares (or declares with another schema) would be
-     dropped, state the code declares that the restore point lacks would start
-     empty. Either refuses with both lists unless ``allow_non_restored_state``;
+  3. check it against the current code: key groups must match; state whose
+     schema evolved compatibly (added fields, widened types: see
+     :mod:`barrierflow.schema_evolution`) is restored converted, and said so;
+     state that the code no longer declares (or declares with an incompatible
+     schema, or without fields it had) would be dropped, state the code
+     declares that the restore point lacks would start empty. Either refuses
+     with both lists unless ``allow_non_restored_state``;
   4. write the intent ``_restoring.json`` put-if-absent: the new lineage id
      and everything below needs, so a crash is rolled forward, never redone
      differently;
-  5. replace every state table's content with the restore point's rows (or
-     nothing), in a commit carrying the new lineage's app transaction at the
+  5. replace every state table's content with the restore point's rows
+     (converted to the code's schema when it evolved, or nothing), in a commit carrying the new lineage's app transaction at the
      restore epoch N;
   6. with ``rewind_sinks``, remove from append sinks and ``dead_letter`` every
      row of an epoch after N, and set upsert sinks back to their rows at N,
@@ -41,7 +44,7 @@ import json
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -63,6 +66,7 @@ from barrierflow.savepoint import (
     snapshot_chunks,
     state_signature,
 )
+from barrierflow.schema_evolution import ChangeKind, compare_schemas, evolve
 from barrierflow.staging import write_parquet
 from barrierflow.state.delta_state_backend import live_row_chunks, stored_batches
 from barrierflow.state.spec import KEY_GROUP
@@ -78,6 +82,7 @@ __all__ = [
     "IncompatibleSavepointError",
     "complete_pending_restore",
     "check_compatibility",
+    "Compatibility",
 ]
 
 
@@ -91,6 +96,7 @@ class RestoreResult:
     restored_states: tuple[str, ...]
     dropped_states: tuple[str, ...]
     empty_states: tuple[str, ...]
+    evolved_states: Mapping[str, tuple[str, ...]]  # restored state whose schema evolved -> what changed
     rewound_sinks: Mapping[str, int]  # sink -> rows removed (append) or rows restored (upsert)
     params: Mapping[str, Any]
 
@@ -98,10 +104,32 @@ class RestoreResult:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Compatibility:
+    """Step 3's answer: state restored (as is, or evolved), dropped, and starting empty; ``operator/state`` names."""
+
+    restored: list[str]
+    dropped: list[str]
+    empty: list[str]
+    evolved: dict[str, list[str]]  # restored state whose schema evolved -> what changed
+
+
 def check_compatibility(
-    pipe: Pipeline, key_groups: int, saved: Mapping[str, tuple[tuple[str, str], ...]], allow_non_restored_state: bool
-) -> tuple[list[str], list[str], list[str]]:
-    """Step 3: (restored, dropped, empty) state names, or IncompatibleSavepointError."""
+    pipe: Pipeline,
+    key_groups: int,
+    saved: Mapping[str, tuple[tuple[str, str], ...]],
+    allow_non_restored_state: bool,
+    stored_schema: Callable[[str], pa.Schema | None] = lambda name: None,
+) -> Compatibility:
+    """Step 3, or IncompatibleSavepointError.
+
+    A state whose schema changed is compared field by field
+    (:mod:`barrierflow.schema_evolution`) with ``stored_schema(name)``, the
+    restore point's: added and widened fields restore, converted. Removed
+    fields restore without them only with ``allow_non_restored_state``; any
+    other change (or a restore point whose schema cannot be read) leaves the
+    state dropped and started empty, again only when allowed.
+    """
     if key_groups != pipe.key_groups:
         raise IncompatibleSavepointError(
             f"the restore point has {key_groups} key groups and pipeline {pipe.name} declares "
@@ -109,21 +137,35 @@ def check_compatibility(
             dropped=[],
             missing=[],
         )
-    current = {f"{s.operator_id}/{s.name}": state_signature(s.arrow_schema()) for s in pipe.state_specs()}
+    specs = {f"{s.operator_id}/{s.name}": s for s in pipe.state_specs()}
+    current = {n: state_signature(s.arrow_schema()) for n, s in specs.items()}
     restored = sorted(n for n in current if n in saved and saved[n] == current[n])
-    changed = sorted(n for n in current if n in saved and saved[n] != current[n])
-    dropped = sorted(set(saved) - set(current)) + [f"{n} (schema changed)" for n in changed]
-    missing = sorted(set(current) - set(saved)) + [f"{n} (schema changed)" for n in changed]
+    dropped, missing = sorted(set(saved) - set(current)), sorted(set(current) - set(saved))
+    evolved: dict[str, list[str]] = {}
+    for name in sorted(n for n in current if n in saved and saved[n] != current[n]):
+        spec, schema = specs[name], stored_schema(name)
+        fixed = [f.name for f in spec.arrow_schema() if f.name not in spec.value_columns]  # keys, key group, bookkeeping
+        evolution = compare_schemas(schema, spec.arrow_schema(), fixed) if schema is not None else None
+        if evolution is not None and (evolution.restorable or (allow_non_restored_state and not evolution.incompatible)):
+            restored.append(name)
+            evolved[name] = evolution.describe()
+            dropped += [f"{name}: {c}" for c in evolution.changes if c.kind is ChangeKind.REMOVED]
+        else:
+            what = "schema changed" + (": " + "; ".join(evolution.describe()) if evolution is not None else "")
+            dropped.append(f"{name} ({what})")
+            missing.append(f"{name} ({what})")
     if (dropped or missing) and not allow_non_restored_state:
         lines = [f"the restore point does not match pipeline {pipe.name}'s operators and state:"]
         if dropped:
             lines.append("  would be dropped (in the restore point, not restorable into the code): " + ", ".join(dropped))
         if missing:
             lines.append("  missing (declared by the code, would start empty): " + ", ".join(missing))
-        lines.append("set allow_non_restored_state to restore anyway")
+        lines.append(
+            "added fields (nullable or with a default) and widened types (int to long, float to double) restore; "
+            "set allow_non_restored_state to restore anyway"
+        )
         raise IncompatibleSavepointError("\n".join(lines), dropped=dropped, missing=missing)
-    empty = sorted(set(current) - set(restored))
-    return restored, dropped, empty
+    return Compatibility(sorted(restored), dropped, sorted(set(current) - set(restored)), evolved)
 
 
 def restore(
@@ -156,9 +198,9 @@ def restore(
         previous = coordinator.current_lineage()["lineage_id"]
         intent = _restore_point(coordinator, meta, epoch)  # step 2
         pipe = coordinator.pipeline
-        restored, dropped, empty = check_compatibility(  # step 3
+        compatibility = check_compatibility(  # step 3
             pipe, intent["key_groups"], {k: tuple(tuple(c) for c in v) for k, v in intent["states"].items()},
-            allow_non_restored_state,
+            allow_non_restored_state, lambda name: _stored_schema(layout, intent, meta, name),
         )
         overrides = {definition.parallelism_param: parallelism} if parallelism and definition.parallelism_param else {}
         intent.update(
@@ -167,9 +209,10 @@ def restore(
             previous_lineage_id=previous,
             rewind_sinks=rewind_sinks,
             params=overrides,
-            restored_states=restored,
-            dropped_states=dropped,
-            empty_states=empty,
+            restored_states=compatibility.restored,
+            dropped_states=compatibility.dropped,
+            empty_states=compatibility.empty,
+            evolved_states=compatibility.evolved,
             started_at=iso_now(),
         )
         if not storage.write_json_if_absent(layout.restoring, intent):  # step 4
@@ -280,12 +323,15 @@ def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -
     lineage_id = intent["lineage_id"]
     app = app_id(pipe.name, lineage_id)
     restored = set(intent["restored_states"])
+    evolved = intent.get("evolved_states", {})  # absent in intents written before schema evolution
     savepoint = _savepoint_of(intent)
     seq = _lineage_seq(coordinator, intent)
     fence = Fence(pipe.name, seq, epoch)
     for spec in pipe.state_specs():  # step 5
         name = f"{spec.operator_id}/{spec.name}"
         chunks = _state_rows(layout, intent, savepoint, spec.operator_id, spec.name) if name in restored else iter(())
+        if name in evolved:
+            chunks = (evolve(chunk, spec.arrow_schema()) for chunk in chunks)
         _replace_content(
             layout.state_table(spec.operator_id, spec.name),
             spec.arrow_schema(), chunks, app, epoch, lineage_id, (KEY_GROUP, *spec.key_columns), fence,
@@ -359,6 +405,7 @@ def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -
         restored_states=tuple(intent["restored_states"]),
         dropped_states=tuple(intent["dropped_states"]),
         empty_states=tuple(intent["empty_states"]),
+        evolved_states={name: tuple(changes) for name, changes in evolved.items()},
         rewound_sinks=rewound,
         params=intent["params"],
     )
@@ -386,6 +433,22 @@ def _state_rows(
         return iter(())
     schema = table.to_pyarrow_dataset().schema
     return live_row_chunks(table, schema.names[: schema.get_field_index(KEY_GROUP)])
+
+
+def _stored_schema(
+    layout: PipelineLayout, intent: Mapping[str, Any], savepoint: SavepointMetadata | None, name: str
+) -> pa.Schema | None:
+    """Step 3: the schema state ``operator/state`` has at the restore point (None if it holds no rows there)."""
+    op, state = name.split("/", 1)
+    if savepoint is not None:
+        snap = next((s for s in savepoint.states if s.operator_id == op and s.state == state), None)
+        if snap is None or not snap.files:
+            return None
+        filesystem, path = storage.arrow_filesystem(storage.join_uri(savepoint.uri, snap.files[0]))
+        return pq.read_schema(path, filesystem=filesystem)
+    version = intent["table_versions"].get(f"{op}__{state}")
+    table = open_table(layout.state_table(op, state), version) if version is not None else None
+    return pa.schema(table.schema().to_arrow()) if table is not None else None
 
 
 def _upsert_rows(

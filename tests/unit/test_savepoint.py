@@ -43,8 +43,8 @@ def test_signature_treats_large_and_small_strings_alike() -> None:
 
 def test_matching_restore_point_restores_everything(tmp_path: Any) -> None:
     pipe = _pipe(tmp_path)
-    restored, dropped, empty = check_compatibility(pipe, pipe.key_groups, _saved(pipe), False)
-    assert restored == sorted(_saved(pipe)) and dropped == [] and empty == []
+    found = check_compatibility(pipe, pipe.key_groups, _saved(pipe), False)
+    assert found.restored == sorted(_saved(pipe)) and found.dropped == [] and found.empty == [] and found.evolved == {}
 
 
 def test_removed_added_and_changed_state_is_listed(tmp_path: Any) -> None:
@@ -57,8 +57,8 @@ def test_removed_added_and_changed_state_is_listed(tmp_path: Any) -> None:
         check_compatibility(pipe, pipe.key_groups, saved, False)
     assert info.value.dropped == ["gone/state", "totals/accumulators (schema changed)"]
     assert info.value.missing == ["dedup/seen", "totals/accumulators (schema changed)"]
-    restored, dropped, empty = check_compatibility(pipe, pipe.key_groups, saved, True)
-    assert "totals/accumulators" not in restored and empty == ["dedup/seen", "totals/accumulators"]
+    found = check_compatibility(pipe, pipe.key_groups, saved, True)
+    assert "totals/accumulators" not in found.restored and found.empty == ["dedup/seen", "totals/accumulators"]
 
 
 def test_key_groups_never_change_even_when_allowed(tmp_path: Any) -> None:

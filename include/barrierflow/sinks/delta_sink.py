@@ -13,6 +13,7 @@ key by rewriting only the files that hold changed keys. Every row carries the
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,19 +23,40 @@ from barrierflow.checkpoint import Fence, TableCommit, TableKind
 from barrierflow.delta_commit import add_actions, commit_epoch_table, counted_rows, open_table
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, position_columns
+from barrierflow.schema_evolution import check_sink_schema
 from barrierflow.sources.dead_letters import DEAD_LETTER_SCHEMA
 from barrierflow.storage import join_uri, remove_tree
 from barrierflow.table_files import PATH_COLUMN, read_parquet_files
 
 if TYPE_CHECKING:
+    from deltalake import DeltaTable
     from pyspark.sql import DataFrame
 
 __all__ = ["DeltaSink", "SinkNode", "DEAD_LETTER_SCHEMA", "WHOLE_REWRITE_MAX_ROWS"]
+
+_log = logging.getLogger(__name__)
 
 # An upsert sink table up to this many rows is rewritten whole each epoch: a
 # job to find the files holding changed keys (and the wait for the epoch's
 # rows it implies) costs more than rewriting them all.
 WHOLE_REWRITE_MAX_ROWS = 100_000
+
+
+# (table uri, output schema) pairs already checked by this process: an append sink's
+# table is opened once per schema, not every epoch.
+_checked: set[tuple[str, str]] = set()
+
+
+def _check_schema(sink: str, uri: str, output: pa.Schema, table: DeltaTable | None) -> None:
+    """Before the vote: the output must fit the table's schema (:func:`check_sink_schema`); accepted changes are logged."""
+    key = (uri, output.to_string())
+    if key in _checked:
+        return
+    table = table if table is not None else open_table(uri)
+    if table is not None:
+        for change in check_sink_schema(sink, pa.schema(table.schema().to_arrow()), output):
+            _log.warning("sink %s: %s", sink, change)
+    _checked.add(key)
 
 
 @dataclass(frozen=True)
@@ -78,6 +100,7 @@ class DeltaSink:
             if "_epoch" in schema.names:  # replaced, as ``_with_epoch`` does
                 schema = schema.remove(schema.get_field_index("_epoch"))
             schema = schema.append(_EPOCH_FIELD)
+            _check_schema(self.name, uri, schema, None)
             ctx.stage(name=self.name, uri=uri, kind=TableKind.SINK, data=df, schema=schema, constants={"_epoch": ctx.epoch})
             return
         data = _with_epoch(ctx, df)
@@ -86,6 +109,7 @@ class DeltaSink:
         if missing:
             raise PipelineDefinitionError(f"upsert sink {self.name}: key column(s) {missing} not in its input")
         table = open_table(uri)
+        _check_schema(self.name, uri, schema, table)
         removes: list[str] = []
         base_version = None
         if table is not None:
