@@ -71,6 +71,16 @@ def test_flat_map_accepts_arrow_lists_and_refuses_what_is_not_one_list_per_recor
         flat_map_batch(BATCH, function=lambda b: pa.array([1, 2, 3, 4]), schema=WORDS, users=USERS, engine=[], position=None, label="fm")
 
 
+def test_a_flat_map_row_must_name_exactly_the_declared_columns() -> None:
+    """A misspelled key would otherwise be dropped by Arrow and its column read as null."""
+    misspelled = lambda b: [[{"wrod": "a", "n": 1}], [], [], []]  # noqa: E731
+    with pytest.raises(UserFunctionError, match=r"fm returned a row with columns \['n', 'wrod'\] for record 0 .*missing \['word'\], unexpected \['wrod'\]"):
+        flat_map_batch(BATCH, function=misspelled, schema=WORDS, users=USERS, engine=[], position=None, label="fm")
+    partial = lambda b: [[], [{"word": "a"}], [], []]  # noqa: E731
+    with pytest.raises(UserFunctionError, match=r"for record 1 .*missing \['n'\], unexpected \[\]\); give every column, None for a null"):
+        flat_map_batch(BATCH, function=partial, schema=WORDS, users=USERS, engine=[], position=None, label="fm")
+
+
 def test_map_keeps_each_record_s_engine_columns() -> None:
     def double(batch: pa.RecordBatch) -> dict[str, Any]:
         return {"n2": [v * 2 for v in batch["n"].to_pylist()]}

@@ -385,11 +385,27 @@ def conform(result: Any, schema: pa.Schema, label: str, rows: int | None = None)
     return arrays
 
 
+def _check_row_columns(lists: list[Any] | tuple[Any, ...], schema: pa.Schema, label: str) -> None:
+    """Every dict row names exactly the declared columns: Arrow would drop a misspelled key and read the column as null."""
+    declared = set(schema.names)
+    for record, rows in enumerate(lists):
+        for row in rows if isinstance(rows, (list, tuple)) else ():
+            if isinstance(row, Mapping) and row.keys() != declared:
+                unexpected, missing = sorted(set(row) - declared), sorted(declared - set(row))
+                raise UserFunctionError(
+                    f"{label} returned a row with columns {sorted(row)} for record {record} of its batch, not those of "
+                    f"its declared schema {schema.names} (missing {missing}, unexpected {unexpected}); give every "
+                    "column, None for a null"
+                )
+
+
 def _row_lists(result: Any, schema: pa.Schema, label: str, rows: int) -> pa.Array:
     """A flat_map function's result as one list of rows per record (``list<struct>``)."""
     if isinstance(result, pa.ChunkedArray):
         result = result.combine_chunks()
     if not isinstance(result, pa.Array):
+        if isinstance(result, (list, tuple)):
+            _check_row_columns(result, schema, label)
         try:
             result = pa.array(result, pa.list_(pa.struct(list(schema))))
         except (pa.ArrowException, TypeError, ValueError) as exc:
