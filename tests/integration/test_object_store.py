@@ -40,7 +40,7 @@ def test_sensor_stats_on_s3_under_faults_and_kill_minus_nine_matches_the_referen
     s3_server: Any, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     local = tmp_path / "generated"
-    write_sensor_files(local, SensorStreamSpec(n_files=6, records_per_file=60, seed=41, late_rate=0.05))
+    write_sensor_files(local, SensorStreamSpec(n_files=4, records_per_file=60, seed=41, late_rate=0.05))
     bucket = s3_bucket.removeprefix("s3://")
     client = boto3.session.Session().client("s3")
     for path in sorted(local.iterdir()):  # landed in name order, as a producer would
