@@ -48,6 +48,7 @@ from barrierflow.operators.stateless import (
     check_function,
     is_column,
 )
+from barrierflow.operators.union import Union
 from barrierflow.operators.watermark import WatermarkAssigner
 from barrierflow.operators.window import WindowAssigner, window_node
 from barrierflow.params import Param, resolve_params
@@ -104,21 +105,15 @@ class Pipeline:
     def source_keys(self, source: SourceNode) -> dict[str, str]:
         """The key columns keyed operators take straight from ``source``'s records, each with the first such operator.
 
-        A key passes unchanged through watermarks, deduplication and
+        A key passes unchanged through watermarks, deduplication, unions and
         stateless operators that do not compute it (``Node.passes_through``)
-        to the operator keyed by it; keys of later operators come from the
+        to the operator keyed by it (through a union, from each input); keys of later operators come from the
         outputs of earlier keyed ones, whose own keys were checked at the source.
         """
         keys: dict[str, str] = {}
         for node in self.nodes:
-            key = getattr(node, "key", ())
-            if not key:
-                continue
-            for column in key:
-                upstream = node.parent
-                while upstream is not None and upstream is not source and upstream.passes_through(column):
-                    upstream = upstream.parent
-                if upstream is source:
+            for column in getattr(node, "key", ()):
+                if _reaches_unchanged(node, column, source):
                     keys.setdefault(column, node.operator_id)
         return keys
 
@@ -129,13 +124,38 @@ class Pipeline:
         return node.needs_arrival_order
 
     def children(self, node: Node) -> list[Node]:
-        return [n for n in self.nodes if n.parent is node]
+        """The nodes consuming ``node``'s output, once each (a union of a stream with itself consumes it twice)."""
+        return [n for n in self.nodes if any(i is node for i in n.inputs())]
 
     def side_output_names(self) -> list[str]:
         return [name for n in self.nodes for name in n.side_outputs()]
 
     def operator_ids(self) -> list[str]:
         return [n.operator_id for n in self.nodes]
+
+
+def _reaches_unchanged(node: Node, column: str, source: Node) -> bool:
+    """Whether ``column`` of ``source``'s records reaches ``node`` unchanged on some path (``Node.passes_through``)."""
+    upstream = list(node.inputs())
+    while upstream:
+        current = upstream.pop()
+        if current is source:
+            return True
+        if current.passes_through(column):
+            upstream.extend(current.inputs())
+    return False
+
+
+def _upstream(node: Node) -> list[Node]:
+    """``node`` and every node it depends on."""
+    seen: list[Node] = []
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if not any(current is n for n in seen):
+            seen.append(current)
+            pending.extend(current.inputs())
+    return seen
 
 
 class PipelineBuilder:
@@ -285,6 +305,37 @@ class DataStream:
         check_expression(operator_id or "flat_map", value)
         return self._stateless(
             "flat_map", operator_id, lambda i: FlatMapColumn(operator_id=i, parent=self.node, name=name, expression=value)
+        )
+
+    def union(self, *others: "DataStream", operator_id: str | None = None) -> "DataStream":
+        """The records of this stream and of ``others``, which must have the same columns and types (:mod:`barrierflow.operators.union`).
+
+        Epoch n holds every input's records up to barrier n; a record keeps
+        its arrival position, refined by its input's index in the union.
+        Every input or none must be downstream of the watermark assigner
+        (the union's watermark is the minimum of its inputs'); assign it
+        after the union to watermark the union's records.
+        """
+        if not others:
+            raise PipelineDefinitionError("union needs at least one other stream: a.union(b) or a.union(b, c)")
+        for other in others:
+            if not isinstance(other, DataStream) or other.builder is not self.builder:
+                raise PipelineDefinitionError(
+                    f"union: {other!r} is not a stream of this pipeline; give streams made by the same PipelineBuilder "
+                    "(a KeyedStream is not a stream to union: union first, then key_by)"
+                )
+        node_id, generated = self.builder.stateless_id("union", operator_id)
+        inputs = (self.node, *(o.node for o in others))
+        # (4.) of operators/union.py: with one assigner, min of the inputs' watermarks is it only if all have it.
+        watermarked = [any(isinstance(n, WatermarkAssigner) for n in _upstream(i)) for i in inputs]
+        if any(watermarked) and not all(watermarked):
+            missing = [n + 1 for n, has in enumerate(watermarked) if not has]
+            raise PipelineDefinitionError(
+                f"union {node_id!r}: input(s) {missing} have no watermark upstream while others do; a union's watermark is "
+                "the minimum of its inputs', so assign the watermark after the union (or upstream of every input)"
+            )
+        return DataStream(
+            self.builder, self.builder._add(Union(operator_id=node_id, parent=self.node, others=inputs[1:]), generated)
         )
 
     def deduplicate(self, operator_id: str, key: str | tuple[str, ...], ttl: timedelta | None = None) -> "DataStream":

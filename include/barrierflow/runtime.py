@@ -562,7 +562,7 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
 def _apply_operators(ctx: EpochContext, outputs: dict[int, "DataFrame | pa.Table"]) -> None:
     """Apply every operator once its input is in ``outputs``; independent branches run concurrently.
 
-    Each operator runs in a worker thread as soon as its parent's output is
+    Each operator runs in a worker thread as soon as its inputs' outputs are
     ready (at most :data:`MAX_CONCURRENT_OPERATORS` at a time). After an
     error no further operator starts; those running finish, then the first
     error is raised.
@@ -570,15 +570,15 @@ def _apply_operators(ctx: EpochContext, outputs: dict[int, "DataFrame | pa.Table
     pipe = ctx.pipeline
     index = {id(node): i for i, node in enumerate(pipe.nodes)}
     waiting = [node for node in pipe.nodes if not isinstance(node, SourceNode)]
-    fan_out = {id(node): len(pipe.children(node)) for node in pipe.nodes}
+    # Reads of each node's output: a union of a stream with itself reads it twice.
+    fan_out = {id(node): sum(1 for n in pipe.nodes for i in n.inputs() if i is node) for node in pipe.nodes}
 
     def apply(node: Node) -> "DataFrame | pa.Table":
         ctx.run_as(index[id(node)])
         describe_jobs(ctx.spark, f"epoch {ctx.epoch}: {node.operator_id}")
         started = time.monotonic()
-        assert node.parent is not None
-        rows = outputs[id(node.parent)]
-        df = node.apply(ctx, rows if node.accepts_arrow else ctx.frame(rows))
+        inputs = [outputs[id(i)] for i in node.inputs()]
+        df = node.apply_inputs(ctx, [rows if node.accepts_arrow else ctx.frame(rows) for rows in inputs])
         if fan_out[id(node)] > 1 and not isinstance(df, pa.Table):
             df = ctx.persist(df)
         _log.info("epoch %d: %s took %.0f ms", ctx.epoch, node.operator_id, (time.monotonic() - started) * 1000)
@@ -589,7 +589,8 @@ def _apply_operators(ctx: EpochContext, outputs: dict[int, "DataFrame | pa.Table
     with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_OPERATORS, thread_name_prefix="barrierflow-operator") as pool:
         while True:
             if error is None:
-                ready = [node for node in waiting if id(node.parent) in outputs]
+                # Alignment: a multi-input operator runs once every input's epoch-n output is there.
+                ready = [node for node in waiting if all(id(i) in outputs for i in node.inputs())]
                 for node in ready:
                     waiting.remove(node)
                     running[pool.submit(apply, node)] = node

@@ -44,6 +44,15 @@ class Node:
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame | pa.Table":
         raise NotImplementedError
 
+    def inputs(self) -> tuple["Node", ...]:
+        """The nodes whose output this one consumes, in order: its parent; more for a multi-input operator."""
+        return () if self.parent is None else (self.parent,)
+
+    def apply_inputs(self, ctx: Any, frames: Sequence[Any]) -> "DataFrame | pa.Table":
+        """Compute the epoch's output from the output of each of :meth:`inputs`, in that order."""
+        (df,) = frames
+        return self.apply(ctx, df)
+
     def state_specs(self) -> list["StateSpec"]:
         return []
 
