@@ -32,6 +32,7 @@ import pyarrow as pa
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.aggregate import Aggregation, RunningAggregate, named_aggregations
 from barrierflow.operators.base import Node
+from barrierflow.operators.co_process import KeyedCoProcess, KeyedCoProcessFunction
 from barrierflow.operators.dedup import Deduplicate
 from barrierflow.operators.process import KeyedProcess, KeyedProcessFunction
 from barrierflow.operators.stateless import (
@@ -61,6 +62,7 @@ __all__ = [
     "PipelineBuilder",
     "DataStream",
     "KeyedStream",
+    "ConnectedKeyedStreams",
     "Pipeline",
     "pipeline",
     "DEFAULT_KEY_GROUPS",
@@ -112,9 +114,10 @@ class Pipeline:
         """
         keys: dict[str, str] = {}
         for node in self.nodes:
-            for column in getattr(node, "key", ()):
-                if _reaches_unchanged(node, column, source):
-                    keys.setdefault(column, node.operator_id)
+            for upstream, key in node.keyed_inputs():
+                for column in key:
+                    if _reaches_unchanged(upstream, column, source):
+                        keys.setdefault(column, node.operator_id)
         return keys
 
     def needs_arrival_order(self, node: Node) -> bool:
@@ -135,8 +138,8 @@ class Pipeline:
 
 
 def _reaches_unchanged(node: Node, column: str, source: Node) -> bool:
-    """Whether ``column`` of ``source``'s records reaches ``node`` unchanged on some path (``Node.passes_through``)."""
-    upstream = list(node.inputs())
+    """Whether ``column`` of ``source``'s records is ``node``'s output column, unchanged on some path (``Node.passes_through``)."""
+    upstream = [node]
     while upstream:
         current = upstream.pop()
         if current is source:
@@ -144,6 +147,17 @@ def _reaches_unchanged(node: Node, column: str, source: Node) -> bool:
         if current.passes_through(column):
             upstream.extend(current.inputs())
     return False
+
+
+def _check_watermarks(what: str, inputs: tuple[Node, ...], advice: str) -> None:
+    """A multi-input operator's watermark is the minimum of its inputs'; with one assigner, that is it only if every input has it."""
+    watermarked = [any(isinstance(n, WatermarkAssigner) for n in _upstream(i)) for i in inputs]
+    if any(watermarked) and not all(watermarked):
+        missing = [n + 1 for n, has in enumerate(watermarked) if not has]
+        raise PipelineDefinitionError(
+            f"{what}: input(s) {missing} have no watermark upstream while others do; the watermark of an operator "
+            f"with several inputs is the minimum of its inputs', and a pipeline has one watermark assigner: {advice}"
+        )
 
 
 def _upstream(node: Node) -> list[Node]:
@@ -326,14 +340,9 @@ class DataStream:
                 )
         node_id, generated = self.builder.stateless_id("union", operator_id)
         inputs = (self.node, *(o.node for o in others))
-        # (4.) of operators/union.py: with one assigner, min of the inputs' watermarks is it only if all have it.
-        watermarked = [any(isinstance(n, WatermarkAssigner) for n in _upstream(i)) for i in inputs]
-        if any(watermarked) and not all(watermarked):
-            missing = [n + 1 for n, has in enumerate(watermarked) if not has]
-            raise PipelineDefinitionError(
-                f"union {node_id!r}: input(s) {missing} have no watermark upstream while others do; a union's watermark is "
-                "the minimum of its inputs', so assign the watermark after the union (or upstream of every input)"
-            )
+        _check_watermarks(
+            f"union {node_id!r}", inputs, "assign the watermark after the union (or upstream of every input)"
+        )
         return DataStream(
             self.builder, self.builder._add(Union(operator_id=node_id, parent=self.node, others=inputs[1:]), generated)
         )
@@ -417,6 +426,44 @@ class KeyedStream:
     def process(self, operator_id: str, function: KeyedProcessFunction) -> DataStream:
         """Run a keyed process function with per-key state over whole key groups."""
         return self._then(KeyedProcess(operator_id=operator_id, parent=self.node, key=self.key, function=function))
+
+    def connect(self, other: "KeyedStream") -> "ConnectedKeyedStreams":
+        """This keyed stream and ``other``, for a :class:`KeyedCoProcessFunction` (:mod:`barrierflow.operators.co_process`).
+
+        Both are keyed by as many columns, of the same types pairwise (the
+        names may differ; state is keyed by this stream's names).
+        """
+        if not isinstance(other, KeyedStream) or other.builder is not self.builder:
+            raise PipelineDefinitionError(
+                f"connect: {other!r} is not a keyed stream of this pipeline; give another stream of the same "
+                "PipelineBuilder, keyed: a.key_by(k).connect(b.key_by(k))"
+            )
+        if len(other.key) != len(self.key):
+            raise PipelineDefinitionError(
+                f"connect: the streams are keyed by {list(self.key)} and {list(other.key)}; connected keyed streams "
+                "need as many key columns, of the same types, in the same order"
+            )
+        return ConnectedKeyedStreams(self, other)
+
+
+@dataclass(frozen=True)
+class ConnectedKeyedStreams:
+    """Two keyed streams whose records one co-process function handles, with shared keyed state and timers."""
+
+    first: KeyedStream
+    second: KeyedStream
+
+    def process(self, operator_id: str, function: KeyedCoProcessFunction) -> DataStream:
+        """Run ``function``: ``process_element1`` for the first stream's records, ``process_element2`` for the second's."""
+        inputs = (self.first.node, self.second.node)
+        _check_watermarks(
+            f"co-process {operator_id!r}", inputs, "assign it upstream of both inputs (e.g. on a union of their sources)"
+        )
+        node = KeyedCoProcess(
+            operator_id=operator_id, parent=self.first.node, key=self.first.key, function=function,
+            other=self.second.node, other_key=self.second.key,
+        )
+        return DataStream(self.first.builder, self.first.builder._add(node))
 
 
 def _window_lateness(operator_id: str, allowed_lateness: Any) -> bool:

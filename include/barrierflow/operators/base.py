@@ -48,6 +48,11 @@ class Node:
         """The nodes whose output this one consumes, in order: its parent; more for a multi-input operator."""
         return () if self.parent is None else (self.parent,)
 
+    def keyed_inputs(self) -> list[tuple["Node", tuple[str, ...]]]:
+        """Each input with the key columns the operator takes from its records (none for an operator without a key)."""
+        key = tuple(getattr(self, "key", ()))
+        return [(node, key) for node in self.inputs()] if key else []
+
     def apply_inputs(self, ctx: Any, frames: Sequence[Any]) -> "DataFrame | pa.Table":
         """Compute the epoch's output from the output of each of :meth:`inputs`, in that order."""
         (df,) = frames

@@ -37,15 +37,15 @@ epoch holds, their order, and the watermark:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, position_columns, user_columns
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
-__all__ = ["Union", "column_differences", "union_positions"]
+__all__ = ["Union", "column_differences", "union_frames", "union_positions"]
 
 
 @dataclass
@@ -76,22 +76,34 @@ class Union(Node):
                     "every input of a union must have the same columns (by name, in any order) with the same types"
                 )
         names = user_columns(frames[0])
-        positions = union_positions([df.columns for df in frames])  # (3.)
+        positions = union_positions([df.columns for df in frames])
         shared = [c for c in frames[0].columns if c.startswith("_") and c not in positions and all(c in df.columns for df in frames)]
-        out: "DataFrame | None" = None
-        for index, df in enumerate(frames):
-            columns = [F.col(c) for c in (*names, *shared)]
-            if positions:
-                *carried, own = positions
-                columns += [(F.col(c) if c in df.columns else F.lit(0)).cast("long").alias(c) for c in carried]
-                columns.append(F.lit(index).cast("long").alias(own))
-            part = df.select(*columns)
-            out = part if out is None else out.union(part)  # by position: every part selects the same columns in order
-        assert out is not None
-        return out
+        return union_frames(frames, lambda index, df: [F.col(c) for c in (*names, *shared)])
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "inputs": [n.operator_id for n in self.inputs()]}
+
+
+def union_frames(frames: Sequence["DataFrame"], select: Callable[[int, "DataFrame"], list["Column"]]) -> "DataFrame":
+    """The rows of every frame, each projected on ``select(input index, frame)``, with positions as in (3.).
+
+    Every projection must give the same columns in the same order (the
+    parts are unioned by position); the position columns follow them.
+    """
+    from pyspark.sql import functions as F
+
+    positions = union_positions([df.columns for df in frames])  # (3.)
+    out: "DataFrame | None" = None
+    for index, df in enumerate(frames):
+        columns = select(index, df)
+        if positions:
+            *carried, own = positions
+            columns += [(F.col(c) if c in df.columns else F.lit(0)).cast("long").alias(c) for c in carried]
+            columns.append(F.lit(index).cast("long").alias(own))
+        part = df.select(*columns)
+        out = part if out is None else out.union(part)
+    assert out is not None
+    return out
 
 
 def column_differences(first: Mapping[str, str], other: Mapping[str, str]) -> list[str]:
