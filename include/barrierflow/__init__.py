@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "DataStream": "barrierflow.pipeline",
     "KeyedStream": "barrierflow.pipeline",
     "ConnectedKeyedStreams": "barrierflow.pipeline",
+    "IntervalJoinedStreams": "barrierflow.pipeline",
     "Param": "barrierflow.params",
     # sources and sinks
     "FileSource": "barrierflow.sources.file_source",
@@ -100,7 +101,7 @@ __all__ = [
     "DataStream",
     "DeadLetterReason", "DeltaSink", "DeltaSource", "EngineUnavailableError", "EpochInProgressError",
     "EventTimeSessionWindows", "FencedError",
-    "FileSource", "IncompatibleSavepointError", "KeyedCoProcessFunction", "KeyedContext", "KeyedProcessFunction", "KeyedStream", "LateFiles",
+    "FileSource", "IncompatibleSavepointError", "IntervalJoinedStreams", "KeyedCoProcessFunction", "KeyedContext", "KeyedProcessFunction", "KeyedStream", "LateFiles",
     "LeaseLostError", "LineParser", "ListState", "ListStateDescriptor", "MapState", "MapStateDescriptor", "Max",
     "Min", "Param", "ParameterError", "Percentile", "Pipeline", "PipelineBuilder", "PipelineDefinition",
     "PipelineDefinitionError", "PipelineStoppedError", "QueryError", "RecordError", "ReducingState",
@@ -141,6 +142,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from barrierflow.pipeline import (
         ConnectedKeyedStreams,
         DataStream,
+        IntervalJoinedStreams,
         KeyedStream,
         Pipeline,
         PipelineBuilder,

@@ -34,6 +34,7 @@ from barrierflow.operators.aggregate import Aggregation, RunningAggregate, named
 from barrierflow.operators.base import Node
 from barrierflow.operators.co_process import KeyedCoProcess, KeyedCoProcessFunction
 from barrierflow.operators.dedup import Deduplicate
+from barrierflow.operators.interval_join import IntervalBounds, IntervalJoin
 from barrierflow.operators.process import KeyedProcess, KeyedProcessFunction
 from barrierflow.operators.stateless import (
     BatchFunction,
@@ -63,6 +64,7 @@ __all__ = [
     "DataStream",
     "KeyedStream",
     "ConnectedKeyedStreams",
+    "IntervalJoinedStreams",
     "Pipeline",
     "pipeline",
     "DEFAULT_KEY_GROUPS",
@@ -130,6 +132,9 @@ class Pipeline:
         """The nodes consuming ``node``'s output, once each (a union of a stream with itself consumes it twice)."""
         return [n for n in self.nodes if any(i is node for i in n.inputs())]
 
+    def watermark_assigner_ids(self) -> set[str]:
+        return {n.operator_id for n in self.nodes if isinstance(n, WatermarkAssigner)}
+
     def side_output_names(self) -> list[str]:
         return [name for n in self.nodes for name in n.side_outputs()]
 
@@ -158,6 +163,42 @@ def _check_watermarks(what: str, inputs: tuple[Node, ...], advice: str) -> None:
             f"{what}: input(s) {missing} have no watermark upstream while others do; the watermark of an operator "
             f"with several inputs is the minimum of its inputs', and a pipeline has one watermark assigner: {advice}"
         )
+
+
+def _check_assigners(nodes: list[Node]) -> None:
+    """With several watermark assigners, each keeps its maximum in state, and every event-time operator is downstream of all.
+
+    The pipeline's watermark is the minimum over its assigners
+    (:mod:`barrierflow.operators.watermark`); it is an operator's own, the
+    minimum over its inputs, only if all of them are upstream of it.
+    """
+    assigners = [n for n in nodes if isinstance(n, WatermarkAssigner)]
+    if len(assigners) < 2:
+        return
+    for assigner in assigners:
+        assigner.tracked = True
+    for node in nodes:
+        if node.uses_watermark:
+            upstream = _upstream(node)
+            missing = [a.operator_id for a in assigners if not any(a is n for n in upstream)]
+            if missing:
+                raise PipelineDefinitionError(
+                    f"{node.operator_id!r} uses event time but watermark assigner(s) {missing} are not upstream of it; "
+                    "a pipeline's watermark is the minimum of its assigners', so with several assigners every "
+                    "event-time operator (window, join, process function with timers) must be downstream of all of them"
+                )
+
+
+def _event_time_column(what: str, node: Node, number: int) -> str:
+    """The event-time column of ``node``'s records: that of the watermark assigner upstream of it."""
+    columns = sorted({n.column for n in _upstream(node) if isinstance(n, WatermarkAssigner)})
+    if len(columns) != 1:
+        raise PipelineDefinitionError(
+            f"{what}: input {number} has {'no watermark assigner' if not columns else f'assigners of columns {columns}'} "
+            "upstream; each input of an event-time join needs exactly one event-time column: "
+            "with_watermark(column, out_of_orderness) on it (e.g. after its source)"
+        )
+    return columns[0]
 
 
 def _upstream(node: Node) -> list[Node]:
@@ -352,13 +393,23 @@ class DataStream:
         keys = (key,) if isinstance(key, str) else tuple(key)
         return self._then(Deduplicate(operator_id=operator_id, parent=self.node, key=keys, ttl=ttl))
 
-    def with_watermark(self, column: str, out_of_orderness: timedelta) -> "DataStream":
-        """W(n) = max(column) seen up to epoch n minus ``out_of_orderness``."""
-        if any(isinstance(n, WatermarkAssigner) for n in self.builder.nodes):
-            raise PipelineDefinitionError("a pipeline has at most one watermark assigner in this release")
+    def with_watermark(self, column: str, out_of_orderness: timedelta, *, operator_id: str | None = None) -> "DataStream":
+        """W = max(column) seen up to epoch n minus ``out_of_orderness`` (:mod:`barrierflow.operators.watermark`).
+
+        A pipeline may have several assigners (one per source of a join): its
+        watermark is then the minimum of theirs, each keeps its maximum in
+        state under its operator id (``watermark_<column>`` by default), and
+        every event-time operator must be downstream of all of them.
+        """
+        node_id = operator_id or f"watermark_{column}"
+        if any(isinstance(n, WatermarkAssigner) and n.column == column for n in self.builder.nodes) and operator_id is None:
+            raise PipelineDefinitionError(
+                f"with_watermark({column!r}): a watermark assigner of column {column!r} exists; give this one an "
+                "operator_id (its state, the largest event time seen, is named by it)"
+            )
         return self._then(
             WatermarkAssigner(
-                operator_id=f"watermark_{column}",
+                operator_id=node_id,
                 parent=self.node,
                 column=column,
                 out_of_orderness_us=int(out_of_orderness.total_seconds() * 1_000_000),
@@ -427,23 +478,68 @@ class KeyedStream:
         """Run a keyed process function with per-key state over whole key groups."""
         return self._then(KeyedProcess(operator_id=operator_id, parent=self.node, key=self.key, function=function))
 
+    def interval_join(self, other: "KeyedStream") -> "IntervalJoinedStreams":
+        """This keyed stream (left) and ``other`` (right), to join on event time within an interval: ``.between(lower, upper, ...)``."""
+        self._check_other("interval_join", other)
+        return IntervalJoinedStreams(self, other)
+
+    def _check_other(self, what: str, other: "KeyedStream") -> None:
+        if not isinstance(other, KeyedStream) or other.builder is not self.builder:
+            raise PipelineDefinitionError(
+                f"{what}: {other!r} is not a keyed stream of this pipeline; give another stream of the same "
+                f"PipelineBuilder, keyed: a.key_by(k).{what}(b.key_by(k))"
+            )
+        if len(other.key) != len(self.key):
+            raise PipelineDefinitionError(
+                f"{what}: the streams are keyed by {list(self.key)} and {list(other.key)}; two keyed streams "
+                "combined need as many key columns, of the same types, in the same order"
+            )
+
     def connect(self, other: "KeyedStream") -> "ConnectedKeyedStreams":
         """This keyed stream and ``other``, for a :class:`KeyedCoProcessFunction` (:mod:`barrierflow.operators.co_process`).
 
         Both are keyed by as many columns, of the same types pairwise (the
         names may differ; state is keyed by this stream's names).
         """
-        if not isinstance(other, KeyedStream) or other.builder is not self.builder:
-            raise PipelineDefinitionError(
-                f"connect: {other!r} is not a keyed stream of this pipeline; give another stream of the same "
-                "PipelineBuilder, keyed: a.key_by(k).connect(b.key_by(k))"
-            )
-        if len(other.key) != len(self.key):
-            raise PipelineDefinitionError(
-                f"connect: the streams are keyed by {list(self.key)} and {list(other.key)}; connected keyed streams "
-                "need as many key columns, of the same types, in the same order"
-            )
+        self._check_other("connect", other)
         return ConnectedKeyedStreams(self, other)
+
+
+@dataclass(frozen=True)
+class IntervalJoinedStreams:
+    """Two keyed streams to join on event time: give the interval with :meth:`between`."""
+
+    first: KeyedStream
+    second: KeyedStream
+
+    def between(
+        self,
+        lower: timedelta,
+        upper: timedelta,
+        *,
+        operator_id: str,
+        lower_inclusive: bool = True,
+        upper_inclusive: bool = True,
+        left_late_output: str | None = None,
+        right_late_output: str | None = None,
+    ) -> DataStream:
+        """Pairs ``(l, r)`` of a key with ``l.ts + lower <= r.ts <= l.ts + upper`` (:mod:`barrierflow.operators.interval_join`).
+
+        Each side's event time is the column of the watermark assigner
+        upstream of it. Records older than the watermark go to the side's
+        late output (or are dropped and counted). Output: the key columns,
+        then the left record's other columns, then the right's; a name on
+        both sides becomes ``left_<name>`` / ``right_<name>``.
+        """
+        bounds = IntervalBounds.of(lower, upper, lower_inclusive, upper_inclusive)
+        inputs = (self.first.node, self.second.node)
+        times = tuple(_event_time_column(f"interval join {operator_id!r}", n, i + 1) for i, n in enumerate(inputs))
+        node = IntervalJoin(
+            operator_id=operator_id, parent=self.first.node, key=self.first.key, other=self.second.node,
+            other_key=self.second.key, bounds=bounds, time_columns=(times[0], times[1]),
+            late_outputs=(left_late_output, right_late_output),
+        )
+        return DataStream(self.first.builder, self.first.builder._add(node))
 
 
 @dataclass(frozen=True)
@@ -501,6 +597,7 @@ class PipelineDefinition:
         self.build_fn(builder, params)
         if not any(isinstance(n, SourceNode) for n in builder.nodes):
             raise PipelineDefinitionError(f"pipeline {self.name} declares no source")
+        _check_assigners(builder.nodes)
         parallelism = int(params.get(self.parallelism_param, 2)) if self.parallelism_param else 2
         pipe = Pipeline(self.name, self.key_groups, builder.nodes, params, parallelism, self.state_backend)
         sink_names = [s.sink.name for s in pipe.sinks] + pipe.side_output_names()

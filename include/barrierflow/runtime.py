@@ -21,6 +21,7 @@ from barrierflow.checkpoint import Barrier, CheckpointRecord, Manifest, TableCom
 from barrierflow.delta_commit import schema_json_of
 from barrierflow.errors import CheckpointError, FencedError, PipelineDefinitionError
 from barrierflow.layout import PipelineLayout
+from barrierflow.operators.watermark import combined_watermark
 from barrierflow.pipeline import Node, Pipeline, SourceNode
 from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
 from barrierflow.sources.base import planned_bytes
@@ -117,6 +118,7 @@ class EpochContext:
         self._last_completed: CheckpointRecord | None = None
         self._max_event_time_us: int | None = None
         self._watermark_us: int | None = None
+        self._assigner_watermarks: dict[str, int | None] = {}
         self.staging_prefix = ""
         # Phase times (ms): waiting for epoch n-1 to complete, and for staged writes after computing.
         self.wait_ms = 0
@@ -259,6 +261,21 @@ class EpochContext:
                 self._max_event_time_us = max(max_us, self._max_event_time_us or max_us)
             if self._max_event_time_us is not None:
                 self._watermark_us = self._max_event_time_us - out_of_orderness_us
+
+    def observe_assigner(self, assigner_id: str, max_us: int | None, out_of_orderness_us: int) -> None:
+        """One of several assigners' maximum event time so far (see :mod:`barrierflow.operators.watermark`).
+
+        W(n) is the minimum of the assigners' watermarks once every assigner
+        of the pipeline has reported (event-time operators run after all of them).
+        """
+        self.restore_point()
+        with self._lock:
+            self._assigner_watermarks[assigner_id] = None if max_us is None else max_us - out_of_orderness_us
+            if max_us is not None:
+                self._max_event_time_us = max(max_us, self._max_event_time_us or max_us)
+            complete, watermark = combined_watermark(self._assigner_watermarks, self.pipeline.watermark_assigner_ids())
+            if complete:
+                self._watermark_us = watermark
 
     def emit(self, name: str, df: "DataFrame") -> None:
         """A side output (e.g. late records), committed as an append sink."""

@@ -136,7 +136,7 @@ def test_connect_keys_each_side_by_its_own_columns_and_checks_each_at_its_source
     ("case", "match"),
     [
         ("unkeyed", "is not a keyed stream of this pipeline"),
-        ("arity", r"keyed by \['k'\] and \['k', 'v'\]; connected keyed streams need as many key columns"),
+        ("arity", r"keyed by \['k'\] and \['k', 'v'\]; two keyed streams combined need as many key columns"),
         ("single_function", "a KeyedCoProcessFunction .* is required, got a KeyedProcessFunction"),
         ("co_function_on_one_stream", "a KeyedProcessFunction .* is required, got a Ledger.*connect"),
         ("one_watermark", r"co-process 'ledger': input\(s\) \[2\] have no watermark upstream.*minimum"),

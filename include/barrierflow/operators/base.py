@@ -40,6 +40,9 @@ class Node:
     # Whether the operator passes arrival order on without using it (stateless
     # operators): then whether its input needs ``_seq`` is up to its consumers.
     forwards_arrival_order = False
+    # Whether the operator reads the watermark (windows, joins, timers): then
+    # it must be downstream of every watermark assigner when there are several.
+    uses_watermark = False
 
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame | pa.Table":
         raise NotImplementedError

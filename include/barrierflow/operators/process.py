@@ -194,6 +194,10 @@ class KeyedProcess(Node):
                 "(it implements on_timer): give the state another name"
             )
 
+    @property
+    def uses_watermark(self) -> bool:  # type: ignore[override]
+        return self.function is not None and self.function.uses_timers()
+
     def _spec(self, descriptor: StateDescriptor, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
         types = key_types or {}
         ttl = descriptor.ttl
