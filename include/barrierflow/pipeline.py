@@ -23,7 +23,7 @@ groups with Arrow.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Callable, Mapping
 
@@ -53,6 +53,7 @@ from barrierflow.operators.stateless import (
 from barrierflow.operators.union import Union
 from barrierflow.operators.watermark import WatermarkAssigner
 from barrierflow.operators.window import WindowAssigner, window_node
+from barrierflow.operators.window_join import WindowJoin
 from barrierflow.params import Param, resolve_params
 from barrierflow.sinks.delta_sink import DeltaSink, SinkNode
 from barrierflow.sources.base import Source
@@ -65,6 +66,7 @@ __all__ = [
     "KeyedStream",
     "ConnectedKeyedStreams",
     "IntervalJoinedStreams",
+    "JoinedStreams",
     "Pipeline",
     "pipeline",
     "DEFAULT_KEY_GROUPS",
@@ -155,13 +157,13 @@ def _reaches_unchanged(node: Node, column: str, source: Node) -> bool:
 
 
 def _check_watermarks(what: str, inputs: tuple[Node, ...], advice: str) -> None:
-    """A multi-input operator's watermark is the minimum of its inputs'; with one assigner, that is it only if every input has it."""
+    """A multi-input operator's watermark is the minimum of its inputs'; one without an assigner upstream has none (-infinity)."""
     watermarked = [any(isinstance(n, WatermarkAssigner) for n in _upstream(i)) for i in inputs]
     if any(watermarked) and not all(watermarked):
         missing = [n + 1 for n, has in enumerate(watermarked) if not has]
         raise PipelineDefinitionError(
             f"{what}: input(s) {missing} have no watermark upstream while others do; the watermark of an operator "
-            f"with several inputs is the minimum of its inputs', and a pipeline has one watermark assigner: {advice}"
+            f"with several inputs is the minimum of its inputs', and an input without one has none: {advice}"
         )
 
 
@@ -382,7 +384,7 @@ class DataStream:
         node_id, generated = self.builder.stateless_id("union", operator_id)
         inputs = (self.node, *(o.node for o in others))
         _check_watermarks(
-            f"union {node_id!r}", inputs, "assign the watermark after the union (or upstream of every input)"
+            f"union {node_id!r}", inputs, "assign the watermark after the union, or one upstream of every input"
         )
         return DataStream(
             self.builder, self.builder._add(Union(operator_id=node_id, parent=self.node, others=inputs[1:]), generated)
@@ -415,6 +417,15 @@ class DataStream:
                 out_of_orderness_us=int(out_of_orderness.total_seconds() * 1_000_000),
             )
         )
+
+    def join(self, other: "DataStream") -> "JoinedStreams":
+        """This stream (left) and ``other`` (right), to join per event-time window: ``.where(k).equal_to(k).window(assigner, operator_id=...)``."""
+        if not isinstance(other, DataStream) or other.builder is not self.builder:
+            raise PipelineDefinitionError(
+                f"join: {other!r} is not a stream of this pipeline; give another stream of the same PipelineBuilder "
+                "(not keyed: the join's keys are given by where() and equal_to())"
+            )
+        return JoinedStreams(self, other)
 
     def key_by(self, *columns: str) -> "KeyedStream":
         if not columns:
@@ -506,6 +517,53 @@ class KeyedStream:
 
 
 @dataclass(frozen=True)
+class JoinedStreams:
+    """Two streams to join per window (:mod:`barrierflow.operators.window_join`): ``where``, ``equal_to``, then ``window``."""
+
+    first: DataStream
+    second: DataStream
+    key: tuple[str, ...] = ()
+    other_key: tuple[str, ...] = ()
+
+    def where(self, *columns: str) -> "JoinedStreams":
+        """The left stream's key columns."""
+        return replace(self, key=self.first.key_by(*columns).key)
+
+    def equal_to(self, *columns: str) -> "JoinedStreams":
+        """The right stream's key columns, as many as the left's, of the same types."""
+        return replace(self, other_key=self.second.key_by(*columns).key)
+
+    def window(
+        self,
+        assigner: WindowAssigner,
+        *,
+        operator_id: str,
+        left_late_output: str | None = None,
+        right_late_output: str | None = None,
+    ) -> DataStream:
+        """Pairs of a left and a right record of a key in each window of ``assigner`` (tumbling or sliding), once W passes its end.
+
+        Output: the key columns, ``window_start``, ``window_end``, then the
+        left record's other columns and the right's (``left_``/``right_``
+        prefixes on names on both sides).
+        """
+        if not self.key or not self.other_key:
+            raise PipelineDefinitionError(
+                f"window join {operator_id!r}: give both keys first: a.join(b).where(k).equal_to(k).window(...)"
+            )
+        first, second = self.first.key_by(*self.key), self.second.key_by(*self.other_key)
+        first._check_other("join", second)
+        inputs = (first.node, second.node)
+        times = tuple(_event_time_column(f"window join {operator_id!r}", n, i + 1) for i, n in enumerate(inputs))
+        node = WindowJoin(
+            operator_id=operator_id, parent=first.node, key=first.key, other=second.node, other_key=second.key,
+            assigner=assigner,  # type: ignore[arg-type]  # checked by the node: tumbling or sliding
+            time_columns=(times[0], times[1]), late_outputs=(left_late_output, right_late_output),
+        )
+        return DataStream(first.builder, first.builder._add(node))
+
+
+@dataclass(frozen=True)
 class IntervalJoinedStreams:
     """Two keyed streams to join on event time: give the interval with :meth:`between`."""
 
@@ -553,7 +611,7 @@ class ConnectedKeyedStreams:
         """Run ``function``: ``process_element1`` for the first stream's records, ``process_element2`` for the second's."""
         inputs = (self.first.node, self.second.node)
         _check_watermarks(
-            f"co-process {operator_id!r}", inputs, "assign it upstream of both inputs (e.g. on a union of their sources)"
+            f"co-process {operator_id!r}", inputs, "assign one upstream of each input (with_watermark on each source), or none"
         )
         node = KeyedCoProcess(
             operator_id=operator_id, parent=self.first.node, key=self.first.key, function=function,

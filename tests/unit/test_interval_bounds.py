@@ -10,7 +10,8 @@ import pytest
 
 import barrierflow as bf
 from barrierflow.errors import PipelineDefinitionError
-from barrierflow.operators.interval_join import IntervalBounds, IntervalJoin, output_columns
+from barrierflow.operators.interval_join import IntervalBounds, IntervalJoin
+from barrierflow.operators.join_buffer import output_columns
 from barrierflow.operators.watermark import WatermarkAssigner, combined_watermark
 from barrierflow.pipeline import Pipeline, PipelineBuilder
 
@@ -156,3 +157,77 @@ def test_what_event_time_with_several_inputs_refuses(case: str, match: str) -> N
 
     with pytest.raises(PipelineDefinitionError, match=match):
         _build(body)
+
+
+# -- window joins ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("assigner", "ts", "watermark_prev", "starts"),
+    [
+        (bf.TumblingEventTimeWindows.of(timedelta(seconds=10)), 25, None, [20]),
+        (bf.TumblingEventTimeWindows.of(timedelta(seconds=10)), 25, 30, []),  # its window [20, 30) fired: late
+        (bf.TumblingEventTimeWindows.of(timedelta(seconds=10)), 20, 29, [20]),
+        (bf.SlidingEventTimeWindows.of(timedelta(seconds=10), timedelta(seconds=5)), 27, None, [20, 25]),
+        (bf.SlidingEventTimeWindows.of(timedelta(seconds=10), timedelta(seconds=5)), 27, 30, [25]),  # [20, 30) fired
+        (bf.SlidingEventTimeWindows.of(timedelta(seconds=10), timedelta(seconds=5)), 25, 35, []),
+    ],
+)
+def test_a_record_joins_in_its_windows_that_have_not_fired(assigner: Any, ts: int, watermark_prev: int | None, starts: list[int]) -> None:
+    from barrierflow.operators.window_join import aligned_window_starts
+
+    assert aligned_window_starts(assigner, ts * S, None if watermark_prev is None else watermark_prev * S) == [s * S for s in starts]
+
+
+def test_a_window_join_of_two_watermarked_sources() -> None:
+    from barrierflow.operators.window_join import WindowJoin
+
+    def body(p: PipelineBuilder) -> None:
+        a, b = _sources(p)
+        (a.with_watermark("ts", timedelta(seconds=1))
+          .join(b.with_watermark("at", timedelta(seconds=2)).map(user="k"))
+          .where("k").equal_to("user")
+          .window(bf.SlidingEventTimeWindows.of(timedelta(seconds=10), timedelta(seconds=5)), operator_id="wj",
+                  left_late_output="late_a")
+          .sink_to(bf.DeltaSink.append("out")))  # fmt: skip
+
+    pipe = _build(body)
+    join = next(n for n in pipe.nodes if isinstance(n, WindowJoin))
+    assert (join.key, join.other_key, join.time_columns) == (("k",), ("user",), ("ts", "at"))
+    assert [s.table_name for s in pipe.state_specs()][2:] == ["wj__left", "wj__right"]
+    assert [f.name for f in pipe.state_specs()[2].key_fields] == ["k", "window_start", "record_epoch", "record_index"]
+    a, b = pipe.sources
+    assert pipe.source_keys(a) == {"k": "wj", "ts": "wj"} and pipe.source_keys(b) == {"at": "wj"}  # user is computed
+    assert pipe.side_output_names() == ["late_a"]
+
+
+@pytest.mark.parametrize(
+    ("case", "match"),
+    [
+        ("session", "is not a window assigner a join can use"),
+        ("no_keys", r"give both keys first: a.join\(b\).where\(k\).equal_to\(k\)"),
+        ("arity", r"keyed by \['k'\] and \['k', 'v'\]"),
+        ("keyed", "is not a stream of this pipeline"),
+    ],
+)
+def test_what_a_window_join_refuses(case: str, match: str) -> None:
+    def body(p: PipelineBuilder) -> None:
+        a, b = _sources(p)
+        a, b = a.with_watermark("ts", timedelta(seconds=1)), b.with_watermark("at", timedelta(seconds=1))
+        tumbling = bf.TumblingEventTimeWindows.of(timedelta(seconds=10))
+        if case == "session":
+            a.join(b).where("k").equal_to("k").window(bf.EventTimeSessionWindows.with_gap(timedelta(seconds=5)), operator_id="wj")
+        elif case == "no_keys":
+            a.join(b).where("k").window(tumbling, operator_id="wj")
+        elif case == "arity":
+            a.join(b).where("k").equal_to("k", "v").window(tumbling, operator_id="wj")
+        else:
+            a.join(b.key_by("k")).where("k").equal_to("k").window(tumbling, operator_id="wj")  # type: ignore[arg-type]
+
+    with pytest.raises(PipelineDefinitionError, match=match):
+        _build(body)
+
+
+def test_window_join_output_columns_leave_the_window_columns_to_the_join() -> None:
+    with pytest.raises(PipelineDefinitionError, match=r"\['window_end'\] would appear twice"):
+        output_columns(("k",), ["k", "window_end"], ["k", "v"], ("k",), reserved=["window_start", "window_end"])

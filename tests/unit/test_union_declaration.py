@@ -94,6 +94,13 @@ def test_the_watermark_is_upstream_of_every_input_or_of_none() -> None:
 
     _build(shared)  # both inputs have the one watermark: the minimum is it
 
+    def each(p: PipelineBuilder) -> None:
+        a = _source(p, "a").with_watermark("ts", timedelta(seconds=5))
+        b = _source(p, "b").with_watermark("ts", timedelta(seconds=1), operator_id="watermark_b")
+        a.union(b).key_by("k").window("w", bf.TumblingEventTimeWindows.of(timedelta(minutes=1)), n=bf.Count())
+
+    _build(each)  # an assigner per input: the union's watermark is the minimum of theirs
+
 
 @pytest.mark.parametrize(
     ("others", "match"),

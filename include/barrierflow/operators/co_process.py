@@ -24,9 +24,10 @@ and per-key loop (``_run_key_group``). Within epoch n:
 4. Then the key's due timers fire, ``on_timer`` as in
    :mod:`barrierflow.operators.timers` (2.-4.): event time up to W(n), then
    processing time up to P(n); the timers left are the key's timer state.
-5. Watermark: the minimum of the inputs' watermarks. A pipeline has one
-   watermark assigner, so the declaration requires both inputs or neither to
-   be downstream of it; the minimum is then that watermark.
+5. Watermark: the minimum of the inputs' watermarks, as for a union
+   (:mod:`barrierflow.operators.union` (4.)): both inputs or neither have a
+   watermark assigner upstream; with several assigners a function with
+   timers must be downstream of all of them.
 6. Exactly-once: state and timers are the operator's Delta state tables,
    staged with the epoch, kept by savepoints and redistributed by key group
    on rescale, as for every keyed process function.

@@ -41,7 +41,6 @@ with W(n-1) the watermark at its start and W(n) the one at its end:
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Sequence
@@ -49,19 +48,16 @@ from typing import TYPE_CHECKING, Any, Sequence
 import pyarrow as pa
 
 from barrierflow.errors import PipelineDefinitionError
-from barrierflow.operators.base import Node, key_group_column, user_columns
-from barrierflow.state.spec import KEY_GROUP, StateSpec
+from barrierflow.operators.base import Node
+from barrierflow.operators.join_buffer import SIDES, buffer_spec, check_key_types, fresh_records, joined_rows, record_schemas
+from barrierflow.state.spec import StateSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["IntervalBounds", "IntervalJoin", "output_columns", "SIDES"]
+__all__ = ["IntervalBounds", "IntervalJoin"]
 
-_log = logging.getLogger(__name__)
 _ONE_US = timedelta(microseconds=1)
-SIDES = ("left", "right")
-# JSON of a record kept in state: timestamps to the microsecond (Spark's default format drops digits).
-_JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX", "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"}
 
 
 @dataclass(frozen=True)
@@ -106,24 +102,6 @@ class IntervalBounds:
         return ts_us - self.low if self.low < 0 else ts_us
 
 
-def output_columns(key: Sequence[str], left: Sequence[str], right: Sequence[str], right_key: Sequence[str]) -> list[tuple[str, str, str]]:
-    """(6.) The output's columns as (side, column of that side's record, output name); key columns from the left."""
-    left_rest = [c for c in left if c not in key]
-    right_rest = [c for c in right if c not in right_key]
-    both = set(left_rest) & set(right_rest)
-    columns = [("left", k, k) for k in key]
-    columns += [("left", c, f"left_{c}" if c in both else c) for c in left_rest]
-    columns += [("right", c, f"right_{c}" if c in both else c) for c in right_rest]
-    names = [name for *_, name in columns]
-    clashes = sorted({n for n in names if names.count(n) > 1})
-    if clashes:
-        raise PipelineDefinitionError(
-            f"interval join: output columns {clashes} would appear twice (a column named like a prefixed one, or "
-            "like a key); rename them upstream with select or map"
-        )
-    return columns
-
-
 @dataclass
 class IntervalJoin(Node):
     """Joins ``parent`` keyed by ``key`` (left) with ``other`` keyed by ``other_key`` (right) within ``bounds``."""
@@ -150,81 +128,39 @@ class IntervalJoin(Node):
         return [name for name in self.late_outputs if name]
 
     def _spec(self, side: str, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
-        types = key_types or {}
-        return StateSpec(
-            operator_id=self.operator_id,
-            name=side,
-            key_fields=(
-                *(pa.field(k, types.get(k, pa.string())) for k in self.key),
-                pa.field("record_epoch", pa.int64()),
-                pa.field("record_index", pa.int64()),
-            ),
-            value_fields=(pa.field("event_time_us", pa.int64()), pa.field("record", pa.string())),
-        )
+        return buffer_spec(self.operator_id, side, self.key, key_types=key_types)
 
     def state_specs(self) -> list[StateSpec]:
         return [self._spec(side) for side in SIDES]
 
     def apply_inputs(self, ctx: Any, frames: Sequence["DataFrame"]) -> "DataFrame":
-        from pyspark.sql import Window
         from pyspark.sql import functions as F
-        from pyspark.sql.types import StructType
 
+        what = f"interval join {self.operator_id!r}"
         keys = (self.key, self.other_key)
-        types = [ctx.arrow_types(df, (*key, time)) for df, key, time in zip(frames, keys, self.time_columns)]
-        differ = [f"{a} is {types[0][a]} but {b} is {types[1][b]}" for a, b in zip(*keys) if types[0][a] != types[1][b]]
-        if differ:
-            raise PipelineDefinitionError(
-                f"interval join {self.operator_id!r}: the key columns of the two inputs differ in type ({'; '.join(differ)})"
-            )
-        specs = [self._spec(side, types[0]) for side in SIDES]
+        key_types = check_key_types(ctx, what, frames, keys, self.time_columns)
+        specs = [self._spec(side, key_types) for side in SIDES]
         wp, wn = ctx.watermark_prev_us, ctx.watermark_us
-        low, high = self.bounds.low, self.bounds.high
-        schemas = [StructType([f for f in df.schema.fields if not f.name.startswith("_")]) for df in frames]
         candidates = []
-        for index, (df, key, time, spec) in enumerate(zip(frames, keys, self.time_columns, specs)):
-            users = user_columns(df)
-            ts = F.unix_micros(F.col(time))
-            # (2.)
-            late = ts.isNull() if wp is None else (ts.isNull() | (ts < F.lit(wp)))
-            marked = ctx.persist(df.withColumn("_late", late))
-            self._late(ctx, marked, users, index)
-            fresh = marked.where(~F.col("_late")).select(
-                *[F.col(theirs).alias(ours) for ours, theirs in zip(self.key, key)],
-                ts.alias("event_time_us"),
-                F.to_json(F.struct(*[F.col(c) for c in users]), _JSON_OPTIONS).alias("record"),
-            )
-            fresh = fresh.select(
-                "*",
-                key_group_column(self.key, ctx.key_groups).alias(KEY_GROUP),
-                F.lit(ctx.epoch).cast("long").alias("record_epoch"),
-                # Unique within the key and epoch; identical records are interchangeable, so ranking by content is deterministic.
-                F.row_number().over(Window.partitionBy(*self.key).orderBy("event_time_us", "record")).cast("long").alias("record_index"),
-                F.lit(True).alias("_new"),
-            )
+        for index, (df, spec) in enumerate(zip(frames, specs)):
+            ts = F.col("_ts")
+            late = ts.isNull() if wp is None else (ts.isNull() | (ts < F.lit(wp)))  # (2.)
+            fresh = fresh_records(
+                ctx, what, df, self.key, keys[index], self.time_columns[index], late, self.late_outputs[index], SIDES[index]
+            ).drop("_ts")
             # Every key group: a record leaves state when the watermark passes it, whether or not its key has records (4.).
             stored = ctx.state.read(spec).select(*fresh.columns[:-1], F.lit(False).alias("_new"))
             candidates.append(ctx.persist(fresh.unionByName(stored)))
 
         # (3.) pairs with at least one record of this epoch
         left, right = (c.alias(side) for c, side in zip(candidates, SIDES))
+        gap = F.col("right.event_time_us") - F.col("left.event_time_us")
         condition = [F.col(f"left.{k}") == F.col(f"right.{k}") for k in self.key] + [
-            F.col("right.event_time_us") - F.col("left.event_time_us") >= F.lit(low),
-            F.col("right.event_time_us") - F.col("left.event_time_us") <= F.lit(high),
+            gap >= F.lit(self.bounds.low),
+            gap <= F.lit(self.bounds.high),
             F.col("left._new") | F.col("right._new"),
         ]
-        pairs = left.join(right, on=condition, how="inner")
-        parsed = pairs.select(
-            *[F.col(f"left.{k}").alias(k) for k in self.key],
-            F.from_json(F.col("left.record"), schemas[0], _JSON_OPTIONS).alias("_l"),
-            F.from_json(F.col("right.record"), schemas[1], _JSON_OPTIONS).alias("_r"),
-        )
-        names = [[f.name for f in s.fields] for s in schemas]
-        columns = output_columns(self.key, names[0], names[1], self.other_key)
-        out = parsed.select(
-            *[F.col(k) for k in self.key],
-            *[F.col(f"{'_l' if side == 'left' else '_r'}.{c}").alias(name) for side, c, name in columns[len(self.key):]],
-        )
+        out = joined_rows(left.join(right, on=condition, how="inner"), self.key, (), record_schemas(frames), self.other_key)  # (6.)
 
         # (4.) state after the epoch: new records still joinable at W(n) added, stored ones no longer joinable deleted
         for index, (candidate, spec) in enumerate(zip(candidates, specs)):
@@ -241,19 +177,6 @@ class IntervalJoin(Node):
         if index == 0:
             return ts + F.lit(high) if high > 0 else ts
         return ts - F.lit(low) if low < 0 else ts
-
-    def _late(self, ctx: Any, marked: "DataFrame", users: list[str], index: int) -> None:
-        """(2.) Late records to the side's late output, or dropped and counted."""
-        name = self.late_outputs[index]
-        if name:  # emitted every epoch, empty or not: the side output's table exists from the first
-            ctx.emit(name, marked.where("_late").select(*users))
-            return
-        dropped = marked.where("_late").count()  # a job on the cached rows; the drop is never silent
-        if dropped:
-            _log.warning(
-                "epoch %d: interval join %s dropped %d late %s record(s) (no late output declared)",
-                ctx.epoch, self.operator_id, dropped, SIDES[index],
-            )
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -23,10 +23,12 @@ epoch holds, their order, and the watermark:
    orders by input. When no consumer needs arrival order some inputs may
    carry no position (unordered reads); the output then carries none.
 4. Watermark. A multi-input operator's watermark is the minimum of its
-   inputs'. A pipeline has one watermark assigner, so the declaration
-   requires that every input or none is downstream of it: the minimum is then
-   that one watermark (or there is none). An assigner after the union
-   watermarks the union's records, as in Flink.
+   inputs'; an input without an assigner upstream has none (-infinity), so
+   the declaration requires that every input or none has an assigner
+   upstream. The pipeline's watermark is the minimum over its assigners
+   (:mod:`barrierflow.operators.watermark`), which event-time operators
+   downstream of all of them see. An assigner after the union watermarks
+   the union's records, as in Flink.
 5. Keys. Every column passes through unchanged from each input, so a key
    taken by a keyed operator downstream is checked (null or empty: a dead
    letter) at every source upstream of the union.
