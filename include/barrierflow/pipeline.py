@@ -18,6 +18,13 @@ batches on the executors (:mod:`barrierflow.operators.stateless`);
 :meth:`KeyedStream.process` runs a
 :class:`~barrierflow.operators.process.KeyedProcessFunction` over whole key
 groups with Arrow.
+
+Operators with several inputs: :meth:`DataStream.union`,
+:meth:`KeyedStream.connect` (a
+:class:`~barrierflow.operators.co_process.KeyedCoProcessFunction`),
+:meth:`KeyedStream.interval_join` and :meth:`DataStream.join` (window joins).
+Each runs in epoch n once every input's epoch-n output is computed, and its
+watermark is the minimum of its inputs'.
 """
 
 from __future__ import annotations
@@ -369,9 +376,9 @@ class DataStream:
 
         Epoch n holds every input's records up to barrier n; a record keeps
         its arrival position, refined by its input's index in the union.
-        Every input or none must be downstream of the watermark assigner
-        (the union's watermark is the minimum of its inputs'); assign it
-        after the union to watermark the union's records.
+        Every input or none must have a watermark assigner upstream (the
+        union's watermark is the minimum of its inputs'); assign one after
+        the union to watermark the union's records.
         """
         if not others:
             raise PipelineDefinitionError("union needs at least one other stream: a.union(b) or a.union(b, c)")

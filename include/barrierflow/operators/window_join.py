@@ -129,9 +129,10 @@ class WindowJoin(Node):
             fresh = fresh.withColumn("_start_us", F.explode(starts)).withColumn(
                 "window_start", F.timestamp_micros(F.col("_start_us"))
             ).select(*columns, "_new")
-            stored = ctx.state.read(spec).select(*columns, F.lit(False).alias("_new"))
             window_end = F.unix_micros(F.col("window_start")) + F.lit(size)
             fires = F.lit(False) if wn is None else window_end <= F.lit(wn)  # (4.)
+            # Stored records matter only in windows that fire: the others stay as they are.
+            stored = ctx.state.read(spec).where(fires).select(*columns, F.lit(False).alias("_new"))
             candidates.append(ctx.persist(fresh.unionByName(stored).withColumn("_fires", fires)))
 
         # (4.) pairs of every firing window
