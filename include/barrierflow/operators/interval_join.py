@@ -9,10 +9,11 @@ time is the column of the watermark assigner upstream of it. Within epoch n,
 with W(n-1) the watermark at its start and W(n) the one at its end:
 
 1. Alignment: both inputs' records up to barrier n are joined in epoch n.
-2. Late records: a record whose event time is before W(n-1) (or null) can
-   no longer join, as Flink drops an element older than the watermark: it
-   goes to the side's late output if declared, else it is dropped and
-   counted in the log.
+2. Late records: a record whose event time is before W(n-1) can no longer
+   join, as Flink drops an element older than the watermark: it goes to the
+   side's late output if declared, else it is dropped and counted in the
+   log. So does a record with a null key or event time that reaches the
+   join (JSON Lines sources make it a dead letter before).
 3. Join: every other record of the epoch is paired with the other side's
    records of this epoch and with those kept in state; each pair is emitted
    once, in the epoch in which the later of its two records arrives. Which

@@ -84,7 +84,9 @@ def fresh_records(
     """The epoch's records of one side that are not late, in the buffer's form (plus ``_new`` = true).
 
     ``late`` (a condition on the record, ``_ts`` its event time in
-    microseconds) sends records to ``late_output``, or drops and counts them.
+    microseconds) sends records to ``late_output``, or drops and counts them;
+    so does a null key, which no record joins (sources that can tell make it
+    a dead letter first).
     The result has the key columns (named ``key``), ``_ts``, ``event_time_us``
     (= ``_ts``), ``record``, the key group, ``record_epoch`` and ``record_index``.
     """
@@ -92,7 +94,10 @@ def fresh_records(
     from pyspark.sql import functions as F
 
     users = user_columns(df)
-    marked = ctx.persist(df.withColumn("_ts", F.unix_micros(F.col(time))).withColumn("_late", late))
+    null_key = F.lit(False)
+    for column in theirs:
+        null_key = null_key | F.col(column).isNull()
+    marked = ctx.persist(df.withColumn("_ts", F.unix_micros(F.col(time))).withColumn("_late", late | null_key))
     if late_output:  # emitted every epoch, empty or not: the side output's table exists from the first
         ctx.emit(late_output, marked.where("_late").select(*users))
     else:

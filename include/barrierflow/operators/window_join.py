@@ -14,9 +14,10 @@ the watermark at its start and W(n) the one at its end:
    lateness (:mod:`barrierflow.operators.window` steps 1-2): a record
    belongs to every window holding its event time; a window is late when
    its end is at or before W(n-1) (it fired already). A record whose
-   windows are all late (or whose event time is null) goes to its side's
-   late output, or is dropped and counted in the log; the others join in
-   their windows that are not late.
+   windows are all late (or whose key or event time is null: JSON Lines
+   sources make it a dead letter before) goes to its side's late output, or
+   is dropped and counted in the log; the others join in their windows that
+   are not late.
 3. Buffering: each side's records wait, per key and window, in the state
    tables ``<operator_id>__left`` / ``__right`` (key columns,
    ``window_start``, ``record_epoch``, ``record_index``, ``event_time_us``,
