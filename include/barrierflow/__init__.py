@@ -30,6 +30,9 @@ _EXPORTS: dict[str, str] = {
     "PipelineDefinition": "barrierflow.pipeline",
     "DataStream": "barrierflow.pipeline",
     "KeyedStream": "barrierflow.pipeline",
+    "ConnectedKeyedStreams": "barrierflow.pipeline",
+    "IntervalJoinedStreams": "barrierflow.pipeline",
+    "JoinedStreams": "barrierflow.pipeline",
     "Param": "barrierflow.params",
     # sources and sinks
     "FileSource": "barrierflow.sources.file_source",
@@ -53,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     # process functions and keyed state
     "KeyedProcessFunction": "barrierflow.operators.process",
     "KeyedContext": "barrierflow.operators.process",
+    "KeyedCoProcessFunction": "barrierflow.operators.co_process",
     "TimeDomain": "barrierflow.operators.timers",
     "TimerService": "barrierflow.operators.timers",
     "ValueStateDescriptor": "barrierflow.state.descriptors",
@@ -97,10 +101,11 @@ _EXPORTS: dict[str, str] = {
 # Literal, for linters and type checkers; a unit test checks it against _EXPORTS.
 __all__ = [
     "AggregateFunction", "AggregatingState", "AggregatingStateDescriptor", "Aggregation", "Avg", "BarrierflowError",
-    "BlockedInputError", "CheckpointError", "CommitConflictError", "ConfigurationError", "Count", "DataStream",
+    "BlockedInputError", "CheckpointError", "CommitConflictError", "ConfigurationError", "ConnectedKeyedStreams", "Count",
+    "DataStream",
     "DeadLetterReason", "DeltaSink", "DeltaSource", "EngineUnavailableError", "EpochInProgressError",
     "EventTimeSessionWindows", "FencedError",
-    "FileSource", "IncompatibleSavepointError", "KeyedContext", "KeyedProcessFunction", "KeyedStream", "LateFiles",
+    "FileSource", "IncompatibleSavepointError", "IntervalJoinedStreams", "JoinedStreams", "KeyedCoProcessFunction", "KeyedContext", "KeyedProcessFunction", "KeyedStream", "LateFiles",
     "LeaseLostError", "LineParser", "ListState", "ListStateDescriptor", "MapState", "MapStateDescriptor", "Max",
     "Min", "Param", "ParameterError", "Percentile", "Pipeline", "PipelineBuilder", "PipelineDefinition",
     "PipelineDefinitionError", "PipelineStoppedError", "QueryError", "RecordError", "ReducingState",
@@ -134,11 +139,22 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
         UserFunctionError,
     )
     from barrierflow.operators.aggregate import Aggregation, Avg, Count, Max, Min, Percentile, Sum
+    from barrierflow.operators.co_process import KeyedCoProcessFunction
     from barrierflow.operators.process import KeyedContext, KeyedProcessFunction
     from barrierflow.operators.timers import TimeDomain, TimerService
     from barrierflow.operators.window import EventTimeSessionWindows, SlidingEventTimeWindows, TumblingEventTimeWindows
     from barrierflow.params import Param
-    from barrierflow.pipeline import DataStream, KeyedStream, Pipeline, PipelineBuilder, PipelineDefinition, pipeline
+    from barrierflow.pipeline import (
+        ConnectedKeyedStreams,
+        DataStream,
+        IntervalJoinedStreams,
+        JoinedStreams,
+        KeyedStream,
+        Pipeline,
+        PipelineBuilder,
+        PipelineDefinition,
+        pipeline,
+    )
     from barrierflow.query import run_query
     from barrierflow.schema_evolution import field_with_default
     from barrierflow.sinks.delta_sink import DeltaSink

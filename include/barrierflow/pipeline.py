@@ -18,12 +18,19 @@ batches on the executors (:mod:`barrierflow.operators.stateless`);
 :meth:`KeyedStream.process` runs a
 :class:`~barrierflow.operators.process.KeyedProcessFunction` over whole key
 groups with Arrow.
+
+Operators with several inputs: :meth:`DataStream.union`,
+:meth:`KeyedStream.connect` (a
+:class:`~barrierflow.operators.co_process.KeyedCoProcessFunction`),
+:meth:`KeyedStream.interval_join` and :meth:`DataStream.join` (window joins).
+Each runs in epoch n once every input's epoch-n output is computed, and its
+watermark is the minimum of its inputs'.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Callable, Mapping
 
@@ -32,7 +39,9 @@ import pyarrow as pa
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.aggregate import Aggregation, RunningAggregate, named_aggregations
 from barrierflow.operators.base import Node
+from barrierflow.operators.co_process import KeyedCoProcess, KeyedCoProcessFunction
 from barrierflow.operators.dedup import Deduplicate
+from barrierflow.operators.interval_join import IntervalBounds, IntervalJoin
 from barrierflow.operators.process import KeyedProcess, KeyedProcessFunction
 from barrierflow.operators.stateless import (
     BatchFunction,
@@ -48,8 +57,10 @@ from barrierflow.operators.stateless import (
     check_function,
     is_column,
 )
+from barrierflow.operators.union import Union
 from barrierflow.operators.watermark import WatermarkAssigner
 from barrierflow.operators.window import WindowAssigner, window_node
+from barrierflow.operators.window_join import WindowJoin
 from barrierflow.params import Param, resolve_params
 from barrierflow.sinks.delta_sink import DeltaSink, SinkNode
 from barrierflow.sources.base import Source
@@ -60,6 +71,9 @@ __all__ = [
     "PipelineBuilder",
     "DataStream",
     "KeyedStream",
+    "ConnectedKeyedStreams",
+    "IntervalJoinedStreams",
+    "JoinedStreams",
     "Pipeline",
     "pipeline",
     "DEFAULT_KEY_GROUPS",
@@ -104,22 +118,17 @@ class Pipeline:
     def source_keys(self, source: SourceNode) -> dict[str, str]:
         """The key columns keyed operators take straight from ``source``'s records, each with the first such operator.
 
-        A key passes unchanged through watermarks, deduplication and
+        A key passes unchanged through watermarks, deduplication, unions and
         stateless operators that do not compute it (``Node.passes_through``)
-        to the operator keyed by it; keys of later operators come from the
+        to the operator keyed by it (through a union, from each input); keys of later operators come from the
         outputs of earlier keyed ones, whose own keys were checked at the source.
         """
         keys: dict[str, str] = {}
         for node in self.nodes:
-            key = getattr(node, "key", ())
-            if not key:
-                continue
-            for column in key:
-                upstream = node.parent
-                while upstream is not None and upstream is not source and upstream.passes_through(column):
-                    upstream = upstream.parent
-                if upstream is source:
-                    keys.setdefault(column, node.operator_id)
+            for upstream, key in node.keyed_inputs():
+                for column in key:
+                    if _reaches_unchanged(upstream, column, source):
+                        keys.setdefault(column, node.operator_id)
         return keys
 
     def needs_arrival_order(self, node: Node) -> bool:
@@ -129,13 +138,88 @@ class Pipeline:
         return node.needs_arrival_order
 
     def children(self, node: Node) -> list[Node]:
-        return [n for n in self.nodes if n.parent is node]
+        """The nodes consuming ``node``'s output, once each (a union of a stream with itself consumes it twice)."""
+        return [n for n in self.nodes if any(i is node for i in n.inputs())]
+
+    def watermark_assigner_ids(self) -> set[str]:
+        return {n.operator_id for n in self.nodes if isinstance(n, WatermarkAssigner)}
 
     def side_output_names(self) -> list[str]:
         return [name for n in self.nodes for name in n.side_outputs()]
 
     def operator_ids(self) -> list[str]:
         return [n.operator_id for n in self.nodes]
+
+
+def _reaches_unchanged(node: Node, column: str, source: Node) -> bool:
+    """Whether ``column`` of ``source``'s records is ``node``'s output column, unchanged on some path (``Node.passes_through``)."""
+    upstream = [node]
+    while upstream:
+        current = upstream.pop()
+        if current is source:
+            return True
+        if current.passes_through(column):
+            upstream.extend(current.inputs())
+    return False
+
+
+def _check_watermarks(what: str, inputs: tuple[Node, ...], advice: str) -> None:
+    """A multi-input operator's watermark is the minimum of its inputs'; one without an assigner upstream has none (-infinity)."""
+    watermarked = [any(isinstance(n, WatermarkAssigner) for n in _upstream(i)) for i in inputs]
+    if any(watermarked) and not all(watermarked):
+        missing = [n + 1 for n, has in enumerate(watermarked) if not has]
+        raise PipelineDefinitionError(
+            f"{what}: input(s) {missing} have no watermark upstream while others do; the watermark of an operator "
+            f"with several inputs is the minimum of its inputs', and an input without one has none: {advice}"
+        )
+
+
+def _check_assigners(nodes: list[Node]) -> None:
+    """With several watermark assigners, each keeps its maximum in state, and every event-time operator is downstream of all.
+
+    The pipeline's watermark is the minimum over its assigners
+    (:mod:`barrierflow.operators.watermark`); it is an operator's own, the
+    minimum over its inputs, only if all of them are upstream of it.
+    """
+    assigners = [n for n in nodes if isinstance(n, WatermarkAssigner)]
+    if len(assigners) < 2:
+        return
+    for assigner in assigners:
+        assigner.tracked = True
+    for node in nodes:
+        if node.uses_watermark:
+            upstream = _upstream(node)
+            missing = [a.operator_id for a in assigners if not any(a is n for n in upstream)]
+            if missing:
+                raise PipelineDefinitionError(
+                    f"{node.operator_id!r} uses event time but watermark assigner(s) {missing} are not upstream of it; "
+                    "a pipeline's watermark is the minimum of its assigners', so with several assigners every "
+                    "event-time operator (window, join, process function with timers) must be downstream of all of them"
+                )
+
+
+def _event_time_column(what: str, node: Node, number: int) -> str:
+    """The event-time column of ``node``'s records: that of the watermark assigner upstream of it."""
+    columns = sorted({n.column for n in _upstream(node) if isinstance(n, WatermarkAssigner)})
+    if len(columns) != 1:
+        raise PipelineDefinitionError(
+            f"{what}: input {number} has {'no watermark assigner' if not columns else f'assigners of columns {columns}'} "
+            "upstream; each input of an event-time join needs exactly one event-time column: "
+            "with_watermark(column, out_of_orderness) on it (e.g. after its source)"
+        )
+    return columns[0]
+
+
+def _upstream(node: Node) -> list[Node]:
+    """``node`` and every node it depends on."""
+    seen: list[Node] = []
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if not any(current is n for n in seen):
+            seen.append(current)
+            pending.extend(current.inputs())
+    return seen
 
 
 class PipelineBuilder:
@@ -287,23 +371,68 @@ class DataStream:
             "flat_map", operator_id, lambda i: FlatMapColumn(operator_id=i, parent=self.node, name=name, expression=value)
         )
 
+    def union(self, *others: "DataStream", operator_id: str | None = None) -> "DataStream":
+        """The records of this stream and of ``others``, which must have the same columns and types (:mod:`barrierflow.operators.union`).
+
+        Epoch n holds every input's records up to barrier n; a record keeps
+        its arrival position, refined by its input's index in the union.
+        Every input or none must have a watermark assigner upstream (the
+        union's watermark is the minimum of its inputs'); assign one after
+        the union to watermark the union's records.
+        """
+        if not others:
+            raise PipelineDefinitionError("union needs at least one other stream: a.union(b) or a.union(b, c)")
+        for other in others:
+            if not isinstance(other, DataStream) or other.builder is not self.builder:
+                raise PipelineDefinitionError(
+                    f"union: {other!r} is not a stream of this pipeline; give streams made by the same PipelineBuilder "
+                    "(a KeyedStream is not a stream to union: union first, then key_by)"
+                )
+        node_id, generated = self.builder.stateless_id("union", operator_id)
+        inputs = (self.node, *(o.node for o in others))
+        _check_watermarks(
+            f"union {node_id!r}", inputs, "assign the watermark after the union, or one upstream of every input"
+        )
+        return DataStream(
+            self.builder, self.builder._add(Union(operator_id=node_id, parent=self.node, others=inputs[1:]), generated)
+        )
+
     def deduplicate(self, operator_id: str, key: str | tuple[str, ...], ttl: timedelta | None = None) -> "DataStream":
         """Drop records whose key was seen before (in this or an earlier epoch)."""
         keys = (key,) if isinstance(key, str) else tuple(key)
         return self._then(Deduplicate(operator_id=operator_id, parent=self.node, key=keys, ttl=ttl))
 
-    def with_watermark(self, column: str, out_of_orderness: timedelta) -> "DataStream":
-        """W(n) = max(column) seen up to epoch n minus ``out_of_orderness``."""
-        if any(isinstance(n, WatermarkAssigner) for n in self.builder.nodes):
-            raise PipelineDefinitionError("a pipeline has at most one watermark assigner in this release")
+    def with_watermark(self, column: str, out_of_orderness: timedelta, *, operator_id: str | None = None) -> "DataStream":
+        """W = max(column) seen up to epoch n minus ``out_of_orderness`` (:mod:`barrierflow.operators.watermark`).
+
+        A pipeline may have several assigners (one per source of a join): its
+        watermark is then the minimum of theirs, each keeps its maximum in
+        state under its operator id (``watermark_<column>`` by default), and
+        every event-time operator must be downstream of all of them.
+        """
+        node_id = operator_id or f"watermark_{column}"
+        if any(isinstance(n, WatermarkAssigner) and n.column == column for n in self.builder.nodes) and operator_id is None:
+            raise PipelineDefinitionError(
+                f"with_watermark({column!r}): a watermark assigner of column {column!r} exists; give this one an "
+                "operator_id (its state, the largest event time seen, is named by it)"
+            )
         return self._then(
             WatermarkAssigner(
-                operator_id=f"watermark_{column}",
+                operator_id=node_id,
                 parent=self.node,
                 column=column,
                 out_of_orderness_us=int(out_of_orderness.total_seconds() * 1_000_000),
             )
         )
+
+    def join(self, other: "DataStream") -> "JoinedStreams":
+        """This stream (left) and ``other`` (right), to join per event-time window: ``.where(k).equal_to(k).window(assigner, operator_id=...)``."""
+        if not isinstance(other, DataStream) or other.builder is not self.builder:
+            raise PipelineDefinitionError(
+                f"join: {other!r} is not a stream of this pipeline; give another stream of the same PipelineBuilder "
+                "(not keyed: the join's keys are given by where() and equal_to())"
+            )
+        return JoinedStreams(self, other)
 
     def key_by(self, *columns: str) -> "KeyedStream":
         if not columns:
@@ -367,6 +496,136 @@ class KeyedStream:
         """Run a keyed process function with per-key state over whole key groups."""
         return self._then(KeyedProcess(operator_id=operator_id, parent=self.node, key=self.key, function=function))
 
+    def interval_join(self, other: "KeyedStream") -> "IntervalJoinedStreams":
+        """This keyed stream (left) and ``other`` (right), to join on event time within an interval: ``.between(lower, upper, ...)``."""
+        self._check_other("interval_join", other)
+        return IntervalJoinedStreams(self, other)
+
+    def _check_other(self, what: str, other: "KeyedStream") -> None:
+        if not isinstance(other, KeyedStream) or other.builder is not self.builder:
+            raise PipelineDefinitionError(
+                f"{what}: {other!r} is not a keyed stream of this pipeline; give another stream of the same "
+                f"PipelineBuilder, keyed: a.key_by(k).{what}(b.key_by(k))"
+            )
+        if len(other.key) != len(self.key):
+            raise PipelineDefinitionError(
+                f"{what}: the streams are keyed by {list(self.key)} and {list(other.key)}; two keyed streams "
+                "combined need as many key columns, of the same types, in the same order"
+            )
+
+    def connect(self, other: "KeyedStream") -> "ConnectedKeyedStreams":
+        """This keyed stream and ``other``, for a :class:`KeyedCoProcessFunction` (:mod:`barrierflow.operators.co_process`).
+
+        Both are keyed by as many columns, of the same types pairwise (the
+        names may differ; state is keyed by this stream's names).
+        """
+        self._check_other("connect", other)
+        return ConnectedKeyedStreams(self, other)
+
+
+@dataclass(frozen=True)
+class JoinedStreams:
+    """Two streams to join per window (:mod:`barrierflow.operators.window_join`): ``where``, ``equal_to``, then ``window``."""
+
+    first: DataStream
+    second: DataStream
+    key: tuple[str, ...] = ()
+    other_key: tuple[str, ...] = ()
+
+    def where(self, *columns: str) -> "JoinedStreams":
+        """The left stream's key columns."""
+        return replace(self, key=self.first.key_by(*columns).key)
+
+    def equal_to(self, *columns: str) -> "JoinedStreams":
+        """The right stream's key columns, as many as the left's, of the same types."""
+        return replace(self, other_key=self.second.key_by(*columns).key)
+
+    def window(
+        self,
+        assigner: WindowAssigner,
+        *,
+        operator_id: str,
+        left_late_output: str | None = None,
+        right_late_output: str | None = None,
+    ) -> DataStream:
+        """Pairs of a left and a right record of a key in each window of ``assigner`` (tumbling or sliding), once W passes its end.
+
+        Output: the key columns, ``window_start``, ``window_end``, then the
+        left record's other columns and the right's (``left_``/``right_``
+        prefixes on names on both sides).
+        """
+        if not self.key or not self.other_key:
+            raise PipelineDefinitionError(
+                f"window join {operator_id!r}: give both keys first: a.join(b).where(k).equal_to(k).window(...)"
+            )
+        first, second = self.first.key_by(*self.key), self.second.key_by(*self.other_key)
+        first._check_other("join", second)
+        inputs = (first.node, second.node)
+        times = tuple(_event_time_column(f"window join {operator_id!r}", n, i + 1) for i, n in enumerate(inputs))
+        node = WindowJoin(
+            operator_id=operator_id, parent=first.node, key=first.key, other=second.node, other_key=second.key,
+            assigner=assigner,  # type: ignore[arg-type]  # checked by the node: tumbling or sliding
+            time_columns=(times[0], times[1]), late_outputs=(left_late_output, right_late_output),
+        )
+        return DataStream(first.builder, first.builder._add(node))
+
+
+@dataclass(frozen=True)
+class IntervalJoinedStreams:
+    """Two keyed streams to join on event time: give the interval with :meth:`between`."""
+
+    first: KeyedStream
+    second: KeyedStream
+
+    def between(
+        self,
+        lower: timedelta,
+        upper: timedelta,
+        *,
+        operator_id: str,
+        lower_inclusive: bool = True,
+        upper_inclusive: bool = True,
+        left_late_output: str | None = None,
+        right_late_output: str | None = None,
+    ) -> DataStream:
+        """Pairs ``(l, r)`` of a key with ``l.ts + lower <= r.ts <= l.ts + upper`` (:mod:`barrierflow.operators.interval_join`).
+
+        Each side's event time is the column of the watermark assigner
+        upstream of it. Records older than the watermark go to the side's
+        late output (or are dropped and counted). Output: the key columns,
+        then the left record's other columns, then the right's; a name on
+        both sides becomes ``left_<name>`` / ``right_<name>``.
+        """
+        bounds = IntervalBounds.of(lower, upper, lower_inclusive, upper_inclusive)
+        inputs = (self.first.node, self.second.node)
+        times = tuple(_event_time_column(f"interval join {operator_id!r}", n, i + 1) for i, n in enumerate(inputs))
+        node = IntervalJoin(
+            operator_id=operator_id, parent=self.first.node, key=self.first.key, other=self.second.node,
+            other_key=self.second.key, bounds=bounds, time_columns=(times[0], times[1]),
+            late_outputs=(left_late_output, right_late_output),
+        )
+        return DataStream(self.first.builder, self.first.builder._add(node))
+
+
+@dataclass(frozen=True)
+class ConnectedKeyedStreams:
+    """Two keyed streams whose records one co-process function handles, with shared keyed state and timers."""
+
+    first: KeyedStream
+    second: KeyedStream
+
+    def process(self, operator_id: str, function: KeyedCoProcessFunction) -> DataStream:
+        """Run ``function``: ``process_element1`` for the first stream's records, ``process_element2`` for the second's."""
+        inputs = (self.first.node, self.second.node)
+        _check_watermarks(
+            f"co-process {operator_id!r}", inputs, "assign one upstream of each input (with_watermark on each source), or none"
+        )
+        node = KeyedCoProcess(
+            operator_id=operator_id, parent=self.first.node, key=self.first.key, function=function,
+            other=self.second.node, other_key=self.second.key,
+        )
+        return DataStream(self.first.builder, self.first.builder._add(node))
+
 
 def _window_lateness(operator_id: str, allowed_lateness: Any) -> bool:
     """Whether ``allowed_lateness`` is positive; refuses one that is not a timedelta or is negative."""
@@ -403,6 +662,7 @@ class PipelineDefinition:
         self.build_fn(builder, params)
         if not any(isinstance(n, SourceNode) for n in builder.nodes):
             raise PipelineDefinitionError(f"pipeline {self.name} declares no source")
+        _check_assigners(builder.nodes)
         parallelism = int(params.get(self.parallelism_param, 2)) if self.parallelism_param else 2
         pipe = Pipeline(self.name, self.key_groups, builder.nodes, params, parallelism, self.state_backend)
         sink_names = [s.sink.name for s in pipe.sinks] + pipe.side_output_names()

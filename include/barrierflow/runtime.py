@@ -21,6 +21,7 @@ from barrierflow.checkpoint import Barrier, CheckpointRecord, Manifest, TableCom
 from barrierflow.delta_commit import schema_json_of
 from barrierflow.errors import CheckpointError, FencedError, PipelineDefinitionError
 from barrierflow.layout import PipelineLayout
+from barrierflow.operators.watermark import combined_watermark
 from barrierflow.pipeline import Node, Pipeline, SourceNode
 from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
 from barrierflow.sources.base import planned_bytes
@@ -117,6 +118,7 @@ class EpochContext:
         self._last_completed: CheckpointRecord | None = None
         self._max_event_time_us: int | None = None
         self._watermark_us: int | None = None
+        self._assigner_watermarks: dict[str, int | None] = {}
         self.staging_prefix = ""
         # Phase times (ms): waiting for epoch n-1 to complete, and for staged writes after computing.
         self.wait_ms = 0
@@ -259,6 +261,21 @@ class EpochContext:
                 self._max_event_time_us = max(max_us, self._max_event_time_us or max_us)
             if self._max_event_time_us is not None:
                 self._watermark_us = self._max_event_time_us - out_of_orderness_us
+
+    def observe_assigner(self, assigner_id: str, max_us: int | None, out_of_orderness_us: int) -> None:
+        """One of several assigners' maximum event time so far (see :mod:`barrierflow.operators.watermark`).
+
+        W(n) is the minimum of the assigners' watermarks once every assigner
+        of the pipeline has reported (event-time operators run after all of them).
+        """
+        self.restore_point()
+        with self._lock:
+            self._assigner_watermarks[assigner_id] = None if max_us is None else max_us - out_of_orderness_us
+            if max_us is not None:
+                self._max_event_time_us = max(max_us, self._max_event_time_us or max_us)
+            complete, watermark = combined_watermark(self._assigner_watermarks, self.pipeline.watermark_assigner_ids())
+            if complete:
+                self._watermark_us = watermark
 
     def emit(self, name: str, df: "DataFrame") -> None:
         """A side output (e.g. late records), committed as an append sink."""
@@ -562,7 +579,7 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
 def _apply_operators(ctx: EpochContext, outputs: dict[int, "DataFrame | pa.Table"]) -> None:
     """Apply every operator once its input is in ``outputs``; independent branches run concurrently.
 
-    Each operator runs in a worker thread as soon as its parent's output is
+    Each operator runs in a worker thread as soon as its inputs' outputs are
     ready (at most :data:`MAX_CONCURRENT_OPERATORS` at a time). After an
     error no further operator starts; those running finish, then the first
     error is raised.
@@ -570,15 +587,15 @@ def _apply_operators(ctx: EpochContext, outputs: dict[int, "DataFrame | pa.Table
     pipe = ctx.pipeline
     index = {id(node): i for i, node in enumerate(pipe.nodes)}
     waiting = [node for node in pipe.nodes if not isinstance(node, SourceNode)]
-    fan_out = {id(node): len(pipe.children(node)) for node in pipe.nodes}
+    # Reads of each node's output: a union of a stream with itself reads it twice.
+    fan_out = {id(node): sum(1 for n in pipe.nodes for i in n.inputs() if i is node) for node in pipe.nodes}
 
     def apply(node: Node) -> "DataFrame | pa.Table":
         ctx.run_as(index[id(node)])
         describe_jobs(ctx.spark, f"epoch {ctx.epoch}: {node.operator_id}")
         started = time.monotonic()
-        assert node.parent is not None
-        rows = outputs[id(node.parent)]
-        df = node.apply(ctx, rows if node.accepts_arrow else ctx.frame(rows))
+        inputs = [outputs[id(i)] for i in node.inputs()]
+        df = node.apply_inputs(ctx, [rows if node.accepts_arrow else ctx.frame(rows) for rows in inputs])
         if fan_out[id(node)] > 1 and not isinstance(df, pa.Table):
             df = ctx.persist(df)
         _log.info("epoch %d: %s took %.0f ms", ctx.epoch, node.operator_id, (time.monotonic() - started) * 1000)
@@ -589,7 +606,8 @@ def _apply_operators(ctx: EpochContext, outputs: dict[int, "DataFrame | pa.Table
     with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_OPERATORS, thread_name_prefix="barrierflow-operator") as pool:
         while True:
             if error is None:
-                ready = [node for node in waiting if id(node.parent) in outputs]
+                # Alignment: a multi-input operator runs once every input's epoch-n output is there.
+                ready = [node for node in waiting if all(id(i) in outputs for i in node.inputs())]
                 for node in ready:
                     waiting.remove(node)
                     running[pool.submit(apply, node)] = node

@@ -1,10 +1,12 @@
-"""Operators: stateless transformations, deduplication, watermarks, running aggregates, windows, process functions."""
+"""Operators: stateless transformations, unions, deduplication, watermarks, running aggregates, windows, process functions."""
 
 from barrierflow.operators.aggregate import Aggregation, Avg, Count, Max, Min, Percentile, RunningAggregate, Sum
 from barrierflow.operators.base import Node
+from barrierflow.operators.co_process import KeyedCoProcess, KeyedCoProcessFunction
 from barrierflow.operators.dedup import Deduplicate
 from barrierflow.operators.process import KeyedContext, KeyedProcess, KeyedProcessFunction
 from barrierflow.operators.stateless import Filter, FlatMapColumn, FlatMapFunction, MapColumns, MapFunction, Select
+from barrierflow.operators.union import Union
 from barrierflow.operators.watermark import WatermarkAssigner
 from barrierflow.operators.window import (
     AlignedWindow,
@@ -17,7 +19,7 @@ from barrierflow.operators.window import (
 
 __all__ = [
     "Aggregation", "AlignedWindow", "Avg", "Count", "Deduplicate", "EventTimeSessionWindows", "Filter", "FlatMapColumn",
-    "FlatMapFunction", "KeyedContext", "KeyedProcess", "KeyedProcessFunction", "MapColumns", "MapFunction", "Max", "Min",
+    "FlatMapFunction", "KeyedCoProcess", "KeyedCoProcessFunction", "KeyedContext", "KeyedProcess", "KeyedProcessFunction", "MapColumns", "MapFunction", "Max", "Min",
     "Node", "Percentile", "RunningAggregate", "Select", "SessionWindow", "SlidingEventTimeWindows", "Sum",
-    "TumblingEventTimeWindows", "TumblingWindow", "WatermarkAssigner",
+    "TumblingEventTimeWindows", "TumblingWindow", "Union", "WatermarkAssigner",
 ]

@@ -40,9 +40,26 @@ class Node:
     # Whether the operator passes arrival order on without using it (stateless
     # operators): then whether its input needs ``_seq`` is up to its consumers.
     forwards_arrival_order = False
+    # Whether the operator reads the watermark (windows, joins, timers): then
+    # it must be downstream of every watermark assigner when there are several.
+    uses_watermark = False
 
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame | pa.Table":
         raise NotImplementedError
+
+    def inputs(self) -> tuple["Node", ...]:
+        """The nodes whose output this one consumes, in order: its parent; more for a multi-input operator."""
+        return () if self.parent is None else (self.parent,)
+
+    def keyed_inputs(self) -> list[tuple["Node", tuple[str, ...]]]:
+        """Each input with the key columns the operator takes from its records (none for an operator without a key)."""
+        key = tuple(getattr(self, "key", ()))
+        return [(node, key) for node in self.inputs()] if key else []
+
+    def apply_inputs(self, ctx: Any, frames: Sequence[Any]) -> "DataFrame | pa.Table":
+        """Compute the epoch's output from the output of each of :meth:`inputs`, in that order."""
+        (df,) = frames
+        return self.apply(ctx, df)
 
     def state_specs(self) -> list["StateSpec"]:
         return []

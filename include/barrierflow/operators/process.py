@@ -37,7 +37,10 @@ from barrierflow.state.spec import KEY_GROUP, StateSpec
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["KeyedProcessFunction", "KeyedContext", "KeyedProcess"]
+__all__ = ["KeyedFunction", "KeyedProcessFunction", "KeyedContext", "KeyedProcess", "Element"]
+
+# A function's method for one record: (record, ctx, out).
+Element = Callable[[dict[str, Any], "KeyedContext", Callable[[dict[str, Any]], None]], None]
 
 
 class KeyedContext:
@@ -76,41 +79,6 @@ class KeyedContext:
             ) from None
 
 
-class KeyedProcessFunction:
-    """Subclass and implement :meth:`process_element`; emit rows with ``out``.
-
-    Implement :meth:`on_timer` to use timers: it is called for each timer
-    that fires (see :mod:`barrierflow.operators.timers` for when), with the
-    timer's timestamp as a UTC datetime, and may emit, use state and
-    register or delete timers like ``process_element``.
-
-    The per-key state it uses is every :class:`StateDescriptor` among its
-    class attributes (``total = ValueStateDescriptor("total", pa.int64())``),
-    inherited ones included; the state's name (its table) is the
-    descriptor's, not the attribute's. ``state_descriptors`` is then
-    collected for you; a tuple given there is still read, and must agree.
-    ``output_schema`` is a pyarrow schema of the emitted rows.
-    """
-
-    state_descriptors: ClassVar[tuple[StateDescriptor, ...]] = ()
-    output_schema: pa.Schema = pa.schema([])
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.state_descriptors = _declared_states(cls)
-
-    def process_element(self, record: dict[str, Any], ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
-        raise NotImplementedError
-
-    def on_timer(self, timestamp: datetime, ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
-        raise NotImplementedError
-
-    @classmethod
-    def uses_timers(cls) -> bool:
-        """Whether the function implements ``on_timer`` (then its operator keeps a timer state table)."""
-        return cls.on_timer is not KeyedProcessFunction.on_timer
-
-
 def _declared_states(cls: type) -> tuple[StateDescriptor, ...]:
     """The state descriptors of a process function class: its ``state_descriptors`` tuple, then its attributes'.
 
@@ -144,6 +112,54 @@ def _declared_states(cls: type) -> tuple[StateDescriptor, ...]:
     return tuple(d for _, d in by_name.values())
 
 
+class KeyedFunction:
+    """What keyed process functions share: declared state, the output schema, ``on_timer``.
+
+    The per-key state it uses is every :class:`StateDescriptor` among its
+    class attributes (``total = ValueStateDescriptor("total", pa.int64())``),
+    inherited ones included; the state's name (its table) is the
+    descriptor's, not the attribute's. ``state_descriptors`` is then
+    collected for you; a tuple given there is still read, and must agree.
+    ``output_schema`` is a pyarrow schema of the emitted rows.
+
+    Implement :meth:`on_timer` to use timers: it is called for each timer
+    that fires (see :mod:`barrierflow.operators.timers` for when), with the
+    timer's timestamp as a UTC datetime, and may emit, use state and
+    register or delete timers like the element methods.
+    """
+
+    state_descriptors: ClassVar[tuple[StateDescriptor, ...]] = ()
+    output_schema: pa.Schema = pa.schema([])
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.state_descriptors = _declared_states(cls)
+
+    def on_timer(self, timestamp: datetime, ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def uses_timers(cls) -> bool:
+        """Whether the function implements ``on_timer`` (then its operator keeps a timer state table)."""
+        return cls.on_timer is not KeyedFunction.on_timer
+
+    def element_calls(self, records: pa.Table) -> list[tuple[Element, dict[str, Any]]]:
+        """The method to call and the record to give it, for each row of a key group's sorted ``records``."""
+        raise NotImplementedError
+
+
+class KeyedProcessFunction(KeyedFunction):
+    """Subclass and implement :meth:`process_element`; emit rows with ``out`` (see :class:`KeyedFunction`)."""
+
+    def process_element(self, record: dict[str, Any], ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
+        raise NotImplementedError
+
+    def element_calls(self, records: pa.Table) -> list[tuple[Element, dict[str, Any]]]:
+        names = [name for name in records.column_names if not name.startswith("_")]
+        rows = [dict(zip(names, values)) for values in zip(*(_python_values(records.column(n)) for n in names))]
+        return [(self.process_element, row) for row in rows]
+
+
 def _state_column(name: str) -> str:
     return f"state_{name}"
 
@@ -156,11 +172,19 @@ _TIMER_TS = "_timer_ts"
 @dataclass
 class KeyedProcess(Node):
     key: tuple[str, ...] = ()
-    function: KeyedProcessFunction | None = None
+    function: KeyedFunction | None = None
+
+    # The kind of function this operator runs, and how to get one to run it otherwise.
+    function_type: ClassVar[type[KeyedFunction]] = KeyedProcessFunction
+    other_use: ClassVar[str] = "a KeyedCoProcessFunction runs on two connected keyed streams: a.key_by(k).connect(b.key_by(k)).process(...)"
 
     def __post_init__(self) -> None:
-        if self.function is None:
-            raise PipelineDefinitionError(f"process {self.operator_id}: a KeyedProcessFunction is required")
+        if not isinstance(self.function, self.function_type):
+            got = "none" if self.function is None else f"a {type(self.function).__qualname__}"
+            raise PipelineDefinitionError(
+                f"process {self.operator_id}: a {self.function_type.__name__} (an instance of a subclass) is required, "
+                f"got {got}; {self.other_use}"
+            )
         names = [d.name for d in self.function.state_descriptors]
         if len(names) != len(set(names)):
             raise PipelineDefinitionError(f"process {self.operator_id}: duplicate state names {names}")
@@ -169,6 +193,10 @@ class KeyedProcess(Node):
                 f"process {self.operator_id}: state name {TIMER_STATE!r} is the table of the function's timers "
                 "(it implements on_timer): give the state another name"
             )
+
+    @property
+    def uses_watermark(self) -> bool:  # type: ignore[override]
+        return self.function is not None and self.function.uses_timers()
 
     def _spec(self, descriptor: StateDescriptor, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
         types = key_types or {}
@@ -321,7 +349,7 @@ _UTC_EPOCH = datetime(1970, 1, 1, tzinfo=ZoneInfo("UTC"))
 
 
 def _run_key_group(
-    fn: KeyedProcessFunction,
+    fn: KeyedFunction,
     key_names: list[str],
     records: pa.Table,
     state: pa.Table,
@@ -358,8 +386,7 @@ def _run_key_group(
     order = [*key_names, *position_columns(records.column_names)]
     records = records.sort_by([(c, "ascending") for c in order])
     kg = (records if records.num_rows else state).column(KEY_GROUP)[0].as_py()
-    user_names = [name for name in records.column_names if not name.startswith("_")]
-    user_rows = [dict(zip(user_names, values)) for values in zip(*(_python_values(records.column(n)) for n in user_names))]
+    calls = fn.element_calls(records)
     keys = list(zip(*(records.column(k).to_pylist() for k in key_names)))
     # Sorted by key: each key's records are one run.
     runs = {key: list(run) for key, run in groupby(range(len(keys)), key=keys.__getitem__)}
@@ -372,7 +399,8 @@ def _run_key_group(
         kctx = KeyedContext(key, clocks.epoch, clocks.processing_time_ms, handles, service)
         emitted: list[dict[str, Any]] = []
         for i in runs.get(key, ()):  # 1. records, at W(n-1)
-            fn.process_element(user_rows[i], kctx, emitted.append)
+            element, record = calls[i]
+            element(record, kctx, emitted.append)
         if with_timers:  # 2.-3. due timers, at W(n)
             service.watermark_us = clocks.watermark_us
             while (timer := clocks.next_due(service.timers)) is not None:

@@ -226,6 +226,8 @@ class _Window(Node):
     late_output: str | None = None
     allowed_lateness: timedelta = timedelta(0)
 
+    uses_watermark = True
+
     def __post_init__(self) -> None:
         columns = {a.value_column for a in self.aggregations if a.value_column is not None}
         if len(columns) > 1:
