@@ -54,6 +54,9 @@ _EXPORTS: dict[str, str] = {
     "EventTimeSessionWindows": "barrierflow.operators.window",
     # process functions and keyed state
     "KeyedProcessFunction": "barrierflow.operators.process",
+    "KeyedBroadcastProcessFunction": "barrierflow.operators.broadcast",
+    "BroadcastContext": "barrierflow.operators.broadcast",
+    "BroadcastStream": "barrierflow.pipeline",
     "KeyedContext": "barrierflow.operators.process",
     "KeyedCoProcessFunction": "barrierflow.operators.co_process",
     "TimeDomain": "barrierflow.operators.timers",
@@ -97,11 +100,11 @@ _EXPORTS: dict[str, str] = {
 # Literal, for linters and type checkers; a unit test checks it against _EXPORTS.
 __all__ = [
     "AggregateFunction", "AggregatingState", "AggregatingStateDescriptor", "Aggregation", "Avg", "BarrierflowError",
-    "BlockedInputError", "CheckpointError", "CommitConflictError", "ConfigurationError", "ConnectedKeyedStreams", "Count",
+    "BlockedInputError", "BroadcastContext", "BroadcastStream", "CheckpointError", "CommitConflictError", "ConfigurationError", "ConnectedKeyedStreams", "Count",
     "DataStream",
     "DeadLetterReason", "DeltaSink", "DeltaSource", "EngineUnavailableError", "EpochInProgressError",
     "EventTimeSessionWindows", "FencedError",
-    "FileSource", "IncompatibleSavepointError", "IntervalJoinedStreams", "KeyedCoProcessFunction", "KeyedContext", "KeyedProcessFunction", "KeyedStream", "LateFiles",
+    "FileSource", "IncompatibleSavepointError", "IntervalJoinedStreams", "KeyedBroadcastProcessFunction", "KeyedCoProcessFunction", "KeyedContext", "KeyedProcessFunction", "KeyedStream", "LateFiles",
     "LeaseLostError", "LineParser", "ListState", "ListStateDescriptor", "MapState", "MapStateDescriptor", "Max",
     "Min", "Param", "ParameterError", "Percentile", "Pipeline", "PipelineBuilder", "PipelineDefinition",
     "PipelineDefinitionError", "PipelineStoppedError", "QueryError", "RecordError", "ReducingState",
@@ -134,12 +137,14 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
         UserFunctionError,
     )
     from barrierflow.operators.aggregate import Aggregation, Avg, Count, Max, Min, Percentile, Sum
+    from barrierflow.operators.broadcast import BroadcastContext, KeyedBroadcastProcessFunction
     from barrierflow.operators.co_process import KeyedCoProcessFunction
     from barrierflow.operators.process import KeyedContext, KeyedProcessFunction
     from barrierflow.operators.timers import TimeDomain, TimerService
     from barrierflow.operators.window import EventTimeSessionWindows, SlidingEventTimeWindows, TumblingEventTimeWindows
     from barrierflow.params import Param
     from barrierflow.pipeline import (
+        BroadcastStream,
         ConnectedKeyedStreams,
         DataStream,
         IntervalJoinedStreams,
