@@ -55,6 +55,9 @@ _EXPORTS: dict[str, str] = {
     "EventTimeSessionWindows": "barrierflow.operators.window",
     # process functions and keyed state
     "KeyedProcessFunction": "barrierflow.operators.process",
+    "KeyedBroadcastProcessFunction": "barrierflow.operators.broadcast",
+    "BroadcastContext": "barrierflow.operators.broadcast",
+    "BroadcastStream": "barrierflow.pipeline",
     "KeyedContext": "barrierflow.operators.process",
     "KeyedCoProcessFunction": "barrierflow.operators.co_process",
     "TimeDomain": "barrierflow.operators.timers",
@@ -101,11 +104,12 @@ _EXPORTS: dict[str, str] = {
 # Literal, for linters and type checkers; a unit test checks it against _EXPORTS.
 __all__ = [
     "AggregateFunction", "AggregatingState", "AggregatingStateDescriptor", "Aggregation", "Avg", "BarrierflowError",
-    "BlockedInputError", "CheckpointError", "CommitConflictError", "ConfigurationError", "ConnectedKeyedStreams", "Count",
+    "BlockedInputError", "BroadcastContext", "BroadcastStream", "CheckpointError", "CommitConflictError", "ConfigurationError", "ConnectedKeyedStreams", "Count",
     "DataStream",
     "DeadLetterReason", "DeltaSink", "DeltaSource", "EngineUnavailableError", "EpochInProgressError",
     "EventTimeSessionWindows", "FencedError",
-    "FileSource", "IncompatibleSavepointError", "IntervalJoinedStreams", "JoinedStreams", "KeyedCoProcessFunction", "KeyedContext", "KeyedProcessFunction", "KeyedStream", "LateFiles",
+    "FileSource", "IncompatibleSavepointError", "IntervalJoinedStreams", "JoinedStreams", "KeyedBroadcastProcessFunction",
+    "KeyedCoProcessFunction", "KeyedContext", "KeyedProcessFunction", "KeyedStream", "LateFiles",
     "LeaseLostError", "LineParser", "ListState", "ListStateDescriptor", "MapState", "MapStateDescriptor", "Max",
     "Min", "Param", "ParameterError", "Percentile", "Pipeline", "PipelineBuilder", "PipelineDefinition",
     "PipelineDefinitionError", "PipelineStoppedError", "QueryError", "RecordError", "ReducingState",
@@ -139,12 +143,14 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
         UserFunctionError,
     )
     from barrierflow.operators.aggregate import Aggregation, Avg, Count, Max, Min, Percentile, Sum
+    from barrierflow.operators.broadcast import BroadcastContext, KeyedBroadcastProcessFunction
     from barrierflow.operators.co_process import KeyedCoProcessFunction
     from barrierflow.operators.process import KeyedContext, KeyedProcessFunction
     from barrierflow.operators.timers import TimeDomain, TimerService
     from barrierflow.operators.window import EventTimeSessionWindows, SlidingEventTimeWindows, TumblingEventTimeWindows
     from barrierflow.params import Param
     from barrierflow.pipeline import (
+        BroadcastStream,
         ConnectedKeyedStreams,
         DataStream,
         IntervalJoinedStreams,

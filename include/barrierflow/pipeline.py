@@ -39,6 +39,7 @@ import pyarrow as pa
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.aggregate import Aggregation, RunningAggregate, named_aggregations
 from barrierflow.operators.base import Node
+from barrierflow.operators.broadcast import KeyedBroadcastProcess, KeyedBroadcastProcessFunction
 from barrierflow.operators.co_process import KeyedCoProcess, KeyedCoProcessFunction
 from barrierflow.operators.dedup import Deduplicate
 from barrierflow.operators.interval_join import IntervalBounds, IntervalJoin
@@ -64,6 +65,7 @@ from barrierflow.operators.window_join import WindowJoin
 from barrierflow.params import Param, resolve_params
 from barrierflow.sinks.delta_sink import DeltaSink, SinkNode
 from barrierflow.sources.base import Source
+from barrierflow.state.descriptors import MapStateDescriptor
 from barrierflow.state.spec import StateSpec
 
 __all__ = [
@@ -371,6 +373,14 @@ class DataStream:
             "flat_map", operator_id, lambda i: FlatMapColumn(operator_id=i, parent=self.node, name=name, expression=value)
         )
 
+    def broadcast(self, *descriptors: MapStateDescriptor) -> "BroadcastStream":
+        """This (low-volume) stream, to fill the broadcast map states ``descriptors`` for a keyed stream it is connected to.
+
+        ``keyed.connect(rules.broadcast(RULES)).process(id, fn)`` runs a
+        :class:`KeyedBroadcastProcessFunction` (:mod:`barrierflow.operators.broadcast`).
+        """
+        return BroadcastStream(self, tuple(descriptors))
+
     def union(self, *others: "DataStream", operator_id: str | None = None) -> "DataStream":
         """The records of this stream and of ``others``, which must have the same columns and types (:mod:`barrierflow.operators.union`).
 
@@ -513,12 +523,19 @@ class KeyedStream:
                 "combined need as many key columns, of the same types, in the same order"
             )
 
-    def connect(self, other: "KeyedStream") -> "ConnectedKeyedStreams":
-        """This keyed stream and ``other``, for a :class:`KeyedCoProcessFunction` (:mod:`barrierflow.operators.co_process`).
+    def connect(self, other: "KeyedStream | BroadcastStream") -> "ConnectedKeyedStreams | BroadcastConnectedStream":
+        """This keyed stream and ``other``: a keyed stream for a :class:`KeyedCoProcessFunction`, or a broadcast one.
 
-        Both are keyed by as many columns, of the same types pairwise (the
-        names may differ; state is keyed by this stream's names).
+        Two keyed streams (:mod:`barrierflow.operators.co_process`) are keyed
+        by as many columns, of the same types pairwise (the names may differ;
+        state is keyed by this stream's names). A :class:`BroadcastStream`
+        (``rules.broadcast(descriptor)``) is for a
+        :class:`KeyedBroadcastProcessFunction` (:mod:`barrierflow.operators.broadcast`).
         """
+        if isinstance(other, BroadcastStream):
+            if other.stream.builder is not self.builder:
+                raise PipelineDefinitionError("connect: the broadcast stream is not one of this pipeline")
+            return BroadcastConnectedStream(self, other)
         self._check_other("connect", other)
         return ConnectedKeyedStreams(self, other)
 
@@ -625,6 +642,30 @@ class ConnectedKeyedStreams:
             other=self.second.node, other_key=self.second.key,
         )
         return DataStream(self.first.builder, self.first.builder._add(node))
+
+
+@dataclass(frozen=True)
+class BroadcastStream:
+    """A stream broadcast with the map states it fills: connect a keyed stream to it."""
+
+    stream: DataStream
+    descriptors: tuple[MapStateDescriptor, ...]
+
+
+@dataclass(frozen=True)
+class BroadcastConnectedStream:
+    """A keyed stream connected to a broadcast stream, for a :class:`KeyedBroadcastProcessFunction`."""
+
+    keyed: KeyedStream
+    broadcast: BroadcastStream
+
+    def process(self, operator_id: str, function: KeyedBroadcastProcessFunction) -> DataStream:
+        """Run ``function``: ``process_broadcast_element`` for the broadcast records, then ``process_element`` per key."""
+        node = KeyedBroadcastProcess(
+            operator_id=operator_id, parent=self.keyed.node, key=self.keyed.key, function=function,
+            broadcast=self.broadcast.stream.node, descriptors=self.broadcast.descriptors,
+        )  # fmt: skip
+        return DataStream(self.keyed.builder, self.keyed.builder._add(node))
 
 
 def _window_lateness(operator_id: str, allowed_lateness: Any) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import groupby
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 from zoneinfo import ZoneInfo
 
 import pyarrow as pa
@@ -57,17 +57,30 @@ class KeyedContext:
         processing_time_ms: int,
         states: dict[str, State],
         timers: TimerService | None = None,
+        broadcast: Mapping[str, Any] | None = None,
     ) -> None:
         self.key = key
         self.epoch = epoch
         self.processing_time_ms = processing_time_ms
         self._states = states
         self._timers = timers or TimerService(None, processing_time_ms, enabled=False)
+        self._broadcast = broadcast or {}
         self.time_domain: TimeDomain | None = None
 
     def timer_service(self) -> TimerService:
         """The current key's timers, the watermark and the epoch's processing time."""
         return self._timers
+
+    def get_broadcast_state(self, descriptor: StateDescriptor) -> Any:
+        """A broadcast state, read-only (a :class:`~barrierflow.operators.broadcast.KeyedBroadcastProcessFunction`'s)."""
+        try:
+            return self._broadcast[descriptor.name]
+        except KeyError:
+            raise PipelineDefinitionError(
+                f"broadcast state {descriptor.name!r} is not one this function's broadcast stream carries "
+                f"(broadcast here: {sorted(self._broadcast) or 'none'}); broadcast a stream with it: "
+                "rules.broadcast(descriptor), then keyed.connect(that).process(...)"
+            ) from None
 
     def get_state(self, descriptor: StateDescriptor) -> Any:
         try:
@@ -146,6 +159,10 @@ class KeyedFunction:
     def element_calls(self, records: pa.Table) -> list[tuple[Element, dict[str, Any]]]:
         """The method to call and the record to give it, for each row of a key group's sorted ``records``."""
         raise NotImplementedError
+
+    def broadcast_view(self) -> Mapping[str, Any]:
+        """The broadcast states the keyed side reads (none but for a broadcast process function)."""
+        return {}
 
 
 class KeyedProcessFunction(KeyedFunction):
@@ -226,11 +243,14 @@ class KeyedProcess(Node):
 
         Returns the emitted rows; executors write them and the state changes.
         """
+        assert self.function is not None
+        return self.process_records(ctx, df, self.function)
+
+    def process_records(self, ctx: Any, df: "DataFrame", fn: KeyedFunction) -> "DataFrame":
+        """:meth:`apply` with ``fn`` (this operator's function, or a copy carrying what its run needs)."""
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
-        fn = self.function
-        assert fn is not None
         ship_user_code(fn)
         key_types = ctx.arrow_types(df, self.key)
         descriptors = fn.state_descriptors
@@ -366,6 +386,7 @@ def _run_key_group(
     timers up to W(n), then processing-time timers up to P(n)).
     """
     descriptors = fn.state_descriptors
+    broadcast = fn.broadcast_view()
     with_timers = _TIMER_DOMAIN in state.column_names
     stored: dict[tuple[Any, ...], dict[str, Any]] = {}
     stored_timers: dict[tuple[Any, ...], set[tuple[TimeDomain, int]]] = {}
@@ -396,7 +417,7 @@ def _run_key_group(
         handles = {d.name: state_for(d, known.get(d.name)) for d in descriptors}
         before = stored_timers.get(key, set())
         service = TimerService(clocks.watermark_prev_us, clocks.processing_time_ms, set(before), enabled=with_timers)
-        kctx = KeyedContext(key, clocks.epoch, clocks.processing_time_ms, handles, service)
+        kctx = KeyedContext(key, clocks.epoch, clocks.processing_time_ms, handles, service, broadcast)
         emitted: list[dict[str, Any]] = []
         for i in runs.get(key, ()):  # 1. records, at W(n-1)
             element, record = calls[i]
