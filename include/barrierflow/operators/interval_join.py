@@ -46,12 +46,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Sequence
 
-import pyarrow as pa
-
 from barrierflow.errors import PipelineDefinitionError
-from barrierflow.operators.base import Node
-from barrierflow.operators.join_buffer import SIDES, buffer_spec, check_key_types, fresh_records, joined_rows, record_schemas
-from barrierflow.state.spec import StateSpec
+from barrierflow.operators.join_buffer import SIDES, TwoSidedJoin, check_key_types, fresh_records, joined_rows, record_schemas
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -104,35 +100,10 @@ class IntervalBounds:
 
 
 @dataclass
-class IntervalJoin(Node):
+class IntervalJoin(TwoSidedJoin):
     """Joins ``parent`` keyed by ``key`` (left) with ``other`` keyed by ``other_key`` (right) within ``bounds``."""
 
-    key: tuple[str, ...] = ()
-    other: Node | None = None
-    other_key: tuple[str, ...] = ()
     bounds: IntervalBounds = IntervalBounds(0, 0)
-    time_columns: tuple[str, str] = ("ts", "ts")
-    late_outputs: tuple[str | None, str | None] = (None, None)
-
-    needs_arrival_order = False
-    uses_watermark = True
-
-    def inputs(self) -> tuple[Node, ...]:
-        assert self.parent is not None and self.other is not None
-        return (self.parent, self.other)
-
-    def keyed_inputs(self) -> list[tuple[Node, tuple[str, ...]]]:
-        # A null event time is checked at the sources as a null key is (a dead letter there).
-        return [(node, (*key, time)) for node, key, time in zip(self.inputs(), (self.key, self.other_key), self.time_columns)]
-
-    def side_outputs(self) -> list[str]:
-        return [name for name in self.late_outputs if name]
-
-    def _spec(self, side: str, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
-        return buffer_spec(self.operator_id, side, self.key, key_types=key_types)
-
-    def state_specs(self) -> list[StateSpec]:
-        return [self._spec(side) for side in SIDES]
 
     def apply_inputs(self, ctx: Any, frames: Sequence["DataFrame"]) -> "DataFrame":
         from pyspark.sql import functions as F

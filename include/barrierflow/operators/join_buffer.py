@@ -14,19 +14,20 @@ then the left record's other columns and the right's (:func:`output_columns`).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import pyarrow as pa
 
 from barrierflow.errors import PipelineDefinitionError
-from barrierflow.operators.base import key_group_column, user_columns
+from barrierflow.operators.base import Node, key_group_column, user_columns
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
-__all__ = ["SIDES", "buffer_spec", "check_key_types", "fresh_records", "joined_rows", "output_columns", "record_schemas"]
+__all__ = ["SIDES", "TwoSidedJoin", "buffer_spec", "check_key_types", "fresh_records", "joined_rows", "output_columns", "record_schemas"]
 
 _log = logging.getLogger(__name__)
 SIDES = ("left", "right")
@@ -50,6 +51,39 @@ def buffer_spec(
         ),
         value_fields=(pa.field("event_time_us", pa.int64()), pa.field("record", pa.string())),
     )
+
+
+@dataclass
+class TwoSidedJoin(Node):
+    """What both joins are: ``parent`` keyed by ``key`` (left) with ``other`` keyed by ``other_key`` (right), buffered per side."""
+
+    key: tuple[str, ...] = ()
+    other: Node | None = None
+    other_key: tuple[str, ...] = ()
+    time_columns: tuple[str, str] = ("ts", "ts")
+    late_outputs: tuple[str | None, str | None] = (None, None)
+
+    needs_arrival_order = False
+    uses_watermark = True
+    # Key columns of the join's own in the buffer tables (a window's start).
+    own_fields: ClassVar[tuple[pa.Field, ...]] = ()
+
+    def inputs(self) -> tuple[Node, ...]:
+        assert self.parent is not None and self.other is not None
+        return (self.parent, self.other)
+
+    def keyed_inputs(self) -> list[tuple[Node, tuple[str, ...]]]:
+        # A null event time is checked at the sources as a null key is (a dead letter there).
+        return [(node, (*key, time)) for node, key, time in zip(self.inputs(), (self.key, self.other_key), self.time_columns)]
+
+    def side_outputs(self) -> list[str]:
+        return [name for name in self.late_outputs if name]
+
+    def _spec(self, side: str, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
+        return buffer_spec(self.operator_id, side, self.key, self.own_fields, key_types)
+
+    def state_specs(self) -> list[StateSpec]:
+        return [self._spec(side) for side in SIDES]
 
 
 def check_key_types(ctx: Any, what: str, frames: Sequence["DataFrame"], keys: Sequence[Sequence[str]], times: Sequence[str]) -> dict[str, pa.DataType]:

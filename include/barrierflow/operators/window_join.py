@@ -46,10 +46,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 import pyarrow as pa
 
 from barrierflow.errors import PipelineDefinitionError
-from barrierflow.operators.base import Node
-from barrierflow.operators.join_buffer import SIDES, buffer_spec, check_key_types, fresh_records, joined_rows, record_schemas
+from barrierflow.operators.join_buffer import SIDES, TwoSidedJoin, check_key_types, fresh_records, joined_rows, record_schemas
 from barrierflow.operators.window import SlidingEventTimeWindows, TumblingEventTimeWindows
-from barrierflow.state.spec import KEY_GROUP, StateSpec
+from barrierflow.state.spec import KEY_GROUP
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -66,18 +65,12 @@ def aligned_window_starts(assigner: Any, ts_us: int, watermark_prev_us: int | No
 
 
 @dataclass
-class WindowJoin(Node):
+class WindowJoin(TwoSidedJoin):
     """Joins ``parent`` keyed by ``key`` (left) with ``other`` keyed by ``other_key`` (right) per window of ``assigner``."""
 
-    key: tuple[str, ...] = ()
-    other: Node | None = None
-    other_key: tuple[str, ...] = ()
     assigner: TumblingEventTimeWindows | SlidingEventTimeWindows = TumblingEventTimeWindows(timedelta(minutes=1))
-    time_columns: tuple[str, str] = ("ts", "ts")
-    late_outputs: tuple[str | None, str | None] = (None, None)
 
-    needs_arrival_order = False
-    uses_watermark = True
+    own_fields = (_WINDOW_START,)
 
     def __post_init__(self) -> None:
         if not isinstance(self.assigner, (TumblingEventTimeWindows, SlidingEventTimeWindows)):
@@ -85,23 +78,6 @@ class WindowJoin(Node):
                 f"window join {self.operator_id!r}: {self.assigner!r} is not a window assigner a join can use; give "
                 "bf.TumblingEventTimeWindows.of(size) or bf.SlidingEventTimeWindows.of(size, slide)"
             )
-
-    def inputs(self) -> tuple[Node, ...]:
-        assert self.parent is not None and self.other is not None
-        return (self.parent, self.other)
-
-    def keyed_inputs(self) -> list[tuple[Node, tuple[str, ...]]]:
-        # A null event time is checked at the sources as a null key is (a dead letter there).
-        return [(node, (*key, time)) for node, key, time in zip(self.inputs(), (self.key, self.other_key), self.time_columns)]
-
-    def side_outputs(self) -> list[str]:
-        return [name for name in self.late_outputs if name]
-
-    def _spec(self, side: str, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
-        return buffer_spec(self.operator_id, side, self.key, (_WINDOW_START,), key_types)
-
-    def state_specs(self) -> list[StateSpec]:
-        return [self._spec(side) for side in SIDES]
 
     def apply_inputs(self, ctx: Any, frames: Sequence["DataFrame"]) -> "DataFrame":
         from pyspark.sql import functions as F
