@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from epoch_runs import epoch_runner, fail_after_first_commit
 
 import barrierflow as bf
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.errors import InjectedFault
 from barrierflow.query import run_query
 from barrierflow.restore import restore
 from barrierflow.savepoint import create_savepoint
@@ -78,9 +77,7 @@ def test_broadcast_state_is_exactly_once_through_a_failure_a_rescale_and_a_resto
     _write(landing)
     dirs = {"payments_dir": str(landing / "payments"), "limits_dir": str(landing / "limits")}
 
-    def run(parallelism: int, count: int | None = None) -> list[int]:
-        coordinator = CheckpointCoordinator(fraud, {**dirs, "parallelism": parallelism}, warehouse, spark_factory=lambda: spark)
-        return [r.epoch for r in coordinator.run(epochs=count, until_caught_up=count is None)]
+    run = epoch_runner(fraud, dirs, warehouse, spark)
 
     def flagged_rows() -> list[tuple[Any, ...]]:
         rows = run_query(warehouse, "fraud", "select payment_id, country, flagged, _epoch from flagged").to_pylist()
@@ -88,11 +85,7 @@ def test_broadcast_state_is_exactly_once_through_a_failure_a_rescale_and_a_resto
 
     assert run(2, 2) == [1, 2]
     create_savepoint(fraud, warehouse, name="after-2", params=dirs)
-    monkeypatch.setenv("BARRIERFLOW_FAULT", "commit.after_delta_commit:1:raise")
-    monkeypatch.setenv("BARRIERFLOW_FAULT_STATE", str(tmp_path / "faults"))
-    with pytest.raises(InjectedFault):
-        run(2)
-    monkeypatch.delenv("BARRIERFLOW_FAULT")
+    fail_after_first_commit(run, 2, monkeypatch, tmp_path)
     assert run(3)[-1] == 4
 
     rows, flagged, limits = _reference()

@@ -19,10 +19,10 @@ from typing import Any, Callable
 
 import pyarrow as pa
 import pytest
+from epoch_runs import epoch_runner, fail_after_first_commit
 
 import barrierflow as bf
 from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.errors import InjectedFault
 from barrierflow.query import run_query
 from barrierflow.restore import restore
 from barrierflow.savepoint import create_savepoint
@@ -126,17 +126,11 @@ def test_a_co_process_function_is_exactly_once_through_a_failure_a_rescale_and_a
     _write(landing, epochs)
     dirs = {"events_dir": str(landing / "events"), "commands_dir": str(landing / "commands")}
 
-    def run(parallelism: int, count: int | None = None) -> list[int]:
-        coordinator = CheckpointCoordinator(guarded, {**dirs, "parallelism": parallelism}, warehouse, spark_factory=lambda: spark)
-        return [r.epoch for r in coordinator.run(epochs=count, until_caught_up=count is None)]
+    run = epoch_runner(guarded, dirs, warehouse, spark)
 
     assert run(2, 2) == [1, 2]
     create_savepoint(guarded, warehouse, name="after-2", params=dirs)
-    monkeypatch.setenv("BARRIERFLOW_FAULT", "commit.after_delta_commit:1:raise")
-    monkeypatch.setenv("BARRIERFLOW_FAULT_STATE", str(tmp_path / "faults"))
-    with pytest.raises(InjectedFault):
-        run(2)
-    monkeypatch.delenv("BARRIERFLOW_FAULT")
+    fail_after_first_commit(run, 2, monkeypatch, tmp_path)
     assert run(3)[-1] == 4
 
     rows, passed = _reference(epochs)

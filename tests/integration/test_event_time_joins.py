@@ -22,10 +22,10 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from epoch_runs import epoch_runner, fail_after_first_commit
 
 import barrierflow as bf
 from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.errors import InjectedFault
 from barrierflow.query import run_query
 from barrierflow.restore import restore
 from barrierflow.savepoint import create_savepoint
@@ -176,17 +176,11 @@ def test_interval_and_window_joins_are_exactly_once_through_a_failure_a_rescale_
     _write(landing, epochs)
     dirs = {"left_dir": str(landing / "left"), "right_dir": str(landing / "right")}
 
-    def run(parallelism: int, count: int | None = None) -> list[int]:
-        coordinator = CheckpointCoordinator(joined, {**dirs, "parallelism": parallelism}, warehouse, spark_factory=lambda: spark)
-        return [r.epoch for r in coordinator.run(epochs=count, until_caught_up=count is None)]
+    run = epoch_runner(joined, dirs, warehouse, spark)
 
     assert run(2, 1) == [1]
     create_savepoint(joined, warehouse, name="after-1", params=dirs)
-    monkeypatch.setenv("BARRIERFLOW_FAULT", "commit.after_delta_commit:1:raise")
-    monkeypatch.setenv("BARRIERFLOW_FAULT_STATE", str(tmp_path / "faults"))
-    with pytest.raises(InjectedFault):
-        run(2)
-    monkeypatch.delenv("BARRIERFLOW_FAULT")
+    fail_after_first_commit(run, 2, monkeypatch, tmp_path)
     assert run(3)[-1] == 3
 
     pairs, late, kept = reference(epochs, LOWER, UPPER, False, (OOO["left"], OOO["right"]))

@@ -19,10 +19,10 @@ from typing import Any, Callable
 
 import pyarrow as pa
 import pytest
+from epoch_runs import epoch_runner, fail_after_first_commit
 
 import barrierflow as bf
 from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.errors import InjectedFault
 from barrierflow.query import run_query
 from barrierflow.restore import restore
 from barrierflow.savepoint import create_savepoint
@@ -134,19 +134,12 @@ def test_timers_fire_exactly_once_through_a_failure_a_rescale_and_a_restore(
     landing = tmp_path / "landing"
     _write(landing, epochs)
 
-    def run(parallelism: int, count: int | None = None) -> list[int]:
-        given = {"landing_dir": str(landing), "parallelism": parallelism}
-        coordinator = CheckpointCoordinator(idle_users, given, warehouse, spark_factory=lambda: spark)
-        return [r.epoch for r in coordinator.run(epochs=count, until_caught_up=count is None)]
+    run = epoch_runner(idle_users, {"landing_dir": str(landing)}, warehouse, spark)
 
     assert run(2, 2) == [1, 2]
     create_savepoint(idle_users, warehouse, name="after-2", params={"landing_dir": str(landing)})
     # Epoch 3 fails after its first table commit (a roll-forward), then the rest runs at another parallelism.
-    monkeypatch.setenv("BARRIERFLOW_FAULT", "commit.after_delta_commit:1:raise")
-    monkeypatch.setenv("BARRIERFLOW_FAULT_STATE", str(tmp_path / "faults"))
-    with pytest.raises(InjectedFault):
-        run(2)
-    monkeypatch.delenv("BARRIERFLOW_FAULT")
+    fail_after_first_commit(run, 2, monkeypatch, tmp_path)
     assert run(3)[-1] == 4
 
     rows, left = _reference(epochs)
