@@ -234,10 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
     airflow.add_argument("--home", help="the stack's AIRFLOW_HOME (default: <repo>/.airflow)")
     airflow.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the airflow command")
 
-    generate = sub.add_parser("generate", help="write sample sensor_stats input files into a landing directory")
+    generate = sub.add_parser("generate", help="write sample input files of a product pipeline into a landing directory")
     generate.add_argument("landing_dir")
-    generate.add_argument("--files", type=int, default=6, help="number of files (default 6)")
-    generate.add_argument("--records-per-file", type=int, default=200, help="lines per file (default 200)")
+    generate.add_argument(
+        "--pipeline", choices=("sensor_stats", "orders_payments"), default="sensor_stats",
+        help="whose input: sensor_stats readings, or orders_payments' orders/, payments/ and thresholds/ (default sensor_stats)",
+    )
+    generate.add_argument("--files", type=int, default=6, help="number of files (per source; default 6)")
+    generate.add_argument(
+        "--records-per-file", type=int, default=200, help="lines per file (orders per file for orders_payments; default 200)"
+    )
     generate.add_argument("--start-index", type=int, default=0, help="index of the first file (default 0)")
     generate.add_argument("--seed", type=int, default=0)
     return parser
@@ -494,13 +500,17 @@ def _cmd_pipelines(args: argparse.Namespace) -> int:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+    from barrierflow.order_stream import OrderStreamSpec, write_order_files
 
     if args.files < 1 or args.records_per_file < 1 or args.start_index < 0:
         raise ParameterError("--files and --records-per-file must be >= 1, --start-index >= 0")
-    spec = SensorStreamSpec(
-        n_files=args.start_index + args.files, records_per_file=args.records_per_file, seed=args.seed
-    )
-    paths = write_sensor_files(args.landing_dir, spec, start_index=args.start_index, count=args.files)
+    n_files = args.start_index + args.files
+    if args.pipeline == "orders_payments":
+        orders = OrderStreamSpec(n_files=n_files, orders_per_file=args.records_per_file, seed=args.seed)
+        paths = write_order_files(args.landing_dir, orders, start_index=args.start_index, count=args.files)
+    else:
+        spec = SensorStreamSpec(n_files=n_files, records_per_file=args.records_per_file, seed=args.seed)
+        paths = write_sensor_files(args.landing_dir, spec, start_index=args.start_index, count=args.files)
     print(f"wrote {len(paths)} file(s) to {args.landing_dir}: {paths[0].name} .. {paths[-1].name}")
     return 0
 

@@ -32,6 +32,7 @@ __all__ = [
     "sensor_file_name",
     "generate_sensor_lines",
     "write_sensor_files",
+    "publish_file",
 ]
 
 # Every way a line can be malformed. Files cycle through these in order (see
@@ -399,22 +400,25 @@ def write_sensor_files(
         raise ValueError("count must be >= 0")
     directory = pathlib.Path(landing_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    written: list[pathlib.Path] = []
-    for index in range(start_index, start_index + count):
-        lines = generate_sensor_lines(spec, index)
-        data = "".join(line + "\n" for line in lines).encode("utf-8")
-        final = directory / sensor_file_name(spec, index)
-        tmp = directory / f".{final.name}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        written.append(final)
-    if written:
-        _fsync_dir(directory)
-    return written
+    return [
+        publish_file(directory, sensor_file_name(spec, index), "".join(line + "\n" for line in generate_sensor_lines(spec, index)))
+        for index in range(start_index, start_index + count)
+    ]
+
+
+def publish_file(directory: pathlib.Path, name: str, text: str) -> pathlib.Path:
+    """Write ``directory/name`` atomically: a ``.``-prefixed temp name, fsynced, ``os.replace``-d into place, the rename fsynced."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / name
+    tmp = directory / f".{name}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(text.encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(directory)
+    return final

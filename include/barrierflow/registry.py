@@ -4,7 +4,7 @@ A registered pipeline gets its Airflow DAGs (epochs, savepoints, restores,
 reprocessing, maintenance) and is known to every command by name. Registered
 are, in this order (a name registered twice is an error):
 
-1. the product's pipelines (``sensor_stats``);
+1. the product's pipelines (``sensor_stats``, ``orders_payments``);
 2. entry points of installed packages in the group ``barrierflow.pipelines``
    (name = the pipeline's name, value = ``module:attribute``);
 3. ``$BARRIERFLOW_PIPELINES``: comma-separated ``module:attribute`` targets,
@@ -31,6 +31,7 @@ PIPELINES_ENV = "BARRIERFLOW_PIPELINES"
 
 _PRODUCT = {
     "sensor_stats": "barrierflow.pipelines.sensor_stats:sensor_stats",
+    "orders_payments": "barrierflow.pipelines.orders_payments:orders_payments",
 }
 
 

@@ -9,9 +9,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-__all__ = ["barrierflow_cmd", "run_cli", "cli_env", "kill_runs_at_random_times", "sensor_stats_tables_per_epoch"]
+__all__ = [
+    "barrierflow_cmd", "run_cli", "run_pipeline", "run_sensor_stats", "cli_env", "kill_runs_at_random_times",
+    "sensor_stats_tables_per_epoch", "tables_per_epoch",
+]
 
 
 def barrierflow_cmd(*args: str) -> list[str]:
@@ -28,17 +31,21 @@ def cli_env(fault: str | None = None, master: str = "local[2]") -> dict[str, str
     return env
 
 
-def run_sensor_stats(
-    warehouse: Path | str, landing: Path | str, fault: str | None = None, extra: Sequence[str] = (), master: str = "local[2]",
-    remote: str | None = None,
+def run_pipeline(
+    pipeline: str, warehouse: Path | str, landing: Path | str, fault: str | None = None, extra: Sequence[str] = (),
+    master: str = "local[2]", remote: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``barrierflow run sensor_stats`` until caught up: on a Spark of its own (``master``), or on the engine at ``remote``."""
+    """``barrierflow run <pipeline>`` until caught up: on a Spark of its own (``master``), or on the engine at ``remote``."""
     cmd = barrierflow_cmd(
-        "run", "sensor_stats", "--warehouse", str(warehouse),
+        "run", pipeline, "--warehouse", str(warehouse),
         "--param", f"landing_dir={landing}", "--param", "max_files_per_epoch=2", "--until-caught-up", *extra,
         *(("--remote", remote) if remote else ()),
     )
     return subprocess.run(cmd, env=cli_env(fault, master), capture_output=True, text=True, timeout=600)
+
+
+def run_sensor_stats(warehouse: Path | str, landing: Path | str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return run_pipeline("sensor_stats", warehouse, landing, **kw)
 
 
 run_cli = run_sensor_stats
@@ -46,13 +53,13 @@ run_cli = run_sensor_stats
 
 def kill_runs_at_random_times(
     warehouse: Path | str, landing: Path | str, runs: int, rng: random.Random, *, seconds: tuple[float, float],
-    max_files_per_epoch: int, master: str = "local[2]",
+    max_files_per_epoch: int, master: str = "local[2]", pipeline: str = "sensor_stats",
 ) -> None:
-    """Start ``run sensor_stats`` ``runs`` times, each killed (the driver and its JVM) after a random time."""
+    """Start ``run <pipeline>`` ``runs`` times, each killed (the driver and its JVM) after a random time."""
     for _ in range(runs):
         proc = subprocess.Popen(
             barrierflow_cmd(
-                "run", "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}",
+                "run", pipeline, "--warehouse", str(warehouse), "--param", f"landing_dir={landing}",
                 "--param", f"max_files_per_epoch={max_files_per_epoch}", "--until-caught-up",
             ),
             env=cli_env(master=master), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
@@ -62,9 +69,13 @@ def kill_runs_at_random_times(
         proc.wait()
 
 
-def sensor_stats_tables_per_epoch() -> int:
-    """Each sink and side output, the dead letters, each state table of sensor_stats."""
+def tables_per_epoch(pipeline: str) -> int:
+    """Each sink and side output, the dead letters, each state table of a product pipeline."""
     from barrierflow.registry import get_pipeline
 
-    pipe = get_pipeline("sensor_stats").build({"landing_dir": "/unused"})
+    pipe = get_pipeline(pipeline).build({"landing_dir": "/unused"})
     return len(pipe.sinks) + len(pipe.side_output_names()) + 1 + len(pipe.state_specs())
+
+
+def sensor_stats_tables_per_epoch() -> int:
+    return tables_per_epoch("sensor_stats")

@@ -195,7 +195,7 @@ def test_module_attribute_target_loads_a_definition() -> None:
 def test_the_registry_holds_the_products_pipelines_and_those_users_register(tmp_path: Path) -> None:
     from readme_example import TARGET, write_readme_module
 
-    assert pipeline_names() == ["sensor_stats"]  # the benchmark's pipeline lives in bench/
+    assert pipeline_names() == ["orders_payments", "sensor_stats"]  # the benchmark's pipeline lives in bench/
     for name in pipeline_names():
         assert isinstance(get_pipeline(name), PipelineDefinition) and get_pipeline(name).name == name
     # A user's module on the path, named in $BARRIERFLOW_PIPELINES: registered under its own name.
@@ -205,7 +205,7 @@ def test_the_registry_holds_the_products_pipelines_and_those_users_register(tmp_
 
     sys.path.insert(0, str(tmp_path))
     try:
-        assert pipeline_names(env) == ["clicks", "sensor_stats"]
+        assert pipeline_names(env) == ["clicks", "orders_payments", "sensor_stats"]
         assert get_pipeline("clicks", env).name == "clicks"
         with pytest.raises(UnknownPipelineError, match="not module:attribute"):
             pipeline_names({"BARRIERFLOW_PIPELINES": "clicks"})
