@@ -53,14 +53,15 @@ run_cli = run_sensor_stats
 
 def kill_runs_at_random_times(
     warehouse: Path | str, landing: Path | str, runs: int, rng: random.Random, *, seconds: tuple[float, float],
-    max_files_per_epoch: int, master: str = "local[2]", pipeline: str = "sensor_stats",
+    max_files_per_epoch: int, master: str = "local[2]", pipeline: str = "sensor_stats", remote: str | None = None,
 ) -> None:
-    """Start ``run <pipeline>`` ``runs`` times, each killed (the driver and its JVM) after a random time."""
+    """Start ``run <pipeline>`` ``runs`` times, each killed after a random time (the driver and its JVM; at ``remote`` the client only)."""
     for _ in range(runs):
         proc = subprocess.Popen(
             barrierflow_cmd(
                 "run", pipeline, "--warehouse", str(warehouse), "--param", f"landing_dir={landing}",
                 "--param", f"max_files_per_epoch={max_files_per_epoch}", "--until-caught-up",
+                *(("--remote", remote) if remote else ()),
             ),
             env=cli_env(master=master), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip

@@ -97,15 +97,15 @@ REASON_CODES = {
 }
 
 
-def _completed(warehouse: Path | str) -> list[Any]:
-    layout = PipelineLayout.of(str(warehouse), "sensor_stats")
+def _completed(warehouse: Path | str, pipeline: str = "sensor_stats") -> list[Any]:
+    layout = PipelineLayout.of(str(warehouse), pipeline)
     return [r for r in CheckpointLog(layout).records() if r.status.value == "COMPLETED"]
 
 
-def assert_one_commit_per_table_per_epoch(warehouse: Path | str, epochs: int) -> None:
-    completed = _completed(warehouse)
+def assert_one_commit_per_table_per_epoch(warehouse: Path | str, epochs: int, pipeline: str = "sensor_stats") -> None:
+    completed = _completed(warehouse, pipeline)
     assert sorted(r.epoch for r in completed) == list(range(1, epochs + 1)), "each epoch completed exactly once"
-    layout = PipelineLayout.of(str(warehouse), "sensor_stats")
+    layout = PipelineLayout.of(str(warehouse), pipeline)
     from barrierflow.query import table_uri
 
     for name in completed[-1].versions():
@@ -114,13 +114,13 @@ def assert_one_commit_per_table_per_epoch(warehouse: Path | str, epochs: int) ->
         assert sorted(epochs_committed) == list(range(1, epochs + 1)), (name, sorted(epochs_committed))
 
 
-def assert_nothing_staged_visible(warehouse: Path | str) -> None:
+def assert_nothing_staged_visible(warehouse: Path | str, pipeline: str = "sensor_stats") -> None:
     """Every live file of every table belongs to the winning manifest of its epoch."""
     from barrierflow import storage
     from barrierflow.checkpoint import Manifest
 
-    layout = PipelineLayout.of(str(warehouse), "sensor_stats")
-    completed = _completed(warehouse)
+    layout = PipelineLayout.of(str(warehouse), pipeline)
+    completed = _completed(warehouse, pipeline)
     winners: dict[str, set[str]] = {}
     for record in completed:
         manifest = Manifest.from_json(storage.read_json(layout.manifest(record.lineage_id, record.epoch)))
