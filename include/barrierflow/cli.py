@@ -511,7 +511,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     else:
         spec = SensorStreamSpec(n_files=n_files, records_per_file=args.records_per_file, seed=args.seed)
         paths = write_sensor_files(args.landing_dir, spec, start_index=args.start_index, count=args.files)
-    print(f"wrote {len(paths)} file(s) to {args.landing_dir}: {paths[0].name} .. {paths[-1].name}")
+    first, last = (os.path.relpath(path, args.landing_dir) for path in (paths[0], paths[-1]))
+    print(f"wrote {len(paths)} file(s) to {args.landing_dir}: {first} .. {last}")
     return 0
 
 
