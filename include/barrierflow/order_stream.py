@@ -22,7 +22,7 @@ What a stream holds, so that every rule of the pipeline is exercised:
    and malformed lines cycling through ``MALFORMED_KINDS``.
 5. Thresholds: file 0 sets every country's limit; later files sometimes
    change one or remove it (``"limit": null``), and sometimes hold a
-   malformed limit.
+   malformed limit or no country.
 """
 
 from __future__ import annotations
@@ -238,6 +238,8 @@ def _thresholds(spec: OrderStreamSpec, k: int) -> list[str]:
         return [json.dumps({"country": country, "limit": None})]
     if u < 0.4:
         return [json.dumps({"country": country, "limit": "high"})]
+    if u < 0.45:
+        return [json.dumps({"country": None, "limit": 100.0})]
     return []
 
 

@@ -118,7 +118,7 @@ SCHEMAS: dict[str, tuple[tuple[str, str, bool], ...]] = {
         ("ts", "timestamp", False),
         ("amount", "float64", False),
     ),
-    "thresholds": (("country", "string", True), ("limit", "float64", True)),
+    "thresholds": (("country", "string", False), ("limit", "float64", True)),
 }
 # Key columns checked at each source (step 1): dedup, join and co-process keys,
 # the sessions' customer_id, the totals' and fraud check's country, and the

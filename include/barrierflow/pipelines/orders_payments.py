@@ -82,7 +82,8 @@ PAYMENT_SCHEMA = pa.schema(
         pa.field("amount", pa.float64(), nullable=False),
     ]
 )
-THRESHOLD_SCHEMA = pa.schema([pa.field("country", pa.string()), pa.field("limit", pa.float64())])
+# A threshold without a country is a dead letter (missing_field): a broadcast map state has no null key.
+THRESHOLD_SCHEMA = pa.schema([pa.field("country", pa.string(), nullable=False), pa.field("limit", pa.float64())])
 FRAUD_LIMITS = MapStateDescriptor("fraud_limits", pa.string(), pa.float64())
 PAYMENT_WINDOW = timedelta(minutes=15)
 SESSION_GAP = timedelta(minutes=10)
