@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from epoch_runs import epoch_runner, fail_after_first_commit
 
 import barrierflow as bf
 from barrierflow.query import run_query
 from barrierflow.restore import restore
 from barrierflow.savepoint import create_savepoint
+from epoch_runs import epoch_runner, fail_after_first_commit
 from readme_example import readme_module
 
 # Per epoch: limits (country, limit or None to remove) and payments (id, country, amount), in arrival order.

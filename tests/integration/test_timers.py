@@ -19,13 +19,13 @@ from typing import Any, Callable
 
 import pyarrow as pa
 import pytest
-from epoch_runs import epoch_runner, fail_after_first_commit
 
 import barrierflow as bf
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.query import run_query
 from barrierflow.restore import restore
 from barrierflow.savepoint import create_savepoint
+from epoch_runs import epoch_runner, fail_after_first_commit
 from readme_example import readme_module
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)

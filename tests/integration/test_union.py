@@ -19,7 +19,6 @@ from typing import Any, Callable
 
 import pyarrow as pa
 import pytest
-from epoch_runs import epoch_runner, fail_after_first_commit
 
 import barrierflow as bf
 from barrierflow.coordinator import CheckpointCoordinator
@@ -27,6 +26,7 @@ from barrierflow.errors import PipelineDefinitionError
 from barrierflow.query import run_query
 from barrierflow.restore import restore
 from barrierflow.savepoint import create_savepoint
+from epoch_runs import epoch_runner, fail_after_first_commit
 from readme_example import readme_module
 
 RECORDS = pa.schema([pa.field("k", pa.string()), pa.field("v", pa.int64(), nullable=False)])
