@@ -140,3 +140,38 @@ def test_redistribution_is_for_operator_state_only() -> None:
 
     with pytest.raises(bf.PipelineDefinitionError, match="only operator state has"):
         _build(KeyedUnion(), keyed=True)
+
+
+def test_a_subtask_handles_its_records_in_arrival_order_and_returns_its_changed_lists() -> None:
+    from barrierflow.operators.operator_state import _run_subtask
+
+    class Collect(bf.ProcessFunction):
+        pending = PENDING
+        output_schema = pa.schema([("ids", pa.string()), ("subtask", pa.int32())])
+
+        def process_element(self, record: dict[str, Any], ctx: OperatorContext, out: Any) -> None:
+            state = ctx.get_list_state(self.pending)
+            state.add(record["id"])
+            if len(state.get()) == 3:
+                out({"ids": ",".join(state.get()), "subtask": ctx.subtask_index})
+                state.clear()
+
+    schema = pa.schema(
+        [("_kind", pa.string()), ("_subtask", pa.int32()), ("state_pending", pa.list_(pa.string())),
+         ("_out_ids", pa.string()), ("_out_subtask", pa.int32())]
+    )  # fmt: skip
+    records = pa.table({"id": ["c", "a", "d", "b"], "_seq": [5, 1, 7, 3], "_subtask": pa.array([1] * 4, pa.int32())})
+    result = _run_subtask(Collect(), {"pending": [["x"], ["y"]]}, 2, 4, 0, schema, records)
+    assert result.to_pylist() == [
+        {"_kind": "_out", "_subtask": 1, "state_pending": None, "_out_ids": "y,a,b", "_out_subtask": 1},
+        {"_kind": "pending", "_subtask": 1, "state_pending": ["c", "d"], "_out_ids": None, "_out_subtask": None},
+    ]
+
+
+def test_a_widened_element_type_restores_as_any_state_column_does() -> None:
+    from barrierflow.schema_evolution import compare_schemas
+
+    stored = operator_state_spec("op", bf.ListStateDescriptor("n", pa.int32())).arrow_schema()
+    declared = operator_state_spec("op", bf.ListStateDescriptor("n", pa.int64())).arrow_schema()
+    fixed = [n for n in declared.names if n not in ("value", "parallelism")]
+    assert compare_schemas(stored, declared, fixed).restorable
