@@ -286,7 +286,10 @@ class OperatorProcess(Node):
         columns = user_columns(df)
         positions = position_columns(df.columns)
         # 2. Record k of the epoch, in arrival order, to subtask k % parallelism.
-        rank = F.row_number().over(Window.orderBy(*position_order(df.columns))) - F.lit(1)
+        # One window over the whole epoch, in one partition: said (partitionBy a constant) rather than
+        # warned about, since a global arrival rank is what rule 2 needs.
+        whole_epoch = Window.partitionBy(F.lit(0)).orderBy(*position_order(df.columns))
+        rank = F.row_number().over(whole_epoch) - F.lit(1)
         numbered = df.select(*columns, *positions).withColumn(_SUBTASK, F.pmod(rank, F.lit(parallelism)).cast("int"))
         out_schema = pa.schema(
             [
@@ -310,9 +313,9 @@ class OperatorProcess(Node):
         for kind, subtask, *values in zip(*(c.to_pylist() for c in changed.toArrow().columns)):
             after[kind][subtask] = values[list(specs).index(kind)] or []
         for name, spec in specs.items():
-            rows = state_rows(stored[name], after[name])
-            if rows:
-                _stage(ctx, spec, rows)
+            # Staged every epoch, changed or not: a completed epoch's cut (what queries and
+            # savepoints read) names the versions of the tables it committed.
+            _stage(ctx, spec, state_rows(stored[name], after[name]))
         outputs = result.where(F.col("_kind") == F.lit("_out"))
         return ctx.cached_view(outputs.select(*[F.col(f"_out_{f.name}").alias(f.name) for f in fn.output_schema]))
 
