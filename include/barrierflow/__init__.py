@@ -59,6 +59,8 @@ _EXPORTS: dict[str, str] = {
     "BroadcastContext": "barrierflow.operators.broadcast",
     "BroadcastStream": "barrierflow.pipeline",
     "KeyedContext": "barrierflow.operators.process",
+    "ProcessFunction": "barrierflow.operators.operator_state",
+    "OperatorContext": "barrierflow.operators.operator_state",
     "KeyedCoProcessFunction": "barrierflow.operators.co_process",
     "TimeDomain": "barrierflow.operators.timers",
     "TimerService": "barrierflow.operators.timers",
@@ -111,8 +113,8 @@ __all__ = [
     "FileSource", "IncompatibleSavepointError", "IntervalJoinedStreams", "JoinedStreams", "KeyedBroadcastProcessFunction",
     "KeyedCoProcessFunction", "KeyedContext", "KeyedProcessFunction", "KeyedStream", "LateFiles",
     "LeaseLostError", "LineParser", "ListState", "ListStateDescriptor", "MapState", "MapStateDescriptor", "Max",
-    "Min", "Param", "ParameterError", "Percentile", "Pipeline", "PipelineBuilder", "PipelineDefinition",
-    "PipelineDefinitionError", "PipelineStoppedError", "QueryError", "RecordError", "ReducingState",
+    "Min", "OperatorContext", "Param", "ParameterError", "Percentile", "Pipeline", "PipelineBuilder", "PipelineDefinition",
+    "PipelineDefinitionError", "PipelineStoppedError", "ProcessFunction", "QueryError", "RecordError", "ReducingState",
     "ReducingStateDescriptor", "SavepointError", "SchemaEvolutionError", "SlidingEventTimeWindows", "SourceError", "StateTtlConfig", "StorageError", "Sum",
     "TimeDomain", "TimerService", "TumblingEventTimeWindows", "UnknownPipelineError", "UserFunctionError", "ValueState",
     "ValueStateDescriptor",
@@ -145,6 +147,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from barrierflow.operators.aggregate import Aggregation, Avg, Count, Max, Min, Percentile, Sum
     from barrierflow.operators.broadcast import BroadcastContext, KeyedBroadcastProcessFunction
     from barrierflow.operators.co_process import KeyedCoProcessFunction
+    from barrierflow.operators.operator_state import OperatorContext, ProcessFunction
     from barrierflow.operators.process import KeyedContext, KeyedProcessFunction
     from barrierflow.operators.timers import TimeDomain, TimerService
     from barrierflow.operators.window import EventTimeSessionWindows, SlidingEventTimeWindows, TumblingEventTimeWindows

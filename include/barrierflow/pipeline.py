@@ -17,7 +17,9 @@ expressions; stateless operators given Python functions run them over Arrow
 batches on the executors (:mod:`barrierflow.operators.stateless`);
 :meth:`KeyedStream.process` runs a
 :class:`~barrierflow.operators.process.KeyedProcessFunction` over whole key
-groups with Arrow.
+groups with Arrow; :meth:`DataStream.process` a non-keyed
+:class:`~barrierflow.operators.operator_state.ProcessFunction` with operator
+list state, as parallel subtasks.
 
 Operators with several inputs: :meth:`DataStream.union`,
 :meth:`KeyedStream.connect` (a
@@ -43,6 +45,7 @@ from barrierflow.operators.broadcast import KeyedBroadcastProcess, KeyedBroadcas
 from barrierflow.operators.co_process import KeyedCoProcess, KeyedCoProcessFunction
 from barrierflow.operators.dedup import Deduplicate
 from barrierflow.operators.interval_join import IntervalBounds, IntervalJoin
+from barrierflow.operators.operator_state import OperatorProcess, ProcessFunction
 from barrierflow.operators.process import KeyedProcess, KeyedProcessFunction
 from barrierflow.operators.stateless import (
     BatchFunction,
@@ -406,6 +409,15 @@ class DataStream:
         return DataStream(
             self.builder, self.builder._add(Union(operator_id=node_id, parent=self.node, others=inputs[1:]), generated)
         )
+
+    def process(self, operator_id: str, function: ProcessFunction) -> "DataStream":
+        """Run a non-keyed process function with operator list state, as ``parallelism`` subtasks.
+
+        Record k of an epoch (in arrival order) goes to subtask
+        ``k % parallelism``; list states are redistributed, evenly or as a
+        union, when the parallelism changes (:mod:`barrierflow.operators.operator_state`).
+        """
+        return self._then(OperatorProcess(operator_id=operator_id, parent=self.node, function=function))
 
     def deduplicate(self, operator_id: str, key: str | tuple[str, ...], ttl: timedelta | None = None) -> "DataStream":
         """Drop records whose key was seen before (in this or an earlier epoch)."""

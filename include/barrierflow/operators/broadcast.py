@@ -253,7 +253,8 @@ def _stage_changes(ctx: Any, spec: StateSpec, before: Mapping[Any, Any], after: 
         )
     changed = [(k, v, False) for k, v in after.items() if k not in before or before[k] != v]
     changed += [(k, None, True) for k in before if k not in after]
-    # Staged even when empty: every state table commits every epoch (its version is the epoch's restore point).
+    # Staged even when nothing changed: an epoch's cut (what queries and savepoints read)
+    # names only the tables the epoch committed.
     rows = [
         {"map_key": k, KEY_GROUP: 0, "map_value": v, "_updated_at_ms": ctx.processing_time_ms, "_deleted": deleted, "_epoch": ctx.epoch}
         for k, v, deleted in changed

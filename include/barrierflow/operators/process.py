@@ -30,7 +30,7 @@ from barrierflow.operators.timers import (
     from_micros,
     timer_spec,
 )
-from barrierflow.state.descriptors import StateDescriptor
+from barrierflow.state.descriptors import EVEN_SPLIT, ListStateDescriptor, StateDescriptor
 from barrierflow.state.keyed import State, state_for
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 
@@ -203,6 +203,13 @@ class KeyedProcess(Node):
                 f"got {got}; {self.other_use}"
             )
         names = [d.name for d in self.function.state_descriptors]
+        union = [d.name for d in self.function.state_descriptors if isinstance(d, ListStateDescriptor) and d.redistribution != EVEN_SPLIT]
+        if union:
+            raise PipelineDefinitionError(
+                f"process {self.operator_id}: list state(s) {union} declare redistribution, which only operator "
+                "state has (a non-keyed bf.ProcessFunction's, redistributed among subtasks); keyed state moves "
+                "with its key group: drop redistribution=..."
+            )
         if len(names) != len(set(names)):
             raise PipelineDefinitionError(f"process {self.operator_id}: duplicate state names {names}")
         if self.function.uses_timers() and TIMER_STATE in names:

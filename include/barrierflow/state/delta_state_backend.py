@@ -380,7 +380,10 @@ class DeltaStateBackend:
         base = self._bases.get(spec.table_name)
         if base is not None:
             snapshot, live = base
-            unchanged = live.join(data.select(spec.key_columns), keys=spec.key_columns, join_type="left anti")
+            # Joined on the keys and a row number only: Arrow's join carries no nested (list, struct) columns.
+            numbered = live.select(spec.key_columns).append_column("_row", pa.array(range(live.num_rows), pa.int64()))
+            kept = numbered.join(data.select(spec.key_columns), keys=spec.key_columns, join_type="left anti")
+            unchanged = live.take(kept["_row"])
             changed = data.filter(pc.invert(data["_deleted"]))
             resident.stage(uri, snapshot, ctx.attempt_id, pa.concat_tables([unchanged.select(data.schema.names), changed]))
         ctx.stage(

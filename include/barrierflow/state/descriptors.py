@@ -1,17 +1,21 @@
-"""Keyed state descriptors, named as in Flink.
+"""State descriptors, named as in Flink.
 
-A descriptor names a piece of per-key state and fixes its stored type; the
-engine creates one Delta state table per descriptor
-(``state/<operator_id>/<name>``) with readable, typed columns.
+A descriptor names a piece of per-key state (or, a list state of a
+non-keyed :class:`~barrierflow.operators.operator_state.ProcessFunction`,
+operator state) and fixes its stored type; the engine creates one Delta
+state table per descriptor (``state/<operator_id>/<name>``) with readable,
+typed columns.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Protocol
 
 import pyarrow as pa
+
+from barrierflow.errors import PipelineDefinitionError
 
 __all__ = [
     "StateDescriptor",
@@ -22,7 +26,16 @@ __all__ = [
     "AggregatingStateDescriptor",
     "AggregateFunction",
     "StateTtlConfig",
+    "EVEN_SPLIT",
+    "UNION",
+    "REDISTRIBUTIONS",
 ]
+
+# How an operator list state is redistributed when the parallelism changes
+# (:mod:`barrierflow.operators.operator_state`): Flink's getListState and getUnionListState.
+EVEN_SPLIT = "even_split"
+UNION = "union"
+REDISTRIBUTIONS = (EVEN_SPLIT, UNION)
 
 
 @dataclass(frozen=True)
@@ -74,12 +87,29 @@ class ValueStateDescriptor(StateDescriptor):
 
 @dataclass(frozen=True)
 class ListStateDescriptor(StateDescriptor):
+    """A list per key; or, in a non-keyed ``ProcessFunction``, a list per parallel subtask (operator state).
+
+    ``redistribution`` (operator state only) is what a subtask gets when the
+    parallelism changes: ``"even_split"`` (Flink's ``getListState``: a
+    contiguous slice of all subtasks' lists) or ``"union"`` (Flink's
+    ``getUnionListState``: all of them); see
+    :mod:`barrierflow.operators.operator_state`.
+    """
+
     element_type: pa.DataType = pa.float64()
     ttl_config: StateTtlConfig | None = None
+    redistribution: str = field(default=EVEN_SPLIT, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.redistribution not in REDISTRIBUTIONS:
+            raise PipelineDefinitionError(
+                f"list state {self.name!r}: redistribution={self.redistribution!r} is not one of {list(REDISTRIBUTIONS)} "
+                "(even_split: each subtask gets a slice of all subtasks' lists; union: each gets all of them)"
+            )
 
     @property
     def kind(self) -> str:
-        return "list"
+        return "list" if self.redistribution == EVEN_SPLIT else "union_list"
 
     @property
     def value_type(self) -> pa.DataType:
