@@ -35,7 +35,7 @@ drop (``ts <= `` the watermark of the batch before, from the query progress);
 a pair only in barrierflow must hold a record Spark dropped as late. Each kind
 is counted; anything else is ``[MISMATCH]``.
 
-Default scale: 8 files x 5,000 orders per source (about 66,000 events, 4
+Default scale: 8 files x 5,000 orders per source (76,950 events with seed 7, 4
 epochs / batches): barrierflow's epochs cost about a minute each under load
 whatever their size at this scale (see ``bench/README.md`` for the figures
 measured and where an epoch's time goes), so more files would push one run
