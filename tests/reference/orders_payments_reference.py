@@ -3,7 +3,8 @@
 Independent of the engine: written from the README and the operators' numbered
 docstrings, with ordinary dicts and lists as state and one pass over the
 records of each epoch. The Spark engine's Delta tables are compared against
-:class:`OrdersPaymentsResult` row for row. Nothing here imports ``barrierflow``.
+:class:`OrdersPaymentsResult` row for row. Nothing here imports ``barrierflow``; files are read and chunked as
+:mod:`reference.sensor_stats_reference` does.
 
 Epoch n reads chunk n of every source (:func:`split_epochs`); W(n-1) is the
 pipeline's watermark at its start, W(n) the one at its end (``None`` stands for
@@ -75,6 +76,9 @@ from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from reference.sensor_stats_reference import read_lines
+from reference.sensor_stats_reference import split_epochs as split_directory
 
 __all__ = [
     "SOURCES",
@@ -165,41 +169,14 @@ class OrdersPaymentsResult:
 
 
 def split_epochs(landing_dir: str | os.PathLike[str], max_files_per_epoch: int) -> list[dict[str, list[pathlib.Path]]]:
-    """Per epoch, each source's files: ``landing/<source>/`` visible ``*.jsonl`` by name, in chunks.
+    """Per epoch, each source's files: ``landing/<source>/`` chunked as sensor_stats' reference chunks one directory.
 
-    Names starting with ``.`` or ``_`` are in-progress files and ignored.
     Epoch n takes chunk n of every source; a source with fewer chunks has an
     empty list in later epochs. No files at all: no epochs.
     """
-    if max_files_per_epoch < 1:
-        raise ValueError("max_files_per_epoch must be >= 1")
-    chunks: dict[str, list[list[pathlib.Path]]] = {}
-    for source in SOURCES:
-        directory = pathlib.Path(landing_dir) / source
-        names = (
-            sorted(
-                p.name
-                for p in directory.iterdir()
-                if p.is_file() and p.name.endswith(".jsonl") and not p.name.startswith((".", "_"))
-            )
-            if directory.is_dir()
-            else []
-        )
-        files = [directory / name for name in names]
-        chunks[source] = [files[i : i + max_files_per_epoch] for i in range(0, len(files), max_files_per_epoch)]
+    chunks = {source: split_directory(pathlib.Path(landing_dir) / source, max_files_per_epoch) for source in SOURCES}
     count = max((len(c) for c in chunks.values()), default=0)
     return [{s: (chunks[s][n] if n < len(chunks[s]) else []) for s in SOURCES} for n in range(count)]
-
-
-def read_lines(path: str | os.PathLike[str]) -> list[bytes]:
-    """A file's lines: split on ``\\n``, one trailing ``\\r`` stripped; no line after a final newline."""
-    data = pathlib.Path(path).read_bytes()
-    if not data:
-        return []
-    parts = data.split(b"\n")
-    if parts[-1] == b"":
-        parts.pop()
-    return [p[:-1] if p.endswith(b"\r") else p for p in parts]
 
 
 class _Num(str):
