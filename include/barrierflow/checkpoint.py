@@ -150,6 +150,9 @@ class TableCommit:
     base_version: int | None = None  # table version the removes were computed at (upserts)
     data_change: bool = True
     primary_key: tuple[str, ...] = ()
+    # A sink widening (schema_evolution step 2): the table's schema after this commit, committed as
+    # its metaData; the adds rewrite every file live at base_version (the removes) with the wider types.
+    table_schema_json: str | None = None
 
     @property
     def rows(self) -> int:
@@ -177,6 +180,7 @@ class TableCommit:
             base_version=doc["base_version"],
             data_change=doc["data_change"],
             primary_key=tuple(doc.get("primary_key", ())),
+            table_schema_json=doc.get("table_schema_json"),
         )
 
 

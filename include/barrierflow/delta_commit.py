@@ -164,9 +164,14 @@ def commit_epoch_table(
          a fencing token above ``fence``'s (a restore, a newer epoch), refuse.
       2. Check that every file the manifest removes is still live; if not, the
          table moved under the epoch (a zombie of an older epoch): fence it.
+         A sink widening (``table_schema_json``) rewrote every live file, so
+         its removes must be exactly the live files.
       3. Commit adds + removes in one Delta transaction carrying the app
          transactions ``(app, epoch)`` and ``fence``, and commit metadata
-         tracing the epoch. No automatic retry: a commit that lands first
+         tracing the epoch. A sink widening is an overwrite (the write mode
+         that may change the schema): it removes every live file (step 2:
+         the rewritten ones) and writes the widened schema as the commit's
+         metaData, in this same commit. No automatic retry: a commit that lands first
          makes this one fail, so two attempts can never both commit, and no
          token can be raised between step 1's check and this commit. The
          commit that returns is the version after the snapshot read (or 0).
@@ -218,13 +223,14 @@ def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, prop
     """Steps 2-3 of :func:`commit_epoch_table` on the snapshot step 1 read; returns the new version."""
     adds = [_add_action(f, commit.data_change) for f in commit.adds]
     schema = Schema.from_json(commit.schema_json)
+    widened = Schema.from_json(commit.table_schema_json) if commit.table_schema_json is not None else None
     if table is None:
         if commit.removes:
             raise FencedError(f"table {commit.name} does not exist but epoch {epoch} removes files from it")
         faults.maybe_fail("commit.before_delta_commit")
         create_table_with_add_actions(
             commit.uri,
-            schema,
+            widened or schema,
             adds,
             mode="error",
             partition_by=list(commit.partition_by) or None,
@@ -233,26 +239,43 @@ def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, prop
         )
     else:
         # Step 2.
-        if commit.removes:
-            missing = set(commit.removes) - live_paths(table)
+        if commit.removes or widened is not None:
+            live = live_paths(table)
+            missing = set(commit.removes) - live
             if missing:
                 raise FencedError(
                     f"epoch {epoch} of table {commit.name} would remove files that are no "
                     f"longer live ({sorted(missing)[:3]}...): a newer commit replaced them"
                 )
+            if widened is not None and live != set(commit.removes):
+                raise FencedError(
+                    f"epoch {epoch} widens table {commit.name} by rewriting the {len(commit.removes)} file(s) live at "
+                    f"version {commit.base_version}, but the table has {len(live - set(commit.removes))} other live "
+                    "file(s): a newer commit added them"
+                )
         removes = [
             RemoveAction(path=p, data_change=commit.data_change, deletion_timestamp=_now_ms()) for p in commit.removes
         ]
         faults.maybe_fail("commit.before_delta_commit")
-        _add_new_columns(table, commit.name, schema)
-        # Step 3.
-        table.create_write_transaction(
-            [*adds, *removes],
-            mode="append",
-            schema=schema,
-            partition_by=list(commit.partition_by) or None,
-            commit_properties=properties,
-        )
+        if widened is not None:
+            # Step 3, a sink widening: the overwrite writes the removes itself (every live file, step 2).
+            table.create_write_transaction(
+                [*adds],
+                mode="overwrite",
+                schema=widened,
+                partition_by=list(commit.partition_by) or None,
+                commit_properties=properties,
+            )
+        else:
+            _add_new_columns(table, commit.name, schema)
+            # Step 3.
+            table.create_write_transaction(
+                [*adds, *removes],
+                mode="append",
+                schema=schema,
+                partition_by=list(commit.partition_by) or None,
+                commit_properties=properties,
+            )
     faults.maybe_fail("commit.after_delta_commit")
     # No retries (``max_commit_retries=0``): a commit that returns is the
     # version after the one read, or the table's first.

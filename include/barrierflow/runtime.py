@@ -296,6 +296,7 @@ class EpochContext:
         primary_key: tuple[str, ...] = (),
         prefix: str | None = None,
         constants: Mapping[str, Any] | None = None,
+        table_schema: pa.Schema | None = None,
     ) -> None:
         """Write a table's share of the epoch under the staging prefix, in the background.
 
@@ -308,7 +309,9 @@ class EpochContext:
         staging prefix (deleted with it on abort); the staging prefix itself
         by default. ``constants`` are columns of ``schema`` with one value in
         every row, added by the writer (see :func:`stage_frame`); ``data``
-        lacks them.
+        lacks them. ``table_schema``: a sink widening's new table schema
+        (``data`` then holds the table's stored rows too, and ``removes`` is
+        every live file; see :class:`TableCommit`).
         """
         prefix = prefix or self.staging_prefix
         if not prefix.startswith(self.staging_prefix):
@@ -350,6 +353,7 @@ class EpochContext:
                 removes=removes,
                 base_version=base_version,
                 primary_key=primary_key,
+                table_schema_json=schema_json_of(table_schema) if table_schema is not None else None,
             )
 
         with self._lock:

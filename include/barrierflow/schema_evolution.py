@@ -18,10 +18,15 @@ elements and map values):
      as a key column, whose values place rows in key groups) is INCOMPATIBLE:
      never converted.
 
-A sink table keeps its history, so its rows are never converted:
-:func:`check_sink_schema` lets an epoch's output add columns (earlier rows
-read null) and leave out nullable ones (its rows read null), and refuses any
-type change before the epoch votes, naming the columns.
+A sink table is checked against each epoch's output by
+:func:`check_sink_schema`, before the epoch votes: the output may add columns
+(earlier rows read null), leave out nullable ones (its rows read null) and
+widen a column's type (step 2, also inside structs, list elements and map
+values): the epoch then rewrites the table's stored rows with the wider type
+and commits them, its own rows and the widened schema as one Delta commit
+(:mod:`barrierflow.sinks.delta_sink`), so every reader of the table, old
+ones included, reads one type. Any other change is refused, naming the
+columns.
 
 :func:`evolve` converts rows of the stored schema into the code's: it drops
 removed fields, casts widened ones and fills added ones (steps 1-3); it never
@@ -48,6 +53,8 @@ __all__ = [
     "evolve",
     "field_with_default",
     "check_sink_schema",
+    "widened_columns",
+    "widened_table_schema",
     "DEFAULT_METADATA_KEY",
 ]
 
@@ -250,26 +257,63 @@ def _declares_defaults(t: pa.DataType) -> bool:
     return False
 
 
-def check_sink_schema(sink: str, table: pa.Schema, output: pa.Schema) -> list[str]:
-    """The changes an epoch's ``output`` makes to sink table ``sink`` (added or left-out columns), or SchemaEvolutionError.
+def check_sink_schema(sink: str, table: pa.Schema, output: pa.Schema, rows: int | None = None) -> list[str]:
+    """The changes an epoch's ``output`` makes to sink table ``sink`` (added, left-out or widened columns), or SchemaEvolutionError.
 
-    Columns are compared by name; nothing inside a column may change type.
+    Columns are compared by name. A column whose type widens (step 2, at any
+    depth) has its stored rows rewritten: ``rows``, the table's row count,
+    goes into the message. Nothing else inside a column may change.
     """
     accepted, refused = [], []
-    for change in compare_schemas(table, output).changes:
-        top = change.path.split(".")[0].split("[")[0].split("{")[0]
+    changes = compare_schemas(table, output).changes
+    widened = set(widened_columns(table, output))
+    for change in changes:
+        top = _top(change.path)
         if change.kind is ChangeKind.ADDED and top == change.path:
             accepted.append(f"{change.path} added ({change.declared}; earlier rows read null)")
         elif change.kind is ChangeKind.INCOMPATIBLE and change.stored is None and top == change.path:
             accepted.append(f"{change.path} added ({change.declared}, nullable in the table; earlier rows read null)")
         elif change.kind is ChangeKind.REMOVED and top == change.path and table.field(top).nullable:
             accepted.append(f"{change.path} no longer written ({change.stored}; this epoch's rows read null)")
+        elif change.kind is ChangeKind.WIDENED and top in widened:
+            stored_rows = "every stored row" if rows is None else f"{rows} row{'' if rows == 1 else 's'}"
+            accepted.append(f"{change.path} widened from {change.stored} to {change.declared} ({stored_rows} rewritten)")
         else:
             refused.append(str(change))
     if refused:
         raise SchemaEvolutionError(
-            f"sink {sink}: the epoch's output does not fit the table's schema: {'; '.join(refused)}. A sink table keeps "
-            "its rows as written: columns may be added or (when nullable) left out, but no type changes, not even a "
-            "widening; cast the column back, or write to a new sink table"
+            f"sink {sink}: the epoch's output does not fit the table's schema: {'; '.join(refused)}. A sink table "
+            "takes added columns, (when nullable) left-out ones and widened types (int to long, float to double; its "
+            "stored rows are rewritten), but no other type change: cast the column back, or write to a new sink table"
         )
     return accepted
+
+
+def widened_columns(table: pa.Schema, output: pa.Schema) -> tuple[str, ...]:
+    """Top-level columns of sink table ``table`` whose type ``output`` only widens (step 2, at any depth): their rows are rewritten."""
+    by_column: dict[str, list[SchemaChange]] = {}
+    for change in compare_schemas(table, output).changes:
+        top = _top(change.path)
+        if change.path != top or (change.stored is not None and change.declared is not None):  # not a column added or left out
+            by_column.setdefault(top, []).append(change)
+    return tuple(
+        name for name, changes in by_column.items() if all(c.kind is ChangeKind.WIDENED for c in changes)
+    )
+
+
+def widened_table_schema(table: pa.Schema, output: pa.Schema) -> pa.Schema:
+    """Sink table ``table``'s schema once ``output`` is committed to it with its widened columns.
+
+    Every column of the table, in its order and nullability, a widened one
+    with the output's type; then the output's new columns, nullable (the
+    table's earlier rows have none).
+    """
+    widened = set(widened_columns(table, output))
+    fields = [output.field(f.name).with_nullable(f.nullable) if f.name in widened else f for f in table]
+    fields += [f.with_nullable(True) for f in output if f.name not in table.names]
+    return pa.schema(fields)
+
+
+def _top(path: str) -> str:
+    """The top-level column of a change's path ("stats.max" -> "stats", "readings[].value" -> "readings")."""
+    return path.split(".")[0].split("[")[0].split("{")[0]

@@ -1,14 +1,18 @@
 """State and sink schemas that change between a savepoint and the code restoring it, on real Spark and Delta.
 
-``counts`` v1 keeps, per user, a struct ``{count: int32}`` and appends each
-record's running count. A savepoint after two epochs restores into v2 (the README's example), whose
-state widens ``count`` to int64 and adds ``total`` (default 0.0), and whose
-output adds a ``total`` column: the restore says what changed, the state
-converts, and two more epochs continue from the restored counts (a plain
-Python reference says every row). A v3 whose state changes ``count`` to a
-string is refused with the change named, unless non-restored state is
-allowed (then it starts empty); a v4 whose output changes the sink column
-``count`` to a double is refused before its epoch votes.
+``counts`` v1 keeps, per user, a struct ``{count: int32}`` and writes each
+record's running count (an int32 column) to an append sink ``counts`` and an
+upsert sink ``latest``. A savepoint after two epochs restores into v2 (the
+README's example), whose state widens ``count`` to int64 and adds ``total``
+(default 0.0), and whose output widens the sinks' ``count`` to int64 and adds
+a ``total`` column: the restore says what changed, the state converts, and
+two more epochs continue from the restored counts (a plain Python reference
+says every row). The first of them widens both sink tables, each in the one
+commit of its epoch that also adds the epoch's rows; a crash right before
+the ``counts`` commit is rolled forward without rewriting twice. A v3 whose
+state changes ``count`` to a string is refused with the change named, unless
+non-restored state is allowed (then it starts empty); a v4 whose output
+narrows the sink column ``count`` to int16 is refused before its epoch votes.
 """
 
 from __future__ import annotations
@@ -17,14 +21,17 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+import deltalake
 import pyarrow as pa
 import pytest
 
 import barrierflow as bf
-from barrierflow.checkpoint import EpochStatus
+from barrierflow import storage
+from barrierflow.checkpoint import EpochStatus, Manifest
 from barrierflow.checkpoint_log import CheckpointLog
 from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.errors import IncompatibleSavepointError, SchemaEvolutionError
+from barrierflow.delta_commit import live_paths
+from barrierflow.errors import IncompatibleSavepointError, InjectedFault, SchemaEvolutionError
 from barrierflow.layout import PipelineLayout
 from barrierflow.query import run_query
 from barrierflow.restore import restore
@@ -37,7 +44,7 @@ Out = Callable[[dict[str, Any]], None]
 
 class CountsV1(bf.KeyedProcessFunction):
     stats = bf.ValueStateDescriptor("stats", pa.struct([("count", pa.int32())]))
-    output_schema = pa.schema([("user", pa.string()), ("count", pa.int64())])
+    output_schema = pa.schema([("user", pa.string()), ("count", pa.int32())])
 
     def process_element(self, record: dict[str, Any], ctx: bf.KeyedContext, out: Out) -> None:
         state = ctx.get_state(self.stats)
@@ -58,14 +65,16 @@ class CountsV3(bf.KeyedProcessFunction):
 
 
 class CountsV4(CountsV1):
-    output_schema = pa.schema([("user", pa.string()), ("count", pa.float64())])
+    output_schema = pa.schema([("user", pa.string()), ("count", pa.int16())])
 
 
 def _definition(function: bf.KeyedProcessFunction) -> bf.PipelineDefinition:
     @bf.pipeline("counts", params=[bf.Param("landing_dir", str), bf.Param("parallelism", int, 2)])
     def counts(p: bf.PipelineBuilder, params: dict[str, Any]) -> None:
         events = p.source(bf.FileSource("events", params["landing_dir"], schema=EVENTS, max_files_per_epoch=1))
-        events.key_by("user").process("count", function).sink_to(bf.DeltaSink.append("counts"))
+        counted = events.key_by("user").process("count", function)
+        counted.sink_to(bf.DeltaSink.append("counts"))
+        counted.sink_to(bf.DeltaSink.upsert("latest", "user"))
 
     return counts
 
@@ -91,7 +100,7 @@ def _reference() -> list[tuple[Any, ...]]:
 
 
 def test_a_savepoint_restores_into_evolved_state_and_refuses_what_cannot_convert(
-    spark: Any, tmp_path: Path, warehouse: str
+    spark: Any, tmp_path: Path, warehouse: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     landing = tmp_path / "landing"
     landing.mkdir()
@@ -110,11 +119,17 @@ def test_a_savepoint_restores_into_evolved_state_and_refuses_what_cannot_convert
     # An incompatible state change is refused, naming it; allowed, that state starts empty.
     with pytest.raises(IncompatibleSavepointError, match=r"count/stats \(schema changed: value\.count incompatible: int32 -> string\)"):
         restore(_definition(CountsV3()), warehouse, savepoint="v1", params=params)
-    # A sink column changing type is refused before the epoch votes: nothing is committed.
-    with pytest.raises(SchemaEvolutionError, match=r"sink counts: .*count incompatible: int64 -> double"):
+    # A sink column narrowing is refused before the epoch votes: nothing is committed.
+    with pytest.raises(SchemaEvolutionError, match=r"sink (counts|latest): .*count incompatible: int32 -> int16"):
         run(CountsV4(), 1)
     layout = PipelineLayout.of(warehouse, "counts")
-    assert max(r.epoch for r in CheckpointLog(layout).records() if r.status is EpochStatus.COMPLETED) == 2
+    records = [r for r in CheckpointLog(layout).records() if r.status is EpochStatus.COMPLETED]
+    assert max(r.epoch for r in records) == 2
+    counts_uri = layout.sink_table("counts")
+    assert deltalake.DeltaTable(counts_uri).version() == max(r.versions()["counts"] for r in records)
+    # The manifest order is the commit order: crash right before the ``counts`` commit.
+    tables = Manifest.from_json(storage.read_json(layout.manifest(records[-1].lineage_id, 2))).tables
+    counts_commit = 1 + [t.name for t in tables].index("counts")
 
     # v2 is the README's "Schema evolution on restore" example as written.
     counts_v2 = readme_module(tmp_path / "user_code", "### Schema evolution on restore", "readme_counts").Counts()
@@ -122,9 +137,43 @@ def test_a_savepoint_restores_into_evolved_state_and_refuses_what_cannot_convert
     assert result.evolved_states == {
         "count/stats": ("value.count widened: int32 -> int64", "value.total added (double, default 0.0)")
     }
-    assert run(counts_v2) == [3, 4]
+    stored_files = live_paths(deltalake.DeltaTable(counts_uri))  # after the rewind: epochs 1-2's rows, int32
+
+    monkeypatch.setenv("BARRIERFLOW_FAULT", f"commit.before_delta_commit:{counts_commit}:raise")
+    monkeypatch.setenv("BARRIERFLOW_FAULT_STATE", str(tmp_path / "faults"))
+    with pytest.raises(InjectedFault):
+        run(counts_v2, 1)
+    monkeypatch.delenv("BARRIERFLOW_FAULT")
+    # Epoch 3 voted the widening (its rewrite staged, in its manifest) but did not commit it.
+    voted = Manifest.from_json(storage.read_json(layout.manifest(result.lineage_id, 3)))
+    widening = next(t for t in voted.tables if t.name == "counts")
+    assert widening.table_schema_json is not None and '"long"' in widening.table_schema_json
+    assert set(widening.removes) == stored_files == live_paths(deltalake.DeltaTable(counts_uri))
+    assert all(storage.exists(f"{counts_uri}/{f.path}") for f in widening.adds)
+
+    assert run(counts_v2) == [4]  # epoch 3 is rolled forward first
     got = run_query(warehouse, "counts", "select _epoch, user, count, total from counts").to_pylist()
     assert sorted(tuple(r.values()) for r in got) == sorted(_reference())
+    # A plain Delta table: any reader reads the stored rows as longs, with no table feature.
+    table = deltalake.DeltaTable(counts_uri)
+    assert table.to_pyarrow_table().schema.field("count").type == pa.int64()
+    assert "typeWidening" not in (table.protocol().writer_features or [])
+    # One commit of epoch 3: the widened schema, every stored file removed, rewritten and the epoch's rows added.
+    (entry,) = [h for h in table.history() if h.get("barrierflow.epoch") == 3]
+    actions = [json.loads(line) for line in (Path(counts_uri) / "_delta_log" / f"{entry['version']:020d}.json").read_text().splitlines()]
+    kinds = [next(iter(a)) for a in actions]
+    assert kinds.count("metaData") == 1 and '"long"' in next(a["metaData"]["schemaString"] for a in actions if "metaData" in a)
+    assert {a["remove"]["path"] for a in actions if "remove" in a} == stored_files
+    assert {a["add"]["path"] for a in actions if "add" in a} == {f.path for f in widening.adds}
+    assert {a["txn"]["version"] for a in actions if "txn" in a} >= {3}
+    # The upsert sink, seeded from the savepoint with int32 counts, widened the same way. It keeps
+    # each key's rows of the last epoch that wrote the key (epoch 3 wrote two rows for "a").
+    latest = deltalake.DeltaTable(layout.sink_table("latest")).to_pyarrow_table()
+    assert latest.schema.field("count").type == pa.int64()
+    last = {user: epoch for epoch, user, _, _ in _reference()}
+    assert sorted(zip(*(latest[c].to_pylist() for c in ("_epoch", "user", "count", "total")))) == sorted(
+        row for row in _reference() if row[0] == last[row[1]]
+    )
     stats = run_query(warehouse, "counts", "select user, value from count__stats").to_pylist()
     assert {r["user"]: r["value"] for r in stats} == {
         "a": {"count": 4, "total": 14.0}, "b": {"count": 3, "total": 9.0}, "c": {"count": 2, "total": 7.0}

@@ -165,3 +165,11 @@ def test_epoch_status_values_are_their_names() -> None:
 
 def test_app_id() -> None:
     assert app_id("sensor_stats", "lin-9") == "barrierflow:sensor_stats:lin-9"
+
+
+def test_table_commit_of_a_sink_widening_round_trips_and_older_documents_have_none(make_commit: Callable[..., TableCommit]) -> None:
+    commit = make_commit(table_schema_json='{"type":"struct","fields":[{"name":"x","type":"long","nullable":true,"metadata":{}}]}')
+    assert TableCommit.from_json(_through_json(commit.to_json())) == commit
+    doc = _through_json(make_commit().to_json())
+    del doc["table_schema_json"]  # documents written before the field existed
+    assert TableCommit.from_json(doc).table_schema_json is None

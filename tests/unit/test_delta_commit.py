@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from barrierflow import delta_commit
-from barrierflow.checkpoint import Fence, TableCommit, TableKind
+from barrierflow.checkpoint import Fence, StagedFile, TableCommit, TableKind
 from barrierflow.delta_commit import (
     commit_epoch_table,
     committed_version,
     latest_snapshot,
+    live_paths,
     open_table,
     raise_fence,
     schema_json_of,
@@ -126,3 +129,40 @@ def test_a_table_from_an_earlier_release_gets_the_new_nullable_column(tmp_path: 
         {"x": 1, "detail": None}, {"x": 2, "detail": "why"}
     ]
     assert committed_version(uri, "pipe:l1", 2) == 2
+
+
+def test_a_sink_widening_is_one_commit_of_the_new_schema_the_rewritten_files_and_the_epochs_rows(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    narrow, wide = pa.schema([("x", pa.int32())]), pa.schema([("x", pa.int64())])
+
+    def commit(epoch: int, files: list[StagedFile], schema: pa.Schema, **widening: Any) -> int:
+        table = TableCommit("t", uri, TableKind.SINK, schema_json_of(schema), (), tuple(files), **widening)
+        return commit_epoch_table(table, "pipe:l1", epoch, f"attempt-{epoch}", Fence("pipe", 1, epoch))
+
+    for epoch in (1, 2):
+        commit(epoch, write_parquet(uri, f"_staging/l1/{epoch}", pa.table({"x": [epoch]}, schema=narrow)), narrow)
+    stored = open_table(uri)
+    assert stored is not None and stored.version() == 1
+    old_files = tuple(sorted(live_paths(stored)))
+    # Epoch 3's staged files: the stored rows cast to the wider type, and its own rows.
+    rewritten = write_parquet(uri, "_staging/l1/3", stored.to_pyarrow_table().cast(wide))
+    rewritten += write_parquet(uri, "_staging/l1/3", pa.table({"x": [2**40]}, schema=wide))
+    widening = {"removes": old_files, "base_version": 1, "table_schema_json": schema_json_of(wide)}
+
+    # A live file the rewrite did not read (committed after it was planned) would be lost: refused.
+    with pytest.raises(FencedError, match="1 other live file"):
+        commit(3, rewritten, wide, removes=old_files[:1], base_version=1, table_schema_json=schema_json_of(wide))
+
+    assert commit(3, rewritten, wide, **widening) == 2
+    assert commit(3, rewritten, wide, **widening) == 2  # a retry (after a crash) commits nothing more
+    table = open_table(uri)
+    assert table is not None and table.version() == 2
+    assert table.to_pyarrow_table().schema == wide and sorted(table.to_pyarrow_table()["x"].to_pylist()) == [1, 2, 2**40]
+    assert "typeWidening" not in (table.protocol().writer_features or [])
+    actions = [json.loads(line) for line in (tmp_path / "t" / "_delta_log" / f"{2:020d}.json").read_text().splitlines()]
+    assert {a["remove"]["path"] for a in actions if "remove" in a} == set(old_files)
+    assert {a["add"]["path"] for a in actions if "add" in a} == {f.path for f in rewritten}
+    assert ['"long"' in a["metaData"]["schemaString"] for a in actions if "metaData" in a] == [True]
+    assert {a["txn"]["appId"]: a["txn"]["version"] for a in actions if "txn" in a}["pipe:l1"] == 3
+    # Version 1 still reads as it was: its files and type are untouched.
+    assert open_table(uri, 1).to_pyarrow_table().schema == narrow  # type: ignore[union-attr]

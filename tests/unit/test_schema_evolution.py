@@ -16,7 +16,15 @@ from barrierflow.pipelines.sensor_stats import sensor_stats
 from barrierflow.query import run_query
 from barrierflow.restore import check_compatibility, restore
 from barrierflow.savepoint import create_savepoint, state_signature
-from barrierflow.schema_evolution import ChangeKind, check_sink_schema, compare_schemas, evolve, field_with_default
+from barrierflow.schema_evolution import (
+    ChangeKind,
+    check_sink_schema,
+    compare_schemas,
+    evolve,
+    field_with_default,
+    widened_columns,
+    widened_table_schema,
+)
 from stub_engine import LINES, stub_compute
 
 STATS = pa.struct([("count", pa.int32()), ("label", pa.string())])
@@ -174,14 +182,57 @@ def test_a_savepoint_of_older_code_restores_converted_or_is_refused(tmp_path: Pa
     assert run_query(warehouse, "lines", "select count(*) as n from lines").to_pylist() == [{"n": 9}]
 
 
-def test_a_sink_takes_new_and_left_out_nullable_columns_but_no_type_change() -> None:
+def test_a_sink_takes_new_left_out_nullable_and_widened_columns() -> None:
     table = pa.schema([("user", pa.string()), ("count", pa.int32()), pa.field("_epoch", pa.int64(), nullable=False)])
     output = pa.schema([("user", pa.string()), pa.field("_epoch", pa.int64(), nullable=False), pa.field("flag", pa.bool_(), nullable=False)])
     assert check_sink_schema("counts", table, output) == [
         "flag added (bool, nullable in the table; earlier rows read null)",
         "count no longer written (int32; this epoch's rows read null)",
     ]
-    with pytest.raises(SchemaEvolutionError, match=r"sink counts: .*count widened: int32 -> int64.*no type changes, not even a widening"):
-        check_sink_schema("counts", table, table.set(1, pa.field("count", pa.int64())))
+    assert widened_columns(table, output) == ()
+    widened = table.set(1, pa.field("count", pa.int64())).append(pa.field("total", pa.float64(), nullable=False))
+    assert check_sink_schema("counts", table, widened, rows=5) == [
+        "count widened from int32 to int64 (5 rows rewritten)",
+        "total added (double, nullable in the table; earlier rows read null)",
+    ]
+    assert widened_columns(table, widened) == ("count",)
+    # The table keeps its columns' order and nullability; the new column is nullable.
+    assert widened_table_schema(table, widened) == pa.schema(
+        [("user", pa.string()), ("count", pa.int64()), pa.field("_epoch", pa.int64(), nullable=False), ("total", pa.float64())]
+    )
     with pytest.raises(SchemaEvolutionError, match=r"_epoch removed"):  # a required column cannot be left out
         check_sink_schema("counts", table, table.remove(2))
+
+
+@pytest.mark.parametrize(
+    ("stored", "declared", "message"),
+    [
+        (pa.int64(), pa.int32(), r"count incompatible: int64 -> int32"),  # narrowed
+        (pa.string(), pa.int64(), r"count incompatible: string -> int64"),
+        (pa.int64(), pa.float64(), r"count incompatible: int64 -> double"),  # not exact
+    ],
+)
+def test_a_sink_refuses_any_other_type_change_naming_the_column(stored: pa.DataType, declared: pa.DataType, message: str) -> None:
+    table = pa.schema([("user", pa.string()), ("count", stored)])
+    with pytest.raises(SchemaEvolutionError, match=r"sink counts: .*" + message) as refused:
+        check_sink_schema("counts", table, table.set(1, pa.field("count", declared)))
+    assert "not even a widening" not in str(refused.value) and "widened types" in str(refused.value)
+
+
+def test_a_sink_widens_inside_a_column_but_takes_no_other_nested_change() -> None:
+    stats = pa.struct([("n", pa.int32()), ("max", pa.float32())])
+    table = pa.schema([("user", pa.string()), ("stats", stats), ("readings", pa.list_(pa.int16()))])
+    output = pa.schema(
+        [("user", pa.string()), ("stats", pa.struct([("n", pa.int64()), ("max", pa.float64())])), ("readings", pa.list_(pa.int32()))]
+    )
+    assert check_sink_schema("s", table, output) == [
+        "stats.n widened from int32 to int64 (every stored row rewritten)",
+        "stats.max widened from float to double (every stored row rewritten)",
+        "readings[] widened from int16 to int32 (every stored row rewritten)",
+    ]
+    assert widened_columns(table, output) == ("stats", "readings")
+    assert widened_table_schema(table, output) == output
+    added = output.set(1, pa.field("stats", pa.struct([("n", pa.int64()), ("max", pa.float64()), ("min", pa.float64())])))
+    with pytest.raises(SchemaEvolutionError, match=r"stats\.min added"):
+        check_sink_schema("s", table, added)
+    assert widened_columns(table, added) == ("readings",)  # stats changes otherwise too

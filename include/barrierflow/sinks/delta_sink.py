@@ -9,6 +9,25 @@ transaction (idempotent); ``abort`` deletes the staged files.
 Modes: ``append`` adds the epoch's rows; ``upsert`` keeps one current row per
 key by rewriting only the files that hold changed keys. Every row carries the
 ``_epoch`` that wrote it.
+
+An epoch whose output widens a column's type (int to long, float to double;
+:func:`~barrierflow.schema_evolution.check_sink_schema`) widens the table,
+in either mode, with no Delta table feature (every Delta reader reads it):
+
+  1. before the vote, ``pre_commit`` finds the widening on the table as it is
+     (never on this process's memory of it: a restore may have narrowed it);
+  2. the table's stored rows (every live file) are read with the wider type
+     and staged with the epoch's own rows, in the attempt's staging
+     directory like any staged file (invisible; deleted with the attempt);
+  3. the TableCommit in the manifest names the table's new schema, the live
+     files it replaces (removes) and the rewritten files (adds): what the
+     commit is made of is fixed by the vote;
+  4. the commit (:func:`~barrierflow.delta_commit.commit_epoch_table`) is
+     one Delta commit: metaData with the widened schema, the removes, the
+     adds, and the epoch's app transaction and fencing token. Rolled forward
+     after a crash, it commits the manifest's files, or nothing if the
+     table's app transaction already holds the epoch: the rows are never
+     rewritten twice.
 """
 
 from __future__ import annotations
@@ -23,7 +42,7 @@ from barrierflow.checkpoint import Fence, TableCommit, TableKind
 from barrierflow.delta_commit import add_actions, commit_epoch_table, counted_rows, open_table
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, position_columns
-from barrierflow.schema_evolution import check_sink_schema
+from barrierflow.schema_evolution import check_sink_schema, widened_columns, widened_table_schema
 from barrierflow.sources.dead_letters import DEAD_LETTER_SCHEMA
 from barrierflow.storage import join_uri, remove_tree
 from barrierflow.table_files import PATH_COLUMN, read_parquet_files
@@ -42,21 +61,51 @@ _log = logging.getLogger(__name__)
 WHOLE_REWRITE_MAX_ROWS = 100_000
 
 
-# (table uri, output schema) pairs already checked by this process: an append sink's
-# table is opened once per schema, not every epoch.
+# (table uri, output schema) pairs already checked by this process, and found
+# to widen nothing: an append sink's table is opened once per schema, not every
+# epoch. (Only a restore changes a table's schema behind an epoch, and it
+# narrows upsert sinks only, whose table every epoch opens anyway.)
 _checked: set[tuple[str, str]] = set()
 
 
-def _check_schema(sink: str, uri: str, output: pa.Schema, table: DeltaTable | None) -> None:
-    """Before the vote: the output must fit the table's schema (:func:`check_sink_schema`); accepted changes are logged."""
+@dataclass(frozen=True)
+class _Widening:
+    """An epoch's widening of its sink table (steps 1-3 of the module docstring)."""
+
+    table_schema: pa.Schema  # the table's schema after the commit
+    file_schema: pa.Schema  # the staged files': the table's, nullable where the epoch's rows may be null
+    files: tuple[str, ...]  # every live file, relative to the table: rewritten, then removed
+    base_version: int
+
+
+def _check_schema(sink: str, uri: str, output: pa.Schema, table: DeltaTable | None) -> _Widening | None:
+    """Before the vote: the output must fit the table's schema (:func:`check_sink_schema`); accepted changes are logged.
+
+    Returns the widening the epoch commits when the output widens a column (step 1).
+    """
     key = (uri, output.to_string())
-    if key in _checked:
-        return
+    if key in _checked and table is None:
+        return None
     table = table if table is not None else open_table(uri)
-    if table is not None:
-        for change in check_sink_schema(sink, pa.schema(table.schema().to_arrow()), output):
-            _log.warning("sink %s: %s", sink, change)
-    _checked.add(key)
+    if table is None:
+        _checked.add(key)
+        return None
+    stored = pa.schema(table.schema().to_arrow())
+    widened = widened_columns(stored, output)
+    if key in _checked and not widened:
+        return None
+    actions = add_actions(table) if widened else None
+    rows = counted_rows(actions.column("num_records").to_pylist()) if actions is not None else None
+    for change in check_sink_schema(sink, stored, output, rows):
+        _log.warning("sink %s: %s", sink, change)
+    if actions is None:
+        _checked.add(key)
+        return None
+    table_schema = widened_table_schema(stored, output)
+    nullable = {f.name for f in output if f.nullable} | {n for n in table_schema.names if n not in output.names}
+    file_schema = pa.schema([f.with_nullable(f.nullable or f.name in nullable) for f in table_schema])
+    files = tuple(sorted(actions.column("path").to_pylist()))
+    return _Widening(table_schema, file_schema, files, table.version())
 
 
 @dataclass(frozen=True)
@@ -100,8 +149,22 @@ class DeltaSink:
             if "_epoch" in schema.names:  # replaced, as ``_with_epoch`` does
                 schema = schema.remove(schema.get_field_index("_epoch"))
             schema = schema.append(_EPOCH_FIELD)
-            _check_schema(self.name, uri, schema, None)
-            ctx.stage(name=self.name, uri=uri, kind=TableKind.SINK, data=df, schema=schema, constants={"_epoch": ctx.epoch})
+            widening = _check_schema(self.name, uri, schema, None)
+            if widening is None:
+                ctx.stage(name=self.name, uri=uri, kind=TableKind.SINK, data=df, schema=schema, constants={"_epoch": ctx.epoch})
+                return
+            # Step 2: the stored rows keep their own ``_epoch``, so the epoch's rows get theirs as a column.
+            rows = _rewritten(ctx, uri, widening, ctx.frame(_with_epoch(ctx, df)).select(*schema.names))
+            ctx.stage(
+                name=self.name,
+                uri=uri,
+                kind=TableKind.SINK,
+                data=rows,
+                schema=widening.file_schema,
+                removes=widening.files,
+                base_version=widening.base_version,
+                table_schema=widening.table_schema,
+            )
             return
         data = _with_epoch(ctx, df)
         schema = data.schema if isinstance(data, pa.Table) else ctx.arrow_schema(data)
@@ -109,10 +172,14 @@ class DeltaSink:
         if missing:
             raise PipelineDefinitionError(f"upsert sink {self.name}: key column(s) {missing} not in its input")
         table = open_table(uri)
-        _check_schema(self.name, uri, schema, table)
+        widening = _check_schema(self.name, uri, schema, table)
         removes: list[str] = []
         base_version = None
-        if table is not None:
+        if widening is not None:
+            # Step 2: every file is rewritten, not only those holding changed keys.
+            data = _rewritten(ctx, uri, widening, ctx.frame(data).select(*schema.names), self.key)
+            removes, base_version = list(widening.files), widening.base_version
+        elif table is not None:
             base_version = table.version()
             data, removes = self._rewrite(ctx, table, uri, ctx.frame(data), schema)
         ctx.stage(
@@ -120,11 +187,12 @@ class DeltaSink:
             uri=uri,
             kind=TableKind.SINK,
             data=data,
-            schema=schema,
+            schema=schema if widening is None else widening.file_schema,
             sort_by=self.key,
             removes=tuple(removes),
             base_version=base_version,
             primary_key=self.key,
+            table_schema=None if widening is None else widening.table_schema,
         )
 
     def _rewrite(
@@ -169,6 +237,19 @@ class DeltaSink:
 
 
 _EPOCH_FIELD = pa.field("_epoch", pa.int64(), nullable=False)
+
+
+def _rewritten(ctx: Any, uri: str, widening: _Widening, epoch_rows: "DataFrame", key: tuple[str, ...] = ()) -> "DataFrame":
+    """Step 2: the table's stored rows read with the wider types (an upsert's without the keys ``epoch_rows`` write), then ``epoch_rows``.
+
+    Both in the files' schema: a column the stored rows lack (added now) or
+    the epoch's rows lack (left out) reads null.
+    """
+    stored = read_parquet_files(ctx.spark, [join_uri(uri, p) for p in widening.files], widening.file_schema)
+    if key:
+        stored = stored.join(epoch_rows.select(*key).distinct(), on=list(key), how="left_anti")
+    names = widening.file_schema.names
+    return stored.select(*names).unionByName(epoch_rows, allowMissingColumns=True).select(*names)
 
 
 def _with_epoch(ctx: Any, rows: "DataFrame | pa.Table") -> "DataFrame | pa.Table":
