@@ -49,7 +49,7 @@ class PipelineDefinitionError(BarrierflowError):
 
 
 class SchemaEvolutionError(PipelineDefinitionError):
-    """The code's output no longer fits a table's stored schema (a sink column changed type).
+    """The code's output no longer fits a table's stored schema (a sink column changed type other than by widening).
 
     Raised before the epoch votes, so nothing is committed; see
     :mod:`barrierflow.schema_evolution` for what may change.

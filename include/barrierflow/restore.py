@@ -20,7 +20,9 @@
      (converted to the code's schema when it evolved, or nothing), in a commit carrying the new lineage's app transaction at the
      restore epoch N;
   6. with ``rewind_sinks``, remove from append sinks and ``dead_letter`` every
-     row of an epoch after N, and set upsert sinks back to their rows at N,
+     row of an epoch after N, and set upsert sinks back to their rows at N
+     (in the restore point's schema: an epoch whose output widens a column
+     then widens the table, see :mod:`barrierflow.sinks.delta_sink`),
      in commits carrying the same app transaction (an absent upsert sink is
      always seeded: there is nothing to rewind, only a table to make whole);
      then raise the fencing token (new lineage sequence, N) on every table

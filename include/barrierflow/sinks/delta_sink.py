@@ -257,6 +257,8 @@ def _with_epoch(ctx: Any, rows: "DataFrame | pa.Table") -> "DataFrame | pa.Table
     from pyspark.sql import functions as F
 
     if isinstance(rows, pa.Table):
+        if "_epoch" in rows.column_names:  # replaced, as ``withColumn`` does
+            rows = rows.drop_columns(["_epoch"])
         return rows.append_column(_EPOCH_FIELD, pa.repeat(pa.scalar(ctx.epoch, pa.int64()), rows.num_rows))
     return rows.withColumn("_epoch", F.lit(ctx.epoch).cast("long"))
 
