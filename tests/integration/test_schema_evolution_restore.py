@@ -13,6 +13,8 @@ the ``counts`` commit is rolled forward without rewriting twice. A v3 whose
 state changes ``count`` to a string is refused with the change named, unless
 non-restored state is allowed (then it starts empty); a v4 whose output
 narrows the sink column ``count`` to int16 is refused before its epoch votes.
+The last epoch's output leaves the nullable ``total`` out: its rows read null,
+and the rows the upsert sink carries over keep theirs.
 """
 
 from __future__ import annotations
@@ -151,9 +153,19 @@ def test_a_savepoint_restores_into_evolved_state_and_refuses_what_cannot_convert
     assert set(widening.removes) == stored_files == live_paths(deltalake.DeltaTable(counts_uri))
     assert all(storage.exists(f"{counts_uri}/{f.path}") for f in widening.adds)
 
-    assert run(counts_v2) == [4]  # epoch 3 is rolled forward first
+    class CountsWithoutTotal(type(counts_v2)):  # type: ignore[misc]
+        """v2 whose output leaves the nullable sink column ``total`` out (its state unchanged)."""
+
+        output_schema = pa.schema([("user", pa.string()), ("count", pa.int64())])
+
+        def process_element(self, record: dict[str, Any], ctx: bf.KeyedContext, out: Out) -> None:
+            super().process_element(record, ctx, lambda row: out({k: v for k, v in row.items() if k != "total"}))
+
+    # Epoch 3 is rolled forward first; epoch 4's rows read null for the column its output leaves out.
+    assert run(CountsWithoutTotal()) == [4]
+    expected = [(e, u, c, None if e == 4 else t) for e, u, c, t in _reference()]
     got = run_query(warehouse, "counts", "select _epoch, user, count, total from counts").to_pylist()
-    assert sorted(tuple(r.values()) for r in got) == sorted(_reference())
+    assert sorted(tuple(r.values()) for r in got) == sorted(expected)
     # A plain Delta table: any reader reads the stored rows as longs, with no table feature.
     table = deltalake.DeltaTable(counts_uri)
     assert table.to_pyarrow_table().schema.field("count").type == pa.int64()
@@ -167,12 +179,13 @@ def test_a_savepoint_restores_into_evolved_state_and_refuses_what_cannot_convert
     assert {a["add"]["path"] for a in actions if "add" in a} == {f.path for f in widening.adds}
     assert {a["txn"]["version"] for a in actions if "txn" in a} >= {3}
     # The upsert sink, seeded from the savepoint with int32 counts, widened the same way. It keeps
-    # each key's rows of the last epoch that wrote the key (epoch 3 wrote two rows for "a").
+    # each key's rows of the last epoch that wrote the key (epoch 3 wrote two rows for "a"); the rows
+    # epoch 4 carried over into its rewritten files keep their totals.
     latest = deltalake.DeltaTable(layout.sink_table("latest")).to_pyarrow_table()
     assert latest.schema.field("count").type == pa.int64()
-    last = {user: epoch for epoch, user, _, _ in _reference()}
+    last = {user: epoch for epoch, user, _, _ in expected}
     assert sorted(zip(*(latest[c].to_pylist() for c in ("_epoch", "user", "count", "total")))) == sorted(
-        row for row in _reference() if row[0] == last[row[1]]
+        row for row in expected if row[0] == last[row[1]]
     )
     stats = run_query(warehouse, "counts", "select user, value from count__stats").to_pylist()
     assert {r["user"]: r["value"] for r in stats} == {

@@ -181,7 +181,8 @@ class DeltaSink:
             removes, base_version = list(widening.files), widening.base_version
         elif table is not None:
             base_version = table.version()
-            data, removes = self._rewrite(ctx, table, uri, ctx.frame(data), schema)
+            frame, schema = _with_left_out_columns(ctx.frame(data), schema, pa.schema(table.schema().to_arrow()))
+            data, removes = self._rewrite(ctx, table, uri, frame, schema)
         ctx.stage(
             name=self.name,
             uri=uri,
@@ -250,6 +251,23 @@ def _rewritten(ctx: Any, uri: str, widening: _Widening, epoch_rows: "DataFrame",
         stored = stored.join(epoch_rows.select(*key).distinct(), on=list(key), how="left_anti")
     names = widening.file_schema.names
     return stored.select(*names).unionByName(epoch_rows, allowMissingColumns=True).select(*names)
+
+
+def _with_left_out_columns(rows: "DataFrame", schema: pa.Schema, table: pa.Schema) -> tuple["DataFrame", pa.Schema]:
+    """An upsert's rows with the (nullable) table columns its output leaves out, as nulls.
+
+    The rewritten files keep the rows they carry over: read with the output's
+    schema alone, a left-out column would become null in those rows too,
+    not only in the epoch's.
+    """
+    left_out = [f.with_nullable(True) for f in table if f.name not in schema.names]
+    if not left_out:
+        return rows, schema
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    nulls = [F.lit(None).cast(from_arrow_type(f.type)).alias(f.name) for f in left_out]
+    return rows.select("*", *nulls), pa.schema([*schema, *left_out])
 
 
 def _with_epoch(ctx: Any, rows: "DataFrame | pa.Table") -> "DataFrame | pa.Table":
