@@ -68,12 +68,13 @@ def test_two_unguarded_attempts_race_and_output_is_exactly_once(tmp_path: Path, 
     assert_nothing_staged_visible(warehouse)
 
 
-def test_epoch_lease_refuses_a_second_run(tmp_path: Path, warehouse: str) -> None:
+def test_epoch_lease_refuses_a_second_run(tmp_path: Path, warehouse: str, spark_engine: Any) -> None:
     landing = tmp_path / "landing"
     write_sensor_files(landing, SensorStreamSpec(n_files=2, records_per_file=40, seed=32))
+    # On the warm engine: the lease is the CLI process's, whichever Spark runs its epochs.
     cmd = barrierflow_cmd(
         "run", "sensor_stats", "--warehouse", warehouse, "--param", f"landing_dir={landing}",
-        "--param", "max_files_per_epoch=1", "--until-caught-up",
+        "--param", "max_files_per_epoch=1", "--until-caught-up", "--remote", spark_engine.address,
     )
     first = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lease = PipelineLayout.of(warehouse, "sensor_stats").lease

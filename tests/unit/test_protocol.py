@@ -117,6 +117,37 @@ def test_a_crash_at_any_point_then_a_new_run_is_exactly_once(
     assert_exactly_once(warehouse, landing, FILES)
 
 
+# Two concurrent checkpoints (the default): a failure on either side of the overlap,
+# (fault, epochs completed before the re-run). Barrier 2 is always injected before it.
+EITHER_SIDE = [
+    ("commit.before_completed:1", 0),  # epoch 1 fails between its Delta commits and its completed record
+    ("notify.start:1", 1),  # epoch 1's post-commit work fails: epoch 2 must not vote on an unfinished epoch 1
+    ("process.after_read:2", 1),  # epoch 2 fails while reading, beside epoch 1's commit
+    ("barrier.after_write:2", 1),  # barrier 2 cannot be injected while epoch 1 runs
+]
+
+
+@pytest.mark.parametrize(("point", "completed"), EITHER_SIDE, ids=[p for p, _ in EITHER_SIDE])
+def test_a_failure_on_either_side_of_two_concurrent_checkpoints_is_finished_exactly_once_by_a_rerun(
+    point: str, completed: int, tmp_path: Path, landing: Path, fault: Any
+) -> None:
+    warehouse = tmp_path / "wh"
+    fault(point)
+    with pytest.raises(InjectedFault):
+        _coordinator(warehouse, landing).run(until_caught_up=True)
+    fault(None)
+    coordinator = _coordinator(warehouse, landing)
+    records = coordinator.log.records()
+    assert {r.epoch for r in records if r.status is EpochStatus.COMPLETED} == set(range(1, completed + 1))
+    # Epoch 2's barrier was injected before the failure; it never voted (a stopped attempt may record ABORTED).
+    assert any(r.epoch == 2 and r.status is EpochStatus.PLANNED for r in records)
+    assert storage.read_json(coordinator.layout.manifest(coordinator.current_lineage()["lineage_id"], 2)) is None
+    assert not any(r.epoch == 2 and r.status in (EpochStatus.PRE_COMMITTED, EpochStatus.COMPLETED) for r in records)
+    # Epoch 1, if not completed, is rolled forward by recovery; epoch 2 is recomputed from its barrier.
+    assert [r.epoch for r in coordinator.run(until_caught_up=True)] == list(range(2, FILES + 1))
+    assert_exactly_once(warehouse, landing, FILES)
+
+
 def test_a_voted_epoch_is_rolled_forward_never_recomputed(tmp_path: Path, landing: Path, fault: Any) -> None:
     warehouse = tmp_path / "wh"
     fault("commit.before_completed:1")
