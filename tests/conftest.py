@@ -31,8 +31,10 @@ os.environ.setdefault("BARRIERFLOW_LEASE_TTL_SECONDS", "5")
 # alone spends far less CPU compiling than C2 does, and the suite is CPU-bound
 # on two cores. Measured on a cold `barrierflow run` of sensor_stats (3
 # epochs): 47 s -> 35 s (mean of three each); in-process epochs on a test
-# engine the same. Production JVMs keep both compilers.
-os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
+# engine the same. Production JVMs keep both compilers. C1 alone shrinks the
+# default code cache to 48 MB, which a long-lived engine filled ("Out of space
+# in CodeCache for method handle intrinsic", a fatal error): keep the usual 240 MB.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
 
 
 # "<pid>:<port>": an xdist worker inherits the environment of the process that started it.
