@@ -253,29 +253,22 @@ def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, prop
                     f"version {commit.base_version}, but the table has {len(live - set(commit.removes))} other live "
                     "file(s): a newer commit added them"
                 )
-        removes = [
-            RemoveAction(path=p, data_change=commit.data_change, deletion_timestamp=_now_ms()) for p in commit.removes
-        ]
         faults.maybe_fail("commit.before_delta_commit")
-        if widened is not None:
-            # Step 3, a sink widening: the overwrite writes the removes itself (every live file, step 2).
-            table.create_write_transaction(
-                [*adds],
-                mode="overwrite",
-                schema=widened,
-                partition_by=list(commit.partition_by) or None,
-                commit_properties=properties,
-            )
-        else:
+        if widened is None:
             _add_new_columns(table, commit.name, schema)
-            # Step 3.
-            table.create_write_transaction(
-                [*adds, *removes],
-                mode="append",
-                schema=schema,
-                partition_by=list(commit.partition_by) or None,
-                commit_properties=properties,
-            )
+            removes = [
+                RemoveAction(path=p, data_change=commit.data_change, deletion_timestamp=_now_ms()) for p in commit.removes
+            ]
+        else:
+            removes = []  # the overwrite removes every live file itself: the rewritten ones (step 2)
+        # Step 3. A sink widening is an overwrite, the write mode that may change the schema.
+        table.create_write_transaction(
+            [*adds, *removes],
+            mode="append" if widened is None else "overwrite",
+            schema=schema if widened is None else widened,
+            partition_by=list(commit.partition_by) or None,
+            commit_properties=properties,
+        )
     faults.maybe_fail("commit.after_delta_commit")
     # No retries (``max_commit_retries=0``): a commit that returns is the
     # version after the one read, or the table's first.

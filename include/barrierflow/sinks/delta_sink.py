@@ -91,16 +91,15 @@ def _check_schema(sink: str, uri: str, output: pa.Schema, table: DeltaTable | No
         _checked.add(key)
         return None
     stored = pa.schema(table.schema().to_arrow())
-    widened = widened_columns(stored, output)
-    if key in _checked and not widened:
+    if not widened_columns(stored, output):
+        if key not in _checked:
+            for change in check_sink_schema(sink, stored, output):
+                _log.warning("sink %s: %s", sink, change)
+            _checked.add(key)
         return None
-    actions = add_actions(table) if widened else None
-    rows = counted_rows(actions.column("num_records").to_pylist()) if actions is not None else None
-    for change in check_sink_schema(sink, stored, output, rows):
+    actions = add_actions(table)
+    for change in check_sink_schema(sink, stored, output, counted_rows(actions.column("num_records").to_pylist())):
         _log.warning("sink %s: %s", sink, change)
-    if actions is None:
-        _checked.add(key)
-        return None
     table_schema = widened_table_schema(stored, output)
     nullable = {f.name for f in output if f.nullable} | {n for n in table_schema.names if n not in output.names}
     file_schema = pa.schema([f.with_nullable(f.nullable or f.name in nullable) for f in table_schema])
