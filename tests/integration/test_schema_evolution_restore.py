@@ -179,14 +179,12 @@ def test_a_savepoint_restores_into_evolved_state_and_refuses_what_cannot_convert
     assert {a["add"]["path"] for a in actions if "add" in a} == {f.path for f in widening.adds}
     assert {a["txn"]["version"] for a in actions if "txn" in a} >= {3}
     # The upsert sink, seeded from the savepoint with int32 counts, widened the same way. It keeps
-    # each key's rows of the last epoch that wrote the key (epoch 3 wrote two rows for "a"); the rows
-    # epoch 4 carried over into its rewritten files keep their totals.
+    # each key's last row: epoch 3 gave it two rows for "a", of which the second (count 4) wins; the
+    # rows epoch 4 carried over into its rewritten files keep their totals.
     latest = deltalake.DeltaTable(layout.sink_table("latest")).to_pyarrow_table()
     assert latest.schema.field("count").type == pa.int64()
-    last = {user: epoch for epoch, user, _, _ in expected}
-    assert sorted(zip(*(latest[c].to_pylist() for c in ("_epoch", "user", "count", "total")))) == sorted(
-        row for row in expected if row[0] == last[row[1]]
-    )
+    last = {row[1]: row for row in expected}
+    assert sorted(zip(*(latest[c].to_pylist() for c in ("_epoch", "user", "count", "total")))) == sorted(last.values())
     stats = run_query(warehouse, "counts", "select user, value from count__stats").to_pylist()
     assert {r["user"]: r["value"] for r in stats} == {
         "a": {"count": 4, "total": 14.0}, "b": {"count": 3, "total": 9.0}, "c": {"count": 2, "total": 7.0}

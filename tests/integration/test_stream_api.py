@@ -3,7 +3,8 @@
 A pipeline splits texts into sentences (a SQL flat_map) and words (a Python
 flat_map), filters, maps and aggregates them, and keeps the first use of
 each word (a deduplication after two flat_maps: which sentence a word was
-first used in depends on the outputs' positions). Two epochs at parallelism
+first used in depends on the outputs' positions) and its last use (an upsert
+sink, which keeps a key's last row in arrival order, the same positions). Two epochs at parallelism
 2, and the same input in one epoch at parallelism 1, must both equal a
 plain-Python reference. Then Python functions
 that raise or return the wrong rows fail their epoch with an error naming
@@ -76,15 +77,19 @@ def stream_api(p: bf.PipelineBuilder, params: dict[str, Any]) -> None:
     words.key_by("user").aggregate(
         "per_user", words=bf.Count(), cents=bf.Sum("cents"), letters=bf.Sum("letters")
     ).sink_to(bf.DeltaSink.upsert("user_totals", key="user"))
+    words.select("word", "user", "sentence").sink_to(bf.DeltaSink.upsert("last_uses", key="word"))
     words.deduplicate("first_use", key="word").map(shout, schema=LOUD).select("word", "user", "sentence", "loud").sink_to(
         bf.DeltaSink.append("first_uses")
     )
 
 
-def reference(epochs: list[dict[str, list[dict[str, Any]]]]) -> tuple[dict[str, tuple[int, float, float]], list[tuple[str, ...]]]:
+def reference(
+    epochs: list[dict[str, list[dict[str, Any]]]],
+) -> tuple[dict[str, tuple[int, float, float]], list[tuple[str, ...]], dict[str, tuple[str, str]]]:
     """Plain Python: records in arrival order (files by name, lines in order), as Spark's split and Python's str.split see them."""
     totals: dict[str, tuple[int, float, float]] = {}
     first: list[tuple[str, ...]] = []
+    last: dict[str, tuple[str, str]] = {}
     for files in epochs:
         for name in sorted(files):
             for record in files[name]:
@@ -99,7 +104,8 @@ def reference(epochs: list[dict[str, list[dict[str, Any]]]]) -> tuple[dict[str, 
                         totals[record["user"]] = (n + 1, c + cents, letters + len(word))
                         if all(row[0] != word for row in first):
                             first.append((word, record["user"], sentence, word.upper()))
-    return totals, sorted(first)
+                        last[word] = (record["user"], sentence)
+    return totals, sorted(first), last
 
 
 def _land(landing: Path, files: dict[str, list[dict[str, Any]]]) -> None:
@@ -109,8 +115,9 @@ def _land(landing: Path, files: dict[str, list[dict[str, Any]]]) -> None:
 
 def test_stateless_operators_and_keyword_aggregates_match_the_reference_at_any_parallelism(spark: Any, tmp_path: Path) -> None:
     """Two epochs at parallelism 2, and the same input as one epoch at parallelism 1 (three epochs keep CI time down)."""
-    totals, first = reference(FILES)
+    totals, first, last = reference(FILES)
     assert first[0] == ("dup", "u3", "dup dup", "DUP") and ("x", "u1", "y x", "X") in first  # the data covers the cases
+    assert last["x"] == ("u1", " x z") and last["w"] == ("u4", "w new2")  # a later sentence of one record; a later epoch
     for parallelism, epochs in ((2, FILES), (1, [{name: rows for files in FILES for name, rows in files.items()}])):
         landing, warehouse = tmp_path / f"landing{parallelism}", str(tmp_path / f"wh{parallelism}")
         landing.mkdir()
@@ -123,6 +130,8 @@ def test_stateless_operators_and_keyword_aggregates_match_the_reference_at_any_p
         assert {r["user"]: (r["words"], r["cents"], r["letters"]) for r in got} == totals
         uses = bf.run_query(warehouse, "stream_api", "select * from first_uses").to_pylist()
         assert sorted((r["word"], r["user"], r["sentence"], r["loud"]) for r in uses) == first
+        latest = bf.run_query(warehouse, "stream_api", "select * from last_uses").to_pylist()
+        assert {r["word"]: (r["user"], r["sentence"]) for r in latest} == last and len(latest) == len(last)
         columns = bf.run_query(warehouse, "stream_api", "select * from first_uses limit 0").column_names
         assert columns[:4] == ["word", "user", "sentence", "loud"] and not [c for c in columns if c.startswith("_seq_")]
         assert {r["_epoch"] for r in uses if r["word"] in ("new", "new2")} == {len(epochs)}

@@ -423,6 +423,9 @@ class RunningAggregate(Node):
     # Arrival order never matters here: sums are exact (see the module docstring).
     needs_arrival_order = False
 
+    def unique_by(self) -> tuple[str, ...]:
+        return self.key  # one row per touched key
+
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame | pa.Table":
         """Fold the epoch's records into each touched key's accumulators.
 

@@ -67,6 +67,10 @@ class Node:
     def side_outputs(self) -> list[str]:
         return []
 
+    def unique_by(self) -> tuple[str, ...] | None:
+        """Columns of which the operator's output holds at most one row per value in an epoch (None: no such promise)."""
+        return None
+
     def passes_through(self, column: str) -> bool:
         """Whether ``column`` of its output is that of its input record, unchanged (a key checked at the source)."""
         return False

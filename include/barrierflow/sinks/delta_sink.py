@@ -8,7 +8,13 @@ transaction (idempotent); ``abort`` deletes the staged files.
 
 Modes: ``append`` adds the epoch's rows; ``upsert`` keeps one current row per
 key by rewriting only the files that hold changed keys. Every row carries the
-``_epoch`` that wrote it.
+``_epoch`` that wrote it. Of the rows an epoch gives an upsert sink for one
+key, the last wins, as Flink's upsert sinks keep a key's last change: the
+last in arrival order (``_seq``, then a flat_map's sub-positions) where the
+stream carries it, else the last the upstream operator emitted (a keyed
+process function emits a key's rows in the order of its calls; rows of one
+key come from one task). A running aggregate's output already holds one row
+per key and is taken as it is.
 
 An epoch whose output widens a column's type (int to long, float to double;
 :func:`~barrierflow.schema_evolution.check_sink_schema`) widens the table,
@@ -127,6 +133,11 @@ class DeltaSink:
     def upsert(cls, name: str, key: str | tuple[str, ...]) -> "DeltaSink":
         return cls(name, "upsert", (key,) if isinstance(key, str) else tuple(key))
 
+    def check_key(self, columns: list[str]) -> None:
+        missing = [k for k in self.key if k not in columns]
+        if missing:
+            raise PipelineDefinitionError(f"upsert sink {self.name}: key column(s) {missing} not in its input {columns}")
+
     # -- two-phase commit ------------------------------------------------
 
     def begin_transaction(self, ctx: Any) -> str:
@@ -167,9 +178,7 @@ class DeltaSink:
             return
         data = _with_epoch(ctx, df)
         schema = data.schema if isinstance(data, pa.Table) else ctx.arrow_schema(data)
-        missing = [k for k in self.key if k not in schema.names]
-        if missing:
-            raise PipelineDefinitionError(f"upsert sink {self.name}: key column(s) {missing} not in its input")
+        self.check_key(schema.names)
         table = open_table(uri)
         widening = _check_schema(self.name, uri, schema, table)
         removes: list[str] = []
@@ -269,6 +278,23 @@ def _with_left_out_columns(rows: "DataFrame", schema: pa.Schema, table: pa.Schem
     return rows.select("*", *nulls), pa.schema([*schema, *left_out])
 
 
+def _last_per_key(sink: DeltaSink, rows: "DataFrame") -> "DataFrame":
+    """An upsert's rows, one per key: the last (see the module docstring)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    sink.check_key(rows.columns)
+    positions = [c for c in position_columns(rows.columns) if c in rows.columns]
+    if positions:
+        order = [F.col(c).desc() for c in positions]
+    else:
+        # Taken before the shuffle below: within a task, rows keep the order the operator emitted them in.
+        rows = rows.withColumn("__bf_row", F.monotonically_increasing_id())
+        order = [F.col("__bf_row").desc()]
+    last = F.row_number().over(Window.partitionBy(*sink.key).orderBy(*order))
+    return rows.withColumn("__bf_last", last).where(F.col("__bf_last") == 1).drop("__bf_last", "__bf_row")
+
+
 def _with_epoch(ctx: Any, rows: "DataFrame | pa.Table") -> "DataFrame | pa.Table":
     """The epoch's rows with the ``_epoch`` column (never null)."""
     from pyspark.sql import functions as F
@@ -287,6 +313,10 @@ class SinkNode(Node):
     accepts_arrow = True
 
     def apply(self, ctx: Any, df: "DataFrame | pa.Table") -> "DataFrame | pa.Table":
+        if self.sink.mode == "upsert":
+            unique = self.parent.unique_by() if self.parent is not None else None
+            if not unique or not set(unique) <= set(self.sink.key):
+                df = _last_per_key(self.sink, ctx.frame(df))
         # A flat_map's sub-positions (_seq_1, ...) order records inside an epoch only; kept,
         # they would change the table's schema whenever a flat_map is added upstream.
         subs = position_columns(df.column_names if isinstance(df, pa.Table) else df.columns)[1:]
