@@ -135,6 +135,7 @@ class EpochContext:
         # id -> frame: frames cached this epoch, and views of them (see cached_view).
         self._cached: dict[int, "DataFrame"] = {}
         self._frames: dict[int, tuple[pa.Table, "DataFrame"]] = {}
+        self._touched: dict[int, tuple["DataFrame", list[int]]] = {}
 
     # -- the completed checkpoint this epoch builds on ------------------------
 
@@ -213,7 +214,14 @@ class EpochContext:
         self._persisted.extend(frames)
 
     def touched_key_groups(self, keyed: "DataFrame") -> list[int]:
-        return sorted(r[0] for r in keyed.select(KEY_GROUP).distinct().collect())
+        """The key groups among ``keyed``'s rows: one small job per frame and epoch, whatever number of state tables it reads."""
+        with self._lock:
+            entry = self._touched.get(id(keyed))
+        if entry is None or entry[0] is not keyed:
+            entry = (keyed, sorted(r[0] for r in keyed.select(KEY_GROUP).distinct().collect()))
+            with self._lock:
+                self._touched[id(keyed)] = entry
+        return entry[1]
 
     def arrow_schema(self, df: "DataFrame") -> pa.Schema:
         from pyspark.sql.pandas.types import to_arrow_schema
