@@ -55,6 +55,8 @@ __all__ = [
     "check_sink_schema",
     "widened_columns",
     "widened_table_schema",
+    "narrower_columns",
+    "fitted_output_schema",
     "DEFAULT_METADATA_KEY",
 ]
 
@@ -258,18 +260,26 @@ def _declares_defaults(t: pa.DataType) -> bool:
 
 
 def check_sink_schema(sink: str, table: pa.Schema, output: pa.Schema, rows: int | None = None) -> list[str]:
-    """The changes an epoch's ``output`` makes to sink table ``sink`` (added, left-out or widened columns), or SchemaEvolutionError.
+    """The changes an epoch's ``output`` makes to sink table ``sink`` (added, left-out, widened or narrower columns), or SchemaEvolutionError.
 
     Columns are compared by name. A column whose type widens (step 2, at any
     depth) has its stored rows rewritten: ``rows``, the table's row count,
-    goes into the message. Nothing else inside a column may change.
+    goes into the message. A column of a narrower type than the table's
+    (code rolled back after a widening) is written with the table's type,
+    which holds each of its values exactly (:func:`fitted_output_schema`).
+    Nothing else inside a column may change.
     """
     accepted, refused = [], []
     changes = compare_schemas(table, output).changes
     widened = set(widened_columns(table, output))
+    narrower = set(narrower_columns(table, output))
     for change in changes:
         top = _top(change.path)
-        if change.kind is ChangeKind.ADDED and top == change.path:
+        if top in narrower:
+            text = f"{top} written as {table.field(top).type} (the table's type; this epoch's {output.field(top).type} values fit)"
+            if text not in accepted:
+                accepted.append(text)
+        elif change.kind is ChangeKind.ADDED and top == change.path:
             accepted.append(f"{change.path} added ({change.declared}; earlier rows read null)")
         elif change.kind is ChangeKind.INCOMPATIBLE and change.stored is None and top == change.path:
             accepted.append(f"{change.path} added ({change.declared}, nullable in the table; earlier rows read null)")
@@ -283,8 +293,9 @@ def check_sink_schema(sink: str, table: pa.Schema, output: pa.Schema, rows: int 
     if refused:
         raise SchemaEvolutionError(
             f"sink {sink}: the epoch's output does not fit the table's schema: {'; '.join(refused)}. A sink table "
-            "takes added columns, (when nullable) left-out ones and widened types (int to long, float to double; its "
-            "stored rows are rewritten), but no other type change: cast the column back, or write to a new sink table"
+            "takes added columns, (when nullable) left-out ones, widened types (int to long, float to double; its "
+            "stored rows are rewritten) and narrower ones (written as the table's type), but no other type change: "
+            "cast the column, or write to a new sink table"
         )
     return accepted
 
@@ -299,6 +310,23 @@ def widened_columns(table: pa.Schema, output: pa.Schema) -> tuple[str, ...]:
     return tuple(
         name for name, changes in by_column.items() if all(c.kind is ChangeKind.WIDENED for c in changes)
     )
+
+
+def narrower_columns(table: pa.Schema, output: pa.Schema) -> tuple[str, ...]:
+    """Top-level columns whose ``output`` type the table's type only widens (at any depth): written as the table's type."""
+    return tuple(
+        f.name
+        for f in output
+        if f.name in table.names
+        and not _same(table.field(f.name).type, f.type)
+        and all(c.kind is ChangeKind.WIDENED for c in _compare_types(f.name, f.type, table.field(f.name).type, False))
+    )
+
+
+def fitted_output_schema(table: pa.Schema, output: pa.Schema) -> pa.Schema:
+    """``output`` with the table's type for each of its :func:`narrower_columns` (the staged files' schema)."""
+    narrower = set(narrower_columns(table, output))
+    return pa.schema([f.with_type(table.field(f.name).type) if f.name in narrower else f for f in output])
 
 
 def widened_table_schema(table: pa.Schema, output: pa.Schema) -> pa.Schema:

@@ -67,7 +67,7 @@ class CountsV3(bf.KeyedProcessFunction):
 
 
 class CountsV4(CountsV1):
-    output_schema = pa.schema([("user", pa.string()), ("count", pa.int16())])
+    output_schema = pa.schema([("user", pa.string()), ("count", pa.string())])
 
 
 def _definition(function: bf.KeyedProcessFunction) -> bf.PipelineDefinition:
@@ -121,8 +121,8 @@ def test_a_savepoint_restores_into_evolved_state_and_refuses_what_cannot_convert
     # An incompatible state change is refused, naming it; allowed, that state starts empty.
     with pytest.raises(IncompatibleSavepointError, match=r"count/stats \(schema changed: value\.count incompatible: int32 -> string\)"):
         restore(_definition(CountsV3()), warehouse, savepoint="v1", params=params)
-    # A sink column narrowing is refused before the epoch votes: nothing is committed.
-    with pytest.raises(SchemaEvolutionError, match=r"sink (counts|latest): .*count incompatible: int32 -> int16"):
+    # A sink column changing type (other than widening or narrowing) is refused before the epoch votes: nothing is committed.
+    with pytest.raises(SchemaEvolutionError, match=r"sink (counts|latest): .*count incompatible: int32 -> string"):
         run(CountsV4(), 1)
     layout = PipelineLayout.of(warehouse, "counts")
     records = [r for r in CheckpointLog(layout).records() if r.status is EpochStatus.COMPLETED]
@@ -154,14 +154,15 @@ def test_a_savepoint_restores_into_evolved_state_and_refuses_what_cannot_convert
     assert all(storage.exists(f"{counts_uri}/{f.path}") for f in widening.adds)
 
     class CountsWithoutTotal(type(counts_v2)):  # type: ignore[misc]
-        """v2 whose output leaves the nullable sink column ``total`` out (its state unchanged)."""
+        """v2 whose output leaves the nullable sink column ``total`` out and, as v1's did, writes ``count`` as int32 (its state unchanged)."""
 
-        output_schema = pa.schema([("user", pa.string()), ("count", pa.int64())])
+        output_schema = pa.schema([("user", pa.string()), ("count", pa.int32())])
 
         def process_element(self, record: dict[str, Any], ctx: bf.KeyedContext, out: Out) -> None:
             super().process_element(record, ctx, lambda row: out({k: v for k, v in row.items() if k != "total"}))
 
-    # Epoch 3 is rolled forward first; epoch 4's rows read null for the column its output leaves out.
+    # Epoch 3 is rolled forward first; epoch 4's rows read null for the column its output leaves out,
+    # and its int32 counts are written as the widened table's int64 (code rolled back, no rewrite).
     assert run(CountsWithoutTotal()) == [4]
     expected = [(e, u, c, None if e == 4 else t) for e, u, c, t in _reference()]
     got = run_query(warehouse, "counts", "select _epoch, user, count, total from counts").to_pylist()

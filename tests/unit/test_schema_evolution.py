@@ -22,6 +22,8 @@ from barrierflow.schema_evolution import (
     compare_schemas,
     evolve,
     field_with_default,
+    fitted_output_schema,
+    narrower_columns,
     widened_columns,
     widened_table_schema,
 )
@@ -204,11 +206,27 @@ def test_a_sink_takes_new_left_out_nullable_and_widened_columns() -> None:
         check_sink_schema("counts", table, table.remove(2))
 
 
+def test_a_sink_writes_a_narrower_column_as_the_tables_type() -> None:
+    """Code rolled back after a widening: its narrower values fit the wider column, nothing is rewritten."""
+    table = pa.schema([("user", pa.string()), ("count", pa.int64()), ("stats", pa.struct([("n", pa.int64()), ("max", pa.float64())]))])
+    output = pa.schema([("user", pa.string()), ("count", pa.int32()), ("stats", pa.struct([("n", pa.int16()), ("max", pa.float32())]))])
+    assert check_sink_schema("counts", table, output) == [
+        "count written as int64 (the table's type; this epoch's int32 values fit)",
+        "stats written as struct<n: int64, max: double> (the table's type; this epoch's struct<n: int16, max: float> values fit)",
+    ]
+    assert narrower_columns(table, output) == ("count", "stats") and widened_columns(table, output) == ()
+    assert fitted_output_schema(table, output) == table
+    mixed = output.set(2, pa.field("stats", pa.struct([("n", pa.int16()), ("max", pa.float64()), ("min", pa.float64())])))
+    assert narrower_columns(table, mixed) == ("count",)  # stats gains a field too: no longer only narrower
+    with pytest.raises(SchemaEvolutionError, match=r"stats\.min added"):
+        check_sink_schema("counts", table, mixed)
+
+
 @pytest.mark.parametrize(
     ("stored", "declared", "message"),
     [
-        (pa.int64(), pa.int32(), r"count incompatible: int64 -> int32"),  # narrowed
         (pa.string(), pa.int64(), r"count incompatible: string -> int64"),
+        (pa.int32(), pa.uint32(), r"count incompatible: int32 -> uint32"),  # neither holds the other's values
         (pa.int64(), pa.float64(), r"count incompatible: int64 -> double"),  # not exact
     ],
 )

@@ -34,6 +34,10 @@ in either mode, with no Delta table feature (every Delta reader reads it):
      after a crash, it commits the manifest's files, or nothing if the
      table's app transaction already holds the epoch: the rows are never
      rewritten twice.
+
+An output column narrower than the table's (code rolled back after a
+widening) is staged as the table's type, which holds each value exactly;
+nothing is rewritten.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from barrierflow.checkpoint import Fence, TableCommit, TableKind
 from barrierflow.delta_commit import add_actions, commit_epoch_table, counted_rows, open_table
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, position_columns
-from barrierflow.schema_evolution import check_sink_schema, widened_columns, widened_table_schema
+from barrierflow.schema_evolution import check_sink_schema, fitted_output_schema, widened_columns, widened_table_schema
 from barrierflow.sources.dead_letters import DEAD_LETTER_SCHEMA
 from barrierflow.storage import join_uri, remove_tree
 from barrierflow.table_files import PATH_COLUMN, read_parquet_files
@@ -68,10 +72,11 @@ WHOLE_REWRITE_MAX_ROWS = 100_000
 
 
 # (table uri, output schema) pairs already checked by this process, and found
-# to widen nothing: an append sink's table is opened once per schema, not every
-# epoch. (Only a restore changes a table's schema behind an epoch, and it
-# narrows upsert sinks only, whose table every epoch opens anyway.)
-_checked: set[tuple[str, str]] = set()
+# to widen nothing, with the staged files' schema: an append sink's table is
+# opened once per schema, not every epoch. (Only a restore changes a table's
+# schema behind an epoch, and it narrows upsert sinks only, whose table every
+# epoch opens anyway.)
+_checked: dict[tuple[str, str], pa.Schema] = {}
 
 
 @dataclass(frozen=True)
@@ -84,25 +89,30 @@ class _Widening:
     base_version: int
 
 
-def _check_schema(sink: str, uri: str, output: pa.Schema, table: DeltaTable | None) -> _Widening | None:
+def _check_schema(sink: str, uri: str, output: pa.Schema, table: DeltaTable | None) -> tuple[pa.Schema, _Widening | None]:
     """Before the vote: the output must fit the table's schema (:func:`check_sink_schema`); accepted changes are logged.
 
-    Returns the widening the epoch commits when the output widens a column (step 1).
+    Returns the staged files' schema (the output's, with the table's type
+    where the output's is narrower) and the widening the epoch commits when
+    the output widens a column (step 1).
     """
     key = (uri, output.to_string())
     if key in _checked and table is None:
-        return None
+        return _checked[key], None
     table = table if table is not None else open_table(uri)
     if table is None:
-        _checked.add(key)
-        return None
+        _checked[key] = output
+        return output, None
     stored = pa.schema(table.schema().to_arrow())
     if not widened_columns(stored, output):
         if key not in _checked:
             for change in check_sink_schema(sink, stored, output):
                 _log.warning("sink %s: %s", sink, change)
-            _checked.add(key)
-        return None
+        _checked[key] = fitted_output_schema(stored, output)
+        return _checked[key], None
+    # The table's schema changes with this epoch: what was checked against it before no longer holds.
+    for stale in [k for k in _checked if k[0] == uri]:
+        del _checked[stale]
     actions = add_actions(table)
     for change in check_sink_schema(sink, stored, output, counted_rows(actions.column("num_records").to_pylist())):
         _log.warning("sink %s: %s", sink, change)
@@ -110,7 +120,7 @@ def _check_schema(sink: str, uri: str, output: pa.Schema, table: DeltaTable | No
     nullable = {f.name for f in output if f.nullable} | {n for n in table_schema.names if n not in output.names}
     file_schema = pa.schema([f.with_nullable(f.nullable or f.name in nullable) for f in table_schema])
     files = tuple(sorted(actions.column("path").to_pylist()))
-    return _Widening(table_schema, file_schema, files, table.version())
+    return output, _Widening(table_schema, file_schema, files, table.version())
 
 
 @dataclass(frozen=True)
@@ -159,7 +169,7 @@ class DeltaSink:
             if "_epoch" in schema.names:  # replaced, as ``_with_epoch`` does
                 schema = schema.remove(schema.get_field_index("_epoch"))
             schema = schema.append(_EPOCH_FIELD)
-            widening = _check_schema(self.name, uri, schema, None)
+            schema, widening = _check_schema(self.name, uri, schema, None)
             if widening is None:
                 ctx.stage(name=self.name, uri=uri, kind=TableKind.SINK, data=df, schema=schema, constants={"_epoch": ctx.epoch})
                 return
@@ -180,7 +190,7 @@ class DeltaSink:
         schema = data.schema if isinstance(data, pa.Table) else ctx.arrow_schema(data)
         self.check_key(schema.names)
         table = open_table(uri)
-        widening = _check_schema(self.name, uri, schema, table)
+        schema, widening = _check_schema(self.name, uri, schema, table)
         removes: list[str] = []
         base_version = None
         if widening is not None:
