@@ -358,7 +358,7 @@ def _with_offsets(
                 raise CheckpointError(
                     f"source {source_id}: the restore point's offsets state holds {json.dumps(state, sort_keys=True)} "
                     f"but its recorded offsets are {json.dumps(recorded[source_id], sort_keys=True)}; one of them was "
-                    f"changed outside barrierflow: restore another savepoint or retained checkpoint"
+                    "changed outside barrierflow: restore another savepoint or retained checkpoint"
                 )
             offsets[source_id] = state
         elif source_id in recorded:
