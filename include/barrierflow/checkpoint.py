@@ -92,7 +92,9 @@ class Barrier:
     """Barrier n: the end offsets of every source for epoch n.
 
     ``start_offsets`` are the previous barrier's end offsets, copied so that a
-    replay needs nothing but this document. ``arrival_cutoff_ms`` bounded the
+    replay needs nothing but this document. Epoch n stages ``end_offsets``
+    into each source's offsets state (``operator_state`` 8.), which is what a
+    restore starts from. ``arrival_cutoff_ms`` bounded the
     input the epoch took (None: everything that had arrived), and
     ``planned_by`` is the run that planned it (an Airflow run id, or
     ``barrierflow run``); barriers written before these fields read as None

@@ -8,8 +8,10 @@ For epoch n of pipeline P (every step idempotent and safe to retry):
   2. barrier   -- fix every source's end offsets for epoch n and write them
                   put-if-absent before any processing; a retry reuses them.
   3. process   -- the Spark job reads exactly the records between barrier n-1
-                  and barrier n, stages outputs and state, writes the manifest
-                  put-if-absent (the vote); the first durable manifest wins.
+                  and barrier n, stages outputs and state (each source's
+                  offsets state gets barrier n's end offsets), writes the
+                  manifest put-if-absent (the vote); the first durable
+                  manifest wins.
   4. commit    -- one Delta commit per table carrying the app transaction
                   (appId = P + lineage, version = n) and the fencing token
                   (lineage sequence, n), skipped where already done, refused

@@ -45,7 +45,7 @@ from barrierflow.operators.broadcast import KeyedBroadcastProcess, KeyedBroadcas
 from barrierflow.operators.co_process import KeyedCoProcess, KeyedCoProcessFunction
 from barrierflow.operators.dedup import Deduplicate
 from barrierflow.operators.interval_join import IntervalBounds, IntervalJoin
-from barrierflow.operators.operator_state import OperatorProcess, ProcessFunction
+from barrierflow.operators.operator_state import OperatorProcess, ProcessFunction, source_offsets_spec
 from barrierflow.operators.process import KeyedProcess, KeyedProcessFunction
 from barrierflow.operators.stateless import (
     BatchFunction,
@@ -96,6 +96,10 @@ class SourceNode(Node):
 
     def apply(self, ctx: Any, df: Any) -> Any:  # sources are read by the runtime
         raise NotImplementedError
+
+    def state_specs(self) -> list[StateSpec]:
+        """Its offsets, union list state (``operator_state`` 8.): saved, restored and checked as any state."""
+        return [source_offsets_spec(self.operator_id)]
 
 
 @dataclass

@@ -5,7 +5,15 @@
 
   1. take the pipeline's epoch lease (never races a running epoch);
   2. resolve the restore point: a savepoint (by name or path) or a completed
-     epoch of the current lineage whose checkpoint is still retained;
+     epoch of the current lineage whose checkpoint is still retained. Its
+     start offsets are its sources' offsets state (union list state, see
+     :mod:`barrierflow.operators.operator_state` 8.), each checked against
+     the copy the checkpoint record or savepoint metadata holds (a
+     :class:`CheckpointError` when they differ); a restore point written
+     before offsets were state has only that copy, which is then used (and
+     said so in the log) and seeds the source's offsets state in step 5.
+     Offsets state of a source the code no longer has is state that would
+     be dropped (step 3), and its offsets start no source;
   3. check it against the current code: key groups must match; state whose
      schema evolved compatibly (added fields, widened types: see
      :mod:`barrierflow.schema_evolution`) is restored converted, and said so;
@@ -29,7 +37,7 @@
      of the pipeline that steps 5-6 did not commit to (an empty commit):
      the commits of steps 5-6 carry it already. From here on no commit of
      the old lineage lands on any table (``Fence``);
-  7. record epoch N COMPLETED in the new lineage, with offsets, watermark and
+  7. record epoch N COMPLETED in the new lineage, with step 2's offsets, watermark and
      the tables' versions after steps 5-6: the restore point is the new
      lineage's consistent cut;
   8. write the lineage document (the switch: from here on the new lineage is
@@ -43,10 +51,11 @@ the old lineage's committed ones, and an old lineage's zombie is fenced.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -60,6 +69,7 @@ from barrierflow.checkpoint_log import iso_now, now_us
 from barrierflow.delta_commit import TABLE_CONFIGURATION, fence_transaction, open_table, raise_fence, stored_rows
 from barrierflow.errors import CheckpointError, CommitConflictError, IncompatibleSavepointError, SavepointError
 from barrierflow.layout import RESTORED_DIR, PipelineLayout
+from barrierflow.operators.operator_state import OFFSETS, offsets_rows, restored_offsets
 from barrierflow.pipeline import Pipeline, PipelineDefinition
 from barrierflow.savepoint import (
     DEFAULT_LEASE_WAIT_S,
@@ -86,6 +96,8 @@ __all__ = [
     "check_compatibility",
     "Compatibility",
 ]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -122,8 +134,12 @@ def check_compatibility(
     saved: Mapping[str, tuple[tuple[str, str], ...]],
     allow_non_restored_state: bool,
     stored_schema: Callable[[str], pa.Schema | None] = lambda name: None,
+    seeded: Collection[str] = (),
 ) -> Compatibility:
     """Step 3, or IncompatibleSavepointError.
+
+    ``seeded``: states the restore point lacks but restores from its record
+    (step 2: the offsets of a source written before offsets were state).
 
     A state whose schema changed is compared field by field
     (:mod:`barrierflow.schema_evolution`) with ``stored_schema(name)``, the
@@ -141,8 +157,9 @@ def check_compatibility(
         )
     specs = {f"{s.operator_id}/{s.name}": s for s in pipe.state_specs()}
     current = {n: state_signature(s.arrow_schema()) for n, s in specs.items()}
-    restored = sorted(n for n in current if n in saved and saved[n] == current[n])
-    dropped, missing = sorted(set(saved) - set(current)), sorted(set(current) - set(saved))
+    seeded = {n for n in seeded if n in current and n not in saved}
+    restored = sorted(n for n in current if (n in saved and saved[n] == current[n]) or n in seeded)
+    dropped, missing = sorted(set(saved) - set(current)), sorted(set(current) - set(saved) - seeded)
     evolved: dict[str, list[str]] = {}
     for name in sorted(n for n in current if n in saved and saved[n] != current[n]):
         spec, schema = specs[name], stored_schema(name)
@@ -202,7 +219,7 @@ def restore(
         pipe = coordinator.pipeline
         compatibility = check_compatibility(  # step 3
             pipe, intent["key_groups"], {k: tuple(tuple(c) for c in v) for k, v in intent["states"].items()},
-            allow_non_restored_state, lambda name: _stored_schema(layout, intent, meta, name),
+            allow_non_restored_state, lambda name: _stored_schema(layout, intent, meta, name), intent["seeded_states"],
         )
         overrides = {definition.parallelism_param: parallelism} if parallelism and definition.parallelism_param else {}
         intent.update(
@@ -272,7 +289,7 @@ def _restore_point(
     """Step 2: everything about the restore point (a loaded savepoint or an epoch), as a JSON document."""
     layout = coordinator.layout
     if meta is not None:
-        return {
+        point = {
             "source": "savepoint",
             "restored_from": f"savepoint {meta.name}",
             "savepoint_uri": meta.uri,
@@ -284,6 +301,7 @@ def _restore_point(
             "arrival_cutoff_ms": meta.arrival_cutoff_ms,
             "states": {s.name: [list(c) for c in s.schema] for s in meta.states if s.schema},
         }
+        return _with_offsets(coordinator, point, meta)
     assert epoch is not None
     lineage_id = coordinator.current_lineage()["lineage_id"]
     records = [r for r in coordinator.log.lineage_records(lineage_id) if r.status is EpochStatus.COMPLETED]
@@ -303,7 +321,7 @@ def _restore_point(
             table = open_table(layout.state_table(op, st), versions[name])
             if table is not None:
                 states[f"{op}/{st}"] = [list(c) for c in state_signature(pa.schema(table.schema().to_arrow()))]
-    return {
+    point = {
         "source": "epoch",
         "restored_from": f"epoch {epoch} of lineage {lineage_id}",
         "epoch": epoch,
@@ -315,6 +333,42 @@ def _restore_point(
         "table_versions": versions,
         "states": states,
     }
+    return _with_offsets(coordinator, point, None)
+
+
+def _with_offsets(
+    coordinator: "CheckpointCoordinator", point: dict[str, Any], savepoint: SavepointMetadata | None
+) -> dict[str, Any]:
+    """Step 2's offsets: each source's offsets state at the restore point, checked against the recorded copy.
+
+    ``point["offsets"]`` comes in as the recorded copy (checkpoint record or
+    savepoint metadata); it goes out as the offsets of the code's sources,
+    from their state, or from the copy for a source whose state the restore
+    point lacks (``seeded_states``: written by an older release).
+    """
+    recorded = point["offsets"]
+    offsets: dict[str, Any] = {}
+    seeded: list[str] = []
+    for node in coordinator.pipeline.sources:
+        source_id, name = node.operator_id, f"{node.operator_id}/{OFFSETS.name}"
+        chunks = list(_state_rows(coordinator.layout, point, savepoint, source_id, OFFSETS.name)) if name in point["states"] else []
+        state = restored_offsets(source_id, pa.concat_tables(chunks)) if chunks else None
+        if state is not None:
+            if source_id in recorded and recorded[source_id] != state:
+                raise CheckpointError(
+                    f"source {source_id}: the restore point's offsets state holds {json.dumps(state, sort_keys=True)} "
+                    f"but its recorded offsets are {json.dumps(recorded[source_id], sort_keys=True)}; one of them was "
+                    "changed outside barrierflow: restore another savepoint or retained checkpoint"
+                )
+            offsets[source_id] = state
+        elif source_id in recorded:
+            _log.warning(
+                "%s: source %s has no offsets state (written by an older release): restoring its recorded offsets",
+                point["restored_from"], source_id,
+            )  # fmt: skip
+            offsets[source_id] = recorded[source_id]
+            seeded.append(name)
+    return {**point, "offsets": offsets, "seeded_states": seeded}
 
 
 def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -> RestoreResult:
@@ -329,9 +383,20 @@ def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -
     savepoint = _savepoint_of(intent)
     seq = _lineage_seq(coordinator, intent)
     fence = Fence(pipe.name, seq, epoch)
+    seeded = set(intent.get("seeded_states", ()))  # absent in intents written before offsets were state
+    # Seeded for the parallelism the new lineage runs at: its first epoch then redistributes nothing.
+    param = coordinator.definition.parallelism_param
+    parallelism = int(intent["params"].get(param) or pipe.parallelism) if param else pipe.parallelism
     for spec in pipe.state_specs():  # step 5
         name = f"{spec.operator_id}/{spec.name}"
-        chunks = _state_rows(layout, intent, savepoint, spec.operator_id, spec.name) if name in restored else iter(())
+        chunks: Iterable[pa.Table]
+        if name in seeded:  # step 2: a source's recorded offsets become its offsets state
+            source_id = spec.operator_id
+            chunks = [offsets_rows(source_id, intent["offsets"][source_id], parallelism, epoch, now_us() // 1000)]
+        elif name in restored:
+            chunks = _state_rows(layout, intent, savepoint, spec.operator_id, spec.name)
+        else:
+            chunks = iter(())
         if name in evolved:
             chunks = (evolve(chunk, spec.arrow_schema()) for chunk in chunks)
         _replace_content(

@@ -21,6 +21,7 @@ from barrierflow.checkpoint import Barrier, CheckpointRecord, Manifest, TableCom
 from barrierflow.delta_commit import schema_json_of
 from barrierflow.errors import CheckpointError, FencedError, PipelineDefinitionError
 from barrierflow.layout import PipelineLayout
+from barrierflow.operators.operator_state import stage_source_offsets
 from barrierflow.operators.watermark import combined_watermark
 from barrierflow.pipeline import Node, Pipeline, SourceNode
 from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
@@ -562,6 +563,8 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                 raise _OrderedReadRequired()
             rows_in += metrics["good"]
         tail_started = time.monotonic()
+        # Each source's snapshot: its offsets state holds barrier n's end offsets.
+        stage_source_offsets(ctx)
         describe_jobs(spark, f"epoch {barrier.epoch}: dead letters")
         # Unordered reads have no dead letters (a bad line forces an ordered read).
         if dead_letters:

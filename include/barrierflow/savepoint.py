@@ -7,9 +7,12 @@ every table, so vacuum and table rewrites never touch it::
     <attempt>/state/<operator>/<state>/part-*.parquet  compacted state: one live row per key
     <attempt>/sinks/<name>/part-*.parquet          upsert sinks' rows at the cut (for rewinds)
 
-The directory holds everything a restore needs (offsets, watermark, key
-groups, operator ids and state schemas), so it can be copied into another
-warehouse's ``_savepoints/<pipeline>/`` (or restored from any path).
+The directory holds everything a restore needs (state, the sources'
+offsets among it, watermark, key groups, operator ids and state schemas),
+so it can be copied into another warehouse's ``_savepoints/<pipeline>/`` (or
+restored from any path). The metadata's ``offsets`` are a copy of the
+checkpoint record's, which a restore checks the offsets state against (and
+uses for a savepoint of a release before offsets were state).
 
 Creating one (:func:`create_savepoint`):
   1. take the pipeline's epoch lease, waiting for a running epoch to finish;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -54,15 +55,28 @@ def _params(landing: Path) -> dict[str, Any]:
 @pytest.mark.stores("s3")
 def test_savepoint_then_restore_with_rewind_equals_reference(run_epochs: Callable[..., list[int]], landing: Path, warehouse: str) -> None:
     assert run_epochs(warehouse, epochs=2) == [1, 2]
+    # The source's offsets are its operator state: after epoch 2, barrier 2's end offsets.
+    coordinator = CheckpointCoordinator(sensor_stats, _params(landing), str(warehouse))
+    barrier = storage.read_json(coordinator.layout.barrier(coordinator.current_lineage()["lineage_id"], 2))
+    assert barrier is not None
+    offsets = run_query(str(warehouse), "sensor_stats", "select value from readings__offsets").column("value").to_pylist()
+    assert [json.loads(v) for v in offsets] == [barrier["end_offsets"]["readings"]]
     sp = create_savepoint(sensor_stats, str(warehouse), name="before-3", description="after epoch 2", params=_params(landing))
     assert (sp.epoch, sp.name, sp.stopped) == (2, "before-3", False)
     states = {s.name: s.rows for s in sp.states}
-    assert set(states) == {"dedup/seen", "totals/accumulators", "minute_windows/pending_windows", "rising_alerts/last_two"}
-    assert states["dedup/seen"] > 0 and states["totals/accumulators"] > 0
+    assert set(states) == {"readings/offsets", "dedup/seen", "totals/accumulators", "minute_windows/pending_windows", "rising_alerts/last_two"}
+    assert states["readings/offsets"] == 1 and states["dedup/seen"] > 0 and states["totals/accumulators"] > 0
     assert [m.name for m in list_savepoints("sensor_stats", str(warehouse))] == ["before-3"]
     assert run_epochs(warehouse, epochs=2) == [3, 4]
+    # The restore takes its offsets from that state: the metadata's copy of them is deleted first.
+    metadata = storage.join_uri(sp.uri, "_savepoint.json")
+    doc = storage.read_json(metadata)
+    assert doc is not None and doc["offsets"] == barrier["end_offsets"]
+    storage.remove_document(metadata)
+    assert storage.write_json_if_absent(metadata, {**doc, "offsets": {}})
     result = restore(sensor_stats, str(warehouse), savepoint="before-3", rewind_sinks=True, params=_params(landing))
     assert result.epoch == 2 and result.rewound_sinks["sensor_minute"] > 0
+    assert coordinator.current_lineage()["start_offsets"] == barrier["end_offsets"]
     # The replay of epochs 3.. equals a history that never ran past epoch 2.
     assert run_epochs(warehouse) == [3, 4]
     assert_matches_reference(warehouse, reference_for(landing, MAX_FILES))

@@ -4,9 +4,10 @@ The pipeline ``lines`` reads text files, deduplicates by line id and
 appends every new line to the sink ``lines``. :func:`stub_compute` does
 what the runtime's Spark computation does for it, in plain Python: read the
 barrier's line ranges, wait for the restore point, stage the dedup state,
-the sink rows and the (empty) dead letters through the epoch context, and
-cross the same fault points. Everything around it (barriers, the vote, the
-Delta commits, the checkpoint log, recovery, fencing) is the real protocol.
+the source's offsets state, the sink rows and the (empty) dead letters
+through the epoch context, and cross the same fault points. Everything
+around it (barriers, the vote, the Delta commits, the checkpoint log,
+recovery, fencing) is the real protocol.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pyarrow as pa
 
 from barrierflow import faults
 from barrierflow.checkpoint import TableKind
+from barrierflow.operators.operator_state import stage_source_offsets
 from barrierflow.params import Param
 from barrierflow.pipeline import PipelineBuilder, PipelineDefinition
 from barrierflow.runtime import EpochContext
@@ -67,7 +69,7 @@ def stub_compute(ctx: EpochContext, ordered_only: bool) -> int:
             texts.append(lines[number])
     faults.maybe_fail("process.after_read")
     ctx.staging_prefix = ctx.layout.staging_prefix(ctx.barrier.lineage_id, ctx.epoch, ctx.attempt_id)
-    spec = ctx.pipeline.state_specs()[0]
+    spec = next(s for s in ctx.pipeline.state_specs() if s.table_name == "dedup__seen")
     n = len(ids)
     # Line ids are unique in this input, so every line is new: the dedup state gains each id once.
     ctx.state.stage_arrow(
@@ -84,6 +86,7 @@ def stub_compute(ctx: EpochContext, ordered_only: bool) -> int:
         ).select(spec.arrow_schema().names).cast(spec.arrow_schema()),
     )
     DeltaSink.append("lines").pre_commit(ctx, pa.table({"line_id": ids, "text": texts}, schema=LINE_SCHEMA))
+    stage_source_offsets(ctx)
     ctx.stage(name="dead_letter", uri=ctx.layout.dead_letter, kind=TableKind.DEAD_LETTER, data=DEAD_LETTER_SCHEMA.empty_table())
     ctx.commits()
     faults.maybe_fail("process.after_stage")

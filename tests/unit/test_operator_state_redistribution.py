@@ -8,10 +8,15 @@ import pyarrow as pa
 import pytest
 
 import barrierflow as bf
+from barrierflow.errors import CheckpointError
 from barrierflow.operators.operator_state import (
     OperatorContext,
+    offsets_lists,
+    offsets_rows,
     operator_state_spec,
     redistribute,
+    restored_offsets,
+    source_offsets_spec,
     state_rows,
     stored_lists,
 )
@@ -175,3 +180,34 @@ def test_a_widened_element_type_restores_as_any_state_column_does() -> None:
     declared = operator_state_spec("op", bf.ListStateDescriptor("n", pa.int64())).arrow_schema()
     fixed = [n for n in declared.names if n not in ("value", "parallelism")]
     assert compare_schemas(stored, declared, fixed).restorable
+
+
+OFFSETS_AT = {"file": "b.jsonl", "line": None, "files": [["b.jsonl", 0, None, 12]], "consumed": 2, "recent": ["a.jsonl", "b.jsonl"]}
+
+
+def test_a_sources_offsets_are_one_split_snapshotted_by_subtask_zero_and_read_back_as_the_union() -> None:
+    """Rule 8: union list state of string elements; the one split in subtask 0, every subtask seeing it after a rescale."""
+    spec = source_offsets_spec("readings")
+    assert spec.table_name == "readings__offsets" and spec.arrow_schema() == operator_state_spec("readings", bf.ListStateDescriptor("offsets", pa.string())).arrow_schema()
+    lists = offsets_lists(OFFSETS_AT, 3)
+    assert lists == [['{"consumed": 2, "file": "b.jsonl", "files": [["b.jsonl", 0, null, 12]], "line": null, "recent": ["a.jsonl", "b.jsonl"]}'], [], []]
+    table = offsets_rows("readings", OFFSETS_AT, 3, epoch=4, updated_at_ms=9)
+    assert table.select(["subtask", "position", "parallelism", "_key_group", "_deleted", "_epoch"]).to_pylist() == [
+        {"subtask": 0, "position": 0, "parallelism": 3, "_key_group": 0, "_deleted": False, "_epoch": 4}
+    ]
+    assert redistribute(stored_lists(table, 2), 2, "union") == [lists[0], lists[0]]  # a rescale: every subtask sees it
+    assert restored_offsets("readings", table) == OFFSETS_AT
+    assert restored_offsets("readings", spec.arrow_schema().empty_table()) is None  # a source that never ran
+    # The next epoch's snapshot at another parallelism rewrites the row for it; the same offsets change nothing else.
+    assert state_rows(table, offsets_lists(OFFSETS_AT, 2)) == [
+        {"subtask": 0, "position": 0, "value": lists[0][0], "parallelism": 2, "_deleted": False}
+    ]
+    assert state_rows(table, offsets_lists(OFFSETS_AT, 3)) == []
+
+
+def test_offsets_state_with_two_different_offsets_for_one_source_is_refused() -> None:
+    one = offsets_rows("readings", OFFSETS_AT, 2, epoch=4, updated_at_ms=9)
+    other = offsets_rows("readings", {**OFFSETS_AT, "consumed": 3}, 2, epoch=4, updated_at_ms=9)
+    both = pa.concat_tables([one, other.set_column(0, "subtask", pa.array([1], pa.int32()))])
+    with pytest.raises(CheckpointError, match="source readings: its offsets state holds 2 different offsets"):
+        restored_offsets("readings", both)

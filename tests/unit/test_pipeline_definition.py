@@ -245,6 +245,7 @@ def test_sensor_stats_operators_and_state(tmp_path: Path) -> None:
     }
     specs = {s.table_name: s for s in pipe.state_specs()}
     assert list(specs) == [
+        "readings__offsets",
         "dedup__seen",
         "totals__accumulators",
         "minute_windows__pending_windows",

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from barrierflow import faults, storage
 from barrierflow.checkpoint import EpochStatus, Fence, Manifest
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.delta_commit import commit_epoch_table
-from barrierflow.errors import BlockedInputError, FencedError, InjectedFault
+from barrierflow.errors import BlockedInputError, CheckpointError, FencedError, InjectedFault
+from barrierflow.operators.operator_state import offsets_rows
 from barrierflow.restore import restore
 from barrierflow.runtime import completed_future, process_epoch
 from stub_engine import LINES, epoch_tables, stub_compute
@@ -268,3 +269,21 @@ def test_each_epoch_records_the_backlog_it_left_and_the_coordinator_measures_it_
     coordinator.run(until_caught_up=True)
     assert coordinator.backlog() == {"lines": Backlog()}
     assert coordinator.log.records()[-1].backlog_files == 0
+
+
+def test_each_epoch_stages_its_barriers_end_offsets_and_refuses_offsets_state_that_is_not_its_start(
+    tmp_path: Path, landing: Path
+) -> None:
+    """Rule 8 of operator_state: state n-1 and barrier n agree unless the table was changed outside barrierflow."""
+    warehouse = tmp_path / "wh"
+    coordinator = _coordinator(warehouse, landing)
+    coordinator.run(epochs=1)
+    lineage = coordinator.current_lineage()["lineage_id"]
+    barrier = coordinator._read_barrier(lineage, 1)
+    assert barrier is not None
+    uri = coordinator.layout.state_table("lines", "offsets")
+    assert [json.loads(v) for v in DeltaTable(uri).to_pyarrow_table()["value"].to_pylist()] == [barrier.end_offsets["lines"]]
+    forged = offsets_rows("lines", {"file": "part-09.txt", "line": None}, 1, epoch=1, updated_at_ms=0)
+    write_deltalake(uri, forged.select(DeltaTable(uri).schema().to_arrow().names), mode="overwrite")
+    with pytest.raises(CheckpointError, match=r"source lines: its offsets state holds .*part-09.txt.* but barrier 2 starts at .*part-00.txt"):
+        _coordinator(warehouse, landing).run(epochs=1)

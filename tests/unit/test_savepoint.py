@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import pytest
 
 from barrierflow import storage
 from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.errors import IncompatibleSavepointError, SavepointError
+from barrierflow.errors import CheckpointError, IncompatibleSavepointError, SavepointError
 from barrierflow.pipelines.sensor_stats import sensor_stats
+from barrierflow.query import run_query
 from barrierflow.restore import check_compatibility, restore
 from barrierflow.savepoint import (
     SavepointMetadata,
@@ -100,10 +104,66 @@ def test_a_savepoint_exists_once_its_metadata_does_and_attempts_never_mix_files(
             create_savepoint(LINES, warehouse, name="sp", params=params)
     assert list_savepoints("lines", warehouse) == []
     sp = create_savepoint(LINES, warehouse, name="sp", params=params)
-    assert storage.list_dir(sp.uri) == ["_savepoint.json", sp.states[0].files[0].split("/")[0]]
+    seen = next(s for s in sp.states if s.name == "dedup/seen")
+    assert storage.list_dir(sp.uri) == ["_savepoint.json", seen.files[0].split("/")[0]]
     with pytest.raises(SavepointError, match="already exists"):
         create_savepoint(LINES, warehouse, name="sp", params=params)
-    rows = pa.concat_tables(snapshot_chunks(load_savepoint("lines", warehouse, "sp"), sp.states[0].files))
+    rows = pa.concat_tables(snapshot_chunks(load_savepoint("lines", warehouse, "sp"), seen.files))
     assert rows.num_rows == 8 and sp.size_bytes > 0
     CheckpointCoordinator(LINES, params, warehouse, spark_factory=lambda: None, compute=stub_compute).run(epochs=1)
     assert restore(LINES, warehouse, savepoint="sp", rewind_sinks=True, params=params).epoch == 2
+
+
+def test_a_restore_takes_its_offsets_from_the_sources_offsets_state(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The savepoint's offsets state, not its metadata's copy; an older savepoint without it falls back to the copy."""
+    landing, warehouse = tmp_path / "landing", str(tmp_path / "wh")
+    landing.mkdir()
+    for f in range(3):
+        (landing / f"part-{f}.txt").write_text("".join(f"file {f} line {n}\n" for n in range(4)))
+    params = {"landing_dir": str(landing), "max_files_per_epoch": 1}
+
+    def run(epochs: int) -> CheckpointCoordinator:
+        coordinator = CheckpointCoordinator(LINES, params, warehouse, spark_factory=lambda: None, compute=stub_compute)
+        coordinator.run(epochs=epochs)
+        return coordinator
+
+    coordinator = run(2)
+    barrier = coordinator._read_barrier(coordinator.current_lineage()["lineage_id"], 2)
+    assert barrier is not None
+    end = barrier.end_offsets["lines"]
+    stored = run_query(warehouse, "lines", "select subtask, position, value from lines__offsets").to_pylist()
+    assert [(r["subtask"], r["position"], json.loads(r["value"])) for r in stored] == [(0, 0, end)]
+    sp = create_savepoint(LINES, warehouse, name="sp", params=params)
+    run(1)
+
+    def copy(name: str, change: Callable[[dict[str, Any]], None]) -> str:
+        target = tmp_path / name
+        shutil.copytree(sp.uri, target)
+        doc = json.loads((target / "_savepoint.json").read_text())
+        change(doc)
+        (target / "_savepoint.json").write_text(json.dumps(doc))
+        return str(target)
+
+    def replayed() -> list[dict[str, Any]]:
+        run(1)  # epoch 3 again: the file after the restore point's offsets, once
+        return run_query(warehouse, "lines", "select count(*) as n, max(_epoch) as e from lines").to_pylist()
+
+    # The metadata's copy of the offsets is gone: the restore reads them from the state.
+    restore(LINES, warehouse, savepoint=copy("no-copy", lambda doc: doc.update(offsets={})), rewind_sinks=True, params=params)
+    assert coordinator.current_lineage()["start_offsets"] == {"lines": end}
+    assert replayed() == [{"n": 12, "e": 3}]
+
+    # The copy and the state disagree: refused, naming the source and both.
+    differs = copy("differs", lambda doc: doc["offsets"]["lines"].update(consumed=99))
+    with pytest.raises(CheckpointError, match=r"source lines: the restore point's offsets state holds .*\"consumed\": 2.* but its recorded offsets are .*\"consumed\": 99"):
+        restore(LINES, warehouse, savepoint=differs, rewind_sinks=True, params=params)
+
+    # A savepoint of an older release has no offsets state: its copy is restored (and said so), seeding the state.
+    older = copy("older", lambda doc: doc.update(states=[s for s in doc["states"] if s["state"] != "offsets"]))
+    with caplog.at_level(logging.WARNING, logger="barrierflow.restore"):
+        result = restore(LINES, warehouse, savepoint=older, rewind_sinks=True, params=params)
+    assert "source lines has no offsets state (written by an older release): restoring its recorded offsets" in caplog.text
+    assert result.restored_states == ("dedup/seen", "lines/offsets") and result.empty_states == ()
+    assert [json.loads(v) for v in run_query(warehouse, "lines", "select value from lines__offsets").column("value").to_pylist()] == [end]
+    assert replayed() == [{"n": 12, "e": 3}]
+

@@ -55,7 +55,7 @@ def test_inserting_a_stateless_operator_leaves_stateful_identities_alone() -> No
         )
 
     specs = [{(s.operator_id, s.name): s.arrow_schema() for s in build(b).state_specs()} for b in (plain, filtered)]
-    assert specs[0] == specs[1] and set(specs[0]) == {("dedup", "seen"), ("totals", "accumulators")}
+    assert specs[0] == specs[1] and set(specs[0]) == {("events", "offsets"), ("dedup", "seen"), ("totals", "accumulators")}
 
 
 def test_a_stateless_operator_may_be_given_an_id_and_ids_stay_unique() -> None:

@@ -61,14 +61,32 @@ class attributes) belong to a parallel subtask, not to a key. Within epoch n:
    ships each subtask its lists with the function; the subtasks' new lists
    come back to the driver, which stages the changed rows.
 
-Source offsets are operator state in Flink (each reader's splits and
-offsets, as union list state). Here they stay in barrier n, the document the
-coordinator writes before epoch n runs (the protocol's cut), not in a state
-table: see the "Operator state" section of the README.
+8. Source offsets. Every source operator owns the union list state
+   ``offsets`` (``state/<source_id>/offsets``, ``<source_id>__offsets`` in
+   queries; elements are strings), as a Flink source reader's splits and
+   offsets are union list state, written by the code path of 4. A source
+   here is one split (a file position, a table version), so its element is
+   its end offsets as one JSON document (keys sorted). Within epoch n, once
+   its operators ran (:func:`stage_source_offsets`):
+
+   a. every subtask sees the union of the stored lists (5c., whatever the
+      parallelism was), which must be barrier n's start offsets of the
+      source (or empty: the first epoch, or a table an older release never
+      wrote); anything else is a :class:`CheckpointError`;
+   b. split k belongs to subtask ``k % parallelism``, which snapshots it
+      with barrier n's end offsets: the rows are staged every epoch, input
+      or not, and committed with the epoch's other tables, so the table's
+      version in epoch n's cut holds the offsets after epoch n.
+
+   Barrier n still fixes the cut before epoch n runs (with two concurrent
+   checkpoints barrier n+1 is planned before epoch n commits); a restore
+   takes its start offsets from this state as of the restore point (see
+   :mod:`barrierflow.restore`).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
@@ -92,6 +110,12 @@ __all__ = [
     "redistribute",
     "stored_lists",
     "state_rows",
+    "OFFSETS",
+    "source_offsets_spec",
+    "offsets_lists",
+    "restored_offsets",
+    "offsets_rows",
+    "stage_source_offsets",
     "SUBTASK",
     "POSITION",
     "VALUE",
@@ -105,6 +129,8 @@ VALUE = "value"
 PARALLELISM = "parallelism"
 # The subtask a record goes to (2.), in the frame handed to each subtask.
 _SUBTASK = "_subtask"
+# (8.) Every source's offsets: one JSON document per split.
+OFFSETS = ListStateDescriptor("offsets", pa.string(), redistribution=UNION)
 
 
 class OperatorContext:
@@ -227,6 +253,56 @@ def state_rows(rows: pa.Table, lists: Sequence[Sequence[Any]]) -> list[dict[str,
     return out
 
 
+def source_offsets_spec(source_id: str) -> StateSpec:
+    """(8.) The table of a source's offsets state."""
+    return operator_state_spec(source_id, OFFSETS)
+
+
+def offsets_lists(offsets: Any, parallelism: int) -> list[list[str]]:
+    """(8b.) The lists of ``parallelism`` subtasks snapshotting end offsets ``offsets``: split k in subtask k % parallelism."""
+    splits = [json.dumps(offsets, sort_keys=True)]  # a source here is one split
+    lists: list[list[str]] = [[] for _ in range(parallelism)]
+    for index, element in enumerate(splits):
+        lists[index % parallelism].append(element)
+    return lists
+
+
+def restored_offsets(source_id: str, rows: pa.Table) -> Any | None:
+    """(8a.) The offsets live ``rows`` hold, as every subtask sees them (union); None when they hold none."""
+    union = redistribute(stored_lists(rows, 1), 1, UNION)[0]
+    elements = sorted(set(union))
+    if len(elements) > 1:
+        raise CheckpointError(
+            f"source {source_id}: its offsets state holds {len(elements)} different offsets, and a source has one "
+            f"split: {elements}; the table was changed outside barrierflow, restore it from a savepoint"
+        )
+    return json.loads(elements[0]) if elements else None
+
+
+def offsets_rows(source_id: str, offsets: Any, parallelism: int, epoch: int, updated_at_ms: int) -> pa.Table:
+    """(8b.) The whole table of a source's offsets state holding ``offsets`` (a restore seeding it, see :mod:`barrierflow.restore`)."""
+    spec = source_offsets_spec(source_id)
+    return _state_table(spec, state_rows(spec.arrow_schema().empty_table(), offsets_lists(offsets, parallelism)), epoch, updated_at_ms)
+
+
+def stage_source_offsets(ctx: Any) -> None:
+    """(8.) Stage every source's offsets state for epoch n; waits for epoch n-1 (its state) to complete."""
+    parallelism = ctx.pipeline.parallelism  # 1.
+    for node in ctx.pipeline.sources:
+        source_id = node.operator_id
+        spec = source_offsets_spec(source_id)
+        stored = ctx.state.read_arrow(spec, [0])
+        restored = restored_offsets(source_id, stored)  # 8a.
+        start = ctx.barrier.start_offsets.get(source_id)
+        if restored is not None and restored != start:
+            raise CheckpointError(
+                f"source {source_id}: its offsets state holds {json.dumps(restored, sort_keys=True)} but barrier "
+                f"{ctx.epoch} starts at {json.dumps(start, sort_keys=True)}; the table was changed outside "
+                "barrierflow: restore from a savepoint or a retained checkpoint"
+            )
+        _stage(ctx, spec, state_rows(stored, offsets_lists(ctx.barrier.end_offsets[source_id], parallelism)))  # 8b.
+
+
 @dataclass
 class OperatorProcess(Node):
     """A non-keyed process operator: ``function`` over ``parent``'s records, as ``parallelism`` subtasks."""
@@ -329,15 +405,19 @@ class OperatorProcess(Node):
 
 
 def _stage(ctx: Any, spec: StateSpec, rows: list[dict[str, Any]]) -> None:
-    written = {KEY_GROUP: 0, "_updated_at_ms": ctx.processing_time_ms, "_epoch": ctx.epoch}
+    ctx.state.stage_arrow(spec, _state_table(spec, rows, ctx.epoch, ctx.processing_time_ms))
+
+
+def _state_table(spec: StateSpec, rows: list[dict[str, Any]], epoch: int, updated_at_ms: int) -> pa.Table:
+    """(4.) Changelog ``rows`` as the table's rows written by ``epoch``."""
+    written = {KEY_GROUP: 0, "_updated_at_ms": updated_at_ms, "_epoch": epoch}
     try:
-        table = pa.Table.from_pylist([{**row, **written} for row in rows], schema=spec.arrow_schema())
+        return pa.Table.from_pylist([{**row, **written} for row in rows], schema=spec.arrow_schema())
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
         raise UserFunctionError(
             f"operator state {spec.name!r} of {spec.operator_id!r}: an element does not fit its declared type "
             f"{spec.value_fields[0].type}: {exc}"
         ) from None
-    ctx.state.stage_arrow(spec, table)
 
 
 def _run_subtask(
