@@ -563,8 +563,6 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                 raise _OrderedReadRequired()
             rows_in += metrics["good"]
         tail_started = time.monotonic()
-        # Each source's snapshot: its offsets state holds barrier n's end offsets.
-        stage_source_offsets(ctx)
         describe_jobs(spark, f"epoch {barrier.epoch}: dead letters")
         # Unordered reads have no dead letters (a bad line forces an ordered read).
         if dead_letters:
@@ -582,6 +580,9 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
             schema=DEAD_LETTER_SCHEMA,
             constants={"_epoch": barrier.epoch},
         )
+        # Each source's snapshot: its offsets state holds barrier n's end offsets. Last, as it
+        # waits for epoch n-1 (its state) while the dead letters are written.
+        stage_source_offsets(ctx)
         ctx.commits()  # every staged file written (or its error raised) before the fault point
         _log.info("epoch %d: dead letters took %.0f ms", barrier.epoch, (time.monotonic() - tail_started) * 1000)
         faults.maybe_fail("process.after_stage")

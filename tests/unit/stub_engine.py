@@ -86,8 +86,8 @@ def stub_compute(ctx: EpochContext, ordered_only: bool) -> int:
         ).select(spec.arrow_schema().names).cast(spec.arrow_schema()),
     )
     DeltaSink.append("lines").pre_commit(ctx, pa.table({"line_id": ids, "text": texts}, schema=LINE_SCHEMA))
-    stage_source_offsets(ctx)
     ctx.stage(name="dead_letter", uri=ctx.layout.dead_letter, kind=TableKind.DEAD_LETTER, data=DEAD_LETTER_SCHEMA.empty_table())
+    stage_source_offsets(ctx)
     ctx.commits()
     faults.maybe_fail("process.after_stage")
     return n
