@@ -14,7 +14,7 @@ last in arrival order (``_seq``, then a flat_map's sub-positions) where the
 stream carries it, else the last the upstream operator emitted (a keyed
 process function emits a key's rows in the order of its calls; rows of one
 key come from one task). A running aggregate's output already holds one row
-per key and is taken as it is.
+per key and is taken as it is. A null key is a key like any other: one row.
 
 An epoch whose output widens a column's type (int to long, float to double;
 :func:`~barrierflow.schema_evolution.check_sink_schema`) widens the table,
@@ -236,10 +236,10 @@ class DeltaSink:
             hit = list(by_uri)
         else:
             stored = read_parquet_files(ctx.spark, list(by_uri), schema, with_path=True)
-            hit = [r[0] for r in stored.join(changed, on=list(self.key), how="left_semi").select(PATH_COLUMN).distinct().collect()]
+            hit = [r[0] for r in _same_keys(stored, changed, self.key, "left_semi").select(PATH_COLUMN).distinct().collect()]
             if not hit:
                 return data, []
-        kept = read_parquet_files(ctx.spark, hit, schema).join(changed, on=list(self.key), how="left_anti")
+        kept = _same_keys(read_parquet_files(ctx.spark, hit, schema), changed, self.key, "left_anti")
         return kept.select(*schema.names).unionByName(data.select(*schema.names)), [by_uri[p] for p in sorted(hit)]
 
     @staticmethod
@@ -266,7 +266,7 @@ def _rewritten(ctx: Any, uri: str, widening: _Widening, epoch_rows: "DataFrame",
     """
     stored = read_parquet_files(ctx.spark, [join_uri(uri, p) for p in widening.files], widening.file_schema)
     if key:
-        stored = stored.join(epoch_rows.select(*key).distinct(), on=list(key), how="left_anti")
+        stored = _same_keys(stored, epoch_rows.select(*key).distinct(), key, "left_anti")
     names = widening.file_schema.names
     return stored.select(*names).unionByName(epoch_rows, allowMissingColumns=True).select(*names)
 
@@ -286,6 +286,18 @@ def _with_left_out_columns(rows: "DataFrame", schema: pa.Schema, table: pa.Schem
 
     nulls = [F.lit(None).cast(from_arrow_type(f.type)).alias(f.name) for f in left_out]
     return rows.select("*", *nulls), pa.schema([*schema, *left_out])
+
+
+def _same_keys(rows: "DataFrame", keys: "DataFrame", key: tuple[str, ...], how: str) -> "DataFrame":
+    """``rows`` joined ``how`` (semi or anti) with ``keys`` on ``key``, a null key equal to a null key.
+
+    A null is a key like any other (one current row), or rows with a null
+    key would never be replaced and pile up, one per epoch.
+    """
+    from functools import reduce
+
+    condition = reduce(lambda a, b: a & b, [rows[k].eqNullSafe(keys[k]) for k in key])
+    return rows.join(keys, on=condition, how=how)
 
 
 def _last_per_key(sink: DeltaSink, rows: "DataFrame") -> "DataFrame":
