@@ -51,7 +51,7 @@ import pyarrow as pa
 from barrierflow.checkpoint import Fence, TableCommit, TableKind
 from barrierflow.delta_commit import add_actions, commit_epoch_table, counted_rows, open_table
 from barrierflow.errors import PipelineDefinitionError
-from barrierflow.operators.base import Node, position_columns
+from barrierflow.operators.base import Node, position_columns, position_order
 from barrierflow.schema_evolution import check_sink_schema, fitted_output_schema, widened_columns, widened_table_schema
 from barrierflow.sources.dead_letters import DEAD_LETTER_SCHEMA
 from barrierflow.storage import join_uri, remove_tree
@@ -306,9 +306,8 @@ def _last_per_key(sink: DeltaSink, rows: "DataFrame") -> "DataFrame":
     from pyspark.sql import functions as F
 
     sink.check_key(rows.columns)
-    positions = [c for c in position_columns(rows.columns) if c in rows.columns]
-    if positions:
-        order = [F.col(c).desc() for c in positions]
+    if "_seq" in rows.columns:
+        order = [c.desc() for c in position_order(rows.columns)]  # the reverse of the dedup's first
     else:
         # Taken before the shuffle below: within a task, rows keep the order the operator emitted them in.
         rows = rows.withColumn("__bf_row", F.monotonically_increasing_id())
