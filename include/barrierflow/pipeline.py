@@ -129,8 +129,8 @@ class Pipeline:
 
         A key passes unchanged through watermarks, deduplication, unions and
         stateless operators that do not compute it (``Node.passes_through``)
-        to the operator keyed by it (through a union, from each input); keys of later operators come from the
-        outputs of earlier keyed ones, whose own keys were checked at the source.
+        to the operator keyed by it (through a union, from each input). Keys computed on the way (a map,
+        select or flat_map) are checked before the operator instead (:meth:`computed_keys`).
         """
         keys: dict[str, str] = {}
         for node in self.nodes:
@@ -139,6 +139,32 @@ class Pipeline:
                     if _reaches_unchanged(upstream, column, source):
                         keys.setdefault(column, node.operator_id)
         return keys
+
+    def computed_keys(self, node: Node) -> list[tuple[int, str, str]]:
+        """The key columns ``node`` takes from an input that no source checked: ``(input index, column, computed by)``.
+
+        A key is checked when on every path it reaches ``node`` unchanged
+        from a source (which checks it: :meth:`source_keys`) or from the key
+        columns of an earlier keyed operator's output (checked before that
+        operator). Any other, e.g. one a map, select or flat_map computes,
+        is checked before ``node`` consumes it (:mod:`barrierflow.operators.key_check`);
+        ``computed by`` names the first operator found computing it.
+        """
+        inputs, taken, found = node.inputs(), set(), []
+        for upstream, key in node.keyed_inputs():
+            # A stream connected to itself is two inputs: each keyed input is the next unused one.
+            index = next(i for i, n in enumerate(inputs) if n is upstream and i not in taken)
+            taken.add(index)
+            for column in key:
+                computing = _computed_by(upstream, column)
+                if computing is not None:
+                    found.append((index, column, computing.operator_id))
+        return found
+
+    def upstream_sources(self, node: Node) -> list[SourceNode]:
+        """The sources ``node``'s records come from, in declaration order."""
+        upstream = _upstream(node)
+        return [n for n in self.sources if any(n is u for u in upstream)]
 
     def needs_arrival_order(self, node: Node) -> bool:
         """Whether ``node`` reads the ``_seq`` arrival position of its input (a stateless operator: if a consumer does)."""
@@ -170,6 +196,19 @@ def _reaches_unchanged(node: Node, column: str, source: Node) -> bool:
         if current.passes_through(column):
             upstream.extend(current.inputs())
     return False
+
+
+def _computed_by(node: Node, column: str) -> Node | None:
+    """The first operator on a path to ``node`` that computes ``column`` (not a source, an unchanged pass or a keyed output), else None."""
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, SourceNode) or column in current.key_output():
+            continue
+        if not current.passes_through(column) or not current.inputs():
+            return current
+        pending.extend(reversed(current.inputs()))
+    return None
 
 
 def _check_watermarks(what: str, inputs: tuple[Node, ...], advice: str) -> None:

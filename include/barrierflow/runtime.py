@@ -21,6 +21,7 @@ from barrierflow.checkpoint import Barrier, CheckpointRecord, Manifest, TableCom
 from barrierflow.delta_commit import schema_json_of
 from barrierflow.errors import CheckpointError, FencedError, PipelineDefinitionError
 from barrierflow.layout import PipelineLayout
+from barrierflow.operators.key_check import split_computed_keys
 from barrierflow.operators.operator_state import stage_source_offsets
 from barrierflow.operators.watermark import combined_watermark
 from barrierflow.pipeline import Node, Pipeline, SourceNode
@@ -137,6 +138,11 @@ class EpochContext:
         self._cached: dict[int, "DataFrame"] = {}
         self._frames: dict[int, tuple[pa.Table, "DataFrame"]] = {}
         self._touched: dict[int, tuple["DataFrame", list[int]]] = {}
+        # Each source's files by their index in ``_seq`` and the sources read unordered (without
+        # ``_seq``), for dead letters found before keyed operators (operators.key_check).
+        self.source_files: dict[int, tuple[str, ...]] = {}
+        self.unordered_sources: set[str] = set()
+        self._key_dead_letters: list[tuple[tuple[int, int], "DataFrame", bool]] = []
 
     # -- the completed checkpoint this epoch builds on ------------------------
 
@@ -194,7 +200,7 @@ class EpochContext:
         """
         from pyspark import StorageLevel
 
-        if self._cached.get(id(df)) is df:
+        if self.is_cached(df):
             return df
         df = df.persist(StorageLevel.MEMORY_AND_DISK)
         self._persisted.append(df)
@@ -209,6 +215,25 @@ class EpochContext:
         """
         self._cached[id(df)] = df  # the reference keeps the id from being reused
         return df
+
+    def is_cached(self, df: "DataFrame") -> bool:
+        """Whether ``df`` is a frame this epoch cached, or a view of one (:meth:`cached_view`)."""
+        return self._cached.get(id(df)) is df
+
+    def add_key_dead_letters(self, node: Node, index: int, rows: "DataFrame", probe: bool) -> None:
+        """Dead letters of input ``index`` of ``node``: rows whose computed key is null or empty (:mod:`barrierflow.operators.key_check`).
+
+        ``probe``: the rows lack their file and line (an unordered read), so
+        any of them means the epoch is computed again with ordered reads.
+        """
+        with self._lock:
+            position = next(i for i, n in enumerate(self.pipeline.nodes) if n is node)
+            self._key_dead_letters.append(((position, index), rows, probe))
+
+    def key_dead_letters(self) -> list[tuple["DataFrame", bool]]:
+        """What :meth:`add_key_dead_letters` got, in pipeline order (whatever order concurrent operators ran in)."""
+        with self._lock:
+            return [(rows, probe) for _, rows, probe in sorted(self._key_dead_letters, key=lambda entry: entry[0])]
 
     def track(self, *frames: "DataFrame") -> None:
         """Release these (already persisted) frames at the end of the epoch."""
@@ -538,7 +563,9 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                     spark, barrier.end_offsets[node.source.source_id], ctx.parallelism, source_index, ordered=ordered,
                     keys=pipe.source_keys(node),
                 )
+                ctx.source_files[source_index] = batch.files
                 if batch.observation is not None:
+                    ctx.unordered_sources.add(node.operator_id)
                     # Counted (and its bytes checked) while the operators run; checked once they have.
                     records = batch.records
                     observed.append((batch.observation, records, batch.plain_input))
@@ -562,9 +589,14 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
             if metrics["bad"] or (plain_input is not None and not plain_input.result()):
                 raise _OrderedReadRequired()
             rows_in += metrics["good"]
+        key_dead_letters = ctx.key_dead_letters()
+        # Without their file and line: computed again with ordered reads, as for a bad line (rare; a cached frame).
+        if any(probe and not rows.isEmpty() for rows, probe in key_dead_letters):
+            raise _OrderedReadRequired()
+        dead_letters += [rows for rows, _ in key_dead_letters]
         tail_started = time.monotonic()
         describe_jobs(spark, f"epoch {barrier.epoch}: dead letters")
-        # Unordered reads have no dead letters (a bad line forces an ordered read).
+        # Unordered reads have no dead letters (a bad line, or a bad computed key, forces an ordered read).
         if dead_letters:
             dead_df = dead_letters[0]
             for other in dead_letters[1:]:
@@ -605,13 +637,21 @@ def _apply_operators(ctx: EpochContext, outputs: dict[int, "DataFrame | pa.Table
     waiting = [node for node in pipe.nodes if not isinstance(node, SourceNode)]
     # Reads of each node's output: a union of a stream with itself reads it twice.
     fan_out = {id(node): sum(1 for n in pipe.nodes for i in n.inputs() if i is node) for node in pipe.nodes}
+    # Keys no source checked (computed upstream), per input: checked before the operator consumes them.
+    computed_keys: dict[int, dict[int, list[tuple[str, str]]]] = {id(node): {} for node in pipe.nodes}
+    for node in waiting:
+        for i, column, computed_by in pipe.computed_keys(node):
+            computed_keys[id(node)].setdefault(i, []).append((column, computed_by))
 
     def apply(node: Node) -> "DataFrame | pa.Table":
         ctx.run_as(index[id(node)])
         describe_jobs(ctx.spark, f"epoch {ctx.epoch}: {node.operator_id}")
         started = time.monotonic()
         inputs = [outputs[id(i)] for i in node.inputs()]
-        df = node.apply_inputs(ctx, [rows if node.accepts_arrow else ctx.frame(rows) for rows in inputs])
+        inputs = [rows if node.accepts_arrow else ctx.frame(rows) for rows in inputs]
+        for i, keys in computed_keys[id(node)].items():
+            inputs[i] = split_computed_keys(ctx, node, i, ctx.frame(inputs[i]), keys)
+        df = node.apply_inputs(ctx, inputs)
         if fan_out[id(node)] > 1 and not isinstance(df, pa.Table):
             df = ctx.persist(df)
         _log.info("epoch %d: %s took %.0f ms", ctx.epoch, node.operator_id, (time.monotonic() - started) * 1000)

@@ -177,3 +177,56 @@ def test_a_bad_python_function_fails_the_epoch_naming_the_operator(spark: Any, t
     with pytest.raises(Exception, match=message):
         coordinator.run(until_caught_up=True)
     assert coordinator.recover().last_completed_epoch == 0  # nothing committed
+
+
+# Keys computed by a map: the first word of the text. A null text gives a null key, a text
+# starting with a space (or empty) an empty one; both must be dead letters, never a NULL or "" group.
+KEYED_FILES = {
+    "a.jsonl": [
+        {"user": "u1", "text": "y x", "amount": 1.0},
+        {"user": "u2", "text": None, "amount": 2.0},
+        {"user": "u3", "text": " lead", "amount": 3.0},
+        {"user": "u1", "text": "y z", "amount": 4.0},
+    ],
+    "b.jsonl": [{"user": "u4", "text": "z", "amount": 5.0}, {"user": "u5", "text": "", "amount": 6.0}],
+    "c.jsonl": [{"user": "u6", "text": None, "amount": 7.0}, {"user": "u1", "text": "z y", "amount": 8.0}],
+}
+
+
+@bf.pipeline("computed_keys", params=[bf.Param("landing_dir", str), bf.Param("parallelism", int, 2)])
+def computed_keys(p: bf.PipelineBuilder, params: dict[str, Any]) -> None:
+    """Only a running aggregate consumes the source: read unordered first, without line numbers."""
+    events = p.source(bf.FileSource("events", params["landing_dir"], schema=EVENTS))
+    events.map(topic="element_at(split(text, ' '), 1)").key_by("topic").aggregate("per_topic", n=bf.Count()).sink_to(
+        bf.DeltaSink.upsert("topics", key="topic")
+    )
+
+
+def test_null_or_empty_keys_computed_by_a_map_are_dead_letters_with_file_and_line(spark: Any, tmp_path: Path) -> None:
+    """One epoch: its unordered read meets bad keys without line numbers, so it is computed again with ordered reads."""
+    counts: dict[str, int] = {}
+    dead: list[tuple[str, int, dict[str, Any], str]] = []
+    for name in sorted(KEYED_FILES):
+        for line, record in enumerate(KEYED_FILES[name], start=1):
+            topic = None if record["text"] is None else record["text"].split(" ")[0]
+            if topic:
+                counts[topic] = counts.get(topic, 0) + 1
+            else:
+                row = {k: v for k, v in {**record, "topic": topic}.items() if v is not None}  # to_json leaves out nulls
+                dead.append((name, line, row, "null_key" if topic is None else "empty_key"))
+    assert {d[3] for d in dead} == {"null_key", "empty_key"} and counts == {"y": 2, "z": 2}  # the data covers the cases
+    landing, warehouse = tmp_path / "landing", str(tmp_path / "wh")
+    landing.mkdir()
+    _land(landing, KEYED_FILES)
+    coordinator = CheckpointCoordinator(computed_keys, {"landing_dir": str(landing)}, warehouse, spark_factory=lambda: spark)
+    (result,) = coordinator.run(until_caught_up=True)
+    # Rows read from the source are unchanged; the refused ones count as dead letters.
+    assert (result.record.rows_in, result.record.dead_letters) == (8, len(dead))
+    got = bf.run_query(warehouse, "computed_keys", "select * from topics").to_pylist()
+    assert {r["topic"]: r["n"] for r in got} == counts and len(got) == len(counts)
+    letters = bf.run_query(warehouse, "computed_keys", "select * from dead_letter").to_pylist()
+    assert sorted((r["source_file"], r["line"], json.loads(r["raw"]), r["reason"]) for r in letters) == dead
+    assert {(r["source"], r["_epoch"]) for r in letters} == {("events", 1)}
+    for r in letters:
+        what = "is missing or null" if r["reason"] == "null_key" else "is empty"
+        assert r["detail"] == f"key topic of operator per_topic {what} (computed by map-1)", r["detail"]

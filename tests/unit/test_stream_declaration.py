@@ -10,6 +10,7 @@ import pytest
 
 import barrierflow as bf
 from barrierflow.operators.aggregate import RunningAggregate
+from barrierflow.operators.key_check import key_problems
 from barrierflow.operators.process import KeyedProcess
 from barrierflow.state.spec import KEY_GROUP
 
@@ -108,6 +109,37 @@ def test_keys_checked_at_the_source_pass_through_operators_that_do_not_compute_t
 
     pipe = build(body)
     assert pipe.source_keys(pipe.sources[0]) == {"k": "by_k"}
+
+
+def test_keys_no_source_checked_are_checked_before_their_keyed_operator() -> None:
+    def body(s: bf.DataStream) -> None:
+        s.filter("v > 0").select("*").map(x="v").key_by("k").aggregate("by_k", n=bf.Count())  # checked at the source
+        s.map(k="upper(k)").filter("v > 0").key_by("k").aggregate("by_upper", n=bf.Count())
+        s.select("k", "v").flat_map(part="split(k, '-')").key_by("part", "k").aggregate("by_part", n=bf.Count())
+        s.map(_ident, schema=OUT).key_by("x").aggregate("by_x", n=bf.Count())
+        totals = s.key_by("k").aggregate("totals", n=bf.Count())
+        totals.key_by("k").aggregate("again", m=bf.Count())  # a keyed operator's own key column: checked before it
+        totals.key_by("n").aggregate("by_n", m=bf.Count())  # any other column of its output: not
+        s.map(_ident, schema=OUT).union(s.select("k", "x")).deduplicate("dedup", key="k")  # computed on one path
+
+    pipe = build(body)
+    computed = {n.operator_id: pipe.computed_keys(n) for n in pipe.nodes if pipe.computed_keys(n)}
+    assert computed == {
+        "by_upper": [(0, "k", "map-2")],
+        "by_part": [(0, "part", "flat_map-1")],
+        "by_x": [(0, "x", "map-3")],
+        "by_n": [(0, "n", "totals")],
+        "dedup": [(0, "k", "map-4")],
+    }
+
+
+def test_computed_key_problems_name_the_key_the_operator_and_what_computed_it() -> None:
+    problems = key_problems("totals", [("topic", "map-1", True), ("n", "select-2", False)])
+    assert problems == [
+        ("topic", "null", "null_key: key topic of operator totals is missing or null (computed by map-1)"),
+        ("topic", "empty", "empty_key: key topic of operator totals is empty (computed by map-1)"),
+        ("n", "null", "null_key: key n of operator totals is missing or null (computed by select-2)"),
+    ]
 
 
 def test_arrival_order_is_needed_through_stateless_operators_only_if_a_consumer_needs_it() -> None:

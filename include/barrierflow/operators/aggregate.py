@@ -426,6 +426,9 @@ class RunningAggregate(Node):
     def unique_by(self) -> tuple[str, ...]:
         return self.key  # one row per touched key
 
+    def key_output(self) -> tuple[str, ...]:
+        return self.key
+
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame | pa.Table":
         """Fold the epoch's records into each touched key's accumulators.
 

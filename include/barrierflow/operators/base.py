@@ -75,6 +75,10 @@ class Node:
         """Whether ``column`` of its output is that of its input record, unchanged (a key checked at the source)."""
         return False
 
+    def key_output(self) -> tuple[str, ...]:
+        """Columns of its output holding its own keys, which were checked before it (never null nor empty)."""
+        return ()
+
     def describe(self) -> dict[str, Any]:
         return {"operator_id": self.operator_id, "type": type(self).__name__}
 

@@ -76,6 +76,9 @@ class TwoSidedJoin(Node):
         # A null event time is checked at the sources as a null key is (a dead letter there).
         return [(node, (*key, time)) for node, key, time in zip(self.inputs(), (self.key, self.other_key), self.time_columns)]
 
+    def key_output(self) -> tuple[str, ...]:
+        return self.key  # a pair's key columns, named as the left side's
+
     def side_outputs(self) -> list[str]:
         return [name for name in self.late_outputs if name]
 

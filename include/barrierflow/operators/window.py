@@ -228,6 +228,9 @@ class _Window(Node):
 
     uses_watermark = True
 
+    def key_output(self) -> tuple[str, ...]:
+        return self.key
+
     def __post_init__(self) -> None:
         columns = {a.value_column for a in self.aggregations if a.value_column is not None}
         if len(columns) > 1:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Backlog", "Source", "SourceBatch", "SEQ", "arrival_seq", "describe_offsets", "planned_bytes"]
+__all__ = ["Backlog", "Source", "SourceBatch", "SEQ", "arrival_seq", "seq_parts", "file_position", "describe_offsets", "planned_bytes"]
 
 # Every record carries its arrival position packed in one long, ``_seq``:
 # (source index, file index within the epoch, line). Sorting by it gives
@@ -35,6 +35,18 @@ def arrival_seq(source_index: int, file_index: Any, line: Any) -> Any:
         + F.shiftleft(file_index.cast("long"), _LINE_BITS)
         + line.cast("long")
     )
+
+
+def seq_parts(seq: Any) -> tuple[Any, Any, Any]:
+    """The inverse of :func:`arrival_seq`: columns of the source index, the file's position (:func:`file_position`) and the line."""
+    from pyspark.sql import functions as F
+
+    return F.shiftright(seq, _FILE_BITS + _LINE_BITS), F.shiftright(seq, _LINE_BITS), seq.bitwiseAND((1 << _LINE_BITS) - 1)
+
+
+def file_position(source_index: int, file_index: int) -> int:
+    """A file's position among all sources' files of an epoch, as :func:`seq_parts` decodes it."""
+    return source_index << _FILE_BITS | file_index
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,9 @@ class SourceBatch:
     # read, as for a bad line. ``result()`` re-raises the job's error (e.g. an
     # input file vanished). None: nothing to wait for.
     plain_input: "concurrent.futures.Future[bool] | None" = None
+    # The files ``_seq``'s file index counts, in order: names for dead letters
+    # found downstream (a key computed after the source; see ``operators.key_check``).
+    files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ def checked_rows(
     seq = arrival_seq(source_index, F.col("_fidx"), F.col("_line")).alias(SEQ)
     error = first_problem(record_checks(F.col, schema, keys))
     if error is None:
-        return SourceBatch(records=rows.select(*fields, seq), dead_letters=refused)
+        return SourceBatch(records=rows.select(*fields, seq), dead_letters=refused, files=tuple(names))
     checked = rows.withColumn("_error", error).persist()
     reason, detail = reason_and_detail(F.col("_error"))
     file_names = F.array(*[F.lit(name) for name in names]) if names else F.array().cast("array<string>")
@@ -150,7 +150,7 @@ def checked_rows(
         detail.alias("detail"),
     )
     records = checked.where(F.col("_error").isNull()).select(*fields, seq)
-    return SourceBatch(records=records, dead_letters=dead.unionByName(refused), shared=(checked,))
+    return SourceBatch(records=records, dead_letters=dead.unionByName(refused), shared=(checked,), files=tuple(names))
 
 
 def whole_file_dead_letters(

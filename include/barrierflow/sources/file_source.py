@@ -583,7 +583,7 @@ class FileSource:
             reason.alias("reason"),
             detail.alias("detail"),
         )
-        return SourceBatch(records=records, dead_letters=dead, shared=(parsed,))
+        return SourceBatch(records=records, dead_letters=dead, shared=(parsed,), files=tuple(name for name, *_ in ranges))
 
     def _read_parquet(
         self, spark: "SparkSession", base: str, ranges: list[list[Any]], source_index: int, keys: Mapping[str, str],
