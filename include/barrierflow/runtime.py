@@ -576,7 +576,7 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
                     records = ctx.cached_view(batch.records) if batch.shared else ctx.persist(batch.records)
                     dead = batch.dead_letters if batch.shared else ctx.persist(batch.dead_letters)
                     read_started = time.monotonic()
-                    rows_in += records.count() + dead.count()
+                    rows_in += _count_both(records, dead)
                     _log.info("epoch %d: reading %s took %.0f ms", barrier.epoch, node.operator_id, (time.monotonic() - read_started) * 1000)
                     dead_letters.append(dead)
                 outputs[id(node)] = records
@@ -683,6 +683,14 @@ def _apply_operators(ctx: EpochContext, outputs: dict[int, "DataFrame | pa.Table
         raise error
     if waiting:
         raise CheckpointError(f"operators {[n.operator_id for n in waiting]} have no input in the pipeline")
+
+
+def _count_both(records: "DataFrame", dead: "DataFrame") -> int:
+    """Rows of both frames in one Spark job, which also fills both caches (two counts were two jobs)."""
+    from pyspark.sql import functions as F
+
+    one = F.lit(1).alias("_row")
+    return records.select(one).unionByName(dead.select(one)).count()
 
 
 def _metrics(observation: Any, records: "DataFrame") -> dict[str, int]:
