@@ -34,7 +34,12 @@ os.environ.setdefault("BARRIERFLOW_LEASE_TTL_SECONDS", "5")
 # engine the same. Production JVMs keep both compilers. C1 alone shrinks the
 # default code cache to 48 MB, which a long-lived engine filled ("Out of space
 # in CodeCache for method handle intrinsic", a fatal error): keep the usual 240 MB.
-os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
+# Then each JVM maps one class-data-sharing archive of Spark's classes (jvm_archive), dumped
+# once by the first pytest process (xdist workers inherit the options).
+if "JAVA_TOOL_OPTIONS" not in os.environ:
+    from jvm_archive import java_options
+
+    os.environ["JAVA_TOOL_OPTIONS"] = java_options("-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
 
 
 # "<pid>:<port>": an xdist worker inherits the environment of the process that started it.
