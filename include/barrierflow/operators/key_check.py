@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from barrierflow.operators.base import Node, user_columns
 from barrierflow.sources.base import SEQ, file_position, seq_parts
-from barrierflow.sources.dead_letters import DeadLetterReason, first_problem, problem, reason_and_detail
+from barrierflow.sources.dead_letters import first_problem, reason_and_detail
+from barrierflow.sources.dead_letters import key_problems as source_key_problems
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -35,16 +36,14 @@ _PROBLEM = "_key_problem"
 def key_problems(operator_id: str, keys: list[tuple[str, str, bool]]) -> list[tuple[str, str, str]]:
     """``(column, check, problem string)`` for each key ``(column, computed by, is a string)``: null, and empty if a string.
 
-    ``check`` is ``"null"`` or ``"empty"``; the wording is the sources' (:func:`record_checks`),
+    ``check`` is ``"null"`` or ``"empty"``; the wording is the sources' (:func:`dead_letters.key_problems`),
     plus the operator that computed the key.
     """
-    found = []
-    for column, computed_by, is_string in keys:
-        where = f"key {column} of operator {operator_id}"
-        found.append((column, "null", problem(DeadLetterReason.NULL_KEY, f"{where} is missing or null (computed by {computed_by})")))
-        if is_string:
-            found.append((column, "empty", problem(DeadLetterReason.EMPTY_KEY, f"{where} is empty (computed by {computed_by})")))
-    return found
+    return [
+        (column, check, text)
+        for column, computed_by, is_string in keys
+        for check, text in source_key_problems(column, operator_id, is_string, f" (computed by {computed_by})")
+    ]
 
 
 def split_computed_keys(ctx: Any, node: Node, index: int, frame: "DataFrame", keys: list[tuple[str, str]]) -> "DataFrame":

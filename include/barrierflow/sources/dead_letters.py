@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 __all__ = [
-    "DEAD_LETTER_SCHEMA", "DeadLetterReason", "checked_rows", "first_problem", "problem", "reason_and_detail",
+    "DEAD_LETTER_SCHEMA", "DeadLetterReason", "checked_rows", "first_problem", "key_problems", "problem", "reason_and_detail",
     "record_checks", "whole_file_dead_letters",
 ]
 
@@ -78,14 +78,22 @@ def record_checks(
         if not f.nullable
     ]
     for name, operator_id in sorted(keys.items()):
-        checks.append(
-            (column_of(name).isNull(), problem(DeadLetterReason.NULL_KEY, f"key {name} of operator {operator_id} is missing or null"))
-        )
-        if pa.types.is_string(schema.field(name).type) or pa.types.is_large_string(schema.field(name).type):
-            checks.append(
-                (column_of(name) == "", problem(DeadLetterReason.EMPTY_KEY, f"key {name} of operator {operator_id} is empty"))
-            )
+        is_string = pa.types.is_string(schema.field(name).type) or pa.types.is_large_string(schema.field(name).type)
+        for check, text in key_problems(name, operator_id, is_string):
+            checks.append((column_of(name).isNull() if check == "null" else column_of(name) == "", text))
     return checks
+
+
+def key_problems(name: str, operator_id: str, is_string: bool, note: str = "") -> list[tuple[str, str]]:
+    """``(check, problem string)`` of key ``name`` of ``operator_id``: ``"null"``, and ``"empty"`` for a string key.
+
+    ``note`` (e.g. ``" (computed by map-1)"``) ends each detail.
+    """
+    where = f"key {name} of operator {operator_id}"
+    found = [("null", problem(DeadLetterReason.NULL_KEY, f"{where} is missing or null{note}"))]
+    if is_string:
+        found.append(("empty", problem(DeadLetterReason.EMPTY_KEY, f"{where} is empty{note}")))
+    return found
 
 
 def first_problem(checks: list[tuple["Column", str]], earlier: "Column | None" = None) -> "Column | None":
