@@ -15,6 +15,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	# A class-data-sharing archive of Spark's classes, which every Spark JVM barrierflow starts maps (faster start).
+	$(BIN)/python -m barrierflow.jvm_archive || echo "no JVM class archive: Spark JVMs start without one"
 	touch $(STAMP)
 
 # The browser tests drive Debian's headless Chromium through chromedriver.

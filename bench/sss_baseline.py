@@ -20,7 +20,7 @@ CLI: ``python bench/sss_baseline.py INPUT_DIR [--work-dir W] [--shuffle-partitio
 runs, each in a fresh Python/JVM process, and the fastest is reported: shuffle
 partitions at the core count and at 8, each with the JVM's default collector
 and with the driver options barrierflow's own sessions use
-(``barrierflow.spark.DRIVER_JAVA_OPTIONS``), so the baseline gets every JVM
+(``barrierflow.spark.driver_java_options()``), so the baseline gets every JVM
 setting the engine gets.
 """
 
@@ -43,7 +43,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.window import Window
 
-from barrierflow.spark import DRIVER_JAVA_OPTIONS
+from barrierflow.spark import driver_java_options
+
+# barrierflow's own driver options (its class archive included): the baseline gets every JVM setting barrierflow gets.
+BARRIERFLOW_JAVA_OPTIONS = driver_java_options()
 
 __all__ = ["EVENT_SCHEMA", "compare_settings", "describe", "fastest", "run_sss", "run_sss_isolated", "shuffle_settings"]
 
@@ -62,7 +65,7 @@ def shuffle_settings() -> list[int]:
 
 def java_settings() -> list[str]:
     """Driver JVM options to try: the JVM's defaults and barrierflow's."""
-    return ["", DRIVER_JAVA_OPTIONS]
+    return ["", BARRIERFLOW_JAVA_OPTIONS]
 
 
 def _spark_session(java_options: str = "", driver_memory: str = DRIVER_MEMORY, master: str = "local[*]") -> SparkSession:

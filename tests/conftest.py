@@ -34,12 +34,22 @@ os.environ.setdefault("BARRIERFLOW_LEASE_TTL_SECONDS", "5")
 # engine the same. Production JVMs keep both compilers. C1 alone shrinks the
 # default code cache to 48 MB, which a long-lived engine filled ("Out of space
 # in CodeCache for method handle intrinsic", a fatal error): keep the usual 240 MB.
-# Then each JVM maps one class-data-sharing archive of Spark's classes (jvm_archive), dumped
-# once by the first pytest process (xdist workers inherit the options).
+# Then each JVM maps the class-data-sharing archive of Spark's classes (barrierflow.jvm_archive)
+# that `make setup` dumps; a bare pytest run without it dumps it in the background, and the JVMs
+# started before that ends run without it (xdist workers inherit the options).
 if "JAVA_TOOL_OPTIONS" not in os.environ:
-    from jvm_archive import java_options
+    import subprocess
 
-    os.environ["JAVA_TOOL_OPTIONS"] = java_options("-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
+    from barrierflow import jvm_archive
+
+    if not jvm_archive.archive_path().exists():
+        subprocess.Popen(
+            [sys.executable, "-m", "barrierflow.jvm_archive"], stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+    os.environ["JAVA_TOOL_OPTIONS"] = (
+        f"-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m {jvm_archive.java_options(even_if_missing=True)}"
+    ).strip()
 
 
 # "<pid>:<port>": an xdist worker inherits the environment of the process that started it.

@@ -31,7 +31,7 @@ from typing import IO, Any, Callable, Mapping
 from barrierflow.errors import EngineUnavailableError
 from barrierflow.process_group import kill_group, stop_group
 from barrierflow.shipping import package_archive, ships_package
-from barrierflow.spark import DRIVER_JAVA_OPTIONS, application_conf
+from barrierflow.spark import application_conf
 from barrierflow.warmup import DEFAULT_WARM_UP_EPOCHS
 
 __all__ = [
@@ -90,7 +90,6 @@ class EngineConfig:
             "spark.ui.showConsoleProgress": "false",
             "spark.python.worker.reuse": "true",
             "spark.pyspark.python": sys.executable,
-            "spark.driver.extraJavaOptions": os.environ.get("BARRIERFLOW_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS),
             **application_conf(),
         }
         if self.host in ("127.0.0.1", "localhost"):

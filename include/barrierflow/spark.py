@@ -26,6 +26,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable, Hashable, TypeVar
 from urllib.parse import urlparse
 
+from barrierflow import jvm_archive
 from barrierflow.errors import ConfigurationError, EngineUnavailableError
 from barrierflow.shipping import package_archive, ships_package
 
@@ -44,6 +45,7 @@ __all__ = [
     "MASTER_ENV",
     "REMOTE_ENV",
     "DRIVER_JAVA_OPTIONS",
+    "driver_java_options",
     "session_conf",
 ]
 
@@ -68,15 +70,28 @@ def session_conf() -> dict[str, str]:
         # sensor_stats) and saved memory only until the epoch ends.
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
     }
+
+
+def driver_java_options() -> str:
+    """The driver JVM's options: :data:`DRIVER_JAVA_OPTIONS` (or ``$BARRIERFLOW_DRIVER_JAVA_OPTIONS``) and the class archive's."""
+    return " ".join(filter(None, [os.environ.get("BARRIERFLOW_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS), jvm_archive.java_options()]))
+
+
 def application_conf() -> dict[str, str]:
     """Settings read once, when a driver JVM starts: every way barrierflow starts one passes them."""
-    return {
+    conf = {
         # Generated code is cached by its text; a steady sensor_stats epoch
         # asks for ~200 distinct classes, which Spark's default cache (100)
         # evicted before the next epoch asked again: 822 compilations for
         # 215 distinct classes, ~1.3 s of CPU per epoch.
         "spark.sql.codegen.cache.maxEntries": "2000",
+        "spark.driver.extraJavaOptions": driver_java_options(),
     }
+    # Executors in JVMs of their own map the same archive (where its path exists).
+    archive = jvm_archive.java_options()
+    if archive:
+        conf["spark.executor.extraJavaOptions"] = archive
+    return conf
 
 
 _sessions: dict[str, "SparkSession"] = {}
@@ -345,7 +360,6 @@ def _classic_session(master: str | None) -> "SparkSession":
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", os.environ.get("BARRIERFLOW_DRIVER_MEMORY", "2g"))
         .config("spark.python.worker.reuse", "true")
-        .config("spark.driver.extraJavaOptions", os.environ.get("BARRIERFLOW_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS))
     )
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
