@@ -120,7 +120,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     lease) are checked on both schemes in the fast tier; an end-to-end test
     runs on the one its subject needs: S3 for the protocol under failures
     and races (a module's ``pytestmark``), both where a user-facing path
-    must behave the same on each. Running every end-to-end test on both
+    must behave the same on each or where a second run costs seconds (the
+    README examples, most features). Running every end-to-end test on both
     doubled the suite.
     """
     if "store_root" not in metafunc.fixturenames:

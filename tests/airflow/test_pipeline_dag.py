@@ -151,6 +151,7 @@ def test_a_failure_in_every_task_is_retried_to_exactly_once_output(tmp_path: Pat
     assert [extra["epoch"] for _, _, extra in asset_events(run)] == [1] * 4
 
 
+@pytest.mark.stores("local", "s3")
 def test_the_run_after_a_failed_one_resumes_from_the_last_committed_epoch(
     tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -248,6 +249,7 @@ def test_an_s3_warehouse_reached_through_the_airflow_aws_connection(
     assert_matches_reference(s3_warehouse, reference_for(landing, 1))
 
 
+@pytest.mark.stores("local", "s3")
 def test_a_pipeline_without_its_required_param_fails_at_once_saying_how_to_set_it(
     warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -307,6 +309,7 @@ def test_a_file_landing_behind_the_position_fails_at_once_visibly_and_each_polic
     assert _coordinator(warehouse, landing).blocked()["step"] == "process"
 
 
+@pytest.mark.stores("local", "s3")
 def test_json_reports_are_pushed_for_the_ui(tmp_path: Path, warehouse: str) -> None:
     landing = tmp_path / "landing"
     landing.mkdir()

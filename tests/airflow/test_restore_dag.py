@@ -72,6 +72,7 @@ def test_stop_with_savepoint_then_restore_resumes_exactly_once(
     assert_matches_reference(warehouse, reference_for(history, 1))
 
 
+@pytest.mark.stores("local", "s3")
 def test_restore_points_from_the_form(
     tmp_path: Path, warehouse: str, spark: Any, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -225,6 +225,7 @@ def _parquet_bytes(table: pa.Table, **kw: Any) -> bytes:
     return buffer.getvalue()
 
 
+@pytest.mark.stores("local", "s3")
 def test_fuzzed_parquet_files_are_each_read_or_dead_lettered_whole_exactly_once(spark: Any, store_root: str) -> None:
     """Parquet landing files a producer gets wrong: each row is a record or a dead letter, each bad file one dead letter.
 

@@ -164,6 +164,7 @@ def test_sums_are_exact_or_sorted_and_identical_at_any_parallelism_and_backend(
         assert got["avg"] == want["sum"] / want["count"], sensor
 
 
+@pytest.mark.stores("local", "s3")
 def test_bad_lines_make_the_epoch_compute_again_with_ordered_reads(
     spark: Any, tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -324,6 +325,7 @@ def test_plain_input_check_rules_out_what_the_json_reader_reads_differently(spar
     assert source.read(spark, end, 2, ordered=False).plain_input.result() is True  # type: ignore[union-attr]
 
 
+@pytest.mark.stores("local", "s3")
 @pytest.mark.parametrize("backend", ["heap", "delta"])
 def test_resident_state_is_used_only_while_it_is_the_tables_snapshot(spark: Any, tmp_path: Path, warehouse: str, backend: str) -> None:
     landing = tmp_path / "landing"

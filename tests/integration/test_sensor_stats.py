@@ -121,6 +121,7 @@ def test_files_arriving_between_epochs(spark: Any, tmp_path: Path, store_root: s
     assert_matches_reference(warehouse, ref)
 
 
+@pytest.mark.stores("local", "s3")
 def test_a_line_parser_reads_many_small_byte_ranges_exactly_once(spark: Any, store_root: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Python tasks read, number and parse their own byte ranges (from a directory or an S3 prefix): the records and dead letters of a line-by-line reading."""
     from barrierflow.pipelines.sensor_stats import READING_SCHEMA, parse_reading
