@@ -25,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,7 +56,7 @@ j.mapInArrow(same, j.schema).repartition(2, "k").write.parquet(work + "/p")
 p = spark.read.parquet(work + "/p")
 p.groupBy("k").agg(F.sum("v"), F.count("*"), F.max("s")).join(df.select("k").distinct(), "k").collect()
 p.withColumn("r", F.row_number().over(Window.partitionBy("k").orderBy("v"))).where("r = 1").toArrow()
-print(spark.sparkContext._jvm.ProcessHandle.current().pid(), flush=True)
+print("driver JVM pid", spark.sparkContext._jvm.ProcessHandle.current().pid(), flush=True)
 spark.stop()
 """
 
@@ -108,8 +109,9 @@ def dump(archive: Path | None = None, *, timeout_s: float = 300) -> Path | None:
             run = subprocess.run(
                 [sys.executable, "-c", _DUMP, str(partial), work], env=env, capture_output=True, text=True, timeout=timeout_s
             )
-            lines = run.stdout.strip().splitlines()
-            pid = lines[-1] if run.returncode == 0 and lines else ""
+            # The JVM writes to the same stdout (its CDS messages as it dumps): find the line.
+            pids = re.findall(r"^driver JVM pid (\d+)$", run.stdout, re.MULTILINE)
+            pid = pids[-1] if run.returncode == 0 and pids else ""
             # The driver JVM writes the archive as it exits, after the Python side has.
             deadline = time.monotonic() + timeout_s
             while pid.isdigit() and Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
