@@ -5,15 +5,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from barrierflow import storage
+from barrierflow.checkpoint_log import CheckpointLog
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
 from barrierflow.layout import PipelineLayout
+from barrierflow.lease import EpochLease
 from barrierflow.spark import REMOTE_ENV
 from cli_runner import barrierflow_cmd, cli_env, run_sensor_stats
 from sensor_check import (
@@ -76,18 +77,22 @@ def test_epoch_lease_refuses_a_second_run(tmp_path: Path, warehouse: str, spark_
         "run", "sensor_stats", "--warehouse", warehouse, "--param", f"landing_dir={landing}",
         "--param", "max_files_per_epoch=1", "--until-caught-up", "--remote", spark_engine.address,
     )
-    first = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lease = PipelineLayout.of(warehouse, "sensor_stats").lease
-    deadline = time.monotonic() + 120
-    while storage.read_json(lease) is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    held = storage.read_json(lease)
-    assert held is not None, "the first run never took the epoch lease"
-    assert held["released"] is False
-    second = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
-    assert second.returncode == 1
-    assert "never run concurrently" in second.stderr
-    out, err = first.communicate(timeout=600)
-    assert first.returncode == 0, err[-2000:]
-    assert storage.read_json(lease)["released"] is True  # kept: the next holder swaps it
+    layout = PipelineLayout.of(warehouse, "sensor_stats")
+    # Another run holds the lease, heart-beating, for as long as the second one tries (taken here, so
+    # the test never depends on how long a real first run takes).
+    first = EpochLease(layout.lease, "sensor_stats", owner="another run")
+    first.acquire()
+    try:
+        second = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
+        assert second.returncode == 1, second.stdout[-2000:]
+        assert "never run concurrently" in second.stderr and "another run" in second.stderr, second.stderr[-2000:]
+        assert CheckpointLog(layout).records() == []  # refused before planning anything
+        assert storage.read_json(layout.lease)["owner"] == "another run"
+    finally:
+        first.release()
+    # Once it is released, the next run takes it, runs the epochs and releases it in turn.
+    third = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0, third.stderr[-2000:]
+    released = storage.read_json(layout.lease)
+    assert released["released"] is True and released["owner"] != "another run"  # kept: the next holder swaps it
     assert_matches_reference(warehouse, reference_for(landing, 1))
