@@ -6,8 +6,8 @@ classes from Spark's jars before its first job. A dynamic archive of them,
 dumped once per installation by a throwaway local session
 (``-XX:ArchiveClassesAtExit``), is mapped read-only by each JVM
 (``-XX:SharedArchiveFile``). Measured on a 2-core machine: a cold
-``barrierflow run sensor_stats`` of one epoch 20.1 s without it and 16.0 s
-with it (three runs each, interleaved).
+``barrierflow run sensor_stats`` of one epoch 17.9 s without it and 14.9 s
+with it (means of three runs each, interleaved).
 
 ``make setup`` dumps it (``python -m barrierflow.jvm_archive``, about a
 minute); so does the Docker image, whose build runs ``make setup``. The JVM
@@ -23,6 +23,7 @@ out of every JVM's options.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import re
@@ -61,6 +62,7 @@ spark.stop()
 """
 
 
+@functools.cache  # stats every jar: once per process, not once per JVM started
 def _key() -> str:
     import pyspark
 
