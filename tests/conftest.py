@@ -114,20 +114,18 @@ STORES = ("local", "s3")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Run a test that uses a store on the stores its ``stores`` marker names (default: local).
+    """Run every test that uses a store (``store_root``, ``warehouse``) on a local directory and on ``s3://``.
 
-    The stores' primitives (put-if-absent, compare-and-swap, listing, the
-    lease) are checked on both schemes in the fast tier; an end-to-end test
-    runs on the one its subject needs: S3 for the protocol under failures
-    and races (a module's ``pytestmark``), both where a user-facing path
-    must behave the same on each or where a second run costs seconds (the
-    README examples, most features). Running every end-to-end test on both
-    doubled the suite.
+    A user's pipeline must behave the same on either, so every test of a
+    warehouse runs on both; a ``stores`` marker narrows one to the store its
+    subject is (none does today). Tests whose subject is S3 itself (faults
+    on the wire, the Airflow AWS connection, the compose topology) ask for
+    ``s3_bucket``; the fast tier's store primitives run on both too.
     """
     if "store_root" not in metafunc.fixturenames:
         return
     marker = metafunc.definition.get_closest_marker("stores")
-    stores = marker.args if marker else ("local",)
+    stores = marker.args if marker else STORES
     unknown = [s for s in stores if s not in STORES]
     if unknown:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: stores {unknown} are not among {STORES}")

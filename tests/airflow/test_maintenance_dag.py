@@ -18,11 +18,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_maintenance_keeps_the_retained_checkpoints_and_skips_pipelines_that_never_ran(
-    tmp_path: Path, local_warehouse: str, spark: Any, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    tmp_path: Path, warehouse: str, spark: Any, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Maintenance itself on S3: test_savepoint_restore.py (retained epochs) and test_object_store.py (unreferenced files).
-    warehouse = local_warehouse
     landing = write_landing(tmp_path, files=2, seed=41)
     coordinator = run_epochs_in_process(warehouse, landing, spark, epochs=2)
     lineage = coordinator.current_lineage()["lineage_id"]

@@ -86,10 +86,8 @@ def _assert_skipped_after_barrier(run: RunOutcome) -> None:
 
 
 def test_epochs_through_the_dag_equal_the_reference(
-    tmp_path: Path, local_warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    # Its S3 counterpart: the same DAG and reference on an s3:// warehouse found through the AWS connection, below.
-    warehouse = local_warehouse
     landing = _landing(tmp_path, files=2, seed=5)
     dag = _dag(warehouse, landing)
 
@@ -120,7 +118,6 @@ def test_epochs_through_the_dag_equal_the_reference(
     assert_nothing_staged_visible(warehouse)
 
 
-@pytest.mark.stores("s3")
 def test_a_failure_in_every_task_is_retried_to_exactly_once_output(tmp_path: Path, warehouse: str) -> None:
     landing = _landing(tmp_path, files=2, seed=11)
     # The spark-submit mode: process is a Spark application of its own, whose driver the fault kills.
@@ -151,7 +148,6 @@ def test_a_failure_in_every_task_is_retried_to_exactly_once_output(tmp_path: Pat
     assert [extra["epoch"] for _, _, extra in asset_events(run)] == [1] * 4
 
 
-@pytest.mark.stores("local", "s3")
 def test_the_run_after_a_failed_one_resumes_from_the_last_committed_epoch(
     tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -249,7 +245,6 @@ def test_an_s3_warehouse_reached_through_the_airflow_aws_connection(
     assert_matches_reference(s3_warehouse, reference_for(landing, 1))
 
 
-@pytest.mark.stores("local", "s3")
 def test_a_pipeline_without_its_required_param_fails_at_once_saying_how_to_set_it(
     warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -262,16 +257,15 @@ def test_a_pipeline_without_its_required_param_fails_at_once_saying_how_to_set_i
 
 
 def test_a_file_landing_behind_the_position_fails_at_once_visibly_and_each_policy_does_what_it_says(
-    tmp_path: Path, local_warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """A late file: ``late_files=refuse`` blocks (no retry, the page says why), ``dead_letter`` sets it
     aside whole, ``next_epoch`` (the default) reads it; a file gone before the spark-submit process
-    job reads it fails that task at once too. The store is not what this tests: local only."""
+    job reads it fails that task at once too."""
     from barrierflow.dags.settings import SPARK_SUBMIT_MODE
     from barrierflow.ui.history import pipeline_history
     from barrierflow.ui.render import render_pipeline
 
-    warehouse = local_warehouse
     landing = _landing(tmp_path, files=2, seed=31)
     files = sorted(landing.glob("*.jsonl"))
     extra = sorted(_landing(tmp_path / "extra", files=3, seed=32).glob("*.jsonl"))
@@ -309,7 +303,6 @@ def test_a_file_landing_behind_the_position_fails_at_once_visibly_and_each_polic
     assert _coordinator(warehouse, landing).blocked()["step"] == "process"
 
 
-@pytest.mark.stores("local", "s3")
 def test_json_reports_are_pushed_for_the_ui(tmp_path: Path, warehouse: str) -> None:
     landing = tmp_path / "landing"
     landing.mkdir()
@@ -324,10 +317,9 @@ def test_json_reports_are_pushed_for_the_ui(tmp_path: Path, warehouse: str) -> N
 
 @pytest.mark.parametrize("earlier_state", ["running", "queued"])
 def test_a_run_waits_while_an_earlier_run_is_queued_or_running(
-    tmp_path: Path, local_warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
     earlier_state: str,
 ) -> None:
-    warehouse = local_warehouse  # the order of Airflow's runs, whatever the store
     # An Airflow 3 backfill runs up to its own max_active_runs (10 unless given)
     # at once, whatever the DAG's max_active_runs, and its next run waits queued:
     # barrier waits for earlier runs in either state.
@@ -347,10 +339,9 @@ def test_a_run_waits_while_an_earlier_run_is_queued_or_running(
 
 
 def test_a_dead_engine_fails_process_naming_it_and_the_retry_succeeds_once_it_is_back(
-    tmp_path: Path, local_warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    warehouse = local_warehouse  # the engine's absence, whatever the store
     from barrierflow.dags.environment import engine_connection
     from barrierflow.devserver import free_port
     from barrierflow.engine import EngineConfig, LocalEngine

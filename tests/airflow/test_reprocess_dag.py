@@ -26,7 +26,7 @@ from operations import LANDING_ENV, write_landing
 from reference.sensor_stats_reference import run_reference
 from sensor_check import assert_matches_reference
 
-pytestmark = [pytest.mark.slow, pytest.mark.stores("s3")]
+pytestmark = pytest.mark.slow
 
 
 def test_reprocessing_replays_each_interval_in_order_with_the_schedule_held(

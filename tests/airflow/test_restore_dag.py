@@ -38,7 +38,6 @@ def _coordinator(warehouse: str, landing: Path) -> CheckpointCoordinator:
     return CheckpointCoordinator(get_pipeline("sensor_stats"), {"landing_dir": str(landing)}, str(warehouse))
 
 
-@pytest.mark.stores("s3")
 def test_stop_with_savepoint_then_restore_resumes_exactly_once(
     warehouse: str, history: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -72,7 +71,6 @@ def test_stop_with_savepoint_then_restore_resumes_exactly_once(
     assert_matches_reference(warehouse, reference_for(history, 1))
 
 
-@pytest.mark.stores("local", "s3")
 def test_restore_points_from_the_form(
     tmp_path: Path, warehouse: str, spark: Any, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -32,7 +32,6 @@ def _dag(warehouse: str, landing: Path, **settings: Any):
     return build_savepoint_dag("sensor_stats", dag_settings(warehouse, **settings), environ={LANDING_ENV: str(landing)})
 
 
-@pytest.mark.stores("local", "s3")
 def test_the_savepoint_form(
     warehouse: str, history: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -51,7 +51,6 @@ def test_bad_input_exits_non_zero_with_a_clear_message(args: list[str], message:
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.stores("s3")
 def test_run_status_checkpoints_query(tmp_path: Path, warehouse: str, spark_engine: Any) -> None:
     env = cli_env()
     env["BARRIERFLOW_WAREHOUSE"] = warehouse  # the env var sets the warehouse too

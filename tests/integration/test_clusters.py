@@ -5,8 +5,8 @@ themselves, importing the barrierflow package that the driver ships
 (``SparkContext.addPyFile``), never the driver's interpreter path: checked on
 a standalone cluster (a master and two workers with work directories of
 their own, as in production). A ``kill -9`` of the driver between two
-tables' commits runs on it; restores at another parallelism are checked on
-a local warehouse in ``test_savepoint_restore.py``.
+tables' commits runs on it, with a local and an S3 warehouse; restores at
+another parallelism are checked in ``test_savepoint_restore.py``.
 ``local-cluster`` masters ship the package the same way and are what
 ``make bench`` runs the big-state benchmark on; they are not run here a
 second time. (That results never depend on parallelism, bit for bit, is
@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -49,14 +49,20 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A standalone master and two one-core workers from the wheel's ``spark-class``, on 127.0.0.1."""
+def standalone(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[str]:
+    """A standalone master and two one-core workers from the wheel's ``spark-class``, on 127.0.0.1.
+
+    The workers' environment reaches the test S3 endpoint, as a deployment's
+    nodes are configured for its object store.
+    """
     import pyspark
+
+    from s3_server import aws_env
 
     spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
     work = tmp_path_factory.mktemp("standalone")
     port, ui = _free_port(), _free_port()
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_HOME": str(Path(pyspark.__file__).parent)}
+    env = {**os.environ, **aws_env(s3_server.endpoint), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_HOME": str(Path(pyspark.__file__).parent)}
     procs = [
         subprocess.Popen(
             [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],
@@ -127,9 +133,8 @@ def test_executors_import_the_shipped_package(standalone: str) -> None:
     assert rows and all(".zip" in r["file"] and r["file"] != driver_path for r in rows), rows
 
 
-def test_driver_kill_between_commits_then_resume_match_the_reference(standalone: str, landing: Path, tmp_path: Path) -> None:
+def test_driver_kill_between_commits_then_resume_match_the_reference(standalone: str, landing: Path, warehouse: str) -> None:
     master = standalone
-    warehouse = tmp_path / "wh"
     # The driver dies between epoch 2's second and third table commit; the next run resumes.
     crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{sensor_stats_tables_per_epoch() + 2}", master=master)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]

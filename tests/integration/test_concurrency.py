@@ -24,7 +24,7 @@ from sensor_check import (
     reference_for,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.stores("s3")]
+pytestmark = pytest.mark.slow
 
 _UNGUARDED = textwrap.dedent(
     """

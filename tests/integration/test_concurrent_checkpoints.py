@@ -31,8 +31,6 @@ from sensor_check import (
     table_snapshot,
 )
 
-pytestmark = pytest.mark.stores("s3")
-
 
 @pytest.fixture(scope="module")
 def landing(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -147,7 +147,6 @@ def test_a_co_process_function_is_exactly_once_through_a_failure_a_rescale_and_a
     assert _rows(warehouse) == _sorted(rows)
 
 
-@pytest.mark.stores("local", "s3")
 def test_the_readme_co_process_pipeline_matches_a_plain_python_reference(spark: Any, tmp_path: Path, warehouse: str) -> None:
     """The README's "Connected streams" block as written: prices per product, orders priced at the latest price."""
     module = readme_module(tmp_path / "user_code", "### Connected streams", "readme_pricing")

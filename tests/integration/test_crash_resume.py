@@ -32,13 +32,13 @@ from sensor_check import (
 pytestmark = pytest.mark.slow
 
 
-# (crash point, crossing, store). The kill between two tables' commits of
+# (crash point, crossing), on both stores. The kill between two tables' commits of
 # epoch 2 (the crossing computed from the tables an epoch commits) is
 # tests/integration/test_clusters.py's, on a standalone master with a local
 # warehouse, and tests/integration/test_object_store.py's, on S3 behind
 # faults: a third copy here on local[2] would repeat their assertions.
 CASES = [
-    ("process.after_read", 1, "s3"),  # the driver dies mid-epoch 1, before any vote
+    ("process.after_read", 1),  # the driver dies mid-epoch 1, before any vote
 ]
 
 
@@ -49,12 +49,8 @@ def landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("point", "crossing", "store"), CASES, ids=[f"{p}:{n}-{s}" for p, n, s in CASES])
-def test_crash_then_resume_is_exactly_once(
-    point: str, crossing: int, store: str, landing: Path, tmp_path: Path, request: pytest.FixtureRequest, spark_engine: Any
-) -> None:
-    root = str(tmp_path) if store == "local" else request.getfixturevalue("s3_bucket")
-    warehouse = f"{root}/wh"
+@pytest.mark.parametrize(("point", "crossing"), CASES, ids=[f"{p}:{n}" for p, n in CASES])
+def test_crash_then_resume_is_exactly_once(point: str, crossing: int, landing: Path, warehouse: str, spark_engine: Any) -> None:
     crashed = run_sensor_stats(warehouse, landing, fault=f"{point}:{crossing}")
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     # The next run may be anywhere: here on the warm engine (the kill -9 took the crashed run's own driver).

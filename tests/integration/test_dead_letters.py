@@ -105,11 +105,10 @@ def _totals(dedup: bool) -> dict[str, tuple[int, float]]:
 
 
 @pytest.mark.parametrize("variant", ["readme", "unordered-first"])
-def test_the_readme_pipeline_dead_letters_each_bad_line_with_its_reason(spark: Any, tmp_path: Path, variant: str) -> None:
+def test_the_readme_pipeline_dead_letters_each_bad_line_with_its_reason(spark: Any, tmp_path: Path, warehouse: str, variant: str) -> None:
     """The README's own code (its "Declare a pipeline" block), and a variant without deduplication."""
     definition = readme_pipeline(tmp_path / "user_code") if variant == "readme" else clicks_unordered
-    # A local warehouse: dead letters are staged and committed as every table is (on S3 in test_sensor_stats.py).
-    landing, warehouse = tmp_path / "landing", str(tmp_path / "wh")
+    landing = tmp_path / "landing"
     landing.mkdir()
     (landing / "part-0.jsonl").write_text("\n".join(text for text, _ in LINES) + "\n")
     coordinator = CheckpointCoordinator(definition, {"landing_dir": str(landing)}, warehouse, spark_factory=lambda: spark)
@@ -225,7 +224,6 @@ def _parquet_bytes(table: pa.Table, **kw: Any) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.stores("local", "s3")
 def test_fuzzed_parquet_files_are_each_read_or_dead_lettered_whole_exactly_once(spark: Any, store_root: str) -> None:
     """Parquet landing files a producer gets wrong: each row is a record or a dead letter, each bad file one dead letter.
 

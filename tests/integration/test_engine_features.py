@@ -73,7 +73,6 @@ def _lines(*rows: dict[str, Any]) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
-@pytest.mark.stores("local", "s3")
 def test_process_function_state_types_across_record_bounded_epochs(spark: Any, tmp_path: Path, warehouse: str) -> None:
     landing = tmp_path / "landing"
     landing.mkdir()
@@ -103,7 +102,6 @@ def test_process_function_state_types_across_record_bounded_epochs(spark: Any, t
     assert state == [{"user": "u1", "value": 30}, {"user": "u2", "value": 7}]
 
 
-@pytest.mark.stores("local", "s3")
 def test_delta_table_source_reads_each_version_once(spark: Any, warehouse: str) -> None:
     """Appends are read once each, rows with a bad key are dead letters, an added column is read, a retyped one refused."""
     source_uri = f"{warehouse.rsplit('/', 1)[0]}/events_table"  # beside the warehouse, on the same store
@@ -147,7 +145,6 @@ def test_delta_table_source_reads_each_version_once(spark: Any, warehouse: str) 
         run()
 
 
-@pytest.mark.stores("local", "s3")
 def test_parquet_landing_files_split_by_records_keep_arrival_order(spark: Any, warehouse: str) -> None:
     """Parquet landing files beside the warehouse (on S3: read by Python tasks), cut into epochs of 3 records."""
     import io

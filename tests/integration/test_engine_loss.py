@@ -48,10 +48,8 @@ def _epoch_files(warehouse: str, name: str) -> list[str]:
     return sorted(f.path for f in storage.walk(epochs) if f.path.count("/") == 2 and f.path.endswith(f"/{name}"))
 
 
-def test_engine_killed_mid_epoch_then_the_next_run_recovers_exactly_once(tmp_path: Path) -> None:
-    # Local: what this adds is the engine's death. Recovering a recorded barrier from an
-    # S3 warehouse after a driver died mid-epoch is test_crash_resume's (process.after_read, s3).
-    landing, warehouse = tmp_path / "landing", str(tmp_path / "wh")
+def test_engine_killed_mid_epoch_then_the_next_run_recovers_exactly_once(tmp_path: Path, warehouse: str) -> None:
+    landing = tmp_path / "landing"
     write_sensor_files(landing, SensorStreamSpec(n_files=4, records_per_file=40, seed=71, late_rate=0.05))
     config = EngineConfig(port=free_port(), master="local[2]", driver_memory="1g")
     env = {k: v for k, v in cli_env().items() if k != "BARRIERFLOW_SPARK_MASTER"}

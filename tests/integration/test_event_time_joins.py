@@ -205,7 +205,6 @@ def test_interval_and_window_joins_are_exactly_once_through_a_failure_a_rescale_
     assert _window_results(warehouse) == sorted(window_pairs)
 
 
-@pytest.mark.stores("local", "s3")
 def test_the_readme_interval_join_matches_a_plain_python_reference(spark: Any, tmp_path: Path, warehouse: str) -> None:
     """The README's "Interval join" block as written: a click joins the impressions of its ad up to 10 minutes before it."""
     module = readme_module(tmp_path / "user_code", "### Interval join", "readme_ad_clicks")
@@ -234,7 +233,6 @@ def test_the_readme_interval_join_matches_a_plain_python_reference(spark: Any, t
     assert pairs and any(n == 2 for *_, n in pairs)
 
 
-@pytest.mark.stores("local", "s3")
 def test_the_readme_window_join_matches_a_plain_python_reference(spark: Any, tmp_path: Path, warehouse: str) -> None:
     """The README's "Window join" block as written: temperature and humidity of a sensor paired per 5-minute window."""
     module = readme_module(tmp_path / "user_code", "### Window join", "readme_climate")

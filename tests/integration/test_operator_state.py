@@ -71,7 +71,6 @@ def _table(lists: Lists) -> list[tuple[Any, ...]]:
     return [(s, p, v, len(lists)) for s, values in enumerate(lists) for p, v in enumerate(values)]
 
 
-@pytest.mark.stores("local", "s3")
 def test_operator_list_state_is_exactly_once_through_a_failure_a_rescale_and_a_restore(
     spark: Any, tmp_path: Path, warehouse: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

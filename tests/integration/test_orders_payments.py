@@ -44,9 +44,9 @@ EPOCHS = 3
 
 
 def test_orders_payments_is_exactly_once_through_kills_a_failure_rescales_and_a_restore(
-    spark: Any, spark_engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: Any, spark_engine: Any, tmp_path: Path, warehouse: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    landing, warehouse = tmp_path / "landing", str(tmp_path / "warehouse")
+    landing = tmp_path / "landing"
     write_order_files(landing, OrderStreamSpec(n_files=2 * EPOCHS, seed=5))
     ref = orders_reference(landing)
     # The stream exercises every path of the pipeline.

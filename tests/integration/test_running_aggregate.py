@@ -164,7 +164,6 @@ def test_sums_are_exact_or_sorted_and_identical_at_any_parallelism_and_backend(
         assert got["avg"] == want["sum"] / want["count"], sensor
 
 
-@pytest.mark.stores("local", "s3")
 def test_bad_lines_make_the_epoch_compute_again_with_ordered_reads(
     spark: Any, tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -325,7 +324,6 @@ def test_plain_input_check_rules_out_what_the_json_reader_reads_differently(spar
     assert source.read(spark, end, 2, ordered=False).plain_input.result() is True  # type: ignore[union-attr]
 
 
-@pytest.mark.stores("local", "s3")
 @pytest.mark.parametrize("backend", ["heap", "delta"])
 def test_resident_state_is_used_only_while_it_is_the_tables_snapshot(spark: Any, tmp_path: Path, warehouse: str, backend: str) -> None:
     landing = tmp_path / "landing"
@@ -358,7 +356,7 @@ def test_resident_state_is_used_only_while_it_is_the_tables_snapshot(spark: Any,
     assert got["b"]["count"] == 6 + 2 and got["c"]["count"] == 6
 
 
-def test_a_process_with_two_connect_sessions_keeps_each_copy_in_its_own(spark: Any, tmp_path: Path) -> None:
+def test_a_process_with_two_connect_sessions_keeps_each_copy_in_its_own(spark: Any, tmp_path: Path, warehouse: str) -> None:
     # PySpark's Connect client binds a checkpoint to the process's active
     # session; epochs on any other session must still keep and use theirs.
     from pyspark.sql import SparkSession
@@ -372,7 +370,6 @@ def test_a_process_with_two_connect_sessions_keeps_each_copy_in_its_own(spark: A
         for e, records in enumerate(files):
             _write(landing, f"part-{e:03d}.jsonl", [json.dumps(r) for r in records])
         params = {"landing_dir": str(landing), "parallelism": 2}
-        warehouse = tmp_path / "wh"
         CheckpointCoordinator(running_totals, params, str(warehouse), spark_factory=lambda: other).run(until_caught_up=True)
         from deltalake import DeltaTable
 

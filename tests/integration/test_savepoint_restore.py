@@ -52,7 +52,6 @@ def _params(landing: Path) -> dict[str, Any]:
     return {"landing_dir": str(landing), "max_files_per_epoch": MAX_FILES}
 
 
-@pytest.mark.stores("s3")
 def test_savepoint_then_restore_with_rewind_equals_reference(run_epochs: Callable[..., list[int]], landing: Path, warehouse: str) -> None:
     assert run_epochs(warehouse, epochs=2) == [1, 2]
     # The source's offsets are its operator state: after epoch 2, barrier 2's end offsets.
@@ -161,7 +160,6 @@ def test_restore_refuses_removed_operator_unless_allowed(run_epochs: Callable[..
     assert {r["sensor_id"]: r["count"] for r in totals} == {k: v["count"] for k, v in expected.items()}
 
 
-@pytest.mark.stores("s3")
 def test_savepoint_copied_to_another_warehouse(run_epochs: Callable[..., list[int]], landing: Path, store_root: str) -> None:
     source, target = f"{store_root}/source", f"{store_root}/target"
     run_epochs(source, epochs=2)
@@ -196,7 +194,6 @@ def test_restore_retained_epoch_and_maintenance(run_epochs: Callable[..., list[i
     assert_matches_reference(warehouse, reference_for(landing, MAX_FILES))
 
 
-@pytest.mark.stores("s3")
 def test_restore_killed_half_way_is_finished_by_the_next_run(
     run_epochs: Callable[..., list[int]], landing: Path, warehouse: str
 ) -> None:

@@ -101,7 +101,6 @@ def _reference() -> list[tuple[Any, ...]]:
     return rows
 
 
-@pytest.mark.stores("local", "s3")
 def test_a_savepoint_restores_into_evolved_state_and_refuses_what_cannot_convert(
     spark: Any, tmp_path: Path, warehouse: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

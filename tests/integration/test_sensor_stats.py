@@ -39,7 +39,6 @@ def _coordinator(spark: Any, landing: Path | str, warehouse: Path | str, **param
     return CheckpointCoordinator(get_pipeline("sensor_stats"), given, str(warehouse), spark_factory=lambda: spark)
 
 
-@pytest.mark.stores("local", "s3")
 def test_epochs_match_reference(spark: Any, make_stream: Callable[..., Path], warehouse: str) -> None:
     landing = make_stream(n_files=6, records_per_file=150, seed=3, late_rate=0.05, duplicate_rate=0.1)
     results = _coordinator(spark, landing, warehouse).run(until_caught_up=True)
@@ -95,7 +94,6 @@ def test_parallelism_changes_between_epochs(
     assert_matches_reference(varied, reference_for(landing, 2))
 
 
-@pytest.mark.stores("s3")
 def test_files_arriving_between_epochs(spark: Any, tmp_path: Path, store_root: str) -> None:
     """Files land in a directory or under an S3 prefix while the pipeline runs; names starting with . or _ are in progress."""
     generated, landing, warehouse = tmp_path / "generated", f"{store_root}/landing", f"{store_root}/warehouse"
@@ -121,7 +119,6 @@ def test_files_arriving_between_epochs(spark: Any, tmp_path: Path, store_root: s
     assert_matches_reference(warehouse, ref)
 
 
-@pytest.mark.stores("local", "s3")
 def test_a_line_parser_reads_many_small_byte_ranges_exactly_once(spark: Any, store_root: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Python tasks read, number and parse their own byte ranges (from a directory or an S3 prefix): the records and dead letters of a line-by-line reading."""
     from barrierflow.pipelines.sensor_stats import READING_SCHEMA, parse_reading

@@ -22,8 +22,6 @@ from barrierflow.state.delta_state_backend import COMPACTED_DIR
 from barrierflow.state.spec import KEY_GROUP
 from sensor_check import assert_matches_reference, reference_for
 
-pytestmark = pytest.mark.stores("s3")
-
 SCHEMA = pa.schema(
     [
         pa.field("key", pa.string()),

@@ -113,13 +113,13 @@ def _land(landing: Path, files: dict[str, list[dict[str, Any]]]) -> None:
         (landing / name).write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def test_stateless_operators_and_keyword_aggregates_match_the_reference_at_any_parallelism(spark: Any, tmp_path: Path) -> None:
+def test_stateless_operators_and_keyword_aggregates_match_the_reference_at_any_parallelism(spark: Any, tmp_path: Path, store_root: str) -> None:
     """Two epochs at parallelism 2, and the same input as one epoch at parallelism 1 (three epochs keep CI time down)."""
     totals, first, last = reference(FILES)
     assert first[0] == ("dup", "u3", "dup dup", "DUP") and ("x", "u1", "y x", "X") in first  # the data covers the cases
     assert last["x"] == ("u1", " x z") and last["w"] == ("u4", "w new2")  # a later sentence of one record; a later epoch
     for parallelism, epochs in ((2, FILES), (1, [{name: rows for files in FILES for name, rows in files.items()}])):
-        landing, warehouse = tmp_path / f"landing{parallelism}", str(tmp_path / f"wh{parallelism}")
+        landing, warehouse = tmp_path / f"landing{parallelism}", f"{store_root}/wh{parallelism}"
         landing.mkdir()
         params = {"landing_dir": str(landing), "parallelism": parallelism}
         for files in epochs:
@@ -152,25 +152,27 @@ def _wrong_type(batch: pa.RecordBatch) -> Any:
 @pytest.mark.parametrize(
     "function, message",
     [
-        (_broken, r"MapFunction map-1 \(_broken\) raised ZeroDivisionError: no amounts today"),
         (_too_few, r"MapFunction map-1 \(_too_few\) returned \d+ rows for \d+ records; map returns exactly one row per record"),
         (_wrong_type, r"MapFunction map-1 \(_wrong_type\): column user is string, which does not convert to its declared int64"),
     ],
 )
-def test_a_bad_python_function_fails_the_epoch_naming_the_operator(spark: Any, tmp_path: Path, function: Any, message: str) -> None:
-    if function is not _broken:  # one epoch end to end; the other faults through the operator alone (faster)
-        frame = spark.createDataFrame(pa.table({"user": ["a", "bb"], "_seq": pa.array([1, 2], pa.int64())}))
-        node = MapFunction(operator_id="map-1", parent=None, function=function, schema=pa.schema([("user", pa.int64())]))
-        with pytest.raises(Exception, match=message):
-            node.apply(None, frame).collect()
-        return
+def test_a_python_function_returning_bad_rows_fails_naming_the_operator(spark: Any, function: Any, message: str) -> None:
+    # Through the operator alone (faster); a whole epoch failing is the test below.
+    frame = spark.createDataFrame(pa.table({"user": ["a", "bb"], "_seq": pa.array([1, 2], pa.int64())}))
+    node = MapFunction(operator_id="map-1", parent=None, function=function, schema=pa.schema([("user", pa.int64())]))
+    with pytest.raises(Exception, match=message):
+        node.apply(None, frame).collect()
+
+
+def test_a_bad_python_function_fails_the_epoch_naming_the_operator(spark: Any, tmp_path: Path, warehouse: str) -> None:
+    message = r"MapFunction map-1 \(_broken\) raised ZeroDivisionError: no amounts today"
 
     @bf.pipeline("bad_map", params=[bf.Param("landing_dir", str)])
     def bad_map(p: bf.PipelineBuilder, params: dict[str, Any]) -> None:
         events = p.source(bf.FileSource("events", params["landing_dir"], schema=EVENTS))
-        events.map(function, schema=pa.schema([("user", pa.string())])).sink_to(bf.DeltaSink.append("out"))
+        events.map(_broken, schema=pa.schema([("user", pa.string())])).sink_to(bf.DeltaSink.append("out"))
 
-    landing, warehouse = tmp_path / "landing", str(tmp_path / "wh")
+    landing = tmp_path / "landing"
     landing.mkdir()
     _land(landing, FILES[1])
     coordinator = CheckpointCoordinator(bad_map, {"landing_dir": str(landing)}, warehouse, spark_factory=lambda: spark)
@@ -202,7 +204,7 @@ def computed_keys(p: bf.PipelineBuilder, params: dict[str, Any]) -> None:
     )
 
 
-def test_null_or_empty_keys_computed_by_a_map_are_dead_letters_with_file_and_line(spark: Any, tmp_path: Path) -> None:
+def test_null_or_empty_keys_computed_by_a_map_are_dead_letters_with_file_and_line(spark: Any, tmp_path: Path, warehouse: str) -> None:
     """One epoch: its unordered read meets bad keys without line numbers, so it is computed again with ordered reads."""
     counts: dict[str, int] = {}
     dead: list[tuple[str, int, dict[str, Any], str]] = []
@@ -215,7 +217,7 @@ def test_null_or_empty_keys_computed_by_a_map_are_dead_letters_with_file_and_lin
                 row = {k: v for k, v in {**record, "topic": topic}.items() if v is not None}  # to_json leaves out nulls
                 dead.append((name, line, row, "null_key" if topic is None else "empty_key"))
     assert {d[3] for d in dead} == {"null_key", "empty_key"} and counts == {"y": 2, "z": 2}  # the data covers the cases
-    landing, warehouse = tmp_path / "landing", str(tmp_path / "wh")
+    landing = tmp_path / "landing"
     landing.mkdir()
     _land(landing, KEYED_FILES)
     coordinator = CheckpointCoordinator(computed_keys, {"landing_dir": str(landing)}, warehouse, spark_factory=lambda: spark)

@@ -156,7 +156,6 @@ def test_timers_fire_exactly_once_through_a_failure_a_rescale_and_a_restore(
     assert _alerts(warehouse) == _expected(rows)
 
 
-@pytest.mark.stores("local", "s3")
 def test_the_readme_sessions_pipeline_matches_a_plain_python_reference(spark: Any, tmp_path: Path, warehouse: str) -> None:
     """The README's "Timers" block as written: a session per user, emitted when the watermark passes its last event + 30 min."""
     module = readme_module(tmp_path / "user_code", "### Timers", "readme_sessions")

@@ -128,7 +128,6 @@ def test_a_union_of_two_sources_is_exactly_once_through_a_failure_a_rescale_and_
         coordinator.run(epochs=1)
 
 
-@pytest.mark.stores("local", "s3")
 def test_the_readme_union_pipeline_matches_a_plain_python_reference(spark: Any, tmp_path: Path, warehouse: str) -> None:
     """The README's "Union" block as written: web and store orders, deduplicated by order id, web first within an epoch."""
     module = readme_module(tmp_path / "user_code", "### Union", "readme_orders")

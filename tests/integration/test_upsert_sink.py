@@ -30,8 +30,8 @@ def upserts(p: bf.PipelineBuilder, params: dict[str, Any]) -> None:
     p.source(bf.FileSource("events", params["landing_dir"], schema=EVENTS)).sink_to(bf.DeltaSink.upsert("latest", key="k"))
 
 
-def test_an_upsert_sink_keeps_the_last_row_of_each_key_null_included(spark: Any, tmp_path: Path) -> None:
-    landing, warehouse = tmp_path / "landing", str(tmp_path / "wh")
+def test_an_upsert_sink_keeps_the_last_row_of_each_key_null_included(spark: Any, tmp_path: Path, warehouse: str) -> None:
+    landing = tmp_path / "landing"
     landing.mkdir()
     current: dict[str | None, tuple[int, int]] = {}  # the reference: key -> (v, epoch) of its last record
     for epoch, records in enumerate(EPOCHS, 1):

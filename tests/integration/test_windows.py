@@ -165,7 +165,7 @@ def _query(warehouse: str, sql: str) -> list[dict[str, Any]]:
 
 
 def test_sliding_and_session_windows_with_lateness_match_the_reference(
-    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    spark: Any, tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     sliding, sliding_late, sliding_left = sliding_reference(LATENESS)
     sessions, sessions_late, sessions_left = session_reference(LATENESS)
@@ -178,7 +178,7 @@ def test_sliding_and_session_windows_with_lateness_match_the_reference(
     assert _sum([0.1, 0.2, 0.3, 0.6]) != _sum([0.1, 0.2, 0.6, 0.3])
     assert (3, "a", 12, 0.25) in sessions_late and len(strict_late) == 5
 
-    landing, warehouse = tmp_path / "landing", str(tmp_path / "warehouse")
+    landing = tmp_path / "landing"
     landing.mkdir()
     for i, records in enumerate(EPOCHS, 1):
         (landing / f"{i}.jsonl").write_text("".join(json.dumps({"k": k, "t": t, "v": v}) + "\n" for k, t, v in records))

@@ -24,7 +24,6 @@ def _race(writers: int, write: Callable[[int], Any]) -> list[Any]:
         return list(pool.map(go, range(writers)))
 
 
-@pytest.mark.stores("local", "s3")
 def test_put_if_absent_exactly_one_of_racing_writers_wins(store_root: str) -> None:
     uri = storage.join_uri(store_root, "epochs", "7", "manifest.json")
     results = _race(8, lambda i: storage.put_if_absent(uri, f"writer-{i}".encode()))
@@ -33,7 +32,6 @@ def test_put_if_absent_exactly_one_of_racing_writers_wins(store_root: str) -> No
     assert storage.list_dir(storage.join_uri(store_root, "epochs", "7")) == ["manifest.json"]
 
 
-@pytest.mark.stores("local", "s3")
 def test_compare_and_swap_replaces_only_the_version_read(store_root: str) -> None:
     uri = storage.join_uri(store_root, "doc")
     assert storage.read_versioned(uri) is None
@@ -48,7 +46,6 @@ def test_compare_and_swap_replaces_only_the_version_read(store_root: str) -> Non
     assert storage.read_bytes(uri) == b"two"
 
 
-@pytest.mark.stores("local", "s3")
 def test_compare_and_swap_exactly_one_of_racing_writers_wins(store_root: str) -> None:
     uri = storage.join_uri(store_root, "lease")
     storage.put_if_absent(uri, b"start")
@@ -59,7 +56,6 @@ def test_compare_and_swap_exactly_one_of_racing_writers_wins(store_root: str) ->
     assert storage.read_versioned(uri) == (f"writer-{winners[0]}".encode(), results[winners[0]])
 
 
-@pytest.mark.stores("local", "s3")
 def test_listing_existence_and_removal(store_root: str) -> None:
     for name in ("b/x", "a", "c/d/e"):
         assert storage.put_if_absent(storage.join_uri(store_root, "dir", name), b"12345")

@@ -20,7 +20,6 @@ def _lease(uri: str, owner: str, **kwargs: object) -> EpochLease:
     return EpochLease(uri, "pipe", ttl_s=TTL_S, owner=owner, **kwargs)  # type: ignore[arg-type]
 
 
-@pytest.mark.stores("local", "s3")
 def test_exactly_one_of_racing_processes_takes_the_lease(store_root: str) -> None:
     uri = storage.join_uri(store_root, "pipe", "_lease")
     contenders = [_lease(uri, f"contender {i}", heartbeat=False) for i in range(6)]
@@ -42,7 +41,6 @@ def test_exactly_one_of_racing_processes_takes_the_lease(store_root: str) -> Non
     winner.check()
 
 
-@pytest.mark.stores("local", "s3")
 def test_a_heart_beating_holder_keeps_the_lease_past_its_time_to_live(store_root: str) -> None:
     uri = storage.join_uri(store_root, "_lease")
     holder = _lease(uri, "holder")
@@ -62,7 +60,6 @@ def test_a_heart_beating_holder_keeps_the_lease_past_its_time_to_live(store_root
     contender.release()
 
 
-@pytest.mark.stores("local", "s3")
 def test_a_holder_that_stops_heart_beating_is_replaced_after_the_expiry_and_learns_it_lost(store_root: str) -> None:
     uri = storage.join_uri(store_root, "_lease")
     crashed = _lease(uri, "crashed", heartbeat=False)  # as if killed: no more heartbeats
@@ -83,7 +80,6 @@ def test_a_holder_that_stops_heart_beating_is_replaced_after_the_expiry_and_lear
     successor.release()
 
 
-@pytest.mark.stores("local", "s3")
 def test_a_heartbeat_older_than_twice_the_time_to_live_expires_at_once(store_root: str) -> None:
     uri = storage.join_uri(store_root, "_lease")
     _lease(uri, "long gone", heartbeat=False, clock=lambda: time.time() - 10 * TTL_S).acquire()
