@@ -117,19 +117,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Run every test that uses a store (``store_root``, ``warehouse``) on a local directory and on ``s3://``.
 
     A user's pipeline must behave the same on either, so every test of a
-    warehouse runs on both; a ``stores`` marker narrows one to the store its
-    subject is (none does today). Tests whose subject is S3 itself (faults
-    on the wire, the Airflow AWS connection, the compose topology) ask for
+    warehouse runs on both. Tests whose subject is S3 itself (faults on the
+    wire, the Airflow AWS connection, the compose topology) ask for
     ``s3_bucket``; the fast tier's store primitives run on both too.
     """
-    if "store_root" not in metafunc.fixturenames:
-        return
-    marker = metafunc.definition.get_closest_marker("stores")
-    stores = marker.args if marker else STORES
-    unknown = [s for s in stores if s not in STORES]
-    if unknown:
-        raise pytest.UsageError(f"{metafunc.definition.nodeid}: stores {unknown} are not among {STORES}")
-    metafunc.parametrize("store_root", stores, indirect=True)
+    if "store_root" in metafunc.fixturenames:
+        metafunc.parametrize("store_root", STORES, indirect=True)
 
 
 @pytest.fixture

@@ -34,9 +34,9 @@ pytestmark = pytest.mark.slow
 
 # (crash point, crossing), on both stores. The kill between two tables' commits of
 # epoch 2 (the crossing computed from the tables an epoch commits) is
-# tests/integration/test_clusters.py's, on a standalone master with a local
-# warehouse, and tests/integration/test_object_store.py's, on S3 behind
-# faults: a third copy here on local[2] would repeat their assertions.
+# tests/integration/test_clusters.py's, on a standalone master, and
+# tests/integration/test_object_store.py's, on S3 behind faults: a third
+# copy here on local[2] would repeat their assertions.
 CASES = [
     ("process.after_read", 1),  # the driver dies mid-epoch 1, before any vote
 ]
