@@ -69,15 +69,20 @@ def run_query(warehouse: str, pipeline: str, sql: str, as_of_epoch: int | None =
     record = max(records, key=lambda r: r.recorded_at_us)  # the newest completed (or the one asked for)
     builder = QueryBuilder()
     views: list[str] = []
+    versions = record.versions()
+    named = _named_tables(sql, [*versions, "checkpoints"])
     try:
-        for name, version in sorted(record.versions().items()):
+        for name, version in sorted(versions.items()):
+            if name not in named:
+                continue
             table = DeltaTable(table_uri(layout, name), version=version)
             if "__" in name:
                 builder.register(f"{name}__changelog", table)
                 views.append(_state_view(name, table))
             else:
                 builder.register(name, table)
-        builder.register("checkpoints", DeltaTable(layout.checkpoint_log))
+        if "checkpoints" in named:
+            builder.register("checkpoints", DeltaTable(layout.checkpoint_log))
     except DeltaError as exc:
         raise QueryError(f"cannot open the tables of epoch {record.epoch}: {exc}") from exc
     statement = _with_views(sql.strip().rstrip(";"), views)
@@ -86,6 +91,22 @@ def run_query(warehouse: str, pipeline: str, sql: str, as_of_epoch: int | None =
     except Exception as exc:  # DataFusion raises plain exceptions for SQL errors
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise QueryError(f"query failed: {message}") from exc
+
+
+def _named_tables(sql: str, names: list[str]) -> set[str]:
+    """The tables ``sql`` may read: each whose name (or changelog's) it contains as a word; all for catalog queries.
+
+    Opening a table reads its Delta log (a request per commit on S3), so a
+    query opens only what it names rather than the pipeline's every table.
+    A word that merely looks like a table name only opens one table too many.
+    """
+    if re.search(r"\b(information_schema|show)\b", sql, flags=re.IGNORECASE):
+        return set(names)
+
+    def mentioned(word: str) -> bool:
+        return re.search(rf"(?<![\w$]){re.escape(word)}(?![\w$])", sql, flags=re.IGNORECASE) is not None
+
+    return {n for n in names if mentioned(n) or mentioned(f"{n}__changelog")}
 
 
 _LEADING_COMMENTS = r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*"

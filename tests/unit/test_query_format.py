@@ -1,4 +1,4 @@
-"""barrierflow.query: output formats and the state views' WITH clause (no tables needed)."""
+"""barrierflow.query: output formats, the tables a query opens and the state views' WITH clause (no tables needed)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from barrierflow.query import _with_views, format_rows, to_jsonable
+from barrierflow.query import _named_tables, _with_views, format_rows, to_jsonable
 
 UTC = timezone.utc
 
@@ -185,3 +185,25 @@ def test_with_views_after_a_leading_comment() -> None:
 
     sql = _with_views("-- my query\nWITH b AS (SELECT 2 AS y) SELECT x, y FROM a, b", ["a AS (SELECT 1 AS x)"])
     assert pa.table(QueryBuilder().execute(sql).read_all()).to_pylist() == [{"x": 1, "y": 2}]
+
+
+# -- the tables a query opens ---------------------------------------------------
+
+TABLES = ["totals", "country_totals", "rising__last", "dead_letter", "checkpoints"]
+
+
+@pytest.mark.parametrize(
+    ("sql", "opened"),
+    [
+        ("select * from country_totals", {"country_totals"}),  # not "totals", a word inside it
+        ('SELECT t.* FROM "Totals" t JOIN dead_letter d ON true', {"totals", "dead_letter"}),
+        ("select * from rising__last", {"rising__last"}),
+        ("select * from rising__last__changelog", {"rising__last"}),
+        ("select epoch from checkpoints", {"checkpoints"}),
+        ("select 1", set()),
+        ("show tables", set(TABLES)),
+        ("select * from information_schema.tables", set(TABLES)),
+    ],
+)
+def test_a_query_opens_only_the_tables_it_names(sql: str, opened: set[str]) -> None:
+    assert _named_tables(sql, TABLES) == opened
