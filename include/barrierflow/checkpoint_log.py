@@ -10,8 +10,10 @@ query (``barrierflow checkpoints``, or SQL over ``_checkpoints``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
+from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any, Iterable, overload
 
@@ -23,7 +25,7 @@ from barrierflow.checkpoint import CheckpointRecord, EpochStatus
 from barrierflow.delta_commit import TABLE_CONFIGURATION
 from barrierflow.errors import CheckpointError
 from barrierflow.layout import PipelineLayout
-from barrierflow.storage import arrow_filesystem
+from barrierflow.storage import arrow_filesystem, join_uri, read_bytes
 
 __all__ = ["CheckpointLog", "iso_now", "iso_us", "now_us"]
 
@@ -79,6 +81,22 @@ def iso_us(us: int | None) -> str | None:
     return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+# Readers kept by :meth:`CheckpointLog.shared`, per log URI: (the table's id, the reader).
+_SHARED: "OrderedDict[str, tuple[str | None, CheckpointLog]]" = OrderedDict()
+_SHARED_LOCK = threading.Lock()
+_MAX_SHARED = 32
+
+
+def _table_id(uri: str) -> str | None:
+    """The id the Delta table at ``uri`` got when created (its first commit's metaData), or None if unknown."""
+    first = read_bytes(join_uri(uri, "_delta_log", f"{0:020d}.json"))
+    for line in (first or b"").splitlines():
+        action = json.loads(line)
+        if "metaData" in action:
+            return str(action["metaData"].get("id"))
+    return None
+
+
 class CheckpointLog:
     """Append-only record of every epoch's transitions for one pipeline."""
 
@@ -91,6 +109,26 @@ class CheckpointLog:
         # Concurrent checkpoints append and read from two threads; the
         # cached table is one object.
         self._lock = threading.RLock()
+
+    @classmethod
+    def shared(cls, layout: PipelineLayout) -> "CheckpointLog":
+        """This process's long-lived reader of ``layout``'s log, for repeated reads (queries, the UI).
+
+        Each read then opens only what was appended since the one before,
+        instead of the whole log (on S3, a request per commit since its last
+        checkpoint plus two per data file). A log deleted and created again
+        at the same place has a new table id, and gets a new reader.
+        """
+        uri = layout.checkpoint_log
+        identity = _table_id(uri)
+        with _SHARED_LOCK:
+            known = _SHARED.pop(uri, None)
+            if known is None or identity is None or known[0] != identity:
+                known = (identity, cls(layout))
+            _SHARED[uri] = known
+            while len(_SHARED) > _MAX_SHARED:
+                _SHARED.popitem(last=False)
+        return known[1]
 
     @property
     def uri(self) -> str:

@@ -58,8 +58,7 @@ def run_query(warehouse: str, pipeline: str, sql: str, as_of_epoch: int | None =
     layout = PipelineLayout.of(warehouse, pipeline)
     if not exists(layout.root):
         raise QueryError(f"pipeline {pipeline!r} has no data in warehouse {layout.warehouse}: run it first")
-    log = CheckpointLog(layout)
-    records = [r for r in log.records() if r.status.value == "COMPLETED"]
+    records = [r for r in CheckpointLog.shared(layout).records() if r.status.value == "COMPLETED"]
     if as_of_epoch is not None:
         records = [r for r in records if r.epoch == as_of_epoch]
         if not records:

@@ -5,8 +5,9 @@
 SIGKILLed once epoch 2's barrier is recorded and before its vote, the run
 fails naming the engine's address, and a run against a fresh engine on the
 same address (warmed up first, as ``make run``'s is, its throwaway files
-removed) recovers (replaying the recorded barrier) to the reference's output
-with one Delta commit per table per epoch.
+removed; checked once, with the local warehouse) recovers (replaying the
+recorded barrier) to the reference's output with one Delta commit per table
+per epoch.
 """
 
 from __future__ import annotations
@@ -72,17 +73,20 @@ def test_engine_killed_mid_epoch_then_the_next_run_recovers_exactly_once(tmp_pat
     assert run.returncode != 0, out[-3000:]
     assert config.address in out, out[-3000:]  # the failure names the engine
 
-    # The new engine warms up (as make run's does) before the run recovers on it.
-    warmed = dataclasses.replace(config, warm_up_epochs=1, warm_up_session="sensor_stats")
+    # The new engine warms up (as make run's does) before the run recovers on it. The warm-up runs on
+    # a throwaway local warehouse whatever the pipeline's store: one variant checks it.
+    warm_up = storage.is_local(warehouse)
+    warmed = dataclasses.replace(config, warm_up_epochs=int(warm_up), warm_up_session="sensor_stats")
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     with (
         (tmp_path / "engine-2.log").open("wb") as log,
         LocalEngine(warmed, log=log, env={**os.environ, "TMPDIR": str(scratch)}) as engine,
     ):
-        warm, said = engine.wait_warm(300)
-        assert warm and "warmed up with 1 epoch(s)" in said, said
-        assert list(scratch.iterdir()) == []  # its throwaway warehouse and input are gone
+        if warm_up:
+            warm, said = engine.wait_warm(300)
+            assert warm and "warmed up with 1 epoch(s)" in said, said
+            assert list(scratch.iterdir()) == []  # its throwaway warehouse and input are gone
         again = subprocess.run(_run_cmd(warehouse, landing, config.address), env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert_matches_reference(warehouse, reference_for(landing, 1))

@@ -1,4 +1,4 @@
-"""The checkpoint log's reader: incremental, and right after the table is rewritten."""
+"""The checkpoint log's reader: incremental, right after the table is rewritten, and shared until the log is created anew."""
 
 from __future__ import annotations
 
@@ -49,3 +49,21 @@ def test_records_survive_a_rewrite_of_the_log_files(tmp_path: Path) -> None:
     assert log.records() == written
     log.append(_record(9, EpochStatus.COMPLETED, 9))
     assert [r.epoch for r in log.records()] == list(range(1, 10))
+
+
+def test_the_shared_reader_is_kept_until_the_log_is_created_anew(store_root: str) -> None:
+    from barrierflow import storage
+
+    layout = PipelineLayout.of(f"{store_root}/wh", "p")
+    first, second, other = (_record(e, EpochStatus.COMPLETED, e) for e in (1, 2, 3))
+    writer = CheckpointLog(layout)
+    writer.append(first)
+    reader = CheckpointLog.shared(layout)
+    assert reader.records() == [first]
+    writer.append(second)
+    assert CheckpointLog.shared(layout) is reader and reader.records() == [first, second]
+    # Deleted and written again from scratch: another table at the same place, read by a new reader.
+    storage.remove_tree(layout.checkpoint_log)
+    CheckpointLog(layout).append(other)
+    again = CheckpointLog.shared(layout)
+    assert again is not reader and again.records() == [other]

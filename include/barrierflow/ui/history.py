@@ -421,7 +421,7 @@ def pipeline_history(
         stopped = storage.read_json(layout.stopped)
         blocked = storage.read_json(layout.blocked)
         lineage_docs = _read_lineages(layout)
-        records = CheckpointLog(layout).records()
+        records = CheckpointLog.shared(layout).records()
     except Exception as exc:  # noqa: BLE001 - show what is wrong instead of a 500
         error = f"{type(exc).__name__}: {exc}"
 
