@@ -398,3 +398,19 @@ def test_parser_defaults_live_under_the_repo() -> None:
     config = server.config_from_args(args)
     assert (config.home, config.warehouse, config.landing) == (ROOT / ".airflow", ROOT / "warehouse", ROOT / "landing")
     assert (config.port, config.user, config.generate_every_s) == (8080, "admin", 5.0)
+
+
+def test_the_warehouse_may_be_on_s3_and_the_landing_directory_must_be_local(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parse = server.build_parser().parse_args
+    config = server.config_from_args(parse(["--warehouse", "s3://lake/wh/", "--landing", f"file://{tmp_path}/in"]))
+    assert (config.warehouse, config.landing) == ("s3://lake/wh", tmp_path / "in")
+    assert server.config_from_args(parse(["--warehouse", "wh"])).warehouse == Path.cwd() / "wh"
+    for argv, says in (
+        (["--landing", "s3://lake/in"], "is not a local directory"),  # never a local directory named "s3:"
+        (["--warehouse", "gs://lake/wh"], "allowed are local paths, file:// URIs and s3://"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            parse(argv)
+        assert exited.value.code == 2 and says in capsys.readouterr().err

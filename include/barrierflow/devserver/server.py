@@ -39,6 +39,7 @@ from barrierflow.devserver.generator import InputGenerator
 from barrierflow.devserver.processes import AirflowProcesses, become_subreaper, descendant_pids
 from barrierflow.engine import DEFAULT_ENGINE_PORT, LocalEngine
 from barrierflow.errors import ConfigurationError, EngineUnavailableError
+from barrierflow.storage import is_local, normalize_uri
 from barrierflow.warmup import DEFAULT_WARM_UP_EPOCHS
 
 __all__ = ["run", "main", "build_parser", "config_from_args", "first_interval_end", "wait_until"]
@@ -240,8 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"API server port (default {DEFAULT_PORT}; 0 = any free port)")
     p.add_argument("--home", type=Path, help="AIRFLOW_HOME (default <repo>/.airflow)")
-    p.add_argument("--warehouse", type=Path, help="barrierflow warehouse (default <repo>/warehouse)")
-    p.add_argument("--landing", type=Path, help="sensor_stats landing directory (default <repo>/landing)")
+    p.add_argument(
+        "--warehouse", type=_warehouse_arg,
+        help="barrierflow warehouse: a local path, file:// or s3://<bucket>/<prefix> (default <repo>/warehouse)",
+    )
+    p.add_argument(
+        "--landing", type=_local_dir_arg,
+        help="sensor_stats landing directory, local: the input generator writes it (default <repo>/landing)",
+    )
     p.add_argument(
         "--engine-port", type=int, default=DEFAULT_ENGINE_PORT,
         help=f"the Spark engine's Spark Connect port (default {DEFAULT_ENGINE_PORT}; 0 = any free port)",
@@ -269,6 +276,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _warehouse_arg(value: str) -> Path | str:
+    """A local warehouse as an absolute path, an ``s3://`` one as its URI (never a local directory named ``s3:``)."""
+    try:
+        uri = normalize_uri(value)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return Path(uri) if is_local(uri) else uri
+
+
+def _local_dir_arg(value: str) -> Path:
+    """A local directory (plain path or ``file://``); an object-store URI is refused, not taken for a path."""
+    try:
+        uri = normalize_uri(value)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if not is_local(uri):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a local directory: the dev server's input generator writes local files "
+            "(a pipeline reads an s3:// landing directory through its landing_dir parameter)"
+        )
+    return Path(uri)
+
+
 def _default_warm_up() -> int:
     """Warm the engine only when the DAG's ``process`` runs on it."""
     return 0 if DagSettings.from_env(os.environ).process_mode == SPARK_SUBMIT_MODE else DEFAULT_WARM_UP_EPOCHS
@@ -280,8 +310,8 @@ def config_from_args(args: argparse.Namespace) -> DevServerConfig:
     return DevServerConfig(
         root=root,
         home=(args.home or root / ".airflow").resolve(),
-        warehouse=(args.warehouse or root / "warehouse").resolve(),
-        landing=(args.landing or root / "landing").resolve(),
+        warehouse=args.warehouse or root / "warehouse",
+        landing=args.landing or root / "landing",
         port=port,
         engine_port=args.engine_port if args.engine_port else free_port(),
         user=args.user,
