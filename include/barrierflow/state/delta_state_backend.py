@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barrierflow.checkpoint import TableKind
-from barrierflow.delta_commit import add_actions, counted_rows, open_table, stored_rows
+from barrierflow.delta_commit import add_actions, counted_rows, latest_snapshot, open_table, stored_rows
 from barrierflow.errors import CheckpointError
 from barrierflow.layout import COMPACTED_DIR
 from barrierflow.state import resident
@@ -450,9 +450,13 @@ def stored_batches(table: Any, *, max_rows: int = CHUNK_ROWS) -> Iterator[pa.Tab
 
 
 def needs_compaction(uri: str) -> bool:
-    """Whether the state table at ``uri`` should be compacted (:func:`_needs_compaction`)."""
-    table = open_table(uri)
-    return table is not None and _needs_compaction(add_actions(table))
+    """Whether the state table at ``uri`` should be compacted (:func:`_needs_compaction`).
+
+    Through this process's latest snapshot: called right after the epoch's
+    commit, which left it one listing away from current.
+    """
+    with latest_snapshot(uri) as table:
+        return table is not None and _needs_compaction(add_actions(table))
 
 
 def _generations(paths: list[str]) -> set[str]:
@@ -508,6 +512,12 @@ def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) ->
     the logical content is unchanged, so readers and the consistent cut are
     unaffected. Called between epochs, under the pipeline's epoch lease.
     """
+    with latest_snapshot(uri) as table:
+        return None if table is None else _compact(spec, uri, table, epoch, attempt_id)
+
+
+def _compact(spec: StateSpec, uri: str, table: Any, epoch: int, attempt_id: str) -> int | None:
+    """:func:`compact` on ``table``, the latest snapshot of the table at ``uri``."""
     from deltalake import CommitProperties
     from deltalake.exceptions import CommitFailedError
     from deltalake.transaction import AddAction, RemoveAction
@@ -515,9 +525,6 @@ def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) ->
     from barrierflow.delta_commit import live_paths
     from barrierflow.staging import write_parquet
 
-    table = open_table(uri)
-    if table is None:
-        return None
     paths = sorted(live_paths(table))
     if len(paths) <= 1:
         return None
@@ -546,7 +553,8 @@ def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) ->
         )
     except CommitFailedError:
         return None  # someone else moved the table; compaction is best effort
-    version = open_table(uri).version()  # type: ignore[union-attr]
+    # No retries (``max_commit_retries=0``): the commit is the version after the snapshot's.
+    version = table.version() + 1
     resident.advance(uri, before, version)
     return version
 
