@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"API server port (default {DEFAULT_PORT}; 0 = any free port)")
     p.add_argument("--home", type=Path, help="AIRFLOW_HOME (default <repo>/.airflow)")
     p.add_argument(
-        "--warehouse", type=_warehouse_arg,
+        "--warehouse", type=_location_arg,
         help="barrierflow warehouse: a local path, file:// or s3://<bucket>/<prefix> (default <repo>/warehouse)",
     )
     p.add_argument(
@@ -276,8 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _warehouse_arg(value: str) -> Path | str:
-    """A local warehouse as an absolute path, an ``s3://`` one as its URI (never a local directory named ``s3:``)."""
+def _location_arg(value: str) -> Path | str:
+    """A local location as an absolute path, an ``s3://`` one as its URI (never a local directory named ``s3:``)."""
     try:
         uri = normalize_uri(value)
     except ConfigurationError as exc:
@@ -287,16 +287,13 @@ def _warehouse_arg(value: str) -> Path | str:
 
 def _local_dir_arg(value: str) -> Path:
     """A local directory (plain path or ``file://``); an object-store URI is refused, not taken for a path."""
-    try:
-        uri = normalize_uri(value)
-    except ConfigurationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-    if not is_local(uri):
+    location = _location_arg(value)
+    if not isinstance(location, Path):
         raise argparse.ArgumentTypeError(
             f"{value!r} is not a local directory: the dev server's input generator writes local files "
             "(a pipeline reads an s3:// landing directory through its landing_dir parameter)"
         )
-    return Path(uri)
+    return location
 
 
 def _default_warm_up() -> int:
