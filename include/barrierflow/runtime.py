@@ -419,15 +419,56 @@ class EpochContext:
         self._staging.clear()
 
     def release(self) -> None:
-        for df in self._persisted:
-            df.unpersist()
+        """Drop the epoch's caches; the unpersists run after the vote, in the background.
+
+        Each unpersist is a round trip in which the engine analyses the
+        cached plan again (tens of milliseconds, more on a busy engine): on
+        the epoch's critical path they delayed every vote. The frames are
+        this epoch's alone; a process waits for pending unpersists before
+        it exits (the pool's threads are joined at exit), so a long-lived
+        Connect session keeps no cache of an ended process's epochs. A
+        second attempt at the same epoch waits for them first
+        (:func:`_after_releases`): its frames may have the same plans, and a
+        late unpersist would drop the new attempt's caches.
+        """
+        if self._persisted:
+            with _pool_lock:
+                _unpersisting[(self.app_id, self.epoch)] = _release_pool().submit(_unpersist_all, self.epoch, list(self._persisted))
         self._persisted.clear()
         self._cached.clear()
         self._frames.clear()
 
 
 _pool: ThreadPoolExecutor | None = None
+_releases: ThreadPoolExecutor | None = None
+# (pipeline and lineage, epoch) -> the unpersists of the epoch's last attempt in this process
+_unpersisting: dict[tuple[str, int], Future[None]] = {}
 _pool_lock = threading.Lock()
+
+
+def _release_pool() -> ThreadPoolExecutor:
+    global _releases
+    if _releases is None:  # under _pool_lock
+        _releases = ThreadPoolExecutor(max_workers=1, thread_name_prefix="barrierflow-release")
+    return _releases
+
+
+def _after_releases(app_id: str, epoch: int) -> None:
+    """Wait for the unpersists of an earlier attempt at ``epoch`` in this process (see :meth:`EpochContext.release`)."""
+    with _pool_lock:
+        pending = _unpersisting.pop((app_id, epoch), None)
+        for done in [e for e, future in _unpersisting.items() if future.done()]:
+            del _unpersisting[done]
+    if pending is not None:
+        pending.result()
+
+
+def _unpersist_all(epoch: int, frames: list["DataFrame"]) -> None:
+    for df in frames:
+        try:
+            df.unpersist()
+        except Exception as exc:  # noqa: BLE001 - a session stopped meanwhile frees its caches itself
+            _log.debug("epoch %d: unpersist failed: %s", epoch, exc)
 
 
 def _staging_pool() -> ThreadPoolExecutor:
@@ -545,6 +586,7 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
     """Run every node of the pipeline and stage every table; returns rows in."""
     pipe, barrier, spark = ctx.pipeline, ctx.barrier, ctx.spark
     ctx.staging_prefix = ctx.layout.staging_prefix(barrier.lineage_id, barrier.epoch, ctx.attempt_id)
+    _after_releases(ctx.app_id, barrier.epoch)
     _set_shuffle_partitions(spark, ctx.parallelism, computing=True)
     if ctx.parallelism != pipe.parallelism:
         _log.info("epoch %d: %d shuffle partitions for its input (parallelism %d)", barrier.epoch, ctx.parallelism, pipe.parallelism)

@@ -1,6 +1,10 @@
-"""barrierflow.runtime: how many shuffle partitions an epoch gets from its planned input."""
+"""barrierflow.runtime: how many shuffle partitions an epoch gets from its planned input; when its caches are released."""
 
 from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
 
 from barrierflow.runtime import INPUT_BYTES_PER_PARTITION, epoch_parallelism
 from barrierflow.sources.base import planned_bytes
@@ -54,3 +58,45 @@ def test_overlapping_epochs_share_the_session_at_the_largest_parallelism() -> No
     runtime._set_shuffle_partitions(spark, 2, computing=False)
     runtime._set_shuffle_partitions(other, 3, computing=False)
     assert runtime._computing == {}
+
+
+class _Frame:
+    """A cached frame whose unpersist waits for ``gate`` (a busy engine) and may fail."""
+
+    def __init__(self, gate: "threading.Event", fails: bool = False) -> None:
+        self.gate, self.fails, self.unpersisted = gate, fails, False
+
+    def unpersist(self) -> None:
+        assert self.gate.wait(10)
+        if self.fails:
+            raise RuntimeError("session stopped")
+        self.unpersisted = True
+
+
+def _released(app_id: str, epoch: int, frames: list[_Frame]) -> None:
+    from barrierflow import runtime
+
+    ctx = SimpleNamespace(app_id=app_id, epoch=epoch, _persisted=list(frames), _cached={1: 1}, _frames={2: 2})
+    runtime.EpochContext.release(ctx)  # type: ignore[arg-type]
+    assert ctx._persisted == [] and ctx._cached == {} and ctx._frames == {}
+
+
+def test_an_epoch_releases_its_caches_after_its_vote_and_a_second_attempt_waits_for_them() -> None:
+    from barrierflow import runtime
+
+    gate = threading.Event()
+    first = [_Frame(gate, fails=True), _Frame(gate)]
+    started = time.monotonic()
+    _released("p-lineage", 7, first)  # returns while the engine has not answered
+    assert time.monotonic() - started < 1 and not any(f.unpersisted for f in first)
+    runtime._after_releases("p-lineage", 8)  # another epoch does not wait
+    runtime._after_releases("q-lineage", 7)  # nor the same epoch of another pipeline or lineage
+    retry = threading.Thread(target=runtime._after_releases, args=("p-lineage", 7))
+    retry.start()
+    retry.join(0.3)
+    assert retry.is_alive()  # the second attempt at epoch 7 waits for the first's unpersists
+    gate.set()
+    retry.join(10)
+    assert not retry.is_alive()
+    assert [f.unpersisted for f in first] == [False, True]  # a failed unpersist is logged, the rest still run
+    assert ("p-lineage", 7) not in runtime._unpersisting
