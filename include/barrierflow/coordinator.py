@@ -70,7 +70,7 @@ from barrierflow.intervals import ArrivalBound
 from barrierflow.layout import STAGING_DIR, PipelineLayout
 from barrierflow.lease import EpochLease
 from barrierflow.pipeline import Pipeline, PipelineDefinition
-from barrierflow.runtime import Compute, check_follows, completed_future, process_epoch
+from barrierflow.runtime import Compute, check_follows, completed_future, process_epoch, wait_for_releases
 from barrierflow.sources.base import Backlog, Source
 from barrierflow.spark import engine_lost
 from barrierflow.state import resident
@@ -679,6 +679,7 @@ class CheckpointCoordinator:
                         current = following
         finally:
             self.release_lease()
+            wait_for_releases()  # the epochs' caches, released after their votes
         return results
 
     def _start(self, workers: ThreadPoolExecutor, bound: ArrivalBound) -> _PendingCheckpoint | None:

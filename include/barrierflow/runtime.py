@@ -36,7 +36,9 @@ from barrierflow.state.spec import KEY_GROUP
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["EpochContext", "Compute", "process_epoch", "completed_future", "check_follows", "epoch_parallelism"]
+__all__ = [
+    "EpochContext", "Compute", "process_epoch", "completed_future", "check_follows", "epoch_parallelism", "wait_for_releases",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -419,21 +421,24 @@ class EpochContext:
         self._staging.clear()
 
     def release(self) -> None:
-        """Drop the epoch's caches; the unpersists run after the vote, in the background.
+        """Drop the epoch's caches.
 
         Each unpersist is a round trip in which the engine analyses the
-        cached plan again (tens of milliseconds, more on a busy engine): on
-        the epoch's critical path they delayed every vote. The frames are
-        this epoch's alone; a process waits for pending unpersists before
-        it exits (the pool's threads are joined at exit), so a long-lived
-        Connect session keeps no cache of an ended process's epochs. A
-        second attempt at the same epoch waits for them first
-        (:func:`_after_releases`): its frames may have the same plans, and a
-        late unpersist would drop the new attempt's caches.
+        cached plan again (tens to hundreds of milliseconds on a busy
+        engine). In the run loop (``keep_state_copies``) they run after the
+        vote, in the background, instead of delaying it; the loop waits for
+        them before it returns (:func:`wait_for_releases`), and a second
+        attempt at the same epoch waits for them first (its frames may have
+        the same plans, and a late unpersist would drop its caches).
+        Elsewhere (an Airflow task, which ends with ``os._exit``: a pending
+        unpersist would be lost and the cache left on a shared engine) they
+        run here.
         """
-        if self._persisted:
+        if self._persisted and self.keep_state_copies:
             with _pool_lock:
                 _unpersisting[(self.app_id, self.epoch)] = _release_pool().submit(_unpersist_all, self.epoch, list(self._persisted))
+        elif self._persisted:
+            _unpersist_all(self.epoch, self._persisted)
         self._persisted.clear()
         self._cached.clear()
         self._frames.clear()
@@ -463,12 +468,23 @@ def _after_releases(app_id: str, epoch: int) -> None:
         pending.result()
 
 
+def wait_for_releases() -> None:
+    """Wait until every epoch's caches released in the background are gone (see :meth:`EpochContext.release`)."""
+    with _pool_lock:
+        pending = list(_unpersisting.values())
+        _unpersisting.clear()
+    wait(pending)
+
+
 def _unpersist_all(epoch: int, frames: list["DataFrame"]) -> None:
-    for df in frames:
+    for done, df in enumerate(frames):
         try:
             df.unpersist()
-        except Exception as exc:  # noqa: BLE001 - a session stopped meanwhile frees its caches itself
-            _log.debug("epoch %d: unpersist failed: %s", epoch, exc)
+        except Exception as exc:  # noqa: BLE001 - the epoch's outcome stands either way
+            # Most likely the engine is gone, and its caches with it: each further call
+            # would only wait out the client's retries (about 20 s) again.
+            _log.warning("epoch %d: releasing its cached frames failed, %d left as they are: %s", epoch, len(frames) - done, exc)
+            return
 
 
 def _staging_pool() -> ThreadPoolExecutor:

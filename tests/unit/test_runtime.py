@@ -73,15 +73,17 @@ class _Frame:
         self.unpersisted = True
 
 
-def _released(app_id: str, epoch: int, frames: list[_Frame]) -> None:
+def _released(app_id: str, epoch: int, frames: list[_Frame], run_loop: bool = True) -> None:
     from barrierflow import runtime
 
-    ctx = SimpleNamespace(app_id=app_id, epoch=epoch, _persisted=list(frames), _cached={1: 1}, _frames={2: 2})
+    ctx = SimpleNamespace(
+        app_id=app_id, epoch=epoch, keep_state_copies=run_loop, _persisted=list(frames), _cached={1: 1}, _frames={2: 2}
+    )
     runtime.EpochContext.release(ctx)  # type: ignore[arg-type]
     assert ctx._persisted == [] and ctx._cached == {} and ctx._frames == {}
 
 
-def test_an_epoch_releases_its_caches_after_its_vote_and_a_second_attempt_waits_for_them() -> None:
+def test_the_run_loop_releases_an_epochs_caches_after_its_vote_and_a_second_attempt_waits_for_them() -> None:
     from barrierflow import runtime
 
     gate = threading.Event()
@@ -98,5 +100,22 @@ def test_an_epoch_releases_its_caches_after_its_vote_and_a_second_attempt_waits_
     gate.set()
     retry.join(10)
     assert not retry.is_alive()
-    assert [f.unpersisted for f in first] == [False, True]  # a failed unpersist is logged, the rest still run
+    # A failed unpersist (a lost engine, most likely) is logged; the rest would wait out the client's retries too.
+    assert [f.unpersisted for f in first] == [False, False]
     assert ("p-lineage", 7) not in runtime._unpersisting
+
+
+def test_the_run_loop_ends_once_its_releases_are_done_and_a_task_releases_before_its_vote() -> None:
+    from barrierflow import runtime
+
+    gate = threading.Event()
+    loop = [_Frame(gate), _Frame(gate)]
+    _released("p-lineage", 3, loop)
+    threading.Timer(0.3, gate.set).start()
+    runtime.wait_for_releases()  # what the run loop does before it returns
+    assert all(f.unpersisted for f in loop) and runtime._unpersisting == {}
+    # An Airflow task ends with os._exit, which would drop a pending unpersist: it releases at once.
+    task = [_Frame(threading.Event(), fails=False)]
+    task[0].gate.set()
+    _released("p-lineage", 4, task, run_loop=False)
+    assert task[0].unpersisted and runtime._unpersisting == {}
