@@ -13,16 +13,27 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+
 from barrierflow.operators import Count, Max, Min, Sum
 from barrierflow.params import Param
 from barrierflow.pipeline import PipelineBuilder, pipeline
 from barrierflow.sinks import DeltaSink
 from barrierflow.sources import FileSource
 
-__all__ = ["bench_bigstate", "PIPELINE_REF", "SINK"]
+__all__ = ["bench_bigstate", "PIPELINE_REF", "SINK", "EVENT_SCHEMA"]
 
 PIPELINE_REF = "bench_bigstate:bench_bigstate"
 SINK = "totals_updates"
+# The generated files' columns; a Parquet source declares its records' schema.
+EVENT_SCHEMA = pa.schema(
+    [
+        pa.field("event_id", pa.string(), nullable=False),
+        pa.field("sensor_id", pa.string(), nullable=False),
+        pa.field("ts", pa.int64(), nullable=False),
+        pa.field("temperature", pa.float64(), nullable=False),
+    ]
+)
 
 
 @pipeline(
@@ -40,6 +51,7 @@ def bench_bigstate(p: PipelineBuilder, params: dict[str, Any]) -> None:
             "events",
             params["landing_dir"],
             format="parquet",
+            schema=EVENT_SCHEMA,
             max_files_per_epoch=params["max_files_per_epoch"],
         )
     )

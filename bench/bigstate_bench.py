@@ -94,7 +94,7 @@ if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
 
 from barrierflow.spark import MASTER_ENV  # noqa: E402
-from bench_bigstate import PIPELINE_REF, SINK  # noqa: E402
+from bench_bigstate import EVENT_SCHEMA, PIPELINE_REF, SINK  # noqa: E402
 
 __all__ = ["run_bigstate", "generate_bigstate", "ProcessTreeMonitor", "DEFAULT_SIZES"]
 
@@ -117,16 +117,6 @@ SAMPLE_INTERVAL_S = 0.2
 RUN_TIMEOUT_S = 3600
 STDERR_TAIL_LINES = 40
 MIB = 1024 * 1024
-
-EVENT_SCHEMA = pa.schema(
-    [
-        pa.field("event_id", pa.string(), nullable=False),
-        pa.field("sensor_id", pa.string(), nullable=False),
-        pa.field("ts", pa.int64(), nullable=False),
-        pa.field("temperature", pa.float64(), nullable=False),
-    ]
-)
-
 
 class BigstateRunError(RuntimeError):
     """A benchmark subprocess failed or its result did not verify."""
