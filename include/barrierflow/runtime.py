@@ -436,7 +436,7 @@ class EpochContext:
         """
         if self._persisted and self.keep_state_copies:
             with _pool_lock:
-                _unpersisting[(self.app_id, self.epoch)] = _release_pool().submit(_unpersist_all, self.epoch, list(self._persisted))
+                _unpersisting[(self.app_id, self.epoch)] = _releases.submit(_unpersist_all, self.epoch, list(self._persisted))
         elif self._persisted:
             _unpersist_all(self.epoch, self._persisted)
         self._persisted.clear()
@@ -445,17 +445,11 @@ class EpochContext:
 
 
 _pool: ThreadPoolExecutor | None = None
-_releases: ThreadPoolExecutor | None = None
+# One thread: releases are cleanup and may wait; no thread starts before the first.
+_releases = ThreadPoolExecutor(max_workers=1, thread_name_prefix="barrierflow-release")
 # (pipeline and lineage, epoch) -> the unpersists of the epoch's last attempt in this process
 _unpersisting: dict[tuple[str, int], Future[None]] = {}
 _pool_lock = threading.Lock()
-
-
-def _release_pool() -> ThreadPoolExecutor:
-    global _releases
-    if _releases is None:  # under _pool_lock
-        _releases = ThreadPoolExecutor(max_workers=1, thread_name_prefix="barrierflow-release")
-    return _releases
 
 
 def _after_releases(app_id: str, epoch: int) -> None:
