@@ -27,16 +27,9 @@ os.environ.setdefault("BARRIERFLOW_DRIVER_MEMORY", "2g")
 # heartbeat (every 1.25 s) time to land under a loaded machine.
 os.environ.setdefault("BARRIERFLOW_LEASE_TTL_SECONDS", "5")
 # Every JVM a test starts (engines, CLI drivers, spark-submit, standalone
-# daemons, executors) is short-lived and runs tiny inputs: the C1 compiler
-# alone spends far less CPU compiling than C2 does, and the suite is CPU-bound
-# on two cores. Measured on a cold `barrierflow run` of sensor_stats (3
-# epochs): 47 s -> 35 s (mean of three each); in-process epochs on a test
-# engine the same. Production JVMs keep both compilers. C1 alone shrinks the
-# default code cache to 48 MB, which a long-lived engine filled ("Out of space
-# in CodeCache for method handle intrinsic", a fatal error): keep the usual 240 MB.
-# Then each JVM maps the class-data-sharing archive of Spark's classes (barrierflow.jvm_archive)
-# that `make setup` dumps; a bare pytest run without it dumps it in the background, and the JVMs
-# started before that ends run without it (xdist workers inherit the options).
+# daemons, executors) inherits the suite's options: why each, in jvm_options.
+# A bare pytest run without the class archive dumps it in the background, and
+# the JVMs started before that ends run without it (xdist workers inherit the options).
 if "JAVA_TOOL_OPTIONS" not in os.environ:
     import subprocess
 
@@ -47,9 +40,9 @@ if "JAVA_TOOL_OPTIONS" not in os.environ:
             [sys.executable, "-m", "barrierflow.jvm_archive"], stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
-    os.environ["JAVA_TOOL_OPTIONS"] = (
-        f"-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m {jvm_archive.java_options(even_if_missing=True)}"
-    ).strip()
+    from jvm_options import suite_java_options
+
+    os.environ["JAVA_TOOL_OPTIONS"] = suite_java_options(jvm_archive.java_options(even_if_missing=True))
 
 
 # "<pid>:<port>": an xdist worker inherits the environment of the process that started it.

@@ -10,7 +10,9 @@ another parallelism are checked in ``test_savepoint_restore.py``.
 ``local-cluster`` masters ship the package the same way and are what
 ``make bench`` runs the big-state benchmark on; they are not run here a
 second time. (That results never depend on parallelism, bit for bit, is
-checked on a local master in ``test_sensor_stats.py``.)
+checked on a local master in ``test_sensor_stats.py``.) These tests run
+Spark SQL's generated code as production does; the rest of the suite runs it
+interpreted (``tests/jvm_options.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pytest
 
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
 from cli_runner import cli_env, run_sensor_stats, sensor_stats_tables_per_epoch
+from jvm_options import with_generated_code
 from sensor_check import (
     assert_matches_reference,
     assert_nothing_staged_visible,
@@ -62,7 +65,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iter
     spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
     work = tmp_path_factory.mktemp("standalone")
     port, ui = _free_port(), _free_port()
-    env = {**os.environ, **aws_env(s3_server.endpoint), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_HOME": str(Path(pyspark.__file__).parent)}
+    env = {**with_generated_code(os.environ), **aws_env(s3_server.endpoint), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_HOME": str(Path(pyspark.__file__).parent)}
     procs = [
         subprocess.Popen(
             [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],
@@ -124,7 +127,7 @@ print(json.dumps({"rows": [r.asDict() for r in rows]}))
 
 def test_executors_import_the_shipped_package(standalone: str) -> None:
     master = standalone
-    done = subprocess.run([sys.executable, "-c", _WHERE, master], env=cli_env(master=master), capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", _WHERE, master], env=cli_env(master=master, generated_code=True), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout.strip().splitlines()[-1])["rows"]
     import barrierflow.staging
@@ -136,9 +139,9 @@ def test_executors_import_the_shipped_package(standalone: str) -> None:
 def test_driver_kill_between_commits_then_resume_match_the_reference(standalone: str, landing: Path, warehouse: str) -> None:
     master = standalone
     # The driver dies between epoch 2's second and third table commit; the next run resumes.
-    crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{sensor_stats_tables_per_epoch() + 2}", master=master)
+    crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{sensor_stats_tables_per_epoch() + 2}", master=master, generated_code=True)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    resumed = run_sensor_stats(warehouse, landing, master=master)
+    resumed = run_sensor_stats(warehouse, landing, master=master, generated_code=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert_matches_reference(warehouse, reference_for(landing, 2))
     assert_one_commit_per_table_per_epoch(warehouse, 2)
