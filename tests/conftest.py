@@ -89,17 +89,22 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 @pytest.fixture
 def s3_bucket(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> str:
     """A new bucket on the test S3 endpoint, the AWS environment pointing at it; returns ``s3://<bucket>``."""
-    import uuid
-
-    import boto3
-
     from s3_server import aws_env
 
     for name, value in aws_env(s3_server.endpoint).items():
         monkeypatch.setenv(name, value)
-    bucket = f"test-{uuid.uuid4().hex[:16]}"
-    boto3.session.Session().client("s3", endpoint_url=s3_server.endpoint).create_bucket(Bucket=bucket)
-    return f"s3://{bucket}"
+    return f"s3://{_new_bucket(s3_server.endpoint, 'test')}"
+
+
+def _new_bucket(endpoint: str, prefix: str) -> str:
+    """A new bucket on the test endpoint (the AWS environment already points at it)."""
+    import uuid
+
+    import boto3
+
+    bucket = f"{prefix}-{uuid.uuid4().hex[:16]}"
+    boto3.session.Session().client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    return bucket
 
 
 # The storage schemes a test of a warehouse may run on.
@@ -116,6 +121,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """
     if "store_root" in metafunc.fixturenames:
         metafunc.parametrize("store_root", STORES, indirect=True)
+    if "stack_warehouse" in metafunc.fixturenames:
+        metafunc.parametrize("stack_warehouse", STORES, indirect=True, scope="module")
 
 
 @pytest.fixture
@@ -124,6 +131,26 @@ def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "local":
         return str(tmp_path / "store")
     return str(request.getfixturevalue("s3_bucket"))
+
+
+@pytest.fixture(scope="module")
+def stack_warehouse(request: pytest.FixtureRequest, s3_server: Any) -> Iterator[str | None]:
+    """The warehouse of a whole Airflow stack (``tests/stack.py``), on the test's storage scheme.
+
+    None for a local one (the stack's own temporary directory), else
+    ``s3://<new bucket>/warehouse`` with the AWS environment pointing at the
+    test endpoint for the module, so the stack it starts and the test's own
+    reads reach it. Module scope: a stack serves a whole module.
+    """
+    if request.param == "local":
+        yield None
+        return
+    from s3_server import aws_env
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in aws_env(s3_server.endpoint).items():
+            patch.setenv(name, value)
+        yield f"s3://{_new_bucket(s3_server.endpoint, 'stack')}/warehouse"
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 :func:`running_stack` starts exactly what ``make run`` starts (PostgreSQL,
 the Spark engine, Airflow's API server, scheduler with its LocalExecutor,
 triggerer and DAG processor) on free ports of 127.0.0.1 with a temporary
-AIRFLOW_HOME, warehouse and landing directory, and stops it (Ctrl-C, i.e.
+AIRFLOW_HOME, warehouse (or a given one, e.g. on S3) and landing directory, and stops it (Ctrl-C, i.e.
 SIGINT, then SIGKILL of whatever is left of its process tree) at the end.
 The browser tests and the real-scheduler tests use it.
 """
@@ -36,7 +36,7 @@ class DevServer:
     url: str
     user: str
     password: str
-    warehouse: Path
+    warehouse: str  # a local path or an s3:// URI
     landing: Path
     home: Path
     log: Path
@@ -85,19 +85,27 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def running_stack(log: Path, args: Sequence[str] = (), env: dict[str, str] | None = None) -> Iterator[DevServer]:
-    """The stack with the devserver's extra ``args``, up (its API answering) for the ``with`` body."""
+def running_stack(
+    log: Path, args: Sequence[str] = (), env: dict[str, str] | None = None, warehouse: str | None = None,
+) -> Iterator[DevServer]:
+    """The stack with the devserver's extra ``args``, up (its API answering) for the ``with`` body.
+
+    ``warehouse``: where the stack keeps it (a local temporary directory by
+    default); an ``s3://`` one is reached through the AWS environment, which
+    the stack inherits.
+    """
     import pytest
 
     base = Path(tempfile.mkdtemp(prefix="barrierflow-stack-"))
     port = free_port()
-    home, warehouse, landing = base / "airflow", base / "warehouse", base / "landing"
+    home, landing = base / "airflow", base / "landing"
+    warehouse = warehouse or str(base / "warehouse")
     landing.mkdir(parents=True)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     environ.update(env or {})
     command = [
         sys.executable, "-m", "barrierflow.devserver",
-        "--port", str(port), "--home", str(home), "--warehouse", str(warehouse), "--landing", str(landing),
+        "--port", str(port), "--home", str(home), "--warehouse", warehouse, "--landing", str(landing),
         "--engine-port", "0", "--ready-timeout", str(SERVER_START_TIMEOUT_S), *args,
     ]
     started = time.monotonic()

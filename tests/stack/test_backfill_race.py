@@ -10,7 +10,8 @@ machine. Once that run reports it is waiting for them, the backfill is
 unpaused. The scheduled run must wait for them: every file lands in the epoch
 of its arrival interval, each epoch is planned and processed once by the
 backfill run of its interval, and the sinks equal the interval-by-interval
-history computed by the reference implementation.
+history computed by the reference implementation. On a local and an
+``s3://`` warehouse (``stack_warehouse``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from barrierflow import storage
 from barrierflow.checkpoint import EpochStatus
 from barrierflow.checkpoint_log import CheckpointLog
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
@@ -43,10 +45,11 @@ def _task_log(home: Path, run_id: str, task_id: str) -> str:
     return "\n".join(str(json.loads(line).get("event", "")) for line in path.read_text().splitlines() if line.strip())
 
 
-def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Path) -> None:
+def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Path, stack_warehouse: str | None) -> None:
     artifacts = ROOT / "test-artifacts" / "stack"
     artifacts.mkdir(parents=True, exist_ok=True)
-    with running_stack(artifacts / "backfill-race.log", ["--interval", "0", "--warm-up-epochs", "0"]) as stack:
+    log = artifacts / f"backfill-race-{'s3' if stack_warehouse else 'local'}.log"
+    with running_stack(log, ["--interval", "0", "--warm-up-epochs", "0"], warehouse=stack_warehouse) as stack:
         api = stack.api
         until("the DAG to be parsed and unpaused", lambda: (api.get(f"/api/v2/dags/{DAG_ID}")[1] or {}).get("is_paused") is False, 300)
 
@@ -124,7 +127,7 @@ def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Pat
         assert "no new input up to" in barrier_log, barrier_log
 
         # One epoch per interval holding input, each planned by that interval's backfill run.
-        layout = PipelineLayout.of(str(stack.warehouse), "sensor_stats")
+        layout = PipelineLayout.of(stack.warehouse, "sensor_stats")
         completed = sorted((r for r in CheckpointLog(layout).records() if r.status is EpochStatus.COMPLETED), key=lambda r: r.epoch)
         expected_cutoffs = [
             int((first + timedelta(minutes=k + 1)).timestamp() * 1000) for k, n in enumerate(PER_INTERVAL) if n
@@ -133,7 +136,7 @@ def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Pat
         assert [[f[0] for f in r.offsets_json()["readings"]["files"]] for r in completed] == [[p.name for p in e] for e in epochs]
         owners = {r["logical_date"][:16]: r["dag_run_id"] for r in backfill_runs}
         for record in completed:
-            barrier = json.loads(Path(layout.barrier(record.lineage_id, record.epoch)).read_text())
+            barrier = storage.read_json(layout.barrier(record.lineage_id, record.epoch))
             interval_start = datetime.fromtimestamp(record.arrival_cutoff_ms / 1000 - 60, tz=timezone.utc)
             assert barrier["planned_by"] == f"{DAG_ID}:{owners[interval_start.isoformat()[:16]]}", barrier["planned_by"]
         waits = [line for line in barrier_log.splitlines() if "waiting for the earlier run" in line]

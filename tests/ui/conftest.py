@@ -4,7 +4,8 @@ The ``devserver`` fixture starts exactly what ``make run`` starts, on a free
 port of 127.0.0.1, with a temporary AIRFLOW_HOME, warehouse and landing
 directory, once per test module, and stops it (Ctrl-C, i.e. SIGINT, then
 SIGKILL of whatever is left of its process tree) at the end. Screenshots and
-the server's log go to ``test-artifacts/ui/``.
+the server's log go to ``test-artifacts/ui/<store>/``. The test runs once with
+the warehouse in a local directory and once on ``s3://`` (the test S3 endpoint).
 
 Chromium runs headless from Debian's ``chromium`` and ``chromium-driver``
 (``/usr/bin/chromium``, ``/usr/bin/chromedriver``; override with
@@ -43,22 +44,24 @@ def _browser_missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def artifacts() -> Path:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    return ARTIFACTS
+@pytest.fixture(scope="module")
+def artifacts(stack_warehouse: str | None) -> Path:
+    """``test-artifacts/ui/<store>/``: each storage scheme's run keeps its own screenshots and log."""
+    path = ARTIFACTS / ("s3" if stack_warehouse else "local")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 # Module scope: the server (which schedules an epoch every minute) stops as soon
 # as the browser test is done instead of loading the machine for the rest of the run.
 @pytest.fixture(scope="module")
-def devserver(artifacts: Path) -> Iterator[DevServer]:
+def devserver(artifacts: Path, stack_warehouse: str | None) -> Iterator[DevServer]:
     reason = _browser_missing()
     if reason:
         # Never a silent skip: `make setup` installs the browser, so its absence is a broken setup.
         pytest.fail(f"{reason} (run `make setup`, which installs Debian's chromium and chromium-driver)")
     if EXTERNAL_URL:
-        warehouse = Path(os.environ.get("BARRIERFLOW_UI_TEST_WAREHOUSE", ROOT / "warehouse"))
+        warehouse = os.environ.get("BARRIERFLOW_UI_TEST_WAREHOUSE", str(ROOT / "warehouse"))
         yield DevServer(
             EXTERNAL_URL.rstrip("/"), DEFAULT_USER, DEFAULT_PASSWORD, warehouse, Path(), Path(), Path(),
             ApiClient(EXTERNAL_URL, DEFAULT_USER, DEFAULT_PASSWORD),
@@ -70,7 +73,7 @@ def devserver(artifacts: Path) -> Iterator[DevServer]:
     # late_files=refuse by default here: a file the test lands behind the position blocks the pipeline,
     # so the page's blocked state is seen in the browser.
     env = {"BARRIERFLOW_SENSOR_STATS__LATE_FILES": "refuse"}
-    with running_stack(artifacts / "devserver.log", ["--interval", "0"], env=env) as server:
+    with running_stack(artifacts / "devserver.log", ["--interval", "0"], env=env, warehouse=stack_warehouse) as server:
         yield server
 
 

@@ -5,7 +5,8 @@ state from a shell.
 
 One test function on purpose: the steps build on each other and share one
 server, and a single test keeps pytest-xdist from starting a second server.
-Each step saves a screenshot in ``test-artifacts/ui/``.
+Each step saves a screenshot in ``test-artifacts/ui/<store>/``. It runs on a local
+and an ``s3://`` warehouse (``stack_warehouse``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from urllib.parse import quote
 
 import pytest
 
+from barrierflow import storage
+from barrierflow.layout import PipelineLayout
 from barrierflow.ui.history import pipeline_history
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(1200)]
@@ -77,8 +80,8 @@ def wait_for(
         time.sleep(poll_s)
 
 
-def _completed_epochs(warehouse: Path) -> list[int]:
-    if not (warehouse / PIPELINE / "_pipeline.json").exists():
+def _completed_epochs(warehouse: str) -> list[int]:
+    if storage.read_json(PipelineLayout.of(warehouse, PIPELINE).pipeline_meta) is None:
         return []
     history = pipeline_history(str(warehouse), PIPELINE, state_size=False)
     return [e.epoch for e in history.epochs if e.completed]
@@ -121,7 +124,7 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     epochs_before = _completed_epochs(devserver.warehouse)
 
     # 3b. The run that planned an epoch shows it on its own page: the "Checkpoint" tab of the DAG run.
-    first = next(e for e in pipeline_history(str(devserver.warehouse), PIPELINE, state_size=False).epochs if e.completed)
+    first = next(e for e in pipeline_history(devserver.warehouse, PIPELINE, state_size=False).epochs if e.completed)
     planned_dag, _, planned_run = first.planned_by.partition(":")
     assert planned_dag == DAG_ID, first.planned_by
     d.get(f"{url}/dags/{DAG_ID}/runs/{quote(planned_run, safe='')}")
@@ -231,7 +234,7 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     #    First input lands after the savepoint and the schedule commits it: there is something to replay.
     from barrierflow.savepoint import load_savepoint
 
-    saved_at = load_savepoint(PIPELINE, str(devserver.warehouse), name).epoch
+    saved_at = load_savepoint(PIPELINE, devserver.warehouse, name).epoch
     write_input(1)
     wait_for(d, lambda: max(_completed_epochs(devserver.warehouse)) > saved_at, 300, "an epoch after the savepoint", poll_s=3)
     d.get(f"{url}/dags/{REPROCESS_DAG_ID}")
@@ -259,7 +262,7 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     )
     assert status == 200, result
     replayed = json.loads(result["value"]) if isinstance(result.get("value"), str) else result["value"]
-    history = pipeline_history(str(devserver.warehouse), PIPELINE, state_size=False)
+    history = pipeline_history(devserver.warehouse, PIPELINE, state_size=False)
     assert len(history.lineages) >= 2, "a restore starts a new lineage"
     new_lineage = history.lineages[-1].lineage_id
     assert replayed["restored"]["lineage_id"] == new_lineage
@@ -307,7 +310,7 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     import sys
 
     query = subprocess.run(
-        [sys.executable, "-m", "barrierflow", "query", PIPELINE, "--warehouse", str(devserver.warehouse),
+        [sys.executable, "-m", "barrierflow", "query", PIPELINE, "--warehouse", devserver.warehouse,
          "--format", "json", "SELECT sensor_id, count FROM sensor_totals ORDER BY sensor_id"],
         capture_output=True, text=True, timeout=120,
     )
