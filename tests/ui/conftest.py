@@ -73,7 +73,10 @@ def devserver(artifacts: Path, stack_warehouse: str | None) -> Iterator[DevServe
     # late_files=refuse by default here: a file the test lands behind the position blocks the pipeline,
     # so the page's blocked state is seen in the browser.
     env = {"BARRIERFLOW_SENSOR_STATS__LATE_FILES": "refuse"}
-    with running_stack(artifacts / "devserver.log", ["--interval", "0"], env=env, warehouse=stack_warehouse) as server:
+    # The engine's warm-up (make run's default) runs throwaway epochs on a local scratch warehouse
+    # whatever the pipeline's store: the local variant runs it, the S3 one starts cold.
+    args = ["--interval", "0", *(["--warm-up-epochs", "0"] if stack_warehouse else [])]
+    with running_stack(artifacts / "devserver.log", args, env=env, warehouse=stack_warehouse) as server:
         yield server
 
 
