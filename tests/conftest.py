@@ -134,7 +134,7 @@ def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack_warehouse(request: pytest.FixtureRequest, s3_server: Any) -> Iterator[str | None]:
+def stack_warehouse(request: pytest.FixtureRequest) -> Iterator[str | None]:
     """The warehouse of a whole Airflow stack (``tests/stack.py``), on the test's storage scheme.
 
     None for a local one (the stack's own temporary directory), else
@@ -147,6 +147,7 @@ def stack_warehouse(request: pytest.FixtureRequest, s3_server: Any) -> Iterator[
         return
     from s3_server import aws_env
 
+    s3_server = request.getfixturevalue("s3_server")
     with pytest.MonkeyPatch.context() as patch:
         for name, value in aws_env(s3_server.endpoint).items():
             patch.setenv(name, value)

@@ -23,8 +23,6 @@
 
 from __future__ import annotations
 
-from typing import Mapping
-
 INTERPRETED_SQL = "-Dspark.sql.codegen.wholeStage=false -Dspark.sql.codegen.factoryMode=NO_CODEGEN"
 COMPILER = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
@@ -33,9 +31,6 @@ def suite_java_options(archive_options: str) -> str:
     return f"{COMPILER} {INTERPRETED_SQL} {archive_options}".strip()
 
 
-def with_generated_code(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` whose JVMs run Spark SQL as production does: generated code, not interpreted."""
-    out = dict(env)
-    options = out.get("JAVA_TOOL_OPTIONS", "")
-    out["JAVA_TOOL_OPTIONS"] = " ".join(options.replace(INTERPRETED_SQL, " ").split())
-    return out
+def with_generated_code(options: str) -> str:
+    """``JAVA_TOOL_OPTIONS`` ``options`` with Spark SQL as production runs it: generated code, not interpreted."""
+    return " ".join(options.replace(INTERPRETED_SQL, " ").split())

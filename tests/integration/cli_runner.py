@@ -11,8 +11,6 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from jvm_options import with_generated_code
-
 __all__ = [
     "barrierflow_cmd", "run_cli", "run_pipeline", "run_sensor_stats", "cli_env", "kill_runs_at_random_times",
     "sensor_stats_tables_per_epoch", "tables_per_epoch",
@@ -23,22 +21,19 @@ def barrierflow_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "barrierflow", *args]
 
 
-def cli_env(fault: str | None = None, master: str = "local[2]", generated_code: bool = False) -> dict[str, str]:
-    """A classic Spark in the CLI's own process (the test process itself uses the engine).
-
-    ``generated_code``: Spark SQL as in production, not the suite's interpreted mode (tests/jvm_options.py).
-    """
+def cli_env(fault: str | None = None, master: str = "local[2]") -> dict[str, str]:
+    # A classic Spark in the CLI's own process (the test process itself uses the engine).
     drop = ("BARRIERFLOW_FAULT", "BARRIERFLOW_SPARK_REMOTE", "SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env["BARRIERFLOW_SPARK_MASTER"] = master
     if fault:
         env["BARRIERFLOW_FAULT"] = fault
-    return with_generated_code(env) if generated_code else env
+    return env
 
 
 def run_pipeline(
     pipeline: str, warehouse: Path | str, landing: Path | str, fault: str | None = None, extra: Sequence[str] = (),
-    master: str = "local[2]", remote: str | None = None, generated_code: bool = False,
+    master: str = "local[2]", remote: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``barrierflow run <pipeline>`` until caught up: on a Spark of its own (``master``), or on the engine at ``remote``."""
     cmd = barrierflow_cmd(
@@ -46,7 +41,7 @@ def run_pipeline(
         "--param", f"landing_dir={landing}", "--param", "max_files_per_epoch=2", "--until-caught-up", *extra,
         *(("--remote", remote) if remote else ()),
     )
-    return subprocess.run(cmd, env=cli_env(fault, master, generated_code), capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, env=cli_env(fault, master), capture_output=True, text=True, timeout=600)
 
 
 def run_sensor_stats(warehouse: Path | str, landing: Path | str, **kw: Any) -> subprocess.CompletedProcess[str]:

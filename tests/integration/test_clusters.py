@@ -43,6 +43,14 @@ from sensor_check import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _generated_code() -> Iterator[None]:
+    """Every JVM of this module (daemons, drivers, executors) runs Spark SQL as production does."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JAVA_TOOL_OPTIONS", with_generated_code(os.environ.get("JAVA_TOOL_OPTIONS", "")))
+        yield
+
+
 def _free_port() -> int:
     import socket
 
@@ -65,7 +73,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iter
     spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
     work = tmp_path_factory.mktemp("standalone")
     port, ui = _free_port(), _free_port()
-    env = {**with_generated_code(os.environ), **aws_env(s3_server.endpoint), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_HOME": str(Path(pyspark.__file__).parent)}
+    env = {**os.environ, **aws_env(s3_server.endpoint), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_HOME": str(Path(pyspark.__file__).parent)}
     procs = [
         subprocess.Popen(
             [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],
@@ -127,7 +135,7 @@ print(json.dumps({"rows": [r.asDict() for r in rows]}))
 
 def test_executors_import_the_shipped_package(standalone: str) -> None:
     master = standalone
-    done = subprocess.run([sys.executable, "-c", _WHERE, master], env=cli_env(master=master, generated_code=True), capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", _WHERE, master], env=cli_env(master=master), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout.strip().splitlines()[-1])["rows"]
     import barrierflow.staging
@@ -139,9 +147,9 @@ def test_executors_import_the_shipped_package(standalone: str) -> None:
 def test_driver_kill_between_commits_then_resume_match_the_reference(standalone: str, landing: Path, warehouse: str) -> None:
     master = standalone
     # The driver dies between epoch 2's second and third table commit; the next run resumes.
-    crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{sensor_stats_tables_per_epoch() + 2}", master=master, generated_code=True)
+    crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{sensor_stats_tables_per_epoch() + 2}", master=master)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    resumed = run_sensor_stats(warehouse, landing, master=master, generated_code=True)
+    resumed = run_sensor_stats(warehouse, landing, master=master)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert_matches_reference(warehouse, reference_for(landing, 2))
     assert_one_commit_per_table_per_epoch(warehouse, 2)
