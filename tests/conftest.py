@@ -112,17 +112,21 @@ STORES = ("local", "s3")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Run every test that uses a store (``store_root``, ``warehouse``) on a local directory and on ``s3://``.
+    """Run every test that uses a store (``store_root``, ``warehouse``, ``stack_warehouse``) on a local directory and on ``s3://``.
 
     A user's pipeline must behave the same on either, so every test of a
-    warehouse runs on both. Tests whose subject is S3 itself (faults on the
-    wire, the Airflow AWS connection, the compose topology) ask for
-    ``s3_bucket``; the fast tier's store primitives run on both too.
+    warehouse runs on both; a whole Airflow stack's (``stack_store``, per
+    module) too. Tests whose subject is S3 itself (faults on the wire, the
+    Airflow AWS connection, the compose topology) ask for ``s3_bucket``; the
+    fast tier's store primitives run on both too. The browser test pointed at
+    a running server (``$BARRIERFLOW_UI_TEST_URL``) runs once: that server has
+    one warehouse, whichever it is.
     """
     if "store_root" in metafunc.fixturenames:
         metafunc.parametrize("store_root", STORES, indirect=True)
-    if "stack_warehouse" in metafunc.fixturenames:
-        metafunc.parametrize("stack_warehouse", STORES, indirect=True, scope="module")
+    if "stack_store" in metafunc.fixturenames:
+        external = os.environ.get("BARRIERFLOW_UI_TEST_URL") and "devserver" in metafunc.fixturenames
+        metafunc.parametrize("stack_store", ("external",) if external else STORES, indirect=True, scope="module")
 
 
 @pytest.fixture
@@ -134,15 +138,21 @@ def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack_warehouse(request: pytest.FixtureRequest) -> Iterator[str | None]:
-    """The warehouse of a whole Airflow stack (``tests/stack.py``), on the test's storage scheme.
+def stack_store(request: pytest.FixtureRequest) -> str:
+    """The storage scheme of a module's Airflow stack: ``local``, ``s3`` (or ``external``: a running server's)."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def stack_warehouse(request: pytest.FixtureRequest, stack_store: str) -> Iterator[str | None]:
+    """The warehouse of a whole Airflow stack (``tests/stack.py``), on the module's ``stack_store``.
 
     None for a local one (the stack's own temporary directory), else
     ``s3://<new bucket>/warehouse`` with the AWS environment pointing at the
     test endpoint for the module, so the stack it starts and the test's own
     reads reach it. Module scope: a stack serves a whole module.
     """
-    if request.param == "local":
+    if stack_store != "s3":
         yield None
         return
     from s3_server import aws_env

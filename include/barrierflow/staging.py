@@ -33,10 +33,10 @@ from barrierflow.storage import arrow_filesystem, is_local, join_uri
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["stage_frame", "write_parquet", "with_constants", "by_key_group_range", "DESCRIPTION_DDL"]
+__all__ = ["stage_frame", "write_parquet", "with_constants", "by_key_group_range"]
 
-# One row per written file, collected by the driver.
-DESCRIPTION_DDL = "path string, size long, rows long, stats string"
+# One row per written file, collected by the driver. Given to Spark as a
+# StructType: a DDL string would cost a Connect round trip to parse per write.
 _DESCRIPTION_SCHEMA = pa.schema(
     [("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())]
 )
@@ -70,6 +70,8 @@ def stage_frame(
     frames known to be small).
     """
 
+    from pyspark.sql.pandas.types import from_arrow_schema
+
     constants = dict(constants or {})
     frame = df.select(*[name for name in schema.names if name not in constants])
     ranges = None
@@ -88,7 +90,7 @@ def stage_frame(
             frame = frame.sortWithinPartitions(*sort_by)
     writer = partial(_write_partition, table_uri, prefix, schema, ranges, constants)
     try:
-        rows = frame.mapInArrow(writer, DESCRIPTION_DDL).collect()
+        rows = frame.mapInArrow(writer, from_arrow_schema(_DESCRIPTION_SCHEMA)).collect()
     except Exception as exc:  # a task's StorageError arrives wrapped in Spark's error
         if "StorageError" in str(exc):
             raise StorageError(f"executors could not stage files under {join_uri(table_uri, prefix)}: {exc}") from exc

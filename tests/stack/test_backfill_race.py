@@ -45,10 +45,10 @@ def _task_log(home: Path, run_id: str, task_id: str) -> str:
     return "\n".join(str(json.loads(line).get("event", "")) for line in path.read_text().splitlines() if line.strip())
 
 
-def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Path, stack_warehouse: str | None) -> None:
+def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Path, stack_store: str, stack_warehouse: str | None) -> None:
     artifacts = ROOT / "test-artifacts" / "stack"
     artifacts.mkdir(parents=True, exist_ok=True)
-    log = artifacts / f"backfill-race-{'s3' if stack_warehouse else 'local'}.log"
+    log = artifacts / f"backfill-race-{stack_store}.log"
     with running_stack(log, ["--interval", "0", "--warm-up-epochs", "0"], warehouse=stack_warehouse) as stack:
         api = stack.api
         until("the DAG to be parsed and unpaused", lambda: (api.get(f"/api/v2/dags/{DAG_ID}")[1] or {}).get("is_paused") is False, 300)

@@ -5,7 +5,8 @@ port of 127.0.0.1, with a temporary AIRFLOW_HOME, warehouse and landing
 directory, once per test module, and stops it (Ctrl-C, i.e. SIGINT, then
 SIGKILL of whatever is left of its process tree) at the end. Screenshots and
 the server's log go to ``test-artifacts/ui/<store>/``. The test runs once with
-the warehouse in a local directory and once on ``s3://`` (the test S3 endpoint).
+the warehouse in a local directory and once on ``s3://`` (the test S3 endpoint);
+against an already running server, once (``external``).
 
 Chromium runs headless from Debian's ``chromium`` and ``chromium-driver``
 (``/usr/bin/chromium``, ``/usr/bin/chromedriver``; override with
@@ -45,9 +46,9 @@ def _browser_missing() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def artifacts(stack_warehouse: str | None) -> Path:
+def artifacts(stack_store: str) -> Path:
     """``test-artifacts/ui/<store>/``: each storage scheme's run keeps its own screenshots and log."""
-    path = ARTIFACTS / ("s3" if stack_warehouse else "local")
+    path = ARTIFACTS / stack_store
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -55,7 +56,7 @@ def artifacts(stack_warehouse: str | None) -> Path:
 # Module scope: the server (which schedules an epoch every minute) stops as soon
 # as the browser test is done instead of loading the machine for the rest of the run.
 @pytest.fixture(scope="module")
-def devserver(artifacts: Path, stack_warehouse: str | None) -> Iterator[DevServer]:
+def devserver(artifacts: Path, stack_store: str, stack_warehouse: str | None) -> Iterator[DevServer]:
     reason = _browser_missing()
     if reason:
         # Never a silent skip: `make setup` installs the browser, so its absence is a broken setup.
@@ -75,7 +76,7 @@ def devserver(artifacts: Path, stack_warehouse: str | None) -> Iterator[DevServe
     env = {"BARRIERFLOW_SENSOR_STATS__LATE_FILES": "refuse"}
     # The engine's warm-up (make run's default) runs throwaway epochs on a local scratch warehouse
     # whatever the pipeline's store: the local variant runs it, the S3 one starts cold.
-    args = ["--interval", "0", *(["--warm-up-epochs", "0"] if stack_warehouse else [])]
+    args = ["--interval", "0", *(["--warm-up-epochs", "0"] if stack_store == "s3" else [])]
     with running_stack(artifacts / "devserver.log", args, env=env, warehouse=stack_warehouse) as server:
         yield server
 
