@@ -73,7 +73,13 @@ def stage_frame(
     from pyspark.sql.pandas.types import from_arrow_schema
 
     constants = dict(constants or {})
-    frame = df.select(*[name for name in schema.names if name not in constants])
+    # df.to(<the written columns' types>) rather than a select: the frame then
+    # knows its schema without asking the engine, and mapInArrow below would
+    # otherwise ask (a Connect round trip analysing the whole plan, per write).
+    # Every level nullable, so Spark only reconciles types; the writer casts
+    # to the files' own schema as before (with_constants).
+    written = pa.schema([pa.field(f.name, _nullable(f.type)) for f in schema if f.name not in constants])
+    frame = df.to(from_arrow_schema(written))
     ranges = None
     if key_groups is not None:
         ranges = (partitions, key_groups)
@@ -176,6 +182,19 @@ def _write_partition(
             out.abandon()
     if described:
         yield pa.RecordBatch.from_pylist(described, schema=_DESCRIPTION_SCHEMA)
+
+
+def _nullable(type_: pa.DataType) -> pa.DataType:
+    """``type_`` with every nested field, list item and map value nullable."""
+    if pa.types.is_struct(type_):
+        return pa.struct([pa.field(f.name, _nullable(f.type)) for f in type_])
+    if pa.types.is_map(type_):
+        return pa.map_(type_.key_type, _nullable(type_.item_type))
+    if pa.types.is_large_list(type_):
+        return pa.large_list(_nullable(type_.value_type))
+    if pa.types.is_list(type_):
+        return pa.list_(_nullable(type_.value_type))
+    return type_
 
 
 def with_constants(table: pa.Table, constants: Mapping[str, Any], schema: pa.Schema) -> pa.Table:
