@@ -246,7 +246,9 @@ class DeltaStateBackend:
         if keys is not None:
             wanted = keys.select(*key_columns)
             df = df.join(F.broadcast(wanted) if small else wanted, on=key_columns, how="left_semi")
-        rest = [c for c in df.columns if c not in key_columns]
+        # The files' columns, known here: df.columns would ask the engine to analyse the plan.
+        columns = spec.arrow_schema().names
+        rest = [c for c in columns if c not in key_columns]
         table_uri = ctx.layout.state_table(spec.operator_id, spec.name)
         if len(_generations(files)) <= 1 and _written_by_barrierflow(table_uri, files):
             latest = df
@@ -256,7 +258,7 @@ class DeltaStateBackend:
             )
         else:
             latest = df.groupBy(*key_columns).agg(F.max_by(F.struct(*rest), F.col("_epoch")).alias("_s")).select(*key_columns, "_s.*")
-        live = latest.where(~F.col("_deleted")).select(*df.columns)
+        live = latest.where(~F.col("_deleted")).select(*columns)
         if spec.ttl_ms is not None and not keep_expired:
             live = live.where(F.col("_updated_at_ms") + F.lit(spec.ttl_ms) > F.lit(ctx.processing_time_ms))
         return live
