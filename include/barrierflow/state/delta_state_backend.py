@@ -238,7 +238,8 @@ class DeltaStateBackend:
         from pyspark.sql import functions as F
 
         ctx = self._ctx
-        df = read_parquet_files(ctx.spark, files, spec.arrow_schema())
+        schema = spec.arrow_schema()
+        df = read_parquet_files(ctx.spark, files, schema)
         if files and key_groups is not None:
             df = df.where(F.col(KEY_GROUP).isin(key_groups))
         key_columns = spec.key_columns
@@ -247,12 +248,12 @@ class DeltaStateBackend:
             wanted = keys.select(*key_columns)
             df = df.join(F.broadcast(wanted) if small else wanted, on=key_columns, how="left_semi")
         # The files' columns, known here: df.columns would ask the engine to analyse the plan.
-        columns = spec.arrow_schema().names
+        columns = schema.names
         rest = [c for c in columns if c not in key_columns]
         table_uri = ctx.layout.state_table(spec.operator_id, spec.name)
         if len(_generations(files)) <= 1 and _written_by_barrierflow(table_uri, files):
             latest = df
-        elif all(_fixed_width(spec.arrow_schema().field(c).type) for c in rest):
+        elif all(_fixed_width(schema.field(c).type) for c in rest):
             latest = df.groupBy(*key_columns).agg(
                 *[F.max_by(c, "_epoch").alias(c) for c in rest if c != "_epoch"], F.max("_epoch").alias("_epoch")
             )
