@@ -309,20 +309,20 @@ def raise_fence(uri: str, fence: Fence, attempts: int = _MAX_COMMIT_ATTEMPTS) ->
     """Make the table at ``uri`` hold at least ``fence`` (an empty commit); idempotent, an absent table is skipped."""
     last: Exception | None = None
     for _ in range(attempts):
-        table = open_table(uri)
-        if table is None or (table.transaction_version(fence.app_id) or -1) >= fence.version:
-            return
-        properties = CommitProperties(
-            custom_metadata={"barrierflow.operation": "fence", "barrierflow.fence": str(fence)},
-            app_transactions=[fence_transaction(fence)],
-            max_commit_retries=0,
-        )
-        try:
-            table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
-            return
-        except DeltaError as exc:  # a commit landed first (maybe a zombie's): re-read and try again
-            last = exc
-            time.sleep(0.05)
+        with latest_snapshot(uri) as table:
+            if table is None or (table.transaction_version(fence.app_id) or -1) >= fence.version:
+                return
+            properties = CommitProperties(
+                custom_metadata={"barrierflow.operation": "fence", "barrierflow.fence": str(fence)},
+                app_transactions=[fence_transaction(fence)],
+                max_commit_retries=0,
+            )
+            try:
+                table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
+                return
+            except DeltaError as exc:  # a commit landed first (maybe a zombie's): the next attempt reads it
+                last = exc
+        time.sleep(0.05)
     raise CommitConflictError(f"cannot raise the fencing token of table {uri} to {fence}: {last}")
 
 

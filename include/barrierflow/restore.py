@@ -66,7 +66,7 @@ from deltalake.transaction import AddAction, create_table_with_add_actions
 from barrierflow import faults, storage
 from barrierflow.checkpoint import RESTORE_ATTEMPT_PREFIX, CheckpointRecord, EpochStatus, Fence, app_id
 from barrierflow.checkpoint_log import iso_now, now_us
-from barrierflow.delta_commit import TABLE_CONFIGURATION, fence_transaction, open_table, raise_fence, stored_rows
+from barrierflow.delta_commit import TABLE_CONFIGURATION, fence_transaction, latest_snapshot, open_table, raise_fence, stored_rows
 from barrierflow.errors import CheckpointError, CommitConflictError, IncompatibleSavepointError, SavepointError
 from barrierflow.layout import RESTORED_DIR, PipelineLayout
 from barrierflow.operators.operator_state import OFFSETS, offsets_rows, restored_offsets
@@ -557,52 +557,53 @@ def _replace_content(
     Chunks are written one at a time (each sorted by ``sort_by``), so the
     process holds one chunk, not the table. Returns the rows written.
     """
-    table = open_table(uri)
-    if table is not None and (table.transaction_version(app) or -1) >= epoch:
-        return stored_rows(table)
-    staged = []
-    for chunk in chunks:
-        staged += write_parquet(uri, f"{RESTORED_DIR}/{lineage_id}", chunk.select(schema.names).cast(schema), sort_by=sort_by)
-    now = time.time_ns() // 1_000_000
-    adds = [
-        AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now, data_change=True, stats=f.stats)
-        for f in staged
-    ]
-    properties = CommitProperties(
-        custom_metadata={"barrierflow.operation": "restore", "barrierflow.app_id": app, "barrierflow.epoch": epoch},
-        app_transactions=[Transaction(app, epoch), fence_transaction(fence)],
-        max_commit_retries=0,
-    )
-    delta_schema = Schema.from_arrow(schema)
-    try:
-        if table is None:
-            create_table_with_add_actions(
-                uri, delta_schema, adds, mode="error", configuration=TABLE_CONFIGURATION, commit_properties=properties
-            )
-        else:
-            # Overwrite removes every live file itself, and takes the code's schema.
-            # ([*adds]: deltalake types this argument as a list of adds and removes, and a list is invariant.)
-            table.create_write_transaction([*adds], mode="overwrite", schema=delta_schema, commit_properties=properties)
-    except DeltaError as exc:
-        raise CheckpointError(f"cannot restore table {uri}: {exc}; run the restore again") from exc
-    return sum(f.rows for f in staged)
+    # The process's snapshot of the table: the fence and the restore point's versions read it next (steps 6-7).
+    with latest_snapshot(uri) as table:
+        if table is not None and (table.transaction_version(app) or -1) >= epoch:
+            return stored_rows(table)
+        staged = []
+        for chunk in chunks:
+            staged += write_parquet(uri, f"{RESTORED_DIR}/{lineage_id}", chunk.select(schema.names).cast(schema), sort_by=sort_by)
+        now = time.time_ns() // 1_000_000
+        adds = [
+            AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now, data_change=True, stats=f.stats)
+            for f in staged
+        ]
+        properties = CommitProperties(
+            custom_metadata={"barrierflow.operation": "restore", "barrierflow.app_id": app, "barrierflow.epoch": epoch},
+            app_transactions=[Transaction(app, epoch), fence_transaction(fence)],
+            max_commit_retries=0,
+        )
+        delta_schema = Schema.from_arrow(schema)
+        try:
+            if table is None:
+                create_table_with_add_actions(
+                    uri, delta_schema, adds, mode="error", configuration=TABLE_CONFIGURATION, commit_properties=properties
+                )
+            else:
+                # Overwrite removes every live file itself, and takes the code's schema.
+                # ([*adds]: deltalake types this argument as a list of adds and removes, and a list is invariant.)
+                table.create_write_transaction([*adds], mode="overwrite", schema=delta_schema, commit_properties=properties)
+        except DeltaError as exc:
+            raise CheckpointError(f"cannot restore table {uri}: {exc}; run the restore again") from exc
+        return sum(f.rows for f in staged)
 
 
 def _delete_after(uri: str, epoch: int, app: str, fence: Fence) -> int:
     """Remove rows of epochs after ``epoch`` in one commit carrying ``(app, epoch)`` and ``fence``; idempotent."""
-    table = open_table(uri)
-    if table is None or (table.transaction_version(app) or -1) >= epoch:
-        return 0
-    properties = CommitProperties(
-        custom_metadata={"barrierflow.operation": "rewind", "barrierflow.app_id": app, "barrierflow.epoch": epoch},
-        app_transactions=[Transaction(app, epoch), fence_transaction(fence)],
-        max_commit_retries=0,
-    )
-    try:
-        metrics = table.delete(f"_epoch > {int(epoch)}", commit_properties=properties)
-    except DeltaError as exc:
-        raise CheckpointError(f"cannot rewind sink {uri}: {exc}; run the restore again") from exc
-    return int(metrics.get("num_deleted_rows") or 0)
+    with latest_snapshot(uri) as table:
+        if table is None or (table.transaction_version(app) or -1) >= epoch:
+            return 0
+        properties = CommitProperties(
+            custom_metadata={"barrierflow.operation": "rewind", "barrierflow.app_id": app, "barrierflow.epoch": epoch},
+            app_transactions=[Transaction(app, epoch), fence_transaction(fence)],
+            max_commit_retries=0,
+        )
+        try:
+            metrics = table.delete(f"_epoch > {int(epoch)}", commit_properties=properties)
+        except DeltaError as exc:
+            raise CheckpointError(f"cannot rewind sink {uri}: {exc}; run the restore again") from exc
+        return int(metrics.get("num_deleted_rows") or 0)
 
 
 def _lineage_seq(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -> int:
@@ -622,15 +623,13 @@ def _table_uris(layout: PipelineLayout, pipe: Pipeline) -> list[str]:
 
 
 def _current_versions(layout: PipelineLayout, pipe: Pipeline) -> dict[str, int]:
+    names = {spec.table_name: layout.state_table(spec.operator_id, spec.name) for spec in pipe.state_specs()}
+    names.update((sink, layout.dead_letter if mode == "dead_letter" else layout.sink_table(sink)) for sink, mode in _sinks(pipe))
     versions: dict[str, int] = {}
-    for spec in pipe.state_specs():
-        table = open_table(layout.state_table(spec.operator_id, spec.name))
-        if table is not None:
-            versions[spec.table_name] = table.version()
-    for sink, mode in _sinks(pipe):
-        table = open_table(layout.dead_letter if mode == "dead_letter" else layout.sink_table(sink))
-        if table is not None:
-            versions[sink] = table.version()
+    for name, uri in names.items():
+        with latest_snapshot(uri) as table:
+            if table is not None:
+                versions[name] = table.version()
     return versions
 
 

@@ -73,7 +73,9 @@ def devserver(artifacts: Path, stack_store: str, stack_warehouse: str | None) ->
     # asks for (epochs to commit, intervals to replay) does not grow when a loaded machine is slow.
     # late_files=refuse by default here: a file the test lands behind the position blocks the pipeline,
     # so the page's blocked state is seen in the browser.
-    env = {"BARRIERFLOW_SENSOR_STATS__LATE_FILES": "refuse"}
+    # The test reloads the pages it watches itself: Airflow's UI polling every 3 s (its default) while runs
+    # are pending cost chromium and the API server ~22 CPU-s per run of the test (measured), on two busy cores.
+    env = {"BARRIERFLOW_SENSOR_STATS__LATE_FILES": "refuse", "AIRFLOW__API__AUTO_REFRESH_INTERVAL": "30"}
     # The engine's warm-up (make run's default) runs throwaway epochs on a local scratch warehouse
     # whatever the pipeline's store: the local variant runs it, the S3 one starts cold.
     args = ["--interval", "0", *(["--warm-up-epochs", "0"] if stack_store == "s3" else [])]
