@@ -30,6 +30,8 @@ __all__ = [
     "committed_version",
     "open_table",
     "latest_snapshot",
+    "borrow_snapshot",
+    "give_back",
     "live_paths",
     "add_actions",
     "stored_rows",
@@ -66,16 +68,13 @@ _SNAPSHOTS_LOCK = threading.Lock()
 _MAX_SNAPSHOTS = 64
 
 
-@contextmanager
-def latest_snapshot(uri: str) -> Iterator[DeltaTable | None]:
-    """The latest snapshot of the table at ``uri`` (None if it does not exist), lent to this caller alone.
+def borrow_snapshot(uri: str) -> DeltaTable | None:
+    """The latest snapshot of the table at ``uri`` (None if it does not exist), this caller's alone until :func:`give_back`.
 
     Opening a table reads its log from the last checkpoint on (on S3, a
     dozen requests or more); a snapshot this process read before is instead
     brought up to date from its own version (one listing, plus any new
-    commits). On leaving the block the snapshot goes back for the next
-    caller; on an error it is dropped, and the next caller opens the table
-    again.
+    commits).
     """
     with _SNAPSHOTS_LOCK:
         table = _SNAPSHOTS.pop(uri, None)
@@ -84,14 +83,24 @@ def latest_snapshot(uri: str) -> Iterator[DeltaTable | None]:
             table.update_incremental()
         except DeltaError:
             table = None
-    if table is None:
-        table = open_table(uri)
+    return table if table is not None else open_table(uri)
+
+
+def give_back(uri: str, table: DeltaTable) -> None:
+    """Return a snapshot from :func:`borrow_snapshot` for the next caller (who brings it up to date)."""
+    with _SNAPSHOTS_LOCK:
+        _SNAPSHOTS[uri] = table
+        while len(_SNAPSHOTS) > _MAX_SNAPSHOTS:
+            _SNAPSHOTS.popitem(last=False)
+
+
+@contextmanager
+def latest_snapshot(uri: str) -> Iterator[DeltaTable | None]:
+    """:func:`borrow_snapshot` for the ``with`` block; on an error the snapshot is dropped (the next caller opens the table)."""
+    table = borrow_snapshot(uri)
     yield table
     if table is not None:
-        with _SNAPSHOTS_LOCK:
-            _SNAPSHOTS[uri] = table
-            while len(_SNAPSHOTS) > _MAX_SNAPSHOTS:
-                _SNAPSHOTS.popitem(last=False)
+        give_back(uri, table)
 
 
 def schema_json_of(schema: pa.Schema) -> str:

@@ -421,7 +421,7 @@ class EpochContext:
         self._staging.clear()
 
     def release(self) -> None:
-        """Drop the epoch's caches.
+        """Drop the epoch's caches; give its snapshots of the state tables back (:meth:`DeltaStateBackend.release`).
 
         Each unpersist is a round trip in which the engine analyses the
         cached plan again (tens to hundreds of milliseconds on a busy
@@ -442,6 +442,7 @@ class EpochContext:
         self._persisted.clear()
         self._cached.clear()
         self._frames.clear()
+        self.state.release()
 
 
 _pool: ThreadPoolExecutor | None = None

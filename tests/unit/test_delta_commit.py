@@ -13,8 +13,10 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from barrierflow import delta_commit
 from barrierflow.checkpoint import Fence, StagedFile, TableCommit, TableKind
 from barrierflow.delta_commit import (
+    borrow_snapshot,
     commit_epoch_table,
     committed_version,
+    give_back,
     latest_snapshot,
     live_paths,
     open_table,
@@ -62,6 +64,15 @@ def test_a_lent_snapshot_is_one_callers_and_comes_back_up_to_date(tmp_path: Path
             raise RuntimeError("a commit went wrong")
     with latest_snapshot(uri) as fresh:
         assert fresh is not failed and fresh is not None and fresh.version() == 1
+    # An epoch's state reads borrow it for the whole epoch and give it back; the next borrower gets it up to date.
+    held = borrow_snapshot(uri)
+    with latest_snapshot(uri) as meanwhile:
+        assert meanwhile is not held
+    write_deltalake(uri, pa.table({"x": [3]}), mode="append")
+    assert held is not None and held.version() == 1
+    give_back(uri, held)
+    after = borrow_snapshot(uri)
+    assert after is held and after.version() == 2
 
 
 # -- fencing: every epoch commit carries (lineage sequence, epoch); a table refuses lower tokens ----------------

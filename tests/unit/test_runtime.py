@@ -76,11 +76,14 @@ class _Frame:
 def _released(app_id: str, epoch: int, frames: list[_Frame], run_loop: bool = True) -> None:
     from barrierflow import runtime
 
+    given_back: list[bool] = []
     ctx = SimpleNamespace(
-        app_id=app_id, epoch=epoch, keep_state_copies=run_loop, _persisted=list(frames), _cached={1: 1}, _frames={2: 2}
+        app_id=app_id, epoch=epoch, keep_state_copies=run_loop, _persisted=list(frames), _cached={1: 1}, _frames={2: 2},
+        state=SimpleNamespace(release=lambda: given_back.append(True)),
     )
     runtime.EpochContext.release(ctx)  # type: ignore[arg-type]
     assert ctx._persisted == [] and ctx._cached == {} and ctx._frames == {}
+    assert given_back == [True]  # the state tables' snapshots go back to the process
 
 
 def test_the_run_loop_releases_an_epochs_caches_after_its_vote_and_a_second_attempt_waits_for_them() -> None:

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barrierflow.checkpoint import TableKind
-from barrierflow.delta_commit import add_actions, counted_rows, latest_snapshot, open_table, stored_rows
+from barrierflow.delta_commit import add_actions, borrow_snapshot, counted_rows, give_back, latest_snapshot, stored_rows
 from barrierflow.errors import CheckpointError
 from barrierflow.layout import COMPACTED_DIR
 from barrierflow.state import resident
@@ -65,8 +65,9 @@ class DeltaStateBackend:
         self._bases: dict[str, tuple[resident.Snapshot, pa.Table]] = {}
         # Per state table read whole on the executors: the snapshot read.
         self._live_bases: dict[str, resident.Snapshot] = {}
-        # Per state table: the snapshot this epoch reads and stages against.
+        # Per state table: the snapshot this epoch reads and stages against, borrowed from the process (:meth:`release`).
         self._tables: dict[str, Any] = {}
+        self._borrowed: list[tuple[str, Any]] = []
 
     def _open(self, spec: StateSpec) -> Any:
         """The state table as of the last completed epoch, or None before its first commit.
@@ -78,10 +79,12 @@ class DeltaStateBackend:
             return self._tables[spec.table_name]
         ctx = self._ctx
         last = ctx.last_completed_epoch  # waits for epoch n-1 to complete
-        table = open_table(ctx.layout.state_table(spec.operator_id, spec.name))
+        uri = ctx.layout.state_table(spec.operator_id, spec.name)
+        table = borrow_snapshot(uri)
         if table is None:
             self._tables[spec.table_name] = None
             return None
+        self._borrowed.append((uri, table))
         committed = table.transaction_version(ctx.app_id)
         if committed is not None and last is not None and committed > last:
             raise CheckpointError(
@@ -90,6 +93,15 @@ class DeltaStateBackend:
             )
         self._tables[spec.table_name] = table
         return table
+
+    def release(self) -> None:
+        """Give the epoch's snapshots back once its files are staged: its commits, and the next epoch, bring them up to date.
+
+        The epoch only read them, so they go back after an error too.
+        """
+        for uri, table in self._borrowed:
+            give_back(uri, table)
+        self._borrowed.clear()
 
     def _files(self, spec: StateSpec, touched: "DataFrame | list[int] | None") -> tuple[list[StateFile], int | None]:
         """The files a read of ``spec`` covers, and the rows they hold (None: unknown)."""
