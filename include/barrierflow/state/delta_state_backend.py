@@ -65,9 +65,8 @@ class DeltaStateBackend:
         self._bases: dict[str, tuple[resident.Snapshot, pa.Table]] = {}
         # Per state table read whole on the executors: the snapshot read.
         self._live_bases: dict[str, resident.Snapshot] = {}
-        # Per state table: the snapshot this epoch reads and stages against, borrowed from the process (:meth:`release`).
+        # Per state table's URI: the snapshot this epoch reads and stages against, borrowed from the process (:meth:`release`).
         self._tables: dict[str, Any] = {}
-        self._borrowed: list[tuple[str, Any]] = []
 
     def _open(self, spec: StateSpec) -> Any:
         """The state table as of the last completed epoch, or None before its first commit.
@@ -75,23 +74,22 @@ class DeltaStateBackend:
         Opened once per epoch: reads and staging see one snapshot, and an
         object store is asked for the log once rather than per call.
         """
-        if spec.table_name in self._tables:
-            return self._tables[spec.table_name]
         ctx = self._ctx
-        last = ctx.last_completed_epoch  # waits for epoch n-1 to complete
         uri = ctx.layout.state_table(spec.operator_id, spec.name)
+        if uri in self._tables:
+            return self._tables[uri]
+        last = ctx.last_completed_epoch  # waits for epoch n-1 to complete
         table = borrow_snapshot(uri)
         if table is None:
-            self._tables[spec.table_name] = None
+            self._tables[uri] = None
             return None
-        self._borrowed.append((uri, table))
         committed = table.transaction_version(ctx.app_id)
         if committed is not None and last is not None and committed > last:
             raise CheckpointError(
                 f"state table {spec.table_name} holds epoch {committed}, newer than the last "
                 f"completed epoch {last}: run recovery first"
             )
-        self._tables[spec.table_name] = table
+        self._tables[uri] = table
         return table
 
     def release(self) -> None:
@@ -99,9 +97,10 @@ class DeltaStateBackend:
 
         The epoch only read them, so they go back after an error too.
         """
-        for uri, table in self._borrowed:
-            give_back(uri, table)
-        self._borrowed.clear()
+        for uri, table in self._tables.items():
+            if table is not None:
+                give_back(uri, table)
+        self._tables.clear()
 
     def _files(self, spec: StateSpec, touched: "DataFrame | list[int] | None") -> tuple[list[StateFile], int | None]:
         """The files a read of ``spec`` covers, and the rows they hold (None: unknown)."""
