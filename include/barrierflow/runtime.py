@@ -333,6 +333,7 @@ class EpochContext:
         prefix: str | None = None,
         constants: Mapping[str, Any] | None = None,
         table_schema: pa.Schema | None = None,
+        ranged: bool = False,
     ) -> None:
         """Write a table's share of the epoch under the staging prefix, in the background.
 
@@ -347,7 +348,9 @@ class EpochContext:
         every row, added by the writer (see :func:`stage_frame`); ``data``
         lacks them. ``table_schema``: a sink widening's new table schema
         (``data`` then holds the table's stored rows too, and ``removes`` is
-        every live file; see :class:`TableCommit`).
+        every live file; see :class:`TableCommit`). ``ranged``: with
+        ``by_key_group``, ``data`` already lies in the tasks of its key-group
+        ranges (:func:`stage_frame`).
         """
         prefix = prefix or self.staging_prefix
         if not prefix.startswith(self.staging_prefix):
@@ -378,6 +381,7 @@ class EpochContext:
                     key_groups=key_groups if by_key_group else None,
                     tasks=tasks,
                     constants=constants,
+                    ranged=ranged,
                 )
             return TableCommit(
                 name=name,

@@ -54,6 +54,7 @@ def stage_frame(
     key_groups: int | None = None,
     tasks: int | None = None,
     constants: Mapping[str, Any] | None = None,
+    ranged: bool = False,
 ) -> list[StagedFile]:
     """Have executors write ``df`` under ``<table_uri>/<prefix>``; returns the files written.
 
@@ -67,7 +68,9 @@ def stage_frame(
     down to at most ``partitions`` tasks, and rows are sorted by ``sort_by``
     within each file. Files hold whole row groups of at most 64 Ki rows.
     ``tasks=1`` writes the same files from one task, without a shuffle (for
-    frames known to be small).
+    frames known to be small). ``ranged``: the frame's partitions are
+    already its key-group ranges (:func:`by_key_group_range`, then narrow
+    transformations), so each task writes its own without a shuffle.
     """
 
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -87,7 +90,7 @@ def stage_frame(
             # One task, sorted by key group: the writer still starts a new
             # file at each range boundary.
             frame = frame.coalesce(1)
-        else:
+        elif not ranged:
             frame = by_key_group_range(frame, partitions, key_groups)
         frame = frame.sortWithinPartitions(KEY_GROUP)
     else:

@@ -70,14 +70,19 @@ def test_parallelism_changes_between_epochs(
     monkeypatch.setattr(runtime, "SINGLE_TASK_ROWS", -1)
     monkeypatch.setattr(delta_state_backend, "worth_matching", lambda stored_rows, key_count, cached=False: True)
     monkeypatch.setattr(delta_sink, "WHOLE_REWRITE_MAX_ROWS", -1)
-    lookups: list[int] = []
-    real_lookup = delta_state_backend.DeltaStateBackend._lookup_in_workers
+    # No executor copy of the running totals' state: they read their keys too.
+    monkeypatch.setenv("BARRIERFLOW_CACHED_STATE_ROWS", "0")
+    lookups: list[tuple[int, str]] = []
+    backend = delta_state_backend.DeltaStateBackend
 
-    def counted(self: Any, *args: Any) -> Any:
-        lookups.append(self._ctx.epoch)
-        return real_lookup(self, *args)
+    def counted(real: Any) -> Any:
+        def lookup(self: Any, spec: Any, *args: Any) -> Any:
+            lookups.append((self._ctx.epoch, spec.operator_id))
+            return real(self, spec, *args)
 
-    monkeypatch.setattr(delta_state_backend.DeltaStateBackend, "_lookup_in_workers", counted)
+        return lookup
+
+    monkeypatch.setattr(backend, "with_live_rows", counted(backend.with_live_rows))
     _coordinator(spark, landing, varied, parallelism=1).run(epochs=1)
     monkeypatch.setenv(worker_cache.CACHE_ENV, "0")
     _coordinator(spark, landing, varied, parallelism=7).run(epochs=1)
@@ -89,7 +94,8 @@ def test_parallelism_changes_between_epochs(
         _coordinator(spark, landing, varied, parallelism=3).run(epochs=1)
     assert re.search(r"epoch 3: \d+ shuffle partitions for its input \(parallelism 3\)", caplog.text), caplog.text
     _coordinator(spark, landing, varied, parallelism=2).run(epochs=1)
-    assert sorted(set(lookups)) == [3, 4]  # dedup and the running totals, both epochs
+    # The dedup and the running totals (each joining its epoch with the rows found, in the same tasks), both epochs.
+    assert sorted(set(lookups)) == [(3, "dedup"), (3, "totals"), (4, "dedup"), (4, "totals")]
     assert table_snapshot(varied) == table_snapshot(fixed)  # bit-identical, not just close
     assert_matches_reference(varied, reference_for(landing, 2))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,15 @@ import pytest
 from barrierflow.errors import ConfigurationError
 from barrierflow.state import worker_cache
 from barrierflow.state.spec import KEY_GROUP, StateSpec
-from barrierflow.state.worker_cache import CACHE_ENV, StateFile, StateLookup, cache_limit_bytes, lookup_keys
+from barrierflow.state.worker_cache import (
+    CACHE_ENV,
+    StateFile,
+    StateLookup,
+    cache_limit_bytes,
+    combine_with_live_rows,
+    lookup_keys,
+    without_live_keys,
+)
 
 SPEC = StateSpec(
     operator_id="totals",
@@ -89,6 +98,29 @@ def test_lookups_equal_the_reference_cold_warm_and_after_files_change(tmp_path: 
     live = _reference(contents, set(keys), 0)
     compacted = [r for r in (_row(k, v, 9) for k, v in live.items())]
     assert _lookup([_write(tmp_path / "c.parquet", compacted)], set(keys), now=0) == live
+
+
+def test_records_without_a_live_key_are_kept_in_their_order(tmp_path: Path) -> None:
+    rnd = random.Random(7)
+    contents = [
+        [_row(f"s{i}", i, epoch, deleted=rnd.random() < 0.2, updated=rnd.choice([9_000, 10_000])) for i in rnd.sample(range(100), 40)]
+        for epoch in (1, 2)
+    ]
+    files = [_write(tmp_path / f"e{n}.parquet", rows) for n, rows in enumerate(contents)]
+    # A deduplication's records: other columns too (a nested one), some keys twice, in arrival order.
+    keys = [f"s{rnd.randrange(120)}" for _ in range(150)]
+    records = pa.RecordBatch.from_pylist(
+        [{"sensor_id": k, "payload": {"n": n}, KEY_GROUP: int(k[1:]) % 8} for n, k in enumerate(keys)],
+        schema=pa.schema([("sensor_id", pa.large_string()), ("payload", pa.struct([("n", pa.int64())])), (KEY_GROUP, pa.int32())]),
+    )
+    lookup = StateLookup(tuple(files), SCHEMA, ("sensor_id",), SPEC.ttl_ms, 10_500)
+    combine = partial(without_live_keys, SPEC.key_fields)
+    out = pa.Table.from_batches(
+        list(combine_with_live_rows(lookup, combine, iter([records.slice(0, 70), records.slice(70)]))), schema=records.schema
+    )
+    live = _reference(contents, set(keys), 10_500)
+    assert out.to_pylist() == [r for r in records.to_pylist() if r["sensor_id"] not in live]
+    assert 0 < out.num_rows < records.num_rows  # both cases occur
 
 
 def test_a_cached_file_is_not_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 import pyarrow as pa
@@ -447,8 +448,13 @@ class RunningAggregate(Node):
            epoch sum from :func:`_fallback_sum_frame`.
         4. Stage the changed keys as this epoch's state rows (written by the
            executors); return the output columns of the same cached rows.
+
+        Where the keys are looked up in the Python workers' cache of state
+        files and no key is flagged, steps 2-3 run in the tasks that look
+        them up (:meth:`DeltaStateBackend.with_live_rows`).
         """
         from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import from_arrow_schema
 
         spec = self._spec(ctx.arrow_types(df, self.key))
         keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
@@ -474,7 +480,18 @@ class RunningAggregate(Node):
         whole = ctx.state.read_whole(spec, summary["keys"])
         if whole is not None:
             return self._merge_whole(ctx, spec, epoch, keyed, whole, flagged)
-        prior = ctx.state.read(spec, sorted(summary["groups"]), keys=epoch, key_count=summary["keys"])
+        groups = sorted(summary["groups"])
+        files = None if flagged else ctx.state.lookup_files(spec, groups, summary["keys"])
+        if files is not None:
+            # Steps 2-3 in the tasks that look the keys up (the heap backend's
+            # arithmetic, :meth:`_merge`): no join stage after the lookup, and
+            # the state rows stay in their key-group ranges for the write.
+            merge = partial(_merged_in_task, self.key, self._accumulators(), spec.arrow_schema(), ctx.processing_time_ms, ctx.epoch)
+            state = ctx.persist(ctx.state.with_live_rows(spec, files, epoch, merge, from_arrow_schema(spec.arrow_schema())))
+            # Step 4.
+            ctx.state.stage(spec, state, ranged=True)
+            return ctx.cached_view(state.select(*self._outputs()))
+        prior = ctx.state.read(spec, groups, keys=epoch, key_count=summary["keys"])
         previous = joinable(
             prior.select(*self.key, *[F.col(acc.name).alias(f"_prev_{acc.name}") for acc in self._accumulators()]), summary["keys"]
         )
@@ -591,25 +608,7 @@ class RunningAggregate(Node):
         epoch sum (0.0 for a flagged key, patched later), and ``least`` /
         ``greatest`` with Spark's NaN ordering (NaN above every number).
         """
-        accs = self._accumulators()
-        previous = prior.select([*self.key, *[acc.name for acc in accs]]).rename_columns(
-            [*self.key, *[f"_prev_{acc.name}" for acc in accs]]
-        )
-        merged = epoch.join(previous, keys=list(self.key), join_type="left outer")
-        columns: dict[str, pa.ChunkedArray] = {k: merged[k] for k in self.key}
-        columns[KEY_GROUP] = merged[KEY_GROUP]
-        flagged: dict[str, pa.Table] = {}
-        for acc in accs:
-            columns[acc.name] = acc.merged_arrow(merged)
-            keys = acc.flagged_keys(merged, self.key)
-            if keys is not None:
-                flagged[acc.source] = keys
-        n = merged.num_rows
-        columns["_updated_at_ms"] = pa.array([processing_time_ms] * n, pa.int64())
-        columns["_deleted"] = pa.array([False] * n, pa.bool_())
-        columns["_epoch"] = pa.array([epoch_number] * n, pa.int64())
-        state = pa.table(columns).cast(spec.arrow_schema())
-        return state, flagged
+        return _merge_rows(self.key, self._accumulators(), spec.arrow_schema(), processing_time_ms, epoch_number, epoch, prior)
 
     def _outputs_arrow(self, state: pa.Table) -> pa.Table:
         """The output columns (Avg = sum / count, IEEE division) of the new state rows."""
@@ -619,6 +618,46 @@ class RunningAggregate(Node):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "key": list(self.key), "aggregations": [a.name for a in self.aggregations]}
+
+
+def _merge_rows(
+    key: tuple[str, ...],
+    accs: list[Accumulator],
+    schema: pa.Schema,
+    processing_time_ms: int,
+    epoch_number: int,
+    epoch: pa.Table,
+    prior: pa.Table,
+) -> tuple[pa.Table, dict[str, pa.Table]]:
+    """:meth:`RunningAggregate._merge` of the keys in ``epoch``, for the state table's ``schema``."""
+    previous = prior.select([*key, *[acc.name for acc in accs]]).rename_columns([*key, *[f"_prev_{acc.name}" for acc in accs]])
+    merged = epoch.join(previous, keys=list(key), join_type="left outer")
+    columns: dict[str, pa.ChunkedArray] = {k: merged[k] for k in key}
+    columns[KEY_GROUP] = merged[KEY_GROUP]
+    flagged: dict[str, pa.Table] = {}
+    for acc in accs:
+        columns[acc.name] = acc.merged_arrow(merged)
+        keys = acc.flagged_keys(merged, key)
+        if keys is not None:
+            flagged[acc.source] = keys
+    n = merged.num_rows
+    columns["_updated_at_ms"] = pa.array([processing_time_ms] * n, pa.int64())
+    columns["_deleted"] = pa.array([False] * n, pa.bool_())
+    columns["_epoch"] = pa.array([epoch_number] * n, pa.int64())
+    return pa.table(columns).cast(schema), flagged
+
+
+def _merged_in_task(
+    key: tuple[str, ...], accs: list[Accumulator], schema: pa.Schema, processing_time_ms: int, epoch_number: int,
+    epoch: pa.Table, live: pa.Table,
+) -> pa.Table:
+    """Executor side: a task's epoch aggregates merged with their keys' ``live`` rows (no key flagged: see :meth:`RunningAggregate.apply`)."""
+    # The epoch's keys as the state table types them, for the join.
+    typed = epoch
+    for k in key:
+        typed = typed.set_column(typed.schema.get_field_index(k), k, typed[k].cast(schema.field(k).type))
+    state, _ = _merge_rows(key, accs, schema, processing_time_ms, epoch_number, typed, live)
+    return state
 
 
 def _fallback_sum_exprs(column: str) -> tuple["Column", "Column", "Column"]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -11,11 +12,16 @@ import pyarrow as pa
 from barrierflow.operators.base import Node, key_group_column, position_order
 from barrierflow.state.delta_state_backend import joinable
 from barrierflow.state.spec import KEY_GROUP, StateSpec
+from barrierflow.state.worker_cache import without_live_keys
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["Deduplicate"]
+
+# Epochs of up to this many input rows cache their first record per key
+# before waiting for the last epoch's state (see :meth:`Deduplicate.apply`).
+EARLY_FIRSTS_ROWS = 1_000_000
 
 
 @dataclass
@@ -48,14 +54,31 @@ class Deduplicate(Node):
         # First occurrence within the epoch, by arrival position.
         first = Window.partitionBy(*self.key).orderBy(*position_order(df.columns))
         firsts = keyed.withColumn("_rn", F.row_number().over(first)).where("_rn = 1").drop("_rn")
-        # One small job over the epoch's records, no shuffle: the key groups
-        # touched (the state read's pruning) and at most how many keys.
-        touched = keyed.agg(F.count(F.lit(1)).alias("records"), F.collect_set(KEY_GROUP).alias("groups")).first()
+        # One small job: the key groups touched (the state read's pruning) and
+        # at most how many keys. A small epoch takes it over its first record
+        # per key, cached: computed here, while the last epoch may still be
+        # committing, so that only the state lookup and the write wait for it.
+        # A big one (a bulk load) takes it over the records, without a
+        # shuffle or a cache, which would take the memory its own shuffles need.
+        early = ctx.rows_read is not None and ctx.rows_read <= EARLY_FIRSTS_ROWS
+        if early:
+            firsts = ctx.persist(firsts)
+        summarized = firsts if early else keyed
+        touched = summarized.agg(F.count(F.lit(1)).alias("records"), F.collect_set(KEY_GROUP).alias("groups")).first()
         assert touched is not None  # a global aggregate has exactly one row
-        seen = ctx.state.read(spec, sorted(touched["groups"]), keys=firsts, key_count=touched["records"]).select(*self.key)
-        fresh = firsts.join(joinable(seen, touched["records"]), on=list(self.key), how="left_anti")
+        groups, keys = sorted(touched["groups"]), touched["records"]
+        files = ctx.state.lookup_files(spec, groups, keys)
+        if files is None:
+            seen = ctx.state.read(spec, groups, keys=firsts, key_count=keys).select(*self.key)
+            fresh = firsts.join(joinable(seen, keys), on=list(self.key), how="left_anti")
+        else:
+            # The tasks that look the keys up keep the records of keys not seen: no join after.
+            fresh = ctx.state.with_live_rows(spec, files, firsts, partial(without_live_keys, spec.key_fields), firsts.schema)
         fresh = ctx.persist(fresh)
         ctx.state.stage(
-            spec, fresh.select(*self.key, KEY_GROUP, F.lit(False).alias("_deleted")), constants={"first_epoch": ctx.epoch}
+            spec,
+            fresh.select(*self.key, KEY_GROUP, F.lit(False).alias("_deleted")),
+            constants={"first_epoch": ctx.epoch},
+            ranged=files is not None,
         )
         return ctx.cached_view(fresh.drop(KEY_GROUP))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,7 +23,15 @@ from barrierflow.errors import CheckpointError
 from barrierflow.layout import COMPACTED_DIR
 from barrierflow.state import resident
 from barrierflow.state.spec import KEY_GROUP, StateSpec
-from barrierflow.state.worker_cache import StateFile, StateLookup, cache_limit_bytes, latest_rows, lookup_keys, unexpired
+from barrierflow.state.worker_cache import (
+    StateFile,
+    StateLookup,
+    cache_limit_bytes,
+    combine_with_live_rows,
+    latest_rows,
+    lookup_keys,
+    unexpired,
+)
 from barrierflow.storage import join_uri
 from barrierflow.table_files import read_parquet_files
 
@@ -166,6 +174,43 @@ class DeltaStateBackend:
             live = self._latest(spec, [f.uri for f in files], keep_expired=False, key_groups=wanted, keys=keys, key_count=key_count)
         return live.drop("_deleted", "_epoch")
 
+    def lookup_files(self, spec: StateSpec, touched: list[int], key_count: int) -> list[StateFile] | None:
+        """The files of ``spec`` to look ``key_count`` keys up in, in the Python workers' cache; None where :meth:`read` scans instead.
+
+        The same choice as :meth:`read`'s for keys that carry their key group.
+        """
+        files, stored = self._files(spec, touched)
+        if files and _cacheable(spec) and cache_limit_bytes() > 0 and worth_matching(stored, key_count, cached=True):
+            return files
+        return None
+
+    def with_live_rows(
+        self, spec: StateSpec, files: list[StateFile], rows: "DataFrame", combine: Callable[[pa.Table, pa.Table], pa.Table], schema: Any
+    ) -> "DataFrame":
+        """``combine(task rows, their keys' live rows)`` in the Python workers, per key-group range (:func:`combine_with_live_rows`).
+
+        ``rows`` (key columns and :data:`KEY_GROUP`) go to the task of their
+        key-group range, which looks their keys up in ``files``
+        (:meth:`lookup_files`); ``combine`` runs there and returns rows of
+        ``schema`` (a Spark ``StructType``). They stay in that task's range:
+        stage them with ``ranged=True``.
+        """
+        from barrierflow.staging import by_key_group_range
+
+        wanted = by_key_group_range(rows, self._ctx.parallelism, self._ctx.key_groups)
+        return wanted.mapInArrow(partial(combine_with_live_rows, self._lookup(spec, files), combine), schema)
+
+    def _lookup(self, spec: StateSpec, files: list[StateFile]) -> StateLookup:
+        """What a task of :meth:`_lookup_in_workers` or :meth:`with_live_rows` needs to read ``files``."""
+        ctx = self._ctx
+        return StateLookup(
+            files=tuple(files),
+            schema=spec.arrow_schema(),
+            key_columns=tuple(spec.key_columns),
+            ttl_ms=spec.ttl_ms,
+            processing_time_ms=ctx.processing_time_ms,
+        )
+
     def _lookup_in_workers(self, spec: StateSpec, files: list[StateFile], keys: "DataFrame") -> "DataFrame":
         """The live rows of ``files`` for ``keys``, looked up in the Python workers' cache of state files.
 
@@ -179,15 +224,8 @@ class DeltaStateBackend:
         from barrierflow.staging import by_key_group_range
 
         ctx = self._ctx
-        lookup = StateLookup(
-            files=tuple(files),
-            schema=spec.arrow_schema(),
-            key_columns=tuple(spec.key_columns),
-            ttl_ms=spec.ttl_ms,
-            processing_time_ms=ctx.processing_time_ms,
-        )
         wanted = by_key_group_range(keys.select(*spec.key_columns, KEY_GROUP), ctx.parallelism, ctx.key_groups)
-        return wanted.mapInArrow(partial(lookup_keys, lookup), from_arrow_schema(spec.arrow_schema()))
+        return wanted.mapInArrow(partial(lookup_keys, self._lookup(spec, files)), from_arrow_schema(spec.arrow_schema()))
 
     def read_whole(self, spec: StateSpec, added_keys: int) -> "DataFrame | None":
         """Every live row of ``spec`` on the executors, for an epoch adding up to ``added_keys`` keys; or None.
@@ -310,6 +348,7 @@ class DeltaStateBackend:
         live: "DataFrame | None" = None,
         live_rows: int = 0,
         constants: Mapping[str, Any] | None = None,
+        ranged: bool = False,
     ) -> None:
         """Stage changed keys: ``changes`` has keys, key group, values and ``_deleted``.
 
@@ -324,7 +363,9 @@ class DeltaStateBackend:
         rather than reading the table again.
 
         Executors write the rows, clustered by key group; the driver gets
-        file descriptions only. When the table's changelog has outgrown its
+        file descriptions only. ``ranged``: ``changes`` already lie in the
+        tasks of their key-group ranges (:meth:`with_live_rows`), so the
+        write needs no shuffle. When the table's changelog has outgrown its
         compacted base (:func:`needs_compaction`), the epoch compacts it in
         the same commit: executors write every live key once (this epoch's
         changes applied, tombstones and expired rows dropped) and the commit
@@ -380,6 +421,7 @@ class DeltaStateBackend:
             primary_key=tuple(spec.key_columns),
             prefix=prefix,
             constants=written,
+            ranged=ranged and not removes,  # a compaction's rows are a union: not in ranges
         )
 
     def stage_arrow(self, spec: StateSpec, data: pa.Table) -> None:

@@ -18,7 +18,9 @@ asked for again and age out. Nothing here decides what is live: the same
 rule as the scan (latest ``_epoch`` per key, tombstones and expired rows
 dropped) runs over the same files' rows.
 
-One task (:func:`lookup_keys`), holding the keys of one key-group range:
+One task (:func:`lookup_keys`), holding the keys of one key-group range
+(or, for :func:`combine_with_live_rows`, the rows of an operator's epoch,
+which it then joins with their keys' live rows in the same task):
 
 1. Collect the task's keys.
 2. For each file of the snapshot whose key-group range meets the task's key
@@ -48,7 +50,7 @@ import stat
 import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -59,7 +61,7 @@ from barrierflow.errors import ConfigurationError
 from barrierflow.state.spec import KEY_GROUP
 from barrierflow.storage import arrow_filesystem
 
-__all__ = ["StateFile", "StateLookup", "lookup_keys", "latest_rows", "unexpired", "cache_limit_bytes", "CACHE_ENV", "clear"]
+__all__ = ["StateFile", "StateLookup", "lookup_keys", "combine_with_live_rows", "without_live_keys", "latest_rows", "unexpired", "cache_limit_bytes", "CACHE_ENV", "clear"]
 
 CACHE_ENV = "BARRIERFLOW_WORKER_STATE_CACHE_MB"
 _DEFAULT_MB = 2048
@@ -265,12 +267,46 @@ def latest_rows(data: pa.Table, key_columns: list[str]) -> pa.Table:
 
 def lookup_keys(lookup: StateLookup, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Executor side (``mapInArrow``): the live rows of ``lookup.files`` for the keys in ``batches``."""
-    keys_schema = pa.schema([lookup.schema.field(k) for k in lookup.key_columns])
     # Step 1.
     parts = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
-    if not parts:
-        return
-    keys = pa.concat_tables([_conform(p, pa.schema([*keys_schema, lookup.schema.field(KEY_GROUP)])) for p in parts])
+    if parts:
+        yield from _live_rows(lookup, pa.concat_tables(parts)).to_batches()
+
+
+def combine_with_live_rows(
+    lookup: StateLookup, combine: Callable[[pa.Table, pa.Table], pa.Table], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """Executor side (``mapInArrow``): ``combine(rows, live)`` of the task's rows and their keys' live rows in ``lookup.files``.
+
+    The rows hold the key columns and :data:`KEY_GROUP` among any others:
+    an operator joins its epoch with its state in the task that looked the
+    state up (:func:`without_live_keys`, a running aggregate's merge).
+    """
+    # Step 1.
+    parts = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+    if parts:
+        rows = pa.concat_tables(parts)
+        yield from combine(rows, _live_rows(lookup, rows)).to_batches()
+
+
+def without_live_keys(key_fields: tuple[pa.Field, ...], rows: pa.Table, live: pa.Table) -> pa.Table:
+    """Those of ``rows`` whose key has no row in ``live``, unchanged and in their order (a deduplication's anti-join)."""
+    if not live.num_rows:
+        return rows
+    key_columns = [f.name for f in key_fields]
+    keys = _conform(rows.select(key_columns), pa.schema(key_fields))
+    # Joined on the keys and a row number: Arrow's join carries no nested columns.
+    numbered = keys.append_column("_row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    found = numbered.join(live.select(key_columns), keys=key_columns, join_type="left semi")
+    kept = np.ones(rows.num_rows, dtype=bool)
+    kept[found["_row"].to_numpy()] = False
+    return rows.filter(pa.array(kept))
+
+
+def _live_rows(lookup: StateLookup, rows: pa.Table) -> pa.Table:
+    """Steps 2-4 for the keys of ``rows`` (which hold the key columns and :data:`KEY_GROUP`)."""
+    names = [*lookup.key_columns, KEY_GROUP]
+    keys = _conform(rows.select(names), pa.schema([lookup.schema.field(n) for n in names]))
     groups = set(pc.unique(keys[KEY_GROUP]).to_pylist())
     limit = cache_limit_bytes()
     # Step 2.
@@ -280,13 +316,13 @@ def lookup_keys(lookup: StateLookup, batches: Iterator[pa.RecordBatch]) -> Itera
         if wanted:
             stored += _file_rows(lookup, file, wanted, limit)
     if not stored:
-        return
+        return lookup.schema.empty_table()
     # Step 3. Acero builds its hash table on the right side: the task's keys.
     unique_keys = keys.select(list(lookup.key_columns)).group_by(list(lookup.key_columns)).aggregate([])
     matched = pa.concat_tables(stored).join(unique_keys, keys=list(lookup.key_columns), join_type="left semi")
     # Step 4.
     live = latest_rows(matched, list(lookup.key_columns))
-    yield from unexpired(live, lookup.ttl_ms, lookup.processing_time_ms).to_batches()
+    return unexpired(live, lookup.ttl_ms, lookup.processing_time_ms)
 
 
 def unexpired(rows: pa.Table, ttl_ms: int | None, processing_time_ms: int) -> pa.Table:
