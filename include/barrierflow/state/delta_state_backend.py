@@ -164,7 +164,7 @@ class DeltaStateBackend:
         """
         files, stored = self._files(spec, touched)
         wanted = self._pruned.get(spec.table_name)
-        cached = keys is not None and bool(files) and KEY_GROUP in keys.columns and _cacheable(spec) and cache_limit_bytes() > 0
+        cached = keys is not None and KEY_GROUP in keys.columns and _worker_cache_serves(spec, files)
         if key_count is not None and not worth_matching(stored, key_count, cached=cached):
             keys, cached = None, False
         if cached:
@@ -180,7 +180,7 @@ class DeltaStateBackend:
         The same choice as :meth:`read`'s for keys that carry their key group.
         """
         files, stored = self._files(spec, touched)
-        if files and _cacheable(spec) and cache_limit_bytes() > 0 and worth_matching(stored, key_count, cached=True):
+        if _worker_cache_serves(spec, files) and worth_matching(stored, key_count, cached=True):
             return files
         return None
 
@@ -529,6 +529,11 @@ def _written_by_barrierflow(table_uri: str, paths: list[str]) -> bool:
     """
     prefix = table_uri.rstrip("/") + "/"
     return all(p.startswith(prefix) and p[len(prefix) :].startswith("_") and "/" in p[len(prefix) :] for p in paths)
+
+
+def _worker_cache_serves(spec: StateSpec, files: list[StateFile]) -> bool:
+    """Whether the Python workers' cache can serve a read of ``files`` (it is on, and ``spec``'s columns are all scalars)."""
+    return bool(files) and _cacheable(spec) and cache_limit_bytes() > 0
 
 
 def _cacheable(spec: StateSpec) -> bool:
