@@ -115,18 +115,27 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Run every test that uses a store (``store_root``, ``warehouse``, ``stack_warehouse``) on a local directory and on ``s3://``.
 
     A user's pipeline must behave the same on either, so every test of a
-    warehouse runs on both; a whole Airflow stack's (``stack_store``, per
-    module) too. Tests whose subject is S3 itself (faults on the wire, the
-    Airflow AWS connection, the compose topology) ask for ``s3_bucket``; the
-    fast tier's store primitives run on both too. The browser test pointed at
-    a running server (``$BARRIERFLOW_UI_TEST_URL``) runs once: that server has
-    one warehouse, whichever it is.
+    warehouse runs on both. Tests whose subject is S3 itself (faults on the
+    wire, the Airflow AWS connection, the compose topology) ask for
+    ``s3_bucket``; the fast tier's store primitives run on both too.
+
+    A whole Airflow stack (``stack_store``, per module) runs on the stores
+    its module names with ``pytest.mark.stack_store``: these tests wait for
+    the scheduler's one-minute intervals (2-4 minutes each). The backfill
+    race runs on both; the browser test, whose subject is the UI, on a local
+    warehouse, and the compose topology (which also reads the checkpoints
+    page's data from its API server) on S3. The browser test pointed at a
+    running server (``$BARRIERFLOW_UI_TEST_URL``) runs on that server's
+    warehouse, whichever it is.
     """
     if "store_root" in metafunc.fixturenames:
         metafunc.parametrize("store_root", STORES, indirect=True)
     if "stack_store" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("stack_store")
+        if marker is None or not marker.args or not set(marker.args) <= set(STORES):
+            raise pytest.UsageError(f"{metafunc.definition.nodeid}: a stack test names its stores, of {STORES}: pytest.mark.stack_store(...)")
         external = os.environ.get("BARRIERFLOW_UI_TEST_URL") and "devserver" in metafunc.fixturenames
-        metafunc.parametrize("stack_store", ("external",) if external else STORES, indirect=True, scope="module")
+        metafunc.parametrize("stack_store", ("external",) if external else marker.args, indirect=True, scope="module")
 
 
 @pytest.fixture

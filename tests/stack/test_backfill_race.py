@@ -33,7 +33,7 @@ from integration.sensor_check import assert_matches_reference, assert_one_commit
 from reference.sensor_stats_reference import run_reference
 from stack import ROOT, running_stack, until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.stack_store("local", "s3"), pytest.mark.timeout(1800)]
 
 DAG_ID = "barrierflow_sensor_stats"
 # Files per interval: an empty interval in between, as a backfill range may hold.

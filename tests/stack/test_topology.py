@@ -5,8 +5,9 @@ them all as child processes on free loopback ports: PostgreSQL for Airflow's
 metadata, the S3 endpoint holding the warehouse, a standalone Spark master
 with two workers, the warm engine on that master, and Airflow's API server,
 scheduler, DAG processor and triggerer. Three epochs and a savepoint are then
-triggered through Airflow's REST API, as a user would from the UI, and the
-tables on S3 are compared with the plain-Python reference.
+triggered through Airflow's REST API, as a user would from the UI, the
+checkpoints page's data is read from the API server, and the tables on S3
+are compared with the plain-Python reference.
 """
 
 from __future__ import annotations
@@ -84,6 +85,12 @@ def test_epochs_and_a_savepoint_through_the_rest_api_equal_the_reference(monkeyp
                 assert run["state"] == "success", run
             savepoint = _trigger_and_wait(api, SAVEPOINT_DAG_ID, {"savepoint_name": "after-three"})
             assert savepoint["state"] == "success", savepoint
+            # The checkpoints page's data, served by the API server from the warehouse on S3 (the browser
+            # test reads the same page from a local one).
+            status, page = api.get("/barrierflow/api/pipelines/sensor_stats?state_size=false")
+            assert status == 200, page
+            assert [s["name"] for s in page["savepoints"]] == ["after-three"], page["savepoints"]
+            assert sorted(e["epoch"] for e in page["epochs"] if e["status"] == "COMPLETED") == list(range(1, EPOCHS + 1))
             # The engine's executors ran on the two workers.
             assert all(w["coresused"] == 1 for w in _workers(config) if w["state"] == "ALIVE")
 

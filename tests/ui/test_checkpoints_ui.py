@@ -6,7 +6,8 @@ state from a shell.
 One test function on purpose: the steps build on each other and share one
 server, and a single test keeps pytest-xdist from starting a second server.
 Each step saves a screenshot in ``test-artifacts/ui/<store>/``. It runs on a local
-and an ``s3://`` warehouse (``stack_warehouse``).
+warehouse, ``make run``'s; the compose topology's test reads the same page's data from an
+API server whose warehouse is on S3.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from barrierflow import storage
 from barrierflow.layout import PipelineLayout
 from barrierflow.ui.history import pipeline_history
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.browser, pytest.mark.stack_store("local"), pytest.mark.timeout(1200)]
 
 PIPELINE = "sensor_stats"
 DAG_ID = "barrierflow_sensor_stats"
