@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from barrierflow import storage
+
 __all__ = [
     "SensorStreamSpec",
     "MALFORMED_KINDS",
@@ -33,6 +35,7 @@ __all__ = [
     "generate_sensor_lines",
     "write_sensor_files",
     "publish_file",
+    "local_directory",
 ]
 
 # Every way a line can be malformed. Files cycle through these in order (see
@@ -398,12 +401,19 @@ def write_sensor_files(
         count = max(0, spec.n_files - start_index)
     if count < 0:
         raise ValueError("count must be >= 0")
-    directory = pathlib.Path(landing_dir)
+    directory = local_directory(landing_dir)
     directory.mkdir(parents=True, exist_ok=True)
     return [
         publish_file(directory, sensor_file_name(spec, index), "".join(line + "\n" for line in generate_sensor_lines(spec, index)))
         for index in range(start_index, start_index + count)
     ]
+
+
+def local_directory(landing_dir: str | os.PathLike[str]) -> pathlib.Path:
+    """``landing_dir`` as a local directory (a path or ``file://`` URI); a StorageError names an object-store URI,
+    which ``pathlib`` would otherwise turn into a local directory called ``s3:``."""
+    text = os.fspath(landing_dir)
+    return pathlib.Path(storage.local_path(text) if text.startswith("file:") or not storage.is_local(text) else text)
 
 
 def publish_file(directory: pathlib.Path, name: str, text: str) -> pathlib.Path:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from barrierflow.datagen import publish_file
+from barrierflow.datagen import local_directory, publish_file
 
 __all__ = ["OrderStreamSpec", "COUNTRIES", "MALFORMED_KINDS", "SOURCES", "generate_order_files", "write_order_files"]
 
@@ -258,7 +258,7 @@ def write_order_files(
     count = max(0, spec.n_files - start_index) if count is None else count
     if start_index < 0 or count < 0:
         raise ValueError("start_index and count must be >= 0")
-    root = pathlib.Path(landing_dir)
+    root = local_directory(landing_dir)
     written = []
     for k in range(start_index, start_index + count):
         for source, lines in generate_order_files(spec, k).items():

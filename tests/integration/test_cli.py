@@ -40,6 +40,7 @@ def test_help_documents_every_command(command: str) -> None:
         (["savepoint", "restore", "sensor_stats", "--savepoint", "nope"], "no savepoint 'nope'"),
         (["savepoint", "create", "sensor_stats", "--name", "a b"], "savepoint name 'a b' is invalid"),
         (["savepoint", "restore", "sensor_stats"], "one of the arguments --savepoint --epoch is required"),
+        (["generate", "gs://bucket/landing"], "unsupported URI 'gs://bucket/landing'"),
     ],
 )
 def test_bad_input_exits_non_zero_with_a_clear_message(args: list[str], message: str, tmp_path: Path) -> None:
@@ -51,11 +52,17 @@ def test_bad_input_exits_non_zero_with_a_clear_message(args: list[str], message:
     assert "Traceback" not in result.stderr
 
 
-def test_run_status_checkpoints_query(tmp_path: Path, warehouse: str, spark_engine: Any) -> None:
+def test_run_status_checkpoints_query(store_root: str, warehouse: str, spark_engine: Any) -> None:
+    from barrierflow import storage
+
     env = cli_env()
     env["BARRIERFLOW_WAREHOUSE"] = warehouse  # the env var sets the warehouse too
-    landing = tmp_path / "landing"
-    assert _cli("generate", str(landing), "--files", "3", "--records-per-file", "50", env=env).returncode == 0
+    landing = f"{store_root}/landing"  # on the warehouse's store: `generate` lands files on either
+    generated = _cli("generate", landing, "--files", "3", "--records-per-file", "50", env=env)
+    assert generated.returncode == 0, generated.stderr
+    assert [f.path for f in storage.list_files(landing)] == [f"readings-00000{i}.jsonl" for i in range(3)]
+    again = _cli("generate", landing, "--files", "1", "--start-index", "2", env=env)  # never changes a landed file
+    assert again.returncode == 1 and "readings-000002.jsonl already exists" in again.stderr, again.stderr
     # On a warm engine (--remote): a Spark of the CLI's own is what the crash tests run.
     run = _cli(
         "run", "sensor_stats", "--param", f"landing_dir={landing}", "--param", "max_files_per_epoch=2", "--until-caught-up",
@@ -74,7 +81,7 @@ def test_run_status_checkpoints_query(tmp_path: Path, warehouse: str, spark_engi
     assert [(c["epoch"], c["status"]) for c in log] == [(1, "COMPLETED"), (2, "COMPLETED")]
     assert all(c["rows_in"] > 0 and c["bytes_written"] > 0 and c["duration_ms"] > 0 for c in log)
     assert [c["backlog_files"] for c in log] == [1, 0]  # the third file waited after epoch 1's barrier
-    assert log[0]["backlog_bytes"] == (landing / sorted(p.name for p in landing.iterdir())[2]).stat().st_size
+    assert log[0]["backlog_bytes"] == storage.list_files(landing)[2].size
 
     now = json.loads(_cli("query", "sensor_stats", "--format", "json", "select sum(count) as n from sensor_totals", env=env).stdout)
     then = json.loads(_cli("query", "sensor_stats", "--as-of-epoch", "1", "--format", "json", "select sum(count) as n from sensor_totals", env=env).stdout)
