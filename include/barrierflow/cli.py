@@ -499,34 +499,30 @@ def _cmd_pipelines(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    import tempfile
-    from pathlib import Path
-
     from barrierflow import storage
-    from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-    from barrierflow.order_stream import OrderStreamSpec, write_order_files
+    from barrierflow.datagen import SensorStreamSpec, sensor_files
+    from barrierflow.order_stream import OrderStreamSpec, order_files
 
     if args.files < 1 or args.records_per_file < 1 or args.start_index < 0:
         raise ParameterError("--files and --records-per-file must be >= 1, --start-index >= 0")
     landing = storage.normalize_uri(args.landing_dir)  # a local path, file:// or s3://; anything else is refused
     n_files = args.start_index + args.files
-    # Generated aside, then each file landed whole under its final name (put-if-absent, on either store): readers
-    # never see part of a file, and a file that already landed is never changed.
-    with tempfile.TemporaryDirectory(prefix="barrierflow-generate-") as scratch:
-        if args.pipeline == "orders_payments":
-            orders = OrderStreamSpec(n_files=n_files, orders_per_file=args.records_per_file, seed=args.seed)
-            paths = write_order_files(scratch, orders, start_index=args.start_index, count=args.files)
-        else:
-            spec = SensorStreamSpec(n_files=n_files, records_per_file=args.records_per_file, seed=args.seed)
-            paths = write_sensor_files(scratch, spec, start_index=args.start_index, count=args.files)
-        names = [Path(path).relative_to(scratch).as_posix() for path in paths]
-        for name, path in zip(names, paths):
-            target = storage.join_uri(landing, name)
-            if not storage.put_if_absent(target, Path(path).read_bytes()):
-                raise ConfigurationError(
-                    f"{target} already exists, and a landed file is never changed: "
-                    "generate into another directory, or after it with --start-index"
-                )
+    if args.pipeline == "orders_payments":
+        orders = OrderStreamSpec(n_files=n_files, orders_per_file=args.records_per_file, seed=args.seed)
+        files = order_files(orders, args.start_index, args.files)
+    else:
+        files = sensor_files(SensorStreamSpec(n_files=n_files, records_per_file=args.records_per_file, seed=args.seed), args.start_index, args.files)
+    # Each file lands whole under its final name with put-if-absent, on either store: readers never see part of
+    # a file, and a file that already landed is never changed.
+    names = []
+    for name, text in files:
+        target = storage.join_uri(landing, name)
+        if not storage.put_if_absent(target, text.encode("utf-8")):
+            raise ConfigurationError(
+                f"{target} already exists, and a landed file is never changed: "
+                "generate into another directory, or after it with --start-index"
+            )
+        names.append(name)
     print(f"wrote {len(names)} file(s) to {args.landing_dir}: {names[0]} .. {names[-1]}")
     return 0
 

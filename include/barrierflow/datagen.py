@@ -24,7 +24,7 @@ import pathlib
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Iterator
 
 from barrierflow import storage
 
@@ -34,6 +34,7 @@ __all__ = [
     "sensor_file_name",
     "generate_sensor_lines",
     "write_sensor_files",
+    "sensor_files",
     "publish_file",
     "local_directory",
 ]
@@ -403,17 +404,22 @@ def write_sensor_files(
         raise ValueError("count must be >= 0")
     directory = local_directory(landing_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    return [
-        publish_file(directory, sensor_file_name(spec, index), "".join(line + "\n" for line in generate_sensor_lines(spec, index)))
-        for index in range(start_index, start_index + count)
-    ]
+    return [publish_file(directory, name, text) for name, text in sensor_files(spec, start_index, count)]
+
+
+def sensor_files(spec: SensorStreamSpec, start_index: int, count: int) -> Iterator[tuple[str, str]]:
+    """The name and text of files ``start_index .. start_index+count-1``, for a writer of any store."""
+    for index in range(start_index, start_index + count):
+        yield sensor_file_name(spec, index), "".join(line + "\n" for line in generate_sensor_lines(spec, index))
 
 
 def local_directory(landing_dir: str | os.PathLike[str]) -> pathlib.Path:
     """``landing_dir`` as a local directory (a path or ``file://`` URI); a StorageError names an object-store URI,
     which ``pathlib`` would otherwise turn into a local directory called ``s3:``."""
     text = os.fspath(landing_dir)
-    return pathlib.Path(storage.local_path(text) if text.startswith("file:") or not storage.is_local(text) else text)
+    if storage.is_local(text) and not text.startswith("file:"):
+        return pathlib.Path(text)  # as given: a relative path stays relative
+    return pathlib.Path(storage.local_path(text))
 
 
 def publish_file(directory: pathlib.Path, name: str, text: str) -> pathlib.Path:

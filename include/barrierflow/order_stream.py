@@ -33,11 +33,11 @@ import pathlib
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Iterator
 
 from barrierflow.datagen import local_directory, publish_file
 
-__all__ = ["OrderStreamSpec", "COUNTRIES", "MALFORMED_KINDS", "SOURCES", "generate_order_files", "write_order_files"]
+__all__ = ["OrderStreamSpec", "COUNTRIES", "MALFORMED_KINDS", "SOURCES", "generate_order_files", "order_files", "write_order_files"]
 
 SOURCES = ("orders", "payments", "thresholds")
 COUNTRIES = ("de", "fr", "it", "es", "nl")
@@ -251,6 +251,13 @@ def generate_order_files(spec: OrderStreamSpec, k: int) -> dict[str, list[str]]:
     return out
 
 
+def order_files(spec: OrderStreamSpec, start_index: int, count: int) -> Iterator[tuple[str, str]]:
+    """The path (``<source>/<name>``) and text of every source's files ``start_index ..``, for a writer of any store."""
+    for k in range(start_index, start_index + count):
+        for source, lines in generate_order_files(spec, k).items():
+            yield f"{source}/{_file_name(k)}", "".join(line + "\n" for line in lines)
+
+
 def write_order_files(
     landing_dir: str | os.PathLike[str], spec: OrderStreamSpec, start_index: int = 0, count: int | None = None
 ) -> list[pathlib.Path]:
@@ -260,7 +267,7 @@ def write_order_files(
         raise ValueError("start_index and count must be >= 0")
     root = local_directory(landing_dir)
     written = []
-    for k in range(start_index, start_index + count):
-        for source, lines in generate_order_files(spec, k).items():
-            written.append(publish_file(root / source, _file_name(k), "".join(line + "\n" for line in lines)))
+    for path, text in order_files(spec, start_index, count):
+        source, _, name = path.partition("/")
+        written.append(publish_file(root / source, name, text))
     return written
