@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import pyarrow as pa
 
 from barrierflow import faults, storage
-from barrierflow.checkpoint import Barrier, CheckpointRecord, Manifest, TableCommit, TableKind, app_id
+from barrierflow.chaining import chain_of, run_chained
+from barrierflow.checkpoint import Barrier, CheckpointRecord, Manifest, StagedFile, TableCommit, TableKind, app_id
 from barrierflow.delta_commit import schema_json_of
 from barrierflow.errors import CheckpointError, FencedError, PipelineDefinitionError
 from barrierflow.layout import PipelineLayout
@@ -396,6 +397,45 @@ class EpochContext:
                 table_schema_json=schema_json_of(table_schema) if table_schema is not None else None,
             )
 
+        self._register(name, uri, _staging_pool().submit(write))
+
+    def stage_files(
+        self,
+        *,
+        name: str,
+        uri: str,
+        kind: TableKind,
+        files: "Future[list[StagedFile]]",
+        schema: pa.Schema,
+        primary_key: tuple[str, ...] = (),
+        removes: tuple[str, ...] = (),
+        base_version: int | None = None,
+    ) -> None:
+        """A table's share of the epoch, written under the staging prefix by a task of the caller's (``files``, once it has).
+
+        Registered before the task writes, so that an error aborts the
+        table's staging directory as for :meth:`stage` (whose ``removes``
+        and ``base_version`` these are).
+        """
+        commit: Future[TableCommit] = Future()
+
+        def described(done: "Future[list[StagedFile]]") -> None:
+            error = done.exception()
+            if error is not None:
+                commit.set_exception(error)
+                return
+            commit.set_result(
+                TableCommit(
+                    name=name, uri=uri, kind=kind, schema_json=schema_json_of(schema), partition_by=(),
+                    adds=tuple(sorted(done.result(), key=lambda f: f.path)), removes=removes, base_version=base_version,
+                    primary_key=primary_key,
+                )
+            )
+
+        files.add_done_callback(described)
+        self._register(name, uri, commit)
+
+    def _register(self, name: str, uri: str, commit: "Future[TableCommit]") -> None:
         with self._lock:
             if name in self._staging:
                 raise CheckpointError(f"table {name} staged twice in epoch {self.epoch}")
@@ -403,7 +443,7 @@ class EpochContext:
             # manifest (and so the commit order) does not depend on thread timing.
             node_index = getattr(self._node, "index", len(self.pipeline.nodes))
             order = (node_index, sum(1 for key, *_ in self._staging.values() if key[0] == node_index))
-            self._staging[name] = (order, uri, _staging_pool().submit(write))
+            self._staging[name] = (order, uri, commit)
 
     def run_as(self, node_index: int) -> None:
         """Mark the calling thread as running the pipeline's node ``node_index``."""
@@ -539,7 +579,9 @@ def process_epoch(
     kept on the executors for the next epoch can be used (see
     :mod:`barrierflow.state.resident`).
 
-    1. Compute the epoch (:func:`_compute`). Sources whose consumers do not
+    1. Compute the epoch (:func:`_compute`): chained (two Python tasks,
+       :mod:`barrierflow.chaining`) where the pipeline's shape allows and
+       the tasks do not decline, else on Spark. Sources whose consumers do not
        need arrival order are read unordered; if such a read met a bad line
        (or its files' executor-side byte check failed), the attempt's staged
        files are deleted and the epoch is computed again with ordered reads,
@@ -605,52 +647,14 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
     _set_shuffle_partitions(spark, ctx.parallelism, computing=True)
     if ctx.parallelism != pipe.parallelism:
         _log.info("epoch %d: %d shuffle partitions for its input (parallelism %d)", barrier.epoch, ctx.parallelism, pipe.parallelism)
-    outputs: dict[int, "DataFrame | pa.Table"] = {}
-    dead_letters: list["DataFrame"] = []
-    observed: list[tuple[Any, "DataFrame", "Future[bool] | None"]] = []
-    rows_in = 0
     try:
-        for node in pipe.nodes:
-            if isinstance(node, SourceNode):
-                describe_jobs(spark, f"epoch {barrier.epoch}: read {node.operator_id}")
-                assert node.source is not None
-                source_index = pipe.sources.index(node)
-                ordered = ordered_only or any(pipe.needs_arrival_order(child) for child in pipe.children(node))
-                batch = node.source.read(
-                    spark, barrier.end_offsets[node.source.source_id], ctx.parallelism, source_index, ordered=ordered,
-                    keys=pipe.source_keys(node),
-                )
-                ctx.source_files[source_index] = batch.files
-                if batch.observation is not None:
-                    ctx.unordered_sources.add(node.operator_id)
-                    # Counted (and its bytes checked) while the operators run; checked once they have.
-                    records = batch.records
-                    observed.append((batch.observation, records, batch.plain_input))
-                else:
-                    assert batch.dead_letters is not None
-                    ctx.track(*batch.shared)
-                    # Sources that share a cached parse need no second cache.
-                    records = ctx.cached_view(batch.records) if batch.shared else ctx.persist(batch.records)
-                    dead = batch.dead_letters if batch.shared else ctx.persist(batch.dead_letters)
-                    read_started = time.monotonic()
-                    rows_in += _count_both(records, dead)
-                    _log.info("epoch %d: reading %s took %.0f ms", barrier.epoch, node.operator_id, (time.monotonic() - read_started) * 1000)
-                    dead_letters.append(dead)
-                outputs[id(node)] = records
-                faults.maybe_fail("process.after_read")
-        if not observed:
-            ctx.rows_read = rows_in
-        _apply_operators(ctx, outputs)
-        for observation, records, plain_input in observed:
-            metrics = _metrics(observation, records)
-            if metrics["bad"] or (plain_input is not None and not plain_input.result()):
-                raise _OrderedReadRequired()
-            rows_in += metrics["good"]
-        key_dead_letters = ctx.key_dead_letters()
-        # Without their file and line: computed again with ordered reads, as for a bad line (rare; a cached frame).
-        if any(probe and not rows.isEmpty() for rows, probe in key_dead_letters):
-            raise _OrderedReadRequired()
-        dead_letters += [rows for rows, _ in key_dead_letters]
+        # Chained (one task) where the pipeline's shape allows and the task does not decline.
+        chain = None if ordered_only else chain_of(pipe)
+        chained = run_chained(ctx, chain) if chain is not None else None
+        if chained is None:
+            rows_in, dead_letters = _run_operators(ctx, ordered_only)
+        else:
+            rows_in, dead_letters = chained, []
         tail_started = time.monotonic()
         describe_jobs(spark, f"epoch {barrier.epoch}: dead letters")
         # Unordered reads have no dead letters (a bad line, or a bad computed key, forces an ordered read).
@@ -679,6 +683,57 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
         _set_shuffle_partitions(spark, ctx.parallelism, computing=False)
         ctx.release()
     return rows_in
+
+
+def _run_operators(ctx: EpochContext, ordered_only: bool) -> tuple[int, list["DataFrame"]]:
+    """Read every source and apply every operator on Spark; returns rows in and the dead letters' frames."""
+    pipe, barrier, spark = ctx.pipeline, ctx.barrier, ctx.spark
+    outputs: dict[int, "DataFrame | pa.Table"] = {}
+    dead_letters: list["DataFrame"] = []
+    observed: list[tuple[Any, "DataFrame", "Future[bool] | None"]] = []
+    rows_in = 0
+    for node in pipe.nodes:
+        if isinstance(node, SourceNode):
+            describe_jobs(spark, f"epoch {barrier.epoch}: read {node.operator_id}")
+            assert node.source is not None
+            source_index = pipe.sources.index(node)
+            ordered = ordered_only or any(pipe.needs_arrival_order(child) for child in pipe.children(node))
+            batch = node.source.read(
+                spark, barrier.end_offsets[node.source.source_id], ctx.parallelism, source_index, ordered=ordered,
+                keys=pipe.source_keys(node),
+            )
+            ctx.source_files[source_index] = batch.files
+            if batch.observation is not None:
+                ctx.unordered_sources.add(node.operator_id)
+                # Counted (and its bytes checked) while the operators run; checked once they have.
+                records = batch.records
+                observed.append((batch.observation, records, batch.plain_input))
+            else:
+                assert batch.dead_letters is not None
+                ctx.track(*batch.shared)
+                # Sources that share a cached parse need no second cache.
+                records = ctx.cached_view(batch.records) if batch.shared else ctx.persist(batch.records)
+                dead = batch.dead_letters if batch.shared else ctx.persist(batch.dead_letters)
+                read_started = time.monotonic()
+                rows_in += _count_both(records, dead)
+                _log.info("epoch %d: reading %s took %.0f ms", barrier.epoch, node.operator_id, (time.monotonic() - read_started) * 1000)
+                dead_letters.append(dead)
+            outputs[id(node)] = records
+            faults.maybe_fail("process.after_read")
+    if not observed:
+        ctx.rows_read = rows_in
+    _apply_operators(ctx, outputs)
+    for observation, records, plain_input in observed:
+        metrics = _metrics(observation, records)
+        if metrics["bad"] or (plain_input is not None and not plain_input.result()):
+            raise _OrderedReadRequired()
+        rows_in += metrics["good"]
+    key_dead_letters = ctx.key_dead_letters()
+    # Without their file and line: computed again with ordered reads, as for a bad line (rare; a cached frame).
+    if any(probe and not rows.isEmpty() for rows, probe in key_dead_letters):
+        raise _OrderedReadRequired()
+    dead_letters += [rows for rows, _ in key_dead_letters]
+    return rows_in, dead_letters
 
 
 def _apply_operators(ctx: EpochContext, outputs: dict[int, "DataFrame | pa.Table"]) -> None:

@@ -33,11 +33,11 @@ from barrierflow.storage import arrow_filesystem, is_local, join_uri
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["stage_frame", "write_parquet", "with_constants", "by_key_group_range"]
+__all__ = ["stage_frame", "write_partition", "write_parquet", "with_constants", "by_key_group_range", "DESCRIPTION_SCHEMA"]
 
 # One row per written file, collected by the driver. Given to Spark as a
 # StructType: a DDL string would cost a Connect round trip to parse per write.
-_DESCRIPTION_SCHEMA = pa.schema(
+DESCRIPTION_SCHEMA = pa.schema(
     [("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())]
 )
 _ROW_GROUP_ROWS = 64 * 1024
@@ -97,9 +97,9 @@ def stage_frame(
         frame = frame.coalesce(tasks or partitions)
         if sort_by:
             frame = frame.sortWithinPartitions(*sort_by)
-    writer = partial(_write_partition, table_uri, prefix, schema, ranges, constants)
+    writer = partial(write_partition, table_uri, prefix, schema, ranges, constants)
     try:
-        rows = frame.mapInArrow(writer, from_arrow_schema(_DESCRIPTION_SCHEMA)).collect()
+        rows = frame.mapInArrow(writer, from_arrow_schema(DESCRIPTION_SCHEMA)).collect()
     except Exception as exc:  # a task's StorageError arrives wrapped in Spark's error
         if "StorageError" in str(exc):
             raise StorageError(f"executors could not stage files under {join_uri(table_uri, prefix)}: {exc}") from exc
@@ -148,7 +148,7 @@ def _partition_key(spark: Any, partitions: int, range_id: "Column") -> "Column":
     return F.element_at(F.array(*[F.lit(v) for v in values]), range_id + F.lit(1))
 
 
-def _write_partition(
+def write_partition(
     table_uri: str,
     prefix: str,
     schema: pa.Schema,
@@ -184,7 +184,7 @@ def _write_partition(
         if out is not None:
             out.abandon()
     if described:
-        yield pa.RecordBatch.from_pylist(described, schema=_DESCRIPTION_SCHEMA)
+        yield pa.RecordBatch.from_pylist(described, schema=DESCRIPTION_SCHEMA)
 
 
 def _nullable(type_: pa.DataType) -> pa.DataType:

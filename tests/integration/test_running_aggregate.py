@@ -21,6 +21,7 @@ import pyarrow as pa
 import pytest
 
 from barrierflow import storage
+from barrierflow.chaining import CHAINING_ENV
 from barrierflow.coordinator import CheckpointCoordinator
 from barrierflow.layout import PipelineLayout
 from barrierflow.operators import Avg, Count, Max, Min, Sum
@@ -325,7 +326,11 @@ def test_plain_input_check_rules_out_what_the_json_reader_reads_differently(spar
 
 
 @pytest.mark.parametrize("backend", ["heap", "delta"])
-def test_resident_state_is_used_only_while_it_is_the_tables_snapshot(spark: Any, tmp_path: Path, warehouse: str, backend: str) -> None:
+def test_resident_state_is_used_only_while_it_is_the_tables_snapshot(
+    spark: Any, tmp_path: Path, warehouse: str, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The executors' copy belongs to epochs computed on Spark (a chained epoch reads the worker cache instead).
+    monkeypatch.setenv(CHAINING_ENV, "false")
     landing = tmp_path / "landing"
     files = [[_record(10 * e + n, "abc"[n % 3], 1.5 * n + e) for n in range(6)] for e in range(3)]
     for e, records in enumerate(files):
@@ -356,10 +361,14 @@ def test_resident_state_is_used_only_while_it_is_the_tables_snapshot(spark: Any,
     assert got["b"]["count"] == 6 + 2 and got["c"]["count"] == 6
 
 
-def test_a_process_with_two_connect_sessions_keeps_each_copy_in_its_own(spark: Any, tmp_path: Path, warehouse: str) -> None:
+def test_a_process_with_two_connect_sessions_keeps_each_copy_in_its_own(
+    spark: Any, tmp_path: Path, warehouse: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # PySpark's Connect client binds a checkpoint to the process's active
     # session; epochs on any other session must still keep and use theirs.
     from pyspark.sql import SparkSession
+
+    monkeypatch.setenv(CHAINING_ENV, "false")  # the copy belongs to epochs computed on Spark
 
     from barrierflow.spark import REMOTE_ENV
 

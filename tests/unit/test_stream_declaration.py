@@ -228,7 +228,7 @@ def test_the_heap_merge_keeps_two_sums_apart() -> None:
     assert (rows["x"]["count"], rows["x"]["sum_v"], rows["x"]["sum_w"], rows["x"]["min_v"]) == (3, 3.5, 12.0, 0.25)
     assert (rows["y"]["count"], rows["y"]["sum_w"]) == (1, 0.0)  # flagged: its fallback sum is added later
     assert flagged["w"].column("k").to_pylist() == ["y"] and flagged["v"].num_rows == 0
-    out = {r["k"]: r for r in node._outputs_arrow(state).to_pylist()}
+    out = {r["k"]: r for r in node.outputs_arrow(state).to_pylist()}
     assert out["x"] == {"k": "x", "a": 3.5, "b": 12.0, "m": 4.0, "lo": 0.25}
 
 

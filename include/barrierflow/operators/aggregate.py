@@ -41,7 +41,10 @@ from barrierflow.state.spec import KEY_GROUP, StateSpec
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["Accumulator", "Aggregation", "Count", "Sum", "Min", "Max", "Avg", "Percentile", "RunningAggregate", "named_aggregations"]
+__all__ = [
+    "Accumulator", "Aggregation", "Count", "Sum", "Min", "Max", "Avg", "Percentile", "RunningAggregate", "named_aggregations", "merged_in_task",
+    "MICRO", "MICRO_VALUE_BOUND", "MICRO_SUM_BOUND", "LONG_BOUND",
+]
 
 _EXACT_SUM_TYPE = "decimal(38,18)"
 # Below the type's 1e20 limit by a margin, so no partial sum can overflow.
@@ -49,10 +52,10 @@ _EXACT_SUM_BOUND = 1e19
 # Micro-units: values below 1e9 have |round(v * 1e6)| < 1e15, an exact
 # integer double; integer sums stay exact as doubles below 2**53, and a
 # long partial sum cannot overflow while n x max|units| < 9e18.
-_MICRO = 1e6
-_MICRO_VALUE_BOUND = 1e9
-_MICRO_SUM_BOUND = float(2**53)
-_LONG_BOUND = 9e18
+MICRO = 1e6
+MICRO_VALUE_BOUND = 1e9
+MICRO_SUM_BOUND = float(2**53)
+LONG_BOUND = 9e18
 
 
 @dataclass(frozen=True)
@@ -126,19 +129,19 @@ class _SumAccumulator(Accumulator):
 
         col = self.source
         value = F.col(col).cast("double")
-        scaled = F.rint(value * F.lit(_MICRO))
-        exact = (F.abs(value) < F.lit(_MICRO_VALUE_BOUND)) & (scaled / F.lit(_MICRO) == value)
+        scaled = F.rint(value * F.lit(MICRO))
+        exact = (F.abs(value) < F.lit(MICRO_VALUE_BOUND)) & (scaled / F.lit(MICRO) == value)
         units = F.when(exact, scaled.cast("long"))
         # try_sum: a key large enough to overflow is flagged below, never raises.
         total = F.try_sum(units)
         bound = F.max(F.abs(units)).cast("double") * F.count(F.lit(1))  # n >= the exact values
         inexact = (
             (F.count_if(value.isNotNull() & ~F.coalesce(exact, F.lit(False))) > 0)
-            | F.coalesce(bound >= F.lit(_LONG_BOUND), F.lit(False))
-            | F.coalesce(F.abs(total).cast("double") >= F.lit(_MICRO_SUM_BOUND), F.lit(False))
+            | F.coalesce(bound >= F.lit(LONG_BOUND), F.lit(False))
+            | F.coalesce(F.abs(total).cast("double") >= F.lit(MICRO_SUM_BOUND), F.lit(False))
         )
         # Below 2**53 the integer is an exact double: one correctly rounded division.
-        return [(total.cast("double") / F.lit(_MICRO)).alias(f"_esum_{col}"), inexact.alias(f"_inexact_{col}")]
+        return [(total.cast("double") / F.lit(MICRO)).alias(f"_esum_{col}"), inexact.alias(f"_inexact_{col}")]
 
     def merged(self, flagged: bool) -> "Column":
         from pyspark.sql import functions as F
@@ -402,7 +405,7 @@ class RunningAggregate(Node):
                     f"got {type(agg).__name__} (it needs every value: use it in a window)"
                 )
 
-    def _accumulators(self) -> list[Accumulator]:
+    def state_accumulators(self) -> list[Accumulator]:
         """The state columns: the count first (every key has one), then each aggregation's, once by name."""
         seen: dict[str, Accumulator] = {}
         for acc in (_CountAccumulator(), *(acc for agg in self.aggregations for acc in agg.accumulators())):
@@ -415,7 +418,7 @@ class RunningAggregate(Node):
             operator_id=self.operator_id,
             name="accumulators",
             key_fields=tuple(pa.field(k, types.get(k, pa.string())) for k in self.key),
-            value_fields=tuple(pa.field(acc.name, acc.type) for acc in self._accumulators()),
+            value_fields=tuple(pa.field(acc.name, acc.type) for acc in self.state_accumulators()),
         )
 
     def state_specs(self) -> list[StateSpec]:
@@ -467,7 +470,7 @@ class RunningAggregate(Node):
         epoch = ctx.persist(
             df.groupBy(*self.key).agg(*aggregates).withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
         )
-        sums = [acc.source for acc in self._accumulators() if acc.exact_sum]
+        sums = [acc.source for acc in self.state_accumulators() if acc.exact_sum]
         flags = [F.col(f"_inexact_{col}") for col in sums]
         any_flag = F.lit(False)
         for flag in flags:
@@ -486,14 +489,14 @@ class RunningAggregate(Node):
             # Steps 2-3 in the tasks that look the keys up (the heap backend's
             # arithmetic, :meth:`_merge`): no join stage after the lookup, and
             # the state rows stay in their key-group ranges for the write.
-            merge = partial(_merged_in_task, self.key, self._accumulators(), spec.arrow_schema(), ctx.processing_time_ms, ctx.epoch)
+            merge = partial(merged_in_task, self.key, self.state_accumulators(), spec.arrow_schema(), ctx.processing_time_ms, ctx.epoch)
             state = ctx.persist(ctx.state.with_live_rows(spec, files, epoch, merge, from_arrow_schema(spec.arrow_schema())))
             # Step 4.
             ctx.state.stage(spec, state, ranged=True)
             return ctx.cached_view(state.select(*self._outputs()))
         prior = ctx.state.read(spec, groups, keys=epoch, key_count=summary["keys"])
         previous = joinable(
-            prior.select(*self.key, *[F.col(acc.name).alias(f"_prev_{acc.name}") for acc in self._accumulators()]), summary["keys"]
+            prior.select(*self.key, *[F.col(acc.name).alias(f"_prev_{acc.name}") for acc in self.state_accumulators()]), summary["keys"]
         )
         merged = epoch.join(previous, on=list(self.key), how="left")
         if flagged:
@@ -520,7 +523,7 @@ class RunningAggregate(Node):
         """
         from pyspark.sql import functions as F
 
-        accs = self._accumulators()
+        accs = self.state_accumulators()
         previous = live.select(
             *self.key,
             F.col(KEY_GROUP).alias("_prev_group"),
@@ -559,7 +562,7 @@ class RunningAggregate(Node):
 
     def _merged_values(self, flagged: int) -> list[tuple[str, "Column"]]:
         """Each accumulator after the epoch, from ``_prev_<name>`` and the epoch's aggregates (step 3)."""
-        return [(acc.name, acc.merged(bool(flagged))) for acc in self._accumulators()]
+        return [(acc.name, acc.merged(bool(flagged))) for acc in self.state_accumulators()]
 
     def _apply_on_driver(self, ctx: Any, spec: StateSpec, keyed: "DataFrame", aggregates: list["Column"]) -> pa.Table:
         """The heap backend: collect the epoch's aggregates and merge with resident state.
@@ -586,7 +589,7 @@ class RunningAggregate(Node):
                 state = _patch_sums(state, col, _fallback_sums(ctx, keyed, self.key, col, keys), self.key, keys)
         # Step 4.
         ctx.state.stage_arrow(spec, state)
-        return self._outputs_arrow(state)
+        return self.outputs_arrow(state)
 
     def _outputs(self) -> list["Column"]:
         """The output columns (Avg = sum / count) of state rows in Spark."""
@@ -597,7 +600,7 @@ class RunningAggregate(Node):
     def _epoch_aggregates(self) -> list["Column"]:
         from pyspark.sql import functions as F
 
-        return [F.count(F.lit(1)).alias("_n"), *[agg for acc in self._accumulators() for agg in acc.epoch_aggregates()]]
+        return [F.count(F.lit(1)).alias("_n"), *[agg for acc in self.state_accumulators() for agg in acc.epoch_aggregates()]]
 
     def _merge(
         self, spec: StateSpec, epoch: pa.Table, prior: pa.Table, processing_time_ms: int, epoch_number: int
@@ -608,9 +611,9 @@ class RunningAggregate(Node):
         epoch sum (0.0 for a flagged key, patched later), and ``least`` /
         ``greatest`` with Spark's NaN ordering (NaN above every number).
         """
-        return _merge_rows(self.key, self._accumulators(), spec.arrow_schema(), processing_time_ms, epoch_number, epoch, prior)
+        return _merge_rows(self.key, self.state_accumulators(), spec.arrow_schema(), processing_time_ms, epoch_number, epoch, prior)
 
-    def _outputs_arrow(self, state: pa.Table) -> pa.Table:
+    def outputs_arrow(self, state: pa.Table) -> pa.Table:
         """The output columns (Avg = sum / count, IEEE division) of the new state rows."""
         columns: dict[str, pa.ChunkedArray] = {k: state[k] for k in self.key}
         columns.update((agg.name, agg.running_result_arrow(state)) for agg in self.aggregations)
@@ -647,7 +650,7 @@ def _merge_rows(
     return pa.table(columns).cast(schema), flagged
 
 
-def _merged_in_task(
+def merged_in_task(
     key: tuple[str, ...], accs: list[Accumulator], schema: pa.Schema, processing_time_ms: int, epoch_number: int,
     epoch: pa.Table, live: pa.Table,
 ) -> pa.Table:

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
     from pyspark.sql import DataFrame
 
-__all__ = ["DeltaSink", "SinkNode", "DEAD_LETTER_SCHEMA", "WHOLE_REWRITE_MAX_ROWS"]
+__all__ = ["DeltaSink", "SinkNode", "DEAD_LETTER_SCHEMA", "EPOCH_FIELD", "WHOLE_REWRITE_MAX_ROWS"]
 
 _log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ class DeltaSink:
             schema = df.schema if isinstance(df, pa.Table) else ctx.arrow_schema(df)
             if "_epoch" in schema.names:  # replaced, as ``_with_epoch`` does
                 schema = schema.remove(schema.get_field_index("_epoch"))
-            schema = schema.append(_EPOCH_FIELD)
+            schema = schema.append(EPOCH_FIELD)
             schema, widening = _check_schema(self.name, uri, schema, None)
             if widening is None:
                 ctx.stage(name=self.name, uri=uri, kind=TableKind.SINK, data=df, schema=schema, constants={"_epoch": ctx.epoch})
@@ -255,7 +255,7 @@ class DeltaSink:
         remove_tree(join_uri(uri, staging_prefix))
 
 
-_EPOCH_FIELD = pa.field("_epoch", pa.int64(), nullable=False)
+EPOCH_FIELD = pa.field("_epoch", pa.int64(), nullable=False)
 
 
 def _rewritten(ctx: Any, uri: str, widening: _Widening, epoch_rows: "DataFrame", key: tuple[str, ...] = ()) -> "DataFrame":
@@ -323,7 +323,7 @@ def _with_epoch(ctx: Any, rows: "DataFrame | pa.Table") -> "DataFrame | pa.Table
     if isinstance(rows, pa.Table):
         if "_epoch" in rows.column_names:  # replaced, as ``withColumn`` does
             rows = rows.drop_columns(["_epoch"])
-        return rows.append_column(_EPOCH_FIELD, pa.repeat(pa.scalar(ctx.epoch, pa.int64()), rows.num_rows))
+        return rows.append_column(EPOCH_FIELD, pa.repeat(pa.scalar(ctx.epoch, pa.int64()), rows.num_rows))
     return rows.withColumn("_epoch", F.lit(ctx.epoch).cast("long"))
 
 

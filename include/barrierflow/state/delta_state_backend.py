@@ -184,6 +184,45 @@ class DeltaStateBackend:
             return files
         return None
 
+    def may_chain(self, spec: StateSpec, max_rows: int) -> bool:
+        """Whether ``spec``'s table, as last committed, could take a chained epoch: it holds at most ``max_rows`` rows (or does not exist yet).
+
+        Does not wait for epoch n-1 (a chained epoch reads its input first);
+        :meth:`chainable_files` decides once it has completed.
+        """
+        uri = self._ctx.layout.state_table(spec.operator_id, spec.name)
+        table = borrow_snapshot(uri)
+        if table is None:
+            return True  # the chained epoch creates it, or epoch n-1 does
+        try:
+            stored = stored_rows(table)
+        finally:
+            give_back(uri, table)
+        return stored is not None and stored <= max_rows
+
+    def chainable_files(self, spec: StateSpec, max_rows: int) -> tuple[list[StateFile], int, tuple[str, ...], int | None] | None:
+        """Every file of ``spec``'s table for a chained epoch (:mod:`barrierflow.chaining`) to read; or None.
+
+        With the files come the rows they hold, and what a compaction in the same commit removes
+        and the version it is based on (``()`` and None when none is due,
+        see :meth:`stage`); no files before the table's first commit. None
+        (the epoch runs on Spark) when it holds more than ``max_rows``
+        stored rows, has another schema than ``spec``'s or cannot be served
+        by the Python workers' cache.
+        """
+        table = self._open(spec)
+        if table is None:
+            return [], 0, (), None  # the epoch's commit creates it
+        files, stored = self._files(spec, None)
+        if stored is None or stored > max_rows:
+            return None
+        if pa.schema(table.schema().to_arrow()) != spec.arrow_schema() or not _worker_cache_serves(spec, files):
+            return None
+        actions = add_actions(table)
+        if not _needs_compaction(actions):
+            return files, stored, (), None
+        return files, stored, tuple(sorted(actions.column("path").to_pylist())), table.version()
+
     def with_live_rows(
         self, spec: StateSpec, files: list[StateFile], rows: "DataFrame", combine: Callable[[pa.Table, pa.Table], pa.Table], schema: Any
     ) -> "DataFrame":
@@ -198,9 +237,9 @@ class DeltaStateBackend:
         from barrierflow.staging import by_key_group_range
 
         wanted = by_key_group_range(rows, self._ctx.parallelism, self._ctx.key_groups)
-        return wanted.mapInArrow(partial(combine_with_live_rows, self._lookup(spec, files), combine), schema)
+        return wanted.mapInArrow(partial(combine_with_live_rows, self.lookup_of(spec, files), combine), schema)
 
-    def _lookup(self, spec: StateSpec, files: list[StateFile]) -> StateLookup:
+    def lookup_of(self, spec: StateSpec, files: list[StateFile]) -> StateLookup:
         """What a task of :meth:`_lookup_in_workers` or :meth:`with_live_rows` needs to read ``files``."""
         ctx = self._ctx
         return StateLookup(
@@ -225,7 +264,7 @@ class DeltaStateBackend:
 
         ctx = self._ctx
         wanted = by_key_group_range(keys.select(*spec.key_columns, KEY_GROUP), ctx.parallelism, ctx.key_groups)
-        return wanted.mapInArrow(partial(lookup_keys, self._lookup(spec, files)), from_arrow_schema(spec.arrow_schema()))
+        return wanted.mapInArrow(partial(lookup_keys, self.lookup_of(spec, files)), from_arrow_schema(spec.arrow_schema()))
 
     def read_whole(self, spec: StateSpec, added_keys: int) -> "DataFrame | None":
         """Every live row of ``spec`` on the executors, for an epoch adding up to ``added_keys`` keys; or None.

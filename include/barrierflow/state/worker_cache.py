@@ -61,7 +61,7 @@ from barrierflow.errors import ConfigurationError
 from barrierflow.state.spec import KEY_GROUP
 from barrierflow.storage import arrow_filesystem
 
-__all__ = ["StateFile", "StateLookup", "lookup_keys", "combine_with_live_rows", "without_live_keys", "latest_rows", "unexpired", "cache_limit_bytes", "CACHE_ENV", "clear"]
+__all__ = ["StateFile", "StateLookup", "lookup_keys", "live_rows_of", "every_live_row", "save_on_host", "take_from_host", "combine_with_live_rows", "without_live_keys", "latest_rows", "unexpired", "cache_limit_bytes", "CACHE_ENV", "clear"]
 
 CACHE_ENV = "BARRIERFLOW_WORKER_STATE_CACHE_MB"
 _DEFAULT_MB = 2048
@@ -240,6 +240,27 @@ def _write_host_entry(path: str, rows: pa.Table, limit: int) -> pa.Table:
         return rows
 
 
+def save_on_host(name: str, rows: pa.Table) -> bool:
+    """Save ``rows`` under ``name`` for a later task on this host (:func:`take_from_host`); whether it was saved.
+
+    In the directory of the host-shared entries, so a saved table no task
+    takes is evicted with them (least recently used first).
+    """
+    return _write_host_entry(os.path.join(_host_dir(), f"{name}.arrow"), rows, cache_limit_bytes()) is not rows
+
+
+def take_from_host(name: str, schema: pa.Schema) -> pa.Table | None:
+    """The rows :func:`save_on_host` saved under ``name`` on this host, removed from it; None if not here."""
+    path = os.path.join(_host_dir(), f"{name}.arrow")
+    rows = _read_host_entry(path, schema)
+    if rows is not None:
+        try:
+            os.remove(path)  # its pages stay mapped for ``rows``
+        except OSError:
+            pass
+    return rows
+
+
 def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     """``rows`` with exactly ``schema``'s columns and types (a column missing from an older file reads as null)."""
     columns = [
@@ -270,7 +291,7 @@ def lookup_keys(lookup: StateLookup, batches: Iterator[pa.RecordBatch]) -> Itera
     # Step 1.
     parts = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
     if parts:
-        yield from _live_rows(lookup, pa.concat_tables(parts)).to_batches()
+        yield from live_rows_of(lookup, pa.concat_tables(parts)).to_batches()
 
 
 def combine_with_live_rows(
@@ -286,7 +307,7 @@ def combine_with_live_rows(
     parts = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
     if parts:
         rows = pa.concat_tables(parts)
-        yield from combine(rows, _live_rows(lookup, rows)).to_batches()
+        yield from combine(rows, live_rows_of(lookup, rows)).to_batches()
 
 
 def without_live_keys(key_fields: tuple[pa.Field, ...], rows: pa.Table, live: pa.Table) -> pa.Table:
@@ -303,7 +324,7 @@ def without_live_keys(key_fields: tuple[pa.Field, ...], rows: pa.Table, live: pa
     return rows.filter(pa.array(kept))
 
 
-def _live_rows(lookup: StateLookup, rows: pa.Table) -> pa.Table:
+def live_rows_of(lookup: StateLookup, rows: pa.Table) -> pa.Table:
     """Steps 2-4 for the keys of ``rows`` (which hold the key columns and :data:`KEY_GROUP`)."""
     names = [*lookup.key_columns, KEY_GROUP]
     keys = _conform(rows.select(names), pa.schema([lookup.schema.field(n) for n in names]))
@@ -322,6 +343,17 @@ def _live_rows(lookup: StateLookup, rows: pa.Table) -> pa.Table:
     matched = pa.concat_tables(stored).join(unique_keys, keys=list(lookup.key_columns), join_type="left semi")
     # Step 4.
     live = latest_rows(matched, list(lookup.key_columns))
+    return unexpired(live, lookup.ttl_ms, lookup.processing_time_ms)
+
+
+def every_live_row(lookup: StateLookup, key_groups: int) -> pa.Table:
+    """Every live row of ``lookup.files`` (steps 2 and 4 for all key groups: a compaction's rows)."""
+    groups = set(range(key_groups))
+    limit = cache_limit_bytes()
+    stored = [part for file in lookup.files for part in _file_rows(lookup, file, file.holds(groups), limit)]
+    if not stored:
+        return lookup.schema.empty_table()
+    live = latest_rows(pa.concat_tables(stored), list(lookup.key_columns))
     return unexpired(live, lookup.ttl_ms, lookup.processing_time_ms)
 
 
