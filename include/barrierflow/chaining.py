@@ -339,7 +339,7 @@ def merge_task(merge: _Merge, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.
         except _Declined as declined:
             yield pa.RecordBatch.from_pylist([{"table": "", "declined": str(declined)}], schema=_RESULT_SCHEMA)
             return
-    # Step 5. Every live row as of the snapshot, if a merge on this host left them (:func:`_live_after`).
+    # Step 5. Every live row as of the snapshot, if a merge on this host left them (:func:`_live_name`).
     everything = take_from_host(_live_name(merge.state_uri, merge.lookup.files), merge.state_schema)
     if everything is None and (merge.compact or _keeps_live_rows(merge, epoch)):
         everything = every_live_row(merge.lookup, merge.read.key_groups)

@@ -648,7 +648,7 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
     if ctx.parallelism != pipe.parallelism:
         _log.info("epoch %d: %d shuffle partitions for its input (parallelism %d)", barrier.epoch, ctx.parallelism, pipe.parallelism)
     try:
-        # Chained (one task) where the pipeline's shape allows and the task does not decline.
+        # Chained (two Python tasks) where the pipeline's shape allows and they do not decline.
         chain = None if ordered_only else chain_of(pipe)
         chained = run_chained(ctx, chain) if chain is not None else None
         if chained is None:
