@@ -3,10 +3,10 @@
 Entry point of ``make bench``. Generates the event stream into the work dir,
 runs the barrierflow pipeline ``bench_running_agg`` over it (one file per
 epoch) through the CLI and the Structured Streaming baseline over the same
-files (one file per batch, two shuffle settings x two JVM option sets, each in
+files (one file per batch, two shuffle settings x three JVM option sets, each in
 a fresh process), interleaved: one engine run before each baseline run, the
 fastest of each side compared (the machine's speed drifts between runs, and
-picking the fastest of four baseline runs alone would favour the baseline),
+picking the fastest of six baseline runs alone would favour the baseline),
 then measures the bytes of state written by an epoch that changes 1% of 1M
 keys against a full zstd Parquet snapshot of that state. Then the full
 ``sensor_stats`` pipeline against its Structured Streaming implementation

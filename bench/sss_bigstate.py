@@ -37,7 +37,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from sss_baseline import BARRIERFLOW_JAVA_OPTIONS, _spark_session
+from sss_baseline import SSS_JAVA_OPTIONS, _spark_session
 
 __all__ = ["run_sss_bigstate", "EVENT_SCHEMA", "steady_median"]
 
@@ -67,7 +67,7 @@ def run_sss_bigstate(
     work_dir: str | Path,
     shuffle_partitions: int,
     driver_memory: str = "1g",
-    java_options: str = BARRIERFLOW_JAVA_OPTIONS,
+    java_options: str = SSS_JAVA_OPTIONS,
     master: str = "local[*]",
 ) -> dict[str, Any]:
     """Run the query once over ``input_dir`` with a fresh checkpoint/output under ``work_dir``.
@@ -141,7 +141,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shuffle-partitions", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--driver-memory", default="1g")
     parser.add_argument("--master", default="local[*]", help="Spark master (local-cluster[N,cores,MB]: executors in their own JVMs)")
-    parser.add_argument("--java-options", default=BARRIERFLOW_JAVA_OPTIONS, help="driver JVM options (default: barrierflow's)")
+    parser.add_argument("--java-options", default=SSS_JAVA_OPTIONS, help="driver JVM options (default: SSS_JAVA_OPTIONS)")
     parser.add_argument("--json", action="store_true", help="print the result dict as JSON on the last line")
     return parser.parse_args(argv)
 

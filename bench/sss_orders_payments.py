@@ -79,7 +79,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from barrierflow.pipelines.orders_payments import ORDER_SCHEMA, PAYMENT_SCHEMA
-from sss_baseline import BARRIERFLOW_JAVA_OPTIONS, WARMUP_BATCHES, _fresh_dir, _spark_session
+from sss_baseline import SSS_JAVA_OPTIONS, WARMUP_BATCHES, _fresh_dir, _spark_session
 from sss_sensor_stats import _progress_intervals, union_seconds
 
 __all__ = ["run_sss_orders_payments", "describe", "count_events", "spark_ddl", "SOURCES"]
@@ -169,7 +169,7 @@ def run_sss_orders_payments(
     work_dir: str | Path,
     files_per_batch: int = 2,
     shuffle_partitions: int | None = None,
-    java_options: str = BARRIERFLOW_JAVA_OPTIONS,
+    java_options: str = SSS_JAVA_OPTIONS,
 ) -> dict[str, Any]:
     """Run the join query once over ``landing_dir`` with a fresh checkpoint/output under ``work_dir``; its figures."""
     landing = Path(landing_dir).resolve()

@@ -155,7 +155,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from sss_baseline import BARRIERFLOW_JAVA_OPTIONS, WARMUP_BATCHES, _fresh_dir, _spark_session
+from sss_baseline import SSS_JAVA_OPTIONS, WARMUP_BATCHES, _fresh_dir, _spark_session
 
 __all__ = ["OUTPUTS", "run_sss_sensor_stats", "describe"]
 
@@ -487,7 +487,7 @@ def run_sss_sensor_stats(
     work_dir: str | Path,
     files_per_batch: int = 2,
     shuffle_partitions: int | None = None,
-    java_options: str = BARRIERFLOW_JAVA_OPTIONS,
+    java_options: str = SSS_JAVA_OPTIONS,
     sequential: bool = False,
 ) -> dict[str, Any]:
     """Run the five queries once over ``landing_dir`` with fresh checkpoints/outputs under ``work_dir``.
@@ -589,7 +589,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--work-dir", help="checkpoint/output root (default: a temporary directory)")
     parser.add_argument("--files-per-batch", type=int, default=2, help="maxFilesPerTrigger (default 2)")
     parser.add_argument("--shuffle-partitions", type=int, help="default: the core count")
-    parser.add_argument("--java-options", default=BARRIERFLOW_JAVA_OPTIONS, help=f"driver JVM options (default {BARRIERFLOW_JAVA_OPTIONS!r})")
+    parser.add_argument("--java-options", default=SSS_JAVA_OPTIONS, help=f"driver JVM options (default {SSS_JAVA_OPTIONS!r})")
     parser.add_argument("--sequential", action="store_true", help="run the queries one after the other")
     parser.add_argument("--json", action="store_true", help="print the result dict as JSON on the last line")
     return parser.parse_args(argv)

@@ -51,10 +51,22 @@ __all__ = [
 
 MASTER_ENV = "BARRIERFLOW_SPARK_MASTER"
 REMOTE_ENV = "BARRIERFLOW_SPARK_REMOTE"
-# The throughput collector: on a few cores, G1's concurrent threads take CPU
-# from the tasks (epochs measured ~15% faster on 2 cores). Applies when this
-# process starts the JVM; $BARRIERFLOW_DRIVER_JAVA_OPTIONS replaces it.
-DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC"
+# The driver JVM's options; apply when this process starts the JVM, and
+# $BARRIERFLOW_DRIVER_JAVA_OPTIONS replaces them. Measured on 2 cores:
+# - the throughput collector: G1's concurrent threads took CPU from the tasks
+#   (epochs ~15% faster);
+# - the client compiler only (C1, no C2): a driver plans each epoch's dozens of
+#   short queries anew, and C2 kept compiling that code for the whole run: its
+#   thread still took 1.6-2.2 of every 10 CPU-seconds in sensor_stats' second
+#   minute (both compilers 34 of 105 CPU-s in an 8-epoch run). With C1 alone
+#   sensor_stats did 18,203 / 19,023 ev/s against 15,166 / 16,046 (the
+#   running-aggregate benchmark 494,561 / 494,871 against 399,300 / 382,733);
+#   the code C1 makes for tasks is slower (+34% task CPU), which still leaves
+#   it ahead after 20 epochs (20,752 against 18,653 ev/s). Executors in JVMs of their own keep
+#   both compilers: only in local mode does the driver run tasks. C1 alone
+#   shrinks the code cache to 48 MiB, which Spark fills (then the JVM stops
+#   compiling): the usual 240 MiB, as tests/jvm_options.py found too.
+DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 # SQL settings every epoch relies on, whoever started the application: they
 # are set per session, so a shared Connect engine gets them from each client.
 def session_conf() -> dict[str, str]:
