@@ -183,7 +183,10 @@ def chain_of(pipe: "Pipeline") -> Chain | None:
     if any(f.type not in _SCALARS for f in schema):
         return None
     key_ok = all(k in schema.names and schema.field(k).type in (pa.string(), pa.int64()) for k in aggregate.key)
-    values = [acc.column for acc in aggregate.state_accumulators() if acc.column is not None]
+    accumulators = [acc for acc in aggregate.state_accumulators() if acc.column is not None]
+    if any(not acc.exact_sum and acc.kind is None for acc in accumulators):
+        return None  # the read task computes an epoch value by exact sum or by one aggregate
+    values = [acc.column for acc in accumulators]
     values_ok = all(
         c in schema.names and c not in aggregate.key and schema.field(c).type in (pa.int64(), pa.float64()) for c in values
     )
@@ -212,7 +215,7 @@ def run_chained(ctx: "EpochContext", chain: Chain) -> int | None:
     if planned_bytes({source.source_id: end}) > MAX_INPUT_BYTES:
         _not_chained(ctx, f"more than {MAX_INPUT_BYTES} bytes of input")
         return None
-    spec = aggregate._spec({k: source.schema.field(k).type for k in aggregate.key})
+    spec = aggregate.state_spec({k: source.schema.field(k).type for k in aggregate.key})
     if not ctx.state.may_chain(spec, MAX_STATE_ROWS):
         _not_chained(ctx, f"more than {MAX_STATE_ROWS} stored state rows")
         return None
@@ -393,12 +396,7 @@ def _epoch_schema(read: _Read) -> pa.Schema:
     fields = [pa.field(k, read.schema.field(k).type) for k in read.aggregate.key]
     fields += [pa.field(KEY_GROUP, pa.int32()), pa.field("_n", pa.int64())]
     for acc in read.aggregate.state_accumulators():
-        if acc.column is None:
-            continue
-        if acc.exact_sum:
-            fields += [pa.field(f"_esum_{acc.column}", pa.float64()), pa.field(f"_inexact_{acc.column}", pa.bool_())]
-        else:
-            fields.append(pa.field(f"_e{acc.name.split('_', 1)[0]}_{acc.column}", pa.float64()))
+        fields += acc.epoch_fields()
     return pa.schema(fields)
 
 
@@ -489,38 +487,39 @@ def _aggregate(task: _Read, records: pa.Table) -> pa.Table:
     key = list(task.aggregate.key)
     columns: dict[str, Any] = {k: records[k] for k in key}
     specs: list[tuple[Any, ...]] = [(key[0], "count", pc.CountOptions(mode="all"))]
-    sums = []
-    for acc in task.aggregate.state_accumulators():
+    for acc in task.aggregate.state_accumulators():  # one per state column: a column's sum comes once
         if acc.column is None:
             continue
         values = pc.cast(records[acc.column], pa.float64()).combine_chunks()
         columns[acc.column] = values
-        if acc.exact_sum and acc.column not in sums:
+        if acc.exact_sum:
             units = _micro_units(acc.column, values)
             columns[f"_u_{acc.column}"] = units
             columns[f"_a_{acc.column}"] = pc.abs(units)
             specs += [(f"_u_{acc.column}", "sum"), (f"_a_{acc.column}", "max")]
-            sums.append(acc.column)
-        if not acc.exact_sum:
-            specs.append((acc.column, acc.name.split("_", 1)[0]))
+        elif acc.kind is not None:
+            specs.append((acc.column, acc.kind))
     grouped = pa.table(columns).group_by(key, use_threads=False).aggregate(list({spec[:2]: spec for spec in specs}.values()))
     n = grouped[f"{key[0]}_count"]
     out: dict[str, Any] = {k: grouped[k] for k in key}
     out[KEY_GROUP] = pa.array(spark_key_groups(grouped.select(key), task.key_groups), pa.int32())
     out["_n"] = n
-    for column in sums:
+    for acc in task.aggregate.state_accumulators():
+        if acc.column is None:
+            continue
+        if not acc.exact_sum:
+            out[acc.epoch_fields()[0].name] = grouped[f"{acc.column}_{acc.kind}"]
+            continue
+        column = acc.column
         total = grouped[f"_u_{column}_sum"]
         bound = pc.multiply(pc.cast(grouped[f"_a_{column}_max"], pa.float64()), pc.cast(n, pa.float64()))
         # In integers: a long at or beyond 2**53 is a double at or beyond it (Spark compares the double).
         if pc.any(pc.greater_equal(bound, LONG_BOUND)).as_py() or pc.any(pc.greater_equal(pc.abs(total), int(MICRO_SUM_BOUND))).as_py():
             raise _Declined(f"a sum of {column} too large for micro-units")
         # Below 2**53 the integer is an exact double: one correctly rounded division, as Spark's.
-        out[f"_esum_{column}"] = pc.divide(pc.cast(total, pa.float64(), safe=False), MICRO)
-        out[f"_inexact_{column}"] = pa.repeat(pa.scalar(False), grouped.num_rows)
-    for acc in task.aggregate.state_accumulators():
-        if acc.column is not None and not acc.exact_sum:
-            kind = acc.name.split("_", 1)[0]
-            out[f"_e{kind}_{acc.column}"] = grouped[f"{acc.column}_{kind}"]
+        epoch_sum, flag = acc.epoch_fields()
+        out[epoch_sum.name] = pc.divide(pc.cast(total, pa.float64(), safe=False), MICRO)
+        out[flag.name] = pa.repeat(pa.scalar(False), grouped.num_rows)
     schema = _epoch_schema(task)
     return pa.table(out).select(schema.names).cast(schema)
 

@@ -31,7 +31,7 @@ from typing import IO, Any, Callable, Mapping
 from barrierflow.errors import EngineUnavailableError
 from barrierflow.process_group import kill_group, stop_group
 from barrierflow.shipping import package_archive, ships_package
-from barrierflow.spark import application_conf
+from barrierflow.spark import application_conf, worker_conf
 from barrierflow.warmup import DEFAULT_WARM_UP_EPOCHS
 
 __all__ = [
@@ -91,6 +91,7 @@ class EngineConfig:
             "spark.python.worker.reuse": "true",
             "spark.pyspark.python": sys.executable,
             **application_conf(),
+            **worker_conf(self.master),
         }
         if self.host in ("127.0.0.1", "localhost"):
             # A loopback engine keeps its driver's ports on loopback too.

@@ -47,6 +47,7 @@ __all__ = [
     "DRIVER_JAVA_OPTIONS",
     "driver_java_options",
     "session_conf",
+    "worker_conf",
 ]
 
 MASTER_ENV = "BARRIERFLOW_SPARK_MASTER"
@@ -104,6 +105,20 @@ def application_conf() -> dict[str, str]:
     if archive:
         conf["spark.executor.extraJavaOptions"] = archive
     return conf
+
+
+def worker_conf(master: str | None) -> dict[str, str]:
+    """Settings for the Python workers of ``master``: barrierflow's worker daemon where they run on this machine.
+
+    Python workers fork from :mod:`barrierflow.worker_daemon`, which has
+    imported and frozen the libraries tasks use (why: its docstring), when
+    the executors run this interpreter here (``local[...]``). Not for other
+    masters (or one spark-submit chooses): their workers may not have
+    barrierflow installed, and must import the package shipped with the task.
+    """
+    if master is None or ships_package(master):
+        return {}
+    return {"spark.python.daemon.module": "barrierflow.worker_daemon"}
 
 
 _sessions: dict[str, "SparkSession"] = {}
@@ -367,7 +382,7 @@ def _classic_session(master: str | None) -> "SparkSession":
     builder = (
         # ({**...}: PySpark types map= as a dict of any primitive values, and a dict is invariant.)
         builder.config(map={**session_conf()})
-        .config(map={**application_conf()})
+        .config(map={**application_conf(), **worker_conf(chosen)})
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", os.environ.get("BARRIERFLOW_DRIVER_MEMORY", "2g"))

@@ -124,11 +124,12 @@ from barrierflow.spark import get_spark
 def where(batches):
     import os, pyarrow as pa
     import barrierflow.staging
+    daemon = sys.modules["__main__"].__spec__.name  # the module the worker's daemon ran as
     for _ in batches:
-        yield pa.RecordBatch.from_pylist([{"file": barrierflow.staging.__file__, "pid": os.getpid()}])
+        yield pa.RecordBatch.from_pylist([{"file": barrierflow.staging.__file__, "pid": os.getpid(), "daemon": daemon}])
 
 spark = get_spark(master=sys.argv[1])
-rows = spark.range(8).repartition(4).mapInArrow(where, "file string, pid long").collect()
+rows = spark.range(8).repartition(4).mapInArrow(where, "file string, pid long, daemon string").collect()
 print(json.dumps({"rows": [r.asDict() for r in rows]}))
 """
 
@@ -142,6 +143,8 @@ def test_executors_import_the_shipped_package(standalone: str) -> None:
 
     driver_path = str(Path(barrierflow.staging.__file__).resolve())
     assert rows and all(".zip" in r["file"] and r["file"] != driver_path for r in rows), rows
+    # Not barrierflow's worker daemon (barrierflow.spark.worker_conf): a cluster's workers import the shipped package.
+    assert {r["daemon"] for r in rows} == {"pyspark.daemon"}, rows
 
 
 def test_driver_kill_between_commits_then_resume_match_the_reference(standalone: str, landing: Path, warehouse: str) -> None:

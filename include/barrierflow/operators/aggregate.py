@@ -73,6 +73,9 @@ class Accumulator:
     # Whether the epoch's value is an exact sum that may need the fallback
     # methods 2-3 of the module docstring (a ``_inexact_<column>`` flag).
     exact_sum: ClassVar[bool] = False
+    # The aggregate that alone computes the epoch's value ("min", "max": Spark's and
+    # Arrow's name alike); None where it takes more (the count, an exact sum).
+    kind: ClassVar[str | None] = None
     type: ClassVar[pa.DataType] = pa.float64()
 
     @property
@@ -85,6 +88,10 @@ class Accumulator:
         return self.column
 
     def epoch_aggregates(self) -> list["Column"]:
+        return []
+
+    def epoch_fields(self) -> list[pa.Field]:
+        """The columns :meth:`epoch_aggregates` computes, by name and type (a chained read task computes the same)."""
         return []
 
     def merged(self, flagged: bool) -> "Column":
@@ -141,7 +148,11 @@ class _SumAccumulator(Accumulator):
             | F.coalesce(F.abs(total).cast("double") >= F.lit(MICRO_SUM_BOUND), F.lit(False))
         )
         # Below 2**53 the integer is an exact double: one correctly rounded division.
-        return [(total.cast("double") / F.lit(MICRO)).alias(f"_esum_{col}"), inexact.alias(f"_inexact_{col}")]
+        epoch_sum, flag = self.epoch_fields()
+        return [(total.cast("double") / F.lit(MICRO)).alias(epoch_sum.name), inexact.alias(flag.name)]
+
+    def epoch_fields(self) -> list[pa.Field]:
+        return [pa.field(f"_esum_{self.source}", pa.float64()), pa.field(f"_inexact_{self.source}", pa.bool_())]
 
     def merged(self, flagged: bool) -> "Column":
         from pyspark.sql import functions as F
@@ -166,7 +177,7 @@ class _SumAccumulator(Accumulator):
 class _ExtremeAccumulator(Accumulator):
     """The least or greatest value: Spark's ``min``/``max`` over the epoch, ``least``/``greatest`` with the stored one."""
 
-    kind: ClassVar[str]  # "min" or "max": Spark's aggregate, and the column's prefix
+    kind: ClassVar[str]  # "min" or "max": Spark's and Arrow's aggregate, and the column's prefix
     merge: ClassVar[str]  # "least" or "greatest": Spark's function merging with the stored value
 
     @property
@@ -176,7 +187,10 @@ class _ExtremeAccumulator(Accumulator):
     def epoch_aggregates(self) -> list["Column"]:
         from pyspark.sql import functions as F
 
-        return [getattr(F, self.kind)(F.col(self.source).cast("double")).alias(f"_e{self.kind}_{self.source}")]
+        return [getattr(F, self.kind)(F.col(self.source).cast("double")).alias(self.epoch_fields()[0].name)]
+
+    def epoch_fields(self) -> list[pa.Field]:
+        return [pa.field(f"_e{self.kind}_{self.source}", pa.float64())]
 
     def merged(self, flagged: bool) -> "Column":
         from pyspark.sql import functions as F
@@ -412,7 +426,8 @@ class RunningAggregate(Node):
             seen.setdefault(acc.name, acc)
         return list(seen.values())
 
-    def _spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
+    def state_spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
+        """The accumulators' table, its keys typed by ``key_types`` (string where not given)."""
         types = key_types or {}
         return StateSpec(
             operator_id=self.operator_id,
@@ -422,7 +437,7 @@ class RunningAggregate(Node):
         )
 
     def state_specs(self) -> list[StateSpec]:
-        return [self._spec()]
+        return [self.state_spec()]
 
     # Arrival order never matters here: sums are exact (see the module docstring).
     needs_arrival_order = False
@@ -459,7 +474,7 @@ class RunningAggregate(Node):
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        spec = self._spec(ctx.arrow_types(df, self.key))
+        spec = self.state_spec(ctx.arrow_types(df, self.key))
         keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
         aggregates = session_cached(("running_aggregate", self.aggregations), self._epoch_aggregates)
         if ctx.pipeline.state_backend == "heap":

@@ -1,0 +1,40 @@
+"""barrierflow's Python tasks run in workers forked from barrierflow.worker_daemon, with its modules loaded and frozen.
+
+On the suite's shared engine (a Spark Connect server started as ``barrierflow
+engine`` starts one); the standalone cluster's executors are checked in
+``test_clusters.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+from barrierflow.worker_daemon import PRELOADED
+
+
+def test_python_workers_fork_from_the_preloading_daemon(spark: Any) -> None:
+    # Nested: pickled by value (the engine's workers cannot import this test module).
+    def _probe(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import gc
+        import sys
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pylist(
+            [
+                {
+                    "daemon": sys.modules["__main__"].__spec__.name,
+                    "frozen": gc.get_freeze_count(),
+                    "missing": ",".join(m for m in PRELOADED if m not in sys.modules),
+                }
+            ]
+        )
+
+    rows = spark.range(4, numPartitions=2).mapInArrow(_probe, "daemon string, frozen long, missing string").collect()
+    assert len(rows) == 2
+    for row in rows:
+        assert row["daemon"] == "barrierflow.worker_daemon"
+        assert row["frozen"] > 10_000, "the daemon froze what its imports made before forking"
+        assert row["missing"] == "", f"not preloaded: {row['missing']}"
