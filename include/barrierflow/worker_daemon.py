@@ -11,7 +11,7 @@ every worker:
 2. After every task a reused worker runs a full ``gc.collect()``
    (``pyspark/daemon.py``), which walked every object those imports made,
    about 80,000: some 40 ms a task. A ``sensor_stats`` epoch runs dozens of
-   Python tasks; py-spy found a quarter of its workers' CPU in that call.
+   Python tasks; py-spy found over a third of its workers' samples in that call.
 
 So this daemon imports those libraries once and then calls ``gc.freeze()``:
 the forked workers start with them loaded, and the collector skips what was
