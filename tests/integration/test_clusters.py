@@ -96,7 +96,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iter
                 with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as response:
                     if json.load(response).get("aliveworkers") == 2:
                         break
-            except OSError:
+            except (OSError, ValueError):  # not listening yet, or an empty body while the UI starts (seen in CI)
                 pass
             if time.monotonic() > deadline:
                 logs = "\n".join((work / f).read_text()[-1500:] for f in ("master.log", "worker-0.log", "worker-1.log"))
