@@ -516,7 +516,9 @@ def wait_for_releases() -> None:
 
 
 def _unpersist_all(epoch: int, frames: list["DataFrame"]) -> None:
-    for done, df in enumerate(frames):
+    # Newest first: a frame cached from another is released before it. Spark
+    # rebuilds (plans again) every cached frame still built on one it uncaches.
+    for done, df in enumerate(reversed(frames)):
         try:
             df.unpersist()
         except Exception as exc:  # noqa: BLE001 - the epoch's outcome stands either way

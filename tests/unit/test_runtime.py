@@ -63,10 +63,13 @@ def test_overlapping_epochs_share_the_session_at_the_largest_parallelism() -> No
 class _Frame:
     """A cached frame whose unpersist waits for ``gate`` (a busy engine) and may fail."""
 
+    order: list["_Frame"] = []  # unpersist calls, in the order made
+
     def __init__(self, gate: "threading.Event", fails: bool = False) -> None:
         self.gate, self.fails, self.unpersisted = gate, fails, False
 
     def unpersist(self) -> None:
+        _Frame.order.append(self)
         assert self.gate.wait(10)
         if self.fails:
             raise RuntimeError("session stopped")
@@ -90,7 +93,7 @@ def test_the_run_loop_releases_an_epochs_caches_after_its_vote_and_a_second_atte
     from barrierflow import runtime
 
     gate = threading.Event()
-    first = [_Frame(gate, fails=True), _Frame(gate)]
+    first = [_Frame(gate), _Frame(gate, fails=True)]  # released newest first: the failing one first
     started = time.monotonic()
     _released("p-lineage", 7, first)  # returns while the engine has not answered
     assert time.monotonic() - started < 1 and not any(f.unpersisted for f in first)
@@ -112,11 +115,14 @@ def test_the_run_loop_ends_once_its_releases_are_done_and_a_task_releases_before
     from barrierflow import runtime
 
     gate = threading.Event()
-    loop = [_Frame(gate), _Frame(gate)]
+    loop = [_Frame(gate), _Frame(gate), _Frame(gate)]  # in the order cached: each may be built on those before
+    _Frame.order.clear()
     _released("p-lineage", 3, loop)
     threading.Timer(0.3, gate.set).start()
     runtime.wait_for_releases()  # what the run loop does before it returns
     assert all(f.unpersisted for f in loop) and runtime._unpersisting == {}
+    # Newest first: Spark plans again every cached frame still built on one it uncaches.
+    assert _Frame.order == loop[::-1]
     # An Airflow task ends with os._exit, which would drop a pending unpersist: it releases at once.
     task = [_Frame(threading.Event(), fails=False)]
     task[0].gate.set()
