@@ -43,7 +43,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.window import Window
 
-from barrierflow import jvm_archive
 from barrierflow.spark import driver_java_options
 
 # barrierflow's own driver options (its class archive included).
@@ -52,7 +51,7 @@ BARRIERFLOW_JAVA_OPTIONS = driver_java_options()
 # barrierflow's client compiler alone made Structured Streaming slower (sss_sensor_stats
 # 7,276 against 9,910 ev/s on 2 cores, 2026-11-29): its plans stay the same from batch to
 # batch, so what C2 compiles once keeps paying.
-SSS_JAVA_OPTIONS = " ".join(filter(None, ["-XX:+UseParallelGC", jvm_archive.java_options()]))
+SSS_JAVA_OPTIONS = driver_java_options("-XX:+UseParallelGC")
 
 __all__ = ["EVENT_SCHEMA", "compare_settings", "describe", "fastest", "run_sss", "run_sss_isolated", "shuffle_settings"]
 

@@ -53,20 +53,13 @@ __all__ = [
 MASTER_ENV = "BARRIERFLOW_SPARK_MASTER"
 REMOTE_ENV = "BARRIERFLOW_SPARK_REMOTE"
 # The driver JVM's options; apply when this process starts the JVM, and
-# $BARRIERFLOW_DRIVER_JAVA_OPTIONS replaces them. Measured on 2 cores:
-# - the throughput collector: G1's concurrent threads took CPU from the tasks
-#   (epochs ~15% faster);
-# - the client compiler only (C1, no C2): a driver plans each epoch's dozens of
-#   short queries anew, and C2 kept compiling that code for the whole run: its
-#   thread still took 1.6-2.2 of every 10 CPU-seconds in sensor_stats' second
-#   minute (both compilers 34 of 105 CPU-s in an 8-epoch run). With C1 alone
-#   sensor_stats did 18,203 / 19,023 ev/s against 15,166 / 16,046 (the
-#   running-aggregate benchmark 494,561 / 494,871 against 399,300 / 382,733);
-#   the code C1 makes for tasks is slower (+34% task CPU), which still leaves
-#   it ahead after 20 epochs (20,752 against 18,653 ev/s). Executors in JVMs of their own keep
-#   both compilers: only in local mode does the driver run tasks. C1 alone
-#   shrinks the code cache to 48 MiB, which Spark fills (then the JVM stops
-#   compiling): the usual 240 MiB, as tests/jvm_options.py found too.
+# $BARRIERFLOW_DRIVER_JAVA_OPTIONS replaces them. The throughput collector:
+# G1's concurrent threads took CPU from the tasks. The client compiler alone
+# (C1): a driver plans each epoch's dozens of queries anew, and C2 kept
+# compiling that code all run long; executors in JVMs of their own keep both
+# compilers. C1 alone would shrink the code cache to 48 MiB, which Spark
+# fills (then the JVM stops compiling). Figures: bench/README.md, "The
+# driver's compiler".
 DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 # SQL settings every epoch relies on, whoever started the application: they
 # are set per session, so a shared Connect engine gets them from each client.
@@ -85,9 +78,16 @@ def session_conf() -> dict[str, str]:
     }
 
 
-def driver_java_options() -> str:
-    """The driver JVM's options: :data:`DRIVER_JAVA_OPTIONS` (or ``$BARRIERFLOW_DRIVER_JAVA_OPTIONS``) and the class archive's."""
-    return " ".join(filter(None, [os.environ.get("BARRIERFLOW_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS), jvm_archive.java_options()]))
+def driver_java_options(base: str | None = None) -> str:
+    """A driver JVM's options: ``base`` and the class archive's.
+
+    ``base`` defaults to :data:`DRIVER_JAVA_OPTIONS`, or
+    ``$BARRIERFLOW_DRIVER_JAVA_OPTIONS`` where set; the benchmarks' baselines
+    pass their own.
+    """
+    if base is None:
+        base = os.environ.get("BARRIERFLOW_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS)
+    return " ".join(filter(None, [base, jvm_archive.java_options()]))
 
 
 def application_conf() -> dict[str, str]:
