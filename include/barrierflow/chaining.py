@@ -471,7 +471,7 @@ def _parse(task: _Read) -> pa.Table:
             raise _Declined(f"{name}: {str(exc)[:200]}") from None
         if parsed.num_rows != lines:
             raise _Declined(f"{name}: {parsed.num_rows} records in {lines} lines")
-        parts.append(parsed.select(task.schema.names).cast(task.schema))
+        parts.append(parsed)  # an explicit schema: its columns, in its order, whatever the lines hold
     records = pa.concat_tables(parts) if parts else task.schema.empty_table()
     for name in (*task.required, *task.aggregate.key):
         if records[name].null_count:

@@ -68,17 +68,18 @@ _SNAPSHOTS_LOCK = threading.Lock()
 _MAX_SNAPSHOTS = 64
 
 
-def borrow_snapshot(uri: str) -> DeltaTable | None:
+def borrow_snapshot(uri: str, *, current: bool = True) -> DeltaTable | None:
     """The latest snapshot of the table at ``uri`` (None if it does not exist), this caller's alone until :func:`give_back`.
 
     Opening a table reads its log from the last checkpoint on (on S3, a
     dozen requests or more); a snapshot this process read before is instead
     brought up to date from its own version (one listing, plus any new
-    commits).
+    commits). ``current=False``: that snapshot as it is, perhaps some
+    commits behind, without asking the store (for estimates).
     """
     with _SNAPSHOTS_LOCK:
         table = _SNAPSHOTS.pop(uri, None)
-    if table is not None:
+    if table is not None and current:
         try:
             table.update_incremental()
         except DeltaError:

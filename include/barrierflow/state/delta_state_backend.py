@@ -187,11 +187,12 @@ class DeltaStateBackend:
     def may_chain(self, spec: StateSpec, max_rows: int) -> bool:
         """Whether ``spec``'s table, as last committed, could take a chained epoch: it holds at most ``max_rows`` rows (or does not exist yet).
 
-        Does not wait for epoch n-1 (a chained epoch reads its input first);
-        :meth:`chainable_files` decides once it has completed.
+        Does not wait for epoch n-1 (a chained epoch reads its input first),
+        nor bring the snapshot up to date (:meth:`chainable_files` does, and
+        decides, once it has completed).
         """
         uri = self._ctx.layout.state_table(spec.operator_id, spec.name)
-        table = borrow_snapshot(uri)
+        table = borrow_snapshot(uri, current=False)
         if table is None:
             return True  # the chained epoch creates it, or epoch n-1 does
         try:
