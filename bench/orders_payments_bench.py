@@ -36,10 +36,10 @@ a pair only in barrierflow must hold a record Spark dropped as late. Each kind
 is counted; anything else is ``[MISMATCH]``.
 
 Default scale: 8 files x 5,000 orders per source (76,950 events with seed 7, 4
-epochs / batches): barrierflow's epochs cost about a minute each under load
-whatever their size at this scale (see ``bench/README.md`` for the figures
-measured and where an epoch's time goes), so more files would push one run
-past the 1-4 minutes a side should take.
+epochs / batches). Most of a barrierflow epoch's cost at this scale does
+not depend on its size (about 8 s for a steady epoch of 20,000 events on 2
+cores, four fifths of it also for 400: see ``bench/README.md`` for the
+figures measured and where an epoch's time goes).
 
 CLI: ``python bench/orders_payments_bench.py [--files N] [--orders-per-file M] [--work-dir D]
 [--files-per-batch 2] [--runs R] [--no-check]``; the last line is
