@@ -63,13 +63,12 @@ def test_overlapping_epochs_share_the_session_at_the_largest_parallelism() -> No
 class _Frame:
     """A cached frame whose unpersist waits for ``gate`` (a busy engine) and may fail."""
 
-    order: list["_Frame"] = []  # unpersist calls, in the order made
-
-    def __init__(self, gate: "threading.Event", fails: bool = False) -> None:
+    def __init__(self, gate: "threading.Event", fails: bool = False, calls: list["_Frame"] | None = None) -> None:
         self.gate, self.fails, self.unpersisted = gate, fails, False
+        self.calls = calls if calls is not None else []  # where unpersist calls are recorded, in the order made
 
     def unpersist(self) -> None:
-        _Frame.order.append(self)
+        self.calls.append(self)
         assert self.gate.wait(10)
         if self.fails:
             raise RuntimeError("session stopped")
@@ -115,14 +114,14 @@ def test_the_run_loop_ends_once_its_releases_are_done_and_a_task_releases_before
     from barrierflow import runtime
 
     gate = threading.Event()
-    loop = [_Frame(gate), _Frame(gate), _Frame(gate)]  # in the order cached: each may be built on those before
-    _Frame.order.clear()
+    calls: list[_Frame] = []
+    loop = [_Frame(gate, calls=calls) for _ in range(3)]  # in the order cached: each may be built on those before
     _released("p-lineage", 3, loop)
     threading.Timer(0.3, gate.set).start()
     runtime.wait_for_releases()  # what the run loop does before it returns
     assert all(f.unpersisted for f in loop) and runtime._unpersisting == {}
     # Newest first: Spark plans again every cached frame still built on one it uncaches.
-    assert _Frame.order == loop[::-1]
+    assert calls == loop[::-1]
     # An Airflow task ends with os._exit, which would drop a pending unpersist: it releases at once.
     task = [_Frame(threading.Event(), fails=False)]
     task[0].gate.set()
