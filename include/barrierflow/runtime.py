@@ -29,13 +29,15 @@ from barrierflow.pipeline import Node, Pipeline, SourceNode
 from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
 from barrierflow.sources.base import planned_bytes
 from barrierflow.spark import describe_jobs, observation_done
-from barrierflow.staging import stage_frame, with_constants, write_parquet
+from barrierflow.staging import stage_compaction, stage_frame, with_constants, write_parquet
 from barrierflow.state import resident
 from barrierflow.state.delta_state_backend import DeltaStateBackend
 from barrierflow.state.spec import KEY_GROUP
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from barrierflow.state.worker_cache import StateLookup
 
 __all__ = [
     "EpochContext", "Compute", "process_epoch", "completed_future", "check_follows", "epoch_parallelism", "wait_for_releases",
@@ -335,6 +337,7 @@ class EpochContext:
         constants: Mapping[str, Any] | None = None,
         table_schema: pa.Schema | None = None,
         ranged: bool = False,
+        compacting: "StateLookup | None" = None,
     ) -> None:
         """Write a table's share of the epoch under the staging prefix, in the background.
 
@@ -351,7 +354,10 @@ class EpochContext:
         (``data`` then holds the table's stored rows too, and ``removes`` is
         every live file; see :class:`TableCommit`). ``ranged``: with
         ``by_key_group``, ``data`` already lies in the tasks of its key-group
-        ranges (:func:`stage_frame`).
+        ranges (:func:`stage_frame`). ``compacting``: a small state table's
+        snapshot files, compacted with ``data`` (its changes) in one task
+        (:func:`~barrierflow.staging.stage_compaction`); ``removes`` are then
+        those files.
         """
         prefix = prefix or self.staging_prefix
         if not prefix.startswith(self.staging_prefix):
@@ -371,6 +377,10 @@ class EpochContext:
             if isinstance(data, pa.Table):
                 table = with_constants(data, constants or {}, file_schema)
                 files = write_parquet(uri, prefix, table, sort_by=(KEY_GROUP,) if by_key_group else sort_by)
+            elif compacting is not None:
+                files = stage_compaction(
+                    data, compacting, uri, prefix, partitions=parallelism, key_groups=key_groups, constants=constants
+                )
             else:
                 files = stage_frame(
                     data,

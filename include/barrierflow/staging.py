@@ -28,12 +28,22 @@ from barrierflow.checkpoint import StagedFile
 from barrierflow.errors import StorageError
 from barrierflow.spark import session_cached
 from barrierflow.state.spec import KEY_GROUP
+from barrierflow.state.worker_cache import StateLookup, every_live_row, without_live_keys
 from barrierflow.storage import arrow_filesystem, is_local, join_uri
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["stage_frame", "write_partition", "write_parquet", "with_constants", "by_key_group_range", "DESCRIPTION_SCHEMA"]
+__all__ = [
+    "stage_frame",
+    "stage_compaction",
+    "write_partition",
+    "compact_partition",
+    "write_parquet",
+    "with_constants",
+    "by_key_group_range",
+    "DESCRIPTION_SCHEMA",
+]
 
 # One row per written file, collected by the driver. Given to Spark as a
 # StructType: a DDL string would cost a Connect round trip to parse per write.
@@ -41,6 +51,8 @@ DESCRIPTION_SCHEMA = pa.schema(
     [("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())]
 )
 _ROW_GROUP_ROWS = 64 * 1024
+# A compaction task's first row: how many live rows it wrote (its path is empty).
+_COMPACTION_SUMMARY = ""
 
 
 def stage_frame(
@@ -98,14 +110,60 @@ def stage_frame(
         if sort_by:
             frame = frame.sortWithinPartitions(*sort_by)
     writer = partial(write_partition, table_uri, prefix, schema, ranges, constants)
+    rows = _described(frame, writer, join_uri(table_uri, prefix))
+    return sorted((_staged(r) for r in rows), key=lambda f: f.path)
+
+
+def stage_compaction(
+    df: "DataFrame",
+    lookup: StateLookup,
+    table_uri: str,
+    prefix: str,
+    *,
+    partitions: int,
+    key_groups: int,
+    constants: Mapping[str, Any] | None = None,
+) -> list[StagedFile]:
+    """Compact a small state table in one executor task (:func:`compact_partition`); returns the files written.
+
+    ``df`` is the epoch's changes (as :func:`stage_frame` takes them, without
+    ``constants``); ``lookup`` the table's snapshot files. The files hold
+    every live key once, clustered by key group as :func:`stage_frame`
+    writes them: the same rows as a compaction planned on Spark (a scan
+    grouped by key, an anti-join, a union and a repartition by range), in
+    one Python task instead of a shuffle per step.
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    constants = dict(constants or {})
+    written = pa.schema([pa.field(f.name, _nullable(f.type)) for f in lookup.schema if f.name not in constants])
+    frame = df.to(from_arrow_schema(written)).coalesce(1)
+    compact = partial(compact_partition, lookup, table_uri, prefix, (partitions, key_groups), constants)
+    rows = _described(frame, compact, join_uri(table_uri, prefix))
+    summaries = [r for r in rows if r["path"] == _COMPACTION_SUMMARY]
+    if len(summaries) != 1:
+        # No task ran (or two did): a commit of these files would drop the table's rows.
+        raise StorageError(f"the compaction of {table_uri} ran in {len(summaries)} tasks, not one")
+    files = [_staged(r) for r in rows if r["path"] != _COMPACTION_SUMMARY]
+    if sum(f.rows for f in files) != summaries[0]["rows"]:
+        raise StorageError(f"the compaction of {table_uri} wrote {sum(f.rows for f in files)} rows, not {summaries[0]['rows']}")
+    return sorted(files, key=lambda f: f.path)
+
+
+def _described(frame: "DataFrame", writer: Any, where: str) -> list[Any]:
+    """The description rows of the executors' writes of ``frame``."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
     try:
-        rows = frame.mapInArrow(writer, from_arrow_schema(DESCRIPTION_SCHEMA)).collect()
+        return frame.mapInArrow(writer, from_arrow_schema(DESCRIPTION_SCHEMA)).collect()
     except Exception as exc:  # a task's StorageError arrives wrapped in Spark's error
         if "StorageError" in str(exc):
-            raise StorageError(f"executors could not stage files under {join_uri(table_uri, prefix)}: {exc}") from exc
+            raise StorageError(f"executors could not stage files under {where}: {exc}") from exc
         raise
-    files = [StagedFile(path=r["path"], size=r["size"], rows=r["rows"], stats=r["stats"]) for r in rows]
-    return sorted(files, key=lambda f: f.path)
+
+
+def _staged(row: Any) -> StagedFile:
+    return StagedFile(path=row["path"], size=row["size"], rows=row["rows"], stats=row["stats"])
 
 
 def by_key_group_range(frame: "DataFrame", partitions: int, key_groups: int) -> "DataFrame":
@@ -162,29 +220,91 @@ def write_partition(
     key group and a new file starts at each key-group range boundary.
     ``constants`` are added to every batch (see :func:`stage_frame`).
     """
-    out: _FileWriter | None = None
-    current_range = None
-    described: list[dict[str, Any]] = []
+    files = _RangeFiles(table_uri, prefix, schema, ranges)
     try:
         for batch in batches:
-            table = with_constants(pa.Table.from_batches([batch]), constants, schema)
-            if table.num_rows == 0:
-                continue
-            for part_range, part in _split_ranges(table, ranges):
-                if out is None or part_range != current_range:
-                    if out is not None:
-                        described.append(out.close())
-                    out = _FileWriter(table_uri, prefix, schema)
-                    current_range = part_range
-                out.write(part)
-        if out is not None:
-            described.append(out.close())
-            out = None
+            files.add(with_constants(pa.Table.from_batches([batch]), constants, schema))
+        described = files.close()
     finally:
-        if out is not None:
-            out.abandon()
+        files.abandon()
     if described:
         yield pa.RecordBatch.from_pylist(described, schema=DESCRIPTION_SCHEMA)
+
+
+def compact_partition(
+    lookup: StateLookup,
+    table_uri: str,
+    prefix: str,
+    ranges: tuple[int, int],
+    constants: Mapping[str, Any],
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """Executor side of :func:`stage_compaction`: the one task's changes merged with every live row of ``lookup.files``.
+
+    1. Collect the epoch's changes (keys, key group, values, ``_deleted``;
+       ``constants`` added as by :func:`write_partition`).
+    2. Take every live row of the table's files (latest per key, tombstones
+       and expired rows dropped: the scan's rule) from the worker's cache of
+       state files.
+    3. Keep the live rows whose key the epoch did not change, and add the
+       changed keys that are not deleted: each live key once.
+    4. Write them sorted by key group, a file per key-group range; yield a
+       summary row (empty path, the live rows written), then one row per file.
+    """
+    schema = lookup.schema
+    # 1.
+    parts = [with_constants(pa.Table.from_batches([b]), constants, schema) for b in batches if b.num_rows]
+    changes = pa.concat_tables(parts) if parts else schema.empty_table()
+    # 2.
+    live = every_live_row(lookup, ranges[1])
+    # 3.
+    key_fields = tuple(schema.field(k) for k in lookup.key_columns)
+    kept = without_live_keys(key_fields, live.select(schema.names).cast(schema), changes)
+    rows = pa.concat_tables([kept, changes.filter(pc.invert(changes["_deleted"]))])
+    rows = rows.sort_by([(KEY_GROUP, "ascending")])
+    # 4.
+    files = _RangeFiles(table_uri, prefix, schema, ranges)
+    try:
+        files.add(rows)
+        described = files.close()
+    finally:
+        files.abandon()
+    summary = {"path": _COMPACTION_SUMMARY, "size": 0, "rows": rows.num_rows, "stats": ""}
+    yield pa.RecordBatch.from_pylist([summary, *described], schema=DESCRIPTION_SCHEMA)
+
+
+class _RangeFiles:
+    """A partition's files of one table: a new file at each key-group range boundary (with ``ranges``)."""
+
+    def __init__(self, table_uri: str, prefix: str, schema: pa.Schema, ranges: tuple[int, int] | None) -> None:
+        self.table_uri, self.prefix, self.schema, self.ranges = table_uri, prefix, schema, ranges
+        self.out: _FileWriter | None = None
+        self.current_range: int | None = None
+        self.described: list[dict[str, Any]] = []
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        for part_range, part in _split_ranges(table, self.ranges):
+            if self.out is None or part_range != self.current_range:
+                if self.out is not None:
+                    self.described.append(self.out.close())
+                self.out = _FileWriter(self.table_uri, self.prefix, self.schema)
+                self.current_range = part_range
+            self.out.write(part)
+
+    def close(self) -> list[dict[str, Any]]:
+        """Every file's description; the last file is closed."""
+        if self.out is not None:
+            out, self.out = self.out, None
+            self.described.append(out.close())
+        return self.described
+
+    def abandon(self) -> None:
+        """Delete the file being written, if any (after an error; a no-op after :meth:`close`)."""
+        if self.out is not None:
+            self.out.abandon()
+            self.out = None
 
 
 def _nullable(type_: pa.DataType) -> pa.DataType:

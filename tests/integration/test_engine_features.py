@@ -184,13 +184,24 @@ def test_parquet_landing_files_split_by_records_keep_arrival_order(spark: Any, w
     assert dead == [{"source_file": "c.parquet", "line": None, "reason": "unreadable_file", "_epoch": 3}]
 
 
-def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(spark: Any, tmp_path: Path, warehouse: str) -> None:
+@pytest.mark.parametrize("in_a_task", [True, False], ids=["compacted_in_a_task", "compaction_planned_on_spark"])
+def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(
+    spark: Any, tmp_path: Path, warehouse: str, monkeypatch: pytest.MonkeyPatch, in_a_task: bool
+) -> None:
+    from barrierflow import runtime
     from barrierflow.datagen import SensorStreamSpec, write_sensor_files
     from barrierflow.layout import PipelineLayout
     from barrierflow.registry import get_pipeline
+    from barrierflow.state import delta_state_backend
     from barrierflow.state.delta_state_backend import COMPACTED_DIR
     from barrierflow.state.worker_cache import latest_rows
 
+    # A small table compacts in one Python task; above TASK_COMPACTION_ROWS Spark plans it.
+    in_tasks: list[str] = []
+    compact_in_task = runtime.stage_compaction
+    monkeypatch.setattr(runtime, "stage_compaction", lambda *a, **kw: in_tasks.append(a[2]) or compact_in_task(*a, **kw))
+    if not in_a_task:
+        monkeypatch.setattr(delta_state_backend, "TASK_COMPACTION_ROWS", 0)
     landing = tmp_path / "landing"
     write_sensor_files(landing, SensorStreamSpec(n_files=4, records_per_file=60, seed=41))
     coordinator = CheckpointCoordinator(
@@ -208,6 +219,7 @@ def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(spark: Any,
     # Generations of 60 keys: by epoch 4 the changelog outgrew twice the largest, so that
     # epoch compacted the table on the executors, in its own commit (size-tiered policy).
     uri = layout.state_table("dedup", "seen")
+    assert (uri in in_tasks) is in_a_task, in_tasks
     table = DeltaTable(uri)
     compacting = next(h for h in table.history() if h.get("barrierflow.epoch") == 4)["version"]
     spec = next(s for s in coordinator.pipeline.state_specs() if s.table_name == "dedup__seen")

@@ -55,6 +55,9 @@ _MATCH_KEYS_MIN_ROWS = 200_000
 # The same for a lookup in the Python workers' cache, which costs a shuffle of
 # the keys but no scan of the files it already holds.
 _LOOKUP_MIN_ROWS = 50_000
+# A table compacts in one Python task while its stored rows and the epoch's
+# input rows are at most this many (the task holds them all, as Arrow).
+TASK_COMPACTION_ROWS = 1_000_000
 # Rows a driver-side pass over a whole table (savepoint, restore, maintenance
 # compaction) holds at once: its memory stays bounded whatever the state's size.
 CHUNK_ROWS = 1_000_000
@@ -118,14 +121,9 @@ class DeltaStateBackend:
         if table is None:
             return [], 0
         actions = add_actions(table)
-        paths = actions.column("path").to_pylist()
-        sizes = actions.column("size_bytes").to_pylist()
         rows = actions.column("num_records").to_pylist()
-        with_stats = f"min.{KEY_GROUP}" in actions.column_names
-        lows = actions.column(f"min.{KEY_GROUP}").to_pylist() if with_stats else [None] * len(paths)
-        highs = actions.column(f"max.{KEY_GROUP}").to_pylist() if with_stats else [None] * len(paths)
-        files = [StateFile(join_uri(uri, p), size, low, high) for p, size, low, high in zip(paths, sizes, lows, highs)]
-        if touched is None or len(paths) < _PRUNE_MIN_FILES or not with_stats:
+        files = self._state_files(uri, actions)
+        if touched is None or len(files) < _PRUNE_MIN_FILES or f"min.{KEY_GROUP}" not in actions.column_names:
             return files, counted_rows(rows)
         wanted = touched if isinstance(touched, list) else ctx.touched_key_groups(touched)
         self._pruned[spec.table_name] = wanted
@@ -408,7 +406,8 @@ class DeltaStateBackend:
         write needs no shuffle. When the table's changelog has outgrown its
         compacted base (:func:`needs_compaction`), the epoch compacts it in
         the same commit: executors write every live key once (this epoch's
-        changes applied, tombstones and expired rows dropped) and the commit
+        changes applied, tombstones and expired rows dropped; one Python task
+        does it for a small table, :meth:`_compacts_in_a_task`) and the commit
         removes every file of the snapshot the epoch read. A concurrent
         writer cannot slip in between: the commit refuses removes that are
         no longer live.
@@ -432,7 +431,17 @@ class DeltaStateBackend:
         uri = ctx.layout.state_table(spec.operator_id, spec.name)
         if live is not None:
             resident.executors.stage(uri, self._live_bases[spec.table_name], ctx.attempt_id, live, live_rows)
-        if actions is not None and _needs_compaction(actions):
+        compacting = None
+        due = actions is not None and _needs_compaction(actions)
+        if due and live is None and self._compacts_in_a_task(actions):
+            assert actions is not None  # due
+            # A small table: one Python task merges the changes into its live rows.
+            compacting = self.lookup_of(spec, self._state_files(uri, actions))
+            removes = tuple(sorted(actions.column("path").to_pylist()))
+            base_version = table.version()
+            prefix = f"{ctx.staging_prefix}/{COMPACTED_DIR}"
+        elif due:
+            assert actions is not None  # due
             # The changes meet stored rows, which have their own values of these columns.
             types = spec.arrow_schema()
             rows = rows.select(
@@ -462,7 +471,30 @@ class DeltaStateBackend:
             prefix=prefix,
             constants=written,
             ranged=ranged and not removes,  # a compaction's rows are a union: not in ranges
+            compacting=compacting,
         )
+
+    def _compacts_in_a_task(self, actions: pa.Table) -> bool:
+        """Whether a compaction due this epoch of the table with ``actions`` runs in one Python task (:func:`~barrierflow.staging.stage_compaction`).
+
+        When its stored rows and the epoch's input rows (which bound its
+        changes) are at most :data:`TASK_COMPACTION_ROWS` together: a
+        compaction planned on Spark costs a scan, an aggregation, an
+        anti-join and a repartition, each with its shuffle and tasks,
+        however few the rows.
+        """
+        stored = counted_rows(actions.column("num_records").to_pylist())
+        epoch_rows = self._ctx.rows_read
+        return stored is not None and epoch_rows is not None and stored + epoch_rows <= TASK_COMPACTION_ROWS
+
+    def _state_files(self, uri: str, actions: pa.Table) -> list[StateFile]:
+        """The snapshot's files as the Python workers' cache reads them."""
+        paths = actions.column("path").to_pylist()
+        sizes = actions.column("size_bytes").to_pylist()
+        with_stats = f"min.{KEY_GROUP}" in actions.column_names
+        lows = actions.column(f"min.{KEY_GROUP}").to_pylist() if with_stats else [None] * len(paths)
+        highs = actions.column(f"max.{KEY_GROUP}").to_pylist() if with_stats else [None] * len(paths)
+        return [StateFile(join_uri(uri, p), size, low, high) for p, size, low, high in zip(paths, sizes, lows, highs)]
 
     def stage_arrow(self, spec: StateSpec, data: pa.Table) -> None:
         """Stage state rows merged on the driver (the heap backend), in :meth:`StateSpec.arrow_schema` form.
