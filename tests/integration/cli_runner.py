@@ -54,8 +54,21 @@ run_cli = run_sensor_stats
 def kill_runs_at_random_times(
     warehouse: Path | str, landing: Path | str, runs: int, rng: random.Random, *, seconds: tuple[float, float],
     max_files_per_epoch: int, master: str = "local[2]", pipeline: str = "sensor_stats", remote: str | None = None,
+    by_epoch: int | None = None,
 ) -> None:
-    """Start ``run <pipeline>`` ``runs`` times, each killed after a random time (the driver and its JVM; at ``remote`` the client only)."""
+    """Start ``run <pipeline>`` ``runs`` times, each killed after a random time (the driver and its JVM; at ``remote`` the client only).
+
+    ``by_epoch``: killed sooner if that epoch completes first, so that a
+    fast run still leaves the later epochs to what the test does next.
+    """
+    from barrierflow.checkpoint_log import CheckpointLog
+    from barrierflow.layout import PipelineLayout
+
+    log = CheckpointLog(PipelineLayout.of(str(warehouse), pipeline))
+
+    def completed() -> bool:
+        return by_epoch is not None and any(r.epoch >= by_epoch and r.status.value == "COMPLETED" for r in log.records())
+
     for _ in range(runs):
         proc = subprocess.Popen(
             barrierflow_cmd(
@@ -65,7 +78,9 @@ def kill_runs_at_random_times(
             ),
             env=cli_env(master=master), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
-        time.sleep(rng.uniform(*seconds))
+        kill_at = time.monotonic() + rng.uniform(*seconds)
+        while time.monotonic() < kill_at and not completed():
+            time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGKILL)  # as a lost machine would
         proc.wait()
 

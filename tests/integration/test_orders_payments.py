@@ -59,10 +59,10 @@ def test_orders_payments_is_exactly_once_through_kills_a_failure_rescales_and_a_
     crossing = tables_per_epoch("orders_payments") // 2
     crashed = run_pipeline("orders_payments", warehouse, landing, fault=f"commit.after_delta_commit:{crossing}", remote=spark_engine.address)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    # 2. The next run, on the warm engine, killed at a random time.
+    # 2. The next run, on the warm engine, killed at a random time (once epoch 1 completed at the latest).
     kill_runs_at_random_times(
         warehouse, landing, 1, random.Random(16), seconds=(5.0, 30.0), max_files_per_epoch=2, pipeline="orders_payments",
-        remote=spark_engine.address,
+        remote=spark_engine.address, by_epoch=1,
     )  # fmt: skip
     # 3. In process: an epoch at parallelism 3, a savepoint, a failure, the rest at parallelism 2.
     run = epoch_runner(orders_payments, params, warehouse, spark)
