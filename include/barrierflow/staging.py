@@ -93,8 +93,7 @@ def stage_frame(
     # otherwise ask (a Connect round trip analysing the whole plan, per write).
     # Every level nullable, so Spark only reconciles types; the writer casts
     # to the files' own schema as before (with_constants).
-    written = pa.schema([pa.field(f.name, _nullable(f.type)) for f in schema if f.name not in constants])
-    frame = df.to(from_arrow_schema(written))
+    frame = df.to(from_arrow_schema(_written_schema(schema, constants)))
     ranges = None
     if key_groups is not None:
         ranges = (partitions, key_groups)
@@ -136,8 +135,7 @@ def stage_compaction(
     from pyspark.sql.pandas.types import from_arrow_schema
 
     constants = dict(constants or {})
-    written = pa.schema([pa.field(f.name, _nullable(f.type)) for f in lookup.schema if f.name not in constants])
-    frame = df.to(from_arrow_schema(written)).coalesce(1)
+    frame = df.to(from_arrow_schema(_written_schema(lookup.schema, constants))).coalesce(1)
     compact = partial(compact_partition, lookup, table_uri, prefix, (partitions, key_groups), constants)
     rows = _described(frame, compact, join_uri(table_uri, prefix))
     summaries = [r for r in rows if r["path"] == _COMPACTION_SUMMARY]
@@ -259,7 +257,7 @@ def compact_partition(
     live = every_live_row(lookup, ranges[1])
     # 3.
     key_fields = tuple(schema.field(k) for k in lookup.key_columns)
-    kept = without_live_keys(key_fields, live.select(schema.names).cast(schema), changes)
+    kept = without_live_keys(key_fields, live, changes)
     rows = pa.concat_tables([kept, changes.filter(pc.invert(changes["_deleted"]))])
     rows = rows.sort_by([(KEY_GROUP, "ascending")])
     # 4.
@@ -305,6 +303,11 @@ class _RangeFiles:
         if self.out is not None:
             self.out.abandon()
             self.out = None
+
+
+def _written_schema(schema: pa.Schema, constants: Mapping[str, Any]) -> pa.Schema:
+    """The columns a frame gives the writer: ``schema``'s but ``constants``, every level nullable."""
+    return pa.schema([pa.field(f.name, _nullable(f.type)) for f in schema if f.name not in constants])
 
 
 def _nullable(type_: pa.DataType) -> pa.DataType:

@@ -432,16 +432,15 @@ class DeltaStateBackend:
         if live is not None:
             resident.executors.stage(uri, self._live_bases[spec.table_name], ctx.attempt_id, live, live_rows)
         compacting = None
-        due = actions is not None and _needs_compaction(actions)
-        if due and live is None and self._compacts_in_a_task(actions):
-            assert actions is not None  # due
-            # A small table: one Python task merges the changes into its live rows.
-            compacting = self.lookup_of(spec, self._state_files(uri, actions))
+        if actions is not None and _needs_compaction(actions):
+            # The commit removes every file of the snapshot and adds the live rows, rewritten.
             removes = tuple(sorted(actions.column("path").to_pylist()))
             base_version = table.version()
             prefix = f"{ctx.staging_prefix}/{COMPACTED_DIR}"
-        elif due:
-            assert actions is not None  # due
+        if removes and live is None and self._compacts_in_a_task(actions):
+            # A small table: one Python task merges the changes into its live rows.
+            compacting = self.lookup_of(spec, self._state_files(uri, actions))
+        elif removes:
             # The changes meet stored rows, which have their own values of these columns.
             types = spec.arrow_schema()
             rows = rows.select(
@@ -455,9 +454,6 @@ class DeltaStateBackend:
                 stored = self._latest(spec, self._table_files(spec, table), keep_expired=False)
                 kept = stored.join(rows.select(*keys), on=keys, how="left_anti")
                 rows = kept.select(*rows.columns).unionByName(rows.where(~F.col("_deleted")))
-            removes = tuple(sorted(actions.column("path").to_pylist()))
-            base_version = table.version()
-            prefix = f"{ctx.staging_prefix}/{COMPACTED_DIR}"
         ctx.stage(
             name=spec.table_name,
             uri=uri,
