@@ -86,6 +86,23 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def standalone(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[Any]:
+    """A standalone Spark cluster (``tests/spark_cluster.py``) for this process, started the first time a test needs it.
+
+    Its workers reach this process's S3 endpoint, and their executors run
+    Spark SQL's generated code, as production does.
+    """
+    from jvm_options import with_generated_code
+    from s3_server import aws_env
+    from spark_cluster import standalone_cluster
+
+    env = {**os.environ, **aws_env(s3_server.endpoint)}
+    env["JAVA_TOOL_OPTIONS"] = with_generated_code(env.get("JAVA_TOOL_OPTIONS", ""))
+    with standalone_cluster(tmp_path_factory.mktemp("standalone"), env) as cluster:
+        yield cluster
+
+
 @pytest.fixture
 def s3_bucket(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> str:
     """A new bucket on the test S3 endpoint, the AWS environment pointing at it; returns ``s3://<bucket>``."""

@@ -52,7 +52,7 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from barrierflow import faults, storage
 from barrierflow.checkpoint import Barrier, CheckpointRecord, EpochStatus, Fence, Manifest, TableKind, app_id
@@ -398,7 +398,7 @@ class CheckpointCoordinator:
             if not waiting:
                 return None, cutoff_ms
             cutoff_ms = bound.epoch_cutoff_ms(min(waiting))
-        end = {s.source_id: s.plan(start.get(s.source_id), cutoff_ms) for s in sources}
+        end = {s.source_id: s.plan(start.get(s.source_id), cutoff_ms, self._count_records) for s in sources}
         has_input = any(s.has_records(end[s.source_id]) for s in sources)
         return (end if has_input else None), cutoff_ms
 
@@ -512,6 +512,12 @@ class CheckpointCoordinator:
             if lost is not None:
                 raise lost from exc
             raise
+
+    def _count_records(self, uris: Sequence[str], fmt: str) -> Mapping[str, int]:
+        """Records in input files, for planning (a source's record limit): counted by executor tasks, never here."""
+        from barrierflow.sources.file_source import count_records_on_executors
+
+        return count_records_on_executors(self._spark(), uris, fmt)
 
     def _spark(self) -> Any:
         if self._spark_factory is not None:

@@ -152,7 +152,7 @@ def service_environment(service: str, config: TopologyConfig, base: Mapping[str,
     env["PYTHONUNBUFFERED"] = "1"
     if service in ("airflow-init", "api-server", "scheduler", "dag-processor", "triggerer"):
         env = devserver_environment(config.devserver(), env)
-        env[MASTER_ENV] = config.master_url  # spark-submit mode's default master
+        env[MASTER_ENV] = config.master_url  # for a Spark a task starts itself; spark-submit takes the Airflow connection's
     env.update(config.extra_env)
     return env
 

@@ -33,12 +33,12 @@ def cli_env(fault: str | None = None, master: str = "local[2]") -> dict[str, str
 
 def run_pipeline(
     pipeline: str, warehouse: Path | str, landing: Path | str, fault: str | None = None, extra: Sequence[str] = (),
-    master: str = "local[2]", remote: str | None = None,
+    master: str = "local[2]", remote: str | None = None, epochs: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``barrierflow run <pipeline>`` until caught up: on a Spark of its own (``master``), or on the engine at ``remote``."""
+    """``barrierflow run <pipeline>`` until caught up (or ``epochs`` epochs): on a Spark of its own (``master``), or on the engine at ``remote``."""
     cmd = barrierflow_cmd(
-        "run", pipeline, "--warehouse", str(warehouse),
-        "--param", f"landing_dir={landing}", "--param", "max_files_per_epoch=2", "--until-caught-up", *extra,
+        "run", pipeline, "--warehouse", str(warehouse), "--param", f"landing_dir={landing}", "--param", "max_files_per_epoch=2",
+        *(("--epochs", str(epochs)) if epochs is not None else ("--until-caught-up",)), *extra,
         *(("--remote", remote) if remote else ()),
     )
     return subprocess.run(cmd, env=cli_env(fault, master), capture_output=True, text=True, timeout=600)

@@ -13,7 +13,10 @@ from barrierflow.layout import PipelineLayout
 from barrierflow.query import run_query
 from reference.sensor_stats_reference import ReferenceResult, run_reference, split_epochs
 
-__all__ = ["reference_for", "assert_matches_reference", "assert_one_commit_per_table_per_epoch", "assert_nothing_staged_visible", "table_snapshot"]
+__all__ = [
+    "reference_for", "assert_matches_reference", "assert_one_commit_per_table_per_epoch", "assert_nothing_staged_visible",
+    "table_snapshot", "last_barrier_params",
+]  # fmt: skip
 
 
 def reference_for(landing: Path, max_files: int, ooo: int = 30) -> ReferenceResult:
@@ -100,6 +103,21 @@ REASON_CODES = {
 def _completed(warehouse: Path | str, pipeline: str = "sensor_stats") -> list[Any]:
     layout = PipelineLayout.of(str(warehouse), pipeline)
     return [r for r in CheckpointLog(layout).records() if r.status.value == "COMPLETED"]
+
+
+def last_barrier_params(warehouse: Path | str) -> dict[str, Any]:
+    """The parameters sensor_stats' last completed epoch of its current lineage ran with (its barrier's)."""
+    from barrierflow import storage
+    from barrierflow.coordinator import CheckpointCoordinator
+    from barrierflow.registry import get_pipeline
+
+    coordinator = CheckpointCoordinator(get_pipeline("sensor_stats"), {"landing_dir": "unused"}, str(warehouse))
+    lineage = coordinator.current_lineage()["lineage_id"]
+    record = coordinator.log.last_completed(coordinator.log.lineage_records(lineage))
+    assert record is not None, f"no completed epoch in lineage {lineage}"
+    barrier = storage.read_json(coordinator.layout.barrier(lineage, record.epoch))
+    assert barrier is not None
+    return dict(barrier["params"])
 
 
 def assert_one_commit_per_table_per_epoch(warehouse: Path | str, epochs: int, pipeline: str = "sensor_stats") -> None:

@@ -1,17 +1,17 @@
-"""barrierflow with executors in separate JVMs: a standalone cluster.
+"""barrierflow with executors in separate JVMs: ``local-cluster`` and a standalone cluster.
 
 The executors read the input, merge state and write every staged file
 themselves, importing the barrierflow package that the driver ships
 (``SparkContext.addPyFile``), never the driver's interpreter path: checked on
 a standalone cluster (a master and two workers with work directories of
-their own, as in production). A ``kill -9`` of the driver between two
-tables' commits runs on it, with a local and an S3 warehouse; restores at
-another parallelism are checked in ``test_savepoint_restore.py``.
-``local-cluster`` masters ship the package the same way and are what
-``make bench`` runs the big-state benchmark on; they are not run here a
-second time. (That results never depend on parallelism, bit for bit, is
-checked on a local master in ``test_sensor_stats.py``.) These tests run
-Spark SQL's generated code as production does; the rest of the suite runs it
+their own, as in production: ``tests/spark_cluster.py``). On both masters,
+with a local and an S3 warehouse: a ``kill -9`` of the driver between two
+tables' commits and the resume, against the reference, then a restore of a
+savepoint at another parallelism whose replay gives the same tables. (That
+results never depend on parallelism, bit for bit, is checked further on a
+local master in ``test_sensor_stats.py``.) The Airflow DAG on the standalone
+cluster is ``tests/airflow/test_cluster_dag.py``'s. These tests run Spark
+SQL's generated code as production does; the rest of the suite runs it
 interpreted (``tests/jvm_options.py``).
 """
 
@@ -22,92 +22,46 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
 from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.pipelines.sensor_stats import sensor_stats
+from barrierflow.restore import restore
+from barrierflow.savepoint import create_savepoint
 from cli_runner import cli_env, run_sensor_stats, sensor_stats_tables_per_epoch
 from jvm_options import with_generated_code
 from sensor_check import (
     assert_matches_reference,
     assert_nothing_staged_visible,
     assert_one_commit_per_table_per_epoch,
+    last_barrier_params,
     reference_for,
+    table_snapshot,
 )
 
 # Three JVMs per application on two cores: a few minutes for the driver-kill test under CI's load.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
+LOCAL_CLUSTER = "local-cluster[2,1,1024]"  # two executors in JVMs of their own, started by the driver
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _generated_code() -> Iterator[None]:
-    """Every JVM of this module (daemons, drivers, executors) runs Spark SQL as production does."""
+    """Every JVM of this module (drivers, and the executors local-cluster starts) runs Spark SQL as production does."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("JAVA_TOOL_OPTIONS", with_generated_code(os.environ.get("JAVA_TOOL_OPTIONS", "")))
         yield
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def standalone(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[str]:
-    """A standalone master and two one-core workers from the wheel's ``spark-class``, on 127.0.0.1.
-
-    The workers' environment reaches the test S3 endpoint, as a deployment's
-    nodes are configured for its object store.
-    """
-    import pyspark
-
-    from s3_server import aws_env
-
-    spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
-    work = tmp_path_factory.mktemp("standalone")
-    port, ui = _free_port(), _free_port()
-    env = {**os.environ, **aws_env(s3_server.endpoint), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_HOME": str(Path(pyspark.__file__).parent)}
-    procs = [
-        subprocess.Popen(
-            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],
-            env=env, stdout=open(work / "master.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    ]
-    master = f"spark://127.0.0.1:{port}"
-    for n in range(2):
-        procs.append(
-            subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.worker.Worker", master, "--host", "127.0.0.1", "--cores", "1",
-                 "--memory", "1g", "--webui-port", str(_free_port()), "--work-dir", str(work / f"worker-{n}")],
-                env=env, stdout=open(work / f"worker-{n}.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as response:
-                    if json.load(response).get("aliveworkers") == 2:
-                        break
-            except (OSError, ValueError):  # not listening yet, or an empty body while the UI starts (seen in CI)
-                pass
-            if time.monotonic() > deadline:
-                logs = "\n".join((work / f).read_text()[-1500:] for f in ("master.log", "worker-0.log", "worker-1.log"))
-                pytest.fail(f"the standalone cluster did not register two workers in 120 s:\n{logs}")
-            time.sleep(1)
-        yield master
-    finally:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            proc.wait(timeout=60)
+@pytest.fixture(params=["standalone", LOCAL_CLUSTER])
+def master(request: pytest.FixtureRequest) -> str:
+    """A Spark master whose executors run in JVMs of their own: the standalone cluster's, or ``local-cluster``."""
+    if request.param == "standalone":
+        return str(request.getfixturevalue("standalone").master)
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +88,8 @@ print(json.dumps({"rows": [r.asDict() for r in rows]}))
 """
 
 
-def test_executors_import_the_shipped_package(standalone: str) -> None:
-    master = standalone
+def test_executors_import_the_shipped_package(standalone: Any) -> None:
+    master = standalone.master
     done = subprocess.run([sys.executable, "-c", _WHERE, master], env=cli_env(master=master), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout.strip().splitlines()[-1])["rows"]
@@ -147,13 +101,26 @@ def test_executors_import_the_shipped_package(standalone: str) -> None:
     assert {r["daemon"] for r in rows} == {"pyspark.daemon"}, rows
 
 
-def test_driver_kill_between_commits_then_resume_match_the_reference(standalone: str, landing: Path, warehouse: str) -> None:
-    master = standalone
-    # The driver dies between epoch 2's second and third table commit; the next run resumes.
-    crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{sensor_stats_tables_per_epoch() + 2}", master=master)
+def test_driver_kill_then_a_restore_at_another_parallelism_match_the_reference(master: str, landing: Path, warehouse: str) -> None:
+    params = {"landing_dir": str(landing), "max_files_per_epoch": 2}
+    # 1. Epoch 1 (at the default parallelism, 2), and a savepoint of it.
+    first = run_sensor_stats(warehouse, landing, master=master, epochs=1)
+    assert first.returncode == 0, first.stderr[-2000:]
+    create_savepoint(sensor_stats, warehouse, name="after-1", params=params)
+    # 2. The driver dies once half of epoch 2's tables have committed; the next run resumes.
+    half = sensor_stats_tables_per_epoch() // 2
+    crashed = run_sensor_stats(warehouse, landing, fault=f"commit.after_delta_commit:{half}", master=master)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     resumed = run_sensor_stats(warehouse, landing, master=master)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert_matches_reference(warehouse, reference_for(landing, 2))
     assert_one_commit_per_table_per_epoch(warehouse, 2)
     assert_nothing_staged_visible(warehouse)
+    straight = table_snapshot(warehouse)
+    # 3. The savepoint restored at parallelism 3, its sinks rewound: epoch 2 runs again, on the same tables.
+    result = restore(sensor_stats, warehouse, savepoint="after-1", rewind_sinks=True, parallelism=3, params=params)
+    assert (result.epoch, result.params) == (1, {"parallelism": 3})
+    replayed = run_sensor_stats(warehouse, landing, master=master)
+    assert replayed.returncode == 0, replayed.stderr[-2000:]
+    assert last_barrier_params(warehouse)["parallelism"] == 3
+    assert table_snapshot(warehouse) == straight

@@ -6,7 +6,7 @@ end a real ``barrierflow run`` with SIGKILL, its Spark driver included, while
 epoch 1 reads its input (nothing voted yet). A run again then checks the
 tables against the reference, exactly one Delta commit per table per epoch,
 and that no staged file became visible. The kill between two tables' Delta
-commits runs on a standalone cluster (``test_clusters.py``) and on S3
+commits runs on both cluster masters (``test_clusters.py``) and on S3
 (``test_object_store.py``).
 Kills at random times are ``tests/integration/test_object_store.py``'s (on
 S3, behind faults, the executors' JVMs killed too).
@@ -33,8 +33,8 @@ pytestmark = pytest.mark.slow
 
 
 # (crash point, crossing), on both stores. The kill between two tables' commits of
-# epoch 2 (the crossing computed from the tables an epoch commits) is
-# tests/integration/test_clusters.py's, on a standalone master, and
+# epoch 2 (half of the tables an epoch commits) is
+# tests/integration/test_clusters.py's, on local-cluster and a standalone master, and
 # tests/integration/test_object_store.py's, on S3 behind faults: a third
 # copy here on local[2] would repeat their assertions.
 CASES = [

@@ -25,7 +25,7 @@ from barrierflow.savepoint import create_savepoint, dispose_savepoint, list_save
 from barrierflow.sinks import DeltaSink
 from barrierflow.sources import FileSource
 from reference.sensor_stats_reference import run_reference, split_epochs
-from sensor_check import assert_matches_reference, reference_for, table_snapshot
+from sensor_check import assert_matches_reference, last_barrier_params, reference_for, table_snapshot
 
 MAX_FILES = 2
 
@@ -104,18 +104,8 @@ def test_restore_with_changed_parallelism_gives_identical_results(run_epochs: Ca
     result = restore(sensor_stats, str(warehouse), savepoint="p2", rewind_sinks=True, parallelism=5, params=_params(landing))
     assert result.params == {"parallelism": 5}
     assert run_epochs(warehouse) == [3, 4]
-    assert _last_barrier_params(warehouse)["parallelism"] == 5
+    assert last_barrier_params(warehouse)["parallelism"] == 5
     assert table_snapshot(warehouse) == straight  # bit-identical replay at another parallelism
-
-
-def _last_barrier_params(warehouse: str) -> dict[str, Any]:
-    from barrierflow.layout import PipelineLayout
-
-    coordinator = CheckpointCoordinator(sensor_stats, {"landing_dir": "x"}, warehouse)
-    lineage = coordinator.current_lineage()["lineage_id"]
-    record = coordinator.log.last_completed(coordinator.log.lineage_records(lineage))
-    assert record is not None
-    return storage.read_json(PipelineLayout.of(warehouse, "sensor_stats").barrier(lineage, record.epoch))["params"]
 
 
 def _without_alerts() -> PipelineDefinition:

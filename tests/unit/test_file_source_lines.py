@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 import pytest
@@ -19,9 +19,15 @@ from barrierflow.sources.file_source import (
     _parse_lines,
     _parsed_schema,
     _raw_task,
+    count_records,
 )
 
 # -- helpers -----------------------------------------------------------------
+
+
+def _count_here(uris: Sequence[str], fmt: str) -> dict[str, int]:
+    """The coordinator's record counter without Spark: the executor tasks' own count, in this process."""
+    return {uri: count_records(uri, fmt) for uri in uris}
 
 
 def _task(path: Path | str, byte_start: int = 0, byte_end: int = -1, from_line: int = 0, to_line: int = -1) -> dict[str, Any]:
@@ -249,19 +255,19 @@ def test_plan_max_records_splits_inside_a_file_and_resumes(make_source: Callable
     write_file("a.jsonl", [f'{{"n": {i}}}' for i in range(10)])
     write_file("b.jsonl", [f'{{"n": {i}}}' for i in range(3)])
     src = make_source(max_records_per_epoch=4, max_files_per_epoch=10)
-    e1 = src.plan(None, None)
+    e1 = src.plan(None, None, _count_here)
     assert [r[:3] for r in e1["files"]] == [["a.jsonl", 0, 4]]
     assert (e1["file"], e1["line"]) == ("a.jsonl", 4)
-    e2 = src.plan(e1, None)
+    e2 = src.plan(e1, None, _count_here)
     assert [r[:3] for r in e2["files"]] == [["a.jsonl", 4, 8]]
     assert (e2["file"], e2["line"]) == ("a.jsonl", 8)
-    e3 = src.plan(e2, None)  # the rest of a.jsonl (2 records) plus 2 of b.jsonl
+    e3 = src.plan(e2, None, _count_here)  # the rest of a.jsonl (2 records) plus 2 of b.jsonl
     assert [r[:3] for r in e3["files"]] == [["a.jsonl", 8, None], ["b.jsonl", 0, 2]]
     assert (e3["file"], e3["line"]) == ("b.jsonl", 2)
-    e4 = src.plan(e3, None)
+    e4 = src.plan(e3, None, _count_here)
     assert [r[:3] for r in e4["files"]] == [["b.jsonl", 2, None]]
     assert (e4["file"], e4["line"]) == ("b.jsonl", None)
-    assert src.plan(e4, None)["files"] == []
+    assert src.plan(e4, None, _count_here)["files"] == []
 
 
 def test_plan_max_records_ranges_read_every_line_once(make_source: Callable[..., FileSource], write_file: Callable[..., Path], landing: Path) -> None:
@@ -272,7 +278,7 @@ def test_plan_max_records_ranges_read_every_line_once(make_source: Callable[...,
     seen: list[tuple[str, int, bytes]] = []
     position = None
     for _ in range(20):
-        plan = src.plan(position, None)
+        plan = src.plan(position, None, _count_here)
         if not plan["files"]:
             break
         assert sum((r[2] if r[2] is not None else len(contents[r[0]])) - r[1] for r in plan["files"]) <= 3
@@ -284,9 +290,32 @@ def test_plan_max_records_ranges_read_every_line_once(make_source: Callable[...,
     assert seen == expected
 
 
+def test_plan_reads_no_input_file_and_counts_only_what_the_record_budget_may_take(
+    make_source: Callable[..., FileSource], write_file: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(12):
+        write_file(f"{i:02d}.jsonl", ["{}"] * 5)
+    asked: list[list[str]] = []
+
+    def counter(uris: Sequence[str], fmt: str) -> dict[str, int]:
+        asked.append([Path(u).name for u in uris])
+        return dict.fromkeys(uris, 5)
+
+    def no_reading(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("planning opened an input file")
+
+    monkeypatch.setattr(file_source.storage, "open_input", no_reading)
+    plan = make_source(max_records_per_epoch=12, max_files_per_epoch=20).plan(None, None, counter)
+    assert [r[:3] for r in plan["files"]] == [["00.jsonl", 0, None], ["01.jsonl", 0, None], ["02.jsonl", 0, 2]]
+    assert asked == [[f"{i:02d}.jsonl" for i in range(8)]]  # one job for the first few candidates
+    with pytest.raises(SourceError, match="max_records_per_epoch needs the records of the files counted by executors"):
+        make_source(max_records_per_epoch=12).plan(None, None)
+    assert len(make_source().plan(None, None)["files"]) == 10  # no record limit: nothing to count
+
+
 def test_plan_records_file_sizes(make_source: Callable[..., FileSource], write_file: Callable[..., Path]) -> None:
     path = write_file("a.jsonl", b'{"x": 1}\n{"x": 2}')
-    plan = make_source(max_records_per_epoch=1).plan(None, None)
+    plan = make_source(max_records_per_epoch=1).plan(None, None, _count_here)
     assert plan["files"] == [["a.jsonl", 0, 1, path.stat().st_size]]
 
 
@@ -473,16 +502,16 @@ def test_a_file_landing_behind_the_position_is_handled_by_late_files_never_dropp
     write_file("b.jsonl", "1\n")
     write_file("c.jsonl", "2\n3\n")
     src = make_source(max_files_per_epoch=1, max_records_per_epoch=1, late_files=policy)
-    first = src.plan(None, None)
-    second = src.plan(first, None)  # inside c.jsonl: line 1 of 2
+    first = src.plan(None, None, _count_here)
+    second = src.plan(first, None, _count_here)  # inside c.jsonl: line 1 of 2
     assert [r[:3] for r in first["files"] + second["files"]] == [["b.jsonl", 0, None], ["c.jsonl", 0, 1]]
     write_file("a.jsonl", "late\n")  # sorts before the position: never read in name order
     assert src.earliest_arrival_ms(second, None) is not None  # the schedule sees it as input
     if policy == "refuse":
         with pytest.raises(BlockedInputError, match="file\\(s\\) 'a.jsonl' landed .* before the stream position 'c.jsonl'.*late_files='refuse'"):
-            src.plan(second, None)
+            src.plan(second, None, _count_here)
         return
-    third = src.plan(second, None)
+    third = src.plan(second, None, _count_here)
     if policy == "next_epoch":  # read whole, ahead of the rest of c.jsonl
         assert [r[:3] for r in third["files"]] == [["a.jsonl", 0, None], ["c.jsonl", 1, None]]
         assert "late" not in third
@@ -490,7 +519,7 @@ def test_a_file_landing_behind_the_position_is_handled_by_late_files_never_dropp
         assert [r[:3] for r in third["files"]] == [["c.jsonl", 1, None]]
         assert third["late"] == [["a.jsonl", 5]]
     assert (third["file"], third["line"], third["consumed"], third["recent"]) == ("c.jsonl", None, 3, ["a.jsonl", "b.jsonl", "c.jsonl"])
-    assert src.plan(third, None)["files"] == [] and src.earliest_arrival_ms(third, None) is None  # taken once
+    assert src.plan(third, None, _count_here)["files"] == [] and src.earliest_arrival_ms(third, None) is None  # taken once
 
 
 def test_backlog_is_what_no_barrier_took_with_the_oldest_arrival(
@@ -504,9 +533,9 @@ def test_backlog_is_what_no_barrier_took_with_the_oldest_arrival(
     write_file(".e.jsonl", "being written\n", mtime_ms=500)  # not input yet
     src = make_source(max_files_per_epoch=1, max_records_per_epoch=1)
     assert src.backlog(None) == Backlog(3, 4 + 2 + 6, 1_000)
-    first = src.plan(None, None)  # b.jsonl line 1: b stays waiting (counted whole)
+    first = src.plan(None, None, _count_here)  # b.jsonl line 1: b stays waiting (counted whole)
     assert src.backlog(first) == Backlog(3, 12, 1_000)
-    second = src.plan(first, None)  # the rest of b.jsonl
+    second = src.plan(first, None, _count_here)  # the rest of b.jsonl
     assert src.backlog(second) == Backlog(2, 8, 2_000) and src.backlog(second).lag_ms(2_500) == 500
     write_file("a.jsonl", "late\n", mtime_ms=5_000)  # behind the position: waiting too
     assert src.backlog(second) == Backlog(3, 13, 2_000)

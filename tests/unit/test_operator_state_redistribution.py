@@ -8,7 +8,8 @@ import pyarrow as pa
 import pytest
 
 import barrierflow as bf
-from barrierflow.errors import CheckpointError
+from barrierflow.errors import CheckpointError, UserFunctionError
+from barrierflow.operators.base import MAX_DRIVER_STATE_ELEMENTS, check_driver_state_size
 from barrierflow.operators.operator_state import (
     OperatorContext,
     offsets_lists,
@@ -211,3 +212,9 @@ def test_offsets_state_with_two_different_offsets_for_one_source_is_refused() ->
     both = pa.concat_tables([one, other.set_column(0, "subtask", pa.array([1], pa.int32()))])
     with pytest.raises(CheckpointError, match="source readings: its offsets state holds 2 different offsets"):
         restored_offsets("readings", both)
+
+
+def test_a_driver_resident_state_past_its_ceiling_fails_naming_it() -> None:
+    check_driver_state_size("buffer", "pending", MAX_DRIVER_STATE_ELEMENTS)
+    with pytest.raises(UserFunctionError, match=r"operator 'buffer': its state 'pending' would hold 1000001 elements.*key_by"):
+        check_driver_state_size("buffer", "pending", MAX_DRIVER_STATE_ELEMENTS + 1)

@@ -15,12 +15,31 @@ from barrierflow.state.spec import StateSpec
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["Node", "user_columns", "key_group_column", "position_columns", "position_order", "ship_user_code"]
+__all__ = [
+    "Node", "user_columns", "key_group_column", "position_columns", "position_order", "ship_user_code",
+    "MAX_DRIVER_STATE_ELEMENTS", "check_driver_state_size",
+]  # fmt: skip
+
+# The ceiling of a state held whole on the driver and shipped with the function
+# (operator list state, broadcast state), as Flink keeps them on each task's heap.
+MAX_DRIVER_STATE_ELEMENTS = 1_000_000
 
 # A flat_map's outputs carry their input's position plus their index among
 # that input's outputs (``_seq_1``, then ``_seq_2`` for a flat_map of a
 # flat_map's output): together a unique position, derived from the records alone.
 _SUB_POSITION = re.compile(r"^_seq_([0-9]+)$")
+
+
+def check_driver_state_size(operator_id: str, state: str, elements: int) -> None:
+    """Refuse a driver-resident state grown past :data:`MAX_DRIVER_STATE_ELEMENTS` (before it is staged)."""
+    if elements > MAX_DRIVER_STATE_ELEMENTS:
+        from barrierflow.errors import UserFunctionError
+
+        raise UserFunctionError(
+            f"operator {operator_id!r}: its state {state!r} would hold {elements} elements; operator and broadcast "
+            f"state are held whole on the driver and shipped to every task, up to {MAX_DRIVER_STATE_ELEMENTS} "
+            "elements. Keep large state keyed (key_by(...).process(...)): it stays in Delta, read per key group"
+        )
 
 
 @dataclass

@@ -22,6 +22,8 @@ timers. Within epoch n:
    ``<operator>__<name>`` (``map_key``, ``map_value``), staged and committed
    with the epoch and kept by savepoints. Every key group reads it whole,
    as every Flink instance holds a copy: rescaling redistributes nothing.
+   A map state grown past ``MAX_DRIVER_STATE_ELEMENTS`` (1,000,000)
+   entries fails the epoch, saying so.
 5. Watermark: the keyed side's (a broadcast stream usually carries none,
    and would otherwise hold every timer back).
 """
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Se
 import pyarrow as pa
 
 from barrierflow.errors import PipelineDefinitionError, UserFunctionError
-from barrierflow.operators.base import Node, position_columns, user_columns
+from barrierflow.operators.base import Node, check_driver_state_size, position_columns, user_columns
 from barrierflow.operators.process import KeyedContext, KeyedFunction, KeyedProcess, KeyedProcessFunction
 from barrierflow.state.descriptors import MapStateDescriptor
 from barrierflow.state.spec import KEY_GROUP, StateSpec
@@ -208,6 +210,7 @@ class KeyedBroadcastProcess(KeyedProcess):
         for record in records:  # 2.
             fn.process_broadcast_element(record, bctx, emitted.append)
         for d in self.descriptors:
+            check_driver_state_size(self.operator_id, d.name, len(states[d.name]._writable))
             _stage_changes(ctx, _spec(self.operator_id, d), before[d.name], states[d.name]._writable)
         # 3. The keyed side, with the broadcast state as step 2 left it (shipped with the function).
         view = {name: ReadOnlyBroadcastState(dict(state._writable)) for name, state in states.items()}

@@ -59,7 +59,9 @@ class attributes) belong to a parallel subtask, not to a key. Within epoch n:
 7. Operator state is small (buffers, offsets), as Flink keeps it on the
    heap of each task: the driver reads a state whole, redistributes it and
    ships each subtask its lists with the function; the subtasks' new lists
-   come back to the driver, which stages the changed rows.
+   come back to the driver, which stages the changed rows. A state whose
+   lists would hold more than ``MAX_DRIVER_STATE_ELEMENTS`` (1,000,000)
+   elements in all fails the epoch, saying so (keyed state has no ceiling).
 
 8. Source offsets. Every source operator owns the union list state
    ``offsets`` (``state/<source_id>/offsets``, ``<source_id>__offsets`` in
@@ -93,7 +95,14 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 import pyarrow as pa
 
 from barrierflow.errors import CheckpointError, PipelineDefinitionError, UserFunctionError
-from barrierflow.operators.base import Node, position_columns, position_order, ship_user_code, user_columns
+from barrierflow.operators.base import (
+    Node,
+    check_driver_state_size,
+    position_columns,
+    position_order,
+    ship_user_code,
+    user_columns,
+)
 from barrierflow.operators.process import _declared_states, _python_values, _state_column
 from barrierflow.state.descriptors import EVEN_SPLIT, UNION, ListStateDescriptor, StateDescriptor
 from barrierflow.state.keyed import ListState
@@ -389,6 +398,7 @@ class OperatorProcess(Node):
         for kind, subtask, *values in zip(*(c.to_pylist() for c in changed.toArrow().columns)):
             after[kind][subtask] = values[list(specs).index(kind)] or []
         for name, spec in specs.items():
+            check_driver_state_size(self.operator_id, name, sum(len(values) for values in after[name]))
             # Staged every epoch, changed or not: a completed epoch's cut (what queries and
             # savepoints read) names the versions of the tables it committed.
             _stage(ctx, spec, state_rows(stored[name], after[name]))

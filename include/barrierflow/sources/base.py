@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 if TYPE_CHECKING:
     import concurrent.futures
 
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Backlog", "Source", "SourceBatch", "SEQ", "arrival_seq", "seq_parts", "file_position", "describe_offsets", "planned_bytes"]
+__all__ = ["Backlog", "RecordCounter", "Source", "SourceBatch", "SEQ", "arrival_seq", "seq_parts", "file_position", "describe_offsets", "planned_bytes"]
 
 # Every record carries its arrival position packed in one long, ``_seq``:
 # (source index, file index within the epoch, line). Sorting by it gives
@@ -106,12 +106,23 @@ class Backlog:
         return cls(int(doc.get("files", 0)), int(doc.get("bytes", 0)), doc.get("oldest_arrival_ms"))
 
 
+# (file URIs, format) -> records in each file. The checkpoint coordinator counts them
+# with executor tasks: planning itself lists and stats input files, never reads them.
+RecordCounter = Callable[[Sequence[str], str], Mapping[str, int]]
+
+
 class Source(Protocol):
     @property
     def source_id(self) -> str: ...
 
-    def plan(self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None) -> dict[str, Any]:
-        """End offsets for the next epoch (equal to ``start`` content when idle)."""
+    def plan(
+        self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None, counter: RecordCounter | None = None
+    ) -> dict[str, Any]:
+        """End offsets for the next epoch (equal to ``start`` content when idle).
+
+        ``counter`` counts the records of input files, for a source that
+        limits an epoch's records and cannot tell them from metadata.
+        """
 
     def earliest_arrival_ms(self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None) -> int | None:
         """When the earliest input after ``start`` that arrived by the cut-off arrived; None if none.

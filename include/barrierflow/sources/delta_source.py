@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from barrierflow.delta_commit import add_actions, live_paths
 from barrierflow.errors import BlockedInputError, PipelineDefinitionError, SourceError
-from barrierflow.sources.base import Backlog, SourceBatch
+from barrierflow.sources.base import Backlog, RecordCounter, SourceBatch
 from barrierflow.sources.dead_letters import checked_rows
 from barrierflow.sources.schema_check import schema_mismatches
 from barrierflow.storage import join_uri, normalize_uri
@@ -50,7 +50,9 @@ class DeltaSource:
         except DeltaError as exc:
             raise SourceError(f"source {self.source_id}: cannot read {self.table_uri}: {exc}") from exc
 
-    def plan(self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None) -> dict[str, Any]:
+    def plan(
+        self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None, counter: RecordCounter | None = None
+    ) -> dict[str, Any]:
         table = self._table()
         begin = start["version"] if start else -1
         latest = table.version()

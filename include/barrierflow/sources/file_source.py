@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import functools
 import math
 import threading
 from concurrent.futures import Future
@@ -22,7 +23,7 @@ import pyarrow as pa
 
 from barrierflow import storage
 from barrierflow.errors import BlockedInputError, PipelineDefinitionError, SourceError, StorageError
-from barrierflow.sources.base import SEQ, Backlog, SourceBatch, arrival_seq
+from barrierflow.sources.base import SEQ, Backlog, RecordCounter, SourceBatch, arrival_seq
 from barrierflow.sources.dead_letters import (
     DeadLetterReason,
     checked_rows,
@@ -40,13 +41,15 @@ from barrierflow.table_files import ROW_INDEX_COLUMN, parquet_schema, read_parqu
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["FileSource", "LateFiles", "RecordError", "LineParser"]
+__all__ = ["FileSource", "LateFiles", "RecordError", "LineParser", "count_records_on_executors"]
 
 _CHUNK_BYTES = 16 * 1024 * 1024
 # Smaller ranges than this cost more in task overhead than they gain in parallelism.
 _MIN_CHUNK_BYTES = 1024 * 1024
 # Files up to this size are read whole by Spark (a JVM string per file).
 _WHOLETEXT_MAX_BYTES = 256 * 1024 * 1024
+# Files counted per planning job: enough for both cores of a small cluster, few beyond the record budget.
+_COUNT_BATCH_FILES = 8
 
 
 class RecordError(ValueError):
@@ -83,6 +86,13 @@ class FileSource:
     is used for JSON Lines. Parquet files are read as ``schema``: a file
     whose columns do not fit it is a dead letter as a whole (see
     :meth:`_read_parquet`).
+
+    ``max_records_per_epoch`` cuts epochs inside files, as ranges of lines
+    (rows). Planning then needs the records of the files it may take: the
+    checkpoint coordinator counts them with executor tasks (a small Spark job,
+    :func:`count_records_on_executors`), so the planner never reads input.
+    In the Airflow DAG's spark-submit mode the barrier task then starts a Spark
+    application for that job (``$BARRIERFLOW_SPARK_MASTER``, or ``local[*]``).
     """
 
     source_id: str
@@ -219,7 +229,9 @@ class FileSource:
         # Rounded up: a cut-off at this millisecond still takes the file.
         return -(-min(waiting) // 1_000_000) if waiting else None
 
-    def plan(self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None) -> dict[str, Any]:
+    def plan(
+        self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None, counter: RecordCounter | None = None
+    ) -> dict[str, Any]:
         """End offsets: the next files in name order, files that landed behind the position by ``late_files``.
 
         1. Late files (see :meth:`_late_files`): refused with a
@@ -227,7 +239,8 @@ class FileSource:
            the others), or listed under ``late`` as whole-file dead letters.
            A file too far behind to be named is always refused.
         2. The files after the position, up to ``max_files_per_epoch`` and
-           ``max_records_per_epoch``, as ranges of lines (rows).
+           ``max_records_per_epoch``, as ranges of lines (rows); ``counter``
+           counts the records of the files this may take, a few at a time.
         3. The new position: the last range's end; ``consumed`` and
            ``recent`` take every file read or dead-lettered.
         """
@@ -254,13 +267,16 @@ class FileSource:
                 remaining.append((name, pos_line))
         ranges: list[list[Any]] = []
         budget = self.max_records_per_epoch
-        for name, from_line in remaining[: self.max_files_per_epoch]:
+        candidates = remaining[: self.max_files_per_epoch]
+        counts: dict[str, int] = {}
+        for i, (name, from_line) in enumerate(candidates):
             full = join_uri(base, name)
             if budget is None:
                 ranges.append([name, from_line, None, storage.file_size(full)])
                 continue
-            total = self._count_records(full)
-            available = total - from_line
+            if full not in counts:
+                counts.update(self._counted([join_uri(base, n) for n, _ in candidates[i : i + _COUNT_BATCH_FILES]], counter))
+            available = counts[full] - from_line
             if available <= budget:
                 ranges.append([name, from_line, None, storage.file_size(full)])
                 budget -= available
@@ -300,16 +316,16 @@ class FileSource:
         oldest = min((f.modified_ns for f in waiting), default=None)
         return Backlog(len(waiting), sum(f.size for f in waiting), -(-oldest // 1_000_000) if oldest is not None else None)
 
-    def _count_records(self, uri: str) -> int:
-        if self.format == "parquet":
-            import pyarrow.parquet as pq
-
-            try:
-                with storage.open_input(uri) as fh:
-                    return pq.ParquetFile(fh).metadata.num_rows
-            except (OSError, pa.ArrowInvalid):
-                return 0  # not Parquet: taken whole, and dead-lettered whole when read
-        return _count_lines(uri)
+    def _counted(self, uris: list[str], counter: RecordCounter | None) -> Mapping[str, int]:
+        if counter is None:
+            raise SourceError(
+                f"source {self.source_id}: max_records_per_epoch needs the records of the files counted by executors: "
+                "plan epochs through the checkpoint coordinator (or pass plan() a counter)"
+            )
+        counts = counter(uris, self.format)
+        if set(counts) != set(uris):
+            raise SourceError(f"source {self.source_id}: records counted for {sorted(counts)}, asked for {sorted(uris)}")
+        return counts
 
     def describe(self) -> dict[str, Any]:
         return {"type": "file", "id": self.source_id, "format": self.format, "path": self.path}
@@ -831,6 +847,37 @@ def _unused_name(prefix: str, taken: list[str]) -> str:
     while name in taken:
         name = "_" + name
     return name
+
+
+def count_records_on_executors(spark: "SparkSession", uris: Sequence[str], fmt: str) -> dict[str, int]:
+    """Records in each file (lines of JSON Lines, rows of Parquet), counted by executor tasks, one per file."""
+    if not uris:
+        return {}
+    files = spark.createDataFrame([(uri,) for uri in uris], "uri string").repartition(len(uris))
+    rows = files.mapInArrow(functools.partial(_count_batches, fmt), "uri string, records long").collect()
+    return {row["uri"]: int(row["records"]) for row in rows}
+
+
+def _count_batches(fmt: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        uris = batch.column("uri").to_pylist()
+        yield pa.RecordBatch.from_pydict(
+            {"uri": uris, "records": [count_records(uri, fmt) for uri in uris]},
+            schema=pa.schema([("uri", pa.string()), ("records", pa.int64())]),
+        )
+
+
+def count_records(uri: str, fmt: str) -> int:
+    """Records in one file, where it is read (an executor task)."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            with storage.open_input(uri) as fh:
+                return int(pq.ParquetFile(fh).metadata.num_rows)
+        except (OSError, pa.ArrowInvalid):
+            return 0  # not Parquet: taken whole, and dead-lettered whole when read
+    return _count_lines(uri)
 
 
 def _count_lines(path: str) -> int:
