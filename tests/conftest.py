@@ -86,6 +86,20 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     server.stop()
 
 
+@pytest.fixture
+def pruned_state_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """State reads take their pruned path whatever a table's size: touched key groups, and due rows by event time.
+
+    A table below a few files (or, with due rows, 100,000 rows) is read whole,
+    which every other test covers; the window, join and timer tests use this
+    to check the rows a pruned read leaves out never matter.
+    """
+    from barrierflow.state import delta_state_backend
+
+    monkeypatch.setattr(delta_state_backend, "_PRUNE_MIN_FILES", 1)
+    monkeypatch.setattr(delta_state_backend, "_DUE_PRUNE_MIN_ROWS", 0)
+
+
 @pytest.fixture(scope="session")
 def standalone(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[Any]:
     """A standalone Spark cluster (``tests/spark_cluster.py``) for this process, started the first time a test needs it.

@@ -15,6 +15,7 @@ epoch that touches few key groups skips most files.
 
 from __future__ import annotations
 
+import datetime
 import json
 import uuid
 from functools import partial
@@ -419,13 +420,17 @@ def write_parquet(table_uri: str, prefix: str, data: pa.Table, *, sort_by: Seque
 class _StatsAccumulator:
     """Delta statistics of a file, accumulated over the tables written to it.
 
-    Only integer columns get min/max: exact, and enough for key-group and
-    epoch skipping; float, timestamp and string statistics have subtle
-    truncation rules.
+    Integer columns get exact min/max: enough for key-group and epoch
+    skipping. Zoned timestamp columns (a window's start, a timer's time:
+    skipping by event time) get them at Delta's millisecond precision, the minimum
+    rounded down and the maximum up, so that no reader skips a file holding a
+    row it wants. Float and string statistics have subtle truncation rules:
+    none.
     """
 
     def __init__(self, schema: pa.Schema) -> None:
-        self.columns = [f.name for f in schema if pa.types.is_integer(f.type)]
+        self.timestamps = {f.name for f in schema if pa.types.is_timestamp(f.type) and f.type.tz is not None and f.type.unit != "ns"}
+        self.columns = [f.name for f in schema if pa.types.is_integer(f.type) or f.name in self.timestamps]
         self.rows = 0
         self.mins: dict[str, Any] = {}
         self.maxs: dict[str, Any] = {}
@@ -442,4 +447,14 @@ class _StatsAccumulator:
                 self.maxs[name] = max(mm["max"], self.maxs.get(name, mm["max"]))
 
     def to_json(self) -> str:
-        return json.dumps({"numRecords": self.rows, "minValues": self.mins, "maxValues": self.maxs, "nullCount": self.nulls})
+        mins = {k: _delta_timestamp(v, up=False) if k in self.timestamps else v for k, v in self.mins.items()}
+        maxs = {k: _delta_timestamp(v, up=True) if k in self.timestamps else v for k, v in self.maxs.items()}
+        return json.dumps({"numRecords": self.rows, "minValues": mins, "maxValues": maxs, "nullCount": self.nulls})
+
+
+def _delta_timestamp(value: "datetime.datetime", *, up: bool) -> str:
+    """A timestamp statistic as Delta writes it (UTC, milliseconds), rounded ``up`` or down to the millisecond."""
+    millis = value.replace(microsecond=value.microsecond // 1000 * 1000)
+    if up and millis != value:
+        millis += datetime.timedelta(milliseconds=1)
+    return millis.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

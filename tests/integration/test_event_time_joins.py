@@ -31,6 +31,9 @@ from barrierflow.savepoint import create_savepoint
 from epoch_runs import epoch_runner, fail_after_first_commit
 from readme_example import readme_module
 
+# Every state read of these operators takes its pruned path: the rows it leaves out must never matter.
+pytestmark = pytest.mark.usefixtures("pruned_state_reads")
+
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 US = pa.timestamp("us", tz="UTC")
 LEFT = pa.schema([pa.field("k", pa.string()), pa.field("ts", US), pa.field("v", pa.int64())])

@@ -28,6 +28,9 @@ from barrierflow.savepoint import create_savepoint
 from epoch_runs import epoch_runner, fail_after_first_commit
 from readme_example import readme_module
 
+# Every state read of these operators takes its pruned path: the rows it leaves out must never matter.
+pytestmark = pytest.mark.usefixtures("pruned_state_reads")
+
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 GAP = timedelta(seconds=30)
 LATENESS = timedelta(seconds=5)

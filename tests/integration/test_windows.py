@@ -30,6 +30,9 @@ import pytest
 import barrierflow as bf
 from barrierflow.coordinator import CheckpointCoordinator
 
+# Every state read of these operators takes its pruned path: the rows it leaves out must never matter.
+pytestmark = pytest.mark.usefixtures("pruned_state_reads")
+
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, a multiple of every window size below (seconds)
 SIZE, SLIDE, GAP, LATENESS = 10, 5, 4, 10  # seconds; the watermark has no out-of-orderness
 EVENTS = pa.schema([("k", pa.string()), ("t", pa.int64()), ("v", pa.float64())])

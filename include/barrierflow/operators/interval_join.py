@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.join_buffer import SIDES, TwoSidedJoin, check_key_types, fresh_records, joined_rows, record_schemas
+from barrierflow.state.spec import KEY_GROUP, DueRows
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -113,16 +114,22 @@ class IntervalJoin(TwoSidedJoin):
         key_types = check_key_types(ctx, what, frames, keys, self.time_columns)
         specs = [self._spec(side, key_types) for side in SIDES]
         wp, wn = ctx.watermark_prev_us, ctx.watermark_us
-        candidates = []
-        for index, (df, spec) in enumerate(zip(frames, specs)):
+        fresh = []
+        for index, df in enumerate(frames):
             ts = F.col("_ts")
             late = ts.isNull() if wp is None else (ts.isNull() | (ts < F.lit(wp)))  # (2.)
-            fresh = fresh_records(
-                ctx, what, df, self.key, keys[index], self.time_columns[index], late, self.late_outputs[index], SIDES[index]
-            ).drop("_ts")
-            # Every key group: a record leaves state when the watermark passes it, whether or not its key has records (4.).
-            stored = ctx.state.read(spec).select(*fresh.columns[:-1], F.lit(False).alias("_new"))
-            candidates.append(ctx.persist(fresh.unionByName(stored)))
+            fresh.append(
+                fresh_records(
+                    ctx, what, df, self.key, keys[index], self.time_columns[index], late, self.late_outputs[index], SIDES[index]
+                ).drop("_ts")
+            )
+        # Stored records pair with the epoch's records of their key (either side's), and
+        # leave state when the watermark passes them, whether or not their key has records (4.).
+        touched = fresh[0].select(KEY_GROUP).unionByName(fresh[1].select(KEY_GROUP))
+        candidates = []
+        for index, (new, spec) in enumerate(zip(fresh, specs)):
+            stored = ctx.state.read(spec, touched, due=self._due(index, wn))
+            candidates.append(ctx.persist(new.unionByName(stored.select(*new.columns[:-1], F.lit(False).alias("_new")))))
 
         # (3.) pairs with at least one record of this epoch
         left, right = (c.alias(side) for c, side in zip(candidates, SIDES))
@@ -140,6 +147,14 @@ class IntervalJoin(TwoSidedJoin):
             changes = candidate.where((F.col("_new") & keep) | (~F.col("_new") & ~keep)).withColumn("_deleted", ~F.col("_new"))
             ctx.state.stage(spec, changes)
         return out
+
+    def _due(self, index: int, watermark_us: int | None) -> DueRows | None:
+        """(4.) The stored records of side ``index`` whose cleanup time W(n) reaches (:meth:`_cleanup`, inverted)."""
+        if watermark_us is None:
+            return None
+        low, high = self.bounds.low, self.bounds.high
+        shift = (high if high > 0 else 0) if index == 0 else (-low if low < 0 else 0)
+        return DueRows("event_time_us", watermark_us - shift)
 
     def _cleanup(self, index: int, ts: "Column") -> "Column":
         """(4.) A record's cleanup time as a Spark expression (the same rule as :meth:`IntervalBounds.cleanup_us`)."""

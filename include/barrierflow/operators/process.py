@@ -32,7 +32,7 @@ from barrierflow.operators.timers import (
 )
 from barrierflow.state.descriptors import EVEN_SPLIT, ListStateDescriptor, StateDescriptor
 from barrierflow.state.keyed import State, state_for
-from barrierflow.state.spec import KEY_GROUP, StateSpec
+from barrierflow.state.spec import KEY_GROUP, DueRows, StateSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -270,7 +270,9 @@ class KeyedProcess(Node):
         # timer due this epoch (a key may fire a timer without any record).
         touched = keyed
         if timers is not None:
-            due = ctx.state.read(timers).where(due_timers(watermark_us, processing_time_ms))
+            # Due by event time (W(n)) or by processing time (P(n)): the read takes both, then the rule.
+            reached = max(processing_time_ms * 1000, watermark_us if watermark_us is not None else processing_time_ms * 1000)
+            due = ctx.state.read(timers, due=DueRows(TIMER_TIMESTAMP, reached)).where(due_timers(watermark_us, processing_time_ms))
             touched = keyed.select(KEY_GROUP).unionByName(due.select(KEY_GROUP))
         timer_columns = [_TIMER_DOMAIN, _TIMER_TS] if timers is not None else []
 

@@ -75,7 +75,7 @@ import pyarrow as pa
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.aggregate import Aggregation
 from barrierflow.operators.base import Node, key_group_column, position_columns, position_order, user_columns
-from barrierflow.state.spec import KEY_GROUP, StateSpec
+from barrierflow.state.spec import KEY_GROUP, DueRows, StateSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -286,6 +286,12 @@ class _Window(Node):
         purged = end_us + F.lit(self.lateness_us) <= F.lit(wm)
         return fires, purged
 
+    def _due(self, ctx: Any, shortest_us: int) -> DueRows | None:
+        """The stored windows the watermark reaches this epoch: a window at least ``shortest_us`` long fires
+        or is purged only when it ends at or before W(n), so it starts at or before W(n) - ``shortest_us``."""
+        wm = ctx.watermark_us
+        return None if wm is None else DueRows("window_start", wm - shortest_us)
+
     def _spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
         raise NotImplementedError
 
@@ -362,8 +368,10 @@ class AlignedWindow(_Window):
             F.timestamp_micros("_start_us").alias("window_start"),
             F.col("_vals.v").alias("_new_values"),
         )
-        # Firing may concern any pending window, touched this epoch or not.
-        stored = ctx.state.read(spec)
+        # The pending windows this epoch may change: those of the key groups its
+        # records touch, and those the watermark fires or purges (end <= W(n)), touched or not.
+        groups = on_time.select(key_group_column(self.key, ctx.key_groups).alias(KEY_GROUP))
+        stored = ctx.state.read(spec, groups, due=self._due(ctx, size))
         fired_before = F.col("fired") if lateness > 0 else F.lit(False)
         pending = stored.select(*self.key, "window_start", F.col("window_values").alias("_old_values"), fired_before.alias("_fired"))
         keys = [*self.key, "window_start"]
@@ -453,8 +461,11 @@ class SessionWindow(_Window):
             F.lit(False).alias("_fired"),
             rank.cast("long").alias("_tie"),
         )
-        # Firing may concern any stored session, touched this epoch or not.
-        stored = ctx.state.read(spec).select(
+        # The stored sessions this epoch may change: those of the key groups its records touch
+        # (merging), and those the watermark fires or purges, touched or not (their end, and so
+        # their start plus the gap, at or before W(n)).
+        groups = on_time.select(key_group_column(self.key, ctx.key_groups).alias(KEY_GROUP))
+        stored = ctx.state.read(spec, groups, due=self._due(ctx, gap)).select(
             *self.key,
             F.unix_micros("window_start").alias("_start_us"),
             F.unix_micros("window_end").alias("_end_us"),

@@ -48,7 +48,7 @@ import pyarrow as pa
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.join_buffer import SIDES, TwoSidedJoin, check_key_types, fresh_records, joined_rows, record_schemas
 from barrierflow.operators.window import SlidingEventTimeWindows, TumblingEventTimeWindows
-from barrierflow.state.spec import KEY_GROUP
+from barrierflow.state.spec import KEY_GROUP, DueRows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -108,8 +108,9 @@ class WindowJoin(TwoSidedJoin):
             ).select(*columns, "_new")
             window_end = F.unix_micros(F.col("window_start")) + F.lit(size)
             fires = F.lit(False) if wn is None else window_end <= F.lit(wn)  # (4.)
-            # Stored records matter only in windows that fire: the others stay as they are.
-            stored = ctx.state.read(spec).where(fires).select(*columns, F.lit(False).alias("_new"))
+            # Stored records matter only in windows that fire (end <= W(n)): the others stay as they are.
+            due = DueRows("window_start", wn - size) if wn is not None else None
+            stored = ctx.state.read(spec, due=due).where(fires).select(*columns, F.lit(False).alias("_new"))
             candidates.append(ctx.persist(fresh.unionByName(stored).withColumn("_fires", fires)))
 
         # (4.) pairs of every firing window

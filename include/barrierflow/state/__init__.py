@@ -17,10 +17,11 @@ from barrierflow.state.keyed import (
     ReducingState,
     ValueState,
 )
-from barrierflow.state.spec import KEY_GROUP, StateSpec
+from barrierflow.state.spec import KEY_GROUP, DueRows, StateSpec
 
 __all__ = [
     "KEY_GROUP",
+    "DueRows",
     "StateSpec",
     "AggregateFunction",
     "AggregatingState",

@@ -4,7 +4,10 @@ Incremental checkpoints: an epoch appends only the keys it changed, one row
 per key with the epoch that wrote it (a tombstone for a cleared key); the
 current value of a key is its row with the highest ``_epoch``. Files are
 sorted by key group, so Parquet statistics let an epoch read only the key
-groups it touches. :func:`compact` rewrites a table to one live row per key.
+groups it touches, and, for state that event time bounds, the rows the
+watermark reaches (:class:`~barrierflow.state.spec.DueRows`, skipped by the
+statistics of their time column). :func:`compact` rewrites a table to one
+live row per key.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from barrierflow.delta_commit import add_actions, borrow_snapshot, counted_rows,
 from barrierflow.errors import CheckpointError
 from barrierflow.layout import COMPACTED_DIR
 from barrierflow.state import resident
-from barrierflow.state.spec import KEY_GROUP, StateSpec
+from barrierflow.state.spec import KEY_GROUP, DueRows, StateSpec
 from barrierflow.state.worker_cache import (
     StateFile,
     StateLookup,
@@ -44,6 +47,9 @@ __all__ = ["DeltaStateBackend", "BROADCAST_KEYS", "worth_matching", "joinable", 
 
 # Below this many files, listing the touched key groups costs more than it saves.
 _PRUNE_MIN_FILES = 4
+# A read with due rows (windows, timers, join buffers: state event time bounds)
+# below this many stored rows reads them all: cheaper than the touched key groups' job.
+_DUE_PRUNE_MIN_ROWS = 100_000
 # More files than this and a table is compacted whatever its row counts.
 _MAX_FILES = 32
 # An epoch's keys up to this many are broadcast to the state read's tasks
@@ -71,7 +77,6 @@ class DeltaStateBackend:
 
     def __init__(self, ctx: "EpochContext") -> None:
         self._ctx = ctx
-        self._pruned: dict[str, list[int]] = {}
         # Per state table read whole on the driver: its snapshot and live rows.
         self._bases: dict[str, tuple[resident.Snapshot, pa.Table]] = {}
         # Per state table read whole on the executors: the snapshot read.
@@ -113,28 +118,34 @@ class DeltaStateBackend:
                 give_back(uri, table)
         self._tables.clear()
 
-    def _files(self, spec: StateSpec, touched: "DataFrame | list[int] | None") -> tuple[list[StateFile], int | None]:
-        """The files a read of ``spec`` covers, and the rows they hold (None: unknown)."""
+    def _files(
+        self, spec: StateSpec, touched: "DataFrame | list[int] | None", due: DueRows | None = None
+    ) -> tuple[list[StateFile], int | None, "_Selection | None"]:
+        """The files a read of ``spec`` covers, the rows they hold (None: unknown), and the rows to keep of them (None: all)."""
         ctx = self._ctx
         uri = ctx.layout.state_table(spec.operator_id, spec.name)
         table = self._open(spec)
         if table is None:
-            return [], 0
+            return [], 0, None
         actions = add_actions(table)
         rows = actions.column("num_records").to_pylist()
         files = self._state_files(uri, actions)
-        if touched is None or len(files) < _PRUNE_MIN_FILES or f"min.{KEY_GROUP}" not in actions.column_names:
-            return files, counted_rows(rows)
-        wanted = touched if isinstance(touched, list) else ctx.touched_key_groups(touched)
-        self._pruned[spec.table_name] = wanted
+        stored = counted_rows(rows)
+        small = len(files) < _PRUNE_MIN_FILES or (due is not None and (stored is None or stored < _DUE_PRUNE_MIN_ROWS))
+        if (touched is None and due is None) or small or f"min.{KEY_GROUP}" not in actions.column_names:
+            return files, stored, None
+        if due is not None and due.column not in spec.arrow_schema().names:
+            raise ValueError(f"due rows of {spec.table_name} by {due.column!r}: no such column in {spec.arrow_schema().names}")
+        wanted = [] if touched is None else touched if isinstance(touched, list) else ctx.touched_key_groups(touched)
+        earliest = _minimums(actions, due.column) if due is not None else [None] * len(files)
         out, kept_rows = [], []
-        for file, n in zip(files, rows):
-            # File skipping on key-group statistics: read a file only if it
-            # may hold one of the key groups this epoch touches.
-            if file.holds(wanted):
+        for file, n, first in zip(files, rows, earliest):
+            # File skipping on statistics: read a file only if it may hold one of the
+            # key groups this epoch touches, or a row that event time has reached.
+            if file.holds(wanted) or (due is not None and (first is None or first <= due.through_us)):
                 out.append(file)
                 kept_rows.append(n)
-        return out, counted_rows(kept_rows)
+        return out, counted_rows(kept_rows), _Selection(wanted, due)
 
     def read(
         self,
@@ -143,6 +154,7 @@ class DeltaStateBackend:
         *,
         keys: "DataFrame | None" = None,
         key_count: int | None = None,
+        due: DueRows | None = None,
     ) -> "DataFrame":
         """Live rows (latest per key, not deleted, not expired) of ``spec``.
 
@@ -158,10 +170,11 @@ class DeltaStateBackend:
         :func:`joinable`). When ``keys`` carry their key group, the match is
         done in the Python workers' cache of the state files instead
         (:meth:`_lookup_in_workers`), unless it is turned off or the table
-        has nested columns.
+        has nested columns. ``due`` adds the rows event time has reached
+        (:class:`DueRows`), whatever their key group; given alone, the read
+        takes only those (a table small enough is read whole either way).
         """
-        files, stored = self._files(spec, touched)
-        wanted = self._pruned.get(spec.table_name)
+        files, stored, selection = self._files(spec, touched, due)
         cached = keys is not None and KEY_GROUP in keys.columns and _worker_cache_serves(spec, files)
         if key_count is not None and not worth_matching(stored, key_count, cached=cached):
             keys, cached = None, False
@@ -169,7 +182,7 @@ class DeltaStateBackend:
             assert keys is not None  # cached only with keys
             live = self._lookup_in_workers(spec, files, keys)
         else:
-            live = self._latest(spec, [f.uri for f in files], keep_expired=False, key_groups=wanted, keys=keys, key_count=key_count)
+            live = self._latest(spec, [f.uri for f in files], keep_expired=False, selection=selection, keys=keys, key_count=key_count)
         return live.drop("_deleted", "_epoch")
 
     def lookup_files(self, spec: StateSpec, touched: list[int], key_count: int) -> list[StateFile] | None:
@@ -177,7 +190,7 @@ class DeltaStateBackend:
 
         The same choice as :meth:`read`'s for keys that carry their key group.
         """
-        files, stored = self._files(spec, touched)
+        files, stored, _ = self._files(spec, touched)
         if _worker_cache_serves(spec, files) and worth_matching(stored, key_count, cached=True):
             return files
         return None
@@ -212,7 +225,7 @@ class DeltaStateBackend:
         table = self._open(spec)
         if table is None:
             return [], 0, (), None  # the epoch's commit creates it
-        files, stored = self._files(spec, None)
+        files, stored, _ = self._files(spec, None)
         if stored is None or stored > max_rows:
             return None
         if pa.schema(table.schema().to_arrow()) != spec.arrow_schema() or not _worker_cache_serves(spec, files):
@@ -310,7 +323,7 @@ class DeltaStateBackend:
         files: list[str],
         *,
         keep_expired: bool,
-        key_groups: list[int] | None = None,
+        selection: "_Selection | None" = None,
         keys: "DataFrame | None" = None,
         key_count: int | None = None,
     ) -> "DataFrame":
@@ -327,8 +340,8 @@ class DeltaStateBackend:
         ctx = self._ctx
         schema = spec.arrow_schema()
         df = read_parquet_files(ctx.spark, files, schema)
-        if files and key_groups is not None:
-            df = df.where(F.col(KEY_GROUP).isin(key_groups))
+        if files and selection is not None:
+            df = df.where(selection.condition(schema))
         key_columns = spec.key_columns
         small = key_count is not None and key_count <= BROADCAST_KEYS
         if keys is not None:
@@ -705,3 +718,33 @@ def worth_matching(stored_rows: int | None, key_count: int, *, cached: bool = Fa
     if cached:
         return stored_rows > max(_LOOKUP_MIN_ROWS, key_count)
     return stored_rows > max(_MATCH_KEYS_MIN_ROWS, 4 * key_count)
+
+
+class _Selection:
+    """The rows a pruned read keeps of the files it reads: those of ``key_groups`` (None: any), or ``due``."""
+
+    def __init__(self, key_groups: list[int] | None, due: DueRows | None) -> None:
+        self.key_groups, self.due = key_groups, due
+
+    def condition(self, schema: pa.Schema) -> Any:
+        from pyspark.sql import functions as F
+
+        keep = F.lit(self.key_groups is None) if not self.key_groups else F.col(KEY_GROUP).isin(self.key_groups)
+        if self.due is not None:
+            column = F.col(self.due.column)
+            if pa.types.is_timestamp(schema.field(self.due.column).type):
+                column = F.unix_micros(column)
+            keep = keep | (column <= F.lit(self.due.through_us))
+        return keep
+
+
+def _minimums(actions: pa.Table, column: str) -> list[int | None]:
+    """Each file's smallest ``column`` value in microseconds (a timestamp's, or the integer), None where unknown."""
+    name = f"min.{column}"
+    if name not in actions.column_names:
+        return [None] * actions.num_rows
+    values = actions.column(name)
+    if pa.types.is_timestamp(values.type):
+        values = values.cast(pa.timestamp("us", tz=values.type.tz)).cast(pa.int64())
+    return [None if v is None else int(v) for v in values.to_pylist()]
+

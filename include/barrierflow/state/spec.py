@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["StateSpec", "KEY_GROUP"]
+__all__ = ["StateSpec", "KEY_GROUP", "DueRows"]
 
 KEY_GROUP = "_key_group"
 
@@ -62,3 +62,22 @@ class StateSpec:
             "keys": [f"{f.name}:{f.type}" for f in self.key_fields],
             "values": [f"{f.name}:{f.type}" for f in self.value_fields],
         }
+
+
+@dataclass(frozen=True)
+class DueRows:
+    """The rows of a state read that event time (or processing time) reaches, whatever their key group.
+
+    A window, timer or join buffer row is due when its ``column`` (a
+    timestamp, or microseconds) is at or before ``through_us``: the watermark
+    fires or purges it even if no record of its key arrived. A read given the
+    key groups an epoch touches and the due rows skips every other file by its
+    statistics, as a keyed read skips untouched key groups. ``column`` must be
+    a key column, or a value that every version of a key carries unchanged,
+    its tombstone included: all of them then lie on the same side of the
+    bound, and the latest version is never read without the ones before it.
+    """
+
+    column: str
+    through_us: int
+
