@@ -271,7 +271,7 @@ class KeyedProcess(Node):
         touched = keyed
         if timers is not None:
             # Due by event time (W(n)) or by processing time (P(n)): the read takes both, then the rule.
-            reached = max(processing_time_ms * 1000, watermark_us if watermark_us is not None else processing_time_ms * 1000)
+            reached = processing_time_ms * 1000 if watermark_us is None else max(watermark_us, processing_time_ms * 1000)
             due = ctx.state.read(timers, due=DueRows(TIMER_TIMESTAMP, reached)).where(due_timers(watermark_us, processing_time_ms))
             touched = keyed.select(KEY_GROUP).unionByName(due.select(KEY_GROUP))
         timer_columns = [_TIMER_DOMAIN, _TIMER_TS] if timers is not None else []

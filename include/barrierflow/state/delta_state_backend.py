@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
@@ -720,16 +721,17 @@ def worth_matching(stored_rows: int | None, key_count: int, *, cached: bool = Fa
     return stored_rows > max(_MATCH_KEYS_MIN_ROWS, 4 * key_count)
 
 
+@dataclass(frozen=True)
 class _Selection:
-    """The rows a pruned read keeps of the files it reads: those of ``key_groups`` (None: any), or ``due``."""
+    """The rows a pruned read keeps of the files it reads: those of ``key_groups``, and the ``due`` ones."""
 
-    def __init__(self, key_groups: list[int] | None, due: DueRows | None) -> None:
-        self.key_groups, self.due = key_groups, due
+    key_groups: list[int]
+    due: DueRows | None
 
     def condition(self, schema: pa.Schema) -> Any:
         from pyspark.sql import functions as F
 
-        keep = F.lit(self.key_groups is None) if not self.key_groups else F.col(KEY_GROUP).isin(self.key_groups)
+        keep = F.col(KEY_GROUP).isin(self.key_groups) if self.key_groups else F.lit(False)
         if self.due is not None:
             column = F.col(self.due.column)
             if pa.types.is_timestamp(schema.field(self.due.column).type):
