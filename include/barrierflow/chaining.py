@@ -92,7 +92,10 @@ if TYPE_CHECKING:
     from barrierflow.pipeline import Pipeline, SourceNode
     from barrierflow.runtime import EpochContext
 
-__all__ = ["CHAINING_ENV", "MAX_INPUT_BYTES", "MAX_STATE_ROWS", "Chain", "chain_of", "run_chained", "read_task", "merge_task", "spark_key_groups"]
+__all__ = [
+    "CHAINING_ENV", "MAX_INPUT_BYTES", "MAX_STATE_ROWS", "Chain", "chain_of", "run_chained", "read_task", "merge_task", "spark_key_groups",
+    "aggregates_in_a_task", "epoch_aggregates",
+]  # fmt: skip
 
 CHAINING_ENV = "BARRIERFLOW_OPERATOR_CHAINING"
 # The task holds its epoch's input and parsed records in memory.
@@ -183,14 +186,25 @@ def chain_of(pipe: "Pipeline") -> Chain | None:
     if any(f.type not in _SCALARS for f in schema):
         return None
     key_ok = all(k in schema.names and schema.field(k).type in (pa.string(), pa.int64()) for k in aggregate.key)
+    return Chain(source, aggregate, sink) if key_ok and aggregates_in_a_task(aggregate, schema) else None
+
+
+def aggregates_in_a_task(aggregate: RunningAggregate, schema: pa.Schema) -> bool:
+    """Whether :func:`epoch_aggregates` can fold records of ``schema`` into ``aggregate``: each value by exact sum or one aggregate, of a number column."""
     accumulators = [acc for acc in aggregate.state_accumulators() if acc.column is not None]
     if any(not acc.exact_sum and acc.kind is None for acc in accumulators):
-        return None  # the read task computes an epoch value by exact sum or by one aggregate
+        return False
     values = [acc.column for acc in accumulators]
-    values_ok = all(
-        c in schema.names and c not in aggregate.key and schema.field(c).type in (pa.int64(), pa.float64()) for c in values
-    )
-    return Chain(source, aggregate, sink) if key_ok and values_ok else None
+    return all(c in schema.names and c not in aggregate.key and schema.field(c).type in (pa.int64(), pa.float64()) for c in values)
+
+
+def epoch_aggregates(aggregate: RunningAggregate, records: pa.Table, key_groups: int) -> pa.Table:
+    """Steps 3-4 on records already parsed (a chained region's running aggregate); raises ``ValueError`` where :func:`_aggregate` declines."""
+    read = _Read(files=(), schema=records.schema, required=(), text_keys=(), aggregate=aggregate, key_groups=key_groups, saved_as="")
+    try:
+        return _aggregate(read, records)
+    except _Declined as declined:
+        raise ValueError(str(declined)) from None
 
 
 def run_chained(ctx: "EpochContext", chain: Chain) -> int | None:

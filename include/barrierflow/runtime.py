@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import pyarrow as pa
 
 from barrierflow import faults, storage
+from barrierflow.chained_region import chained_region, run_region
 from barrierflow.chaining import chain_of, run_chained
 from barrierflow.checkpoint import Barrier, CheckpointRecord, Manifest, StagedFile, TableCommit, TableKind, app_id
 from barrierflow.delta_commit import schema_json_of
@@ -148,6 +149,8 @@ class EpochContext:
         self.source_files: dict[int, tuple[str, ...]] = {}
         self.unordered_sources: set[str] = set()
         self._key_dead_letters: list[tuple[tuple[int, int], "DataFrame", bool]] = []
+        # Run by release(): e.g. deleting a chained region's exchange files, read until the tables are staged.
+        self._on_release: list[Callable[[], None]] = []
 
     # -- the completed checkpoint this epoch builds on ------------------------
 
@@ -488,15 +491,21 @@ class EpochContext:
         unpersist would be lost and the cache left on a shared engine) they
         run here.
         """
+        callbacks = list(reversed(self._on_release))
+        self._on_release.clear()
         if self._persisted and self.keep_state_copies:
             with _pool_lock:
-                _unpersisting[(self.app_id, self.epoch)] = _releases.submit(_unpersist_all, self.epoch, list(self._persisted))
-        elif self._persisted:
-            _unpersist_all(self.epoch, self._persisted)
+                _unpersisting[(self.app_id, self.epoch)] = _releases.submit(_unpersist_all, self.epoch, list(self._persisted), callbacks)
+        else:
+            _unpersist_all(self.epoch, self._persisted, callbacks)
         self._persisted.clear()
         self._cached.clear()
         self._frames.clear()
         self.state.release()
+
+    def on_release(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the epoch's caches are released (e.g. delete files its frames read until then)."""
+        self._on_release.append(callback)
 
 
 _pool: ThreadPoolExecutor | None = None
@@ -525,7 +534,7 @@ def wait_for_releases() -> None:
     wait(pending)
 
 
-def _unpersist_all(epoch: int, frames: list["DataFrame"]) -> None:
+def _unpersist_all(epoch: int, frames: list["DataFrame"], then: list[Callable[[], None]] = []) -> None:  # noqa: B006 - never mutated
     # Newest first: a frame cached from another is released before it. Spark
     # rebuilds (plans again) every cached frame still built on one it uncaches.
     for done, df in enumerate(reversed(frames)):
@@ -535,7 +544,12 @@ def _unpersist_all(epoch: int, frames: list["DataFrame"]) -> None:
             # Most likely the engine is gone, and its caches with it: each further call
             # would only wait out the client's retries (about 20 s) again.
             _log.warning("epoch %d: releasing its cached frames failed, %d left as they are: %s", epoch, len(frames) - done, exc)
-            return
+            break
+    for callback in then:
+        try:
+            callback()
+        except Exception as exc:  # noqa: BLE001 - as above
+            _log.warning("epoch %d: after releasing its cached frames: %s", epoch, exc)
 
 
 def _staging_pool() -> ThreadPoolExecutor:
@@ -677,14 +691,15 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
             dead_rows: "DataFrame | pa.Table" = dead_df
         else:
             dead_rows = DEAD_LETTER_SCHEMA.empty_table()  # its ``_epoch`` is replaced by the constant
-        ctx.stage(
-            name="dead_letter",
-            uri=ctx.layout.dead_letter,
-            kind=TableKind.DEAD_LETTER,
-            data=dead_rows,
-            schema=DEAD_LETTER_SCHEMA,
-            constants={"_epoch": barrier.epoch},
-        )
+        if dead_letters is not None:  # None: a chained region that is the whole pipeline staged them
+            ctx.stage(
+                name="dead_letter",
+                uri=ctx.layout.dead_letter,
+                kind=TableKind.DEAD_LETTER,
+                data=dead_rows,
+                schema=DEAD_LETTER_SCHEMA,
+                constants={"_epoch": barrier.epoch},
+            )
         # Each source's snapshot: its offsets state holds barrier n's end offsets. Last, as it
         # waits for epoch n-1 (its state) while the dead letters are written.
         stage_source_offsets(ctx)
@@ -697,44 +712,38 @@ def _compute(ctx: EpochContext, ordered_only: bool) -> int:
     return rows_in
 
 
-def _run_operators(ctx: EpochContext, ordered_only: bool) -> tuple[int, list["DataFrame"]]:
-    """Read every source and apply every operator on Spark; returns rows in and the dead letters' frames."""
-    pipe, barrier, spark = ctx.pipeline, ctx.barrier, ctx.spark
+def _run_operators(ctx: EpochContext, ordered_only: bool) -> tuple[int, list["DataFrame"] | None]:
+    """Read every source and apply every operator (a chained front in one task, the rest on Spark).
+
+    Returns rows in and the dead letters' frames (None: a chained region
+    that is the whole pipeline staged them).
+    """
+    pipe = ctx.pipeline
     outputs: dict[int, "DataFrame | pa.Table"] = {}
     dead_letters: list["DataFrame"] = []
     observed: list[tuple[Any, "DataFrame", "Future[bool] | None"]] = []
-    rows_in = 0
-    for node in pipe.nodes:
-        if isinstance(node, SourceNode):
-            describe_jobs(spark, f"epoch {barrier.epoch}: read {node.operator_id}")
-            assert node.source is not None
-            source_index = pipe.sources.index(node)
-            ordered = ordered_only or any(pipe.needs_arrival_order(child) for child in pipe.children(node))
-            batch = node.source.read(
-                spark, barrier.end_offsets[node.source.source_id], ctx.parallelism, source_index, ordered=ordered,
-                keys=pipe.source_keys(node),
-            )
-            ctx.source_files[source_index] = batch.files
-            if batch.observation is not None:
-                ctx.unordered_sources.add(node.operator_id)
-                # Counted (and its bytes checked) while the operators run; checked once they have.
-                records = batch.records
-                observed.append((batch.observation, records, batch.plain_input))
-            else:
-                assert batch.dead_letters is not None
-                ctx.track(*batch.shared)
-                # Sources that share a cached parse need no second cache.
-                records = ctx.cached_view(batch.records) if batch.shared else ctx.persist(batch.records)
-                dead = batch.dead_letters if batch.shared else ctx.persist(batch.dead_letters)
-                read_started = time.monotonic()
-                rows_in += _count_both(records, dead)
-                _log.info("epoch %d: reading %s took %.0f ms", barrier.epoch, node.operator_id, (time.monotonic() - read_started) * 1000)
-                dead_letters.append(dead)
-            outputs[id(node)] = records
-            faults.maybe_fail("process.after_read")
+    region = chained_region(ctx)
+    in_region = {id(node) for node in region.nodes} if region is not None else set()
+    # The chained front runs after the other sources are read: it waits for epoch n-1's state.
+    sources = [node for node in pipe.sources if id(node) not in in_region]
+    rows_in = _read_sources(ctx, sources, ordered_only, outputs, dead_letters, observed)
+    if region is not None:
+        chained = run_region(ctx, region)
+        if chained is None:  # declined: its sources are read on Spark too
+            in_region = set()
+            sources = [node for node in region.nodes if isinstance(node, SourceNode)]
+            rows_in += _read_sources(ctx, sources, ordered_only, outputs, dead_letters, observed)
+        else:
+            frames, region_rows, region_dead = chained
+            if region_dead is None:  # the whole pipeline: nothing is left to Spark
+                ctx.rows_read = rows_in + region_rows
+                return rows_in + region_rows, None
+            outputs.update(frames)
+            rows_in += region_rows
+            dead_letters.append(region_dead)
     if not observed:
         ctx.rows_read = rows_in
-    _apply_operators(ctx, outputs)
+    _apply_operators(ctx, outputs, skip=in_region)
     for observation, records, plain_input in observed:
         metrics = _metrics(observation, records)
         if metrics["bad"] or (plain_input is not None and not plain_input.result()):
@@ -748,7 +757,48 @@ def _run_operators(ctx: EpochContext, ordered_only: bool) -> tuple[int, list["Da
     return rows_in, dead_letters
 
 
-def _apply_operators(ctx: EpochContext, outputs: dict[int, "DataFrame | pa.Table"]) -> None:
+def _read_sources(
+    ctx: EpochContext,
+    sources: list[SourceNode],
+    ordered_only: bool,
+    outputs: dict[int, "DataFrame | pa.Table"],
+    dead_letters: list["DataFrame"],
+    observed: list[tuple[Any, "DataFrame", "Future[bool] | None"]],
+) -> int:
+    """Read ``sources`` on Spark into ``outputs`` and ``dead_letters`` (an unordered read into ``observed``); the rows counted."""
+    pipe, barrier, spark = ctx.pipeline, ctx.barrier, ctx.spark
+    rows_in = 0
+    for node in sources:
+        describe_jobs(spark, f"epoch {barrier.epoch}: read {node.operator_id}")
+        assert node.source is not None
+        source_index = pipe.sources.index(node)
+        ordered = ordered_only or any(pipe.needs_arrival_order(child) for child in pipe.children(node))
+        batch = node.source.read(
+            spark, barrier.end_offsets[node.source.source_id], ctx.parallelism, source_index, ordered=ordered,
+            keys=pipe.source_keys(node),
+        )
+        ctx.source_files[source_index] = batch.files
+        if batch.observation is not None:
+            ctx.unordered_sources.add(node.operator_id)
+            # Counted (and its bytes checked) while the operators run; checked once they have.
+            records = batch.records
+            observed.append((batch.observation, records, batch.plain_input))
+        else:
+            assert batch.dead_letters is not None
+            ctx.track(*batch.shared)
+            # Sources that share a cached parse need no second cache.
+            records = ctx.cached_view(batch.records) if batch.shared else ctx.persist(batch.records)
+            dead = batch.dead_letters if batch.shared else ctx.persist(batch.dead_letters)
+            read_started = time.monotonic()
+            rows_in += _count_both(records, dead)
+            _log.info("epoch %d: reading %s took %.0f ms", barrier.epoch, node.operator_id, (time.monotonic() - read_started) * 1000)
+            dead_letters.append(dead)
+        outputs[id(node)] = records
+        faults.maybe_fail("process.after_read")
+    return rows_in
+
+
+def _apply_operators(ctx: EpochContext, outputs: dict[int, "DataFrame | pa.Table"], skip: "set[int] | None" = None) -> None:
     """Apply every operator once its input is in ``outputs``; independent branches run concurrently.
 
     Each operator runs in a worker thread as soon as its inputs' outputs are
@@ -758,7 +808,8 @@ def _apply_operators(ctx: EpochContext, outputs: dict[int, "DataFrame | pa.Table
     """
     pipe = ctx.pipeline
     index = {id(node): i for i, node in enumerate(pipe.nodes)}
-    waiting = [node for node in pipe.nodes if not isinstance(node, SourceNode)]
+    # ``skip``: nodes already computed (a chained front); those others consume are in ``outputs``.
+    waiting = [node for node in pipe.nodes if not isinstance(node, SourceNode) and id(node) not in (skip or set())]
     # Reads of each node's output: a union of a stream with itself reads it twice.
     fan_out = {id(node): sum(1 for n in pipe.nodes for i in n.inputs() if i is node) for node in pipe.nodes}
     # Keys no source checked (computed upstream), per input: checked before the operator consumes them.

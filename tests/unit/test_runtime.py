@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from types import SimpleNamespace
+from typing import Any
 
 from barrierflow.runtime import INPUT_BYTES_PER_PARTITION, epoch_parallelism
 from barrierflow.sources.base import planned_bytes
@@ -75,14 +76,18 @@ class _Frame:
         self.unpersisted = True
 
 
-def _released(app_id: str, epoch: int, frames: list[_Frame], run_loop: bool = True) -> None:
+def _released(app_id: str, epoch: int, frames: list[_Frame], run_loop: bool = True, then: list[Any] | None = None) -> None:
+    """Release ``frames`` as the epoch ``epoch`` of ``app_id`` does; ``then`` gets ``"after"`` once its callback runs."""
     from barrierflow import runtime
 
     given_back: list[bool] = []
     ctx = SimpleNamespace(
         app_id=app_id, epoch=epoch, keep_state_copies=run_loop, _persisted=list(frames), _cached={1: 1}, _frames={2: 2},
-        state=SimpleNamespace(release=lambda: given_back.append(True)),
+        state=SimpleNamespace(release=lambda: given_back.append(True)), _on_release=[],
     )
+    if then is not None:
+        # E.g. deleting files the frames were read from: only once every unpersist has been asked for.
+        runtime.EpochContext.on_release(ctx, lambda: then.append(("after", [f.unpersisted for f in frames])))  # type: ignore[arg-type]
     runtime.EpochContext.release(ctx)  # type: ignore[arg-type]
     assert ctx._persisted == [] and ctx._cached == {} and ctx._frames == {}
     assert given_back == [True]  # the state tables' snapshots go back to the process
@@ -116,10 +121,12 @@ def test_the_run_loop_ends_once_its_releases_are_done_and_a_task_releases_before
     gate = threading.Event()
     calls: list[_Frame] = []
     loop = [_Frame(gate, calls=calls) for _ in range(3)]  # in the order cached: each may be built on those before
-    _released("p-lineage", 3, loop)
+    then: list[Any] = []
+    _released("p-lineage", 3, loop, then=then)
     threading.Timer(0.3, gate.set).start()
     runtime.wait_for_releases()  # what the run loop does before it returns
     assert all(f.unpersisted for f in loop) and runtime._unpersisting == {}
+    assert then == [("after", [True, True, True])], "the release's callbacks run after the unpersists"
     # Newest first: Spark plans again every cached frame still built on one it uncaches.
     assert calls == loop[::-1]
     # An Airflow task ends with os._exit, which would drop a pending unpersist: it releases at once.

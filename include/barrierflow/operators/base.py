@@ -66,6 +66,24 @@ class Node:
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame | pa.Table":
         raise NotImplementedError
 
+    # -- the chained form (barrierflow.chained_region): a small epoch's front in one Python task
+
+    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
+        """Its output's schema given its inputs', if it has a chained form for them; None (the default): it runs on Spark."""
+        return None
+
+    def chained_state_specs(self, inputs: Sequence[pa.Schema]) -> list["StateSpec"]:
+        """The state tables its chained form reads and stages, typed by its inputs' schemas."""
+        return self.state_specs()
+
+    def chained_side_outputs(self, inputs: Sequence[pa.Schema]) -> dict[str, pa.Schema]:
+        """The append tables its chained form emits (``task.emit``), by name: the rows' schema, without ``_epoch``."""
+        return {}
+
+    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
+        """What :meth:`apply_inputs` computes, on Arrow tables in one task (``task``: a ``chained_region.RegionTask``)."""
+        raise NotImplementedError
+
     def inputs(self) -> tuple["Node", ...]:
         """The nodes whose output this one consumes, in order: its parent; more for a multi-input operator."""
         return () if self.parent is None else (self.parent,)

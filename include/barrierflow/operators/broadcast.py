@@ -35,10 +35,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from barrierflow.errors import PipelineDefinitionError, UserFunctionError
 from barrierflow.operators.base import Node, check_driver_state_size, position_columns, user_columns
 from barrierflow.operators.process import KeyedContext, KeyedFunction, KeyedProcess, KeyedProcessFunction
+from barrierflow.sources.base import SEQ
 from barrierflow.state.descriptors import MapStateDescriptor
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 
@@ -200,11 +202,8 @@ class KeyedBroadcastProcess(KeyedProcess):
         fn = self.function
         assert isinstance(fn, KeyedBroadcastProcessFunction)
         records = _broadcast_records(self.operator_id, broadcast)
-        states, before = {}, {}
-        for d in self.descriptors:  # the state epoch n-1 committed
-            stored = ctx.state.read_arrow(_spec(self.operator_id, d), [0])
-            before[d.name] = dict(zip(stored.column("map_key").to_pylist(), stored.column("map_value").to_pylist()))
-            states[d.name] = BroadcastState(dict(before[d.name]))
+        before = {d.name: _map_of(ctx.state.read_arrow(_spec(self.operator_id, d), [0])) for d in self.descriptors}
+        states = {name: BroadcastState(dict(stored)) for name, stored in before.items()}
         bctx = BroadcastContext(states, ctx.epoch, ctx.processing_time_ms, ctx.watermark_prev_us)
         emitted: list[dict[str, Any]] = []
         for record in records:  # 2.
@@ -222,8 +221,68 @@ class KeyedBroadcastProcess(KeyedProcess):
         rows = _emitted_table(self.operator_id, emitted, fn.output_schema)
         return out.unionByName(ctx.frame(rows))
 
+    # -- the chained form (barrierflow.chained_region): apply_inputs in one task
+
+    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
+        keyed, broadcast = inputs
+        assert self.function is not None
+        if SEQ not in broadcast.names:
+            return None  # no arrival position: Spark's path raises the error
+        return self._chained_output(keyed, self.function)
+
+    def chained_state_specs(self, inputs: Sequence[pa.Schema]) -> list[StateSpec]:
+        return [*super().chained_state_specs(inputs), *(_spec(self.operator_id, d) for d in self.descriptors)]
+
+    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
+        """Steps 2-3 as :meth:`apply_inputs` runs them, the broadcast state read with ``task.every_live_row``.
+
+        Whatever Spark's path would fail the epoch on (a user function's
+        error, too many broadcast records or map entries, a put or an emitted
+        row that does not fit) declines before anything is staged: Spark's
+        path then raises its own error.
+        """
+        from barrierflow.chained_region import RegionDeclined
+
+        keyed, broadcast = inputs
+        fn = self.function
+        assert isinstance(fn, KeyedBroadcastProcessFunction)
+        if broadcast.num_rows > MAX_BROADCAST_RECORDS:
+            raise RegionDeclined(f"broadcast process {self.operator_id}: more than {MAX_BROADCAST_RECORDS} broadcast records")
+        specs = {d.name: _spec(self.operator_id, d) for d in self.descriptors}
+        before = {}
+        for name, spec in specs.items():  # the state epoch n-1 committed, in key group 0 as read_arrow reads it
+            stored = task.every_live_row(spec)
+            before[name] = _map_of(stored.filter(pc.equal(stored.column(KEY_GROUP), 0)))
+        states = {name: BroadcastState(dict(stored)) for name, stored in before.items()}
+        bctx = BroadcastContext(states, task.epoch, task.processing_time_ms, task.watermark_prev_us)
+        emitted: list[dict[str, Any]] = []
+        try:
+            for record in _ordered_records(broadcast):  # 2.
+                fn.process_broadcast_element(record, bctx, emitted.append)
+            changes = {}
+            for name, spec in specs.items():
+                check_driver_state_size(self.operator_id, name, len(states[name]._writable))
+                changes[name] = _changes(spec, before[name], states[name]._writable, task.processing_time_ms, task.epoch)
+            rows = _emitted_table(self.operator_id, emitted, fn.output_schema) if emitted else None
+        except Exception as exc:  # noqa: BLE001 - the user's function failed: Spark's path raises it, as its error
+            raise RegionDeclined(f"broadcast process {self.operator_id}: {type(exc).__name__}: {exc}") from exc
+        broadcast_rows = None if rows is None else self.chained_rows(rows, fn)
+        # 3. The keyed side, with the broadcast state as step 2 left it.
+        view = {name: ReadOnlyBroadcastState(dict(state._writable)) for name, state in states.items()}
+        keyed_fn = copy.copy(fn)
+        keyed_fn.broadcast_view = lambda: view  # type: ignore[method-assign]
+        out = self.process_chained(task, keyed, keyed_fn)
+        for name, spec in specs.items():
+            task.stage(spec, changes[name].drop_columns(["_updated_at_ms", "_epoch"]))
+        return out if broadcast_rows is None else pa.concat_tables([out, broadcast_rows])
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "broadcast_states": {d.name: d.signature() for d in self.descriptors}}
+
+
+def _map_of(stored: pa.Table) -> dict[Any, Any]:
+    """A broadcast state's map from its table's live rows."""
+    return dict(zip(stored.column("map_key").to_pylist(), stored.column("map_value").to_pylist()))
 
 
 def _broadcast_records(operator_id: str, broadcast: "DataFrame") -> list[dict[str, Any]]:
@@ -243,11 +302,24 @@ def _broadcast_records(operator_id: str, broadcast: "DataFrame") -> list[dict[st
             "in this epoch; a broadcast stream is for low-volume input (rules, thresholds), read whole by every key "
             "group: key the high-volume stream instead"
         )
-    table = table.sort_by([(c, "ascending") for c in order]).select(columns)
-    return table.to_pylist()
+    return _ordered_records(table)
+
+
+def _ordered_records(table: pa.Table) -> list[dict[str, Any]]:
+    """The broadcast records of ``table`` (user and position columns) as dicts of their user columns, in arrival order (2.)."""
+    order = position_columns(table.column_names)
+    users = [c for c in table.column_names if not c.startswith("_")]
+    return table.sort_by([(c, "ascending") for c in order]).select(users).to_pylist()
 
 
 def _stage_changes(ctx: Any, spec: StateSpec, before: Mapping[Any, Any], after: Mapping[Any, Any]) -> None:
+    """(4.) Stage the rows for the map keys step 2 put, changed or removed."""
+    ctx.state.stage_arrow(spec, _changes(spec, before, after, ctx.processing_time_ms, ctx.epoch))
+
+
+def _changes(
+    spec: StateSpec, before: Mapping[Any, Any], after: Mapping[Any, Any], processing_time_ms: int, epoch: int
+) -> pa.Table:
     """(4.) Rows for the map keys step 2 put, changed or removed."""
     if None in after:
         raise UserFunctionError(
@@ -259,17 +331,16 @@ def _stage_changes(ctx: Any, spec: StateSpec, before: Mapping[Any, Any], after: 
     # Staged even when nothing changed: an epoch's cut (what queries and savepoints read)
     # names only the tables the epoch committed.
     rows = [
-        {"map_key": k, KEY_GROUP: 0, "map_value": v, "_updated_at_ms": ctx.processing_time_ms, "_deleted": deleted, "_epoch": ctx.epoch}
+        {"map_key": k, KEY_GROUP: 0, "map_value": v, "_updated_at_ms": processing_time_ms, "_deleted": deleted, "_epoch": epoch}
         for k, v, deleted in changed
     ]
     try:
-        table = pa.Table.from_pylist(rows, schema=spec.arrow_schema())
+        return pa.Table.from_pylist(rows, schema=spec.arrow_schema())
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
         raise UserFunctionError(
             f"broadcast state {spec.name!r} of {spec.operator_id!r}: a key or value put does not fit its declared "
             f"types ({spec.key_fields[0].type} -> {spec.value_fields[0].type}): {exc}"
         ) from None
-    ctx.state.stage_arrow(spec, table)
 
 
 def _emitted_table(operator_id: str, rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:

@@ -135,5 +135,56 @@ class KeyedCoProcess(KeyedProcess):
         # (3.) one frame of both sides' records, positions refined by side; then the KeyedProcess machinery (4.-6.).
         return self.apply(ctx, union_frames(frames, select))
 
+    # -- the chained form (barrierflow.chained_region): apply_inputs' one frame of both sides, then KeyedProcess's
+
+    def _combined_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
+        """The schema of :meth:`apply_inputs`' frame of both sides' records; None where Spark's path raises an error instead."""
+        first, second = inputs
+        named = all(k in first.names for k in self.key) and all(k in second.names for k in self.other_key)
+        if len(self.key) != len(self.other_key) or not named:
+            return None
+        if any(first.field(one).type != second.field(two).type for one, two in zip(self.key, self.other_key)):
+            return None  # (2.)
+        positions = union_positions([schema.names for schema in inputs])
+        if not positions:
+            return None  # (7.)
+        return pa.schema(
+            [
+                *(pa.field(k, first.field(k).type) for k in self.key),
+                *(pa.field(name, _record_type(schema)) for name, schema in zip(RECORD_COLUMNS, inputs)),
+                *(pa.field(p, pa.int64()) for p in positions),
+            ]
+        )
+
+    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
+        combined = self._combined_schema(inputs)
+        assert self.function is not None
+        return None if combined is None else self._chained_output(combined, self.function)
+
+    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
+        """:meth:`apply_inputs` in a chained task: both sides' records in one table, as its frame (2., 3.); then (4.-6.)."""
+        schema = self._combined_schema([table.schema for table in inputs])
+        assert schema is not None and self.function is not None
+        keys = (self.key, self.other_key)
+        *carried, _ = union_positions([table.column_names for table in inputs])  # (3.) the last: the side
+        parts = []
+        for index, table in enumerate(inputs):
+            n = table.num_rows
+            columns: list[Any] = [table.column(theirs) for theirs in keys[index]]  # (2.) named as the first side's
+            for side, name in enumerate(RECORD_COLUMNS):
+                struct = schema.field(name).type
+                users = [f.name for f in struct]
+                columns.append(table.select(users).to_struct_array().cast(struct) if side == index else pa.nulls(n, struct))
+            zeros = pa.repeat(pa.scalar(0, pa.int64()), n)
+            columns += [table.column(c).cast(pa.int64()) if c in table.column_names else zeros for c in carried]
+            columns.append(pa.repeat(pa.scalar(index, pa.int64()), n))
+            parts.append(pa.table(columns, schema=schema))
+        return self.process_chained(task, pa.concat_tables(parts), self.function)
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "inputs": [n.operator_id for n in self.inputs()], "other_key": list(self.other_key)}
+
+
+def _record_type(schema: pa.Schema) -> pa.StructType:
+    """A side's record column: a struct of its user columns, as ``F.struct`` of them."""
+    return pa.struct([pa.field(f.name, f.type) for f in schema if not f.name.startswith("_")])

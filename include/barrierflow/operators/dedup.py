@@ -5,14 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from barrierflow.operators.base import Node, key_group_column, position_order
+from barrierflow.operators.base import Node, key_group_column, position_columns, position_order
 from barrierflow.state.delta_state_backend import joinable
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 from barrierflow.state.worker_cache import without_live_keys
+
+# Key types whose Spark key group the chained form computes (``chaining.spark_key_groups``).
+_CHAINED_KEY_TYPES = (pa.string(), pa.int64())
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -82,3 +86,34 @@ class Deduplicate(Node):
             ranged=files is not None,
         )
         return ctx.cached_view(fresh.drop(KEY_GROUP))
+
+    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
+        (schema,) = inputs
+        keys_ok = all(k in schema.names and schema.field(k).type in _CHAINED_KEY_TYPES for k in self.key)
+        return schema if keys_ok else None
+
+    def chained_state_specs(self, inputs: Sequence[pa.Schema]) -> list[StateSpec]:
+        (schema,) = inputs
+        return [self._spec({k: schema.field(k).type for k in self.key})]
+
+    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
+        """:meth:`apply` in one task: the first record per key by arrival, unless a stored key has it already."""
+        (records,) = inputs
+        [spec] = self.chained_state_specs([records.schema])
+        key = list(self.key)
+        # First occurrence within the epoch, by arrival position.
+        ordered = records.sort_by([(c, "ascending") for c in position_columns(records.column_names)])
+        ordered = ordered.append_column("_row", pa.array(range(ordered.num_rows), pa.int64()))
+        first_rows = ordered.select([*key, "_row"]).group_by(key, use_threads=False).aggregate([("_row", "min")])
+        first = first_rows["_row_min"]
+        firsts = ordered.take(pc.take(first, pc.sort_indices(first))).drop_columns(["_row"])
+        firsts = firsts.append_column(KEY_GROUP, task.key_groups_of(firsts.select(key)))
+        fresh = without_live_keys(spec.key_fields, firsts, task.live_rows(spec, firsts.select([*key, KEY_GROUP])))
+        n = fresh.num_rows
+        task.stage(
+            spec,
+            fresh.select([*key, KEY_GROUP])
+            .append_column("first_epoch", pa.repeat(pa.scalar(task.epoch, pa.int64()), n))
+            .append_column("_deleted", pa.repeat(pa.scalar(False), n)),
+        )
+        return fresh.drop_columns([KEY_GROUP])

@@ -38,6 +38,12 @@ with W(n-1) the watermark at its start and W(n) the one at its end:
    to the left's, are left out); a column name on both sides becomes
    ``left_<name>`` and ``right_<name>``. Output rows carry no arrival
    position.
+
+A small epoch may run the join in the chained region's task
+(:mod:`barrierflow.chained_region`, :meth:`IntervalJoin.apply_chained`):
+the same rules on Arrow tables, with the buffers' records written as JSON
+exactly as Spark writes them (:func:`~barrierflow.operators.join_buffer.record_json`;
+any other epoch runs on Spark).
 """
 
 from __future__ import annotations
@@ -46,9 +52,26 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from barrierflow.errors import PipelineDefinitionError
-from barrierflow.operators.join_buffer import SIDES, TwoSidedJoin, check_key_types, fresh_records, joined_rows, record_schemas
-from barrierflow.state.spec import KEY_GROUP, DueRows
+from barrierflow.operators.join_buffer import (
+    SIDES,
+    TwoSidedJoin,
+    chained_fresh_records,
+    chained_key_types,
+    chained_late_records,
+    chained_output_schema,
+    check_key_types,
+    fresh_records,
+    joined_rows,
+    output_columns,
+    record_schemas,
+    record_values,
+)
+from barrierflow.state.spec import KEY_GROUP, DueRows, StateSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -165,6 +188,135 @@ class IntervalJoin(TwoSidedJoin):
             return ts + F.lit(high) if high > 0 else ts
         return ts - F.lit(low) if low < 0 else ts
 
+    # -- the chained form (barrierflow.chained_region): the same epoch on Arrow tables, in one task
+
+    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
+        if chained_key_types(inputs, (self.key, self.other_key), self.time_columns) is None:
+            return None
+        declared = [name for name in self.late_outputs if name]
+        if len(set(declared)) != len(declared):
+            return None  # both sides' late records in one table: left to Spark
+        return chained_output_schema(inputs, self.key, self.other_key)  # (6.)
+
+    def chained_state_specs(self, inputs: Sequence[pa.Schema]) -> list[StateSpec]:
+        key_types = chained_key_types(inputs, (self.key, self.other_key), self.time_columns)
+        return [self._spec(side, key_types) for side in SIDES]
+
+    def chained_side_outputs(self, inputs: Sequence[pa.Schema]) -> dict[str, pa.Schema]:
+        """(2.) Each declared late output: its side's user columns, as :func:`fresh_records` emits them.
+
+        Nullable, as Spark's file sources read every column (a source's
+        declared non-null columns are checked before, as dead letters).
+        """
+        return {
+            name: pa.schema([f.with_nullable(True) for f in schema if not f.name.startswith("_")])
+            for name, schema in zip(self.late_outputs, inputs)
+            if name
+        }
+
+    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
+        """:meth:`apply_inputs` in one task: the same late records, pairs and buffer changes.
+
+        Every check that may decline the epoch runs before anything is staged or emitted.
+        """
+        from barrierflow.chained_region import RegionDeclined
+
+        what = f"interval join {self.operator_id!r}"
+        schemas = [t.schema for t in inputs]
+        schema = self.chained_schema(schemas)
+        assert schema is not None  # the region takes the join only with a chained form
+        keys = (self.key, self.other_key)
+        specs = self.chained_state_specs(schemas)
+        wp, wn = task.watermark_prev_us, task.watermark_us
+        fresh, late = [], []
+        for index, records in enumerate(inputs):
+            ts = records[self.time_columns[index]].cast(pa.int64())
+            too_late = pc.is_null(ts) if wp is None else pc.or_kleene(pc.is_null(ts), pc.less(ts, wp))  # (2.)
+            new, old = chained_fresh_records(task, records, self.key, keys[index], self.time_columns[index], too_late)
+            fresh.append(new)
+            late.append(old)
+        # Each side's candidates: the epoch's records first, then every stored one (those of the
+        # epoch's keys pair, those the watermark passes leave state, whatever their key (4.)).
+        candidates = []
+        for new, spec in zip(fresh, specs):
+            columns = pa.schema([spec.arrow_schema().field(c) for c in (*spec.key_columns, KEY_GROUP, *spec.value_columns)])
+            stored = task.every_live_row(spec).select(columns.names).cast(columns)
+            candidates.append(pa.concat_tables([new.select(columns.names).cast(columns), stored]))
+            if candidates[-1]["event_time_us"].null_count:
+                raise RegionDeclined(f"{what}: a stored record without an event time")
+        left_rows, right_rows = self._chained_pairs(candidates, [t.num_rows for t in fresh])
+        # (6.) the key columns of the left record, then both records' columns as joined_rows reads them
+        values = [
+            _records_at(records, new, candidate, rows, [f for f in records.schema if not f.name.startswith("_")])
+            for records, new, candidate, rows in zip(inputs, fresh, candidates, (left_rows, right_rows))
+        ]
+        users = [[n for n in t.column_names if not n.startswith("_")] for t in inputs]
+        columns = output_columns(self.key, users[0], users[1], self.other_key)
+        arrays = [candidates[0][k].take(pa.array(left_rows)) for k in self.key]
+        arrays += [values[SIDES.index(side)][column] for side, column, _ in columns[len(self.key) :]]
+        out = pa.Table.from_arrays([a.cast(f.type) for a, f in zip(arrays, schema)], schema=schema)
+        # (4.) state after the epoch: new records still joinable at W(n) added, stored ones no longer joinable deleted
+        changes = []
+        for index, (new, candidate) in enumerate(zip(fresh, candidates)):
+            is_new = np.arange(candidate.num_rows) < new.num_rows
+            keep = np.ones(candidate.num_rows, dtype=bool)
+            if wn is not None:
+                cleanup = self._chained_cleanup(index, candidate["event_time_us"], what)
+                keep = np.asarray(pc.greater(cleanup, wn).to_numpy(zero_copy_only=False), dtype=bool)
+            changed = (is_new & keep) | (~is_new & ~keep)
+            changes.append(candidate.filter(pa.array(changed)).append_column("_deleted", pa.array(~is_new[changed], pa.bool_())))
+        for spec, change in zip(specs, changes):
+            task.stage(spec, change)
+        for index, rows in enumerate(late):
+            chained_late_records(task, what, rows, self.late_outputs[index], SIDES[index])
+        return out
+
+    def _chained_pairs(self, candidates: Sequence[pa.Table], news: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(3.) The rows of the left and right candidates that pair, by left row then right row.
+
+        Each side's candidates are its ``news`` records of the epoch, then its
+        stored ones: a pair has the same key, ``low <= r.ts - l.ts <= high``,
+        and at least one record of this epoch (stored pairs joined before).
+        """
+        from barrierflow.chained_region import RegionDeclined
+
+        key = list(self.key)
+        left, right = candidates
+
+        def numbered(rows: pa.Table, start: int, stop: int, name: str) -> pa.Table:
+            numbers = pa.array(np.arange(start, stop, dtype=np.int64))
+            return rows.select(key).slice(start, stop - start).append_column(name, numbers)
+
+        def same_key(lefts: tuple[int, int], rights: tuple[int, int]) -> pa.Table:
+            numbers = numbered(right, *rights, "_r")
+            return numbered(left, *lefts, "_l").join(numbers, keys=key, join_type="inner", use_threads=False)
+
+        # New left x every right, stored left x new right: never two stored records.
+        halves = [same_key((0, news[0]), (0, right.num_rows)), same_key((news[0], left.num_rows), (0, news[1]))]
+        lefts = np.concatenate([np.asarray(h["_l"].to_numpy(), dtype=np.int64) for h in halves])
+        rights = np.concatenate([np.asarray(h["_r"].to_numpy(), dtype=np.int64) for h in halves])
+        try:
+            gap = pc.subtract_checked(right["event_time_us"].take(pa.array(rights)), left["event_time_us"].take(pa.array(lefts)))
+        except pa.ArrowInvalid:
+            raise RegionDeclined(f"interval join {self.operator_id!r}: event times too far apart for a long") from None
+        gaps = np.asarray(gap.to_numpy(), dtype=np.int64)
+        joined = (gaps >= self.bounds.low) & (gaps <= self.bounds.high)
+        lefts, rights = lefts[joined], rights[joined]
+        order = np.lexsort((rights, lefts))
+        return lefts[order], rights[order]
+
+    def _chained_cleanup(self, index: int, ts: Any, what: str) -> Any:
+        """(4.) :meth:`_cleanup` on an Arrow column (declined where Spark's long arithmetic would overflow)."""
+        from barrierflow.chained_region import RegionDeclined
+
+        low, high = self.bounds.low, self.bounds.high
+        try:
+            if index == 0:
+                return pc.add_checked(ts, high) if high > 0 else ts
+            return pc.subtract_checked(ts, low) if low < 0 else ts
+        except pa.ArrowInvalid:
+            raise RegionDeclined(f"{what}: a cleanup time beyond a long") from None
+
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
@@ -178,3 +330,26 @@ class IntervalJoin(TwoSidedJoin):
             "time_columns": list(self.time_columns),
             "late_outputs": list(self.late_outputs),
         }
+
+
+def _records_at(records: pa.Table, fresh: pa.Table, candidates: pa.Table, rows: np.ndarray, fields: list[pa.Field]) -> pa.Table:
+    """The records at ``rows`` of one side's candidates, as ``from_json`` reads their JSON (:func:`joined_rows`).
+
+    An epoch's record (a row before ``len(fresh)``) is its input row: its
+    JSON reads back as that row's values. A stored one is read from its JSON,
+    once however many records it pairs with.
+    """
+    schema = pa.schema([f.with_nullable(True) for f in fields])
+    is_new = rows < fresh.num_rows
+    new_rows = fresh["_row"].take(pa.array(rows[is_new]))
+    stored, pairs = np.unique(rows[~is_new], return_inverse=True)
+    parts = pa.concat_tables(
+        [
+            records.select(schema.names).take(new_rows).cast(schema),
+            record_values(candidates["record"].take(pa.array(stored)), fields).take(pa.array(pairs.astype(np.int64))),
+        ]
+    )
+    placed = np.concatenate([np.flatnonzero(is_new), np.flatnonzero(~is_new)])
+    inverse = np.empty(len(placed), dtype=np.int64)
+    inverse[placed] = np.arange(len(placed), dtype=np.int64)
+    return parts.take(pa.array(inverse))

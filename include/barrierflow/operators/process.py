@@ -12,10 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import groupby
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 from zoneinfo import ZoneInfo
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, key_group_column, position_columns, ship_user_code
@@ -26,6 +28,7 @@ from barrierflow.operators.timers import (
     EpochClocks,
     TimeDomain,
     TimerService,
+    due_timer_mask,
     due_timers,
     from_micros,
     timer_spec,
@@ -181,6 +184,9 @@ def _state_column(name: str) -> str:
     return f"state_{name}"
 
 
+# Key types whose Spark key group a chained task computes (``chaining.spark_key_groups``).
+_CHAINED_KEY_TYPES = (pa.string(), pa.int64())
+
 # A timer's columns in the frame handed to a key group (its timestamp in microseconds).
 _TIMER_DOMAIN = "_timer_domain"
 _TIMER_TS = "_timer_ts"
@@ -310,18 +316,7 @@ class KeyedProcess(Node):
         else:
             state_df = keyed.select(*self.key, KEY_GROUP).limit(0)
 
-        key_fields = [pa.field(k, key_types[k]) for k in self.key]
-        out_schema = pa.schema(
-            [
-                pa.field("_kind", pa.string()),
-                *key_fields,
-                pa.field(KEY_GROUP, pa.int32()),
-                *[pa.field(_state_column(d.name), d.value_type) for d in descriptors],
-                *([pa.field(_TIMER_DOMAIN, pa.string()), pa.field(_TIMER_TS, pa.int64())] if timers is not None else []),
-                pa.field("_deleted", pa.bool_()),
-                *[pa.field(f"_out_{f.name}", f.type) for f in fn.output_schema],
-            ]
-        )
+        out_schema = self._group_schema(fn, key_types)
         key_names = list(self.key)
         clocks = EpochClocks(epoch, processing_time_ms, watermark_prev_us, watermark_us)
 
@@ -349,6 +344,150 @@ class KeyedProcess(Node):
         outputs = result.where(F.col("_kind") == F.lit("_out"))
         return ctx.cached_view(outputs.select(*[F.col(f"_out_{f.name}").alias(f.name) for f in fn.output_schema]))
 
+    def _group_schema(self, fn: KeyedFunction, key_types: Mapping[str, pa.DataType]) -> pa.Schema:
+        """What ``_run_key_group`` returns: a state's changes (``_kind``: its name), timer changes and emitted rows (``_out``)."""
+        return pa.schema(
+            [
+                pa.field("_kind", pa.string()),
+                *[pa.field(k, key_types[k]) for k in self.key],
+                pa.field(KEY_GROUP, pa.int32()),
+                *[pa.field(_state_column(d.name), d.value_type) for d in fn.state_descriptors],
+                *([pa.field(_TIMER_DOMAIN, pa.string()), pa.field(_TIMER_TS, pa.int64())] if fn.uses_timers() else []),
+                pa.field("_deleted", pa.bool_()),
+                *[pa.field(f"_out_{f.name}", f.type) for f in fn.output_schema],
+            ]
+        )
+
+    # -- the chained form (barrierflow.chained_region): process_records on Arrow tables, in one task
+
+    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
+        (schema,) = inputs
+        assert self.function is not None
+        return self._chained_output(schema, self.function)
+
+    def _chained_output(self, records: pa.Schema, fn: KeyedFunction) -> pa.Schema | None:
+        """The emitted rows' schema as the Spark path's frame has it, when ``records`` can run in a task; else None.
+
+        Declined: a key type whose key group the task does not compute, no
+        arrival position (``_run_key_group`` sorts by it), a key clashing with
+        the timer table's columns (Spark's path raises that), and a state or
+        output type whose values would change through Spark's types (the
+        task hands the function values as the state files hold them).
+        """
+        if "_seq" not in records.names or any(
+            k not in records.names or records.field(k).type not in _CHAINED_KEY_TYPES for k in self.key
+        ):
+            return None
+        if fn.uses_timers() and {TIMER_DOMAIN, TIMER_TIMESTAMP} & set(self.key):
+            return None
+        if any(_spark_typed(pa.schema([pa.field("value", d.value_type)])) is None for d in fn.state_descriptors):
+            return None
+        return _spark_typed(fn.output_schema)
+
+    def chained_state_specs(self, inputs: Sequence[pa.Schema]) -> list[StateSpec]:
+        assert self.function is not None
+        # The task carries the function, as process_records' key-group tasks do.
+        ship_user_code(self.function)
+        key_types = {k: inputs[0].field(k).type for k in self.key}
+        timers = self._timer_spec(key_types)
+        return [self._spec(d, key_types) for d in self.function.state_descriptors] + ([timers] if timers else [])
+
+    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
+        (records,) = inputs
+        assert self.function is not None
+        return self.process_chained(task, records, self.function)
+
+    def process_chained(self, task: Any, records: pa.Table, fn: KeyedFunction) -> pa.Table:
+        """:meth:`process_records` in a chained task: ``_run_key_group`` per key group, the same inputs, the same changes.
+
+        The key groups run are those the records touch and those holding a
+        due timer. A group gets its records and, for the keys it runs (keys
+        with records, keys with a due timer), every state's live rows and
+        every stored timer: of the whole key group's rows that the Spark path
+        reads, ``_run_key_group`` uses no others. A user function's error
+        declines the epoch (nothing is staged): Spark's path raises it.
+        """
+        from barrierflow.chained_region import RegionDeclined
+
+        key_names = list(self.key)
+        key_types = {k: records.schema.field(k).type for k in key_names}
+        descriptors = fn.state_descriptors
+        specs = [self._spec(d, key_types) for d in descriptors]
+        timers = self._timer_spec(key_types)
+        keyed = records.append_column(KEY_GROUP, task.key_groups_of(records.select(key_names)))
+        keys_schema = pa.schema([*(pa.field(k, key_types[k]) for k in key_names), pa.field(KEY_GROUP, pa.int32())])
+        touched = keyed.select(keys_schema.names).cast(keys_schema)
+        stored_timers = None
+        if timers is not None:
+            # Due by event time (W(n)) or by processing time (P(n)), whatever their key: their keys run too.
+            every_timer = task.every_live_row(timers)
+            due = every_timer.filter(due_timer_mask(every_timer, task.watermark_us, task.processing_time_ms))
+            touched = pa.concat_tables([touched, due.select(keys_schema.names).cast(keys_schema)])
+        touched = touched.group_by(keys_schema.names, use_threads=False).aggregate([])
+        if timers is not None:
+            stored_timers = every_timer.join(touched.select(key_names), keys=key_names, join_type="left semi")
+        # All states' live rows (and the timers) side by side in one wide table, as the Spark path's state frame.
+        state_schema = pa.schema(
+            [
+                *keys_schema,
+                *[pa.field(_state_column(d.name), d.value_type) for d in descriptors],
+                *([pa.field(_TIMER_DOMAIN, pa.string()), pa.field(_TIMER_TS, pa.int64())] if timers is not None else []),
+            ]
+        )
+        parts, width = [], len(keys_schema)
+        for d, spec in zip(descriptors, specs):
+            live = task.live_rows(spec, touched)
+            parts.append(_wide_rows(state_schema, width, live, {_state_column(d.name): live.column("value")}))
+        if stored_timers is not None:
+            stamps = pc.cast(stored_timers.column(TIMER_TIMESTAMP), pa.int64())
+            timer_columns = {_TIMER_DOMAIN: stored_timers.column(TIMER_DOMAIN), _TIMER_TS: stamps}
+            parts.append(_wide_rows(state_schema, width, stored_timers, timer_columns))
+        state = pa.concat_tables(parts) if parts else state_schema.empty_table()
+        # One call per key group (cogroup's), each given its slice of both tables.
+        keyed, state = keyed.sort_by(KEY_GROUP), state.sort_by(KEY_GROUP)
+        record_groups = keyed.column(KEY_GROUP).to_numpy()
+        state_groups = state.column(KEY_GROUP).to_numpy()
+        groups = np.unique(touched.column(KEY_GROUP).to_numpy())
+        out_schema = self._group_schema(fn, key_types)
+        clocks = EpochClocks(task.epoch, task.processing_time_ms, task.watermark_prev_us, task.watermark_us)
+        results = []
+        try:
+            for kg in groups.tolist():
+                r0, r1 = np.searchsorted(record_groups, kg, "left"), np.searchsorted(record_groups, kg, "right")
+                s0, s1 = np.searchsorted(state_groups, kg, "left"), np.searchsorted(state_groups, kg, "right")
+                group_records, group_state = keyed.slice(r0, r1 - r0), state.slice(s0, s1 - s0)
+                results.append(_run_key_group(fn, key_names, group_records, group_state, out_schema, clocks))
+        except Exception as exc:  # noqa: BLE001 - the user's function failed: Spark's path raises it, as its error
+            raise RegionDeclined(f"process {self.operator_id}: the function raised {type(exc).__name__}: {exc}") from exc
+        result = pa.concat_tables(results) if results else out_schema.empty_table()
+        kinds = result.column("_kind")
+        outputs = result.filter(pc.equal(kinds, "_out"))
+        emitted = self.chained_rows(pa.table({f.name: outputs.column(f"_out_{f.name}") for f in fn.output_schema}), fn)
+        for d, spec in zip(descriptors, specs):
+            changes = result.filter(pc.equal(kinds, d.name))
+            values = {"value": changes.column(_state_column(d.name)), "_deleted": changes.column("_deleted")}
+            task.stage(spec, pa.table({**{k: changes.column(k) for k in keys_schema.names}, **values}))
+        if timers is not None:
+            changes = result.filter(pc.equal(kinds, TIMER_STATE))
+            values = {
+                TIMER_DOMAIN: changes.column(_TIMER_DOMAIN),
+                TIMER_TIMESTAMP: pc.cast(changes.column(_TIMER_TS), pa.timestamp("us", tz="UTC")),
+                "_deleted": changes.column("_deleted"),
+            }
+            task.stage(timers, pa.table({**{k: changes.column(k) for k in keys_schema.names}, **values}))
+        return emitted
+
+    def chained_rows(self, rows: pa.Table, fn: KeyedFunction) -> pa.Table:
+        """Emitted ``rows`` in the output's schema; declined if a column declared not null holds a null (Spark's keeps it)."""
+        from barrierflow.chained_region import RegionDeclined
+
+        schema = _spark_typed(fn.output_schema)
+        assert schema is not None  # else no chained form
+        nulls = [f.name for f in schema if not f.nullable and rows.column(f.name).null_count]
+        if nulls:
+            raise RegionDeclined(f"process {self.operator_id}: nulls emitted in {nulls}, declared not null")
+        return rows.select(schema.names).cast(schema)
+
     def describe(self) -> dict[str, Any]:
         assert self.function is not None
         return {
@@ -358,6 +497,26 @@ class KeyedProcess(Node):
             "states": {d.name: d.signature() for d in self.function.state_descriptors},
             "timers": self.function.uses_timers(),
         }
+
+
+def _wide_rows(schema: pa.Schema, keys: int, rows: pa.Table, values: Mapping[str, "pa.ChunkedArray"]) -> pa.Table:
+    """Rows of the wide state table ``schema`` (its first ``keys`` columns: keys, key group): ``rows``' keys, ``values``."""
+    fields = list(schema)
+    columns = [rows.column(f.name) for f in fields[:keys]]
+    columns += [values[f.name] if f.name in values else pa.nulls(rows.num_rows, f.type) for f in fields[keys:]]
+    return pa.table(columns, schema=schema)
+
+
+def _spark_typed(schema: pa.Schema) -> pa.Schema | None:
+    """``schema`` as a Spark frame of it has it in Arrow (``EpochContext.arrow_schema``), or None if a type changes on the way."""
+    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+    try:
+        typed = to_arrow_schema(from_arrow_schema(schema), timezone="UTC", prefers_large_types=False)
+    except (TypeError, ValueError, NotImplementedError):
+        return None  # not a Spark type: the Spark path fails, and says why
+    typed = pa.schema([f.with_type(pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type) else f for f in typed])
+    return typed if all(f.type.equals(g.type) for f, g in zip(schema, typed)) else None
 
 
 def _python_values(column: "pa.ChunkedArray | pa.Array") -> list[Any]:

@@ -26,9 +26,10 @@ operator's identity (its state tables are named by its own id).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeGuard, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeGuard, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -56,6 +57,16 @@ __all__ = [
     "map_batch",
 ]
 
+# A plain column, or a column renamed (``"left_ts as ordered_at"``): a projection a chained task makes without Spark.
+_AS = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_]*)(?:\s+[Aa][Ss]\s+([A-Za-z][A-Za-z0-9_]*))?\s*$")
+# Words Spark's parser (ANSI mode, its default) does not take as a bare column name: left to Spark.
+_RESERVED = frozenset(
+    "all and any as authorization both case cast check collate column constraint create cross current_date "
+    "current_time current_timestamp current_user distinct else end escape except false fetch filter for foreign "
+    "from full grant group having in inner intersect into is join lateral leading left natural not null offset on "
+    "only or order outer overlaps primary references right select session_user some table then time to trailing "
+    "true union unique unknown user using when where with".split()
+)
 # A SQL expression string or a pyspark Column.
 Expression = Union[str, "Column"]
 # A user function over a record batch of the user columns.
@@ -174,6 +185,44 @@ class Select(_Stateless):
         out = df.select(*selected, *engine)
         _check_outputs(self.operator_id, out.columns[: len(out.columns) - len(engine)], engine)
         return out
+
+    def _projection(self, names: list[str]) -> list[tuple[str, str]] | None:
+        """``(input column, output name)`` per output column when every expression is ``*``, a column or ``column as name``.
+
+        Names as the input spells them: Spark's resolution ignores case, a
+        projection here does not, so any other spelling is left to Spark.
+        """
+        users = [n for n in names if not n.startswith("_")]
+        out: list[tuple[str, str]] = []
+        for value in self.columns:
+            if not isinstance(value, str):
+                return None
+            if value == "*":
+                out += [(n, n) for n in users]
+                continue
+            match = _AS.match(value)
+            if match is None or match.group(1) not in users or {g.lower() for g in match.groups() if g} & _RESERVED:
+                return None
+            out.append((match.group(1), match.group(2) or match.group(1)))
+        outputs = [o for _, o in out]
+        if len(set(outputs)) != len(outputs) or any(o.startswith("_") for o in outputs):
+            return None  # Spark's select refuses it: the error is raised there
+        return out
+
+    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
+        (schema,) = inputs
+        projection = self._projection(schema.names)
+        if projection is None:
+            return None
+        engine = [f for f in schema if f.name.startswith("_")]
+        return pa.schema([*(schema.field(i).with_name(o) for i, o in projection), *engine])
+
+    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
+        (records,) = inputs
+        projection = self._projection(records.column_names)
+        assert projection is not None
+        engine = [n for n in records.column_names if n.startswith("_")]
+        return pa.table([*(records[i] for i, _ in projection), *(records[n] for n in engine)], names=[*(o for _, o in projection), *engine])
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "columns": [str(c) for c in self.columns]}

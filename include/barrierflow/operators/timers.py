@@ -33,6 +33,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from barrierflow.errors import PipelineDefinitionError, UserFunctionError
 from barrierflow.state.spec import StateSpec
@@ -86,6 +87,16 @@ def due_timers(watermark_us: int | None, processing_time_ms: int) -> "Column":
         F.unix_micros(F.col(TIMER_TIMESTAMP)) <= F.lit(watermark_us)
     )
     return event | processing
+
+
+def due_timer_mask(timers: pa.Table, watermark_us: int | None, processing_time_ms: int) -> pa.ChunkedArray:
+    """:func:`due_timers` on an Arrow table of timer rows (a chained task's): which rows fire this epoch."""
+    stamps = pc.cast(timers.column(TIMER_TIMESTAMP), pa.int64())
+    domains = timers.column(TIMER_DOMAIN)
+    due = pc.and_(pc.equal(domains, TimeDomain.PROCESSING_TIME.value), pc.less_equal(stamps, processing_time_ms * 1000))
+    if watermark_us is not None:
+        due = pc.or_(due, pc.and_(pc.equal(domains, TimeDomain.EVENT_TIME.value), pc.less_equal(stamps, watermark_us)))
+    return pc.fill_null(due, False)
 
 
 def to_micros(timestamp: datetime | int, what: str) -> int:

@@ -41,6 +41,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+import pyarrow as pa
+
 from barrierflow.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, position_columns, user_columns
 
@@ -81,6 +83,31 @@ class Union(Node):
         positions = union_positions([df.columns for df in frames])
         shared = [c for c in frames[0].columns if c.startswith("_") and c not in positions and all(c in df.columns for df in frames)]
         return union_frames(frames, lambda index, df: [F.col(c) for c in (*names, *shared)])
+
+    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
+        """The output's schema as :meth:`apply_inputs` gives it; None when the inputs differ (Spark raises the error)."""
+        typed = [{f.name: f.type for f in schema if not f.name.startswith("_")} for schema in inputs]
+        if any(other != typed[0] for other in typed[1:]):
+            return None
+        first = inputs[0]
+        positions = union_positions([schema.names for schema in inputs])
+        shared = [f for f in first if f.name.startswith("_") and f.name not in positions and all(f.name in s.names for s in inputs)]
+        users = [f for f in first if not f.name.startswith("_")]
+        return pa.schema([*users, *shared, *(pa.field(p, pa.int64()) for p in positions)])
+
+    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
+        schema = self.chained_schema([t.schema for t in inputs])
+        assert schema is not None
+        positions = union_positions([t.column_names for t in inputs])  # (3.)
+        parts = []
+        for index, table in enumerate(inputs):
+            columns = {f.name: table[f.name] for f in schema if f.name not in positions}
+            if positions:
+                *carried, own = positions
+                columns.update({c: table[c] if c in table.column_names else pa.repeat(pa.scalar(0, pa.int64()), table.num_rows) for c in carried})
+                columns[own] = pa.repeat(pa.scalar(index, pa.int64()), table.num_rows)
+            parts.append(pa.table(columns).select(schema.names).cast(schema))
+        return pa.concat_tables(parts)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "inputs": [n.operator_id for n in self.inputs()]}

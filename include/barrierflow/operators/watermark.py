@@ -19,9 +19,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from barrierflow.operators.base import Node
 from barrierflow.state.spec import KEY_GROUP, StateSpec
@@ -73,6 +74,28 @@ class WatermarkAssigner(Node):
             ctx.state.stage_arrow(spec, max_event_time_row(spec, self.operator_id, seen, ctx.processing_time_ms, ctx.epoch))
         ctx.observe_assigner(self.operator_id, seen, self.out_of_orderness_us)  # (3.)
         return df
+
+    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
+        (schema,) = inputs
+        ok = self.column in schema.names and schema.field(self.column).type == pa.timestamp("us", tz="UTC")
+        return schema if ok else None
+
+    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
+        """:meth:`apply` in one task: the same maximum, state row and observation (reported to the epoch by the driver)."""
+        (records,) = inputs
+        max_us = pc.max(records[self.column].cast(pa.int64())).as_py()  # (1.)
+        if not self.tracked:
+            task.observe(None, max_us, self.out_of_orderness_us)
+            return records
+        spec = self._spec()  # (2.)
+        stored = task.every_live_row(spec)
+        previous = stored.column("max_event_time_us")[0].as_py() if stored.num_rows else None
+        seen = max((v for v in (previous, max_us) if v is not None), default=None)
+        if seen is not None and seen != previous:
+            row = max_event_time_row(spec, self.operator_id, seen, task.processing_time_ms, task.epoch)
+            task.stage(spec, row.drop_columns(["_updated_at_ms", "_epoch"]))
+        task.observe(self.operator_id, seen, self.out_of_orderness_us)  # (3.)
+        return records
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "column": self.column, "out_of_orderness_us": self.out_of_orderness_us}

@@ -60,6 +60,20 @@ and L the allowed lateness (a ``timedelta``, default 0, as Flink's
    first time (with L > 0) or were purged, and the tombstones of sessions
    merged into another. A window created and purged in the same epoch is
    never written.
+
+The chained form (:mod:`barrierflow.chained_region`: a small epoch's front in
+one Python task) follows the same steps on Arrow tables and gives the same
+rows, values and state: it reads every live window and keeps those the
+Spark path's pruned read would (the key groups the epoch's records touch,
+and the windows the watermark reaches; the others change nothing), and folds
+each window's values in arrival order as :meth:`Aggregation.result` does
+(:func:`_chained_results`). A window runs on Spark instead with a
+percentile or another aggregation the chained form does not compute, a key
+that is not a string or a long (Spark's key group), a time column that is not
+a UTC timestamp or a value column that is not a number; and the whole epoch
+does when a key, timestamp or arrival position is null, or when late records
+would be dropped without a side output (the Spark path logs their number on
+the driver).
 """
 
 from __future__ import annotations
@@ -68,12 +82,14 @@ import logging
 import math
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from barrierflow.errors import PipelineDefinitionError
-from barrierflow.operators.aggregate import Aggregation
+from barrierflow.operators.aggregate import Aggregation, Avg, Count, Max, Min, Sum
 from barrierflow.operators.base import Node, key_group_column, position_columns, position_order, user_columns
 from barrierflow.state.spec import KEY_GROUP, DueRows, StateSpec
 
@@ -96,6 +112,16 @@ _log = logging.getLogger(__name__)
 _ONE_US = timedelta(microseconds=1)
 # The value one session element keeps: its arrival and the aggregated column.
 _SESSION_VALUE = pa.struct([pa.field("epoch", pa.int64()), pa.field("position", pa.int64()), pa.field("value", pa.float64())])
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+# The chained form: aggregations whose window result it computes as Spark does
+# (_chained_results), key types whose key group it computes (chaining.spark_key_groups),
+# value columns whose cast to double it makes as Spark does.
+_CHAINED_AGGREGATIONS = (Count, Sum, Min, Max, Avg)
+_CHAINED_KEY_TYPES = (pa.string(), pa.int64())
+_CHAINED_VALUE_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.float32(), pa.float64())
+# Sizes, gaps and lateness beyond this are left to Spark: with any timestamp Spark holds
+# (years 1 to 9999, below 2**58 microseconds), window bounds then never overflow a long.
+_CHAINED_MAX_SPAN_US = 2**61
 
 
 def _micros(what: str, value: Any, *, positive: bool) -> int:
@@ -319,6 +345,83 @@ class _Window(Node):
 
         return [a.result(values, F.size(values)) for a in self.aggregations]
 
+    # -- the chained form (the module docstring's last paragraph)
+
+    def _chained_output(self, schema: pa.Schema, time_column: str, span_us: int) -> pa.Schema | None:
+        """The output's schema as the Spark path's frame has it; None where the chained form declines this configuration.
+
+        ``span_us``: how far a window reaches past a record's timestamp (its size or gap).
+        """
+        if any(type(a) not in _CHAINED_AGGREGATIONS for a in self.aggregations):
+            return None
+        if any(k not in schema.names or schema.field(k).type not in _CHAINED_KEY_TYPES for k in self.key):
+            return None
+        if time_column not in schema.names or schema.field(time_column).type != _TIMESTAMP or "_seq" not in schema.names:
+            return None
+        value = self.value_column
+        if value is not None and (value not in schema.names or schema.field(value).type not in _CHAINED_VALUE_TYPES):
+            return None
+        if span_us + self.lateness_us > _CHAINED_MAX_SPAN_US:
+            return None
+        results = [pa.field(a.name, pa.int64() if isinstance(a, Count) else pa.float64()) for a in self.aggregations]
+        return pa.schema(
+            [
+                *(schema.field(k) for k in self.key),
+                pa.field("window_start", _TIMESTAMP),
+                pa.field("window_end", _TIMESTAMP),
+                *results,
+                *(pa.field(c, pa.bool_()) for c in self.extra_output_columns()),
+            ]
+        )
+
+    def chained_state_specs(self, inputs: Sequence[pa.Schema]) -> list[StateSpec]:
+        (schema,) = inputs
+        return [self._spec({k: schema.field(k).type for k in self.key})]
+
+    def chained_side_outputs(self, inputs: Sequence[pa.Schema]) -> dict[str, pa.Schema]:
+        """Step 2's side output: the records' user columns, as :meth:`_split_late` emits them."""
+        (schema,) = inputs
+        return {self.late_output: pa.schema([f for f in schema if not f.name.startswith("_")])} if self.late_output else {}
+
+    def _chained_times(self, records: pa.Table, time_column: str) -> np.ndarray:
+        """Each record's timestamp in microseconds (``unix_micros``); declines a null key, timestamp or position."""
+        from barrierflow.chained_region import RegionDeclined
+
+        for name in (*self.key, time_column, *position_columns(records.column_names)):
+            if records[name].null_count:
+                raise RegionDeclined(f"window {self.operator_id}: a record with a null {name}")
+        return np.asarray(records[time_column].cast(pa.int64()).to_numpy(), dtype=np.int64)
+
+    def _chained_values(self, records: pa.Table) -> pa.Array:
+        """Each record's value as a double, as :meth:`_value` casts it (0.0 for a count alone)."""
+        if self.value_column is None:
+            return pa.array(np.zeros(records.num_rows), pa.float64())
+        return records[self.value_column].cast(pa.float64(), safe=False).combine_chunks()
+
+    def _chained_split_late(self, task: Any, records: pa.Table, late: np.ndarray) -> pa.Table:
+        """Step 2 as :meth:`_split_late`: late records' user columns to the side output; returns the others.
+
+        Late records dropped without a side output are declined: the Spark
+        path logs how many on the driver, which a task cannot.
+        """
+        from barrierflow.chained_region import RegionDeclined
+
+        mask = pa.array(late, pa.bool_())
+        if self.late_output:
+            task.emit(self.late_output, records.filter(mask).select([c for c in records.column_names if not c.startswith("_")]))
+        elif late.any():
+            raise RegionDeclined(f"window {self.operator_id}: {int(late.sum())} late record(s) to drop and log")
+        return records.filter(pc.invert(mask))
+
+    def _chained_firing(
+        self, task: Any, end_us: np.ndarray, touched: np.ndarray, fired: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Steps 4-5 as :meth:`_firing`: whether each window fires, whether its state is purged."""
+        wm = task.watermark_us
+        if wm is None:
+            return np.zeros(len(end_us), bool), np.zeros(len(end_us), bool)
+        return (end_us <= wm) & (touched | ~fired), end_us + self.lateness_us <= wm
+
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
@@ -411,6 +514,103 @@ class AlignedWindow(_Window):
         ctx.state.stage(spec, rows.where("_changed"))
         names = [*self.key, "window_start", "window_end", *[a.name for a in self.aggregations], *self.extra_output_columns()]
         return ctx.cached_view(rows.where("_fires").select(*names))
+
+    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
+        (schema,) = inputs
+        return self._chained_output(schema, self.assigner.time_column, self.assigner.size_us)
+
+    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
+        """:meth:`apply` in one task: steps 1-7 of the module docstring on Arrow tables."""
+        (records,) = inputs
+        [spec] = self.chained_state_specs([records.schema])
+        key = list(self.key)
+        size, slide, lateness = self.assigner.size_us, self.assigner.slide_us, self.lateness_us
+        wm_prev, wm = task.watermark_prev_us, task.watermark_us
+        # Step 1. The latest window's start (numpy's % is a floor modulo, as Spark's pmod).
+        ts = self._chained_times(records, self.assigner.time_column)
+        last = ts - ts % slide
+        # Step 2. A record is late when its latest window is.
+        late = last + (size + lateness) <= wm_prev if wm_prev is not None else np.zeros(len(ts), bool)
+        on_time = self._chained_split_late(task, records, late)
+        ts, last = ts[~late], last[~late]
+        n = on_time.num_rows
+        if slide != size:  # every window that holds ts (start > ts - size) and is not late itself
+            count = -(-size // slide)
+            floor = ts - size if wm_prev is None else np.maximum(ts - size, wm_prev - size - lateness)
+            rows = np.repeat(np.arange(n), count)
+            starts = np.repeat(last, count) - np.tile(np.arange(count, dtype=np.int64) * slide, n)
+            keep = starts > floor[rows]
+            rows, starts = rows[keep], starts[keep]
+        else:
+            rows, starts = np.arange(n), last
+        # Step 3. The epoch's windows, each with its values in arrival order.
+        positions = position_columns(on_time.column_names)
+        groups = task.key_groups_of(on_time.select(key))
+        exploded = (
+            on_time.select([*key, *positions])
+            .take(_indices(rows))
+            .append_column("_start", pa.array(starts, pa.int64()))
+            .append_column("_value", self._chained_values(on_time).take(_indices(rows)))
+            .append_column(KEY_GROUP, groups.take(_indices(rows)))
+            .sort_by([(c, "ascending") for c in [*key, "_start", *positions]])
+        )
+        firsts = np.flatnonzero(_segment_starts(exploded, [*key, "_start"]))
+        new_offsets = np.append(firsts, exploded.num_rows)
+        epoch_windows = exploded.select([*key, "_start", KEY_GROUP]).take(_indices(firsts))
+        epoch_windows = epoch_windows.append_column("_new", pa.array(np.arange(len(firsts)), pa.int64()))
+        # The pending windows this epoch may change: those of the key groups its records
+        # touch and those the watermark reaches (the Spark path's pruned read; no other changes).
+        stored = task.every_live_row(spec)
+        relevant = pc.is_in(stored[KEY_GROUP], value_set=pc.unique(groups))
+        if wm is not None:
+            relevant = pc.or_(relevant, pc.less_equal(stored["window_start"].cast(pa.int64()), wm - size))
+        stored = stored.filter(relevant)
+        pending = stored.select(key).append_column("_start", stored["window_start"].cast(pa.int64()))
+        pending = pending.append_column("_old", pa.array(np.arange(stored.num_rows), pa.int64()))
+        merged = pending.join(epoch_windows, keys=[*key, "_start"], join_type="full outer")
+        merged = merged.sort_by([(c, "ascending") for c in [*key, "_start"]])
+        has_old, touched = _bools(pc.is_valid(merged["_old"])), _bools(pc.is_valid(merged["_new"]))
+        old = _ints(pc.fill_null(merged["_old"], 0))[has_old]
+        new = _ints(pc.fill_null(merged["_new"], 0))[touched]
+        key_group = np.zeros(merged.num_rows, np.int32)
+        key_group[has_old] = _ints(stored[KEY_GROUP].take(_indices(old)))
+        key_group[touched] = _ints(merged[KEY_GROUP].filter(pa.array(touched)))
+        fired = np.zeros(merged.num_rows, bool)
+        if lateness > 0:
+            fired[has_old] = _bools(pc.fill_null(stored["fired"].take(_indices(old)), False))
+        # concat(stored values, the epoch's values).
+        old_lists = stored["window_values"].combine_chunks().take(_indices(old))
+        old_parents = np.flatnonzero(has_old)[_ints(pc.list_parent_indices(old_lists))]
+        new_parents, new_elements = _spans(np.flatnonzero(touched), new_offsets[new], new_offsets[new + 1])
+        parents = np.concatenate([old_parents, new_parents])
+        part = np.concatenate([np.zeros(len(old_parents), np.int64), np.ones(len(new_parents), np.int64)])
+        new_values = exploded["_value"].combine_chunks().take(_indices(new_elements))
+        elements = pa.concat_arrays([pc.list_flatten(old_lists), new_values])
+        offsets, values = _lists(merged.num_rows, parents, [part, np.arange(len(parents))], elements)
+        window_values = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+        start = _ints(merged["_start"])
+        end = start + size
+        # Steps 4-5.
+        fires, purged = self._chained_firing(task, end, touched, fired)
+        # Step 7. A state change: new values, a first firing (kept, with L > 0)
+        # or a purge (a tombstone), never for a window never stored and purged.
+        changed = _indices(np.flatnonzero((touched | fires | purged) & (has_old | ~purged)))
+        state: dict[str, Any] = {k: merged[k].take(changed) for k in key}
+        state["window_start"] = _timestamps(start[changed])
+        state[KEY_GROUP] = pa.array(key_group[changed], pa.int32())
+        state["window_values"] = window_values.take(changed)
+        if lateness > 0:
+            state["fired"] = pa.array((fired | fires)[changed], pa.bool_())
+        state["_deleted"] = pa.array(purged[changed], pa.bool_())
+        task.stage(spec, pa.table(state))
+        # Steps 4 and 6.
+        firing = np.flatnonzero(fires)
+        out: dict[str, Any] = {k: merged[k].take(_indices(firing)) for k in key}
+        out["window_start"], out["window_end"] = _timestamps(start[firing]), _timestamps(end[firing])
+        out.update(zip((a.name for a in self.aggregations), _chained_results(self.aggregations, offsets, values, firing)))
+        if lateness > 0:
+            out["is_update"] = pa.array(fired[firing], pa.bool_())
+        return pa.table(out)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "assigner": self.assigner.kind, "size_us": self.assigner.size_us, "slide_us": self.assigner.slide_us}
@@ -543,8 +743,259 @@ class SessionWindow(_Window):
         out = emitted.select(*self.key, window_start, window_end, *results, *self.extra_output_columns())
         return ctx.cached_view(out)
 
+    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
+        (schema,) = inputs
+        return self._chained_output(schema, self.assigner.time_column, self.assigner.gap_us)
+
+    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
+        """:meth:`apply` in one task: steps 1-7 of the module docstring for sessions, on Arrow tables."""
+        (records,) = inputs
+        [spec] = self.chained_state_specs([records.schema])
+        key = list(self.key)
+        gap, lateness, wm = self.assigner.gap_us, self.lateness_us, task.watermark_us
+        # Step 1.
+        ts = self._chained_times(records, self.assigner.time_column)
+        # Step 2. Lateness of the record's own window [ts, ts + gap).
+        late = ts + (gap + lateness) <= task.watermark_prev_us if task.watermark_prev_us is not None else np.zeros(len(ts), bool)
+        on_time = self._chained_split_late(task, records, late)
+        ts = ts[~late]
+        n = on_time.num_rows
+        # Step 3. Each record a one-value window, tagged with its arrival: its
+        # rank among its key's records of the epoch (row_number by position).
+        arrival = [*key, *position_columns(on_time.column_names)]
+        by_arrival = pc.sort_indices(on_time, sort_keys=[(c, "ascending") for c in arrival])
+        firsts = _segment_starts(on_time.select(key).take(by_arrival), key)
+        rank = np.empty(n, np.int64)
+        rank[_ints(by_arrival)] = np.arange(n) - np.maximum.accumulate(np.where(firsts, np.arange(n), 0)) + 1
+        groups = task.key_groups_of(on_time.select(key))
+        # The stored sessions this epoch may change: those of the key groups its records
+        # touch and those the watermark reaches (the Spark path's pruned read; no other changes).
+        stored = task.every_live_row(spec)
+        relevant = pc.is_in(stored[KEY_GROUP], value_set=pc.unique(groups))
+        if wm is not None:
+            relevant = pc.or_(relevant, pc.less_equal(stored["window_end"].cast(pa.int64()), wm))
+        stored = stored.filter(relevant)
+        m = stored.num_rows
+        # Gaps and islands: stored sessions and the epoch's windows of a key sorted by (start, end, tie).
+        fired_before = _bools(pc.fill_null(stored["fired"], False)) if lateness > 0 else np.zeros(m, bool)
+        stored_start, stored_end = _ints(stored["window_start"].cast(pa.int64())), _ints(stored["window_end"].cast(pa.int64()))
+        stored_keys, untied = [stored[k] for k in key], np.zeros(m, np.int64)
+        before = _session_windows(key, stored_keys, stored_start, stored_end, untied, True, fired_before, stored[KEY_GROUP])
+        epoch_windows = _session_windows(key, [on_time[k] for k in key], ts, ts + gap, rank, False, np.zeros(n, bool), groups)
+        windows = pa.concat_tables([before, epoch_windows]).sort_by([(c, "ascending") for c in [*key, "_start", "_end", "_tie"]])
+        start, end, row = _ints(windows["_start"]), _ints(windows["_end"]), _ints(windows["_row"])
+        is_stored, was_fired = _bools(windows["_stored"]), _bools(windows["_fired"])
+        island, heads = _islands(_segment_starts(windows, key), start, end)
+        session_start, session_end = start[heads], np.maximum.reduceat(end, heads) if len(heads) else end[heads]
+        touched = _any_of(~is_stored, heads)
+        # The stored session of the island's start, if any, is overwritten; the others merged into it are tombstoned.
+        own = is_stored & (start == session_start[island])
+        kept, fired = _any_of(own, heads), _any_of(own & was_fired, heads)
+        merged = np.flatnonzero(is_stored & ~own)
+        # Steps 4-5.
+        fires, purged = self._chained_firing(task, session_end, touched, fired)
+        changed = np.flatnonzero((touched | fires | purged) & (kept | ~purged))
+        # The values of the sessions that change or fire, in arrival order ((epoch, position) is unique per key).
+        wanted = np.zeros(len(heads), bool)
+        wanted[changed] = True
+        wanted[fires] = True
+        from_stored = np.flatnonzero(is_stored & wanted[island])
+        from_epoch = np.flatnonzero(~is_stored & wanted[island])
+        stored_lists = stored["window_values"].combine_chunks().take(_indices(row[from_stored]))
+        epoch_rows = _indices(row[from_epoch])
+        epoch_values = pa.StructArray.from_arrays(
+            [
+                pa.repeat(pa.scalar(task.epoch, pa.int64()), len(epoch_rows)),
+                pa.array(rank).take(epoch_rows),
+                self._chained_values(on_time).take(epoch_rows),
+            ],
+            fields=list(_SESSION_VALUE),
+        )
+        elements = pa.concat_arrays([pc.list_flatten(stored_lists).cast(_SESSION_VALUE), epoch_values])
+        parents = np.concatenate([island[from_stored][_ints(pc.list_parent_indices(stored_lists))], island[from_epoch]])
+        arrivals = [_ints(elements.field("epoch")), _ints(elements.field("position"))]
+        offsets, values = _lists(len(heads), parents, arrivals, elements)
+        window_values = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+        sessions = windows.select([*key, KEY_GROUP]).take(_indices(heads))
+        # Step 7. The changed sessions, and the tombstones of those merged into another.
+        updates: dict[str, Any] = {k: sessions[k].take(_indices(changed)) for k in key}
+        updates["window_start"] = _timestamps(session_start[changed])
+        updates[KEY_GROUP] = sessions[KEY_GROUP].take(_indices(changed))
+        updates["window_end"] = _timestamps(session_end[changed])
+        updates["window_values"] = window_values.take(_indices(changed))
+        if lateness > 0:
+            updates["fired"] = pa.array((fired | fires)[changed], pa.bool_())
+        updates["_deleted"] = pa.array(purged[changed], pa.bool_())
+        tombstones: dict[str, Any] = {k: windows[k].take(_indices(merged)) for k in key}
+        tombstones["window_start"] = _timestamps(start[merged])
+        tombstones[KEY_GROUP] = windows[KEY_GROUP].take(_indices(merged))
+        tombstones.update((f.name, pa.nulls(len(merged), f.type)) for f in spec.value_fields)
+        tombstones["_deleted"] = pa.repeat(pa.scalar(True), len(merged))
+        changes = pa.schema([f for f in spec.arrow_schema() if f.name not in ("_updated_at_ms", "_epoch")])
+        task.stage(spec, pa.concat_tables([pa.table(updates).cast(changes), pa.table(tombstones).cast(changes)]))
+        # Steps 4 and 6: the fired sessions, then (with L > 0) the retractions of fired sessions merged into another.
+        firing = np.flatnonzero(fires)
+        out: dict[str, Any] = {k: sessions[k].take(_indices(firing)) for k in key}
+        out["window_start"], out["window_end"] = _timestamps(session_start[firing]), _timestamps(session_end[firing])
+        results = _chained_results(self.aggregations, offsets, values.field("value"), firing)
+        out.update(zip((a.name for a in self.aggregations), results))
+        if lateness == 0:
+            return pa.table(out)
+        out["is_update"] = pa.array(fired[firing], pa.bool_())
+        out["retracted"] = pa.repeat(pa.scalar(False), len(firing))
+        emitted = pa.table(out)
+        retracted = merged[was_fired[merged]]
+        retractions: dict[str, Any] = {k: windows[k].take(_indices(retracted)) for k in key}
+        retractions["window_start"], retractions["window_end"] = _timestamps(start[retracted]), _timestamps(end[retracted])
+        retractions.update((a.name, pa.nulls(len(retracted), emitted.schema.field(a.name).type)) for a in self.aggregations)
+        retractions["is_update"] = retractions["retracted"] = pa.repeat(pa.scalar(True), len(retracted))
+        return pa.concat_tables([emitted, pa.table(retractions).cast(emitted.schema)])
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "assigner": self.assigner.kind, "gap_us": self.assigner.gap_us}
+
+
+def _session_windows(
+    key: list[str],
+    keys: list[Any],
+    start: np.ndarray,
+    end: np.ndarray,
+    tie: np.ndarray,
+    stored: bool,
+    fired: np.ndarray,
+    key_group: Any,
+) -> pa.Table:
+    """Windows for the gaps and islands of :meth:`SessionWindow.apply_chained`, ``_row`` their index in their own table."""
+    n = len(start)
+    columns = dict(zip(key, keys))
+    columns.update(
+        {
+            "_start": pa.array(start, pa.int64()),
+            "_end": pa.array(end, pa.int64()),
+            "_tie": pa.array(tie, pa.int64()),
+            "_stored": pa.array(np.full(n, stored), pa.bool_()),
+            "_fired": pa.array(fired, pa.bool_()),
+            KEY_GROUP: key_group,
+            "_row": pa.array(np.arange(n), pa.int64()),
+        }
+    )
+    return pa.table(columns)
+
+
+def _islands(new_key: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gaps and islands of windows sorted by key, start: each window's island and each island's first window.
+
+    A window opens an island when it starts a key or starts after the greatest
+    end of its key's windows before it (touching ones merge, as in Flink). That
+    greatest end is one running maximum over all keys of (key's index, end's
+    rank among all ends): each key's values exceed every earlier key's, so it
+    restarts at every key.
+    """
+    opens = new_key.copy()
+    if len(end) > 1:
+        ends, end_rank = np.unique(end, return_inverse=True)
+        reach = np.maximum.accumulate((np.cumsum(new_key) - 1) * len(ends) + end_rank.reshape(-1))
+        opens[1:] |= start[1:] > ends[reach[:-1] % len(ends)]
+    return np.cumsum(opens) - 1, np.flatnonzero(opens)
+
+
+def _any_of(mask: np.ndarray, heads: np.ndarray) -> np.ndarray:
+    """Whether any element of each run of ``mask`` starting at ``heads`` (to the next head) is true."""
+    return np.logical_or.reduceat(mask, heads) if len(heads) else np.zeros(0, bool)
+
+
+def _segment_starts(table: pa.Table, columns: list[str]) -> np.ndarray:
+    """Whether each row of ``table`` (sorted by ``columns`` first, none null) starts a new value of ``columns``."""
+    n = table.num_rows
+    starts = np.ones(n, bool)
+    if n > 1:
+        differs = np.zeros(n - 1, bool)
+        for c in columns:
+            column = table[c].combine_chunks()
+            differs |= np.asarray(pc.not_equal(column.slice(1), column.slice(0, n - 1)).to_numpy(zero_copy_only=False), bool)
+        starts[1:] = differs
+    return starts
+
+
+def _spans(parents: np.ndarray, begins: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The elements ``begins[i]:ends[i]`` of each span ``i``, in order: each one's ``parents[i]`` and its index."""
+    lengths = ends - begins
+    firsts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.repeat(parents, lengths), np.arange(int(lengths.sum()), dtype=np.int64) - firsts + np.repeat(begins, lengths)
+
+
+def _lists(n: int, parents: np.ndarray, order: list[np.ndarray], elements: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """``n`` lists, element ``i`` of ``elements`` in list ``parents[i]``, each list sorted by ``order`` (keys,
+    most significant first, that tell every two elements of a list apart): the lists' offsets and their elements."""
+    sort = np.lexsort((*reversed(order), parents)) if len(parents) else np.zeros(0, np.int64)
+    counts = np.bincount(parents, minlength=n) if len(parents) else np.zeros(n, np.int64)
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), elements.take(pa.array(sort, pa.int64()))
+
+
+def _timestamps(us: np.ndarray) -> pa.Array:
+    return pa.array(us, pa.int64()).cast(_TIMESTAMP)
+
+
+def _indices(rows: np.ndarray) -> pa.Array:
+    return pa.array(rows, pa.int64())
+
+
+def _ints(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(values.to_numpy(), np.int64)
+
+
+def _bools(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(values.to_numpy(zero_copy_only=False), bool)
+
+
+def _less(x: float, y: float) -> bool:
+    """Spark's order of doubles (``SQLOrderingUtil.compareDoubles``): NaN above every number, 0.0 and -0.0 equal."""
+    return x != y and not math.isnan(x) and (math.isnan(y) or x < y)
+
+
+def _extreme(values: list[float | None], better: Callable[[float, float], bool]) -> float | None:
+    """``array_min``/``array_max``: nulls skipped; a value replaces the one kept only if strictly better
+    (the first of equal values stays)."""
+    kept: float | None = None
+    for x in values:
+        if x is not None and (kept is None or better(x, kept)):
+            kept = x
+    return kept
+
+
+def _folded_sum(values: list[float | None]) -> float | None:
+    """``aggregate(values, 0.0, (acc, x) -> acc + x)``: IEEE additions in arrival order; a null makes it null."""
+    total = 0.0
+    for x in values:
+        if x is None:
+            return None
+        total = total + x
+    return total
+
+
+def _chained_results(
+    aggregations: tuple[Aggregation, ...], offsets: np.ndarray, values: pa.Array, windows: np.ndarray
+) -> list[pa.Array]:
+    """Each aggregation of the ``windows`` (indices; window ``w`` holds ``values[offsets[w]:offsets[w + 1]]``
+    in arrival order) as :meth:`Aggregation.result` computes it in Spark, bit for bit."""
+    held = values.to_pylist()
+    lists = [held[offsets[w] : offsets[w + 1]] for w in windows]
+    results: list[pa.Array] = []
+    for a in aggregations:
+        if isinstance(a, Count):  # size(values)
+            results.append(pa.array([len(v) for v in lists], pa.int64()))
+        elif isinstance(a, Sum):
+            results.append(pa.array([_folded_sum(v) for v in lists], pa.float64()))
+        elif isinstance(a, Avg):  # the folded sum over the count (a double division)
+            sums = [_folded_sum(v) for v in lists]
+            results.append(pa.array([None if s is None else s / len(v) for s, v in zip(sums, lists)], pa.float64()))
+        elif isinstance(a, Min):
+            results.append(pa.array([_extreme(v, _less) for v in lists], pa.float64()))
+        elif isinstance(a, Max):
+            results.append(pa.array([_extreme(v, lambda x, kept: _less(kept, x)) for v in lists], pa.float64()))
+        else:
+            raise AssertionError(f"{a!r} has no chained form")  # refused by _chained_output
+    return results
 
 
 def window_node(

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pyarrow as pa
 
@@ -61,7 +61,10 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
     from pyspark.sql import DataFrame
 
-__all__ = ["DeltaSink", "SinkNode", "DEAD_LETTER_SCHEMA", "EPOCH_FIELD", "WHOLE_REWRITE_MAX_ROWS"]
+__all__ = [
+    "DeltaSink", "SinkNode", "DEAD_LETTER_SCHEMA", "EPOCH_FIELD", "WHOLE_REWRITE_MAX_ROWS", "check_append_schema", "UpsertRewrite",
+    "upsert_rewrite",
+]  # fmt: skip
 
 _log = logging.getLogger(__name__)
 
@@ -121,6 +124,39 @@ def _check_schema(sink: str, uri: str, output: pa.Schema, table: DeltaTable | No
     file_schema = pa.schema([f.with_nullable(f.nullable or f.name in nullable) for f in table_schema])
     files = tuple(sorted(actions.column("path").to_pylist()))
     return output, _Widening(table_schema, file_schema, files, table.version())
+
+
+def check_append_schema(sink: str, uri: str, output: pa.Schema) -> pa.Schema | None:
+    """An append's staged files' schema (``output`` with ``_epoch``), as :meth:`DeltaSink.pre_commit` checks it; None if it widens the table."""
+    schema, widening = _check_schema(sink, uri, output, None)
+    return schema if widening is None else None
+
+
+@dataclass(frozen=True)
+class UpsertRewrite:
+    """An upsert epoch rewriting its whole (small) table, as :meth:`DeltaSink.pre_commit` stages it without a widening."""
+
+    schema: pa.Schema  # the staged files': the output's with ``_epoch``, then the table's columns it leaves out (nullable)
+    rewrite: tuple[str, ...]  # URIs of every live file: their rows of keys the epoch does not write are kept
+    removes: tuple[str, ...]  # the same files, relative to the table
+    base_version: int | None
+
+
+def upsert_rewrite(sink: str, uri: str, output: pa.Schema) -> UpsertRewrite | None:
+    """The whole-table rewrite of an upsert whose rows have ``output``'s schema (``_epoch`` last); None where it widens the table or is too large to rewrite whole."""
+    table = open_table(uri)
+    schema, widening = _check_schema(sink, uri, output, table)
+    if widening is not None:
+        return None
+    if table is None:
+        return UpsertRewrite(schema, (), (), None)
+    left_out = [f.with_nullable(True) for f in pa.schema(table.schema().to_arrow()) if f.name not in schema.names]
+    actions = add_actions(table)
+    rows = counted_rows(actions.column("num_records").to_pylist())
+    if rows is None or rows > WHOLE_REWRITE_MAX_ROWS:
+        return None
+    paths = sorted(actions.column("path").to_pylist())
+    return UpsertRewrite(pa.schema([*schema, *left_out]), tuple(join_uri(uri, p) for p in paths), tuple(paths), table.version())
 
 
 @dataclass(frozen=True)
@@ -327,6 +363,12 @@ def _with_epoch(ctx: Any, rows: "DataFrame | pa.Table") -> "DataFrame | pa.Table
     return rows.withColumn("_epoch", F.lit(ctx.epoch).cast("long"))
 
 
+def _staged_columns(schema: pa.Schema) -> pa.Schema:
+    """What :meth:`SinkNode.apply` stages of rows of ``schema``: no flat_map sub-positions, no ``_epoch`` (the writer's)."""
+    dropped = {*position_columns(schema.names)[1:], "_epoch"}
+    return pa.schema([f for f in schema if f.name not in dropped])
+
+
 @dataclass
 class SinkNode(Node):
     sink: DeltaSink
@@ -345,6 +387,25 @@ class SinkNode(Node):
             df = df.drop_columns(subs) if isinstance(df, pa.Table) else df.drop(*subs)
         self.sink.pre_commit(ctx, df)
         return df
+
+    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
+        """The rows as :meth:`apply` stages them; an upsert only of rows unique by its key (no choice of the last per key)."""
+        if self.sink.mode != "append":
+            unique = self.parent.unique_by() if self.parent is not None else None
+            if not unique or not set(unique) <= set(self.sink.key):
+                return None
+        (schema,) = inputs
+        return _staged_columns(schema)
+
+    def chained_side_outputs(self, inputs: Sequence[pa.Schema]) -> dict[str, pa.Schema]:
+        schema = self.chained_schema(inputs)
+        return {} if schema is None else {self.sink.name: schema}
+
+    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
+        (rows,) = inputs
+        rows = rows.select(_staged_columns(rows.schema).names)
+        task.emit(self.sink.name, rows)
+        return rows
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "sink": self.sink.name, "mode": self.sink.mode, "key": list(self.sink.key)}

@@ -221,7 +221,7 @@ class DeltaStateBackend:
         see :meth:`stage`); no files before the table's first commit. None
         (the epoch runs on Spark) when it holds more than ``max_rows``
         stored rows, has another schema than ``spec``'s or cannot be served
-        by the Python workers' cache.
+        by the Python workers' cache (``BARRIERFLOW_WORKER_STATE_CACHE_MB=0``).
         """
         table = self._open(spec)
         if table is None:
@@ -229,7 +229,8 @@ class DeltaStateBackend:
         files, stored, _ = self._files(spec, None)
         if stored is None or stored > max_rows:
             return None
-        if pa.schema(table.schema().to_arrow()) != spec.arrow_schema() or not _worker_cache_serves(spec, files):
+        # Nested columns too: a task looks keys up by row number (``worker_cache.live_rows_of``).
+        if pa.schema(table.schema().to_arrow()) != spec.arrow_schema() or cache_limit_bytes() <= 0:
             return None
         actions = add_actions(table)
         if not _needs_compaction(actions):

@@ -338,9 +338,14 @@ def live_rows_of(lookup: StateLookup, rows: pa.Table) -> pa.Table:
             stored += _file_rows(lookup, file, wanted, limit)
     if not stored:
         return lookup.schema.empty_table()
-    # Step 3. Acero builds its hash table on the right side: the task's keys.
-    unique_keys = keys.select(list(lookup.key_columns)).group_by(list(lookup.key_columns)).aggregate([])
-    matched = pa.concat_tables(stored).join(unique_keys, keys=list(lookup.key_columns), join_type="left semi")
+    # Step 3. Acero builds its hash table on the right side: the task's keys. Joined on the keys
+    # and a row number, then taken: Acero's join carries no nested (list, struct) columns.
+    key_columns = list(lookup.key_columns)
+    unique_keys = keys.select(key_columns).group_by(key_columns).aggregate([])
+    candidates = pa.concat_tables(stored)
+    numbered = candidates.select(key_columns).append_column("_row", pa.array(np.arange(candidates.num_rows, dtype=np.int64)))
+    found = numbered.join(unique_keys, keys=key_columns, join_type="left semi")["_row"]
+    matched = candidates.take(pc.take(found, pc.sort_indices(found)))  # in stored order, as the semi-join kept them
     # Step 4.
     live = latest_rows(matched, list(lookup.key_columns))
     return unexpired(live, lookup.ttl_ms, lookup.processing_time_ms)
