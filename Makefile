@@ -16,7 +16,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	# A class-data-sharing archive of Spark's classes, which every Spark JVM barrierflow starts maps (faster start).
-	$(BIN)/python -m barrierflow.jvm_archive || echo "no JVM class archive: Spark JVMs start without one"
+	$(BIN)/python -m barrierflow.execution.jvm_archive || echo "no JVM class archive: Spark JVMs start without one"
 	touch $(STAMP)
 
 # The browser tests drive Debian's headless Chromium through chromedriver.
@@ -36,7 +36,7 @@ postgres:
 # on loopback, LocalExecutor, login admin/admin), Spark local[*], tables in ./warehouse, and
 # a generator writing sensor_stats input into ./landing. Ctrl-C stops it all.
 run: setup
-	$(BIN)/python -m barrierflow.devserver
+	$(BIN)/python -m barrierflow.tools.devserver
 
 # Lint and type checks (configured in pyproject.toml); make test runs them first.
 lint: setup

@@ -3,7 +3,7 @@
 For each ``process`` mode (``connect``: the warm engine, the default;
 ``spark-submit``: a new Spark application per epoch), one after the other
 (never both at once on a 2-core machine), this starts ``python -m
-barrierflow.devserver`` exactly as ``make run`` does (its own temporary
+barrierflow.tools.devserver`` exactly as ``make run`` does (its own temporary
 Airflow home, warehouse and landing directory, free ports), lets the
 generator and the schedule run for ``--minutes`` (6 by default), then reads:
 
@@ -84,12 +84,12 @@ def start_stack(
     work: Path, mode: str, log_path: Path, extra_args: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     """``make run``'s stack in ``work`` on free ports; (its process, {"port", "url_at"})."""
-    from barrierflow.devserver import free_port
+    from barrierflow.tools.devserver import free_port
 
     port, engine_port = free_port(), free_port()
     env = {**os.environ, "BARRIERFLOW_PROCESS_MODE": mode, "PYTHONUNBUFFERED": "1"}
     cmd = [
-        sys.executable, "-m", "barrierflow.devserver", "--port", str(port), "--engine-port", str(engine_port),
+        sys.executable, "-m", "barrierflow.tools.devserver", "--port", str(port), "--engine-port", str(engine_port),
         "--home", str(work / "airflow"), "--warehouse", str(work / "warehouse"), "--landing", str(work / "landing"),
         *extra_args,
     ]
@@ -120,7 +120,7 @@ def stop_stack(proc: subprocess.Popen[str]) -> None:
 
 
 def _api_figures(port: int) -> tuple[list[float], list[float], int]:
-    from barrierflow.devserver import ApiClient
+    from barrierflow.tools.devserver import ApiClient
 
     client = ApiClient(f"http://127.0.0.1:{port}", "admin", "admin", timeout_s=30)
     _, runs = client.get(f"/api/v2/dags/{DAG_ID}/dagRuns?limit=1000")
@@ -139,9 +139,9 @@ def _api_figures(port: int) -> tuple[list[float], list[float], int]:
 
 def _epochs(warehouse: Path) -> list[tuple[float, list[str]]]:
     """(completed at, files) of every COMPLETED epoch of the current lineage, in order."""
-    from barrierflow.checkpoint import EpochStatus
-    from barrierflow.checkpoint_log import CheckpointLog
-    from barrierflow.layout import PipelineLayout
+    from barrierflow.checkpointing.checkpoint import EpochStatus
+    from barrierflow.checkpointing.checkpoint_log import CheckpointLog
+    from barrierflow.storage.layout import PipelineLayout
 
     layout = PipelineLayout.of(str(warehouse), "sensor_stats")
     records = [r for r in CheckpointLog(layout).records() if r.status is EpochStatus.COMPLETED]

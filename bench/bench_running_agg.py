@@ -12,11 +12,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from barrierflow.api.params import Param
+from barrierflow.connectors import DeltaSink, FileSource
 from barrierflow.operators import Count, Max, Min, Sum
-from barrierflow.params import Param
-from barrierflow.pipeline import PipelineBuilder, pipeline
-from barrierflow.sinks import DeltaSink
-from barrierflow.sources import FileSource
+from barrierflow.plan.pipeline import PipelineBuilder, pipeline
 
 __all__ = ["bench_running_agg"]
 

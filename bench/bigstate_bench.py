@@ -93,7 +93,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
 
-from barrierflow.spark import MASTER_ENV  # noqa: E402
+from barrierflow.execution.spark import MASTER_ENV  # noqa: E402
 from bench_bigstate import EVENT_SCHEMA, PIPELINE_REF, SINK  # noqa: E402
 
 __all__ = ["run_bigstate", "generate_bigstate", "ProcessTreeMonitor", "DEFAULT_SIZES"]

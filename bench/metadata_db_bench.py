@@ -39,9 +39,9 @@ COMMANDS = (
 
 
 def _completed_epochs(warehouse: Path) -> int:
-    from barrierflow.checkpoint import EpochStatus
-    from barrierflow.checkpoint_log import CheckpointLog
-    from barrierflow.layout import PipelineLayout
+    from barrierflow.checkpointing.checkpoint import EpochStatus
+    from barrierflow.checkpointing.checkpoint_log import CheckpointLog
+    from barrierflow.storage.layout import PipelineLayout
 
     layout = PipelineLayout.of(str(warehouse), "sensor_stats")
     return sum(1 for r in CheckpointLog(layout).records() if r.status is EpochStatus.COMPLETED)

@@ -1,6 +1,6 @@
 """``orders_payments_ratio``: barrierflow's full ``orders_payments`` pipeline vs a Structured Streaming join.
 
-Generates a messy order stream with ``barrierflow.order_stream``
+Generates a messy order stream with ``barrierflow.demo.order_stream``
 (``OrderStreamSpec`` / ``write_order_files``: ``landing/{orders,payments,
 thresholds}/part-NNNNNN.jsonl`` with blank and malformed lines, duplicates,
 out-of-order, late and early records), runs the ``orders_payments`` pipeline
@@ -76,8 +76,8 @@ SSS_SCRIPT = Path(__file__).resolve().with_name("sss_orders_payments.py")
 
 
 def generate_input(landing: Path, files: int, orders_per_file: int) -> Any:
-    """Write the stream with ``barrierflow.order_stream``; returns its spec."""
-    from barrierflow.order_stream import OrderStreamSpec, write_order_files
+    """Write the stream with ``barrierflow.demo.order_stream``; returns its spec."""
+    from barrierflow.demo.order_stream import OrderStreamSpec, write_order_files
 
     spec = OrderStreamSpec(n_files=files, orders_per_file=orders_per_file, seed=SEED)
     write_order_files(landing, spec)

@@ -1,6 +1,6 @@
 """``sensor_stats_ratio``: barrierflow's full ``sensor_stats`` pipeline vs a Structured Streaming implementation.
 
-Generates a messy sensor stream with ``barrierflow.datagen`` (blank and
+Generates a messy sensor stream with ``barrierflow.demo.datagen`` (blank and
 malformed lines, duplicates, out-of-order and late readings), runs the
 ``sensor_stats`` pipeline over it through the CLI (``python -m barrierflow run
 sensor_stats ... --param max_files_per_epoch=2 --until-caught-up``, figures
@@ -98,8 +98,8 @@ SSS_SCRIPT = Path(__file__).resolve().with_name("sss_sensor_stats.py")
 
 
 def generate_input(landing: Path, files: int, records_per_file: int) -> Any:
-    """Write the stream with ``barrierflow.datagen``; returns its spec."""
-    from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+    """Write the stream with ``barrierflow.demo.datagen``; returns its spec."""
+    from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
 
     spec = SensorStreamSpec(
         n_files=files, records_per_file=records_per_file, n_sensors=N_SENSORS, seed=SEED, step_ms=STEP_MS
@@ -174,7 +174,7 @@ def ambiguous_candidates(landing: Path, files_per_batch: int, dead: set[tuple[st
     only if it is a candidate or a candidate comes after its second
     non-candidate predecessor: those records' event ids are returned.
     """
-    from barrierflow.pipelines.sensor_stats import parse_reading
+    from barrierflow.demo.pipelines.sensor_stats import parse_reading
 
     names = sorted(p.name for p in landing.iterdir() if p.name.endswith(".jsonl") and not p.name.startswith((".", "_")))
     seen_before: set[str] = set()

@@ -20,7 +20,7 @@ CLI: ``python bench/sss_baseline.py INPUT_DIR [--work-dir W] [--shuffle-partitio
 runs, each in a fresh Python/JVM process, and the fastest is reported: shuffle
 partitions at the core count and at 8, each with the JVM's defaults, with
 :data:`SSS_JAVA_OPTIONS` and with the driver options barrierflow's own
-sessions use (``barrierflow.spark.driver_java_options()``), so the baseline
+sessions use (``barrierflow.execution.spark.driver_java_options()``), so the baseline
 gets every JVM setting the engine gets and the one that suits it best.
 """
 
@@ -43,7 +43,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.window import Window
 
-from barrierflow.spark import driver_java_options
+from barrierflow.execution.spark import driver_java_options
 
 # barrierflow's own driver options (its class archive included).
 BARRIERFLOW_JAVA_OPTIONS = driver_java_options()

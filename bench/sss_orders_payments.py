@@ -1,7 +1,7 @@
 """Spark Structured Streaming baseline for the join part of ``orders_payments`` (``orders_payments_ratio``).
 
 Only output 1 of barrierflow's ``orders_payments`` pipeline
-(``include/barrierflow/pipelines/orders_payments.py``), ``paid_orders``, in
+(``include/barrierflow/demo/pipelines/orders_payments.py``), ``paid_orders``, in
 the shape Structured Streaming offers, over the same ``orders/`` and
 ``payments/`` directories (``thresholds/`` is not read: nothing in the join
 uses it). One query in one SparkSession (the RocksDB session with changelog
@@ -78,7 +78,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from barrierflow.pipelines.orders_payments import ORDER_SCHEMA, PAYMENT_SCHEMA
+from barrierflow.demo.pipelines.orders_payments import ORDER_SCHEMA, PAYMENT_SCHEMA
 from sss_baseline import SSS_JAVA_OPTIONS, WARMUP_BATCHES, _fresh_dir, _spark_session
 from sss_sensor_stats import _progress_intervals, union_seconds
 

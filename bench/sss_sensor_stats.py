@@ -1,7 +1,7 @@
 """Spark Structured Streaming baseline for the ``sensor_stats`` benchmark (``sensor_stats_ratio``).
 
 The same semantics as barrierflow's ``sensor_stats`` pipeline
-(``include/barrierflow/pipelines/sensor_stats.py``) over the same landing
+(``include/barrierflow/demo/pipelines/sensor_stats.py``) over the same landing
 directory of JSON Lines files, in the shape Structured Streaming offers: one
 SparkSession, one streaming query per output, every query built on the same
 file-source definition (``format("text")`` with ``wholetext``,

@@ -1,5 +1,5 @@
 """Airflow DAGs ``barrierflow_<pipeline>_reprocess``: restore, then replay every data interval since."""
 
-from barrierflow.dags import reprocess_dags
+from barrierflow.airflow.dags import reprocess_dags
 
 globals().update(reprocess_dags())

@@ -1,5 +1,5 @@
 """Airflow DAGs ``barrierflow_<pipeline>_restore``: restore from a savepoint or a retained epoch."""
 
-from barrierflow.dags import restore_dags
+from barrierflow.airflow.dags import restore_dags
 
 globals().update(restore_dags())

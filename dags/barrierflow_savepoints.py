@@ -1,5 +1,5 @@
 """Airflow DAGs ``barrierflow_<pipeline>_savepoint``: savepoint / stop-with-savepoint, manual runs."""
 
-from barrierflow.dags import savepoint_dags
+from barrierflow.airflow.dags import savepoint_dags
 
 globals().update(savepoint_dags())

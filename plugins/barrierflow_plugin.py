@@ -1,8 +1,8 @@
-"""Airflow plugin: barrierflow's checkpoints page (parts in ``barrierflow.ui``)."""
+"""Airflow plugin: barrierflow's checkpoints page (parts in ``barrierflow.airflow.ui``)."""
 
 from airflow.plugins_manager import AirflowPlugin
 
-from barrierflow.ui.plugin import PLUGIN_NAME, external_view_spec, fastapi_app_spec, run_view_spec
+from barrierflow.airflow.ui.plugin import PLUGIN_NAME, external_view_spec, fastapi_app_spec, run_view_spec
 
 
 class BarrierflowPlugin(AirflowPlugin):

@@ -33,11 +33,11 @@ os.environ.setdefault("BARRIERFLOW_LEASE_TTL_SECONDS", "5")
 if "JAVA_TOOL_OPTIONS" not in os.environ:
     import subprocess
 
-    from barrierflow import jvm_archive
+    from barrierflow.execution import jvm_archive
 
     if not jvm_archive.archive_path().exists():
         subprocess.Popen(
-            [sys.executable, "-m", "barrierflow.jvm_archive"], stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "barrierflow.execution.jvm_archive"], stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
     from jvm_options import suite_java_options
@@ -48,7 +48,7 @@ if "JAVA_TOOL_OPTIONS" not in os.environ:
 # "<pid>:<port>": an xdist worker inherits the environment of the process that started it.
 _ENGINE_ENV = "BARRIERFLOW_TEST_ENGINE_PORT"
 if os.environ.get(_ENGINE_ENV, "").partition(":")[0] != str(os.getpid()):
-    from barrierflow.devserver import free_port
+    from barrierflow.tools.devserver import free_port
 
     os.environ[_ENGINE_ENV] = f"{os.getpid()}:{free_port()}"
 ENGINE_PORT = int(os.environ[_ENGINE_ENV].partition(":")[2])
@@ -62,8 +62,8 @@ def spark_engine(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> It
     Its executors reach this process's S3 endpoint through the standard AWS
     environment, as a deployment's executors reach its object store.
     """
-    from barrierflow.engine import EngineConfig, LocalEngine
-    from barrierflow.spark import REMOTE_ENV
+    from barrierflow.execution.spark import REMOTE_ENV
+    from barrierflow.tools.engine import EngineConfig, LocalEngine
     from s3_server import aws_env
 
     log = (tmp_path_factory.mktemp("engine") / "engine.log").open("wb")
@@ -94,7 +94,7 @@ def pruned_state_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     which every other test covers; the window, join and timer tests use this
     to check the rows a pruned read leaves out never matter.
     """
-    from barrierflow.state import delta_state_backend
+    from barrierflow.state import delta_backend as delta_state_backend
 
     monkeypatch.setattr(delta_state_backend, "_PRUNE_MIN_FILES", 1)
     monkeypatch.setattr(delta_state_backend, "_DUE_PRUNE_MIN_ROWS", 0)
@@ -216,7 +216,7 @@ AIRFLOW_STACK_GROUP = "airflow-stack"
 
 @pytest.fixture(scope="session")
 def spark(spark_engine: object) -> object:
-    from barrierflow.spark import get_spark
+    from barrierflow.execution.spark import get_spark
 
     return get_spark(remote=ENGINE_ADDRESS)
 

@@ -18,7 +18,7 @@
   Spark reads ``spark.*`` Java system properties into every driver's
   configuration, so this reaches engines, CLI drivers and spark-submit alike.
 - Then each JVM maps the class-data-sharing archive of Spark's classes
-  (``barrierflow.jvm_archive``) that ``make setup`` dumps.
+  (``barrierflow.execution.jvm_archive``) that ``make setup`` dumps.
 """
 
 from __future__ import annotations

@@ -6,15 +6,15 @@ from typing import Any
 
 from deltalake import DeltaTable
 
-from barrierflow import storage
-from barrierflow.maintenance import _tables
+from barrierflow.operations.maintenance import _tables
+from barrierflow.storage import objects
 
 __all__ = ["data_files", "unreferenced_files", "assert_only_referenced_files"]
 
 
 def data_files(uri: str) -> set[str]:
     """Every Parquet file of the table in storage, wherever it lies (not the log's own checkpoints)."""
-    return {f.path for f in storage.walk(uri) if f.path.endswith(".parquet") and not f.path.startswith("_delta_log/")}
+    return {f.path for f in objects.walk(uri) if f.path.endswith(".parquet") and not f.path.startswith("_delta_log/")}
 
 
 def _referenced(uri: str, versions: set[int]) -> set[str]:

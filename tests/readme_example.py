@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from barrierflow.dags.environment import repo_root
-from barrierflow.pipeline import PipelineDefinition
+from barrierflow.airflow.dags.environment import repo_root
+from barrierflow.plan.pipeline import PipelineDefinition
 
 __all__ = ["MODULE", "TARGET", "readme_pipeline", "readme_module", "write_readme_module"]
 

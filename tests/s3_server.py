@@ -1,6 +1,6 @@
 """A real S3 endpoint on loopback for tests: moto's server (5.2.5 honours If-None-Match and If-Match).
 
-It runs through ``barrierflow.local_s3``, which makes each conditional write
+It runs through ``barrierflow.tools.local_s3``, which makes each conditional write
 atomic as on S3 (moto alone lets two racing writers both win).
 
 Each pytest process starts one server the first time a test needs it; the
@@ -47,10 +47,10 @@ def aws_env(endpoint: str) -> dict[str, str]:
 
 def start_s3_server(log: Path, wait_s: float = 60.0) -> S3Server:
     """Start the local S3 endpoint on a free loopback port; returns once it answers."""
-    from barrierflow.devserver import free_port
+    from barrierflow.tools.devserver import free_port
 
     port = free_port()
-    command = [sys.executable, "-m", "barrierflow.local_s3", "--host", "127.0.0.1", "--port", str(port)]
+    command = [sys.executable, "-m", "barrierflow.tools.local_s3", "--host", "127.0.0.1", "--port", str(port)]
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ})
     endpoint = f"http://127.0.0.1:{port}"

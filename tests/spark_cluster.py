@@ -1,6 +1,6 @@
 """A standalone Spark cluster on 127.0.0.1 for the tests: a master and two one-core workers from the wheel's ``spark-class``.
 
-Started by the deployment's own service commands (:func:`barrierflow.topology.service_command`,
+Started by the deployment's own service commands (:func:`barrierflow.tools.topology.service_command`,
 what ``docker-compose.yaml`` runs), on free ports. Each worker has a work
 directory of its own, as on separate machines. Its environment is the
 caller's: the S3 endpoint's, as a deployment's nodes are configured for their
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from barrierflow.devserver import free_port
-from barrierflow.topology import TopologyConfig, service_command
+from barrierflow.tools.devserver import free_port
+from barrierflow.tools.topology import TopologyConfig, service_command
 
 __all__ = ["StandaloneCluster", "standalone_cluster"]
 

@@ -1,4 +1,4 @@
-"""The ``make run`` stack (``python -m barrierflow.devserver``) as a test fixture helper.
+"""The ``make run`` stack (``python -m barrierflow.tools.devserver``) as a test fixture helper.
 
 :func:`running_stack` starts exactly what ``make run`` starts (PostgreSQL,
 the Spark engine, Airflow's API server, scheduler with its LocalExecutor,
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from barrierflow.devserver import DEFAULT_PASSWORD, DEFAULT_USER, ApiClient, free_port
+from barrierflow.tools.devserver import DEFAULT_PASSWORD, DEFAULT_USER, ApiClient, free_port
 
 __all__ = ["DevServer", "running_stack", "until", "ROOT"]
 
@@ -104,7 +104,7 @@ def running_stack(
     environ = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     environ.update(env or {})
     command = [
-        sys.executable, "-m", "barrierflow.devserver",
+        sys.executable, "-m", "barrierflow.tools.devserver",
         "--port", str(port), "--home", str(home), "--warehouse", warehouse, "--landing", str(landing),
         "--engine-port", "0", "--ready-timeout", str(SERVER_START_TIMEOUT_S), *args,
     ]

@@ -24,24 +24,24 @@ from typing import TYPE_CHECKING, Any
 # Public name -> the module defining it.
 _EXPORTS: dict[str, str] = {
     # declaring a pipeline
-    "pipeline": "barrierflow.pipeline",
-    "Pipeline": "barrierflow.pipeline",
-    "PipelineBuilder": "barrierflow.pipeline",
-    "PipelineDefinition": "barrierflow.pipeline",
-    "DataStream": "barrierflow.pipeline",
-    "KeyedStream": "barrierflow.pipeline",
-    "ConnectedKeyedStreams": "barrierflow.pipeline",
-    "IntervalJoinedStreams": "barrierflow.pipeline",
-    "JoinedStreams": "barrierflow.pipeline",
-    "Param": "barrierflow.params",
+    "pipeline": "barrierflow.plan.pipeline",
+    "Pipeline": "barrierflow.plan.pipeline",
+    "PipelineBuilder": "barrierflow.plan.pipeline",
+    "PipelineDefinition": "barrierflow.plan.pipeline",
+    "DataStream": "barrierflow.plan.pipeline",
+    "KeyedStream": "barrierflow.plan.pipeline",
+    "ConnectedKeyedStreams": "barrierflow.plan.pipeline",
+    "IntervalJoinedStreams": "barrierflow.plan.pipeline",
+    "JoinedStreams": "barrierflow.plan.pipeline",
+    "Param": "barrierflow.api.params",
     # sources and sinks
-    "FileSource": "barrierflow.sources.file_source",
-    "DeltaSource": "barrierflow.sources.delta_source",
-    "LateFiles": "barrierflow.sources.file_source",
-    "LineParser": "barrierflow.sources.file_source",
-    "RecordError": "barrierflow.sources.file_source",
-    "DeadLetterReason": "barrierflow.sources.dead_letters",
-    "DeltaSink": "barrierflow.sinks.delta_sink",
+    "FileSource": "barrierflow.connectors.file_source",
+    "DeltaSource": "barrierflow.connectors.delta_source",
+    "LateFiles": "barrierflow.connectors.file_source",
+    "LineParser": "barrierflow.connectors.file_source",
+    "RecordError": "barrierflow.connectors.file_source",
+    "DeadLetterReason": "barrierflow.connectors.dead_letters",
+    "DeltaSink": "barrierflow.connectors.delta_sink",
     # aggregations and windows
     "Aggregation": "barrierflow.operators.aggregate",
     "Count": "barrierflow.operators.aggregate",
@@ -57,50 +57,50 @@ _EXPORTS: dict[str, str] = {
     "KeyedProcessFunction": "barrierflow.operators.process",
     "KeyedBroadcastProcessFunction": "barrierflow.operators.broadcast",
     "BroadcastContext": "barrierflow.operators.broadcast",
-    "BroadcastStream": "barrierflow.pipeline",
+    "BroadcastStream": "barrierflow.plan.pipeline",
     "KeyedContext": "barrierflow.operators.process",
     "ProcessFunction": "barrierflow.operators.operator_state",
     "OperatorContext": "barrierflow.operators.operator_state",
     "KeyedCoProcessFunction": "barrierflow.operators.co_process",
     "TimeDomain": "barrierflow.operators.timers",
     "TimerService": "barrierflow.operators.timers",
-    "ValueStateDescriptor": "barrierflow.state.descriptors",
-    "ListStateDescriptor": "barrierflow.state.descriptors",
-    "MapStateDescriptor": "barrierflow.state.descriptors",
-    "ReducingStateDescriptor": "barrierflow.state.descriptors",
-    "AggregatingStateDescriptor": "barrierflow.state.descriptors",
-    "AggregateFunction": "barrierflow.state.descriptors",
-    "StateTtlConfig": "barrierflow.state.descriptors",
-    "ValueState": "barrierflow.state.keyed",
-    "ListState": "barrierflow.state.keyed",
-    "MapState": "barrierflow.state.keyed",
-    "ReducingState": "barrierflow.state.keyed",
-    "AggregatingState": "barrierflow.state.keyed",
+    "ValueStateDescriptor": "barrierflow.api.state",
+    "ListStateDescriptor": "barrierflow.api.state",
+    "MapStateDescriptor": "barrierflow.api.state",
+    "ReducingStateDescriptor": "barrierflow.api.state",
+    "AggregatingStateDescriptor": "barrierflow.api.state",
+    "AggregateFunction": "barrierflow.api.state",
+    "StateTtlConfig": "barrierflow.api.state",
+    "ValueState": "barrierflow.api.keyed_state",
+    "ListState": "barrierflow.api.keyed_state",
+    "MapState": "barrierflow.api.keyed_state",
+    "ReducingState": "barrierflow.api.keyed_state",
+    "AggregatingState": "barrierflow.api.keyed_state",
     # evolving state and sink schemas
-    "field_with_default": "barrierflow.schema_evolution",
+    "field_with_default": "barrierflow.core.schema_evolution",
     # reading results
-    "run_query": "barrierflow.query",
+    "run_query": "barrierflow.operations.query",
     # errors
-    "BarrierflowError": "barrierflow.errors",
-    "ConfigurationError": "barrierflow.errors",
-    "EngineUnavailableError": "barrierflow.errors",
-    "PipelineDefinitionError": "barrierflow.errors",
-    "UserFunctionError": "barrierflow.errors",
-    "UnknownPipelineError": "barrierflow.errors",
-    "ParameterError": "barrierflow.errors",
-    "StorageError": "barrierflow.errors",
-    "CheckpointError": "barrierflow.errors",
-    "EpochInProgressError": "barrierflow.errors",
-    "CommitConflictError": "barrierflow.errors",
-    "FencedError": "barrierflow.errors",
-    "LeaseLostError": "barrierflow.errors",
-    "PipelineStoppedError": "barrierflow.errors",
-    "SavepointError": "barrierflow.errors",
-    "IncompatibleSavepointError": "barrierflow.errors",
-    "SchemaEvolutionError": "barrierflow.errors",
-    "QueryError": "barrierflow.errors",
-    "SourceError": "barrierflow.errors",
-    "BlockedInputError": "barrierflow.errors",
+    "BarrierflowError": "barrierflow.core.errors",
+    "ConfigurationError": "barrierflow.core.errors",
+    "EngineUnavailableError": "barrierflow.core.errors",
+    "PipelineDefinitionError": "barrierflow.core.errors",
+    "UserFunctionError": "barrierflow.core.errors",
+    "UnknownPipelineError": "barrierflow.core.errors",
+    "ParameterError": "barrierflow.core.errors",
+    "StorageError": "barrierflow.core.errors",
+    "CheckpointError": "barrierflow.core.errors",
+    "EpochInProgressError": "barrierflow.core.errors",
+    "CommitConflictError": "barrierflow.core.errors",
+    "FencedError": "barrierflow.core.errors",
+    "LeaseLostError": "barrierflow.core.errors",
+    "PipelineStoppedError": "barrierflow.core.errors",
+    "SavepointError": "barrierflow.core.errors",
+    "IncompatibleSavepointError": "barrierflow.core.errors",
+    "SchemaEvolutionError": "barrierflow.core.errors",
+    "QueryError": "barrierflow.core.errors",
+    "SourceError": "barrierflow.core.errors",
+    "BlockedInputError": "barrierflow.core.errors",
 }
 
 # Literal, for linters and type checkers; a unit test checks it against _EXPORTS.
@@ -122,7 +122,22 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads them
-    from barrierflow.errors import (
+    from barrierflow.api.keyed_state import AggregatingState, ListState, MapState, ReducingState, ValueState
+    from barrierflow.api.params import Param
+    from barrierflow.api.state import (
+        AggregateFunction,
+        AggregatingStateDescriptor,
+        ListStateDescriptor,
+        MapStateDescriptor,
+        ReducingStateDescriptor,
+        StateTtlConfig,
+        ValueStateDescriptor,
+    )
+    from barrierflow.connectors.dead_letters import DeadLetterReason
+    from barrierflow.connectors.delta_sink import DeltaSink
+    from barrierflow.connectors.delta_source import DeltaSource
+    from barrierflow.connectors.file_source import FileSource, LateFiles, LineParser, RecordError
+    from barrierflow.core.errors import (
         BarrierflowError,
         BlockedInputError,
         CheckpointError,
@@ -144,6 +159,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
         UnknownPipelineError,
         UserFunctionError,
     )
+    from barrierflow.core.schema_evolution import field_with_default
+    from barrierflow.operations.query import run_query
     from barrierflow.operators.aggregate import Aggregation, Avg, Count, Max, Min, Percentile, Sum
     from barrierflow.operators.broadcast import BroadcastContext, KeyedBroadcastProcessFunction
     from barrierflow.operators.co_process import KeyedCoProcessFunction
@@ -151,8 +168,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from barrierflow.operators.process import KeyedContext, KeyedProcessFunction
     from barrierflow.operators.timers import TimeDomain, TimerService
     from barrierflow.operators.window import EventTimeSessionWindows, SlidingEventTimeWindows, TumblingEventTimeWindows
-    from barrierflow.params import Param
-    from barrierflow.pipeline import (
+    from barrierflow.plan.pipeline import (
         BroadcastStream,
         ConnectedKeyedStreams,
         DataStream,
@@ -164,22 +180,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
         PipelineDefinition,
         pipeline,
     )
-    from barrierflow.query import run_query
-    from barrierflow.schema_evolution import field_with_default
-    from barrierflow.sinks.delta_sink import DeltaSink
-    from barrierflow.sources.dead_letters import DeadLetterReason
-    from barrierflow.sources.delta_source import DeltaSource
-    from barrierflow.sources.file_source import FileSource, LateFiles, LineParser, RecordError
-    from barrierflow.state.descriptors import (
-        AggregateFunction,
-        AggregatingStateDescriptor,
-        ListStateDescriptor,
-        MapStateDescriptor,
-        ReducingStateDescriptor,
-        StateTtlConfig,
-        ValueStateDescriptor,
-    )
-    from barrierflow.state.keyed import AggregatingState, ListState, MapState, ReducingState, ValueState
 
 
 def __getattr__(name: str) -> Any:
@@ -198,8 +198,8 @@ def __dir__() -> list[str]:
 class _Package(types.ModuleType):
     """This package, keeping its public names when a submodule of the same name loads.
 
-    ``bf.pipeline`` is the decorator, yet ``barrierflow.pipeline`` is also
-    the module defining it: loading that module (``from barrierflow.pipeline
+    ``bf.pipeline`` is the decorator, yet ``barrierflow.plan.pipeline`` is also
+    the module defining it: loading that module (``from barrierflow.plan.pipeline
     import ...`` anywhere) would set the package's attribute ``pipeline`` to
     the module. The decorator stays; the module is in ``sys.modules``.
     """

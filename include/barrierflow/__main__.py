@@ -1,3 +1,3 @@
-from barrierflow.cli import main
+from barrierflow.tools.cli import main
 
 raise SystemExit(main())

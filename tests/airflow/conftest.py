@@ -3,7 +3,7 @@
 Each pytest process (each xdist worker) gets its own ``AIRFLOW_HOME`` in a
 temporary directory with its own SQLite metadata database, migrated once per
 process: workers never share a database file. The configuration is
-:func:`barrierflow.dags.environment.configure_airflow`, the same as ``make run``:
+:func:`barrierflow.airflow.dags.environment.configure_airflow`, the same as ``make run``:
 the project's ``dags/`` and ``plugins/``, no examples, ``spark_connect_default``
 = this process's warm engine (``tests/conftest.py``), ``spark_default`` = Spark
 ``local[2]`` for the spark-submit mode (two cores on the test machines).
@@ -21,7 +21,7 @@ from typing import Iterator
 
 import pytest
 
-from barrierflow.dags.environment import configure_airflow
+from barrierflow.airflow.dags.environment import configure_airflow
 
 # "<pid>:<home>": an xdist worker inherits the environment of the process that
 # started it (which may have loaded this file too) and must get its own home.
@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # 
 @pytest.fixture(scope="session", autouse=True)
 def airflow_db(spark_engine: object) -> Iterator[None]:
     """The metadata database of this process, created once (and the engine the DAGs' ``process`` uses)."""
-    from barrierflow.dags.environment import migrate_metadata_db
+    from barrierflow.airflow.dags.environment import migrate_metadata_db
 
     migrate_metadata_db()
     yield

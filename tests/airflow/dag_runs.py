@@ -25,7 +25,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from barrierflow.dags.settings import DagSettings
+from barrierflow.airflow.dags.settings import DagSettings
 
 __all__ = [
     "RunOutcome",
@@ -140,7 +140,7 @@ def set_mtime(path: Path, when: datetime) -> None:
 def task_logs(caplog: Any, capfd: Any) -> str:
     """What the tasks logged since the last call (and clear it).
 
-    Run in-process, a task's standard-library log records (``barrierflow.dags``)
+    Run in-process, a task's standard-library log records (``barrierflow.airflow.dags``)
     reach pytest's log capture, while Airflow's own task messages (a failure's
     traceback) are printed: both together are the task log.
     """

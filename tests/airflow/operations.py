@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow.registry import get_pipeline
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.plan.registry import get_pipeline
 
 __all__ = ["run_epochs_in_process", "write_landing", "LANDING_ENV"]
 

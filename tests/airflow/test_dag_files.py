@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from barrierflow.dags.environment import repo_root
-from barrierflow.dags.settings import MAINTENANCE_DAG_ID
-from barrierflow.registry import get_pipeline, pipeline_names
+from barrierflow.airflow.dags.environment import repo_root
+from barrierflow.airflow.dags.settings import MAINTENANCE_DAG_ID
+from barrierflow.plan.registry import get_pipeline, pipeline_names
 from readme_example import TARGET as README_TARGET
 from readme_example import write_readme_module
 
@@ -149,9 +149,9 @@ def test_pipeline_dag_shape(dagbag: Any, pipeline: str) -> None:
         assert dag.get_task(downstream).upstream_task_ids == {upstream}
     process = dag.get_task("process")  # the default: a Spark Connect client of the warm engine
     assert not isinstance(process, SparkSubmitOperator) and "warm Spark engine" in process.doc_md
-    from barrierflow.dags import build_pipeline_dag
-    from barrierflow.dags.params import unset_required_params
-    from barrierflow.dags.settings import DagSettings
+    from barrierflow.airflow.dags import build_pipeline_dag
+    from barrierflow.airflow.dags.params import unset_required_params
+    from barrierflow.airflow.dags.settings import DagSettings
 
     submitted = build_pipeline_dag(pipeline, DagSettings(warehouse="/wh", process_mode="spark-submit")).get_task("process")
     assert isinstance(submitted, SparkSubmitOperator)
@@ -184,8 +184,8 @@ def test_pipeline_params_are_typed(dagbag: Any, pipeline: str) -> None:
 
 
 def test_required_param_default_comes_from_the_environment(tmp_path: Path) -> None:
-    from barrierflow.dags import build_pipeline_dag
-    from barrierflow.dags.settings import DagSettings
+    from barrierflow.airflow.dags import build_pipeline_dag
+    from barrierflow.airflow.dags.settings import DagSettings
 
     settings = DagSettings(warehouse=str(tmp_path / "wh"))
     env = {"BARRIERFLOW_SENSOR_STATS__LANDING_DIR": "/data/landing", "BARRIERFLOW_SENSOR_STATS__PARALLELISM": "4"}

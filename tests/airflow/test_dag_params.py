@@ -1,4 +1,4 @@
-"""barrierflow.dags.params: pipeline params as typed DAG params, and back."""
+"""barrierflow.airflow.dags.params: pipeline params as typed DAG params, and back."""
 
 from __future__ import annotations
 
@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from barrierflow.dags.params import (
+from barrierflow.airflow.dags.params import (
     introspection_params,
     operational_params,
     pipeline_dag_params,
     resolve_pipeline_params,
 )
-from barrierflow.errors import ParameterError, PipelineDefinitionError
-from barrierflow.params import Param
-from barrierflow.pipeline import pipeline
-from barrierflow.registry import get_pipeline
+from barrierflow.api.params import Param
+from barrierflow.core.errors import ParameterError, PipelineDefinitionError
+from barrierflow.plan.pipeline import pipeline
+from barrierflow.plan.registry import get_pipeline
 
 SENSOR = get_pipeline("sensor_stats")
 
@@ -62,13 +62,13 @@ def test_introspection_uses_a_placeholder_for_a_required_param() -> None:
 def test_operational_params_default_to_what_the_pipeline_last_ran_with(tmp_path: Path) -> None:
     import os
 
-    from barrierflow import storage
-    from barrierflow.layout import PipelineLayout
+    from barrierflow.storage import objects
+    from barrierflow.storage.layout import PipelineLayout
 
     layout = PipelineLayout.of(str(tmp_path), "sensor_stats")
     for epoch, landing in ((1, "/old"), (2, "/recorded")):
-        storage.write_json_if_absent(layout.barrier("abc", epoch), {"params": {"landing_dir": landing, "parallelism": 3}})
-        os.utime(storage.local_path(layout.barrier("abc", epoch)), (epoch, epoch))
+        objects.write_json_if_absent(layout.barrier("abc", epoch), {"params": {"landing_dir": landing, "parallelism": 3}})
+        os.utime(objects.local_path(layout.barrier("abc", epoch)), (epoch, epoch))
     recorded = operational_params(SENSOR, str(tmp_path), {})
     assert recorded["landing_dir"] == "/recorded" and recorded["parallelism"] == 3
     env = {"BARRIERFLOW_SENSOR_STATS__LANDING_DIR": "/env"}

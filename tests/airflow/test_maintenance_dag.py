@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from barrierflow import storage
-from barrierflow.dags import build_maintenance_dag
+from barrierflow.airflow.dags import build_maintenance_dag
+from barrierflow.storage import objects
 from dag_runs import dag_settings, minute, run_dag, task_logs, xcom
 from operations import LANDING_ENV, run_epochs_in_process, write_landing
 from readme_example import TARGET, write_readme_module
@@ -38,8 +38,8 @@ def test_maintenance_keeps_the_retained_checkpoints_and_skips_pipelines_that_nev
     report = xcom(run, "maintain_sensor_stats")
     assert report["retained_epochs"] == [2]
     assert report["expired_epochs"] == [f"{lineage}/1"]
-    assert not storage.exists(coordinator.layout.barrier(lineage, 1))
-    assert storage.exists(coordinator.layout.manifest(lineage, 2))
+    assert not objects.exists(coordinator.layout.barrier(lineage, 1))
+    assert objects.exists(coordinator.layout.manifest(lineage, 2))
     # The retained cut still reads the same data.
     assert_matches_reference(warehouse, reference_for(landing, 1))
 

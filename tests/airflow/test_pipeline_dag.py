@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from barrierflow import storage
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.dags import build_pipeline_dag
-from barrierflow.dags.lifecycle import completed_epochs
-from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow.registry import get_pipeline
+from barrierflow.airflow.dags import build_pipeline_dag
+from barrierflow.airflow.dags.lifecycle import completed_epochs
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.plan.registry import get_pipeline
+from barrierflow.storage import objects
 from dag_runs import (
     RunOutcome,
     asset_events,
@@ -69,7 +69,7 @@ def _coordinator(warehouse: str, landing: Path) -> CheckpointCoordinator:
 def _barrier_doc(warehouse: str, landing: Path, epoch: int) -> dict:
     coordinator = _coordinator(warehouse, landing)
     lineage = coordinator.current_lineage()["lineage_id"]
-    doc = storage.read_json(coordinator.layout.barrier(lineage, epoch))
+    doc = objects.read_json(coordinator.layout.barrier(lineage, epoch))
     assert doc is not None, f"no barrier for epoch {epoch}"
     return doc
 
@@ -253,7 +253,7 @@ def test_a_pipeline_without_its_required_param_fails_at_once_saying_how_to_set_i
     assert run.state == "failed" and run.tasks["barrier"] == ("failed", 1)  # no retries: they cannot help
     out = task_logs(caplog, capfd)
     assert "missing required parameter(s) landing_dir" in out and "BARRIERFLOW_SENSOR_STATS__LANDING_DIR" in out
-    assert not storage.exists(warehouse)
+    assert not objects.exists(warehouse)
 
 
 def test_a_file_landing_behind_the_position_fails_at_once_visibly_and_each_policy_does_what_it_says(
@@ -262,9 +262,9 @@ def test_a_file_landing_behind_the_position_fails_at_once_visibly_and_each_polic
     """A late file: ``late_files=refuse`` blocks (no retry, the page says why), ``dead_letter`` sets it
     aside whole, ``next_epoch`` (the default) reads it; a file gone before the spark-submit process
     job reads it fails that task at once too."""
-    from barrierflow.dags.settings import SPARK_SUBMIT_MODE
-    from barrierflow.ui.history import pipeline_history
-    from barrierflow.ui.render import render_pipeline
+    from barrierflow.airflow.dags.settings import SPARK_SUBMIT_MODE
+    from barrierflow.airflow.ui.history import pipeline_history
+    from barrierflow.airflow.ui.render import render_pipeline
 
     landing = _landing(tmp_path, files=2, seed=31)
     files = sorted(landing.glob("*.jsonl"))
@@ -342,9 +342,9 @@ def test_a_dead_engine_fails_process_naming_it_and_the_retry_succeeds_once_it_is
     tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from barrierflow.dags.environment import engine_connection
-    from barrierflow.devserver import free_port
-    from barrierflow.engine import EngineConfig, LocalEngine
+    from barrierflow.airflow.dags.environment import engine_connection
+    from barrierflow.tools.devserver import free_port
+    from barrierflow.tools.engine import EngineConfig, LocalEngine
 
     landing = _landing(tmp_path, files=1, seed=29)
     config = EngineConfig(port=free_port(), master="local[2]", driver_memory="1g")

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from barrierflow import storage
-from barrierflow.checkpoint import EpochStatus
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.dags import build_pipeline_dag, build_reprocess_dag, build_savepoint_dag
-from barrierflow.dags.settings import CONNECT_MODE, SPARK_SUBMIT_MODE
-from barrierflow.registry import get_pipeline
+from barrierflow.airflow.dags import build_pipeline_dag, build_reprocess_dag, build_savepoint_dag
+from barrierflow.airflow.dags.settings import CONNECT_MODE, SPARK_SUBMIT_MODE
+from barrierflow.checkpointing.checkpoint import EpochStatus
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.plan.registry import get_pipeline
+from barrierflow.storage import objects
 from dag_runs import dag_settings, minute, run_dag, set_mtime, task_logs, xcom
 from operations import LANDING_ENV, write_landing
 from reference.sensor_stats_reference import run_reference
@@ -40,7 +40,7 @@ def test_reprocessing_replays_each_interval_in_order_with_the_schedule_held(
         set_mtime(path, start + timedelta(seconds=seconds))
     # The history on the warm engine. The replay: on a local warehouse as one spark-submit application
     # per epoch, on S3 on the warm engine (as the browser test replays through the reprocess DAG's form).
-    replay_mode = SPARK_SUBMIT_MODE if storage.is_local(warehouse) else CONNECT_MODE
+    replay_mode = SPARK_SUBMIT_MODE if objects.is_local(warehouse) else CONNECT_MODE
     settings = dag_settings(warehouse)
     env = {LANDING_ENV: str(landing)}
     epochs = build_pipeline_dag("sensor_stats", settings, environ=env)

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from barrierflow import storage
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.dags import build_savepoint_dag
-from barrierflow.registry import get_pipeline
+from barrierflow.airflow.dags import build_savepoint_dag
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.plan.registry import get_pipeline
+from barrierflow.storage import objects
 from dag_runs import dag_settings, minute, run_dag, task_logs, xcom
 from operations import LANDING_ENV, run_epochs_in_process, write_landing
 
@@ -42,9 +42,9 @@ def test_the_savepoint_form(
     assert doc["name"] == "before-upgrade" and doc["epoch"] == 1 and doc["description"] == "v2 rollout"
     assert doc["stopped"] is False and doc["params"]["landing_dir"] == str(history)
     assert doc["uri"] == f"{warehouse}/_savepoints/sensor_stats/before-upgrade"
-    assert storage.exists(f"{doc['uri']}/_savepoint.json")
+    assert objects.exists(f"{doc['uri']}/_savepoint.json")
     assert f"savepoint 'before-upgrade' of sensor_stats at epoch 1 written to {doc['uri']}" in task_logs(caplog, capfd)
-    assert not storage.exists(f"{warehouse}/sensor_stats/_stopped.json")
+    assert not objects.exists(f"{warehouse}/sensor_stats/_stopped.json")
 
     generated = run_dag(dag, minute(2036, 1, 1, 0, 1), {"savepoint_name": ""})
     assert generated.state == "success" and xcom(generated, "savepoint")["name"].startswith("sp-")

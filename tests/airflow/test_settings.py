@@ -1,4 +1,4 @@
-"""barrierflow.dags.settings: deployment settings from the environment."""
+"""barrierflow.airflow.dags.settings: deployment settings from the environment."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from barrierflow.dags.settings import DagSettings, param_env_var
-from barrierflow.errors import ConfigurationError
+from barrierflow.airflow.dags.settings import DagSettings, param_env_var
+from barrierflow.core.errors import ConfigurationError
 
 
 def test_defaults_run_out_of_the_box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

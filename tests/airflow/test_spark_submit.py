@@ -1,4 +1,4 @@
-"""barrierflow.dags.spark_submit: what the process task hands to spark-submit."""
+"""barrierflow.airflow.dags.spark_submit: what the process task hands to spark-submit."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from barrierflow.dags.environment import LOCAL_SPARK_CONNECTION, SPARK_CONN_ENV
-from barrierflow.dags.settings import DagSettings
-from barrierflow.dags.spark_submit import ProcessEpochOperator, ensure_spark_connection, process_job_arguments
+from barrierflow.airflow.dags.environment import LOCAL_SPARK_CONNECTION, SPARK_CONN_ENV
+from barrierflow.airflow.dags.settings import DagSettings
+from barrierflow.airflow.dags.spark_submit import ProcessEpochOperator, ensure_spark_connection, process_job_arguments
 
 
 def test_job_arguments_carry_the_runs_params() -> None:
@@ -48,7 +48,7 @@ def test_the_operator_submits_the_venv_python_and_the_job(tmp_path: Path) -> Non
         application=settings.process_application, lease_wait_s=10, driver_memory="1g",
     )
     assert op.application == settings.process_application and Path(op.application).is_file()
-    from barrierflow.dags.spark_submit import _job_env, _python_conf
+    from barrierflow.airflow.dags.spark_submit import _job_env, _python_conf
 
     assert _python_conf()["spark.pyspark.python"] == sys.executable
     env = _job_env(settings.warehouse)

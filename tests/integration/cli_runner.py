@@ -61,8 +61,8 @@ def kill_runs_at_random_times(
     ``by_epoch``: killed sooner if that epoch completes first, so that a
     fast run still leaves the later epochs to what the test does next.
     """
-    from barrierflow.checkpoint_log import CheckpointLog
-    from barrierflow.layout import PipelineLayout
+    from barrierflow.checkpointing.checkpoint_log import CheckpointLog
+    from barrierflow.storage.layout import PipelineLayout
 
     log = CheckpointLog(PipelineLayout.of(str(warehouse), pipeline))
 
@@ -87,7 +87,7 @@ def kill_runs_at_random_times(
 
 def tables_per_epoch(pipeline: str) -> int:
     """Each sink and side output, the dead letters, each state table of a product pipeline."""
-    from barrierflow.registry import get_pipeline
+    from barrierflow.plan.registry import get_pipeline
 
     pipe = get_pipeline(pipeline).build({"landing_dir": "/unused"})
     return len(pipe.sinks) + len(pipe.side_output_names()) + 1 + len(pipe.state_specs())

@@ -7,9 +7,9 @@ from typing import Any, Callable, Mapping
 
 import pytest
 
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.errors import InjectedFault
-from barrierflow.pipeline import PipelineDefinition
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.core.errors import InjectedFault
+from barrierflow.plan.pipeline import PipelineDefinition
 
 __all__ = ["epoch_runner", "fail_after_first_commit"]
 

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from barrierflow.query import run_query
+from barrierflow.operations.query import run_query
 from reference.orders_payments_reference import OrdersPaymentsResult, run_reference, split_epochs
 
 __all__ = ["orders_reference", "assert_orders_match_reference", "orders_snapshot"]

@@ -8,9 +8,9 @@ from typing import Any
 
 from deltalake import DeltaTable
 
-from barrierflow.checkpoint_log import CheckpointLog
-from barrierflow.layout import PipelineLayout
-from barrierflow.query import run_query
+from barrierflow.checkpointing.checkpoint_log import CheckpointLog
+from barrierflow.operations.query import run_query
+from barrierflow.storage.layout import PipelineLayout
 from reference.sensor_stats_reference import ReferenceResult, run_reference, split_epochs
 
 __all__ = [
@@ -107,15 +107,15 @@ def _completed(warehouse: Path | str, pipeline: str = "sensor_stats") -> list[An
 
 def last_barrier_params(warehouse: Path | str) -> dict[str, Any]:
     """The parameters sensor_stats' last completed epoch of its current lineage ran with (its barrier's)."""
-    from barrierflow import storage
-    from barrierflow.coordinator import CheckpointCoordinator
-    from barrierflow.registry import get_pipeline
+    from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+    from barrierflow.plan.registry import get_pipeline
+    from barrierflow.storage import objects
 
     coordinator = CheckpointCoordinator(get_pipeline("sensor_stats"), {"landing_dir": "unused"}, str(warehouse))
     lineage = coordinator.current_lineage()["lineage_id"]
     record = coordinator.log.last_completed(coordinator.log.lineage_records(lineage))
     assert record is not None, f"no completed epoch in lineage {lineage}"
-    barrier = storage.read_json(coordinator.layout.barrier(lineage, record.epoch))
+    barrier = objects.read_json(coordinator.layout.barrier(lineage, record.epoch))
     assert barrier is not None
     return dict(barrier["params"])
 
@@ -124,7 +124,7 @@ def assert_one_commit_per_table_per_epoch(warehouse: Path | str, epochs: int, pi
     completed = _completed(warehouse, pipeline)
     assert sorted(r.epoch for r in completed) == list(range(1, epochs + 1)), "each epoch completed exactly once"
     layout = PipelineLayout.of(str(warehouse), pipeline)
-    from barrierflow.query import table_uri
+    from barrierflow.operations.query import table_uri
 
     for name in completed[-1].versions():
         history = DeltaTable(table_uri(layout, name)).history()
@@ -134,19 +134,19 @@ def assert_one_commit_per_table_per_epoch(warehouse: Path | str, epochs: int, pi
 
 def assert_nothing_staged_visible(warehouse: Path | str, pipeline: str = "sensor_stats") -> None:
     """Every live file of every table belongs to the winning manifest of its epoch."""
-    from barrierflow import storage
-    from barrierflow.checkpoint import Manifest
+    from barrierflow.checkpointing.checkpoint import Manifest
+    from barrierflow.storage import objects
 
     layout = PipelineLayout.of(str(warehouse), pipeline)
     completed = _completed(warehouse, pipeline)
     winners: dict[str, set[str]] = {}
     for record in completed:
-        manifest = Manifest.from_json(storage.read_json(layout.manifest(record.lineage_id, record.epoch)))
+        manifest = Manifest.from_json(objects.read_json(layout.manifest(record.lineage_id, record.epoch)))
         for table in manifest.tables:
             winners.setdefault(table.name, set()).update(f.path for f in table.adds)
     import pyarrow as pa
 
-    from barrierflow.query import table_uri
+    from barrierflow.operations.query import table_uri
 
     for name in completed[-1].versions():
         table = DeltaTable(table_uri(layout, name))

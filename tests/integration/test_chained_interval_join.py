@@ -27,12 +27,12 @@ import pyarrow.compute as pc
 import pytest
 
 import barrierflow as bf
-from barrierflow import runtime
-from barrierflow.chaining import CHAINING_ENV
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.layout import PipelineLayout
-from barrierflow.query import run_query
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.execution import runtime
+from barrierflow.execution.chaining import CHAINING_ENV
+from barrierflow.operations.query import run_query
 from barrierflow.state.worker_cache import latest_rows
+from barrierflow.storage.layout import PipelineLayout
 
 pytestmark = pytest.mark.slow
 

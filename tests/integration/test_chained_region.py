@@ -3,7 +3,7 @@
 ``orders_payments`` is run with chaining on and off over the same messy
 stream (duplicates, out-of-order, late and malformed lines): with it on, each
 epoch reads its three sources, deduplicates both streams and assigns both
-watermarks in one Python task (``barrierflow.chained_region``) and the rest
+watermarks in one Python task (``barrierflow.execution.chained_region``) and the rest
 runs on Spark. Both runs must give identical outputs, state tables (the
 deduplications' and the assigners' included) and dead letters, equal to the
 plain-Python reference.
@@ -17,13 +17,13 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from barrierflow import runtime
-from barrierflow.chaining import CHAINING_ENV
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.layout import PipelineLayout
-from barrierflow.order_stream import OrderStreamSpec, write_order_files
-from barrierflow.pipelines.orders_payments import orders_payments
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.demo.order_stream import OrderStreamSpec, write_order_files
+from barrierflow.demo.pipelines.orders_payments import orders_payments
+from barrierflow.execution import runtime
+from barrierflow.execution.chaining import CHAINING_ENV
 from barrierflow.state.worker_cache import latest_rows
+from barrierflow.storage.layout import PipelineLayout
 from orders_check import assert_orders_match_reference, orders_reference, orders_snapshot
 
 pytestmark = pytest.mark.slow
@@ -56,11 +56,11 @@ def _schemas(warehouse: str) -> dict[str, str]:
     """Every Delta table's schema (nullability included), by its path in the pipeline's directory."""
     from deltalake import DeltaTable
 
-    from barrierflow import storage
+    from barrierflow.storage import objects
 
     layout = PipelineLayout.of(warehouse, "orders_payments")
     uris = [layout.dead_letter, *(layout.state_table(o, n) for o, n in layout.state_tables())]
-    uris += [layout.sink_table(name) for name in storage.list_dir(storage.join_uri(layout.root, "sinks"))]
+    uris += [layout.sink_table(name) for name in objects.list_dir(objects.join_uri(layout.root, "sinks"))]
     return {uri[len(layout.root) :]: pa.schema(DeltaTable(uri).schema().to_arrow()).to_string() for uri in uris}
 
 

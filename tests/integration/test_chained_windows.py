@@ -1,7 +1,7 @@
 """Event-time windows in a chained front on real Spark and Delta: the tables Spark's epochs write, bit for bit.
 
 One pipeline over JSON Lines records with a schema (so that its windows run
-in the chained region, :mod:`barrierflow.chained_region`): sessions with and
+in the chained region, :mod:`barrierflow.execution.chained_region`): sessions with and
 without allowed lateness, sliding and tumbling windows (a two-column key, every
 aggregation the chained form computes), a long value column summed as
 doubles, and a percentile (which the chained form declines: that window
@@ -25,10 +25,10 @@ import pyarrow as pa
 import pytest
 
 import barrierflow as bf
-from barrierflow import runtime
-from barrierflow.chaining import CHAINING_ENV
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.layout import COMPACTED_DIR, PipelineLayout
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.execution import runtime
+from barrierflow.execution.chaining import CHAINING_ENV
+from barrierflow.storage.layout import COMPACTED_DIR, PipelineLayout
 
 pytestmark = pytest.mark.usefixtures("pruned_state_reads")
 
@@ -169,7 +169,7 @@ def test_chained_windows_write_the_tables_spark_writes(
 
 def test_what_the_chained_form_declines() -> None:
     """Configurations it leaves to Spark (no chained form), and late records it would drop without a side output (the epoch)."""
-    from barrierflow.chained_region import RegionDeclined, RegionTask
+    from barrierflow.execution.chained_region import RegionDeclined, RegionTask
     from barrierflow.operators.aggregate import named_aggregations
     from barrierflow.operators.window import window_node
 

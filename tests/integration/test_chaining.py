@@ -19,15 +19,15 @@ import pyarrow as pa
 import pytest
 from test_running_aggregate import _record, _reference, _totals, _write, running_totals
 
-from barrierflow import runtime
-from barrierflow.chaining import CHAINING_ENV, spark_key_groups
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.errors import InjectedFault
-from barrierflow.faults import ENV_VAR as FAULT_ENV
-from barrierflow.faults import STATE_ENV_VAR as FAULT_STATE_ENV
-from barrierflow.layout import PipelineLayout
-from barrierflow.query import run_query
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.core.errors import InjectedFault
+from barrierflow.core.faults import ENV_VAR as FAULT_ENV
+from barrierflow.core.faults import STATE_ENV_VAR as FAULT_STATE_ENV
+from barrierflow.execution import runtime
+from barrierflow.execution.chaining import CHAINING_ENV, spark_key_groups
+from barrierflow.operations.query import run_query
 from barrierflow.state.worker_cache import latest_rows
+from barrierflow.storage.layout import PipelineLayout
 
 
 def _files(landing: Path) -> list[list[dict[str, Any]]]:

@@ -53,14 +53,14 @@ def test_bad_input_exits_non_zero_with_a_clear_message(args: list[str], message:
 
 
 def test_run_status_checkpoints_query(store_root: str, warehouse: str, spark_engine: Any) -> None:
-    from barrierflow import storage
+    from barrierflow.storage import objects
 
     env = cli_env()
     env["BARRIERFLOW_WAREHOUSE"] = warehouse  # the env var sets the warehouse too
     landing = f"{store_root}/landing"  # on the warehouse's store: `generate` lands files on either
     generated = _cli("generate", landing, "--files", "3", "--records-per-file", "50", env=env)
     assert generated.returncode == 0, generated.stderr
-    assert [f.path for f in storage.list_files(landing)] == [f"readings-00000{i}.jsonl" for i in range(3)]
+    assert [f.path for f in objects.list_files(landing)] == [f"readings-00000{i}.jsonl" for i in range(3)]
     again = _cli("generate", landing, "--files", "1", "--start-index", "2", env=env)  # never changes a landed file
     assert again.returncode == 1 and "readings-000002.jsonl already exists" in again.stderr, again.stderr
     # On a warm engine (--remote): a Spark of the CLI's own is what the crash tests run.
@@ -81,7 +81,7 @@ def test_run_status_checkpoints_query(store_root: str, warehouse: str, spark_eng
     assert [(c["epoch"], c["status"]) for c in log] == [(1, "COMPLETED"), (2, "COMPLETED")]
     assert all(c["rows_in"] > 0 and c["bytes_written"] > 0 and c["duration_ms"] > 0 for c in log)
     assert [c["backlog_files"] for c in log] == [1, 0]  # the third file waited after epoch 1's barrier
-    assert log[0]["backlog_bytes"] == storage.list_files(landing)[2].size
+    assert log[0]["backlog_bytes"] == objects.list_files(landing)[2].size
 
     now = json.loads(_cli("query", "sensor_stats", "--format", "json", "select sum(count) as n from sensor_totals", env=env).stdout)
     then = json.loads(_cli("query", "sensor_stats", "--as-of-epoch", "1", "--format", "json", "select sum(count) as n from sensor_totals", env=env).stdout)
@@ -110,10 +110,10 @@ def test_run_status_checkpoints_query(store_root: str, warehouse: str, spark_eng
 
 def test_process_step_runs_as_a_separate_spark_job(tmp_path: Path, warehouse: str) -> None:
     """Steps in separate processes, as Airflow tasks run them: plan, spark job, commit."""
-    from barrierflow import storage
-    from barrierflow.coordinator import CheckpointCoordinator
-    from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-    from barrierflow.registry import get_pipeline
+    from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+    from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+    from barrierflow.plan.registry import get_pipeline
+    from barrierflow.storage import objects
 
     landing = tmp_path / "landing"
     write_sensor_files(landing, SensorStreamSpec(n_files=2, records_per_file=40, seed=51))
@@ -127,6 +127,6 @@ def test_process_step_runs_as_a_separate_spark_job(tmp_path: Path, warehouse: st
     )
     assert job.returncode == 0, job.stderr[-2000:]
     assert "epoch 1 pre-committed" in job.stdout
-    assert storage.read_json(coordinator.layout.manifest(barrier.lineage_id, 1)) is not None
+    assert objects.read_json(coordinator.layout.manifest(barrier.lineage_id, 1)) is not None
     recovery = coordinator.recover()  # rolls the pre-committed epoch forward: the commit step
     assert recovery.rolled_forward == (1,) and recovery.last_completed_epoch == 1

@@ -27,10 +27,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow.pipelines.sensor_stats import sensor_stats
-from barrierflow.restore import restore
-from barrierflow.savepoint import create_savepoint
+from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.demo.pipelines.sensor_stats import sensor_stats
+from barrierflow.operations.restore import restore
+from barrierflow.operations.savepoint import create_savepoint
 from cli_runner import cli_env, run_sensor_stats, sensor_stats_tables_per_epoch
 from jvm_options import with_generated_code
 from sensor_check import (
@@ -73,14 +73,14 @@ def landing(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 _WHERE = """
 import json, sys
-from barrierflow.spark import get_spark
+from barrierflow.execution.spark import get_spark
 
 def where(batches):
     import os, pyarrow as pa
-    import barrierflow.staging
+    import barrierflow.storage.staging
     daemon = sys.modules["__main__"].__spec__.name  # the module the worker's daemon ran as
     for _ in batches:
-        yield pa.RecordBatch.from_pylist([{"file": barrierflow.staging.__file__, "pid": os.getpid(), "daemon": daemon}])
+        yield pa.RecordBatch.from_pylist([{"file": barrierflow.storage.staging.__file__, "pid": os.getpid(), "daemon": daemon}])
 
 spark = get_spark(master=sys.argv[1])
 rows = spark.range(8).repartition(4).mapInArrow(where, "file string, pid long, daemon string").collect()
@@ -93,11 +93,11 @@ def test_executors_import_the_shipped_package(standalone: Any) -> None:
     done = subprocess.run([sys.executable, "-c", _WHERE, master], env=cli_env(master=master), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout.strip().splitlines()[-1])["rows"]
-    import barrierflow.staging
+    import barrierflow.storage.staging
 
-    driver_path = str(Path(barrierflow.staging.__file__).resolve())
+    driver_path = str(Path(barrierflow.storage.staging.__file__).resolve())
     assert rows and all(".zip" in r["file"] and r["file"] != driver_path for r in rows), rows
-    # Not barrierflow's worker daemon (barrierflow.spark.worker_conf): a cluster's workers import the shipped package.
+    # Not barrierflow's worker daemon (barrierflow.execution.spark.worker_conf): a cluster's workers import the shipped package.
     assert {r["daemon"] for r in rows} == {"pyspark.daemon"}, rows
 
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from barrierflow import storage
-from barrierflow.checkpoint_log import CheckpointLog
-from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow.layout import PipelineLayout
-from barrierflow.lease import EpochLease
-from barrierflow.spark import REMOTE_ENV
+from barrierflow.checkpointing.checkpoint_log import CheckpointLog
+from barrierflow.checkpointing.lease import EpochLease
+from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.execution.spark import REMOTE_ENV
+from barrierflow.storage import objects
+from barrierflow.storage.layout import PipelineLayout
 from cli_runner import barrierflow_cmd, cli_env, run_sensor_stats
 from sensor_check import (
     assert_matches_reference,
@@ -29,9 +29,9 @@ pytestmark = pytest.mark.slow
 _UNGUARDED = textwrap.dedent(
     """
     import sys
-    from barrierflow.coordinator import CheckpointCoordinator
-    from barrierflow.registry import get_pipeline
-    from barrierflow.errors import BarrierflowError
+    from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+    from barrierflow.plan.registry import get_pipeline
+    from barrierflow.core.errors import BarrierflowError
 
     coordinator = CheckpointCoordinator(
         get_pipeline("sensor_stats"),
@@ -87,12 +87,12 @@ def test_epoch_lease_refuses_a_second_run(tmp_path: Path, warehouse: str, spark_
         assert second.returncode == 1, second.stdout[-2000:]
         assert "never run concurrently" in second.stderr and "another run" in second.stderr, second.stderr[-2000:]
         assert CheckpointLog(layout).records() == []  # refused before planning anything
-        assert storage.read_json(layout.lease)["owner"] == "another run"
+        assert objects.read_json(layout.lease)["owner"] == "another run"
     finally:
         first.release()
     # Once it is released, the next run takes it, runs the epochs and releases it in turn.
     third = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=600)
     assert third.returncode == 0, third.stderr[-2000:]
-    released = storage.read_json(layout.lease)
+    released = objects.read_json(layout.lease)
     assert released["released"] is True and released["owner"] != "another run"  # kept: the next holder swaps it
     assert_matches_reference(warehouse, reference_for(landing, 1))

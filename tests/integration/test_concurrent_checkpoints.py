@@ -16,13 +16,13 @@ from typing import Any, Callable
 
 import pytest
 
-from barrierflow.checkpoint import EpochStatus
-from barrierflow.checkpoint_log import CheckpointLog
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow.errors import CheckpointError
-from barrierflow.layout import PipelineLayout
-from barrierflow.registry import get_pipeline
+from barrierflow.checkpointing.checkpoint import EpochStatus
+from barrierflow.checkpointing.checkpoint_log import CheckpointLog
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.core.errors import CheckpointError
+from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.plan.registry import get_pipeline
+from barrierflow.storage.layout import PipelineLayout
 from sensor_check import (
     assert_matches_reference,
     assert_nothing_staged_visible,

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from barrierflow.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
 from cli_runner import run_sensor_stats
 from sensor_check import (
     assert_matches_reference,

@@ -23,14 +23,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from barrierflow.coordinator import CheckpointCoordinator
+from barrierflow.api.params import Param
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.connectors import DeltaSink, FileSource, RecordError
+from barrierflow.connectors.source import SEQ
+from barrierflow.operations.query import run_query
 from barrierflow.operators import Count, Sum
-from barrierflow.params import Param
-from barrierflow.pipeline import PipelineBuilder, pipeline
-from barrierflow.query import run_query
-from barrierflow.sinks import DeltaSink
-from barrierflow.sources import FileSource, RecordError
-from barrierflow.sources.base import SEQ
+from barrierflow.plan.pipeline import PipelineBuilder, pipeline
 from readme_example import readme_pipeline
 
 pytestmark = pytest.mark.slow
@@ -229,7 +228,7 @@ def test_fuzzed_parquet_files_are_each_read_or_dead_lettered_whole_exactly_once(
 
     On S3 the files are read by Python tasks, locally by Spark's reader: both paths.
     """
-    from barrierflow import storage
+    from barrierflow.storage import objects
 
     rng = random.Random(20261126)
     landing = f"{store_root}/landing"
@@ -262,7 +261,7 @@ def test_fuzzed_parquet_files_are_each_read_or_dead_lettered_whole_exactly_once(
     refused = {"e-amount-as-text.parquet", "f-no-amount.parquet", "g-unsigned.parquet", "h-truncated.parquet",
                "i-noise.parquet", "j-empty.parquet", "k-footer-only-magic.parquet"}  # fmt: skip
     for name, content in files.items():
-        assert storage.put_if_absent(storage.join_uri(landing, name), content or b"")
+        assert objects.put_if_absent(objects.join_uri(landing, name), content or b"")
 
     source = FileSource("events", landing, format="parquet", schema=EVENT_SCHEMA, max_files_per_epoch=20)
     end = source.plan(None, None)

@@ -13,22 +13,21 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from barrierflow import storage
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.errors import SourceError
-from barrierflow.operators import KeyedContext, KeyedProcessFunction
-from barrierflow.params import Param
-from barrierflow.pipeline import PipelineBuilder, pipeline
-from barrierflow.query import run_query
-from barrierflow.sinks import DeltaSink
-from barrierflow.sources import DeltaSource, FileSource
-from barrierflow.state import (
+from barrierflow.api.params import Param
+from barrierflow.api.state import (
     AggregatingStateDescriptor,
     MapStateDescriptor,
     ReducingStateDescriptor,
     StateTtlConfig,
     ValueStateDescriptor,
 )
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.connectors import DeltaSink, DeltaSource, FileSource
+from barrierflow.core.errors import SourceError
+from barrierflow.operations.query import run_query
+from barrierflow.operators import KeyedContext, KeyedProcessFunction
+from barrierflow.plan.pipeline import PipelineBuilder, pipeline
+from barrierflow.storage import objects
 
 EVENTS = pa.schema([pa.field("user", pa.string(), nullable=False), pa.field("page", pa.string()), pa.field("ms", pa.int64())])
 
@@ -158,9 +157,9 @@ def test_parquet_landing_files_split_by_records_keep_arrival_order(spark: Any, w
         buffer = io.BytesIO()
         table = pa.table({k: list(v) for k, v in zip(("user", "page", "ms"), zip(*rows))}, schema=EVENTS)
         pq.write_table(table, buffer, row_group_size=2)  # epoch 1 ends inside a.parquet's second row group
-        assert storage.put_if_absent(storage.join_uri(landing, name), buffer.getvalue())
+        assert objects.put_if_absent(objects.join_uri(landing, name), buffer.getvalue())
     # Not Parquet: one dead letter for the whole file, in the epoch that takes it (3).
-    assert storage.put_if_absent(storage.join_uri(landing, "c.parquet"), b'{"user": "u3"}\n')
+    assert objects.put_if_absent(objects.join_uri(landing, "c.parquet"), b'{"user": "u3"}\n')
 
     @pipeline("parquet_clicks", params=[Param("landing_dir", str)])
     def parquet_clicks(p: PipelineBuilder, params: dict[str, Any]) -> None:
@@ -188,13 +187,13 @@ def test_parquet_landing_files_split_by_records_keep_arrival_order(spark: Any, w
 def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(
     spark: Any, tmp_path: Path, warehouse: str, monkeypatch: pytest.MonkeyPatch, in_a_task: bool
 ) -> None:
-    from barrierflow import runtime
-    from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-    from barrierflow.layout import PipelineLayout
-    from barrierflow.registry import get_pipeline
-    from barrierflow.state import delta_state_backend
-    from barrierflow.state.delta_state_backend import COMPACTED_DIR
+    from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+    from barrierflow.execution import runtime
+    from barrierflow.plan.registry import get_pipeline
+    from barrierflow.state import delta_backend as delta_state_backend
+    from barrierflow.state.delta_backend import COMPACTED_DIR
     from barrierflow.state.worker_cache import latest_rows
+    from barrierflow.storage.layout import PipelineLayout
 
     # A small table compacts in one Python task; above TASK_COMPACTION_ROWS Spark plans it.
     in_tasks: list[str] = []
@@ -211,7 +210,7 @@ def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(
     layout = PipelineLayout.of(str(warehouse), "sensor_stats")
     minute = DeltaTable(layout.sink_table("sensor_minute"))
     for uri in minute.file_uris():
-        filesystem, path = storage.arrow_filesystem(uri)
+        filesystem, path = objects.arrow_filesystem(uri)
         parquet = pq.ParquetFile(filesystem.open_input_file(path))
         assert parquet.schema_arrow.field("window_start").type == pa.timestamp("us", tz="UTC")  # never INT96, never ns
         assert parquet.metadata.schema.column(1).physical_type == "INT64"
@@ -250,7 +249,7 @@ def test_spark_line_reader_equals_the_python_reader(spark: Any, tmp_path: Path, 
     """Spark splits files natively, all of an epoch's files in one read; the Python
     byte-range reader is the oracle. Names Spark encodes in its file metadata
     (space, %, +, #, non-ASCII) must map back to their files."""
-    from barrierflow.sources import file_source
+    from barrierflow.connectors import file_source
 
     landing = tmp_path / "landing"
     landing.mkdir()

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from barrierflow import storage
-from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow.devserver import free_port
-from barrierflow.engine import EngineConfig, LocalEngine
-from barrierflow.layout import PipelineLayout
+from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.storage import objects
+from barrierflow.storage.layout import PipelineLayout
+from barrierflow.tools.devserver import free_port
+from barrierflow.tools.engine import EngineConfig, LocalEngine
 from cli_runner import barrierflow_cmd, cli_env
 from sensor_check import (
     assert_matches_reference,
@@ -45,8 +45,8 @@ def _run_cmd(warehouse: str, landing: Path, address: str) -> list[str]:
 
 def _epoch_files(warehouse: str, name: str) -> list[str]:
     """The checkpoint documents ``name`` of every epoch (``<lineage>/<epoch>/<name>``), on either store."""
-    epochs = storage.join_uri(PipelineLayout.of(warehouse, "sensor_stats").checkpoint_log, "_epochs")
-    return sorted(f.path for f in storage.walk(epochs) if f.path.count("/") == 2 and f.path.endswith(f"/{name}"))
+    epochs = objects.join_uri(PipelineLayout.of(warehouse, "sensor_stats").checkpoint_log, "_epochs")
+    return sorted(f.path for f in objects.walk(epochs) if f.path.count("/") == 2 and f.path.endswith(f"/{name}"))
 
 
 def test_engine_killed_mid_epoch_then_the_next_run_recovers_exactly_once(tmp_path: Path, warehouse: str) -> None:
@@ -61,7 +61,7 @@ def test_engine_killed_mid_epoch_then_the_next_run_recovers_exactly_once(tmp_pat
         try:
             deadline = time.monotonic() + 300
             while len(_epoch_files(warehouse, "barrier.json")) < 2 and run.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05 if storage.is_local(warehouse) else 0.2)
+                time.sleep(0.05 if objects.is_local(warehouse) else 0.2)
             votes = len(_epoch_files(warehouse, "manifest.json"))
             engine.kill()  # the JVM and its Python workers, mid-epoch
             out, _ = run.communicate(timeout=300)
@@ -75,7 +75,7 @@ def test_engine_killed_mid_epoch_then_the_next_run_recovers_exactly_once(tmp_pat
 
     # The new engine warms up (as make run's does) before the run recovers on it. The warm-up runs on
     # a throwaway local warehouse whatever the pipeline's store: one variant checks it.
-    warm_up = storage.is_local(warehouse)
+    warm_up = objects.is_local(warehouse)
     warmed = dataclasses.replace(config, warm_up_epochs=int(warm_up), warm_up_session="sensor_stats")
     scratch = tmp_path / "tmp"
     scratch.mkdir()

@@ -24,10 +24,10 @@ import pyarrow as pa
 import pytest
 
 import barrierflow as bf
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.query import run_query
-from barrierflow.restore import restore
-from barrierflow.savepoint import create_savepoint
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.operations.query import run_query
+from barrierflow.operations.restore import restore
+from barrierflow.operations.savepoint import create_savepoint
 from epoch_runs import epoch_runner, fail_after_first_commit
 from readme_example import readme_module
 

@@ -1,7 +1,7 @@
-"""A Spark JVM that barrierflow starts maps the class-data-sharing archive (barrierflow.jvm_archive).
+"""A Spark JVM that barrierflow starts maps the class-data-sharing archive (barrierflow.execution.jvm_archive).
 
 The production path, without the suite's own JVM options: a classic
-session's driver JVM, started by ``barrierflow.spark.get_spark``, must have
+session's driver JVM, started by ``barrierflow.execution.spark.get_spark``, must have
 the archive mapped (listed in its ``/proc/<pid>/maps``, beside the JDK's own archive), i.e. the JVM
 accepted it rather than silently starting without it.
 """
@@ -12,11 +12,11 @@ import os
 import subprocess
 import sys
 
-from barrierflow import jvm_archive
+from barrierflow.execution import jvm_archive
 
 _CHILD = r"""
 import sys
-from barrierflow.spark import get_spark
+from barrierflow.execution.spark import get_spark
 spark = get_spark(master="local[1]")
 pid = spark.sparkContext._jvm.ProcessHandle.current().pid()
 print(sum(1 for line in open(f"/proc/{pid}/maps") if line.rstrip().endswith(sys.argv[1])))

@@ -25,11 +25,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from barrierflow.order_stream import OrderStreamSpec, write_order_files
-from barrierflow.pipelines.orders_payments import ORDER_SCHEMA, PAYMENT_SCHEMA, THRESHOLD_SCHEMA
-from barrierflow.sources.base import SEQ
-from barrierflow.sources.file_source import FileSource
-from barrierflow.sources.local_jsonl import LocalParseDeclined, parse_jsonl_lines
+from barrierflow.connectors.file_source import FileSource
+from barrierflow.connectors.local_jsonl import LocalParseDeclined, parse_jsonl_lines
+from barrierflow.connectors.source import SEQ
+from barrierflow.demo.order_stream import OrderStreamSpec, write_order_files
+from barrierflow.demo.pipelines.orders_payments import ORDER_SCHEMA, PAYMENT_SCHEMA, THRESHOLD_SCHEMA
 
 TS = pa.timestamp("us", tz="UTC")
 EDGE_SCHEMA = pa.schema(

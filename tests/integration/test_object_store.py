@@ -21,10 +21,10 @@ from typing import Any
 import boto3
 import pytest
 
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow.maintenance import run_maintenance
-from barrierflow.registry import get_pipeline
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.operations.maintenance import run_maintenance
+from barrierflow.plan.registry import get_pipeline
 from cli_runner import kill_runs_at_random_times, run_sensor_stats
 from maintenance_check import unreferenced_files
 from s3_fault_proxy import FaultProxy

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 import barrierflow as bf
-from barrierflow import storage
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.query import run_query
-from barrierflow.restore import restore
-from barrierflow.savepoint import create_savepoint
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.operations.query import run_query
+from barrierflow.operations.restore import restore
+from barrierflow.operations.savepoint import create_savepoint
+from barrierflow.storage import objects
 from epoch_runs import epoch_runner, fail_after_first_commit
 from readme_example import readme_module
 
@@ -96,7 +96,7 @@ def test_operator_list_state_is_exactly_once_through_a_failure_a_rescale_and_a_r
         """The parallelism each epoch of the current lineage ran at: its barrier's (a retry or roll-forward keeps it)."""
         coordinator = CheckpointCoordinator(batches, params, warehouse)
         lineage = coordinator.current_lineage()["lineage_id"]
-        barriers = {epoch: storage.read_json(coordinator.layout.barrier(lineage, epoch)) for epoch in range(1, len(EPOCHS) + 1)}
+        barriers = {epoch: objects.read_json(coordinator.layout.barrier(lineage, epoch)) for epoch in range(1, len(EPOCHS) + 1)}
         return {epoch: barrier["params"]["parallelism"] for epoch, barrier in barriers.items() if barrier}
 
     def check(expected: list[int]) -> None:

@@ -29,10 +29,10 @@ from typing import Any
 
 import pytest
 
-from barrierflow.order_stream import OrderStreamSpec, write_order_files
-from barrierflow.pipelines.orders_payments import orders_payments
-from barrierflow.restore import restore
-from barrierflow.savepoint import create_savepoint
+from barrierflow.demo.order_stream import OrderStreamSpec, write_order_files
+from barrierflow.demo.pipelines.orders_payments import orders_payments
+from barrierflow.operations.restore import restore
+from barrierflow.operations.savepoint import create_savepoint
 from cli_runner import kill_runs_at_random_times, run_pipeline, tables_per_epoch
 from epoch_runs import epoch_runner, fail_after_first_commit
 from orders_check import assert_orders_match_reference, orders_reference, orders_snapshot

@@ -20,18 +20,17 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from barrierflow import storage
-from barrierflow.chaining import CHAINING_ENV
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.layout import PipelineLayout
+from barrierflow.api.params import Param
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.connectors import DeltaSink, FileSource
+from barrierflow.execution.chaining import CHAINING_ENV
+from barrierflow.operations.query import run_query
 from barrierflow.operators import Avg, Count, Max, Min, Sum
-from barrierflow.params import Param
-from barrierflow.pipeline import PipelineBuilder, pipeline
-from barrierflow.query import run_query
-from barrierflow.sinks import DeltaSink
-from barrierflow.sources import FileSource
+from barrierflow.plan.pipeline import PipelineBuilder, pipeline
 from barrierflow.state import resident
 from barrierflow.state.worker_cache import latest_rows
+from barrierflow.storage import objects
+from barrierflow.storage.layout import PipelineLayout
 
 READINGS = pa.schema(
     [
@@ -182,7 +181,7 @@ def test_bad_lines_make_the_epoch_compute_again_with_ordered_reads(
         json.dumps(clean[5]),
     ]
     _write(landing, "b.jsonl", lines)
-    with caplog.at_level(logging.INFO, logger="barrierflow.runtime"):
+    with caplog.at_level(logging.INFO, logger="barrierflow.execution.runtime"):
         completed = _run(spark, landing, warehouse)
     ordered = [r.getMessage() for r in caplog.records if "computing again with ordered reads" in r.getMessage()]
     assert len(ordered) == 1 and "epoch 2" in ordered[0]
@@ -202,7 +201,7 @@ def test_bad_lines_make_the_epoch_compute_again_with_ordered_reads(
 
     for uri in (layout.sink_table("totals_updates"), layout.dead_letter):
         live = {os.path.normpath(p) for p in DeltaTable(uri).file_uris()}
-        stored = {os.path.normpath(storage.join_uri(uri, f.path)) for f in storage.walk(uri) if f.path.endswith(".parquet")}
+        stored = {os.path.normpath(objects.join_uri(uri, f.path)) for f in objects.walk(uri) if f.path.endswith(".parquet")}
         assert stored == live, uri
 
 
@@ -372,7 +371,7 @@ def test_a_process_with_two_connect_sessions_keeps_each_copy_in_its_own(
 
     monkeypatch.setenv(CHAINING_ENV, "false")  # the copy belongs to epochs computed on Spark
 
-    from barrierflow.spark import REMOTE_ENV
+    from barrierflow.execution.spark import REMOTE_ENV
 
     other = SparkSession.builder.remote(os.environ[REMOTE_ENV]).create()
     try:

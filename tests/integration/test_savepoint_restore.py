@@ -10,20 +10,19 @@ from typing import Any, Callable
 
 import pytest
 
-from barrierflow import storage
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow.errors import IncompatibleSavepointError, SavepointError
-from barrierflow.maintenance import run_maintenance
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.connectors import DeltaSink, FileSource
+from barrierflow.core.errors import IncompatibleSavepointError, SavepointError
+from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.demo.pipelines.sensor_stats import READING_SCHEMA, parse_reading, sensor_stats
+from barrierflow.operations.maintenance import run_maintenance
+from barrierflow.operations.query import run_query
+from barrierflow.operations.restore import restore
+from barrierflow.operations.savepoint import create_savepoint, dispose_savepoint, list_savepoints
 from barrierflow.operators import Count, Max, Min, Sum
-from barrierflow.pipeline import PipelineBuilder, PipelineDefinition
-from barrierflow.pipelines.sensor_stats import READING_SCHEMA, parse_reading, sensor_stats
-from barrierflow.query import run_query
-from barrierflow.registry import get_pipeline
-from barrierflow.restore import restore
-from barrierflow.savepoint import create_savepoint, dispose_savepoint, list_savepoints
-from barrierflow.sinks import DeltaSink
-from barrierflow.sources import FileSource
+from barrierflow.plan.pipeline import PipelineBuilder, PipelineDefinition
+from barrierflow.plan.registry import get_pipeline
+from barrierflow.storage import objects
 from reference.sensor_stats_reference import run_reference, split_epochs
 from sensor_check import assert_matches_reference, last_barrier_params, reference_for, table_snapshot
 
@@ -56,7 +55,7 @@ def test_savepoint_then_restore_with_rewind_equals_reference(run_epochs: Callabl
     assert run_epochs(warehouse, epochs=2) == [1, 2]
     # The source's offsets are its operator state: after epoch 2, barrier 2's end offsets.
     coordinator = CheckpointCoordinator(sensor_stats, _params(landing), str(warehouse))
-    barrier = storage.read_json(coordinator.layout.barrier(coordinator.current_lineage()["lineage_id"], 2))
+    barrier = objects.read_json(coordinator.layout.barrier(coordinator.current_lineage()["lineage_id"], 2))
     assert barrier is not None
     offsets = run_query(str(warehouse), "sensor_stats", "select value from readings__offsets").column("value").to_pylist()
     assert [json.loads(v) for v in offsets] == [barrier["end_offsets"]["readings"]]
@@ -68,11 +67,11 @@ def test_savepoint_then_restore_with_rewind_equals_reference(run_epochs: Callabl
     assert [m.name for m in list_savepoints("sensor_stats", str(warehouse))] == ["before-3"]
     assert run_epochs(warehouse, epochs=2) == [3, 4]
     # The restore takes its offsets from that state: the metadata's copy of them is deleted first.
-    metadata = storage.join_uri(sp.uri, "_savepoint.json")
-    doc = storage.read_json(metadata)
+    metadata = objects.join_uri(sp.uri, "_savepoint.json")
+    doc = objects.read_json(metadata)
     assert doc is not None and doc["offsets"] == barrier["end_offsets"]
-    storage.remove_document(metadata)
-    assert storage.write_json_if_absent(metadata, {**doc, "offsets": {}})
+    objects.remove_document(metadata)
+    assert objects.write_json_if_absent(metadata, {**doc, "offsets": {}})
     result = restore(sensor_stats, str(warehouse), savepoint="before-3", rewind_sinks=True, params=_params(landing))
     assert result.epoch == 2 and result.rewound_sinks["sensor_minute"] > 0
     assert coordinator.current_lineage()["start_offsets"] == barrier["end_offsets"]
@@ -155,10 +154,10 @@ def test_savepoint_copied_to_another_warehouse(run_epochs: Callable[..., list[in
     run_epochs(source, epochs=2)
     sp = create_savepoint(sensor_stats, source, name="portable", params=_params(landing))
     copied = f"{store_root}/copied-savepoint"
-    for stored in storage.walk(sp.uri):  # as `cp -r` or `aws s3 cp --recursive` would
-        data = storage.read_bytes(storage.join_uri(sp.uri, stored.path))
-        assert data is not None and storage.put_if_absent(storage.join_uri(copied, stored.path), data)
-    storage.remove_tree(source)  # nothing of the source warehouse is needed any more
+    for stored in objects.walk(sp.uri):  # as `cp -r` or `aws s3 cp --recursive` would
+        data = objects.read_bytes(objects.join_uri(sp.uri, stored.path))
+        assert data is not None and objects.put_if_absent(objects.join_uri(copied, stored.path), data)
+    objects.remove_tree(source)  # nothing of the source warehouse is needed any more
     restore(sensor_stats, target, savepoint=copied, params=_params(landing))
     assert run_epochs(target) == [3, 4]
     ref = run_reference(split_epochs(landing, MAX_FILES), 30)

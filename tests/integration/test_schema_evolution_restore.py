@@ -28,16 +28,16 @@ import pyarrow as pa
 import pytest
 
 import barrierflow as bf
-from barrierflow import storage
-from barrierflow.checkpoint import EpochStatus, Manifest
-from barrierflow.checkpoint_log import CheckpointLog
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.delta_commit import live_paths
-from barrierflow.errors import IncompatibleSavepointError, InjectedFault, SchemaEvolutionError
-from barrierflow.layout import PipelineLayout
-from barrierflow.query import run_query
-from barrierflow.restore import restore
-from barrierflow.savepoint import create_savepoint
+from barrierflow.checkpointing.checkpoint import EpochStatus, Manifest
+from barrierflow.checkpointing.checkpoint_log import CheckpointLog
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.core.errors import IncompatibleSavepointError, InjectedFault, SchemaEvolutionError
+from barrierflow.operations.query import run_query
+from barrierflow.operations.restore import restore
+from barrierflow.operations.savepoint import create_savepoint
+from barrierflow.storage import objects
+from barrierflow.storage.delta import live_paths
+from barrierflow.storage.layout import PipelineLayout
 from readme_example import readme_module
 
 EVENTS = pa.schema([pa.field("user", pa.string(), nullable=False), pa.field("amount", pa.int64())])
@@ -130,7 +130,7 @@ def test_a_savepoint_restores_into_evolved_state_and_refuses_what_cannot_convert
     counts_uri = layout.sink_table("counts")
     assert deltalake.DeltaTable(counts_uri).version() == max(r.versions()["counts"] for r in records)
     # The manifest order is the commit order: crash right before the ``counts`` commit.
-    tables = Manifest.from_json(storage.read_json(layout.manifest(records[-1].lineage_id, 2))).tables
+    tables = Manifest.from_json(objects.read_json(layout.manifest(records[-1].lineage_id, 2))).tables
     counts_commit = 1 + [t.name for t in tables].index("counts")
 
     # v2 is the README's "Schema evolution on restore" example as written.
@@ -147,11 +147,11 @@ def test_a_savepoint_restores_into_evolved_state_and_refuses_what_cannot_convert
         run(counts_v2, 1)
     monkeypatch.delenv("BARRIERFLOW_FAULT")
     # Epoch 3 voted the widening (its rewrite staged, in its manifest) but did not commit it.
-    voted = Manifest.from_json(storage.read_json(layout.manifest(result.lineage_id, 3)))
+    voted = Manifest.from_json(objects.read_json(layout.manifest(result.lineage_id, 3)))
     widening = next(t for t in voted.tables if t.name == "counts")
     assert widening.table_schema_json is not None and '"long"' in widening.table_schema_json
     assert set(widening.removes) == stored_files == live_paths(deltalake.DeltaTable(counts_uri))
-    assert all(storage.exists(f"{counts_uri}/{f.path}") for f in widening.adds)
+    assert all(objects.exists(f"{counts_uri}/{f.path}") for f in widening.adds)
 
     class CountsWithoutTotal(type(counts_v2)):  # type: ignore[misc]
         """v2 whose output leaves the nullable sink column ``total`` out and, as v1's did, writes ``count`` as int32 (its state unchanged)."""
@@ -173,7 +173,7 @@ def test_a_savepoint_restores_into_evolved_state_and_refuses_what_cannot_convert
     assert "typeWidening" not in (table.protocol().writer_features or [])
     # One commit of epoch 3: the widened schema, every stored file removed, rewritten and the epoch's rows added.
     (entry,) = [h for h in table.history() if h.get("barrierflow.epoch") == 3]
-    log_entry = storage.read_bytes(storage.join_uri(counts_uri, "_delta_log", f"{entry['version']:020d}.json"))
+    log_entry = objects.read_bytes(objects.join_uri(counts_uri, "_delta_log", f"{entry['version']:020d}.json"))
     assert log_entry is not None
     actions = [json.loads(line) for line in log_entry.decode().splitlines()]
     kinds = [next(iter(a)) for a in actions]

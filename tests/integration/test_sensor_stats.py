@@ -9,12 +9,14 @@ from typing import Any, Callable
 
 import pytest
 
-from barrierflow import runtime, storage
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow.registry import get_pipeline
-from barrierflow.sinks import delta_sink
-from barrierflow.state import delta_state_backend, worker_cache
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.connectors import delta_sink
+from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.execution import runtime
+from barrierflow.plan.registry import get_pipeline
+from barrierflow.state import delta_backend as delta_state_backend
+from barrierflow.state import worker_cache
+from barrierflow.storage import objects
 from sensor_check import (
     assert_matches_reference,
     assert_nothing_staged_visible,
@@ -89,7 +91,7 @@ def test_parallelism_changes_between_epochs(
     monkeypatch.delenv(worker_cache.CACHE_ENV)
     assert lookups == []
     # Epoch 3's input (two files of ~15 KB) gets more shuffle partitions than its parallelism.
-    with monkeypatch.context() as m, caplog.at_level(logging.INFO, logger="barrierflow.runtime"):
+    with monkeypatch.context() as m, caplog.at_level(logging.INFO, logger="barrierflow.execution.runtime"):
         m.setattr(runtime, "INPUT_BYTES_PER_PARTITION", 5_000)
         _coordinator(spark, landing, varied, parallelism=3).run(epochs=1)
     assert re.search(r"epoch 3: \d+ shuffle partitions for its input \(parallelism 3\)", caplog.text), caplog.text
@@ -107,7 +109,7 @@ def test_files_arriving_between_epochs(spark: Any, tmp_path: Path, store_root: s
     files = sorted(generated.iterdir())
 
     def land(name: str, data: bytes) -> None:
-        assert storage.put_if_absent(storage.join_uri(landing, name), data)
+        assert objects.put_if_absent(objects.join_uri(landing, name), data)
 
     for path in files[:3]:
         land(path.name, path.read_bytes())
@@ -127,8 +129,8 @@ def test_files_arriving_between_epochs(spark: Any, tmp_path: Path, store_root: s
 
 def test_a_line_parser_reads_many_small_byte_ranges_exactly_once(spark: Any, store_root: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Python tasks read, number and parse their own byte ranges (from a directory or an S3 prefix): the records and dead letters of a line-by-line reading."""
-    from barrierflow.pipelines.sensor_stats import READING_SCHEMA, parse_reading
-    from barrierflow.sources import FileSource, RecordError, file_source
+    from barrierflow.connectors import FileSource, RecordError, file_source
+    from barrierflow.demo.pipelines.sensor_stats import READING_SCHEMA, parse_reading
 
     good = '{"event_id": "e%d", "sensor_id": "s%d", "ts": "2026-01-01T00:00:%02dZ", "temperature": %d.5}'
     lines = [(good % (i, i % 3, i % 60, i)).encode() for i in range(400)]
@@ -138,8 +140,8 @@ def test_a_line_parser_reads_many_small_byte_ranges_exactly_once(spark: Any, sto
     lines[120] = b'{"event_id": "x", "sensor_id": "\xff"}'  # invalid UTF-8
     lines[399] = b'{"event_id": ""}'
     landing = f"{store_root}/landing"
-    assert storage.put_if_absent(storage.join_uri(landing, "a.jsonl"), b"\n".join(lines[:250]) + b"\n")
-    assert storage.put_if_absent(storage.join_uri(landing, "b.jsonl"), b"\n".join(lines[250:]))  # no final newline
+    assert objects.put_if_absent(objects.join_uri(landing, "a.jsonl"), b"\n".join(lines[:250]) + b"\n")
+    assert objects.put_if_absent(objects.join_uri(landing, "b.jsonl"), b"\n".join(lines[250:]))  # no final newline
     monkeypatch.setattr(file_source, "_MIN_CHUNK_BYTES", 700)  # ~40 ranges at parallelism 40
     source = FileSource("readings", landing, parser=parse_reading, parser_schema=READING_SCHEMA)
     end = source.plan(None, None)

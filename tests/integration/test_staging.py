@@ -12,14 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from barrierflow import storage
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow.registry import get_pipeline
-from barrierflow.runtime import EpochContext
-from barrierflow.staging import stage_frame
-from barrierflow.state.delta_state_backend import COMPACTED_DIR
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.execution.runtime import EpochContext
+from barrierflow.plan.registry import get_pipeline
+from barrierflow.state.delta_backend import COMPACTED_DIR
 from barrierflow.state.spec import KEY_GROUP
+from barrierflow.storage import objects
+from barrierflow.storage.staging import stage_frame
 from sensor_check import assert_matches_reference, reference_for
 
 SCHEMA = pa.schema(
@@ -33,7 +33,7 @@ SCHEMA = pa.schema(
 
 
 def _read(uri: str) -> pa.Table:
-    with storage.open_input(uri) as fh:
+    with objects.open_input(uri) as fh:
         return pq.read_table(fh)
 
 
@@ -50,13 +50,13 @@ def _frame(spark: Any, n: int, key_groups: int) -> Any:
 
 def test_descriptions_are_the_files_executors_wrote(spark: Any, store_root: str) -> None:
     """On local disk and on S3: each description is a file the executors wrote, and nothing else was written."""
-    table = storage.join_uri(store_root, "table")
+    table = objects.join_uri(store_root, "table")
     files = stage_frame(_frame(spark, 5000, 128), table, "_staging/a", SCHEMA, partitions=4, key_groups=128)
     assert files and sum(f.rows for f in files) == 5000
     ranges = set()
     for f in files:
-        uri = storage.join_uri(table, f.path)
-        assert storage.file_size(uri) == f.size
+        uri = objects.join_uri(table, f.path)
+        assert objects.file_size(uri) == f.size
         data = _read(uri)
         assert data.schema == SCHEMA  # cast to the table's schema, timestamps as UTC microseconds
         stats = json.loads(f.stats)
@@ -73,7 +73,7 @@ def test_descriptions_are_the_files_executors_wrote(spark: Any, store_root: str)
         ranges |= file_ranges
     assert ranges == {0, 1, 2, 3}
     # Nothing else was written: descriptions cover every file.
-    written = sorted(f.path for f in storage.walk(storage.join_uri(table, "_staging/a")))
+    written = sorted(f.path for f in objects.walk(objects.join_uri(table, "_staging/a")))
     assert written == sorted(Path(f.path).name for f in files)
 
 
@@ -81,7 +81,7 @@ def test_constant_columns_are_added_by_the_writer(spark: Any, store_root: str) -
     """An epoch's number and time are written by the writer, not as literals of the plan (compiled again each epoch)."""
     frame = _frame(spark, 300, 16).drop("value")
     files = stage_frame(frame, store_root, "_staging/c", SCHEMA, partitions=2, key_groups=16, constants={"value": 42})
-    data = pa.concat_tables(_read(storage.join_uri(store_root, f.path)) for f in files)
+    data = pa.concat_tables(_read(objects.join_uri(store_root, f.path)) for f in files)
     assert data.schema == SCHEMA and data.num_rows == 300
     assert set(data["value"].to_pylist()) == {42}
     assert all(json.loads(f.stats)["minValues"]["value"] == 42 for f in files)
@@ -89,7 +89,7 @@ def test_constant_columns_are_added_by_the_writer(spark: Any, store_root: str) -
 
 def test_an_empty_frame_writes_no_file(spark: Any, store_root: str) -> None:
     assert stage_frame(_frame(spark, 100, 16).limit(0), store_root, "_staging/b", SCHEMA, partitions=2) == []
-    assert list(storage.walk(storage.join_uri(store_root, "_staging"))) == []
+    assert list(objects.walk(objects.join_uri(store_root, "_staging"))) == []
 
 
 def test_an_epoch_never_collects_rows_to_the_driver(

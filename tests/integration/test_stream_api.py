@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pytest
 
 import barrierflow as bf
-from barrierflow.coordinator import CheckpointCoordinator
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
 from barrierflow.operators.stateless import MapFunction
 
 EVENTS = pa.schema([("user", pa.string()), ("text", pa.string()), pa.field("amount", pa.float64(), nullable=False)])

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 import barrierflow as bf
-from barrierflow.coordinator import CheckpointCoordinator
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
 
 EVENTS = pa.schema([("k", pa.string()), pa.field("v", pa.int64(), nullable=False)])
 EPOCHS = [

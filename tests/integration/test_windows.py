@@ -28,7 +28,7 @@ import pyarrow as pa
 import pytest
 
 import barrierflow as bf
-from barrierflow.coordinator import CheckpointCoordinator
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
 
 # Every state read of these operators takes its pruned path: the rows it leaves out must never matter.
 pytestmark = pytest.mark.usefixtures("pruned_state_reads")

@@ -1,4 +1,4 @@
-"""barrierflow's Python tasks run in workers forked from barrierflow.worker_daemon, with its modules loaded and frozen.
+"""barrierflow's Python tasks run in workers forked from barrierflow.execution.worker_daemon, with its modules loaded and frozen.
 
 On the suite's shared engine (a Spark Connect server started as ``barrierflow
 engine`` starts one); the standalone cluster's executors are checked in
@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from barrierflow.worker_daemon import PRELOADED
+from barrierflow.execution.worker_daemon import PRELOADED
 
 
 def test_python_workers_fork_from_the_preloading_daemon(spark: Any) -> None:
@@ -35,6 +35,6 @@ def test_python_workers_fork_from_the_preloading_daemon(spark: Any) -> None:
     rows = spark.range(4, numPartitions=2).mapInArrow(_probe, "daemon string, frozen long, missing string").collect()
     assert len(rows) == 2
     for row in rows:
-        assert row["daemon"] == "barrierflow.worker_daemon"
+        assert row["daemon"] == "barrierflow.execution.worker_daemon"
         assert row["frozen"] > 10_000, "the daemon froze what its imports made before forking"
         assert row["missing"] == "", f"not preloaded: {row['missing']}"

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from barrierflow.datagen import (
+from barrierflow.demo.datagen import (
     MALFORMED_KINDS,
     SensorStreamSpec,
     generate_sensor_lines,

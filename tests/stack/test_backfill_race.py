@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
-from barrierflow import storage
-from barrierflow.checkpoint import EpochStatus
-from barrierflow.checkpoint_log import CheckpointLog
-from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow.layout import PipelineLayout
+from barrierflow.checkpointing.checkpoint import EpochStatus
+from barrierflow.checkpointing.checkpoint_log import CheckpointLog
+from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.storage import objects
+from barrierflow.storage.layout import PipelineLayout
 from integration.sensor_check import assert_matches_reference, assert_one_commit_per_table_per_epoch
 from reference.sensor_stats_reference import run_reference
 from stack import ROOT, running_stack, until
@@ -136,7 +136,7 @@ def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Pat
         assert [[f[0] for f in r.offsets_json()["readings"]["files"]] for r in completed] == [[p.name for p in e] for e in epochs]
         owners = {r["logical_date"][:16]: r["dag_run_id"] for r in backfill_runs}
         for record in completed:
-            barrier = storage.read_json(layout.barrier(record.lineage_id, record.epoch))
+            barrier = objects.read_json(layout.barrier(record.lineage_id, record.epoch))
             interval_start = datetime.fromtimestamp(record.arrival_cutoff_ms / 1000 - 60, tz=timezone.utc)
             assert barrier["planned_by"] == f"{DAG_ID}:{owners[interval_start.isoformat()[:16]]}", barrier["planned_by"]
         waits = [line for line in barrier_log.splitlines() if "waiting for the earlier run" in line]

@@ -1,6 +1,6 @@
 """The docker-compose deployment, without Docker: the same services started by the same commands.
 
-``barrierflow.topology`` is what each compose service runs; here it starts
+``barrierflow.tools.topology`` is what each compose service runs; here it starts
 them all as child processes on free loopback ports: PostgreSQL for Airflow's
 metadata, the S3 endpoint holding the warehouse, a standalone Spark master
 with two workers, the warm engine on that master, and Airflow's API server,
@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
-from barrierflow.dags.settings import pipeline_dag_id, savepoint_dag_id
-from barrierflow.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow.devserver import ApiClient, free_port
-from barrierflow.savepoint import list_savepoints
-from barrierflow.topology import TopologyConfig, running_topology
+from barrierflow.airflow.dags.settings import pipeline_dag_id, savepoint_dag_id
+from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.operations.savepoint import list_savepoints
+from barrierflow.tools.devserver import ApiClient, free_port
+from barrierflow.tools.topology import TopologyConfig, running_topology
 from integration.sensor_check import assert_matches_reference, assert_one_commit_per_table_per_epoch, reference_for
 from stack import ROOT, until
 

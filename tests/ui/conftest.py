@@ -1,4 +1,4 @@
-"""Browser tests: the ``make run`` server (``python -m barrierflow.devserver``) driven by headless Chromium.
+"""Browser tests: the ``make run`` server (``python -m barrierflow.tools.devserver``) driven by headless Chromium.
 
 The ``devserver`` fixture starts exactly what ``make run`` starts, on a free
 port of 127.0.0.1, with a temporary AIRFLOW_HOME, warehouse and landing
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from barrierflow.devserver import DEFAULT_PASSWORD, DEFAULT_USER, ApiClient
+from barrierflow.tools.devserver import DEFAULT_PASSWORD, DEFAULT_USER, ApiClient
 from stack import ROOT, DevServer, running_stack
 
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
@@ -87,7 +87,7 @@ def devserver(artifacts: Path, stack_store: str, stack_warehouse: str | None) ->
 def write_input(devserver: DevServer) -> Callable[[int], None]:
     """Lands ``n`` more sensor_stats files now, numbered after those already there, as
     ``make run``'s generator does; nothing against an external server, whose generator runs."""
-    from barrierflow.devserver import InputGenerator
+    from barrierflow.tools.devserver import InputGenerator
 
     def write(n: int) -> None:
         if EXTERNAL_URL:

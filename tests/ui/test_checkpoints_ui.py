@@ -21,9 +21,9 @@ from urllib.parse import quote
 
 import pytest
 
-from barrierflow import storage
-from barrierflow.layout import PipelineLayout
-from barrierflow.ui.history import pipeline_history
+from barrierflow.airflow.ui.history import pipeline_history
+from barrierflow.storage import objects
+from barrierflow.storage.layout import PipelineLayout
 
 pytestmark = [pytest.mark.browser, pytest.mark.stack_store("local"), pytest.mark.timeout(1200)]
 
@@ -82,7 +82,7 @@ def wait_for(
 
 
 def _completed_epochs(warehouse: str) -> list[int]:
-    if storage.read_json(PipelineLayout.of(warehouse, PIPELINE).pipeline_meta) is None:
+    if objects.read_json(PipelineLayout.of(warehouse, PIPELINE).pipeline_meta) is None:
         return []
     history = pipeline_history(str(warehouse), PIPELINE, state_size=False)
     return [e.epoch for e in history.epochs if e.completed]
@@ -233,7 +233,7 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     # 8. Reprocess from the savepoint through the reprocess DAG's trigger form (as the README's
     #    first session does): restore with the sinks rewound, then replay each interval since.
     #    First input lands after the savepoint and the schedule commits it: there is something to replay.
-    from barrierflow.savepoint import load_savepoint
+    from barrierflow.operations.savepoint import load_savepoint
 
     saved_at = load_savepoint(PIPELINE, devserver.warehouse, name).epoch
     write_input(1)

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pytest
 
-from barrierflow.sources.file_source import FileSource
+from barrierflow.connectors.file_source import FileSource
 
 
 @pytest.fixture

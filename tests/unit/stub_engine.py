@@ -18,14 +18,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from barrierflow import faults
-from barrierflow.checkpoint import TableKind
+from barrierflow.api.params import Param
+from barrierflow.checkpointing.checkpoint import TableKind
+from barrierflow.connectors.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
+from barrierflow.connectors.file_source import FileSource
+from barrierflow.core import faults
+from barrierflow.execution.runtime import EpochContext
 from barrierflow.operators.operator_state import stage_source_offsets
-from barrierflow.params import Param
-from barrierflow.pipeline import PipelineBuilder, PipelineDefinition
-from barrierflow.runtime import EpochContext
-from barrierflow.sinks.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink
-from barrierflow.sources.file_source import FileSource
+from barrierflow.plan.pipeline import PipelineBuilder, PipelineDefinition
 from barrierflow.state.spec import KEY_GROUP
 
 __all__ = ["LINES", "stub_compute", "epoch_tables", "LINE_SCHEMA"]

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 import barrierflow as bf
-from barrierflow.errors import PipelineDefinitionError, UserFunctionError
+from barrierflow.core.errors import PipelineDefinitionError, UserFunctionError
 from barrierflow.operators.broadcast import _spec, _stage_changes
 from barrierflow.operators.process import KeyedContext
 

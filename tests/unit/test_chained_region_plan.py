@@ -1,4 +1,4 @@
-"""Which part of a pipeline an epoch chains (``barrierflow.chained_region.chained_region``), without Spark."""
+"""Which part of a pipeline an epoch chains (``barrierflow.execution.chained_region.chained_region``), without Spark."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from barrierflow.chained_region import chained_region
-from barrierflow.chaining import CHAINING_ENV
-from barrierflow.checkpoint import Barrier
-from barrierflow.pipelines.orders_payments import orders_payments
+from barrierflow.checkpointing.checkpoint import Barrier
+from barrierflow.demo.pipelines.orders_payments import orders_payments
+from barrierflow.execution.chained_region import chained_region
+from barrierflow.execution.chaining import CHAINING_ENV
 
 
 def _ctx(landing: Path, orders: list[Any], payments: list[Any]) -> Any:

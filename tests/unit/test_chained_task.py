@@ -17,11 +17,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from barrierflow.chaining import CHAINING_ENV, _aggregate, _Declined, _epoch_schema, _parse, _plain, _Read, chain_of
+from barrierflow.connectors import DeltaSink, FileSource
+from barrierflow.execution.chaining import CHAINING_ENV, _aggregate, _Declined, _epoch_schema, _parse, _plain, _Read, chain_of
 from barrierflow.operators import Avg, Count, Max, Min, Sum
-from barrierflow.pipeline import PipelineBuilder, pipeline
-from barrierflow.sinks import DeltaSink
-from barrierflow.sources import FileSource
+from barrierflow.plan.pipeline import PipelineBuilder, pipeline
 from barrierflow.state.spec import KEY_GROUP
 
 SCHEMA = pa.schema(

@@ -1,4 +1,4 @@
-"""barrierflow.checkpoint: JSON round trips of the protocol's value objects."""
+"""barrierflow.checkpointing.checkpoint: JSON round trips of the protocol's value objects."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import pytest
 
-from barrierflow.checkpoint import (
+from barrierflow.checkpointing.checkpoint import (
     Barrier,
     CheckpointRecord,
     EpochStatus,

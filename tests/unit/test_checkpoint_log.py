@@ -6,9 +6,9 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from barrierflow.checkpoint import CheckpointRecord, EpochStatus
-from barrierflow.checkpoint_log import CheckpointLog
-from barrierflow.layout import PipelineLayout
+from barrierflow.checkpointing.checkpoint import CheckpointRecord, EpochStatus
+from barrierflow.checkpointing.checkpoint_log import CheckpointLog
+from barrierflow.storage.layout import PipelineLayout
 
 
 def _record(epoch: int, status: EpochStatus, at_us: int) -> CheckpointRecord:
@@ -52,7 +52,7 @@ def test_records_survive_a_rewrite_of_the_log_files(tmp_path: Path) -> None:
 
 
 def test_the_shared_reader_is_kept_until_the_log_is_created_anew(store_root: str) -> None:
-    from barrierflow import storage
+    from barrierflow.storage import objects
 
     layout = PipelineLayout.of(f"{store_root}/wh", "p")
     first, second, other = (_record(e, EpochStatus.COMPLETED, e) for e in (1, 2, 3))
@@ -63,7 +63,7 @@ def test_the_shared_reader_is_kept_until_the_log_is_created_anew(store_root: str
     writer.append(second)
     assert CheckpointLog.shared(layout) is reader and reader.records() == [first, second]
     # Deleted and written again from scratch: another table at the same place, read by a new reader.
-    storage.remove_tree(layout.checkpoint_log)
+    objects.remove_tree(layout.checkpoint_log)
     CheckpointLog(layout).append(other)
     again = CheckpointLog.shared(layout)
     assert again is not reader and again.records() == [other]

@@ -9,11 +9,11 @@ import pyarrow as pa
 import pytest
 
 import barrierflow as bf
-from barrierflow.errors import PipelineDefinitionError
+from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.operators.co_process import RECORD_COLUMNS, KeyedCoProcess
 from barrierflow.operators.process import _TIMER_DOMAIN, _TIMER_TS, _run_key_group, _state_column
 from barrierflow.operators.timers import TIMER_STATE, EpochClocks
-from barrierflow.pipeline import Pipeline, PipelineBuilder
+from barrierflow.plan.pipeline import Pipeline, PipelineBuilder
 from barrierflow.state.spec import KEY_GROUP
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)

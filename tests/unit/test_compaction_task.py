@@ -1,4 +1,4 @@
-"""barrierflow.staging.compact_partition: a small state table compacted in one task equals a plain-Python compaction."""
+"""barrierflow.storage.staging.compact_partition: a small state table compacted in one task equals a plain-Python compaction."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from barrierflow.staging import compact_partition
 from barrierflow.state import worker_cache
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 from barrierflow.state.worker_cache import StateFile, StateLookup
+from barrierflow.storage.staging import compact_partition
 
 SPEC = StateSpec(
     operator_id="timers",

@@ -10,9 +10,10 @@ import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, Transaction, write_deltalake
 
-from barrierflow import delta_commit
-from barrierflow.checkpoint import Fence, StagedFile, TableCommit, TableKind
-from barrierflow.delta_commit import (
+from barrierflow.checkpointing.checkpoint import Fence, StagedFile, TableCommit, TableKind
+from barrierflow.core.errors import FencedError
+from barrierflow.storage import delta as delta_commit
+from barrierflow.storage.delta import (
     borrow_snapshot,
     commit_epoch_table,
     committed_version,
@@ -23,8 +24,7 @@ from barrierflow.delta_commit import (
     raise_fence,
     schema_json_of,
 )
-from barrierflow.errors import FencedError
-from barrierflow.staging import write_parquet
+from barrierflow.storage.staging import write_parquet
 
 
 def test_committed_version_of_old_and_new_epochs(tmp_path: Path) -> None:

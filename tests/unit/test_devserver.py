@@ -16,18 +16,18 @@ from typing import Any, Iterator
 
 import pytest
 
-import barrierflow.devserver
-from barrierflow.datagen import SensorStreamSpec, generate_sensor_lines
-from barrierflow.devserver import processes, server
-from barrierflow.devserver.client import ApiClient, ApiConnectionError
-from barrierflow.devserver.environment import (
+import barrierflow.tools.devserver
+from barrierflow.demo.datagen import SensorStreamSpec, generate_sensor_lines
+from barrierflow.tools.devserver import processes, server
+from barrierflow.tools.devserver.client import ApiClient, ApiConnectionError
+from barrierflow.tools.devserver.environment import (
     DevServerConfig,
     devserver_environment,
     free_port,
     port_in_use,
     write_password_file,
 )
-from barrierflow.devserver.generator import InputGenerator
+from barrierflow.tools.devserver.generator import InputGenerator
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = str(Path(processes.__file__).resolve().parents[2])  # the include/ directory this barrierflow comes from
@@ -241,7 +241,7 @@ time.sleep(600)
 _DRIVER = """
 import signal, subprocess, sys, time
 sys.path.insert(0, {src!r})
-from barrierflow.devserver import processes
+from barrierflow.tools.devserver import processes
 processes.become_subreaper()
 baseline = processes.descendant_pids()
 proc = subprocess.Popen([sys.executable, {leader!r}], start_new_session=True)
@@ -324,7 +324,7 @@ _ORDER_DRIVER = """
 import os, subprocess, sys, time
 sys.path.insert(0, {src!r})
 from pathlib import Path
-from barrierflow.devserver import processes
+from barrierflow.tools.devserver import processes
 processes.become_subreaper()
 baseline = processes.descendant_pids()
 log = {tmp!r} + "/signals.log"
@@ -359,10 +359,10 @@ def test_airflow_processes_stop_components_first_then_the_rest_then_the_api_serv
 
 
 def test_package_reexports_and_runs_as_a_module() -> None:
-    for name in barrierflow.devserver.__all__:
-        assert hasattr(barrierflow.devserver, name), name
+    for name in barrierflow.tools.devserver.__all__:
+        assert hasattr(barrierflow.tools.devserver, name), name
     # What other code imports from the package itself.
-    from barrierflow.devserver import (  # noqa: F401
+    from barrierflow.tools.devserver import (  # noqa: F401
         DEFAULT_PASSWORD,
         DEFAULT_USER,
         STACK_FILE,
@@ -378,10 +378,10 @@ def test_package_reexports_and_runs_as_a_module() -> None:
     )
 
     env = {**os.environ, "PYTHONPATH": SRC}
-    out = subprocess.run([sys.executable, "-m", "barrierflow.devserver", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "barrierflow.tools.devserver", "--help"], capture_output=True, text=True,
                          env=env, timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("usage: python -m barrierflow.devserver")
+    assert out.stdout.startswith("usage: python -m barrierflow.tools.devserver")
 
 
 def test_refuses_a_busy_port(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from barrierflow.dags.environment import engine_connection
-from barrierflow.dags.settings import CONNECT_MODE, SPARK_SUBMIT_MODE, DagSettings
-from barrierflow.devserver import first_interval_end
-from barrierflow.engine import CONNECT_SERVER_CLASS, EngineConfig
-from barrierflow.errors import ConfigurationError, EngineUnavailableError
-from barrierflow.spark import _check_reachable, session_ids, with_session_id
+from barrierflow.airflow.dags.environment import engine_connection
+from barrierflow.airflow.dags.settings import CONNECT_MODE, SPARK_SUBMIT_MODE, DagSettings
+from barrierflow.core.errors import ConfigurationError, EngineUnavailableError
+from barrierflow.execution.spark import _check_reachable, session_ids, with_session_id
+from barrierflow.tools.devserver import first_interval_end
+from barrierflow.tools.engine import CONNECT_SERVER_CLASS, EngineConfig
 
 
 def test_the_engine_command_is_pysparks_connect_server_on_loopback() -> None:
@@ -68,8 +68,8 @@ def test_the_dev_server_unpauses_after_the_first_interval_holding_input() -> Non
 
 
 def test_a_local_engine_warms_up_by_default_and_a_cluster_engine_does_not() -> None:
-    from barrierflow.engine import default_warm_up_epochs
-    from barrierflow.warmup import DEFAULT_WARM_UP_EPOCHS
+    from barrierflow.tools.engine import default_warm_up_epochs
+    from barrierflow.tools.warmup import DEFAULT_WARM_UP_EPOCHS
 
     assert default_warm_up_epochs("local[*]") == DEFAULT_WARM_UP_EPOCHS > 0
     assert default_warm_up_epochs("local-cluster[2,1,1024]") == DEFAULT_WARM_UP_EPOCHS
@@ -77,4 +77,4 @@ def test_a_local_engine_warms_up_by_default_and_a_cluster_engine_does_not() -> N
     assert EngineConfig().warm_up_epochs == 0  # an engine started from code warms up only when asked
     # The warm-up is a client of the engine: a wildcard bind is reached on loopback.
     cmd = EngineConfig(host="0.0.0.0", port=15123, warm_up_epochs=3, warm_up_session="clicks").warm_up_command()
-    assert cmd[1:] == ["-m", "barrierflow.warmup", "sc://127.0.0.1:15123", "--epochs", "3", "--session", "clicks"]
+    assert cmd[1:] == ["-m", "barrierflow.tools.warmup", "sc://127.0.0.1:15123", "--epochs", "3", "--session", "clicks"]

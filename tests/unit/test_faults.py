@@ -1,4 +1,4 @@
-"""barrierflow.faults: deterministic fault injection."""
+"""barrierflow.core.faults: deterministic fault injection."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Iterator
 
 import pytest
 
-from barrierflow import faults
-from barrierflow.errors import ConfigurationError, InjectedFault
+from barrierflow.core import faults
+from barrierflow.core.errors import ConfigurationError, InjectedFault
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +105,7 @@ def _run(code: str, spec: str, state_dir: str | None = None) -> subprocess.Compl
 
 
 _KILL_SCRIPT = """
-    from barrierflow.faults import maybe_fail
+    from barrierflow.core.faults import maybe_fail
     maybe_fail("commit.before_delta_commit")
     print("crossed once", flush=True)
     maybe_fail("commit.before_delta_commit")

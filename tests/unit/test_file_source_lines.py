@@ -1,4 +1,4 @@
-"""barrierflow.sources.file_source: planning, line enumeration and byte-range chunks."""
+"""barrierflow.connectors.file_source: planning, line enumeration and byte-range chunks."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 import pytest
 
-from barrierflow.errors import PipelineDefinitionError, SourceError
-from barrierflow.sources import file_source
-from barrierflow.sources.file_source import (
+from barrierflow.connectors import file_source
+from barrierflow.connectors.file_source import (
     FileSource,
     RecordError,
     _count_lines,
@@ -21,6 +20,7 @@ from barrierflow.sources.file_source import (
     _raw_task,
     count_records,
 )
+from barrierflow.core.errors import PipelineDefinitionError, SourceError
 
 # -- helpers -----------------------------------------------------------------
 
@@ -304,7 +304,7 @@ def test_plan_reads_no_input_file_and_counts_only_what_the_record_budget_may_tak
     def no_reading(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("planning opened an input file")
 
-    monkeypatch.setattr(file_source.storage, "open_input", no_reading)
+    monkeypatch.setattr(file_source.objects, "open_input", no_reading)
     plan = make_source(max_records_per_epoch=12, max_files_per_epoch=20).plan(None, None, counter)
     assert [r[:3] for r in plan["files"]] == [["00.jsonl", 0, None], ["01.jsonl", 0, None], ["02.jsonl", 0, 2]]
     assert asked == [[f"{i:02d}.jsonl" for i in range(8)]]  # one job for the first few candidates
@@ -497,7 +497,7 @@ def test_vectorised_raw_task_equals_line_by_line(tmp_path: Path, chunk_bytes: in
 def test_a_file_landing_behind_the_position_is_handled_by_late_files_never_dropped(
     make_source: Callable[..., FileSource], write_file: Callable[..., Path], policy: str
 ) -> None:
-    from barrierflow.errors import BlockedInputError
+    from barrierflow.core.errors import BlockedInputError
 
     write_file("b.jsonl", "1\n")
     write_file("c.jsonl", "2\n3\n")
@@ -525,7 +525,7 @@ def test_a_file_landing_behind_the_position_is_handled_by_late_files_never_dropp
 def test_backlog_is_what_no_barrier_took_with_the_oldest_arrival(
     make_source: Callable[..., FileSource], write_file: Callable[..., Path]
 ) -> None:
-    from barrierflow.sources.base import Backlog
+    from barrierflow.connectors.source import Backlog
 
     write_file("b.jsonl", "1\n2\n", mtime_ms=1_000)
     write_file("c.jsonl", "3\n", mtime_ms=3_000)
@@ -545,7 +545,7 @@ def test_backlog_is_what_no_barrier_took_with_the_oldest_arrival(
 def test_a_late_file_too_far_behind_to_be_named_is_refused_whatever_the_policy(
     make_source: Callable[..., FileSource], write_file: Callable[..., Path]
 ) -> None:
-    from barrierflow.errors import BlockedInputError
+    from barrierflow.core.errors import BlockedInputError
 
     for name in ("b.jsonl", "c.jsonl", "d.jsonl"):
         write_file(name, "1\n")

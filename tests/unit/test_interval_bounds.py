@@ -9,11 +9,11 @@ import pyarrow as pa
 import pytest
 
 import barrierflow as bf
-from barrierflow.errors import PipelineDefinitionError
+from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.operators.interval_join import IntervalBounds, IntervalJoin
 from barrierflow.operators.join_buffer import output_columns
 from barrierflow.operators.watermark import WatermarkAssigner, combined_watermark
-from barrierflow.pipeline import Pipeline, PipelineBuilder
+from barrierflow.plan.pipeline import Pipeline, PipelineBuilder
 
 S = 1_000_000
 US = pa.timestamp("us", tz="UTC")

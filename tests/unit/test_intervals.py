@@ -13,17 +13,17 @@ from typing import Any, Callable
 
 import pytest
 
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.dags.lifecycle import barrier_step
-from barrierflow.errors import ConfigurationError, EpochInProgressError
-from barrierflow.intervals import (
+from barrierflow.airflow.dags.lifecycle import barrier_step
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.checkpointing.intervals import (
     ArrivalBound,
     airflow_owner,
     airflow_run_of,
     interval_end_ms,
     previous_interval_end_ms,
 )
-from barrierflow.registry import get_pipeline
+from barrierflow.core.errors import ConfigurationError, EpochInProgressError
+from barrierflow.plan.registry import get_pipeline
 
 MINUTE = 60_000
 T0 = 1_700_000_040_000  # a whole minute (22:14:00 UTC)

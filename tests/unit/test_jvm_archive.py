@@ -1,4 +1,4 @@
-"""Which JVM options map the class-data-sharing archive (barrierflow.jvm_archive), and where they go."""
+"""Which JVM options map the class-data-sharing archive (barrierflow.execution.jvm_archive), and where they go."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from barrierflow import jvm_archive
-from barrierflow.dags.spark_submit import _python_conf
-from barrierflow.engine import EngineConfig
-from barrierflow.spark import DRIVER_JAVA_OPTIONS, application_conf
+from barrierflow.airflow.dags.spark_submit import _python_conf
+from barrierflow.execution import jvm_archive
+from barrierflow.execution.spark import DRIVER_JAVA_OPTIONS, application_conf
+from barrierflow.tools.engine import EngineConfig
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""barrierflow.state.keyed: per-key state handles and their dirty flags."""
+"""barrierflow.api.keyed_state: per-key state handles and their dirty flags."""
 
 from __future__ import annotations
 
@@ -8,21 +8,21 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from barrierflow.state.descriptors import (
-    AggregatingStateDescriptor,
-    ListStateDescriptor,
-    MapStateDescriptor,
-    ReducingStateDescriptor,
-    StateTtlConfig,
-    ValueStateDescriptor,
-)
-from barrierflow.state.keyed import (
+from barrierflow.api.keyed_state import (
     AggregatingState,
     ListState,
     MapState,
     ReducingState,
     ValueState,
     state_for,
+)
+from barrierflow.api.state import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateTtlConfig,
+    ValueStateDescriptor,
 )
 
 

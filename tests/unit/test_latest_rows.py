@@ -154,7 +154,7 @@ def test_live_row_chunks_of_a_table_equal_its_latest_rows_in_key_group_ranges(
 
     from deltalake import DeltaTable, write_deltalake
 
-    from barrierflow.state.delta_state_backend import live_row_chunks, stored_batches
+    from barrierflow.state.delta_backend import live_row_chunks, stored_batches
 
     rng = random.Random(11)
     uri = str(tmp_path / "state")

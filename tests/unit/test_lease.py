@@ -1,4 +1,4 @@
-"""The epoch lease (barrierflow.lease) on both storage schemes: taken once, kept by heartbeats, expired by time."""
+"""The epoch lease (barrierflow.checkpointing.lease) on both storage schemes: taken once, kept by heartbeats, expired by time."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from barrierflow import storage
-from barrierflow.errors import ConfigurationError, EpochInProgressError, LeaseLostError
-from barrierflow.lease import TTL_ENV, EpochLease, lease_ttl_s
+from barrierflow.checkpointing.lease import TTL_ENV, EpochLease, lease_ttl_s
+from barrierflow.core.errors import ConfigurationError, EpochInProgressError, LeaseLostError
+from barrierflow.storage import objects
 
 TTL_S = 0.6
 
@@ -21,7 +21,7 @@ def _lease(uri: str, owner: str, **kwargs: object) -> EpochLease:
 
 
 def test_exactly_one_of_racing_processes_takes_the_lease(store_root: str) -> None:
-    uri = storage.join_uri(store_root, "pipe", "_lease")
+    uri = objects.join_uri(store_root, "pipe", "_lease")
     contenders = [_lease(uri, f"contender {i}", heartbeat=False) for i in range(6)]
     start = threading.Barrier(len(contenders))
 
@@ -37,12 +37,12 @@ def test_exactly_one_of_racing_processes_takes_the_lease(store_root: str) -> Non
         won = list(pool.map(take, contenders))
     assert won.count(True) == 1
     winner = contenders[won.index(True)]
-    assert json.loads(storage.read_bytes(uri) or b"{}")["owner"] == winner.owner
+    assert json.loads(objects.read_bytes(uri) or b"{}")["owner"] == winner.owner
     winner.check()
 
 
 def test_a_heart_beating_holder_keeps_the_lease_past_its_time_to_live(store_root: str) -> None:
-    uri = storage.join_uri(store_root, "_lease")
+    uri = objects.join_uri(store_root, "_lease")
     holder = _lease(uri, "holder")
     holder.acquire()
     contender = _lease(uri, "contender", heartbeat=False)
@@ -53,7 +53,7 @@ def test_a_heart_beating_holder_keeps_the_lease_past_its_time_to_live(store_root
                 contender.try_acquire()
             time.sleep(TTL_S / 5)
         holder.check()  # still surely held
-        assert json.loads(storage.read_bytes(uri) or b"{}")["sequence"] > 3  # it did beat
+        assert json.loads(objects.read_bytes(uri) or b"{}")["sequence"] > 3  # it did beat
     finally:
         holder.release()
     contender.acquire()  # released: taken at once
@@ -61,7 +61,7 @@ def test_a_heart_beating_holder_keeps_the_lease_past_its_time_to_live(store_root
 
 
 def test_a_holder_that_stops_heart_beating_is_replaced_after_the_expiry_and_learns_it_lost(store_root: str) -> None:
-    uri = storage.join_uri(store_root, "_lease")
+    uri = objects.join_uri(store_root, "_lease")
     crashed = _lease(uri, "crashed", heartbeat=False)  # as if killed: no more heartbeats
     crashed.acquire()
     successor = _lease(uri, "successor", heartbeat=False)
@@ -76,12 +76,12 @@ def test_a_holder_that_stops_heart_beating_is_replaced_after_the_expiry_and_lear
     with pytest.raises(LeaseLostError, match="taken over by successor"):
         crashed.check()
     crashed.release()  # leaves the successor's lease alone
-    assert json.loads(storage.read_bytes(uri) or b"{}")["owner"] == "successor"
+    assert json.loads(objects.read_bytes(uri) or b"{}")["owner"] == "successor"
     successor.release()
 
 
 def test_a_heartbeat_older_than_twice_the_time_to_live_expires_at_once(store_root: str) -> None:
-    uri = storage.join_uri(store_root, "_lease")
+    uri = objects.join_uri(store_root, "_lease")
     _lease(uri, "long gone", heartbeat=False, clock=lambda: time.time() - 10 * TTL_S).acquire()
     started = time.monotonic()
     _lease(uri, "next", heartbeat=False).acquire(wait_s=0)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from barrierflow.local_s3 import serialized
+from barrierflow.tools.local_s3 import serialized
 
 
 def _check_then_put_app() -> Callable[..., list[bytes]]:
@@ -57,7 +57,7 @@ def test_a_stalled_chunked_upload_holds_nobody_up(s3_bucket: str) -> None:
     import socket
     from urllib.parse import urlparse
 
-    from barrierflow import storage
+    from barrierflow.storage import objects
 
     endpoint = urlparse(os.environ["AWS_ENDPOINT_URL"])
     bucket = s3_bucket.removeprefix("s3://")
@@ -67,10 +67,10 @@ def test_a_stalled_chunked_upload_holds_nobody_up(s3_bucket: str) -> None:
             f"PUT /{bucket}/stalled HTTP/1.1\r\nHost: {endpoint.netloc}\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab".encode()
         )
         time.sleep(0.5)  # the server is now waiting for the rest of that body
-        assert storage.put_if_absent(f"{s3_bucket}/other", b"x")  # answered all the same
+        assert objects.put_if_absent(f"{s3_bucket}/other", b"x")  # answered all the same
         chunked = http.client.HTTPConnection(endpoint.hostname, endpoint.port, timeout=10)
         chunked.request("PUT", f"/{bucket}/chunked", body=iter([b"hello ", b"world"]), encode_chunked=True)
         assert chunked.getresponse().status == 200
-        assert storage.read_bytes(f"{s3_bucket}/chunked") == b"hello world"
+        assert objects.read_bytes(f"{s3_bucket}/chunked") == b"hello world"
     finally:
         stalled.close()

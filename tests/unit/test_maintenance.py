@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.maintenance import run_maintenance
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.operations.maintenance import run_maintenance
 from maintenance_check import assert_only_referenced_files, data_files
 from stub_engine import LINES, stub_compute
 
@@ -99,7 +99,7 @@ def test_unreferenced_files_younger_than_the_retention_are_kept(tmp_path: Path, 
 def test_epochs_keep_the_checkpoint_log_to_a_bounded_number_of_files(
     tmp_path: Path, landing: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from barrierflow import coordinator as coordinator_module
+    from barrierflow.checkpointing import coordinator as coordinator_module
 
     monkeypatch.setattr(coordinator_module, "LOG_COMPACTION_FILES", 8)
     coordinator = _coordinator(tmp_path / "wh", landing)

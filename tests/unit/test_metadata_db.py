@@ -7,8 +7,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from barrierflow.devserver import free_port
-from barrierflow.metadata_db import EmbeddedPostgres
+from barrierflow.tools.devserver import free_port
+from barrierflow.tools.metadata_db import EmbeddedPostgres
 
 
 def _other_addresses() -> list[str]:

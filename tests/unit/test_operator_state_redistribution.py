@@ -8,7 +8,8 @@ import pyarrow as pa
 import pytest
 
 import barrierflow as bf
-from barrierflow.errors import CheckpointError, UserFunctionError
+from barrierflow.api.keyed_state import ListState
+from barrierflow.core.errors import CheckpointError, UserFunctionError
 from barrierflow.operators.base import MAX_DRIVER_STATE_ELEMENTS, check_driver_state_size
 from barrierflow.operators.operator_state import (
     OperatorContext,
@@ -21,7 +22,6 @@ from barrierflow.operators.operator_state import (
     state_rows,
     stored_lists,
 )
-from barrierflow.state.keyed import ListState
 
 PENDING = bf.ListStateDescriptor("pending", pa.string())
 SEEN = bf.ListStateDescriptor("seen", pa.int64(), redistribution="union")
@@ -175,7 +175,7 @@ def test_a_subtask_handles_its_records_in_arrival_order_and_returns_its_changed_
 
 
 def test_a_widened_element_type_restores_as_any_state_column_does() -> None:
-    from barrierflow.schema_evolution import compare_schemas
+    from barrierflow.core.schema_evolution import compare_schemas
 
     stored = operator_state_spec("op", bf.ListStateDescriptor("n", pa.int32())).arrow_schema()
     declared = operator_state_spec("op", bf.ListStateDescriptor("n", pa.int64())).arrow_schema()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from barrierflow.order_stream import SOURCES, OrderStreamSpec, generate_order_files, write_order_files
+from barrierflow.demo.order_stream import SOURCES, OrderStreamSpec, generate_order_files, write_order_files
 
 
 def _records(lines: list[str]) -> list[dict]:

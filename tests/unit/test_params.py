@@ -1,11 +1,11 @@
-"""barrierflow.params: typed parameters and their resolution."""
+"""barrierflow.api.params: typed parameters and their resolution."""
 
 from __future__ import annotations
 
 import pytest
 
-from barrierflow.errors import BarrierflowError, ParameterError
-from barrierflow.params import REQUIRED, Param, resolve_params
+from barrierflow.api.params import REQUIRED, Param, resolve_params
+from barrierflow.core.errors import BarrierflowError, ParameterError
 
 
 @pytest.mark.parametrize(
@@ -179,7 +179,7 @@ def test_minimum_rejects_nan() -> None:
 
 
 def test_parse_assignments_splits_on_the_first_equals_sign() -> None:
-    from barrierflow.params import parse_assignments
+    from barrierflow.api.params import parse_assignments
 
     assert parse_assignments(["a=1", "dir=/x=y", " b =", "c=2"]) == {"a": "1", "dir": "/x=y", "b": "", "c": "2"}
     with pytest.raises(ParameterError, match="NAME=VALUE"):

@@ -1,4 +1,4 @@
-"""barrierflow.pipeline and barrierflow.registry: building pipelines without Spark."""
+"""barrierflow.plan.pipeline and barrierflow.plan.registry: building pipelines without Spark."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ from typing import Any, Callable
 import pyarrow as pa
 import pytest
 
-from barrierflow.errors import ParameterError, PipelineDefinitionError, UnknownPipelineError
+from barrierflow.connectors import DeltaSink, FileSource
+from barrierflow.core.errors import ParameterError, PipelineDefinitionError, UnknownPipelineError
 from barrierflow.operators import Count, Sum
 from barrierflow.operators.window import TumblingEventTimeWindows
-from barrierflow.pipeline import PipelineBuilder, PipelineDefinition, pipeline
-from barrierflow.registry import get_pipeline, pipeline_names
-from barrierflow.sinks import DeltaSink
-from barrierflow.sources import FileSource
+from barrierflow.plan.pipeline import PipelineBuilder, PipelineDefinition, pipeline
+from barrierflow.plan.registry import get_pipeline, pipeline_names
 
 SCHEMA = pa.schema([pa.field("k", pa.string()), pa.field("ts", pa.timestamp("us", tz="UTC")), pa.field("v", pa.float64())])
 
@@ -178,8 +177,8 @@ def test_unknown_pipeline_lists_registered_ones() -> None:
     ("target", "match"),
     [
         ("no_such_module_xyz:thing", "cannot load pipeline"),
-        ("barrierflow.pipelines.sensor_stats:nope", "cannot load pipeline"),
-        ("barrierflow.pipelines.sensor_stats:parse_reading", "is not a pipeline definition"),
+        ("barrierflow.demo.pipelines.sensor_stats:nope", "cannot load pipeline"),
+        ("barrierflow.demo.pipelines.sensor_stats:parse_reading", "is not a pipeline definition"),
     ],
 )
 def test_module_attribute_targets_that_are_not_pipelines(target: str, match: str) -> None:
@@ -188,7 +187,7 @@ def test_module_attribute_targets_that_are_not_pipelines(target: str, match: str
 
 
 def test_module_attribute_target_loads_a_definition() -> None:
-    definition = get_pipeline("barrierflow.pipelines.sensor_stats:sensor_stats")
+    definition = get_pipeline("barrierflow.demo.pipelines.sensor_stats:sensor_stats")
     assert definition is get_pipeline("sensor_stats")
 
 
@@ -211,7 +210,7 @@ def test_the_registry_holds_the_products_pipelines_and_those_users_register(tmp_
             pipeline_names({"BARRIERFLOW_PIPELINES": "clicks"})
         with pytest.raises(UnknownPipelineError, match="BARRIERFLOW_PIPELINES=module:attribute"):
             get_pipeline("clicks")  # not registered here
-        (tmp_path / "same_name.py").write_text("from barrierflow.pipelines.sensor_stats import sensor_stats as again\n")
+        (tmp_path / "same_name.py").write_text("from barrierflow.demo.pipelines.sensor_stats import sensor_stats as again\n")
         with pytest.raises(UnknownPipelineError, match="'sensor_stats' .* is already registered"):
             pipeline_names({"BARRIERFLOW_PIPELINES": "same_name:again"})
     finally:

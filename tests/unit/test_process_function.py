@@ -9,9 +9,9 @@ from typing import Any, Callable
 import pyarrow as pa
 import pytest
 
+from barrierflow.api.state import ListStateDescriptor
 from barrierflow.operators.process import KeyedContext, KeyedProcessFunction, _python_values, _run_key_group, _state_column
 from barrierflow.operators.timers import EpochClocks
-from barrierflow.state import ListStateDescriptor
 from barrierflow.state.spec import KEY_GROUP
 
 T0 = datetime(2023, 11, 14, tzinfo=timezone.utc)

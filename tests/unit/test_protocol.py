@@ -17,14 +17,15 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from barrierflow import faults, storage
-from barrierflow.checkpoint import EpochStatus, Fence, Manifest
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.delta_commit import commit_epoch_table
-from barrierflow.errors import BlockedInputError, CheckpointError, FencedError, InjectedFault
+from barrierflow.checkpointing.checkpoint import EpochStatus, Fence, Manifest
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.core import faults
+from barrierflow.core.errors import BlockedInputError, CheckpointError, FencedError, InjectedFault
+from barrierflow.execution.runtime import completed_future, process_epoch
+from barrierflow.operations.restore import restore
 from barrierflow.operators.operator_state import offsets_rows
-from barrierflow.restore import restore
-from barrierflow.runtime import completed_future, process_epoch
+from barrierflow.storage import objects
+from barrierflow.storage.delta import commit_epoch_table
 from stub_engine import LINES, epoch_tables, stub_compute
 
 FILES, LINES_PER_FILE = 4, 5
@@ -76,7 +77,7 @@ def assert_exactly_once(warehouse: Path, landing: Path, epochs: int) -> None:
     assert sorted(r.epoch for r in records if r.status is EpochStatus.COMPLETED) == list(range(1, epochs + 1))
     winners: dict[str, set[str]] = {}
     for epoch in range(1, epochs + 1):
-        manifest = Manifest.from_json(storage.read_json(layout.manifest(lineage, epoch)))
+        manifest = Manifest.from_json(objects.read_json(layout.manifest(lineage, epoch)))
         for table in manifest.tables:
             winners.setdefault(table.uri, set()).update(f.path for f in table.adds)
     for uri in winners:
@@ -142,7 +143,7 @@ def test_a_failure_on_either_side_of_two_concurrent_checkpoints_is_finished_exac
     assert {r.epoch for r in records if r.status is EpochStatus.COMPLETED} == set(range(1, completed + 1))
     # Epoch 2's barrier was injected before the failure; it never voted (a stopped attempt may record ABORTED).
     assert any(r.epoch == 2 and r.status is EpochStatus.PLANNED for r in records)
-    assert storage.read_json(coordinator.layout.manifest(coordinator.current_lineage()["lineage_id"], 2)) is None
+    assert objects.read_json(coordinator.layout.manifest(coordinator.current_lineage()["lineage_id"], 2)) is None
     assert not any(r.epoch == 2 and r.status in (EpochStatus.PRE_COMMITTED, EpochStatus.COMPLETED) for r in records)
     # Epoch 1, if not completed, is rolled forward by recovery; epoch 2 is recomputed from its barrier.
     assert [r.epoch for r in coordinator.run(until_caught_up=True)] == list(range(2, FILES + 1))
@@ -156,7 +157,7 @@ def test_a_voted_epoch_is_rolled_forward_never_recomputed(tmp_path: Path, landin
         _coordinator(warehouse, landing).run(epochs=1)
     fault(None)
     coordinator = _coordinator(warehouse, landing)
-    vote = storage.read_json(coordinator.layout.manifest(coordinator.current_lineage()["lineage_id"], 1))
+    vote = objects.read_json(coordinator.layout.manifest(coordinator.current_lineage()["lineage_id"], 1))
     recovery = coordinator.recover()
     assert recovery.rolled_forward == (1,) and recovery.last_completed_epoch == 1
     assert recovery.last_completed is not None and recovery.last_completed.attempt_id == vote["attempt_id"]
@@ -173,7 +174,7 @@ def test_the_first_durable_vote_wins(tmp_path: Path, landing: Path) -> None:
     second = process_epoch(None, coordinator.layout, pipe, barrier, completed_future(None), compute=stub_compute)
     assert second == first  # the late attempt returns the winner's vote...
     for table in (t for t in first.tables if t.adds):  # ...and its own staged files are gone
-        epoch_dir = Path(storage.local_path(table.uri)) / "_staging" / barrier.lineage_id / f"{barrier.epoch:010d}"
+        epoch_dir = Path(objects.local_path(table.uri)) / "_staging" / barrier.lineage_id / f"{barrier.epoch:010d}"
         assert sorted(p.name for p in epoch_dir.iterdir()) == [first.attempt_id], table.name
     coordinator.run(until_caught_up=True)
     assert_exactly_once(warehouse, landing, FILES)
@@ -187,7 +188,7 @@ def test_a_zombie_of_an_old_lineage_cannot_commit(tmp_path: Path, landing: Path)
     zombie = coordinator.trigger_checkpoint(coordinator.recover())
     assert zombie is not None and zombie.epoch == 3
     vote = process_epoch(None, coordinator.layout, coordinator.pipeline, zombie, completed_future(coordinator.recover().last_completed), compute=stub_compute)
-    storage.remove_document(coordinator.layout.manifest(zombie.lineage_id, 3))  # not rolled forward by the restore
+    objects.remove_document(coordinator.layout.manifest(zombie.lineage_id, 3))  # not rolled forward by the restore
     restored = restore(LINES, str(warehouse), epoch=2, rewind_sinks=True, params=coordinator.params)
     with pytest.raises(FencedError, match=f"restored into lineage {restored.lineage_id}"):
         coordinator.commit(zombie, vote)
@@ -208,7 +209,7 @@ def test_a_zombie_whose_lineage_check_passed_before_a_restore_is_refused_by_ever
     zombie = coordinator.trigger_checkpoint(coordinator.recover())
     assert zombie is not None
     vote = process_epoch(None, coordinator.layout, coordinator.pipeline, zombie, completed_future(coordinator.recover().last_completed), compute=stub_compute)
-    storage.remove_document(coordinator.layout.manifest(zombie.lineage_id, 3))
+    objects.remove_document(coordinator.layout.manifest(zombie.lineage_id, 3))
     before = coordinator.current_lineage_seq()
     restore(LINES, str(warehouse), epoch=2, rewind_sinks=True, params=coordinator.params)
     # The zombie read the lineage just before the restore switched it (the check passes), then commits.
@@ -226,8 +227,8 @@ def test_a_zombie_whose_lineage_check_passed_before_a_restore_is_refused_by_ever
 
 
 def test_a_late_file_blocks_the_pipeline_visibly_until_an_epoch_completes(tmp_path: Path, landing: Path) -> None:
-    from barrierflow.ui.history import pipeline_history
-    from barrierflow.ui.render import render_pipeline
+    from barrierflow.airflow.ui.history import pipeline_history
+    from barrierflow.airflow.ui.render import render_pipeline
 
     warehouse = tmp_path / "wh"
     refusing = _coordinator(warehouse, landing, late_files="refuse")
@@ -250,7 +251,7 @@ def test_a_late_file_blocks_the_pipeline_visibly_until_an_epoch_completes(tmp_pa
 
 
 def test_each_epoch_records_the_backlog_it_left_and_the_coordinator_measures_it_now(tmp_path: Path, landing: Path) -> None:
-    from barrierflow.sources.base import Backlog
+    from barrierflow.connectors.source import Backlog
 
     coordinator = _coordinator(tmp_path / "wh", landing)
     size = (landing / "part-00.txt").stat().st_size  # every file has the same size

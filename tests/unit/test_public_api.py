@@ -33,7 +33,7 @@ def test_type_checkers_see_the_same_names() -> None:
 
 
 def test_the_public_errors_are_the_error_hierarchy() -> None:
-    from barrierflow import errors
+    from barrierflow.core import errors
 
     public = {name for name in errors.__all__ if name != "InjectedFault"}  # raised by the test fault hook only
     assert public <= set(bf.__all__)
@@ -53,7 +53,7 @@ def test_importing_the_package_loads_neither_spark_nor_delta() -> None:
     """DAG files import barrierflow: that must start no JVM and load no heavy library."""
     code = (
         "import sys, barrierflow as bf\n"
-        "heavy = [m for m in ('pyspark', 'deltalake', 'airflow', 'barrierflow.pipeline') if m in sys.modules]\n"
+        "heavy = [m for m in ('pyspark', 'deltalake', 'airflow', 'barrierflow.plan.pipeline') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
         "assert callable(bf.pipeline) and 'pyspark' not in sys.modules\n"
     )
@@ -63,11 +63,11 @@ def test_importing_the_package_loads_neither_spark_nor_delta() -> None:
 
 
 def test_the_pipeline_decorator_survives_loading_its_module() -> None:
-    """``barrierflow.pipeline`` is also a module: loading it must not replace ``bf.pipeline``, the decorator."""
-    import barrierflow.pipeline  # noqa: F401
-    from barrierflow.pipeline import PipelineDefinition
+    """``barrierflow.plan.pipeline`` is also a module: loading it must not replace ``bf.pipeline``, the decorator."""
+    import barrierflow.plan.pipeline  # noqa: F401
+    from barrierflow.plan.pipeline import PipelineDefinition
 
-    assert bf.pipeline is sys.modules["barrierflow.pipeline"].pipeline
+    assert bf.pipeline is sys.modules["barrierflow.plan.pipeline"].pipeline
     assert isinstance(bf.pipeline("api_check")(lambda p, params: None), PipelineDefinition)
 
 
@@ -77,8 +77,8 @@ def test_packaging_finds_the_package_its_subpackages_and_templates() -> None:
 
     found = set(find_packages(where=str(PACKAGE.parent)))
     subpackages = {f"barrierflow.{p.parent.name}" for p in PACKAGE.glob("*/__init__.py")}
-    assert {"barrierflow", "barrierflow.ui", "barrierflow.operators"} | subpackages <= found
-    assert list((PACKAGE / "ui" / "templates").glob("*"))  # package-data "barrierflow.ui" = ["templates/*"]
+    assert {"barrierflow", "barrierflow.airflow.ui", "barrierflow.operators"} | subpackages <= found
+    assert list((PACKAGE / "airflow" / "ui" / "templates").glob("*"))  # package-data "barrierflow.airflow.ui" = ["templates/*"]
 
 
 def test_a_user_function_naming_the_package_pickles_for_the_executors(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""barrierflow.query: output formats, the tables a query opens and the state views' WITH clause (no tables needed)."""
+"""barrierflow.operations.query: output formats, the tables a query opens and the state views' WITH clause (no tables needed)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from barrierflow.query import _named_tables, _with_views, format_rows, to_jsonable
+from barrierflow.operations.query import _named_tables, _with_views, format_rows, to_jsonable
 
 UTC = timezone.utc
 

@@ -1,4 +1,4 @@
-"""barrierflow.runtime: how many shuffle partitions an epoch gets from its planned input; when its caches are released."""
+"""barrierflow.execution.runtime: how many shuffle partitions an epoch gets from its planned input; when its caches are released."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from barrierflow.runtime import INPUT_BYTES_PER_PARTITION, epoch_parallelism
-from barrierflow.sources.base import planned_bytes
+from barrierflow.connectors.source import planned_bytes
+from barrierflow.execution.runtime import INPUT_BYTES_PER_PARTITION, epoch_parallelism
 
 MIB = 1024 * 1024
 
@@ -47,7 +47,7 @@ class _Session:
 
 
 def test_overlapping_epochs_share_the_session_at_the_largest_parallelism() -> None:
-    from barrierflow import runtime
+    from barrierflow.execution import runtime
 
     spark, other = _Session(), _Session()
     runtime._set_shuffle_partitions(spark, 9, computing=True)  # a bulk epoch computes
@@ -78,7 +78,7 @@ class _Frame:
 
 def _released(app_id: str, epoch: int, frames: list[_Frame], run_loop: bool = True, then: list[Any] | None = None) -> None:
     """Release ``frames`` as the epoch ``epoch`` of ``app_id`` does; ``then`` gets ``"after"`` once its callback runs."""
-    from barrierflow import runtime
+    from barrierflow.execution import runtime
 
     given_back: list[bool] = []
     ctx = SimpleNamespace(
@@ -94,7 +94,7 @@ def _released(app_id: str, epoch: int, frames: list[_Frame], run_loop: bool = Tr
 
 
 def test_the_run_loop_releases_an_epochs_caches_after_its_vote_and_a_second_attempt_waits_for_them() -> None:
-    from barrierflow import runtime
+    from barrierflow.execution import runtime
 
     gate = threading.Event()
     first = [_Frame(gate), _Frame(gate, fails=True)]  # released newest first: the failing one first
@@ -116,7 +116,7 @@ def test_the_run_loop_releases_an_epochs_caches_after_its_vote_and_a_second_atte
 
 
 def test_the_run_loop_ends_once_its_releases_are_done_and_a_task_releases_before_its_vote() -> None:
-    from barrierflow import runtime
+    from barrierflow.execution import runtime
 
     gate = threading.Event()
     calls: list[_Frame] = []

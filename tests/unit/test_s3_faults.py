@@ -20,9 +20,9 @@ from typing import Any, Iterator
 import boto3
 import pytest
 
-from barrierflow import storage
-from barrierflow.errors import LeaseLostError, StorageError
-from barrierflow.lease import EpochLease
+from barrierflow.checkpointing.lease import EpochLease
+from barrierflow.core.errors import LeaseLostError, StorageError
+from barrierflow.storage import objects
 from s3_fault_proxy import FaultProxy
 from s3_server import aws_env
 
@@ -59,7 +59,7 @@ def test_racing_put_if_absent_never_answers_wrongly(faulty_bucket: tuple[str, Fa
         start.wait()
         for k in range(keys):
             try:
-                outcomes[k][w] = storage.put_if_absent(f"{root}/doc-{k}", f"writer {w} key {k}".encode())
+                outcomes[k][w] = objects.put_if_absent(f"{root}/doc-{k}", f"writer {w} key {k}".encode())
             except StorageError:
                 outcomes[k][w] = "unknown"
 
@@ -81,7 +81,7 @@ def test_compare_and_swap_under_faults_applies_each_success_once_on_its_base(
 ) -> None:
     root, proxy, direct = faulty_bucket
     uri = f"{root}/chain"
-    assert storage.put_if_absent(uri, json.dumps({"writer": "root", "n": 0, "prev": ""}).encode())
+    assert objects.put_if_absent(uri, json.dumps({"writer": "root", "n": 0, "prev": ""}).encode())
     writers, per_writer = 4, 8
     believed: list[bytes] = []
     unknown = 0
@@ -94,10 +94,10 @@ def test_compare_and_swap_under_faults_applies_each_success_once_on_its_base(
             if done == per_writer:
                 return
             try:
-                found = storage.read_versioned(uri)
+                found = objects.read_versioned(uri)
                 assert found is not None
                 data = json.dumps({"writer": w, "n": attempt, "prev": _digest(found[0])}).encode()
-                if storage.compare_and_swap(uri, data, found[1]) is not None:
+                if objects.compare_and_swap(uri, data, found[1]) is not None:
                     with lock:
                         believed.append(data)
                     done += 1
@@ -160,7 +160,7 @@ def test_executor_writes_and_reads_through_the_proxy_survive_its_faults(faulty_b
     root, proxy, direct = faulty_bucket
     table = pa.table({"k": list(range(1000)), "v": [str(i) for i in range(1000)]})
     for i in range(6):
-        filesystem, path = storage.arrow_filesystem(f"{root}/t/part-{i}.parquet")
+        filesystem, path = objects.arrow_filesystem(f"{root}/t/part-{i}.parquet")
         filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
         pq.write_table(table, path, filesystem=filesystem)
         assert pq.read_table(path, filesystem=filesystem).equals(table)

@@ -11,13 +11,12 @@ from typing import Any, Callable
 import pyarrow as pa
 import pytest
 
-from barrierflow import storage
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.errors import CheckpointError, IncompatibleSavepointError, SavepointError
-from barrierflow.pipelines.sensor_stats import sensor_stats
-from barrierflow.query import run_query
-from barrierflow.restore import check_compatibility, restore
-from barrierflow.savepoint import (
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.core.errors import CheckpointError, IncompatibleSavepointError, SavepointError
+from barrierflow.demo.pipelines.sensor_stats import sensor_stats
+from barrierflow.operations.query import run_query
+from barrierflow.operations.restore import check_compatibility, restore
+from barrierflow.operations.savepoint import (
     SavepointMetadata,
     SinkSnapshot,
     StateSnapshot,
@@ -27,6 +26,7 @@ from barrierflow.savepoint import (
     snapshot_chunks,
     state_signature,
 )
+from barrierflow.storage import objects
 from stub_engine import LINES, stub_compute
 
 
@@ -99,13 +99,13 @@ def test_a_savepoint_exists_once_its_metadata_does_and_attempts_never_mix_files(
         raise OSError("the machine died before the metadata was written")
 
     with monkeypatch.context() as patch:  # an attempt failing before step 4 removes its files: no savepoint
-        patch.setattr(storage, "write_json_if_absent", crash)
+        patch.setattr(objects, "write_json_if_absent", crash)
         with pytest.raises(OSError):
             create_savepoint(LINES, warehouse, name="sp", params=params)
     assert list_savepoints("lines", warehouse) == []
     sp = create_savepoint(LINES, warehouse, name="sp", params=params)
     seen = next(s for s in sp.states if s.name == "dedup/seen")
-    assert storage.list_dir(sp.uri) == ["_savepoint.json", seen.files[0].split("/")[0]]
+    assert objects.list_dir(sp.uri) == ["_savepoint.json", seen.files[0].split("/")[0]]
     with pytest.raises(SavepointError, match="already exists"):
         create_savepoint(LINES, warehouse, name="sp", params=params)
     rows = pa.concat_tables(snapshot_chunks(load_savepoint("lines", warehouse, "sp"), seen.files))
@@ -160,7 +160,7 @@ def test_a_restore_takes_its_offsets_from_the_sources_offsets_state(tmp_path: Pa
 
     # A savepoint of an older release has no offsets state: its copy is restored (and said so), seeding the state.
     older = copy("older", lambda doc: doc.update(states=[s for s in doc["states"] if s["state"] != "offsets"]))
-    with caplog.at_level(logging.WARNING, logger="barrierflow.restore"):
+    with caplog.at_level(logging.WARNING, logger="barrierflow.operations.restore"):
         result = restore(LINES, warehouse, savepoint=older, rewind_sinks=True, params=params)
     assert "source lines has no offsets state (written by an older release): restoring its recorded offsets" in caplog.text
     assert result.restored_states == ("dedup/seen", "lines/offsets") and result.empty_states == ()

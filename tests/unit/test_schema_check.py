@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from barrierflow.sources.schema_check import ColumnMismatch, schema_mismatches, widens
+from barrierflow.connectors.schema_check import ColumnMismatch, schema_mismatches, widens
 
 
 @pytest.mark.parametrize(

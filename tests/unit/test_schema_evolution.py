@@ -10,13 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from barrierflow.coordinator import CheckpointCoordinator
-from barrierflow.errors import IncompatibleSavepointError, PipelineDefinitionError, SchemaEvolutionError
-from barrierflow.pipelines.sensor_stats import sensor_stats
-from barrierflow.query import run_query
-from barrierflow.restore import check_compatibility, restore
-from barrierflow.savepoint import create_savepoint, state_signature
-from barrierflow.schema_evolution import (
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.core.errors import IncompatibleSavepointError, PipelineDefinitionError, SchemaEvolutionError
+from barrierflow.core.schema_evolution import (
     ChangeKind,
     check_sink_schema,
     compare_schemas,
@@ -27,6 +23,10 @@ from barrierflow.schema_evolution import (
     widened_columns,
     widened_table_schema,
 )
+from barrierflow.demo.pipelines.sensor_stats import sensor_stats
+from barrierflow.operations.query import run_query
+from barrierflow.operations.restore import check_compatibility, restore
+from barrierflow.operations.savepoint import create_savepoint, state_signature
 from stub_engine import LINES, stub_compute
 
 STATS = pa.struct([("count", pa.int32()), ("label", pa.string())])

@@ -1,4 +1,4 @@
-"""barrierflow.pipelines.sensor_stats: the line parser and the rising-temperature alert."""
+"""barrierflow.demo.pipelines.sensor_stats: the line parser and the rising-temperature alert."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any, Callable
 
 import pytest
 
-from barrierflow.errors import PipelineDefinitionError
+from barrierflow.api.keyed_state import ListState, state_for
+from barrierflow.api.state import ListStateDescriptor, ValueStateDescriptor
+from barrierflow.connectors import RecordError
+from barrierflow.core.errors import PipelineDefinitionError
+from barrierflow.demo.pipelines.sensor_stats import READING_SCHEMA, RisingTemperatureAlert, parse_reading
 from barrierflow.operators import KeyedContext
-from barrierflow.pipelines.sensor_stats import READING_SCHEMA, RisingTemperatureAlert, parse_reading
-from barrierflow.sources import RecordError
-from barrierflow.state import ListStateDescriptor, ValueStateDescriptor
-from barrierflow.state.keyed import ListState, state_for
 
 
 def _line(**overrides: Any) -> str:

@@ -7,8 +7,8 @@ import json
 
 import pyarrow as pa
 
-from barrierflow.staging import _StatsAccumulator
-from barrierflow.state.delta_state_backend import _minimums
+from barrierflow.state.delta_backend import _minimums
+from barrierflow.storage.staging import _StatsAccumulator
 
 UTC = datetime.timezone.utc
 SCHEMA = pa.schema(

@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from barrierflow.errors import UserFunctionError
+from barrierflow.core.errors import UserFunctionError
 from barrierflow.operators.base import position_columns
 from barrierflow.operators.stateless import conform, filter_batch, flat_map_batch, map_batch
 

@@ -1,4 +1,4 @@
-"""barrierflow.storage on the local file system: URIs, put-if-absent, JSON documents (both schemes: test_conditional_writes.py)."""
+"""barrierflow.storage.objects on the local file system: URIs, put-if-absent, JSON documents (both schemes: test_conditional_writes.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from barrierflow import storage
-from barrierflow.errors import ConfigurationError, StorageError
+from barrierflow.core.errors import ConfigurationError, StorageError
+from barrierflow.storage import objects
 
 
 def _temp_files(directory: Path) -> list[str]:
@@ -18,23 +18,23 @@ def _temp_files(directory: Path) -> list[str]:
 
 def test_put_if_absent_first_writer_wins(tmp_path: Path) -> None:
     uri = str(tmp_path / "docs" / "epoch-1.json")
-    assert storage.put_if_absent(uri, b"first") is True
-    assert storage.put_if_absent(uri, b"second") is False
+    assert objects.put_if_absent(uri, b"first") is True
+    assert objects.put_if_absent(uri, b"second") is False
     assert Path(uri).read_bytes() == b"first"
     assert _temp_files(tmp_path / "docs") == []
 
 
 def test_put_if_absent_creates_missing_directories(tmp_path: Path) -> None:
     uri = str(tmp_path / "a" / "b" / "c" / "obj")
-    assert storage.put_if_absent(uri, b"x")
+    assert objects.put_if_absent(uri, b"x")
     assert Path(uri).read_bytes() == b"x"
 
 
 def test_put_if_absent_accepts_file_uris(tmp_path: Path) -> None:
     uri = f"file://{tmp_path}/obj"
-    assert storage.put_if_absent(uri, b"data")
+    assert objects.put_if_absent(uri, b"data")
     assert (tmp_path / "obj").read_bytes() == b"data"
-    assert storage.exists(uri)
+    assert objects.exists(uri)
 
 
 def test_put_if_absent_concurrent_writers_exactly_one_wins(tmp_path: Path) -> None:
@@ -47,7 +47,7 @@ def test_put_if_absent_concurrent_writers_exactly_one_wins(tmp_path: Path) -> No
     def write(i: int) -> None:
         try:
             start.wait()
-            results[i] = storage.put_if_absent(uri, f"writer-{i}".encode())
+            results[i] = objects.put_if_absent(uri, f"writer-{i}".encode())
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
@@ -68,72 +68,72 @@ def test_put_if_absent_wraps_os_errors(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     with pytest.raises(StorageError, match="cannot write"):
-        storage.put_if_absent(str(blocker / "child"), b"x")
+        objects.put_if_absent(str(blocker / "child"), b"x")
 
 
 def test_write_json_if_absent_and_read_json_round_trip(tmp_path: Path) -> None:
     uri = str(tmp_path / "doc.json")
     doc = {"b": [1, 2, None], "a": {"nested": True}}
-    assert storage.write_json_if_absent(uri, doc) is True
-    assert storage.write_json_if_absent(uri, {"other": 1}) is False
-    assert storage.read_json(uri) == doc
+    assert objects.write_json_if_absent(uri, doc) is True
+    assert objects.write_json_if_absent(uri, {"other": 1}) is False
+    assert objects.read_json(uri) == doc
 
 
 def test_read_json_missing_is_none(tmp_path: Path) -> None:
-    assert storage.read_json(str(tmp_path / "nope.json")) is None
-    assert storage.read_json(str(tmp_path / "no" / "dir" / "nope.json")) is None
+    assert objects.read_json(str(tmp_path / "nope.json")) is None
+    assert objects.read_json(str(tmp_path / "no" / "dir" / "nope.json")) is None
 
 
 def test_read_json_invalid_document_is_a_storage_error(tmp_path: Path) -> None:
     path = tmp_path / "bad.json"
     path.write_text("{not json")
     with pytest.raises(StorageError, match="cannot read"):
-        storage.read_json(str(path))
+        objects.read_json(str(path))
 
 
 @pytest.mark.parametrize("uri", ["gs://bucket/w", "abfss://c@acct.dfs.core.windows.net/w", "s3:///no-bucket"])
 def test_normalize_uri_rejects_other_schemes(uri: str) -> None:
     with pytest.raises(ConfigurationError) as info:
-        storage.normalize_uri(uri)
+        objects.normalize_uri(uri)
     assert uri in str(info.value)
 
 
 def test_s3_uris_are_normalized_but_a_warehouse_stays_local() -> None:
-    assert storage.normalize_uri("s3://bucket/warehouse/") == "s3://bucket/warehouse"
-    assert storage.normalize_uri("s3://bucket/") == "s3://bucket"
-    assert not storage.is_local("s3://bucket/w") and storage.is_local("file:///w") and storage.is_local("w")
+    assert objects.normalize_uri("s3://bucket/warehouse/") == "s3://bucket/warehouse"
+    assert objects.normalize_uri("s3://bucket/") == "s3://bucket"
+    assert not objects.is_local("s3://bucket/w") and objects.is_local("file:///w") and objects.is_local("w")
     with pytest.raises(StorageError, match="needs a local path"):
-        storage.local_path("s3://bucket/w/x")
+        objects.local_path("s3://bucket/w/x")
 
 
 def test_normalize_uri_local_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    assert storage.normalize_uri("/abs/path") == "/abs/path"
-    assert storage.normalize_uri("file:///abs/path") == "/abs/path"
-    assert storage.normalize_uri("rel/dir") == str(tmp_path / "rel" / "dir")
-    assert storage.normalize_uri("/a/b/../c") == "/a/c"
-    assert storage.normalize_uri("~/x") == os.path.join(os.path.expanduser("~"), "x")
+    assert objects.normalize_uri("/abs/path") == "/abs/path"
+    assert objects.normalize_uri("file:///abs/path") == "/abs/path"
+    assert objects.normalize_uri("rel/dir") == str(tmp_path / "rel" / "dir")
+    assert objects.normalize_uri("/a/b/../c") == "/a/c"
+    assert objects.normalize_uri("~/x") == os.path.join(os.path.expanduser("~"), "x")
 
 
 def test_join_uri_uses_slashes() -> None:
-    assert storage.join_uri("file:///w/", "/pipe/", "state") == "file:///w/pipe/state"
-    assert storage.join_uri("/w") == "/w"
+    assert objects.join_uri("file:///w/", "/pipe/", "state") == "file:///w/pipe/state"
+    assert objects.join_uri("/w") == "/w"
 
 
 def test_list_dir_sorted_and_missing_is_empty(tmp_path: Path) -> None:
     for name in ("b", "a", "c"):
         (tmp_path / name).write_text("")
-    assert storage.list_dir(str(tmp_path)) == ["a", "b", "c"]
-    assert storage.list_dir(str(tmp_path / "missing")) == []
+    assert objects.list_dir(str(tmp_path)) == ["a", "b", "c"]
+    assert objects.list_dir(str(tmp_path / "missing")) == []
 
 
 def test_file_size_and_remove_tree(tmp_path: Path) -> None:
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "f").write_bytes(b"12345")
-    assert storage.file_size(str(tmp_path / "t" / "f")) == 5
-    storage.remove_tree(str(tmp_path / "t"))
-    assert not storage.exists(str(tmp_path / "t"))
-    storage.remove_tree(str(tmp_path / "t"))  # removing again is fine
+    assert objects.file_size(str(tmp_path / "t" / "f")) == 5
+    objects.remove_tree(str(tmp_path / "t"))
+    assert not objects.exists(str(tmp_path / "t"))
+    objects.remove_tree(str(tmp_path / "t"))  # removing again is fine
 
 
 def test_put_if_absent_failed_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,9 +142,9 @@ def test_put_if_absent_failed_write_leaves_no_temp_file(tmp_path: Path, monkeypa
     def no_space(fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(storage.os, "fsync", no_space)
+    monkeypatch.setattr(objects.os, "fsync", no_space)
     with pytest.raises(StorageError, match="No space left"):
-        storage.put_if_absent(str(tmp_path / "obj"), b"data")
+        objects.put_if_absent(str(tmp_path / "obj"), b"data")
     monkeypatch.undo()
     assert not (tmp_path / "obj").exists()
     assert _temp_files(tmp_path) == [], "temporary file left behind"
@@ -158,9 +158,9 @@ def test_missing_aws_credentials_are_named_with_what_to_set(tmp_path: Path, monk
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # never reached: signing fails first
     with pytest.raises(StorageError, match="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY .* aws_default"):
-        storage.read_bytes("s3://bucket/doc")
+        objects.read_bytes("s3://bucket/doc")
     with pytest.raises(StorageError, match="set AWS_ACCESS_KEY_ID"):
-        storage.put_if_absent("s3://bucket/doc", b"x")
+        objects.put_if_absent("s3://bucket/doc", b"x")
 
 
 def test_walk_lists_files_not_the_directory_markers_some_clients_write(s3_bucket: str) -> None:
@@ -170,4 +170,4 @@ def test_walk_lists_files_not_the_directory_markers_some_clients_write(s3_bucket
     client = boto3.session.Session().client("s3")
     for key, body in (("t/_staging/", b""), ("t/_staging/e/", b""), ("t/_staging/e/part-0.parquet", b"PAR1")):
         client.put_object(Bucket=bucket, Key=key, Body=body)
-    assert [(f.path, f.size) for f in storage.walk(f"{s3_bucket}/t/_staging")] == [("e/part-0.parquet", 4)]
+    assert [(f.path, f.size) for f in objects.walk(f"{s3_bucket}/t/_staging")] == [("e/part-0.parquet", 4)]

@@ -289,7 +289,7 @@ def test_state_not_declared_says_how_to_declare_it() -> None:
 
 def test_sinks_drop_the_sub_positions_flat_maps_add(monkeypatch: pytest.MonkeyPatch) -> None:
     """They order records within an epoch; kept, adding a flat_map upstream would change the sink table's schema."""
-    from barrierflow.sinks import SinkNode
+    from barrierflow.connectors import SinkNode
 
     staged: list[list[str]] = []
     monkeypatch.setattr(bf.DeltaSink, "pre_commit", lambda self, ctx, rows: staged.append(rows.column_names))

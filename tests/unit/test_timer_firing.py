@@ -16,7 +16,8 @@ from typing import Any, Callable
 import pyarrow as pa
 import pytest
 
-from barrierflow.errors import PipelineDefinitionError, UserFunctionError
+from barrierflow.api.state import ValueStateDescriptor
+from barrierflow.core.errors import PipelineDefinitionError, UserFunctionError
 from barrierflow.operators.process import (
     _TIMER_DOMAIN,
     _TIMER_TS,
@@ -27,7 +28,6 @@ from barrierflow.operators.process import (
     _state_column,
 )
 from barrierflow.operators.timers import TIMER_STATE, EpochClocks, TimeDomain, to_micros
-from barrierflow.state import ValueStateDescriptor
 from barrierflow.state.spec import KEY_GROUP
 
 T0 = datetime(2024, 3, 1, tzinfo=timezone.utc)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from barrierflow.topology import SERVICES, TopologyConfig, service_command, service_environment
+from barrierflow.tools.topology import SERVICES, TopologyConfig, service_command, service_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -15,7 +15,7 @@ def test_every_compose_service_is_a_topology_service_run_by_the_shared_command()
     compose = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())["services"]
     assert list(compose) == list(SERVICES)
     for name, service in compose.items():
-        assert service["command"] == ["python", "-m", "barrierflow.topology", "serve", name]
+        assert service["command"] == ["python", "-m", "barrierflow.tools.topology", "serve", name]
         assert service["network_mode"] == "host"  # every address 127.0.0.1, as without Docker
         assert service["environment"] == {"BARRIERFLOW_TOPOLOGY_HOME": "/app/topology"}
 

@@ -15,8 +15,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from barrierflow.ui.app import NotAuthenticated, create_app
-from barrierflow.ui.plugin import (
+from barrierflow.airflow.ui.app import NotAuthenticated, create_app
+from barrierflow.airflow.ui.plugin import (
     RUN_VIEW_ROUTE,
     URL_PREFIX,
     VIEW_ROUTE,
@@ -140,9 +140,9 @@ def test_a_runs_tab_shows_the_epochs_that_run_planned_and_links_them_to_the_chec
 
 
 def test_a_runs_tab_shows_failed_attempts_of_its_epochs_and_the_blocked_state(tmp_path: Path) -> None:
-    from barrierflow import storage
-    from barrierflow.checkpoint import CheckpointRecord, EpochStatus
-    from barrierflow.checkpoint_log import CheckpointLog
+    from barrierflow.checkpointing.checkpoint import CheckpointRecord, EpochStatus
+    from barrierflow.checkpointing.checkpoint_log import CheckpointLog
+    from barrierflow.storage import objects
 
     facts = build_demo_warehouse(tmp_path, "demo")
     layout = facts["layout"]
@@ -151,7 +151,7 @@ def test_a_runs_tab_shows_failed_attempts_of_its_epochs_and_the_blocked_state(tm
     for status, at, message in ((EpochStatus.PLANNED, 1, ""), (EpochStatus.ABORTED, 2, "process failed: BlockedInputError: a.jsonl is gone")):
         log.append(CheckpointRecord(pipeline="demo", lineage_id="L2", epoch=4, status=status, attempt_id="a4",
                                     recorded_at_us=1_900_000_000_000_000 + at, planned_by=by, message=message))  # fmt: skip
-    storage.write_json_if_absent(layout.blocked, {"step": "process", "lineage_id": "L2", "epoch": 4,
+    objects.write_json_if_absent(layout.blocked, {"step": "process", "lineage_id": "L2", "epoch": 4,
                                                   "message": "a.jsonl is gone", "since": "2030-01-01T00:00:00Z"})  # fmt: skip
     with TestClient(create_app(warehouse=str(tmp_path), authenticator=_auth, savepoint_lister=_lister)) as c:
         page = c.get("/run", params={"dag_id": "barrierflow_demo", "run_id": "scheduled__L2-4"}, cookies={"_token": "ok"}).text
@@ -189,7 +189,7 @@ def test_loading_the_ui_package_does_not_import_airflow_or_fastapi_for_history()
     import subprocess
 
     code = (
-        "import sys, barrierflow.ui.history, barrierflow.ui.render, barrierflow.ui;"
+        "import sys, barrierflow.airflow.ui.history, barrierflow.airflow.ui.render, barrierflow.airflow.ui;"
         "print('fastapi' in sys.modules, 'airflow' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
@@ -197,7 +197,7 @@ def test_loading_the_ui_package_does_not_import_airflow_or_fastapi_for_history()
 
 
 def test_airflow_get_user_signature_is_what_the_app_calls(tmp_path: Path) -> None:
-    """barrierflow.ui.app calls Airflow's get_user(request=, _oauth_token=, bearer_credentials=)."""
+    """barrierflow.airflow.ui.app calls Airflow's get_user(request=, _oauth_token=, bearer_credentials=)."""
     pytest.importorskip("airflow")
     import os
     import subprocess

@@ -1,4 +1,4 @@
-"""The checkpoints page's data, chart and HTML (barrierflow.ui.history / chart / render)."""
+"""The checkpoints page's data, chart and HTML (barrierflow.airflow.ui.history / chart / render)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from barrierflow import storage
-from barrierflow.ui import history as history_mod
-from barrierflow.ui.chart import (
+from barrierflow.airflow.ui import history as history_mod
+from barrierflow.airflow.ui.chart import (
     ChartPoint,
     chart_points,
     format_bytes,
@@ -22,8 +21,9 @@ from barrierflow.ui.chart import (
     nice_ceiling,
     render_epoch_chart,
 )
-from barrierflow.ui.history import discover_pipelines, pipeline_history, resolve_warehouse, warehouse_history
-from barrierflow.ui.render import render_page, render_pipeline
+from barrierflow.airflow.ui.history import discover_pipelines, pipeline_history, resolve_warehouse, warehouse_history
+from barrierflow.airflow.ui.render import render_page, render_pipeline
+from barrierflow.storage import objects
 from ui_warehouse import MS, S, build_demo_warehouse, live_bytes
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -141,15 +141,15 @@ def test_savepoints_newest_first_and_tolerated_when_missing_or_broken(
 
 def test_default_savepoint_lister_is_barrierflow_savepoint(demo: dict[str, Any]) -> None:
     h = pipeline_history(str(demo["root"]), "demo")
-    if "barrierflow.savepoint" not in sys.modules:
-        pytest.skip("barrierflow.savepoint is not installed")
+    if "barrierflow.operations.savepoint" not in sys.modules:
+        pytest.skip("barrierflow.operations.savepoint is not installed")
     assert h.savepoints_available and h.savepoints_error is None and h.savepoints == ()
 
 
 def test_stop_marker_and_unreadable_log_are_reported(tmp_path: Path) -> None:
     facts = build_demo_warehouse(tmp_path)
     layout = facts["layout"]
-    storage.write_json_if_absent(layout.stopped, {"savepoint": "sp-9", "epoch": 3})
+    objects.write_json_if_absent(layout.stopped, {"savepoint": "sp-9", "epoch": 3})
     h = pipeline_history(str(tmp_path), "demo", savepoint_lister=_lister)
     assert h.stopped == {"savepoint": "sp-9", "epoch": 3}
     assert "stopped with savepoint sp-9" in render_page([h], warehouse=str(tmp_path))
@@ -286,8 +286,8 @@ def test_page_shows_the_backlog_measured_now_and_per_epoch(demo: dict[str, Any])
 def test_failures_restore_points_and_rewound_epochs_read_as_what_they_are(tmp_path: Path) -> None:
     import dataclasses
 
-    from barrierflow.checkpoint import EpochStatus
-    from barrierflow.checkpoint_log import CheckpointLog
+    from barrierflow.checkpointing.checkpoint import EpochStatus
+    from barrierflow.checkpointing.checkpoint_log import CheckpointLog
     from ui_warehouse import WALL, S, _record
 
     facts = build_demo_warehouse(tmp_path)

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 
 import barrierflow as bf
-from barrierflow.errors import PipelineDefinitionError
+from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.operators.union import Union, column_differences, union_positions
-from barrierflow.pipeline import Pipeline, PipelineBuilder
+from barrierflow.plan.pipeline import Pipeline, PipelineBuilder
 
 SCHEMA = pa.schema([pa.field("k", pa.string()), pa.field("ts", pa.timestamp("us", tz="UTC")), pa.field("v", pa.float64())])
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from barrierflow.errors import ConfigurationError
+from barrierflow.core.errors import ConfigurationError
 from barrierflow.state import worker_cache
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 from barrierflow.state.worker_cache import (

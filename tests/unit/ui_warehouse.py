@@ -15,10 +15,10 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from barrierflow import storage
-from barrierflow.checkpoint import CheckpointRecord, EpochStatus
-from barrierflow.checkpoint_log import CheckpointLog
-from barrierflow.layout import PipelineLayout
+from barrierflow.checkpointing.checkpoint import CheckpointRecord, EpochStatus
+from barrierflow.checkpointing.checkpoint_log import CheckpointLog
+from barrierflow.storage import objects
+from barrierflow.storage.layout import PipelineLayout
 
 __all__ = ["build_demo_warehouse", "live_bytes", "S", "MS"]
 
@@ -52,9 +52,9 @@ def build_demo_warehouse(root: Path, pipeline: str = "demo") -> dict[str, Any]:
     Returns the expected facts (table uris, versions per epoch).
     """
     layout = PipelineLayout.of(str(root), pipeline)
-    storage.write_json_if_absent(layout.pipeline_meta, {"name": pipeline, "key_groups": 16, "created_at": "2024-01-01T00:00:00+00:00"})
-    storage.write_json_if_absent(
-        storage.join_uri(layout.lineages, "0000000000.json"),
+    objects.write_json_if_absent(layout.pipeline_meta, {"name": pipeline, "key_groups": 16, "created_at": "2024-01-01T00:00:00+00:00"})
+    objects.write_json_if_absent(
+        objects.join_uri(layout.lineages, "0000000000.json"),
         {"lineage_id": "L1", "start_epoch": 0, "started_at": "2024-01-01T00:00:00+00:00", "reason": "created"},
     )
     state = layout.state_table("counter", "totals")
@@ -88,8 +88,8 @@ def build_demo_warehouse(root: Path, pipeline: str = "demo") -> dict[str, Any]:
     done("L1", 1, WALL, {"counter__totals": v1, "out": s1}, duration_ms=2500, sbw=700)
     done("L1", 2, WALL + 10 * S, {"counter__totals": v2, "out": s2}, duration_ms=4000, sbw=900)
     log.append(_record(pipeline, "L1", 3, EpochStatus.PLANNED, WALL + 20 * S))
-    storage.write_json_if_absent(
-        storage.join_uri(layout.lineages, "0000000001.json"),
+    objects.write_json_if_absent(
+        objects.join_uri(layout.lineages, "0000000001.json"),
         {"lineage_id": "L2", "start_epoch": 2, "started_at": "2024-01-02T00:00:00+00:00", "reason": "restore",
          "savepoint": "sp-1"},
     )

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.errors import PipelineDefinitionError
+from barrierflow.core.errors import PipelineDefinitionError
+from barrierflow.execution.spark import local_checkpoint, session_cached
 from barrierflow.operators.base import Node, key_group_column
-from barrierflow.spark import local_checkpoint, session_cached
-from barrierflow.state.delta_state_backend import joinable
+from barrierflow.state.delta_backend import joinable
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 
 if TYPE_CHECKING:
@@ -636,7 +636,7 @@ class RunningAggregate(Node):
 
     def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
         """The output (keys, then each aggregation's running result) when the epoch can be folded in a task (``chaining.epoch_aggregates``)."""
-        from barrierflow.chaining import aggregates_in_a_task
+        from barrierflow.execution.chaining import aggregates_in_a_task
 
         (schema,) = inputs
         if not all(k in schema.names and schema.field(k).type in (pa.string(), pa.int64()) for k in self.key):
@@ -653,8 +653,8 @@ class RunningAggregate(Node):
 
     def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
         """:meth:`apply`'s steps 1-4 in one task, with the heap backend's arithmetic (:func:`merged_in_task`), which equals Spark's."""
-        from barrierflow.chained_region import RegionDeclined
-        from barrierflow.chaining import epoch_aggregates
+        from barrierflow.execution.chained_region import RegionDeclined
+        from barrierflow.execution.chaining import epoch_aggregates
 
         (records,) = inputs
         [spec] = self.chained_state_specs([records.schema])

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import pyarrow as pa
 
-from barrierflow.spark import session_cached
+from barrierflow.execution.spark import session_cached
 from barrierflow.state.spec import StateSpec
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ _SUB_POSITION = re.compile(r"^_seq_([0-9]+)$")
 def check_driver_state_size(operator_id: str, state: str, elements: int) -> None:
     """Refuse a driver-resident state grown past :data:`MAX_DRIVER_STATE_ELEMENTS` (before it is staged)."""
     if elements > MAX_DRIVER_STATE_ELEMENTS:
-        from barrierflow.errors import UserFunctionError
+        from barrierflow.core.errors import UserFunctionError
 
         raise UserFunctionError(
             f"operator {operator_id!r}: its state {state!r} would hold {elements} elements; operator and broadcast "
@@ -66,7 +66,7 @@ class Node:
     def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame | pa.Table":
         raise NotImplementedError
 
-    # -- the chained form (barrierflow.chained_region): a small epoch's front in one Python task
+    # -- the chained form (barrierflow.execution.chained_region): a small epoch's front in one Python task
 
     def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
         """Its output's schema given its inputs', if it has a chained form for them; None (the default): it runs on Spark."""

@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Se
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.errors import PipelineDefinitionError, UserFunctionError
+from barrierflow.api.state import MapStateDescriptor
+from barrierflow.connectors.source import SEQ
+from barrierflow.core.errors import PipelineDefinitionError, UserFunctionError
 from barrierflow.operators.base import Node, check_driver_state_size, position_columns, user_columns
 from barrierflow.operators.process import KeyedContext, KeyedFunction, KeyedProcess, KeyedProcessFunction
-from barrierflow.sources.base import SEQ
-from barrierflow.state.descriptors import MapStateDescriptor
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ class KeyedBroadcastProcess(KeyedProcess):
         rows = _emitted_table(self.operator_id, emitted, fn.output_schema)
         return out.unionByName(ctx.frame(rows))
 
-    # -- the chained form (barrierflow.chained_region): apply_inputs in one task
+    # -- the chained form (barrierflow.execution.chained_region): apply_inputs in one task
 
     def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
         keyed, broadcast = inputs
@@ -241,7 +241,7 @@ class KeyedBroadcastProcess(KeyedProcess):
         row that does not fit) declines before anything is staged: Spark's
         path then raises its own error.
         """
-        from barrierflow.chained_region import RegionDeclined
+        from barrierflow.execution.chained_region import RegionDeclined
 
         keyed, broadcast = inputs
         fn = self.function

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import pyarrow as pa
 
-from barrierflow.errors import PipelineDefinitionError
+from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, user_columns
 from barrierflow.operators.process import Element, KeyedContext, KeyedFunction, KeyedProcess
 from barrierflow.operators.union import union_frames, union_positions
@@ -135,7 +135,7 @@ class KeyedCoProcess(KeyedProcess):
         # (3.) one frame of both sides' records, positions refined by side; then the KeyedProcess machinery (4.-6.).
         return self.apply(ctx, union_frames(frames, select))
 
-    # -- the chained form (barrierflow.chained_region): apply_inputs' one frame of both sides, then KeyedProcess's
+    # -- the chained form (barrierflow.execution.chained_region): apply_inputs' one frame of both sides, then KeyedProcess's
 
     def _combined_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
         """The schema of :meth:`apply_inputs`' frame of both sides' records; None where Spark's path raises an error instead."""

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barrierflow.operators.base import Node, key_group_column, position_columns, position_order
-from barrierflow.state.delta_state_backend import joinable
+from barrierflow.state.delta_backend import joinable
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 from barrierflow.state.worker_cache import without_live_keys
 

@@ -40,7 +40,7 @@ with W(n-1) the watermark at its start and W(n) the one at its end:
    position.
 
 A small epoch may run the join in the chained region's task
-(:mod:`barrierflow.chained_region`, :meth:`IntervalJoin.apply_chained`):
+(:mod:`barrierflow.execution.chained_region`, :meth:`IntervalJoin.apply_chained`):
 the same rules on Arrow tables, with the buffers' records written as JSON
 exactly as Spark writes them (:func:`~barrierflow.operators.join_buffer.record_json`;
 any other epoch runs on Spark).
@@ -56,7 +56,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.errors import PipelineDefinitionError
+from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.operators.join_buffer import (
     SIDES,
     TwoSidedJoin,
@@ -188,7 +188,7 @@ class IntervalJoin(TwoSidedJoin):
             return ts + F.lit(high) if high > 0 else ts
         return ts - F.lit(low) if low < 0 else ts
 
-    # -- the chained form (barrierflow.chained_region): the same epoch on Arrow tables, in one task
+    # -- the chained form (barrierflow.execution.chained_region): the same epoch on Arrow tables, in one task
 
     def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
         if chained_key_types(inputs, (self.key, self.other_key), self.time_columns) is None:
@@ -219,7 +219,7 @@ class IntervalJoin(TwoSidedJoin):
 
         Every check that may decline the epoch runs before anything is staged or emitted.
         """
-        from barrierflow.chained_region import RegionDeclined
+        from barrierflow.execution.chained_region import RegionDeclined
 
         what = f"interval join {self.operator_id!r}"
         schemas = [t.schema for t in inputs]
@@ -278,7 +278,7 @@ class IntervalJoin(TwoSidedJoin):
         stored ones: a pair has the same key, ``low <= r.ts - l.ts <= high``,
         and at least one record of this epoch (stored pairs joined before).
         """
-        from barrierflow.chained_region import RegionDeclined
+        from barrierflow.execution.chained_region import RegionDeclined
 
         key = list(self.key)
         left, right = candidates
@@ -307,7 +307,7 @@ class IntervalJoin(TwoSidedJoin):
 
     def _chained_cleanup(self, index: int, ts: Any, what: str) -> Any:
         """(4.) :meth:`_cleanup` on an Arrow column (declined where Spark's long arithmetic would overflow)."""
-        from barrierflow.chained_region import RegionDeclined
+        from barrierflow.execution.chained_region import RegionDeclined
 
         low, high = self.bounds.low, self.bounds.high
         try:

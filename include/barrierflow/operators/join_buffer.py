@@ -10,7 +10,7 @@ columns of the join's own (a window's start), ``event_time_us`` and the
 record as JSON. A joined row holds the key columns, the join's own columns,
 then the left record's other columns and the right's (:func:`output_columns`).
 
-The chained form (:mod:`barrierflow.chained_region`) keeps the same buffers on
+The chained form (:mod:`barrierflow.execution.chained_region`) keeps the same buffers on
 Arrow tables in one task: :func:`chained_key_types` and
 :func:`chained_output_schema` say which inputs it takes,
 :func:`chained_fresh_records` and :func:`chained_late_records` do what
@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.errors import PipelineDefinitionError
+from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, key_group_column, user_columns
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 
@@ -218,7 +218,7 @@ def output_columns(
     return columns
 
 
-# -- the chained form (barrierflow.chained_region): the same buffers on Arrow tables, in one task
+# -- the chained form (barrierflow.execution.chained_region): the same buffers on Arrow tables, in one task
 
 # Key types whose Spark key group the chained form computes (``chaining.spark_key_groups``).
 _CHAINED_KEY_TYPES = (pa.string(), pa.int64())
@@ -242,7 +242,7 @@ _BUFFER_COLUMNS = frozenset({"event_time_us", "record", "record_epoch", "record_
 
 
 def _declined(why: str) -> Exception:
-    from barrierflow.chained_region import RegionDeclined
+    from barrierflow.execution.chained_region import RegionDeclined
 
     return RegionDeclined(why)
 

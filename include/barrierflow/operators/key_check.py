@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from barrierflow.connectors.dead_letters import first_problem, reason_and_detail
+from barrierflow.connectors.dead_letters import key_problems as source_key_problems
+from barrierflow.connectors.source import SEQ, file_position, seq_parts
 from barrierflow.operators.base import Node, user_columns
-from barrierflow.sources.base import SEQ, file_position, seq_parts
-from barrierflow.sources.dead_letters import first_problem, reason_and_detail
-from barrierflow.sources.dead_letters import key_problems as source_key_problems
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -2,7 +2,7 @@
 
 ``stream.process("batches", fn)`` on a stream that is not keyed runs a
 :class:`ProcessFunction`: ``process_element(record, ctx, out)``, whose list
-states (the :class:`~barrierflow.state.descriptors.ListStateDescriptor`
+states (the :class:`~barrierflow.api.state.ListStateDescriptor`
 class attributes) belong to a parallel subtask, not to a key. Within epoch n:
 
 1. Subtasks. The operator runs as ``parallelism`` subtasks: the pipeline's
@@ -22,7 +22,7 @@ class attributes) belong to a parallel subtask, not to a key. Within epoch n:
    the end of the epoch is its snapshot. ``ctx.get_list_state(D)`` gives a
    state declared ``redistribution="even_split"`` (the default),
    ``ctx.get_union_list_state(D)`` one declared ``redistribution="union"``;
-   both are :class:`~barrierflow.state.keyed.ListState` handles (``get``,
+   both are :class:`~barrierflow.api.keyed_state.ListState` handles (``get``,
    ``add``, ``update``, ``clear``). Operator state has no TTL.
 4. Table. Each list state is the Delta table ``state/<operator_id>/<name>``
    (``<operator_id>__<name>`` in queries), one row per element: ``subtask``
@@ -83,7 +83,7 @@ class attributes) belong to a parallel subtask, not to a key. Within epoch n:
    Barrier n still fixes the cut before epoch n runs (with two concurrent
    checkpoints barrier n+1 is planned before epoch n commits); a restore
    takes its start offsets from this state as of the restore point (see
-   :mod:`barrierflow.restore`).
+   :mod:`barrierflow.operations.restore`).
 """
 
 from __future__ import annotations
@@ -94,7 +94,9 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 import pyarrow as pa
 
-from barrierflow.errors import CheckpointError, PipelineDefinitionError, UserFunctionError
+from barrierflow.api.keyed_state import ListState
+from barrierflow.api.state import EVEN_SPLIT, UNION, ListStateDescriptor, StateDescriptor
+from barrierflow.core.errors import CheckpointError, PipelineDefinitionError, UserFunctionError
 from barrierflow.operators.base import (
     Node,
     check_driver_state_size,
@@ -104,8 +106,6 @@ from barrierflow.operators.base import (
     user_columns,
 )
 from barrierflow.operators.process import _declared_states, _python_values, _state_column
-from barrierflow.state.descriptors import EVEN_SPLIT, UNION, ListStateDescriptor, StateDescriptor
-from barrierflow.state.keyed import ListState
 from barrierflow.state.spec import KEY_GROUP, StateSpec
 
 if TYPE_CHECKING:
@@ -289,7 +289,7 @@ def restored_offsets(source_id: str, rows: pa.Table) -> Any | None:
 
 
 def offsets_rows(source_id: str, offsets: Any, parallelism: int, epoch: int, updated_at_ms: int) -> pa.Table:
-    """(8b.) The whole table of a source's offsets state holding ``offsets`` (a restore seeding it, see :mod:`barrierflow.restore`)."""
+    """(8b.) The whole table of a source's offsets state holding ``offsets`` (a restore seeding it, see :mod:`barrierflow.operations.restore`)."""
     spec = source_offsets_spec(source_id)
     return _state_table(spec, state_rows(spec.arrow_schema().empty_table(), offsets_lists(offsets, parallelism)), epoch, updated_at_ms)
 

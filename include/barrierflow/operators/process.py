@@ -19,7 +19,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.errors import PipelineDefinitionError
+from barrierflow.api.keyed_state import State, state_for
+from barrierflow.api.state import EVEN_SPLIT, ListStateDescriptor, StateDescriptor
+from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, key_group_column, position_columns, ship_user_code
 from barrierflow.operators.timers import (
     TIMER_DOMAIN,
@@ -33,8 +35,6 @@ from barrierflow.operators.timers import (
     from_micros,
     timer_spec,
 )
-from barrierflow.state.descriptors import EVEN_SPLIT, ListStateDescriptor, StateDescriptor
-from barrierflow.state.keyed import State, state_for
 from barrierflow.state.spec import KEY_GROUP, DueRows, StateSpec
 
 if TYPE_CHECKING:
@@ -358,7 +358,7 @@ class KeyedProcess(Node):
             ]
         )
 
-    # -- the chained form (barrierflow.chained_region): process_records on Arrow tables, in one task
+    # -- the chained form (barrierflow.execution.chained_region): process_records on Arrow tables, in one task
 
     def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
         (schema,) = inputs
@@ -407,7 +407,7 @@ class KeyedProcess(Node):
         reads, ``_run_key_group`` uses no others. A user function's error
         declines the epoch (nothing is staged): Spark's path raises it.
         """
-        from barrierflow.chained_region import RegionDeclined
+        from barrierflow.execution.chained_region import RegionDeclined
 
         key_names = list(self.key)
         key_types = {k: records.schema.field(k).type for k in key_names}
@@ -479,7 +479,7 @@ class KeyedProcess(Node):
 
     def chained_rows(self, rows: pa.Table, fn: KeyedFunction) -> pa.Table:
         """Emitted ``rows`` in the output's schema; declined if a column declared not null holds a null (Spark's keeps it)."""
-        from barrierflow.chained_region import RegionDeclined
+        from barrierflow.execution.chained_region import RegionDeclined
 
         schema = _spark_typed(fn.output_schema)
         assert schema is not None  # else no chained form

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, Ty
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.errors import PipelineDefinitionError, UserFunctionError
+from barrierflow.core.errors import PipelineDefinitionError, UserFunctionError
 from barrierflow.operators.base import Node, position_columns, ship_user_code, user_columns
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.errors import PipelineDefinitionError, UserFunctionError
+from barrierflow.core.errors import PipelineDefinitionError, UserFunctionError
 from barrierflow.state.spec import StateSpec
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ epoch holds, their order, and the watermark:
 2. Schema. Every input has the same user columns, by name in any order,
    with the same types (nullability may differ); the output has the first
    input's column order. Otherwise the epoch fails before its vote with a
-   :class:`~barrierflow.errors.PipelineDefinitionError` naming the missing,
+   :class:`~barrierflow.core.errors.PipelineDefinitionError` naming the missing,
    extra and differently typed columns of the input that differs.
 3. Order. A record keeps its arrival position (``_seq``: source index, file,
    line; a flat_map's sub-positions ``_seq_1``...; one an input lacks is 0),
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 
-from barrierflow.errors import PipelineDefinitionError
+from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, position_columns, user_columns
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@
 4. So that W(n) is each event-time operator's own (the minimum over its
    inputs), with several assigners every event-time operator (windows, joins,
    process functions with timers) must be downstream of all of them; the
-   pipeline's declaration checks it (:meth:`~barrierflow.pipeline.PipelineDefinition.build`).
+   pipeline's declaration checks it (:meth:`~barrierflow.plan.pipeline.PipelineDefinition.build`).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ and L the allowed lateness (a ``timedelta``, default 0, as Flink's
    merged into another. A window created and purged in the same epoch is
    never written.
 
-The chained form (:mod:`barrierflow.chained_region`: a small epoch's front in
+The chained form (:mod:`barrierflow.execution.chained_region`: a small epoch's front in
 one Python task) follows the same steps on Arrow tables and gives the same
 rows, values and state: it reads every live window and keeps those the
 Spark path's pruned read would (the key groups the epoch's records touch,
@@ -88,7 +88,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.errors import PipelineDefinitionError
+from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.operators.aggregate import Aggregation, Avg, Count, Max, Min, Sum
 from barrierflow.operators.base import Node, key_group_column, position_columns, position_order, user_columns
 from barrierflow.state.spec import KEY_GROUP, DueRows, StateSpec
@@ -385,7 +385,7 @@ class _Window(Node):
 
     def _chained_times(self, records: pa.Table, time_column: str) -> np.ndarray:
         """Each record's timestamp in microseconds (``unix_micros``); declines a null key, timestamp or position."""
-        from barrierflow.chained_region import RegionDeclined
+        from barrierflow.execution.chained_region import RegionDeclined
 
         for name in (*self.key, time_column, *position_columns(records.column_names)):
             if records[name].null_count:
@@ -404,7 +404,7 @@ class _Window(Node):
         Late records dropped without a side output are declined: the Spark
         path logs how many on the driver, which a task cannot.
         """
-        from barrierflow.chained_region import RegionDeclined
+        from barrierflow.execution.chained_region import RegionDeclined
 
         mask = pa.array(late, pa.bool_())
         if self.late_output:

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import pyarrow as pa
 
-from barrierflow.errors import PipelineDefinitionError
+from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.operators.join_buffer import SIDES, TwoSidedJoin, check_key_types, fresh_records, joined_rows, record_schemas
 from barrierflow.operators.window import SlidingEventTimeWindows, TumblingEventTimeWindows
 from barrierflow.state.spec import KEY_GROUP, DueRows

@@ -142,7 +142,7 @@ class ResidentCopies(Generic[_T]):
                 return
             ident = pending.base.table_id
             if ident is None:  # the commit created the table: its id is new
-                from barrierflow.delta_commit import open_table
+                from barrierflow.storage.delta import open_table
 
                 table = open_table(uri)
                 ident = cast(str, table.metadata().id) if table is not None else None  # a string, see Snapshot.of

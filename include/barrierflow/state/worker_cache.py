@@ -57,9 +57,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from barrierflow.errors import ConfigurationError
+from barrierflow.core.errors import ConfigurationError
 from barrierflow.state.spec import KEY_GROUP
-from barrierflow.storage import arrow_filesystem
+from barrierflow.storage.objects import arrow_filesystem
 
 __all__ = ["StateFile", "StateLookup", "lookup_keys", "live_rows_of", "every_live_row", "save_on_host", "take_from_host", "combine_with_live_rows", "without_live_keys", "latest_rows", "unexpired", "cache_limit_bytes", "CACHE_ENV", "clear"]
 

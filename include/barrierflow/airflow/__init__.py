@@ -1,0 +1,1 @@
+"""Airflow: the DAGs of every registered pipeline and the checkpoints page."""

@@ -1,0 +1,229 @@
+"""An inline SVG chart of epoch durations and state size, rendered in Python.
+
+No JavaScript and no external assets: the page works offline and inside
+Airflow's sandboxed iframe. Bars are epoch durations (left axis, seconds); the
+line is the state size (right axis, bytes) at each completed epoch. Dashed
+vertical rules mark where a new lineage (a restore) begins.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from html import escape
+from typing import Sequence
+
+from barrierflow.airflow.ui.history import EpochRow
+
+__all__ = [
+    "ChartPoint",
+    "chart_points",
+    "render_epoch_chart",
+    "format_bytes",
+    "format_ms",
+    "nice_ceiling",
+    "nice_bytes_ceiling",
+]
+
+_W, _H = 960, 300
+_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 80, 34, 44
+_BAR = "#4c78a8"
+_LINE = "#e45756"
+_RULE = "#9aa0a6"
+
+
+@dataclass(frozen=True)
+class ChartPoint:
+    label: str  # epoch number as shown on the x axis
+    lineage_id: str
+    duration_ms: int | None
+    state_bytes: int | None
+
+
+def format_bytes(n: int | float | None) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    if n is None:
+        return ""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"  # pragma: no cover - loop always returns
+
+
+def format_ms(ms: int | float | None) -> str:
+    """A duration in milliseconds as ``850 ms``, ``4.4 s``, ``3 min 5 s``, ``2 h 5 min`` or ``3 d 4 h``."""
+    if ms is None:
+        return ""
+    sign = "-" if ms < 0 else ""
+    ms = abs(ms)
+    if ms < 1000:
+        return f"{sign}{int(ms)} ms"
+    s = ms / 1000
+    if s < 60:
+        return f"{sign}{s:.1f} s"
+    if s < 3600:
+        return f"{sign}{int(s // 60)} min {int(s % 60)} s"
+    if s < 86400:
+        return f"{sign}{int(s // 3600)} h {int(s % 3600 // 60)} min"
+    return f"{sign}{int(s // 86400)} d {int(s % 86400 // 3600)} h"
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest 1, 2, 2.5 or 5 times a power of ten that is >= ``value`` (> 0)."""
+    if value <= 0:
+        return 1.0
+    exp = math.floor(math.log10(value))
+    for m in (1, 2, 2.5, 5, 10):
+        candidate = m * 10**exp
+        if candidate >= value * (1 - 1e-12):
+            return float(candidate)
+    return float(10 ** (exp + 1))  # pragma: no cover
+
+
+def nice_bytes_ceiling(value: float) -> float:
+    """:func:`nice_ceiling` in the binary unit of ``value`` (so axis labels read 10 KiB, 20 KiB...)."""
+    if value <= 0:
+        return 1.0
+    unit = 1.0
+    while value / unit >= 1024 and unit < 1024**4:
+        unit *= 1024
+    return nice_ceiling(value / unit) * unit
+
+
+def chart_points(epochs: Sequence[EpochRow], limit: int = 200) -> tuple[list[ChartPoint], str]:
+    """The completed epochs in commit order (the last ``limit`` of them), and the size series' name.
+
+    The size series is the live state size; when no epoch has one (state sizes
+    were not computed) it is the cumulative state bytes written instead, never
+    a mix of both.
+    """
+    done = [e for e in epochs if e.completed]
+    done.sort(key=lambda e: e.recorded_at_us)
+    done = done[-limit:]
+    live = any(e.state_bytes is not None for e in done)
+    points = [
+        ChartPoint(str(e.epoch), e.lineage_id, e.duration_ms, e.state_bytes if live else e.state_bytes_cumulative)
+        for e in done
+    ]
+    return points, ("state size" if live else "state bytes written (cumulative)")
+
+
+def _fmt_seconds(v: float) -> str:
+    return f"{v:g} s"
+
+
+def render_epoch_chart(
+    points: Sequence[ChartPoint], *, chart_id: str = "epoch-chart", title: str = "", size_label: str = "state size"
+) -> str:
+    """The SVG element (a string) for ``points``; a short message when there are none."""
+    label = title or "Epoch durations and state size"
+    if not points:
+        return (
+            f'<svg id="{escape(chart_id)}" class="bf-chart bf-chart-empty" role="img" aria-label="{escape(label)}" '
+            f'xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_W} 60" width="100%" preserveAspectRatio="xMinYMin meet">'
+            f'<text x="{_W // 2}" y="34" text-anchor="middle" class="bf-axis">no completed epoch yet</text></svg>'
+        )
+    plot_w = _W - _LEFT - _RIGHT
+    plot_h = _H - _TOP - _BOTTOM
+    n = len(points)
+    slot = plot_w / n
+    bar_w = max(1.0, min(36.0, slot * 0.7))
+
+    durations_s = [(p.duration_ms or 0) / 1000 for p in points]
+    dmax = nice_ceiling(max(durations_s) or 1.0)
+    sizes = [p.state_bytes for p in points if p.state_bytes is not None]
+    smax = nice_bytes_ceiling(max(sizes)) if sizes and max(sizes) > 0 else 1.0
+
+    def x_of(i: int) -> float:
+        return _LEFT + slot * (i + 0.5)
+
+    def y_dur(v: float) -> float:
+        return _TOP + plot_h * (1 - v / dmax)
+
+    def y_size(v: float) -> float:
+        return _TOP + plot_h * (1 - v / smax)
+
+    out: list[str] = [
+        f'<svg id="{escape(chart_id)}" class="bf-chart" role="img" aria-label="{escape(label)}" '
+        f'xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_W} {_H}" width="100%" preserveAspectRatio="xMinYMin meet">',
+        f"<title>{escape(label)}</title>",
+    ]
+    # Grid and both axes (5 ticks).
+    for k in range(6):
+        frac = k / 5
+        y = _TOP + plot_h * (1 - frac)
+        out.append(f'<line x1="{_LEFT}" y1="{y:.1f}" x2="{_W - _RIGHT}" y2="{y:.1f}" class="bf-grid"/>')
+        out.append(
+            f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" class="bf-axis">{escape(_fmt_seconds(dmax * frac))}</text>'
+        )
+        if sizes:
+            out.append(
+                f'<text x="{_W - _RIGHT + 6}" y="{y + 4:.1f}" text-anchor="start" class="bf-axis">'
+                f"{escape(format_bytes(smax * frac))}</text>"
+            )
+    out.append(
+        f'<line x1="{_LEFT}" y1="{_TOP + plot_h}" x2="{_W - _RIGHT}" y2="{_TOP + plot_h}" class="bf-baseline"/>'
+    )
+    # Lineage boundaries.
+    for i in range(1, n):
+        if points[i].lineage_id != points[i - 1].lineage_id:
+            x = _LEFT + slot * i
+            out.append(
+                f'<line x1="{x:.1f}" y1="{_TOP}" x2="{x:.1f}" y2="{_TOP + plot_h}" stroke="{_RULE}" '
+                f'stroke-dasharray="4 3" class="bf-lineage-rule"/>'
+            )
+            out.append(
+                f'<text x="{x + 3:.1f}" y="{_TOP + 10}" class="bf-axis">lineage {escape(points[i].lineage_id[:8])}</text>'
+            )
+    # Duration bars.
+    for i, (p, d) in enumerate(zip(points, durations_s)):
+        y = y_dur(d)
+        tip = f"epoch {p.label} ({p.lineage_id}): {format_ms(p.duration_ms)}"
+        if p.state_bytes is not None:
+            tip += f", {size_label} {format_bytes(p.state_bytes)}"
+        out.append(
+            f'<rect class="bf-bar" x="{x_of(i) - bar_w / 2:.1f}" y="{y:.1f}" width="{bar_w:.1f}" '
+            f'height="{max(0.0, _TOP + plot_h - y):.1f}" fill="{_BAR}" data-epoch="{escape(p.label)}">'
+            f"<title>{escape(tip)}</title></rect>"
+        )
+    # State size line (broken where a point has no size, and at lineage changes).
+    segment: list[str] = []
+    segments: list[list[str]] = []
+    for i, p in enumerate(points):
+        if p.state_bytes is None or (i and points[i - 1].lineage_id != p.lineage_id):
+            if segment:
+                segments.append(segment)
+            segment = []
+        if p.state_bytes is not None:
+            segment.append(f"{x_of(i):.1f},{y_size(p.state_bytes):.1f}")
+    if segment:
+        segments.append(segment)
+    for seg in segments:
+        out.append(f'<polyline class="bf-line" points="{" ".join(seg)}" fill="none" stroke="{_LINE}" stroke-width="2"/>')
+    if n <= 120:
+        for i, p in enumerate(points):
+            if p.state_bytes is not None:
+                out.append(
+                    f'<circle class="bf-dot" cx="{x_of(i):.1f}" cy="{y_size(p.state_bytes):.1f}" r="3" fill="{_LINE}">'
+                    f"<title>{escape(f'epoch {p.label}: {size_label} {format_bytes(p.state_bytes)}')}</title></circle>"
+                )
+    # X labels, thinned to at most ~16.
+    step = max(1, math.ceil(n / 16))
+    for i in range(0, n, step):
+        out.append(
+            f'<text x="{x_of(i):.1f}" y="{_TOP + plot_h + 16}" text-anchor="middle" class="bf-axis">{escape(points[i].label)}</text>'
+        )
+    out.append(
+        f'<text x="{_LEFT + plot_w / 2:.1f}" y="{_H - 6}" text-anchor="middle" class="bf-axis">epoch (completed, in commit order)</text>'
+    )
+    # Legend.
+    out.append(f'<rect x="{_LEFT}" y="8" width="12" height="12" fill="{_BAR}"/>')
+    out.append(f'<text x="{_LEFT + 18}" y="18" class="bf-axis">duration (left axis)</text>')
+    out.append(
+        f'<line x1="{_LEFT + 180}" y1="14" x2="{_LEFT + 204}" y2="14" stroke="{_LINE}" stroke-width="2"/>'
+    )
+    out.append(f'<text x="{_LEFT + 210}" y="18" class="bf-axis">{escape(size_label)} (right axis)</text>')
+    out.append("</svg>")
+    return "".join(out)

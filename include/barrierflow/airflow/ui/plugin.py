@@ -1,0 +1,82 @@
+"""The parts of barrierflow's Airflow plugin (``plugins/barrierflow_plugin.py`` registers them).
+
+* :func:`fastapi_app_spec`: the checkpoints app mounted at ``/barrierflow`` in
+  Airflow's API server (``AirflowPlugin.fastapi_apps``);
+* :func:`external_view_spec`: the "Checkpoints" entry of Airflow's navigation
+  (Browse menu), which shows ``/barrierflow/`` in the UI's page frame
+  (``AirflowPlugin.external_views``);
+* :func:`run_view_spec`: a "Checkpoint" tab on every DAG run's page, showing
+  the epochs that run planned (``/barrierflow/run``), the way back from a run
+  to the epochs the checkpoints page links to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+__all__ = [
+    "PLUGIN_NAME",
+    "URL_PREFIX",
+    "VIEW_ROUTE",
+    "RUN_VIEW_ROUTE",
+    "fastapi_app_spec",
+    "external_view_spec",
+    "run_view_spec",
+]
+
+PLUGIN_NAME = "barrierflow"
+URL_PREFIX = "/barrierflow"
+VIEW_ROUTE = "barrierflow-checkpoints"  # the UI shows the page at /plugin/<VIEW_ROUTE>
+RUN_VIEW_ROUTE = "barrierflow-checkpoint"  # a run's tab: /dags/<dag>/runs/<run>/plugin/<RUN_VIEW_ROUTE>
+
+# A small "barrier" glyph: two bars and a rule; a data URI needs no extra route.
+_ICON_SVG = (
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24" fill="none" stroke="{c}" stroke-width="2" '
+    'stroke-linecap="round"><path d="M4 20V8M10 20V4M16 20v-9"/><path d="M20 3v18" stroke-dasharray="3 2"/></svg>'
+)
+
+
+def _icon(color: str) -> str:
+    return "data:image/svg+xml;utf8," + quote(_ICON_SVG.format(c=color))
+
+
+def fastapi_app_spec(**create_app_kwargs: Any) -> dict[str, Any]:
+    """The ``fastapi_apps`` entry: ``{"app", "url_prefix", "name"}``."""
+    from barrierflow.airflow.ui.app import create_app
+
+    return {"app": create_app(**create_app_kwargs), "url_prefix": URL_PREFIX, "name": "barrierflow checkpoints"}
+
+
+def external_view_spec() -> dict[str, Any]:
+    """The ``external_views`` entry: a "Checkpoints" page under Browse.
+
+    ``href`` is relative (no leading slash) so the UI resolves it against
+    Airflow's base URL, which keeps it working behind a path prefix.
+    """
+    return {
+        "name": "Checkpoints",
+        "href": URL_PREFIX.lstrip("/") + "/",
+        "url_route": VIEW_ROUTE,
+        "destination": "nav",
+        "category": "browse",
+        "icon": _icon("#4a5568"),
+        "icon_dark_mode": _icon("#e2e8f0"),
+    }
+
+
+def run_view_spec() -> dict[str, Any]:
+    """The ``external_views`` entry of a DAG run's "Checkpoint" tab.
+
+    The UI fills ``{DAG_ID}`` and ``{RUN_ID}`` in ``href`` (URL-encoded) for
+    views whose destination is ``dag_run``; it shows the tab on the runs of
+    every DAG, and the page says when a run is not one of a pipeline's.
+    """
+    return {
+        "name": "Checkpoint",
+        "href": URL_PREFIX.lstrip("/") + "/run?dag_id={DAG_ID}&run_id={RUN_ID}",
+        "url_route": RUN_VIEW_ROUTE,
+        "destination": "dag_run",
+        "icon": _icon("#4a5568"),
+        "icon_dark_mode": _icon("#e2e8f0"),
+    }

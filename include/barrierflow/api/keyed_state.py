@@ -1,0 +1,136 @@
+"""Per-key state handles handed to a keyed process function.
+
+The runtime scopes every handle to the current key; a handle records whether
+it changed so that only changed keys are written (incremental checkpoint).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from barrierflow.api.state import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+
+__all__ = [
+    "State",
+    "ValueState",
+    "ListState",
+    "MapState",
+    "ReducingState",
+    "AggregatingState",
+    "state_for",
+]
+
+
+class State:
+    """Common part of every handle: the stored value and a dirty flag."""
+
+    def __init__(self, descriptor: StateDescriptor, stored: Any) -> None:
+        self.descriptor = descriptor
+        self._stored = stored
+        self.dirty = False
+
+    def clear(self) -> None:
+        self._stored = None
+        self.dirty = True
+
+    @property
+    def stored(self) -> Any:
+        """The value to persist (None means the entry is deleted)."""
+        return self._stored
+
+
+class ValueState(State):
+    def value(self) -> Any:
+        return self._stored
+
+    def update(self, value: Any) -> None:
+        self._stored = value
+        self.dirty = True
+
+
+class ListState(State):
+    def get(self) -> list[Any]:
+        return list(self._stored or [])
+
+    def add(self, value: Any) -> None:
+        self._stored = [*(self._stored or []), value]
+        self.dirty = True
+
+    def update(self, values: list[Any]) -> None:
+        self._stored = list(values) or None
+        self.dirty = True
+
+
+class MapState(State):
+    def __init__(self, descriptor: StateDescriptor, stored: Any) -> None:
+        # Arrow maps arrive as lists of (key, value) pairs.
+        super().__init__(descriptor, dict(stored) if stored else None)
+
+    def get(self, key: Any) -> Any:
+        return (self._stored or {}).get(key)
+
+    def put(self, key: Any, value: Any) -> None:
+        self._stored = {**(self._stored or {}), key: value}
+        self.dirty = True
+
+    def remove(self, key: Any) -> None:
+        if self._stored and key in self._stored:
+            self._stored = {k: v for k, v in self._stored.items() if k != key} or None
+            self.dirty = True
+
+    def contains(self, key: Any) -> bool:
+        return key in (self._stored or {})
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        return iter(dict(self._stored or {}).items())
+
+    @property
+    def stored(self) -> Any:
+        return list(self._stored.items()) if self._stored else None
+
+
+class ReducingState(State):
+    def get(self) -> Any:
+        return self._stored
+
+    def add(self, value: Any) -> None:
+        assert isinstance(self.descriptor, ReducingStateDescriptor)
+        self._stored = value if self._stored is None else self.descriptor.reduce_function(self._stored, value)
+        self.dirty = True
+
+
+class AggregatingState(State):
+    def get(self) -> Any:
+        assert isinstance(self.descriptor, AggregatingStateDescriptor)
+        if self._stored is None:
+            return None
+        assert self.descriptor.aggregate_function is not None
+        return self.descriptor.aggregate_function.get_result(self._stored)
+
+    def add(self, value: Any) -> None:
+        assert isinstance(self.descriptor, AggregatingStateDescriptor)
+        fn = self.descriptor.aggregate_function
+        assert fn is not None
+        acc = fn.create_accumulator() if self._stored is None else self._stored
+        self._stored = fn.add(value, acc)
+        self.dirty = True
+
+
+_HANDLES: dict[type, type[State]] = {
+    ValueStateDescriptor: ValueState,
+    ListStateDescriptor: ListState,
+    MapStateDescriptor: MapState,
+    ReducingStateDescriptor: ReducingState,
+    AggregatingStateDescriptor: AggregatingState,
+}
+
+
+def state_for(descriptor: StateDescriptor, stored: Any) -> State:
+    return _HANDLES[type(descriptor)](descriptor, stored)

@@ -1,0 +1,1 @@
+"""Checkpointing: barriers, manifests, the checkpoint log, the lease and the coordinator that drives epochs."""

@@ -1,0 +1,268 @@
+"""The checkpoint log: a Delta table with one row per epoch status change.
+
+Rows are appended (blind appends never conflict), so several attempts may
+record the same transition; readers keep the first row per
+``(lineage_id, epoch, status)``, and every ABORTED row (each failed
+attempt). The log is a plain Delta table that people can
+query (``barrierflow checkpoints``, or SQL over ``_checkpoints``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections import OrderedDict
+from datetime import datetime, timezone
+from typing import Any, Iterable, overload
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import DeltaError, TableNotFoundError
+
+from barrierflow.checkpointing.checkpoint import CheckpointRecord, EpochStatus
+from barrierflow.core.errors import CheckpointError
+from barrierflow.storage.delta import TABLE_CONFIGURATION
+from barrierflow.storage.layout import PipelineLayout
+from barrierflow.storage.objects import arrow_filesystem, join_uri, read_bytes
+
+__all__ = ["CheckpointLog", "iso_now", "iso_us", "now_us"]
+
+_SCHEMA = pa.schema(
+    [
+        ("pipeline", pa.string()),
+        ("lineage_id", pa.string()),
+        ("epoch", pa.int64()),
+        ("status", pa.string()),
+        ("attempt_id", pa.string()),
+        ("recorded_at_us", pa.int64()),
+        ("offsets", pa.string()),
+        ("watermark_us", pa.int64()),
+        ("max_event_time_us", pa.int64()),
+        ("rows_in", pa.int64()),
+        ("rows_out", pa.int64()),
+        ("dead_letters", pa.int64()),
+        ("bytes_written", pa.int64()),
+        ("state_bytes_written", pa.int64()),
+        ("duration_ms", pa.int64()),
+        ("table_versions", pa.string()),
+        ("message", pa.string()),
+        ("arrival_cutoff_ms", pa.int64()),
+        ("backlog_files", pa.int64()),
+        ("backlog_bytes", pa.int64()),
+        ("input_lag_ms", pa.int64()),
+        ("backlog", pa.string()),
+        ("planned_by", pa.string()),
+        ("phase_ms", pa.string()),
+    ]
+)
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def iso_now() -> str:
+    """The current time as ISO 8601 UTC, for the JSON documents of the warehouse."""
+    return datetime.now(timezone.utc).isoformat()
+
+
+@overload
+def iso_us(us: int) -> str: ...
+@overload
+def iso_us(us: None) -> None: ...
+@overload
+def iso_us(us: int | None) -> str | None: ...
+def iso_us(us: int | None) -> str | None:
+    """A microsecond epoch timestamp as ISO 8601 UTC (``...Z``)."""
+    if us is None:
+        return None
+    return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+# Readers kept by :meth:`CheckpointLog.shared`, per log URI: (the table's id, the reader).
+_SHARED: "OrderedDict[str, tuple[str | None, CheckpointLog]]" = OrderedDict()
+_SHARED_LOCK = threading.Lock()
+_MAX_SHARED = 32
+
+
+def _table_id(uri: str) -> str | None:
+    """The id the Delta table at ``uri`` got when created (its first commit's metaData), or None if unknown."""
+    first = read_bytes(join_uri(uri, "_delta_log", f"{0:020d}.json"))
+    for line in (first or b"").splitlines():
+        action = json.loads(line)
+        if "metaData" in action:
+            return str(action["metaData"].get("id"))
+    return None
+
+
+class CheckpointLog:
+    """Append-only record of every epoch's transitions for one pipeline."""
+
+    def __init__(self, layout: PipelineLayout) -> None:
+        self._uri = layout.checkpoint_log
+        # Rows already read, per live data file: the log only grows, so each
+        # read opens just the files added since the previous one.
+        self._table: DeltaTable | None = None
+        self._rows_by_file: dict[str, list[dict[str, Any]]] = {}
+        # Concurrent checkpoints append and read from two threads; the
+        # cached table is one object.
+        self._lock = threading.RLock()
+
+    @classmethod
+    def shared(cls, layout: PipelineLayout) -> "CheckpointLog":
+        """This process's long-lived reader of ``layout``'s log, for repeated reads (queries, the UI).
+
+        Each read then opens only what was appended since the one before,
+        instead of the whole log (on S3, a request per commit since its last
+        checkpoint plus two per data file). A log deleted and created again
+        at the same place has a new table id, and gets a new reader.
+        """
+        uri = layout.checkpoint_log
+        identity = _table_id(uri)
+        with _SHARED_LOCK:
+            known = _SHARED.pop(uri, None)
+            if known is None or identity is None or known[0] != identity:
+                known = (identity, cls(layout))
+            _SHARED[uri] = known
+            while len(_SHARED) > _MAX_SHARED:
+                _SHARED.popitem(last=False)
+        return known[1]
+
+    @property
+    def uri(self) -> str:
+        return self._uri
+
+    def append(self, record: CheckpointRecord) -> None:
+        row = dataclasses.asdict(record)
+        row["status"] = record.status.value
+        table = pa.Table.from_pylist([row], schema=_SCHEMA)
+        with self._lock:
+            # Through the table read before, when there is one: opening the log
+            # again for each append would read every commit since its last
+            # checkpoint (on S3, some 25 requests instead of 7). delta-rs
+            # brings a stale snapshot up to date when it commits.
+            target = self._table if self._table is not None else self._uri
+            try:
+                # "merge": a log written before a column existed takes it on (earlier rows read null).
+                write_deltalake(target, table, mode="append", schema_mode="merge", configuration=TABLE_CONFIGURATION)
+            except DeltaError as exc:
+                self._table = None
+                raise CheckpointError(f"cannot append to checkpoint log {self._uri}: {exc}") from exc
+
+    def compact(self, min_files: int = 8) -> bool:
+        """Rewrite the log's files into few (maintenance); whether it did. Rows and their order stay as they are.
+
+        One append is one file, so without this every process starting up
+        would read one object per transition ever recorded. The rewrite is a
+        ``dataChange=false`` commit: readers of any version see the same rows.
+        """
+        if 0 < len(self._rows_by_file) < min_files - 3:
+            return False  # this reader's last read knew the live files (an epoch appends about three): no open
+        try:
+            table = DeltaTable(self._uri)
+        except TableNotFoundError:
+            return False
+        if len(table.file_uris()) < min_files:
+            return False
+        try:
+            table.optimize.compact(commit_properties=CommitProperties(custom_metadata={"barrierflow.operation": "compact"}))
+        except DeltaError as exc:
+            raise CheckpointError(f"cannot compact checkpoint log {self._uri}: {exc}") from exc
+        with self._lock:
+            self._table, self._rows_by_file = None, {}
+        return True
+
+    def records(self) -> list[CheckpointRecord]:
+        """Every distinct transition, in the order it was first recorded."""
+        try:
+            with self._lock:
+                rows = self._rows()
+        except TableNotFoundError:
+            return []
+        except (DeltaError, OSError, pa.ArrowException) as exc:
+            self._table = None
+            raise CheckpointError(f"cannot read checkpoint log {self._uri}: {exc}") from exc
+        rows = sorted(rows, key=lambda r: r["recorded_at_us"])
+        seen: set[tuple[str, int, str, int]] = set()
+        out: list[CheckpointRecord] = []
+        for row in rows:
+            # Every failure is its own row; other transitions are kept once, as first recorded.
+            again = row["recorded_at_us"] if row["status"] == EpochStatus.ABORTED.value else 0
+            ident = (row["lineage_id"], row["epoch"], row["status"], again)
+            if ident in seen:
+                continue
+            seen.add(ident)
+            row["status"] = EpochStatus(row["status"])
+            row["backlog"] = row["backlog"] or "{}"  # rows from before these columns
+            row["planned_by"] = row["planned_by"] or ""
+            row["phase_ms"] = row["phase_ms"] or "{}"
+            out.append(CheckpointRecord(**row))
+        return out
+
+    def _rows(self) -> list[dict[str, Any]]:
+        """Rows of the table's live files, reading only files not read before.
+
+        A file that vanished (the table was rewritten or re-created) makes
+        the next read start over from a freshly opened table.
+        """
+        if self._table is None:
+            self._table = DeltaTable(self._uri)
+        else:
+            self._table.update_incremental()
+        live = self._table.file_uris()
+        fresh = [uri for uri in live if uri not in self._rows_by_file]
+        try:
+            rows = _read_rows(fresh)
+        except FileNotFoundError:
+            self._table, self._rows_by_file = DeltaTable(self._uri), {}
+            live = fresh = self._table.file_uris()
+            rows = _read_rows(fresh)
+        self._rows_by_file = {uri: rows[uri] if uri in rows else self._rows_by_file[uri] for uri in live}
+        return [dict(row) for uri in live for row in self._rows_by_file[uri]]
+
+    def lineage_records(self, lineage_id: str) -> list[CheckpointRecord]:
+        return [r for r in self.records() if r.lineage_id == lineage_id]
+
+    @staticmethod
+    def last_completed(records: Iterable[CheckpointRecord]) -> CheckpointRecord | None:
+        completed = [r for r in records if r.status is EpochStatus.COMPLETED]
+        return max(completed, key=lambda r: r.epoch) if completed else None
+
+    @staticmethod
+    def current_status(records: Iterable[CheckpointRecord]) -> dict[tuple[str, int], CheckpointRecord]:
+        """Per ``(lineage_id, epoch)``, the record of where it stands: COMPLETED once it completed, else the newest.
+
+        (An epoch completes at most once; before that a failed attempt's
+        ABORTED row may be followed by a retry's PRE_COMMITTED, and so on.)
+        """
+        out: dict[tuple[str, int], CheckpointRecord] = {}
+        for r in records:
+            ident = (r.lineage_id, r.epoch)
+            cur = out.get(ident)
+            if cur is None or (cur.status is not EpochStatus.COMPLETED and (
+                r.status is EpochStatus.COMPLETED or r.recorded_at_us >= cur.recorded_at_us
+            )):
+                out[ident] = r
+        return out
+
+    @staticmethod
+    def status_of(records: Iterable[CheckpointRecord], epoch: int) -> set[EpochStatus]:
+        return {r.status for r in records if r.epoch == epoch}
+
+
+def _read_rows(uris: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Rows per data file; columns a file predates read as null."""
+    import pyarrow.dataset as ds
+
+    out: dict[str, list[dict[str, Any]]] = {uri: [] for uri in uris}
+    if not uris:
+        return out
+    filesystem, _ = arrow_filesystem(uris[0])
+    by_path = {arrow_filesystem(uri)[1]: uri for uri in uris}
+    dataset = ds.dataset(list(by_path), schema=_SCHEMA, format="parquet", filesystem=filesystem)
+    table = dataset.to_table(columns=[*_SCHEMA.names, "__filename"])
+    for row in table.to_pylist():
+        out[by_path[row.pop("__filename")]].append(row)
+    return out

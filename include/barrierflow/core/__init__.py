@@ -1,0 +1,1 @@
+"""Core: errors, fault points, schema rules: what every layer may use."""

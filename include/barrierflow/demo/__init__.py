@@ -1,0 +1,1 @@
+"""Demo: the reference pipelines, their input generators."""

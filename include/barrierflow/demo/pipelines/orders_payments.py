@@ -1,0 +1,282 @@
+"""The reference pipeline ``orders_payments``: two streams, a join, timers, broadcast rules and sessions.
+
+Input: three directories under ``landing_dir``, each of JSON Lines files:
+
+- ``orders/``: ``{"order_id", "customer_id", "country", "ts", "amount"}``;
+- ``payments/``: ``{"payment_id", "order_id", "customer_id", "country", "ts", "amount"}``;
+- ``thresholds/``: ``{"country", "limit"}``, the fraud limit per country
+  (a null ``limit`` removes the country's limit).
+
+Orders are deduplicated by ``order_id``, payments by ``payment_id``; each
+stream has its own watermark (max ``ts`` - out-of-orderness) and the
+pipeline's is the minimum of the two. Outputs:
+
+1. ``paid_orders`` (append): an interval join of each order with the payments
+   of its ``order_id`` made within ``PAYMENT_WINDOW`` (15 minutes) after it,
+   bounds inclusive; a payment later than the watermark goes to
+   ``late_payments``.
+2. ``unpaid_orders`` (append): per order a timer at ``ts + PAYMENT_WINDOW``;
+   when the watermark passes it and no payment of that order with ``ts`` in
+   ``[order ts, order ts + PAYMENT_WINDOW]`` has arrived, one "unpaid" row
+   (:class:`UnpaidOrders`).
+3. ``flagged_payments`` (append): payments above their country's limit,
+   limits broadcast from ``thresholds/`` (:class:`FlagLargePayments`).
+4. ``customer_sessions`` (append): event-time session windows
+   (``SESSION_GAP``, 10 minutes) of each customer's orders and payments
+   together, with the number of events and the amount ordered plus paid;
+   late activity goes to ``late_activity``.
+5. ``country_totals`` (upsert by ``country``): running count and sum of the
+   orders of each country.
+
+Malformed lines (not JSON, a wrong type, a missing key or timestamp) are
+dead letters. ``barrierflow generate --pipeline orders_payments`` writes a
+messy sample stream (:mod:`barrierflow.demo.order_stream`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from barrierflow.api.params import Param
+from barrierflow.api.state import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+from barrierflow.connectors import DeltaSink, FileSource, LateFiles
+from barrierflow.operators import Count, KeyedContext, Sum
+from barrierflow.operators.broadcast import BroadcastContext, KeyedBroadcastProcessFunction
+from barrierflow.operators.co_process import KeyedCoProcessFunction
+from barrierflow.operators.window import EventTimeSessionWindows
+from barrierflow.plan.pipeline import PipelineBuilder, pipeline
+
+__all__ = [
+    "orders_payments",
+    "ORDER_SCHEMA",
+    "PAYMENT_SCHEMA",
+    "THRESHOLD_SCHEMA",
+    "FRAUD_LIMITS",
+    "PAYMENT_WINDOW",
+    "SESSION_GAP",
+    "UnpaidOrders",
+    "FlagLargePayments",
+]
+
+TS = pa.timestamp("us", tz="UTC")
+ORDER_SCHEMA = pa.schema(
+    [
+        pa.field("order_id", pa.string()),
+        pa.field("customer_id", pa.string()),
+        pa.field("country", pa.string()),
+        pa.field("ts", TS, nullable=False),
+        pa.field("amount", pa.float64(), nullable=False),
+    ]
+)
+PAYMENT_SCHEMA = pa.schema(
+    [
+        pa.field("payment_id", pa.string()),
+        pa.field("order_id", pa.string()),
+        pa.field("customer_id", pa.string()),
+        pa.field("country", pa.string()),
+        pa.field("ts", TS, nullable=False),
+        pa.field("amount", pa.float64(), nullable=False),
+    ]
+)
+# A threshold without a country is a dead letter (missing_field): a broadcast map state has no null key.
+THRESHOLD_SCHEMA = pa.schema([pa.field("country", pa.string(), nullable=False), pa.field("limit", pa.float64())])
+FRAUD_LIMITS = MapStateDescriptor("fraud_limits", pa.string(), pa.float64())
+PAYMENT_WINDOW = timedelta(minutes=15)
+SESSION_GAP = timedelta(minutes=10)
+
+
+class UnpaidOrders(KeyedCoProcessFunction):
+    """Keyed by ``order_id``: orders on side 1, payments on side 2; an "unpaid" row when an order's window closes unpaid.
+
+    1. An order stores its fields and registers an event-time timer at its
+       deadline, ``ts + PAYMENT_WINDOW``.
+    2. A payment stores its ``ts`` and registers a timer at ``ts +
+       PAYMENT_WINDOW``, after which no order it could pay can still be
+       decided, so that it is not kept forever.
+    3. On a timer at or after the order's deadline: unless a stored payment
+       has ``ts`` in ``[order ts, deadline]``, emit the order as unpaid; the
+       order is forgotten either way. Payments whose own timer time has
+       passed are forgotten too. An order that arrives after the watermark
+       passed its deadline is decided in its epoch, with the payments held
+       then.
+    """
+
+    ordered_at = ValueStateDescriptor("ordered_at", TS)
+    customer_id = ValueStateDescriptor("customer_id", pa.string())
+    country = ValueStateDescriptor("country", pa.string())
+    amount = ValueStateDescriptor("amount", pa.float64())
+    payment_times = ListStateDescriptor("payment_times", TS)
+    output_schema = pa.schema(
+        [
+            pa.field("order_id", pa.string()),
+            pa.field("customer_id", pa.string()),
+            pa.field("country", pa.string()),
+            pa.field("ordered_at", TS),
+            pa.field("amount", pa.float64()),
+            pa.field("deadline", TS),
+        ]
+    )
+
+    def process_element1(self, order: dict[str, Any], ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
+        if ctx.get_state(self.ordered_at).value() is not None:
+            return  # dedup upstream makes this unreachable; the first order of an id stands
+        # 1.
+        ctx.get_state(self.ordered_at).update(order["ts"])
+        ctx.get_state(self.customer_id).update(order["customer_id"])
+        ctx.get_state(self.country).update(order["country"])
+        ctx.get_state(self.amount).update(order["amount"])
+        ctx.timer_service().register_event_time_timer(order["ts"] + PAYMENT_WINDOW)
+
+    def process_element2(self, payment: dict[str, Any], ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
+        # 2.
+        ctx.get_state(self.payment_times).add(payment["ts"])
+        ctx.timer_service().register_event_time_timer(payment["ts"] + PAYMENT_WINDOW)
+
+    def on_timer(self, timestamp: datetime, ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
+        # 3.
+        ordered_at = ctx.get_state(self.ordered_at).value()
+        payments = ctx.get_state(self.payment_times)
+        times = payments.get()
+        if ordered_at is not None and timestamp >= ordered_at + PAYMENT_WINDOW:
+            deadline = ordered_at + PAYMENT_WINDOW
+            if not any(ordered_at <= t <= deadline for t in times):
+                out(
+                    {
+                        "order_id": ctx.key[0],
+                        "customer_id": ctx.get_state(self.customer_id).value(),
+                        "country": ctx.get_state(self.country).value(),
+                        "ordered_at": ordered_at,
+                        "amount": ctx.get_state(self.amount).value(),
+                        "deadline": deadline,
+                    }
+                )
+            for state in (self.ordered_at, self.customer_id, self.country, self.amount):
+                ctx.get_state(state).clear()
+        kept = [t for t in times if t + PAYMENT_WINDOW > timestamp]
+        if len(kept) != len(times):
+            payments.update(kept)
+
+
+class FlagLargePayments(KeyedBroadcastProcessFunction):
+    """Keyed by ``country``: a payment above its country's broadcast limit is flagged, with the country's running count."""
+
+    flagged = ValueStateDescriptor("flagged", pa.int64())
+    output_schema = pa.schema(
+        [
+            pa.field("payment_id", pa.string()),
+            pa.field("order_id", pa.string()),
+            pa.field("country", pa.string()),
+            pa.field("amount", pa.float64()),
+            pa.field("limit", pa.float64()),
+            pa.field("flagged", pa.int64()),
+        ]
+    )
+
+    def process_broadcast_element(self, rule: dict[str, Any], ctx: BroadcastContext, out: Callable[[dict[str, Any]], None]) -> None:
+        limits = ctx.get_broadcast_state(FRAUD_LIMITS)
+        if rule["limit"] is None:
+            limits.remove(rule["country"])
+        else:
+            limits.put(rule["country"], rule["limit"])
+
+    def process_element(self, payment: dict[str, Any], ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
+        limit = ctx.get_broadcast_state(FRAUD_LIMITS).get(ctx.key[0])
+        if limit is None or payment["amount"] <= limit:
+            return
+        flagged = ctx.get_state(self.flagged)
+        count = (flagged.value() or 0) + 1
+        flagged.update(count)
+        out(
+            {
+                "payment_id": payment["payment_id"],
+                "order_id": payment["order_id"],
+                "country": ctx.key[0],
+                "amount": payment["amount"],
+                "limit": limit,
+                "flagged": count,
+            }
+        )
+
+
+@pipeline(
+    "orders_payments",
+    params=[
+        Param("landing_dir", str, description="directory with orders/, payments/ and thresholds/ of *.jsonl files"),
+        Param("max_files_per_epoch", int, 20, "files per epoch and source at most (bounds an epoch after a backlog)", minimum=1),
+        Param("parallelism", int, 2, "Spark shuffle partitions for this epoch", minimum=1),
+        Param("out_of_orderness_seconds", int, 60, "watermark bound of each stream", minimum=0),
+        Param(
+            "late_files", str, LateFiles.NEXT_EPOCH.value,
+            "a file landing behind the stream position: read it next epoch, dead-letter it, or refuse (block)",
+            choices=tuple(p.value for p in LateFiles),
+        ),
+    ],
+    description=__doc__ or "",
+)
+def orders_payments(p: PipelineBuilder, params: dict[str, Any]) -> None:
+    def source(name: str, schema: pa.Schema) -> Any:
+        return p.source(
+            FileSource(
+                name,
+                f"{params['landing_dir'].rstrip('/')}/{name}",
+                schema=schema,
+                max_files_per_epoch=params["max_files_per_epoch"],
+                suffixes=(".jsonl",),
+                late_files=LateFiles(params["late_files"]),
+            )
+        )
+
+    bound = timedelta(seconds=params["out_of_orderness_seconds"])
+    orders = source("orders", ORDER_SCHEMA).deduplicate("order_dedup", key="order_id").with_watermark(
+        "ts", bound, operator_id="order_watermark"
+    )
+    payments = source("payments", PAYMENT_SCHEMA).deduplicate("payment_dedup", key="payment_id").with_watermark(
+        "ts", bound, operator_id="payment_watermark"
+    )
+    thresholds = source("thresholds", THRESHOLD_SCHEMA)
+
+    # 1.
+    (
+        orders.key_by("order_id")
+        .interval_join(payments.select("payment_id", "order_id", "ts", "amount").key_by("order_id"))
+        .between(timedelta(0), PAYMENT_WINDOW, operator_id="payment_join", right_late_output="late_payments")
+        .select(
+            "order_id", "customer_id", "country", "left_ts as ordered_at", "left_amount as order_amount",
+            "payment_id", "right_ts as paid_at", "right_amount as paid_amount",
+        )
+        .sink_to(DeltaSink.append("paid_orders"))
+    )
+    # 2.
+    (
+        orders.key_by("order_id")
+        .connect(payments.key_by("order_id"))
+        .process("unpaid_timers", UnpaidOrders())
+        .sink_to(DeltaSink.append("unpaid_orders"))
+    )
+    # 3.
+    (
+        payments.key_by("country")
+        .connect(thresholds.broadcast(FRAUD_LIMITS))
+        .process("fraud_check", FlagLargePayments())
+        .sink_to(DeltaSink.append("flagged_payments"))
+    )
+    # 4.
+    activity = orders.select("customer_id", "ts", "amount").union(payments.select("customer_id", "ts", "amount"))
+    (
+        activity.key_by("customer_id")
+        .window(
+            "customer_sessions",
+            EventTimeSessionWindows.with_gap(SESSION_GAP),
+            events=Count(),
+            amount=Sum("amount"),
+            late_output="late_activity",
+        )
+        .sink_to(DeltaSink.append("customer_sessions"))
+    )
+    # 5.
+    orders.key_by("country").aggregate("country_totals", orders=Count(), revenue=Sum("amount")).sink_to(
+        DeltaSink.upsert("country_totals", key="country")
+    )

@@ -1,7 +1,0 @@
-"""``python -m barrierflow.devserver`` (``make run``)."""
-
-import sys
-
-from barrierflow.devserver.server import main
-
-sys.exit(main())

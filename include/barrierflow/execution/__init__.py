@@ -1,0 +1,1 @@
+"""Execution: Spark sessions and the runner of an epoch's operators."""

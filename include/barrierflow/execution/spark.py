@@ -1,0 +1,402 @@
+"""The Spark session barrierflow runs epochs in: a warm Spark Connect engine or an embedded one.
+
+Two kinds of session, one engine code:
+
+- **remote** (``sc://host:port``, Spark Connect): the epoch's plans go to a
+  long-lived Spark application (``barrierflow engine``, or a cluster's
+  Connect endpoint). Nothing is started per epoch, so an epoch runs warm.
+  Chosen by ``remote=``, ``$BARRIERFLOW_SPARK_REMOTE`` or PySpark's own
+  ``$SPARK_REMOTE``.
+- **classic** (``local[*]``, ``local-cluster[...]``, ``spark://...``): this
+  process starts the Spark driver (a JVM) itself, or is the driver that
+  ``spark-submit`` started. Chosen by ``master=`` or ``$BARRIERFLOW_SPARK_MASTER``;
+  ``local[*]`` when nothing is given.
+
+PySpark switches a whole process into Connect mode once a remote session
+exists (``pyspark.sql.functions`` then builds Connect expressions), so one
+process uses one kind of session only.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import uuid
+from typing import TYPE_CHECKING, Any, Callable, Hashable, TypeVar
+from urllib.parse import urlparse
+
+from barrierflow.core.errors import ConfigurationError, EngineUnavailableError
+from barrierflow.execution import jvm_archive
+from barrierflow.execution.shipping import package_archive, ships_package
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "get_spark",
+    "describe_jobs",
+    "engine_address",
+    "observation_done",
+    "engine_lost",
+    "launched_by_spark_submit",
+    "session_cached",
+    "local_checkpoint",
+    "MASTER_ENV",
+    "REMOTE_ENV",
+    "DRIVER_JAVA_OPTIONS",
+    "driver_java_options",
+    "session_conf",
+    "worker_conf",
+]
+
+MASTER_ENV = "BARRIERFLOW_SPARK_MASTER"
+REMOTE_ENV = "BARRIERFLOW_SPARK_REMOTE"
+# The driver JVM's options; apply when this process starts the JVM, and
+# $BARRIERFLOW_DRIVER_JAVA_OPTIONS replaces them. The throughput collector:
+# G1's concurrent threads took CPU from the tasks. The client compiler alone
+# (C1): a driver plans each epoch's dozens of queries anew, and C2 kept
+# compiling that code all run long; executors in JVMs of their own keep both
+# compilers. C1 alone would shrink the code cache to 48 MiB, which Spark
+# fills (then the JVM stops compiling). Figures: bench/README.md, "The
+# driver's compiler".
+DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+# SQL settings every epoch relies on, whoever started the application: they
+# are set per session, so a shared Connect engine gets them from each client.
+def session_conf() -> dict[str, str]:
+    return {
+        "spark.sql.session.timeZone": "UTC",  # all event time is UTC
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",  # never INT96
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.adaptive.enabled": os.environ.get("BARRIERFLOW_SPARK_AQE", "false"),
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.sources.ignoreMissingFiles": "false",
+        # An epoch's cached frames live for one epoch: choosing and applying
+        # a compression scheme per column took ~6% of the JVM's CPU (JFR,
+        # sensor_stats) and saved memory only until the epoch ends.
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
+    }
+
+
+def driver_java_options(base: str | None = None) -> str:
+    """A driver JVM's options: ``base`` and the class archive's.
+
+    ``base`` defaults to :data:`DRIVER_JAVA_OPTIONS`, or
+    ``$BARRIERFLOW_DRIVER_JAVA_OPTIONS`` where set; the benchmarks' baselines
+    pass their own.
+    """
+    if base is None:
+        base = os.environ.get("BARRIERFLOW_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS)
+    return " ".join(filter(None, [base, jvm_archive.java_options()]))
+
+
+def application_conf() -> dict[str, str]:
+    """Settings read once, when a driver JVM starts: every way barrierflow starts one passes them."""
+    conf = {
+        # Generated code is cached by its text; a steady sensor_stats epoch
+        # asks for ~200 distinct classes, which Spark's default cache (100)
+        # evicted before the next epoch asked again: 822 compilations for
+        # 215 distinct classes, ~1.3 s of CPU per epoch.
+        "spark.sql.codegen.cache.maxEntries": "2000",
+        "spark.driver.extraJavaOptions": driver_java_options(),
+    }
+    # Executors in JVMs of their own map the same archive (where its path exists).
+    archive = jvm_archive.java_options()
+    if archive:
+        conf["spark.executor.extraJavaOptions"] = archive
+    return conf
+
+
+def worker_conf(master: str | None) -> dict[str, str]:
+    """Settings for the Python workers of ``master``: barrierflow's worker daemon where they run on this machine.
+
+    Python workers fork from :mod:`barrierflow.execution.worker_daemon`, which has
+    imported and frozen the libraries tasks use (why: its docstring), when
+    the executors run this interpreter here (``local[...]``). Not for other
+    masters (or one spark-submit chooses): their workers may not have
+    barrierflow installed, and must import the package shipped with the task.
+    """
+    if master is None or ships_package(master):
+        return {}
+    return {"spark.python.daemon.module": "barrierflow.execution.worker_daemon"}
+
+
+_sessions: dict[str, "SparkSession"] = {}
+_addresses: dict[int, str] = {}  # id(remote session) -> the engine's address, for error messages
+_SESSION_NAMESPACE = uuid.UUID("0f6d1c2e-5b8a-4c1e-9a57-3d2b6f0e8c41")
+_SESSION_GENERATIONS = 8
+_T = TypeVar("_T")
+_cached: dict[Hashable, tuple[Any, Any]] = {}
+
+
+def engine_address(remote: str | None = None) -> str | None:
+    """The Spark Connect address to use (``sc://...``), or None for a classic session."""
+    return remote or os.environ.get(REMOTE_ENV) or os.environ.get("SPARK_REMOTE") or None
+
+
+def session_cached(key: Hashable, build: Callable[[], _T]) -> _T:
+    """``build()`` once per session, e.g. Column expressions.
+
+    In a classic session every Column operation is a py4j round trip; an
+    operator that builds the same expressions every epoch pays tens of
+    milliseconds for nothing. (Connect expressions are plain Python objects;
+    caching them is harmless.)
+    """
+    owner = _session_owner()
+    hit = _cached.get(key)
+    if hit is not None and hit[0] is owner:
+        return hit[1]
+    value = build()
+    _cached[key] = (owner, value)
+    return value
+
+
+def _session_owner() -> Any:
+    from pyspark.sql.utils import is_remote
+
+    if is_remote():
+        from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+        return RemoteSession.getActiveSession()
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context
+
+
+def describe_jobs(spark: Any, text: str) -> None:
+    """Name the Spark jobs the calling thread starts from now on (``epoch 4: dedup``) in Spark's UI and event log.
+
+    Classic sessions only: a job description is a thread-local property of
+    the SparkContext, which a Connect client does not have.
+    """
+    sc = getattr(spark, "sparkContext", None) if not _is_remote(spark) else None
+    if sc is not None:
+        sc.setJobDescription(text)
+
+
+def _is_remote(spark: Any) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def local_checkpoint(df: "DataFrame") -> "DataFrame | None":
+    """``df.localCheckpoint(eager=False)`` in ``df``'s own session; None if Spark would bind it to another.
+
+    PySpark's Connect client (4.x) attaches the checkpoint it gets back to
+    ``SparkSession.active()``, not to the session that made it: in a process
+    with two Connect sessions (say a CLI loop beside a test's or a restarted
+    engine's), the result would point at a DataFrame id the other session
+    does not know, and its release would go there too. So ``df``'s session is
+    made this thread's active one for the call (PySpark keeps it in a
+    thread-local); if the result still belongs elsewhere, None (the caller
+    persists instead).
+    """
+    session = df.sparkSession
+    if not _is_remote(session):
+        return df.localCheckpoint(eager=False)
+    active = getattr(type(session), "_active_session", None)
+    previous = getattr(active, "session", None)
+    if active is not None:
+        active.session = session
+    try:
+        result = df.localCheckpoint(eager=False)
+    finally:
+        if active is not None:
+            active.session = previous
+    return result if result.sparkSession is session else None
+
+
+def observation_done(observation: Any) -> bool:
+    """Whether an action already delivered ``observation``'s metrics (reading them would not block)."""
+    jo = getattr(observation, "_jo", None)
+    if jo is not None:  # classic: a JVM future
+        return bool(jo.future().isCompleted())
+    # Connect: the metrics arrive with the result of the first action that ran the plan.
+    return bool(getattr(observation, "_result", None))
+
+
+def engine_lost(spark: Any, exc: BaseException) -> EngineUnavailableError | None:
+    """An :class:`EngineUnavailableError` naming the engine if ``exc`` means ``spark``'s engine went away."""
+    address = _addresses.get(id(spark))
+    if address is None:
+        return None
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+
+    text = str(exc)
+    lost = ("UNAVAILABLE", "RETRIES_EXCEEDED", "Connection refused", "Socket closed", "failed to connect")
+    if isinstance(exc, SparkConnectGrpcException) and any(marker in text for marker in lost):
+        return EngineUnavailableError(
+            f"the Spark engine at {address} was lost ({_first_line(exc)}); the epoch did not vote, "
+            "so the next attempt on a live engine replays its barrier"
+        )
+    return None
+
+
+def launched_by_spark_submit() -> bool:
+    """Whether this Python process is a driver started by ``spark-submit`` (its JVM is already up)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def get_spark(master: str | None = None, remote: str | None = None, session_name: str | None = None) -> "SparkSession":
+    """One session per process and engine.
+
+    ``remote`` (or the environment, see :func:`engine_address`) connects to a
+    Spark Connect engine; raises :class:`EngineUnavailableError` naming the
+    address when it does not answer. Otherwise a classic session on
+    ``master``, ``$BARRIERFLOW_SPARK_MASTER`` or ``local[*]``. In a driver
+    that ``spark-submit`` started, the submitted ``--master`` (the Airflow
+    Spark connection) holds: no environment variable overrides it.
+
+    ``session_name`` (a pipeline's name) makes every process that drives
+    that pipeline join the same Connect session on the engine: the session's
+    Python UDF workers stay warm from one Airflow task to the next, and the
+    engine keeps one session per pipeline instead of one per epoch (each
+    session starts its own Python worker daemon, which Spark 4.2 keeps until
+    the application ends).
+    """
+    if master is None and remote is None and launched_by_spark_submit():
+        return _classic_session(None)  # spark-submit's --master holds; no environment overrides it
+    address = remote or (engine_address() if master is None else None)
+    if address is not None:
+        return _remote_session(address, session_name)
+    return _classic_session(master)
+
+
+def session_ids(session_name: str) -> list[str]:
+    """The Connect session ids a pipeline's processes try, in order.
+
+    The first that the engine has not closed wins; every process tries the
+    same list, so they meet in one session. A session closes only when it
+    stayed idle past the engine's session timeout; the next id serves then.
+    """
+    return [str(uuid.uuid5(_SESSION_NAMESPACE, f"barrierflow/{session_name}#{n}")) for n in range(_SESSION_GENERATIONS)]
+
+
+def with_session_id(address: str, session_id: str) -> str:
+    separator = ";" if "/;" in address else ("" if address.endswith("/") else "/") + ";"
+    return f"{address}{separator}session_id={session_id}"
+
+
+def _remote_session(address: str, session_name: str | None) -> "SparkSession":
+    if not address.startswith("sc://"):
+        raise ConfigurationError(f"Spark Connect address {address!r}: expected sc://host:port")
+    key = f"{address}#{session_name}"
+    session = _sessions.get(key)
+    if session is not None:
+        return session
+    if "classic" in _sessions:
+        raise ConfigurationError(
+            f"this process already runs a classic Spark session; it cannot also use the Spark Connect "
+            f"engine at {address} (PySpark's Connect mode is process-wide)"
+        )
+    # An id in the address is the user's choice; else one session per pipeline (or a fresh one).
+    candidates = [address] if session_name is None or "session_id=" in address else [
+        with_session_id(address, sid) for sid in session_ids(session_name)
+    ]
+    for url in candidates:
+        session = _connect(url, address)
+        if session is not None:
+            _sessions[key] = session
+            return session
+    raise EngineUnavailableError(
+        f"the Spark engine at {address} refused all {len(candidates)} session ids of {session_name!r} as closed"
+    )
+
+
+def _connect(url: str, address: str) -> "SparkSession | None":
+    """A session at ``url`` after one round trip; None when the engine closed that session id."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    _check_reachable(address)
+    try:
+        session = SparkSession.builder.remote(url).create()
+    except Exception as exc:  # noqa: BLE001 - e.g. a malformed address
+        raise ConfigurationError(f"Spark Connect address {address!r}: {_first_line(exc)}") from exc
+    # PySpark waits up to 10 minutes for a lost engine; an epoch fails within about
+    # half a minute instead, and the task's own retry (or the next run) takes over.
+    session.client.set_retry_policies([DefaultPolicy(max_retries=8, backoff_multiplier=2.0, initial_backoff=200, max_backoff=5000)])
+    try:
+        session.version  # noqa: B018 - the first round trip: fail here, naming the address
+        for key, value in session_conf().items():
+            session.conf.set(key, value)
+        _addresses[id(session)] = address
+        return session
+    except Exception as exc:  # noqa: BLE001 - gRPC errors have no common base worth naming
+        _discard(session)
+        if "SESSION_CLOSED" in str(exc):
+            return None
+        raise EngineUnavailableError(
+            f"the Spark engine at {address} did not answer ({type(exc).__name__}: {_first_line(exc)}); "
+            "start it (barrierflow engine, or make run) or point the Spark Connect connection at a live one"
+        ) from exc
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on an engine that is down: PySpark's own retries back off for minutes."""
+    parsed = urlparse("http://" + address.removeprefix("sc://"))
+    host, port = parsed.hostname or "localhost", parsed.port or 15002
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return
+    except OSError as exc:
+        raise EngineUnavailableError(
+            f"the Spark engine at {address} is not reachable ({exc.strerror or exc}); start it "
+            "(barrierflow engine, or make run) or point the Spark Connect connection at a live one"
+        ) from exc
+
+
+def _discard(session: Any) -> None:
+    """Close a session this process could not use, and stop PySpark from handing it out again."""
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+    session.client.close()
+    if RemoteSession._default_session is session:
+        RemoteSession._default_session = None
+    if getattr(RemoteSession._active_session, "session", None) is session:
+        RemoteSession._active_session.session = None
+
+
+def _classic_session(master: str | None) -> "SparkSession":
+    session = _sessions.get("classic")
+    if session is not None:
+        return session
+    from pyspark.sql import SparkSession
+
+    if _addresses:
+        raise ConfigurationError(
+            "this process already uses a Spark Connect engine; it cannot also start a classic Spark "
+            "session (PySpark's Connect mode is process-wide)"
+        )
+    # PySpark marks Connect mode in the environment, which child processes inherit: a
+    # classic session started by a child of a Connect client must clear it first.
+    for key in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
+        os.environ.pop(key, None)
+    # Python workers must run the interpreter that has barrierflow's packages.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    chosen = None if launched_by_spark_submit() else master or os.environ.get(MASTER_ENV) or "local[*]"
+    builder = SparkSession.builder.appName("barrierflow")
+    if chosen is not None:
+        # Under spark-submit without an explicit choice, --master (the Airflow Spark connection) holds.
+        builder = builder.master(chosen)
+    builder = (
+        # ({**...}: PySpark types map= as a dict of any primitive values, and a dict is invariant.)
+        builder.config(map={**session_conf()})
+        .config(map={**application_conf(), **worker_conf(chosen)})
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", os.environ.get("BARRIERFLOW_DRIVER_MEMORY", "2g"))
+        .config("spark.python.worker.reuse", "true")
+    )
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    if ships_package(session.sparkContext.master):
+        # Executors import the shipped package, never the driver's interpreter path.
+        session.sparkContext.addPyFile(package_archive())
+    _sessions["classic"] = session
+    return session
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else ""

@@ -1,0 +1,1 @@
+"""Operations on a pipeline's state and history: savepoints, restores, reprocessing, maintenance, queries."""

@@ -1,0 +1,194 @@
+"""Reprocessing: restore, then replay every data interval after the restore point, in order.
+
+What a data engineer does after fixing a bug: go back to a savepoint (or a
+retained epoch) and run the input since then again with the current code, so
+that the sinks end up exactly as if the history had run once with it.
+:func:`reprocess` does it as one operation:
+
+  1. plan: from the restore point's offsets and arrival cut-off, the epochs
+     the replay will produce, one per data interval of the schedule that
+     holds input (:meth:`CheckpointCoordinator.preview_epochs`); reported
+     before anything changes;
+  2. hold the pipeline for this operation: the schedule's runs plan nothing
+     while it is held (``barrier_step`` skips them), so the replay is never
+     interleaved with them;
+  3. restore (:func:`barrierflow.operations.restore.restore`, sinks rewound by default);
+  4. replay: epochs one data interval at a time, each cut at its interval's
+     end, up to the last interval that has ended; again until nothing is
+     left, so the schedule takes over from the present;
+  5. release the hold, also when a step failed (the schedule then goes on
+     with the replay itself, interval by interval, as every run cuts its
+     epochs at interval ends).
+
+``replay`` runs step 4's epochs: by default the coordinator's own loop in
+this process (``barrierflow reprocess``); the DAG passes its per-epoch steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from barrierflow.checkpointing.checkpoint import CheckpointRecord, EpochStatus
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.checkpointing.intervals import ArrivalBound, cutoff_text, previous_interval_end_ms
+from barrierflow.connectors.source import describe_offsets
+from barrierflow.core.errors import EpochInProgressError
+from barrierflow.operations.restore import RestoreResult, describe_restore_point, restore
+from barrierflow.operations.savepoint import DEFAULT_LEASE_WAIT_S
+from barrierflow.plan.pipeline import PipelineDefinition
+
+__all__ = ["PlannedEpoch", "ReprocessPlan", "ReprocessResult", "plan_reprocess", "reprocess"]
+
+# Runs the epochs within a bound until none is left; returns the epochs it completed.
+Replay = Callable[[CheckpointCoordinator, ArrivalBound], list[int]]
+
+
+@dataclass(frozen=True)
+class PlannedEpoch:
+    """One epoch of a replay: the input of one data interval."""
+
+    arrival_cutoff_ms: int | None
+    inputs: Mapping[str, Any]  # end offsets per source (files for a file source)
+
+    def describe(self) -> str:
+        return f"interval ending {cutoff_text(self.arrival_cutoff_ms)}: {describe_offsets(self.inputs)}"
+
+
+@dataclass(frozen=True)
+class ReprocessPlan:
+    pipeline: str
+    restore_epoch: int
+    restored_from: str
+    restore_cutoff_ms: int | None
+    until_ms: int
+    epochs: tuple[PlannedEpoch, ...]
+
+    def describe(self) -> list[str]:
+        head = (
+            f"{self.pipeline}: restore {self.restored_from} (epoch {self.restore_epoch}, arrival cut-off "
+            f"{cutoff_text(self.restore_cutoff_ms)}), then replay {len(self.epochs)} epoch(s) up to "
+            f"{cutoff_text(self.until_ms)}"
+        )
+        return [head, *(f"  epoch {self.restore_epoch + i + 1}: {e.describe()}" for i, e in enumerate(self.epochs))]
+
+
+@dataclass(frozen=True)
+class ReprocessResult:
+    plan: ReprocessPlan
+    restored: RestoreResult
+    replayed: tuple[CheckpointRecord, ...] = field(default_factory=tuple)
+
+    def describe(self) -> list[str]:
+        lines = [f"restored {self.restored.restored_from} into lineage {self.restored.lineage_id}"]
+        lines += [
+            f"  epoch {r.epoch} COMPLETED: interval ending {cutoff_text(r.arrival_cutoff_ms)}, rows_in={r.rows_in} "
+            f"rows_out={r.rows_out} dead_letters={r.dead_letters}"
+            for r in self.replayed
+        ]
+        lines.append(f"replayed {len(self.replayed)} epoch(s); the schedule goes on from here")
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "restored": self.restored.to_json(),
+            "planned": [{"arrival_cutoff_ms": e.arrival_cutoff_ms, "inputs": dict(e.inputs)} for e in self.plan.epochs],
+            "replayed": [{"epoch": r.epoch, "arrival_cutoff_ms": r.arrival_cutoff_ms, "rows_in": r.rows_in} for r in self.replayed],
+        }
+
+
+def _coordinator(definition: PipelineDefinition, warehouse: str, params: Mapping[str, Any] | None, **kw: Any) -> CheckpointCoordinator:
+    return CheckpointCoordinator(definition, params or {}, warehouse, **kw)
+
+
+def plan_reprocess(
+    definition: PipelineDefinition,
+    warehouse: str,
+    *,
+    schedule: str | None,
+    savepoint: str | None = None,
+    epoch: int | None = None,
+    params: Mapping[str, Any] | None = None,
+    now_ms: int | None = None,
+) -> ReprocessPlan:
+    """Step 1: the restore point and the epochs a replay from it would produce now (records nothing)."""
+    point = describe_restore_point(definition, warehouse, savepoint=savepoint, epoch=epoch, params=params)
+    until = _until(schedule, now_ms)
+    coordinator = _coordinator(definition, warehouse, point.params)
+    planned = coordinator.preview_epochs(point.offsets, ArrivalBound(cutoff_ms=until, schedule=schedule))
+    return ReprocessPlan(
+        pipeline=definition.name,
+        restore_epoch=point.epoch,
+        restored_from=point.restored_from,
+        restore_cutoff_ms=point.arrival_cutoff_ms,
+        until_ms=until,
+        epochs=tuple(PlannedEpoch(cutoff, end) for cutoff, end in planned),
+    )
+
+
+def reprocess(
+    definition: PipelineDefinition,
+    warehouse: str,
+    *,
+    schedule: str | None,
+    owner: str,
+    savepoint: str | None = None,
+    epoch: int | None = None,
+    rewind_sinks: bool = True,
+    allow_non_restored_state: bool = False,
+    parallelism: int | None = None,
+    params: Mapping[str, Any] | None = None,
+    spark_factory: Callable[[], Any] | None = None,
+    replay: Replay | None = None,
+    on_plan: Callable[[ReprocessPlan], None] = lambda plan: None,
+    lease_wait_s: float = DEFAULT_LEASE_WAIT_S,
+) -> ReprocessResult:
+    """Steps 1-5 of the module docstring; ``owner`` names this operation in the hold and its barriers."""
+    plan = plan_reprocess(definition, warehouse, schedule=schedule, savepoint=savepoint, epoch=epoch, params=params)  # 1
+    on_plan(plan)
+    coordinator = _coordinator(definition, warehouse, params, spark_factory=spark_factory)
+    hold = coordinator.hold(owner, f"reprocessing from {plan.restored_from}")  # 2
+    if hold.get("owner") != owner:
+        raise EpochInProgressError(
+            f"pipeline {definition.name} is already held by {hold.get('owner')} ({hold.get('reason')}, since "
+            f"{hold.get('since')}); one reprocessing at a time"
+        )
+    try:
+        restored = restore(  # 3
+            definition,
+            warehouse,
+            savepoint=savepoint,
+            epoch=epoch,
+            allow_non_restored_state=allow_non_restored_state,
+            rewind_sinks=rewind_sinks,
+            parallelism=parallelism,
+            params=params,
+            lease_wait_s=lease_wait_s,
+        )
+        # The restore may fix parameters (a parallelism) for the new lineage: build anew.
+        coordinator = _coordinator(definition, warehouse, params, spark_factory=spark_factory)
+        run_epochs = replay or _run_in_process
+        epochs: list[int] = []
+        while True:  # 4: until the last ended interval, again until nothing is left
+            done = run_epochs(coordinator, ArrivalBound(cutoff_ms=_until(schedule), schedule=schedule, owner=owner))
+            epochs += done
+            if not done:
+                break
+        records = coordinator.log.lineage_records(restored.lineage_id)
+        replayed = sorted(
+            (r for r in records if r.epoch in set(epochs) and r.status is EpochStatus.COMPLETED), key=lambda r: r.epoch
+        )
+        return ReprocessResult(plan=plan, restored=restored, replayed=tuple(replayed))
+    finally:
+        coordinator.release_hold(owner)  # 5
+
+
+def _run_in_process(coordinator: CheckpointCoordinator, bound: ArrivalBound) -> list[int]:
+    return [r.epoch for r in coordinator.run(until_caught_up=True, bound=bound)]
+
+
+def _until(schedule: str | None, now_ms: int | None = None) -> int:
+    """The replay's arrival cut-off: the end of the last interval that has ended (now, without a schedule)."""
+    now = now_ms if now_ms is not None else int(time.time() * 1000)
+    return previous_interval_end_ms(schedule, now) if schedule else now

@@ -1,0 +1,1 @@
+"""The plan: the pipeline graph, its declaration and the registry of pipelines."""

@@ -1,0 +1,818 @@
+"""The pipeline API: sources -> keyed operators -> sinks, with stable operator ids.
+
+A pipeline is declared by a build function that receives a
+:class:`PipelineBuilder` and the resolved parameters::
+
+    @bf.pipeline("sensor_stats", params=[bf.Param("landing_dir", str)])
+    def sensor_stats(p: bf.PipelineBuilder, params: dict) -> None:
+        readings = p.source(bf.FileSource("readings", params["landing_dir"], ...))
+        (readings.filter("temperature > -100")
+                 .key_by("sensor_id")
+                 .aggregate("totals", count=bf.Count(), total=bf.Sum("temperature"))
+                 .sink_to(bf.DeltaSink.upsert(...)))
+
+Declarative operators (deduplicate, running aggregates, event-time windows)
+and stateless operators given column expressions compile to native Spark
+expressions; stateless operators given Python functions run them over Arrow
+batches on the executors (:mod:`barrierflow.operators.stateless`);
+:meth:`KeyedStream.process` runs a
+:class:`~barrierflow.operators.process.KeyedProcessFunction` over whole key
+groups with Arrow; :meth:`DataStream.process` a non-keyed
+:class:`~barrierflow.operators.operator_state.ProcessFunction` with operator
+list state, as parallel subtasks.
+
+Operators with several inputs: :meth:`DataStream.union`,
+:meth:`KeyedStream.connect` (a
+:class:`~barrierflow.operators.co_process.KeyedCoProcessFunction`),
+:meth:`KeyedStream.interval_join` and :meth:`DataStream.join` (window joins).
+Each runs in epoch n once every input's epoch-n output is computed, and its
+watermark is the minimum of its inputs'.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any, Callable, Mapping
+
+import pyarrow as pa
+
+from barrierflow.api.params import Param, resolve_params
+from barrierflow.api.state import MapStateDescriptor
+from barrierflow.connectors.delta_sink import DeltaSink, SinkNode
+from barrierflow.connectors.source import Source
+from barrierflow.core.errors import PipelineDefinitionError
+from barrierflow.operators.aggregate import Aggregation, RunningAggregate, named_aggregations
+from barrierflow.operators.base import Node
+from barrierflow.operators.broadcast import KeyedBroadcastProcess, KeyedBroadcastProcessFunction
+from barrierflow.operators.co_process import KeyedCoProcess, KeyedCoProcessFunction
+from barrierflow.operators.dedup import Deduplicate
+from barrierflow.operators.interval_join import IntervalBounds, IntervalJoin
+from barrierflow.operators.operator_state import OperatorProcess, ProcessFunction, source_offsets_spec
+from barrierflow.operators.process import KeyedProcess, KeyedProcessFunction
+from barrierflow.operators.stateless import (
+    BatchFunction,
+    Expression,
+    Filter,
+    FlatMapColumn,
+    FlatMapFunction,
+    MapColumns,
+    MapFunction,
+    Select,
+    check_column_name,
+    check_expression,
+    check_function,
+    is_column,
+)
+from barrierflow.operators.union import Union
+from barrierflow.operators.watermark import WatermarkAssigner
+from barrierflow.operators.window import WindowAssigner, window_node
+from barrierflow.operators.window_join import WindowJoin
+from barrierflow.state.spec import StateSpec
+
+__all__ = [
+    "PipelineDefinition",
+    "PipelineBuilder",
+    "DataStream",
+    "KeyedStream",
+    "ConnectedKeyedStreams",
+    "IntervalJoinedStreams",
+    "JoinedStreams",
+    "Pipeline",
+    "pipeline",
+    "DEFAULT_KEY_GROUPS",
+]
+
+DEFAULT_KEY_GROUPS = 128
+# Where operators merge keyed state with an epoch's changes (see ``pipeline()``).
+STATE_BACKENDS = ("delta", "heap")
+_ID = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass
+class SourceNode(Node):
+    source: Source | None = None
+
+    def apply(self, ctx: Any, df: Any) -> Any:  # sources are read by the runtime
+        raise NotImplementedError
+
+    def state_specs(self) -> list[StateSpec]:
+        """Its offsets, union list state (``operator_state`` 8.): saved, restored and checked as any state."""
+        return [source_offsets_spec(self.operator_id)]
+
+
+@dataclass
+class Pipeline:
+    """A built pipeline: its nodes in creation (hence topological) order."""
+
+    name: str
+    key_groups: int
+    nodes: list[Node]
+    params: dict[str, Any]
+    parallelism: int
+    state_backend: str = "delta"
+
+    @property
+    def sources(self) -> list[SourceNode]:
+        return [n for n in self.nodes if isinstance(n, SourceNode)]
+
+    @property
+    def sinks(self) -> list[SinkNode]:
+        return [n for n in self.nodes if isinstance(n, SinkNode)]
+
+    def state_specs(self) -> list[StateSpec]:
+        return [spec for n in self.nodes for spec in n.state_specs()]
+
+    def source_keys(self, source: SourceNode) -> dict[str, str]:
+        """The key columns keyed operators take straight from ``source``'s records, each with the first such operator.
+
+        A key passes unchanged through watermarks, deduplication, unions and
+        stateless operators that do not compute it (``Node.passes_through``)
+        to the operator keyed by it (through a union, from each input). Keys computed on the way (a map,
+        select or flat_map) are checked before the operator instead (:meth:`computed_keys`).
+        """
+        keys: dict[str, str] = {}
+        for node in self.nodes:
+            for upstream, key in node.keyed_inputs():
+                for column in key:
+                    if _reaches_unchanged(upstream, column, source):
+                        keys.setdefault(column, node.operator_id)
+        return keys
+
+    def computed_keys(self, node: Node) -> list[tuple[int, str, str]]:
+        """The key columns ``node`` takes from an input that no source checked: ``(input index, column, computed by)``.
+
+        A key is checked when on every path it reaches ``node`` unchanged
+        from a source (which checks it: :meth:`source_keys`) or from the key
+        columns of an earlier keyed operator's output (checked before that
+        operator). Any other, e.g. one a map, select or flat_map computes,
+        is checked before ``node`` consumes it (:mod:`barrierflow.operators.key_check`);
+        ``computed by`` names the first operator found computing it.
+        """
+        inputs, taken, found = node.inputs(), set(), []
+        for upstream, key in node.keyed_inputs():
+            # A stream connected to itself is two inputs: each keyed input is the next unused one.
+            index = next(i for i, n in enumerate(inputs) if n is upstream and i not in taken)
+            taken.add(index)
+            for column in key:
+                computing = _computed_by(upstream, column)
+                if computing is not None:
+                    found.append((index, column, computing.operator_id))
+        return found
+
+    def upstream_sources(self, node: Node) -> list[SourceNode]:
+        """The sources ``node``'s records come from, in declaration order."""
+        upstream = _upstream(node)
+        return [n for n in self.sources if any(n is u for u in upstream)]
+
+    def needs_arrival_order(self, node: Node) -> bool:
+        """Whether ``node`` reads the ``_seq`` arrival position of its input (a stateless operator: if a consumer does)."""
+        if node.forwards_arrival_order:
+            return any(self.needs_arrival_order(child) for child in self.children(node))
+        return node.needs_arrival_order
+
+    def children(self, node: Node) -> list[Node]:
+        """The nodes consuming ``node``'s output, once each (a union of a stream with itself consumes it twice)."""
+        return [n for n in self.nodes if any(i is node for i in n.inputs())]
+
+    def watermark_assigner_ids(self) -> set[str]:
+        return {n.operator_id for n in self.nodes if isinstance(n, WatermarkAssigner)}
+
+    def side_output_names(self) -> list[str]:
+        return [name for n in self.nodes for name in n.side_outputs()]
+
+    def operator_ids(self) -> list[str]:
+        return [n.operator_id for n in self.nodes]
+
+
+def _reaches_unchanged(node: Node, column: str, source: Node) -> bool:
+    """Whether ``column`` of ``source``'s records is ``node``'s output column, unchanged on some path (``Node.passes_through``)."""
+    upstream = [node]
+    while upstream:
+        current = upstream.pop()
+        if current is source:
+            return True
+        if current.passes_through(column):
+            upstream.extend(current.inputs())
+    return False
+
+
+def _computed_by(node: Node, column: str) -> Node | None:
+    """The first operator on a path to ``node`` that computes ``column`` (not a source, an unchanged pass or a keyed output), else None."""
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, SourceNode) or column in current.key_output():
+            continue
+        if not current.passes_through(column) or not current.inputs():
+            return current
+        pending.extend(reversed(current.inputs()))
+    return None
+
+
+def _check_watermarks(what: str, inputs: tuple[Node, ...], advice: str) -> None:
+    """A multi-input operator's watermark is the minimum of its inputs'; one without an assigner upstream has none (-infinity)."""
+    watermarked = [any(isinstance(n, WatermarkAssigner) for n in _upstream(i)) for i in inputs]
+    if any(watermarked) and not all(watermarked):
+        missing = [n + 1 for n, has in enumerate(watermarked) if not has]
+        raise PipelineDefinitionError(
+            f"{what}: input(s) {missing} have no watermark upstream while others do; the watermark of an operator "
+            f"with several inputs is the minimum of its inputs', and an input without one has none: {advice}"
+        )
+
+
+def _check_assigners(nodes: list[Node]) -> None:
+    """With several watermark assigners, each keeps its maximum in state, and every event-time operator is downstream of all.
+
+    The pipeline's watermark is the minimum over its assigners
+    (:mod:`barrierflow.operators.watermark`); it is an operator's own, the
+    minimum over its inputs, only if all of them are upstream of it.
+    """
+    assigners = [n for n in nodes if isinstance(n, WatermarkAssigner)]
+    if len(assigners) < 2:
+        return
+    for assigner in assigners:
+        assigner.tracked = True
+    for node in nodes:
+        if node.uses_watermark:
+            upstream = _upstream(node)
+            missing = [a.operator_id for a in assigners if not any(a is n for n in upstream)]
+            if missing:
+                raise PipelineDefinitionError(
+                    f"{node.operator_id!r} uses event time but watermark assigner(s) {missing} are not upstream of it; "
+                    "a pipeline's watermark is the minimum of its assigners', so with several assigners every "
+                    "event-time operator (window, join, process function with timers) must be downstream of all of them"
+                )
+
+
+def _event_time_column(what: str, node: Node, number: int) -> str:
+    """The event-time column of ``node``'s records: that of the watermark assigner upstream of it."""
+    columns = sorted({n.column for n in _upstream(node) if isinstance(n, WatermarkAssigner)})
+    if len(columns) != 1:
+        raise PipelineDefinitionError(
+            f"{what}: input {number} has {'no watermark assigner' if not columns else f'assigners of columns {columns}'} "
+            "upstream; each input of an event-time join needs exactly one event-time column: "
+            "with_watermark(column, out_of_orderness) on it (e.g. after its source)"
+        )
+    return columns[0]
+
+
+def _upstream(node: Node) -> list[Node]:
+    """``node`` and every node it depends on."""
+    seen: list[Node] = []
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if not any(current is n for n in seen):
+            seen.append(current)
+            pending.extend(current.inputs())
+    return seen
+
+
+class PipelineBuilder:
+    """Collects the nodes of a pipeline while its build function runs."""
+
+    def __init__(self, name: str, key_groups: int) -> None:
+        self.name = name
+        self.key_groups = key_groups
+        self.nodes: list[Node] = []
+
+    def _add(self, node: Node, generated: bool = False) -> Node:
+        if not generated and not _ID.match(node.operator_id):
+            raise PipelineDefinitionError(
+                f"operator id {node.operator_id!r} must be lower_snake_case (letters, digits, _)"
+            )
+        if any(n.operator_id == node.operator_id for n in self.nodes):
+            raise PipelineDefinitionError(f"duplicate operator id {node.operator_id!r} in {self.name}")
+        self.nodes.append(node)
+        return node
+
+    def source(self, source: Source) -> "DataStream":
+        node = self._add(SourceNode(operator_id=source.source_id, parent=None, source=source))
+        return DataStream(self, node)
+
+    def stateless_id(self, kind: str, operator_id: str | None) -> tuple[str, bool]:
+        """The id of a stateless operator: the one given, else ``<kind>-<n>`` (the n-th of its kind).
+
+        A generated id holds a ``-``, which no given id may, so it never takes
+        an id a stateful operator declared later wants; it depends only on
+        how many operators of its kind were declared before it.
+        """
+        if operator_id is not None:
+            return operator_id, False
+        return f"{kind}-{sum(1 for n in self.nodes if n.operator_id.startswith(f'{kind}-')) + 1}", True
+
+
+@dataclass(frozen=True)
+class DataStream:
+    builder: PipelineBuilder
+    node: Node
+
+    def _then(self, node: Node) -> "DataStream":
+        return DataStream(self.builder, self.builder._add(node))
+
+    def _stateless(self, kind: str, operator_id: str | None, make: Callable[[str], Node]) -> "DataStream":
+        node_id, generated = self.builder.stateless_id(kind, operator_id)
+        return DataStream(self.builder, self.builder._add(make(node_id), generated))
+
+    def filter(self, condition: "Expression | BatchFunction", *, operator_id: str | None = None) -> "DataStream":
+        """Keep the records for which ``condition`` holds.
+
+        ``condition`` is a SQL expression (``"amount > 0"``) or a
+        ``pyspark.sql.Column`` (run as Spark's ``where``), or a Python function
+        taking a ``pyarrow.RecordBatch`` of the user columns and returning one
+        boolean per record (run batched on the executors; null drops the record).
+        """
+        if isinstance(condition, str) or is_column(condition):
+            check_expression(operator_id or "filter", condition)
+            expression = condition
+            return self._stateless("filter", operator_id, lambda i: Filter(operator_id=i, parent=self.node, condition=expression))
+        if not callable(condition):
+            raise PipelineDefinitionError(
+                f"{operator_id or 'filter'}: {condition!r} is neither a column expression (a SQL string or a pyspark "
+                "Column) nor a function of a pyarrow.RecordBatch"
+            )
+        function = condition  # a callable that is neither a string nor a Column
+        return self._stateless("filter", operator_id, lambda i: Filter(operator_id=i, parent=self.node, function=function))
+
+    def select(self, *columns: "Expression", operator_id: str | None = None) -> "DataStream":
+        """Project each record onto ``columns``: column names, SQL expressions (``"amount * 100 AS cents"``) or Columns.
+
+        ``"*"`` stands for every user column. The engine's columns (``_seq``
+        and others starting with ``_``) are kept whatever is selected.
+        """
+        if not columns:
+            raise PipelineDefinitionError("select needs at least one column")
+        for column in columns:
+            check_expression(operator_id or "select", column)
+        return self._stateless("select", operator_id, lambda i: Select(operator_id=i, parent=self.node, columns=tuple(columns)))
+
+    def map(
+        self,
+        function: "BatchFunction | None" = None,
+        *,
+        schema: pa.Schema | None = None,
+        operator_id: str | None = None,
+        **columns: "Expression",
+    ) -> "DataStream":
+        """Transform each record.
+
+        - ``map(cents="amount * 100", user="lower(user)")``: add or replace
+          those columns (Spark's ``withColumns``); the record keeps its others.
+        - ``map(function, schema=...)``: ``function`` takes a
+          ``pyarrow.RecordBatch`` of the user columns and returns one row per
+          record (a ``RecordBatch``, ``Table`` or mapping of column to values)
+          of the declared ``schema``, which replaces the record's user
+          columns. Runs batched on the executors; a wrong row count or schema
+          fails the epoch with an error naming the operator.
+        """
+        if function is not None:
+            declared = check_function("map", operator_id, function, schema, columns)
+            return self._stateless(
+                "map", operator_id, lambda i: MapFunction(operator_id=i, parent=self.node, function=function, schema=declared)
+            )
+        if not columns:
+            raise PipelineDefinitionError("map needs a function and schema=, or columns as keywords (map(cents='amount * 100'))")
+        if schema is not None:
+            raise PipelineDefinitionError("map: schema= is for a Python function; column expressions have their own types")
+        for name, value in columns.items():
+            check_column_name(operator_id or "map", name)
+            check_expression(operator_id or "map", value)
+        return self._stateless("map", operator_id, lambda i: MapColumns(operator_id=i, parent=self.node, columns=dict(columns)))
+
+    def flat_map(
+        self,
+        function: "BatchFunction | None" = None,
+        *,
+        schema: pa.Schema | None = None,
+        operator_id: str | None = None,
+        **column: "Expression",
+    ) -> "DataStream":
+        """Turn each record into zero or more records.
+
+        - ``flat_map(word="split(text, ' ')")``: one record per element of
+          the array expression, as that column; the record's other columns
+          are repeated (Spark's ``explode``); a null or empty array gives none.
+        - ``flat_map(function, schema=...)``: ``function`` takes a
+          ``pyarrow.RecordBatch`` of the user columns and returns one list of
+          rows per record (e.g. a list of lists of dicts, or a
+          ``pyarrow.ListArray`` of structs) of the declared ``schema``, which
+          replaces the record's user columns. Runs batched on the executors.
+
+        Outputs keep their record's arrival position, refined by their index
+        among its outputs, so downstream results never depend on parallelism.
+        """
+        if function is not None:
+            declared = check_function("flat_map", operator_id, function, schema, column)
+            return self._stateless(
+                "flat_map", operator_id, lambda i: FlatMapFunction(operator_id=i, parent=self.node, function=function, schema=declared)
+            )
+        if len(column) != 1 or schema is not None:
+            raise PipelineDefinitionError(
+                "flat_map needs a function and schema=, or exactly one column as a keyword (flat_map(word=\"split(text, ' ')\"))"
+            )
+        ((name, value),) = column.items()
+        check_column_name(operator_id or "flat_map", name)
+        check_expression(operator_id or "flat_map", value)
+        return self._stateless(
+            "flat_map", operator_id, lambda i: FlatMapColumn(operator_id=i, parent=self.node, name=name, expression=value)
+        )
+
+    def broadcast(self, *descriptors: MapStateDescriptor) -> "BroadcastStream":
+        """This (low-volume) stream, to fill the broadcast map states ``descriptors`` for a keyed stream it is connected to.
+
+        ``keyed.connect(rules.broadcast(RULES)).process(id, fn)`` runs a
+        :class:`KeyedBroadcastProcessFunction` (:mod:`barrierflow.operators.broadcast`).
+        """
+        return BroadcastStream(self, tuple(descriptors))
+
+    def union(self, *others: "DataStream", operator_id: str | None = None) -> "DataStream":
+        """The records of this stream and of ``others``, which must have the same columns and types (:mod:`barrierflow.operators.union`).
+
+        Epoch n holds every input's records up to barrier n; a record keeps
+        its arrival position, refined by its input's index in the union.
+        Every input or none must have a watermark assigner upstream (the
+        union's watermark is the minimum of its inputs'); assign one after
+        the union to watermark the union's records.
+        """
+        if not others:
+            raise PipelineDefinitionError("union needs at least one other stream: a.union(b) or a.union(b, c)")
+        for other in others:
+            if not isinstance(other, DataStream) or other.builder is not self.builder:
+                raise PipelineDefinitionError(
+                    f"union: {other!r} is not a stream of this pipeline; give streams made by the same PipelineBuilder "
+                    "(a KeyedStream is not a stream to union: union first, then key_by)"
+                )
+        node_id, generated = self.builder.stateless_id("union", operator_id)
+        inputs = (self.node, *(o.node for o in others))
+        _check_watermarks(
+            f"union {node_id!r}", inputs, "assign the watermark after the union, or one upstream of every input"
+        )
+        return DataStream(
+            self.builder, self.builder._add(Union(operator_id=node_id, parent=self.node, others=inputs[1:]), generated)
+        )
+
+    def process(self, operator_id: str, function: ProcessFunction) -> "DataStream":
+        """Run a non-keyed process function with operator list state, as ``parallelism`` subtasks.
+
+        Record k of an epoch (in arrival order) goes to subtask
+        ``k % parallelism``; list states are redistributed, evenly or as a
+        union, when the parallelism changes (:mod:`barrierflow.operators.operator_state`).
+        """
+        return self._then(OperatorProcess(operator_id=operator_id, parent=self.node, function=function))
+
+    def deduplicate(self, operator_id: str, key: str | tuple[str, ...], ttl: timedelta | None = None) -> "DataStream":
+        """Drop records whose key was seen before (in this or an earlier epoch)."""
+        keys = (key,) if isinstance(key, str) else tuple(key)
+        return self._then(Deduplicate(operator_id=operator_id, parent=self.node, key=keys, ttl=ttl))
+
+    def with_watermark(self, column: str, out_of_orderness: timedelta, *, operator_id: str | None = None) -> "DataStream":
+        """W = max(column) seen up to epoch n minus ``out_of_orderness`` (:mod:`barrierflow.operators.watermark`).
+
+        A pipeline may have several assigners (one per source of a join): its
+        watermark is then the minimum of theirs, each keeps its maximum in
+        state under its operator id (``watermark_<column>`` by default), and
+        every event-time operator must be downstream of all of them.
+        """
+        node_id = operator_id or f"watermark_{column}"
+        if any(isinstance(n, WatermarkAssigner) and n.column == column for n in self.builder.nodes) and operator_id is None:
+            raise PipelineDefinitionError(
+                f"with_watermark({column!r}): a watermark assigner of column {column!r} exists; give this one an "
+                "operator_id (its state, the largest event time seen, is named by it)"
+            )
+        return self._then(
+            WatermarkAssigner(
+                operator_id=node_id,
+                parent=self.node,
+                column=column,
+                out_of_orderness_us=int(out_of_orderness.total_seconds() * 1_000_000),
+            )
+        )
+
+    def join(self, other: "DataStream") -> "JoinedStreams":
+        """This stream (left) and ``other`` (right), to join per event-time window: ``.where(k).equal_to(k).window(assigner, operator_id=...)``."""
+        if not isinstance(other, DataStream) or other.builder is not self.builder:
+            raise PipelineDefinitionError(
+                f"join: {other!r} is not a stream of this pipeline; give another stream of the same PipelineBuilder "
+                "(not keyed: the join's keys are given by where() and equal_to())"
+            )
+        return JoinedStreams(self, other)
+
+    def key_by(self, *columns: str) -> "KeyedStream":
+        if not columns:
+            raise PipelineDefinitionError("key_by needs at least one column")
+        return KeyedStream(self.builder, self.node, tuple(columns))
+
+    def sink_to(self, sink: DeltaSink) -> None:
+        self._then(SinkNode(operator_id=f"sink_{sink.name}", parent=self.node, sink=sink))
+
+
+@dataclass(frozen=True)
+class KeyedStream:
+    builder: PipelineBuilder
+    node: Node
+    key: tuple[str, ...]
+
+    def _then(self, node: Node) -> DataStream:
+        return DataStream(self.builder, self.builder._add(node))
+
+    def aggregate(self, operator_id: str, *aggregations: Aggregation, **named: Aggregation) -> DataStream:
+        """Running aggregates per key over all records so far (emits changed keys).
+
+        Name outputs by keyword: ``aggregate("totals", count=Count(), total=Sum("amount"))``;
+        positional aggregations keep their own names (``Sum("amount", "total")``).
+        """
+        chosen = named_aggregations(operator_id, aggregations, named, reserved=self.key)
+        return self._then(RunningAggregate(operator_id=operator_id, parent=self.node, key=self.key, aggregations=chosen))
+
+    def window(
+        self,
+        operator_id: str,
+        assigner: WindowAssigner,
+        *aggregations: Aggregation,
+        late_output: str | None = None,
+        allowed_lateness: timedelta = timedelta(0),
+        **named: Aggregation,
+    ) -> DataStream:
+        """Event-time windows that fire once the watermark passes their end (:mod:`barrierflow.operators.window`).
+
+        ``assigner``: ``TumblingEventTimeWindows.of(size)``,
+        ``SlidingEventTimeWindows.of(size, slide)`` or
+        ``EventTimeSessionWindows.with_gap(gap)``. Aggregations are named as in
+        :meth:`aggregate` (``count=Count(), p99=Percentile("v", q=0.99)``).
+        Records later than ``allowed_lateness`` go to ``late_output`` (or are
+        dropped, and counted in the log); with ``allowed_lateness`` > 0 a late
+        record within it fires its window again, the row marked ``is_update``.
+        """
+        if not any(isinstance(n, WatermarkAssigner) for n in self.builder.nodes):
+            raise PipelineDefinitionError(f"window {operator_id!r} needs with_watermark() upstream")
+        # Checked before the node is built, so that the reserved output columns below are known.
+        lateness = _window_lateness(operator_id, allowed_lateness)
+        reserved = (*self.key, "window_start", "window_end")
+        if lateness:
+            reserved += ("is_update", "retracted")
+        chosen = named_aggregations(operator_id, aggregations, named, reserved=reserved)
+        return self._then(
+            window_node(operator_id, self.node, self.key, assigner, chosen, late_output, allowed_lateness)
+        )
+
+    def process(self, operator_id: str, function: KeyedProcessFunction) -> DataStream:
+        """Run a keyed process function with per-key state over whole key groups."""
+        return self._then(KeyedProcess(operator_id=operator_id, parent=self.node, key=self.key, function=function))
+
+    def interval_join(self, other: "KeyedStream") -> "IntervalJoinedStreams":
+        """This keyed stream (left) and ``other`` (right), to join on event time within an interval: ``.between(lower, upper, ...)``."""
+        self._check_other("interval_join", other)
+        return IntervalJoinedStreams(self, other)
+
+    def _check_other(self, what: str, other: "KeyedStream") -> None:
+        if not isinstance(other, KeyedStream) or other.builder is not self.builder:
+            raise PipelineDefinitionError(
+                f"{what}: {other!r} is not a keyed stream of this pipeline; give another stream of the same "
+                f"PipelineBuilder, keyed: a.key_by(k).{what}(b.key_by(k))"
+            )
+        if len(other.key) != len(self.key):
+            raise PipelineDefinitionError(
+                f"{what}: the streams are keyed by {list(self.key)} and {list(other.key)}; two keyed streams "
+                "combined need as many key columns, of the same types, in the same order"
+            )
+
+    def connect(self, other: "KeyedStream | BroadcastStream") -> "ConnectedKeyedStreams | BroadcastConnectedStream":
+        """This keyed stream and ``other``: a keyed stream for a :class:`KeyedCoProcessFunction`, or a broadcast one.
+
+        Two keyed streams (:mod:`barrierflow.operators.co_process`) are keyed
+        by as many columns, of the same types pairwise (the names may differ;
+        state is keyed by this stream's names). A :class:`BroadcastStream`
+        (``rules.broadcast(descriptor)``) is for a
+        :class:`KeyedBroadcastProcessFunction` (:mod:`barrierflow.operators.broadcast`).
+        """
+        if isinstance(other, BroadcastStream):
+            if other.stream.builder is not self.builder:
+                raise PipelineDefinitionError("connect: the broadcast stream is not one of this pipeline")
+            return BroadcastConnectedStream(self, other)
+        self._check_other("connect", other)
+        return ConnectedKeyedStreams(self, other)
+
+
+@dataclass(frozen=True)
+class JoinedStreams:
+    """Two streams to join per window (:mod:`barrierflow.operators.window_join`): ``where``, ``equal_to``, then ``window``."""
+
+    first: DataStream
+    second: DataStream
+    key: tuple[str, ...] = ()
+    other_key: tuple[str, ...] = ()
+
+    def where(self, *columns: str) -> "JoinedStreams":
+        """The left stream's key columns."""
+        return replace(self, key=self.first.key_by(*columns).key)
+
+    def equal_to(self, *columns: str) -> "JoinedStreams":
+        """The right stream's key columns, as many as the left's, of the same types."""
+        return replace(self, other_key=self.second.key_by(*columns).key)
+
+    def window(
+        self,
+        assigner: WindowAssigner,
+        *,
+        operator_id: str,
+        left_late_output: str | None = None,
+        right_late_output: str | None = None,
+    ) -> DataStream:
+        """Pairs of a left and a right record of a key in each window of ``assigner`` (tumbling or sliding), once W passes its end.
+
+        Output: the key columns, ``window_start``, ``window_end``, then the
+        left record's other columns and the right's (``left_``/``right_``
+        prefixes on names on both sides).
+        """
+        if not self.key or not self.other_key:
+            raise PipelineDefinitionError(
+                f"window join {operator_id!r}: give both keys first: a.join(b).where(k).equal_to(k).window(...)"
+            )
+        first, second = self.first.key_by(*self.key), self.second.key_by(*self.other_key)
+        first._check_other("join", second)
+        inputs = (first.node, second.node)
+        times = tuple(_event_time_column(f"window join {operator_id!r}", n, i + 1) for i, n in enumerate(inputs))
+        node = WindowJoin(
+            operator_id=operator_id, parent=first.node, key=first.key, other=second.node, other_key=second.key,
+            assigner=assigner,  # type: ignore[arg-type]  # checked by the node: tumbling or sliding
+            time_columns=(times[0], times[1]), late_outputs=(left_late_output, right_late_output),
+        )
+        return DataStream(first.builder, first.builder._add(node))
+
+
+@dataclass(frozen=True)
+class IntervalJoinedStreams:
+    """Two keyed streams to join on event time: give the interval with :meth:`between`."""
+
+    first: KeyedStream
+    second: KeyedStream
+
+    def between(
+        self,
+        lower: timedelta,
+        upper: timedelta,
+        *,
+        operator_id: str,
+        lower_inclusive: bool = True,
+        upper_inclusive: bool = True,
+        left_late_output: str | None = None,
+        right_late_output: str | None = None,
+    ) -> DataStream:
+        """Pairs ``(l, r)`` of a key with ``l.ts + lower <= r.ts <= l.ts + upper`` (:mod:`barrierflow.operators.interval_join`).
+
+        Each side's event time is the column of the watermark assigner
+        upstream of it. Records older than the watermark go to the side's
+        late output (or are dropped and counted). Output: the key columns,
+        then the left record's other columns, then the right's; a name on
+        both sides becomes ``left_<name>`` / ``right_<name>``.
+        """
+        bounds = IntervalBounds.of(lower, upper, lower_inclusive, upper_inclusive)
+        inputs = (self.first.node, self.second.node)
+        times = tuple(_event_time_column(f"interval join {operator_id!r}", n, i + 1) for i, n in enumerate(inputs))
+        node = IntervalJoin(
+            operator_id=operator_id, parent=self.first.node, key=self.first.key, other=self.second.node,
+            other_key=self.second.key, bounds=bounds, time_columns=(times[0], times[1]),
+            late_outputs=(left_late_output, right_late_output),
+        )
+        return DataStream(self.first.builder, self.first.builder._add(node))
+
+
+@dataclass(frozen=True)
+class ConnectedKeyedStreams:
+    """Two keyed streams whose records one co-process function handles, with shared keyed state and timers."""
+
+    first: KeyedStream
+    second: KeyedStream
+
+    def process(self, operator_id: str, function: KeyedCoProcessFunction) -> DataStream:
+        """Run ``function``: ``process_element1`` for the first stream's records, ``process_element2`` for the second's."""
+        inputs = (self.first.node, self.second.node)
+        _check_watermarks(
+            f"co-process {operator_id!r}", inputs, "assign one upstream of each input (with_watermark on each source), or none"
+        )
+        node = KeyedCoProcess(
+            operator_id=operator_id, parent=self.first.node, key=self.first.key, function=function,
+            other=self.second.node, other_key=self.second.key,
+        )
+        return DataStream(self.first.builder, self.first.builder._add(node))
+
+
+@dataclass(frozen=True)
+class BroadcastStream:
+    """A stream broadcast with the map states it fills: connect a keyed stream to it."""
+
+    stream: DataStream
+    descriptors: tuple[MapStateDescriptor, ...]
+
+
+@dataclass(frozen=True)
+class BroadcastConnectedStream:
+    """A keyed stream connected to a broadcast stream, for a :class:`KeyedBroadcastProcessFunction`."""
+
+    keyed: KeyedStream
+    broadcast: BroadcastStream
+
+    def process(self, operator_id: str, function: KeyedBroadcastProcessFunction) -> DataStream:
+        """Run ``function``: ``process_broadcast_element`` for the broadcast records, then ``process_element`` per key."""
+        node = KeyedBroadcastProcess(
+            operator_id=operator_id, parent=self.keyed.node, key=self.keyed.key, function=function,
+            broadcast=self.broadcast.stream.node, descriptors=self.broadcast.descriptors,
+        )  # fmt: skip
+        return DataStream(self.keyed.builder, self.keyed.builder._add(node))
+
+
+def _window_lateness(operator_id: str, allowed_lateness: Any) -> bool:
+    """Whether ``allowed_lateness`` is positive; refuses one that is not a timedelta or is negative."""
+    if not isinstance(allowed_lateness, timedelta):
+        raise PipelineDefinitionError(
+            f"window {operator_id!r}: allowed_lateness must be a datetime.timedelta (zero or positive), got {allowed_lateness!r}"
+        )
+    if allowed_lateness < timedelta(0):
+        raise PipelineDefinitionError(
+            f"window {operator_id!r}: allowed_lateness must be zero or positive, got {allowed_lateness!r}"
+        )
+    return allowed_lateness > timedelta(0)
+
+
+@dataclass(frozen=True)
+class PipelineDefinition:
+    """A registered pipeline: name, parameters and the function that builds it."""
+
+    name: str
+    build_fn: Callable[[PipelineBuilder, dict[str, Any]], None]
+    params: tuple[Param, ...] = ()
+    description: str = ""
+    key_groups: int = DEFAULT_KEY_GROUPS
+    parallelism_param: str | None = "parallelism"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    state_backend: str = "delta"
+
+    def resolve(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        return resolve_params(self.params, given)
+
+    def build(self, given: Mapping[str, Any]) -> Pipeline:
+        params = self.resolve(given)
+        builder = PipelineBuilder(self.name, self.key_groups)
+        self.build_fn(builder, params)
+        if not any(isinstance(n, SourceNode) for n in builder.nodes):
+            raise PipelineDefinitionError(f"pipeline {self.name} declares no source")
+        _check_assigners(builder.nodes)
+        parallelism = int(params.get(self.parallelism_param, 2)) if self.parallelism_param else 2
+        pipe = Pipeline(self.name, self.key_groups, builder.nodes, params, parallelism, self.state_backend)
+        sink_names = [s.sink.name for s in pipe.sinks] + pipe.side_output_names()
+        dupes = {n for n in sink_names if sink_names.count(n) > 1}
+        if dupes or "dead_letter" in sink_names:
+            raise PipelineDefinitionError(
+                f"sink names must be unique and not 'dead_letter': {sorted(dupes | ({'dead_letter'} & set(sink_names)))}"
+            )
+        return pipe
+
+
+def pipeline(
+    name: str,
+    params: list[Param] | tuple[Param, ...] = (),
+    description: str = "",
+    key_groups: int = DEFAULT_KEY_GROUPS,
+    state_backend: str = "delta",
+) -> Callable[[Callable[[PipelineBuilder, dict[str, Any]], None]], PipelineDefinition]:
+    """Decorator turning a build function into a :class:`PipelineDefinition`.
+
+    ``state_backend`` is where keyed state meets an epoch's changes, as
+    Flink's choice between RocksDB and the heap:
+
+    - ``"delta"`` (default): every stateful operator joins its changes with
+      the stored state on the executors, reading only the key groups the
+      epoch touches; state size is bounded by the cluster, not the driver.
+      A running aggregate whose whole live state fits
+      ``BARRIERFLOW_CACHED_STATE_ROWS`` rows (default 1,000,000) keeps it on
+      the executors between the epochs of one ``run`` loop instead. Reads of
+      an epoch's keys from big state are served from the executors' Python
+      workers, which keep the state files' rows they have read
+      (``BARRIERFLOW_WORKER_STATE_CACHE_MB`` per worker and per host's
+      temporary directory, default 2048;
+      :mod:`barrierflow.state.worker_cache`).
+    - ``"heap"``: running aggregates keep their live state resident in the
+      driver between epochs and merge there (fastest for small epochs on one
+      machine). Bounded by ``BARRIERFLOW_RESIDENT_STATE_ROWS`` rows in all
+      (default 5,000,000, about 250 bytes each); beyond that the touched key
+      groups are read from Delta into the driver every epoch. Other
+      operators behave as with ``"delta"``.
+    """
+    if not _ID.match(name):
+        raise PipelineDefinitionError(f"pipeline name {name!r} must be lower_snake_case")
+    if not 1 <= key_groups <= 32768:
+        raise PipelineDefinitionError("key_groups (max parallelism) must be between 1 and 32768")
+    if state_backend not in STATE_BACKENDS:
+        raise PipelineDefinitionError(f"state_backend {state_backend!r} is not one of {list(STATE_BACKENDS)}")
+
+    def wrap(fn: Callable[[PipelineBuilder, dict[str, Any]], None]) -> PipelineDefinition:
+        return PipelineDefinition(
+            name=name, build_fn=fn, params=tuple(params),
+            description=description or (fn.__doc__ or ""),
+            key_groups=key_groups,
+            state_backend=state_backend,
+        )
+
+    return wrap

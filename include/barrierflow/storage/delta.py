@@ -1,0 +1,354 @@
+"""Committing staged Parquet files to Delta tables exactly once.
+
+Every add action comes from the writer's own description of its file (path,
+size, row count, statistics; see :mod:`barrierflow.storage.staging`), never from
+listing a directory.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Field, Schema, Transaction
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
+
+from barrierflow.checkpointing.checkpoint import Fence, StagedFile, TableCommit
+from barrierflow.core import faults
+from barrierflow.core.errors import CommitConflictError, FencedError, StorageError
+
+__all__ = [
+    "commit_epoch_table",
+    "check_fence",
+    "fence_transaction",
+    "raise_fence",
+    "committed_version",
+    "open_table",
+    "latest_snapshot",
+    "borrow_snapshot",
+    "give_back",
+    "live_paths",
+    "add_actions",
+    "stored_rows",
+    "counted_rows",
+    "schema_json_of",
+    "arrow_schema_of",
+    "TABLE_CONFIGURATION",
+]
+
+_MAX_COMMIT_ATTEMPTS = 5
+# Properties of every table barrierflow creates. Opening a table replays the
+# commits since its last checkpoint: with one commit per epoch (three for the
+# checkpoint log), Delta's default interval of 100 made opens and appends
+# grow from ~11 to ~50 ms before each checkpoint.
+TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
+
+
+
+def open_table(uri: str, version: int | None = None) -> DeltaTable | None:
+    """The Delta table at ``uri`` (at ``version``), or None if it does not exist."""
+    try:
+        return DeltaTable(uri, version=version)
+    except TableNotFoundError:
+        return None
+    except DeltaError as exc:
+        raise StorageError(f"cannot open Delta table {uri}: {exc}") from exc
+
+
+# Snapshots of tables this process committed to, each lent to one caller at
+# a time (:func:`latest_snapshot`). Bounded: a process commits to the tables
+# of a few pipelines.
+_SNAPSHOTS: "OrderedDict[str, DeltaTable]" = OrderedDict()
+_SNAPSHOTS_LOCK = threading.Lock()
+_MAX_SNAPSHOTS = 64
+
+
+def borrow_snapshot(uri: str, *, current: bool = True) -> DeltaTable | None:
+    """The latest snapshot of the table at ``uri`` (None if it does not exist), this caller's alone until :func:`give_back`.
+
+    Opening a table reads its log from the last checkpoint on (on S3, a
+    dozen requests or more); a snapshot this process read before is instead
+    brought up to date from its own version (one listing, plus any new
+    commits). ``current=False``: that snapshot as it is, perhaps some
+    commits behind, without asking the store (for estimates).
+    """
+    with _SNAPSHOTS_LOCK:
+        table = _SNAPSHOTS.pop(uri, None)
+    if table is not None and current:
+        try:
+            table.update_incremental()
+        except DeltaError:
+            table = None
+    return table if table is not None else open_table(uri)
+
+
+def give_back(uri: str, table: DeltaTable) -> None:
+    """Return a snapshot from :func:`borrow_snapshot` for the next caller (who brings it up to date)."""
+    with _SNAPSHOTS_LOCK:
+        _SNAPSHOTS[uri] = table
+        while len(_SNAPSHOTS) > _MAX_SNAPSHOTS:
+            _SNAPSHOTS.popitem(last=False)
+
+
+@contextmanager
+def latest_snapshot(uri: str) -> Iterator[DeltaTable | None]:
+    """:func:`borrow_snapshot` for the ``with`` block; on an error the snapshot is dropped (the next caller opens the table)."""
+    table = borrow_snapshot(uri)
+    yield table
+    if table is not None:
+        give_back(uri, table)
+
+
+def schema_json_of(schema: pa.Schema) -> str:
+    return Schema.from_arrow(schema).to_json()
+
+
+def arrow_schema_of(schema_json: str) -> pa.Schema:
+    return pa.schema(Schema.from_json(schema_json).to_arrow())
+
+
+def add_actions(table: DeltaTable) -> pa.Table:
+    """The live files of a Delta snapshot, with flattened statistics."""
+    return pa.table(table.get_add_actions(flatten=True))
+
+
+def live_paths(table: DeltaTable) -> set[str]:
+    return set(add_actions(table).column("path").to_pylist())
+
+
+def stored_rows(table: DeltaTable) -> int:
+    """Rows in the snapshot's live files (from the log's statistics, no data read)."""
+    return sum(n or 0 for n in add_actions(table).column("num_records").to_pylist())
+
+
+def counted_rows(num_records: Sequence[int | None]) -> int | None:
+    """Rows in files by their add-actions' ``num_records``; None when any file has no statistics."""
+    return None if any(n is None for n in num_records) else sum(n for n in num_records if n is not None)
+
+
+def committed_version(uri: str, app: str, epoch: int, table: DeltaTable | None = None) -> int | None:
+    """The table version holding the commit of ``epoch`` for ``app``, if any.
+
+    ``table``: the table at ``uri``, already opened at its latest version
+    (each open reads the log again: on S3, a dozen requests).
+    """
+    table = table or open_table(uri)
+    if table is None:
+        return None
+    current = table.transaction_version(app)
+    if current is None or current < epoch:
+        return None
+    # Newest first, widening the window: the commit is almost always the
+    # latest, and reading the whole history would grow with every epoch.
+    limit = 4
+    while True:
+        entries = table.history(limit=limit)
+        for entry in entries:
+            if entry.get("barrierflow.app_id") == app and entry.get("barrierflow.epoch") == epoch:
+                return int(entry["version"])
+        if len(entries) < limit:
+            break
+        limit *= 8
+    # Committed by an epoch later than ``epoch`` only (history trimmed): the
+    # table is already past it, which is all callers need to know.
+    return table.version()
+
+
+def commit_epoch_table(
+    commit: TableCommit, app: str, epoch: int, attempt_id: str, fence: Fence | None = None
+) -> int:
+    """Commit one table's share of epoch ``epoch``; idempotent. Returns its version.
+
+    ``fence`` is the pipeline-level fencing token this commit carries
+    (:class:`~barrierflow.checkpointing.checkpoint.Fence`).
+
+    Protocol (each step safe to retry):
+      1. Open the latest snapshot. If its app transaction for ``app`` is already
+         >= ``epoch``, the epoch is committed (by us or a concurrent attempt):
+         return the version that holds it, commit nothing. If the table holds
+         a fencing token above ``fence``'s (a restore, a newer epoch), refuse.
+      2. Check that every file the manifest removes is still live; if not, the
+         table moved under the epoch (a zombie of an older epoch): fence it.
+         A sink widening (``table_schema_json``) rewrote every live file, so
+         its removes must be exactly the live files.
+      3. Commit adds + removes in one Delta transaction carrying the app
+         transactions ``(app, epoch)`` and ``fence``, and commit metadata
+         tracing the epoch. A sink widening is an overwrite (the write mode
+         that may change the schema): it removes every live file (step 2:
+         the rewritten ones) and writes the widened schema as the commit's
+         metaData, in this same commit. No automatic retry: a commit that lands first
+         makes this one fail, so two attempts can never both commit, and no
+         token can be raised between step 1's check and this commit. The
+         commit that returns is the version after the snapshot read (or 0).
+      4. On any commit error, go back to step 1: re-read before deciding.
+    """
+    metadata = {
+        "barrierflow.app_id": app,
+        "barrierflow.epoch": epoch,
+        "barrierflow.attempt_id": attempt_id,
+        "barrierflow.table": commit.name,
+    }
+    transactions = [Transaction(app, epoch)]
+    if fence is not None:
+        transactions.append(fence_transaction(fence))
+    properties = CommitProperties(custom_metadata=metadata, app_transactions=transactions, max_commit_retries=0)
+    last_error: Exception | None = None
+    for _ in range(_MAX_COMMIT_ATTEMPTS):
+        with latest_snapshot(commit.uri) as table:
+            version = _committed_before(commit, table, app, epoch, fence)
+            if version is not None:
+                return version
+            try:
+                return _commit_once(commit, table, epoch, properties)
+            except (CommitFailedError, DeltaError, OSError) as exc:
+                # Step 4: a concurrent writer may have won; decide after re-reading.
+                last_error = exc
+        time.sleep(0.05)
+    raise CommitConflictError(
+        f"could not commit epoch {epoch} to table {commit.name} after "
+        f"{_MAX_COMMIT_ATTEMPTS} attempts: {last_error}"
+    )
+
+
+def _committed_before(commit: TableCommit, table: DeltaTable | None, app: str, epoch: int, fence: Fence | None) -> int | None:
+    """Step 1 of :func:`commit_epoch_table`: the version already holding the epoch, if any; refuses a fenced commit."""
+    if table is None:
+        return None
+    current = table.transaction_version(app)
+    if current is not None and current >= epoch:
+        version = committed_version(commit.uri, app, epoch, table)
+        assert version is not None
+        return version
+    if fence is not None:
+        check_fence(table, commit.name, fence, f"epoch {epoch}")
+    return None
+
+
+def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, properties: CommitProperties) -> int:
+    """Steps 2-3 of :func:`commit_epoch_table` on the snapshot step 1 read; returns the new version."""
+    adds = [_add_action(f, commit.data_change) for f in commit.adds]
+    schema = Schema.from_json(commit.schema_json)
+    widened = Schema.from_json(commit.table_schema_json) if commit.table_schema_json is not None else None
+    if table is None:
+        if commit.removes:
+            raise FencedError(f"table {commit.name} does not exist but epoch {epoch} removes files from it")
+        faults.maybe_fail("commit.before_delta_commit")
+        create_table_with_add_actions(
+            commit.uri,
+            widened or schema,
+            adds,
+            mode="error",
+            partition_by=list(commit.partition_by) or None,
+            configuration=TABLE_CONFIGURATION,
+            commit_properties=properties,
+        )
+    else:
+        # Step 2.
+        if commit.removes or widened is not None:
+            live = live_paths(table)
+            missing = set(commit.removes) - live
+            if missing:
+                raise FencedError(
+                    f"epoch {epoch} of table {commit.name} would remove files that are no "
+                    f"longer live ({sorted(missing)[:3]}...): a newer commit replaced them"
+                )
+            if widened is not None and live != set(commit.removes):
+                raise FencedError(
+                    f"epoch {epoch} widens table {commit.name} by rewriting the {len(commit.removes)} file(s) live at "
+                    f"version {commit.base_version}, but the table has {len(live - set(commit.removes))} other live "
+                    "file(s): a newer commit added them"
+                )
+        faults.maybe_fail("commit.before_delta_commit")
+        if widened is None:
+            _add_new_columns(table, commit.name, schema)
+            removes = [
+                RemoveAction(path=p, data_change=commit.data_change, deletion_timestamp=_now_ms()) for p in commit.removes
+            ]
+        else:
+            removes = []  # the overwrite removes every live file itself: the rewritten ones (step 2)
+        # Step 3. A sink widening is an overwrite, the write mode that may change the schema.
+        table.create_write_transaction(
+            [*adds, *removes],
+            mode="append" if widened is None else "overwrite",
+            schema=schema if widened is None else widened,
+            partition_by=list(commit.partition_by) or None,
+            commit_properties=properties,
+        )
+    faults.maybe_fail("commit.after_delta_commit")
+    # No retries (``max_commit_retries=0``): a commit that returns is the
+    # version after the one read, or the table's first.
+    return 0 if table is None else table.version() + 1
+
+
+def _add_new_columns(table: DeltaTable, name: str, schema: Schema) -> None:
+    """Give a table the columns its new files carry (a commit of its own), nullable: earlier rows have none.
+
+    An append's schema does not change the table's (delta-rs keeps the
+    table's metadata), so e.g. ``dead_letter.detail`` or a column the code
+    added to a sink's output would stay invisible. What may change is
+    checked before the vote (:func:`~barrierflow.core.schema_evolution.check_sink_schema`).
+    """
+    existing = {f.name for f in table.schema().fields}
+    missing = [Field(f.name, f.type, nullable=True, metadata=f.metadata) for f in schema.fields if f.name not in existing]
+    if missing:
+        table.alter.add_columns(missing)
+
+
+def fence_transaction(fence: Fence) -> Transaction:
+    """The Delta app transaction that records ``fence`` in a commit."""
+    return Transaction(fence.app_id, fence.version)
+
+
+def check_fence(table: DeltaTable, name: str, fence: Fence, what: str) -> None:
+    """Raise :class:`FencedError` if ``table`` holds a fencing token above ``fence``."""
+    held = table.transaction_version(fence.app_id)
+    if held is not None and held > fence.version:
+        raise FencedError(
+            f"{what} cannot commit to table {name}: the table holds fencing token "
+            f"{Fence.from_version(fence.pipeline, held)}, above this commit's {fence}; a restore or a newer epoch "
+            "has committed there since"
+        )
+
+
+def raise_fence(uri: str, fence: Fence, attempts: int = _MAX_COMMIT_ATTEMPTS) -> None:
+    """Make the table at ``uri`` hold at least ``fence`` (an empty commit); idempotent, an absent table is skipped."""
+    last: Exception | None = None
+    for _ in range(attempts):
+        with latest_snapshot(uri) as table:
+            if table is None or (table.transaction_version(fence.app_id) or -1) >= fence.version:
+                return
+            properties = CommitProperties(
+                custom_metadata={"barrierflow.operation": "fence", "barrierflow.fence": str(fence)},
+                app_transactions=[fence_transaction(fence)],
+                max_commit_retries=0,
+            )
+            try:
+                table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
+                return
+            except DeltaError as exc:  # a commit landed first (maybe a zombie's): the next attempt reads it
+                last = exc
+        time.sleep(0.05)
+    raise CommitConflictError(f"cannot raise the fencing token of table {uri} to {fence}: {last}")
+
+
+def _add_action(f: StagedFile, data_change: bool) -> AddAction:
+    return AddAction(
+        path=f.path,
+        size=f.size,
+        partition_values=dict(f.partition_values),
+        modification_time=_now_ms(),
+        data_change=data_change,
+        stats=f.stats,
+    )
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+

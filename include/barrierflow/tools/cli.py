@@ -1,0 +1,629 @@
+"""``barrierflow``: run pipelines epoch by epoch, inspect checkpoints, query state."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+from barrierflow.api.params import parse_assignments
+from barrierflow.core.errors import BarrierflowError, ConfigurationError, ParameterError
+from barrierflow.execution.spark import MASTER_ENV, REMOTE_ENV
+from barrierflow.plan.pipeline import STATE_BACKENDS
+
+__all__ = ["main", "build_parser"]
+
+WAREHOUSE_ENV = "BARRIERFLOW_WAREHOUSE"
+
+
+def _warehouse(args: argparse.Namespace) -> str:
+    return args.warehouse or os.environ.get(WAREHOUSE_ENV) or "./warehouse"
+
+
+def _pipeline_name(ref: str) -> str:
+    """The pipeline's name: ``ref`` itself, or the name of the pipeline ``package.module:attribute`` defines.
+
+    A plain name is not loaded, so a pipeline whose code is gone can still be inspected.
+    """
+    if ":" not in ref:
+        return ref
+    from barrierflow.plan.registry import get_pipeline
+
+    return get_pipeline(ref).name
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pipeline", help="pipeline name (e.g. sensor_stats) or package.module:attribute")
+    p.add_argument(
+        "--warehouse",
+        help=f"warehouse directory or URI (default: ${WAREHOUSE_ENV} or ./warehouse)",
+    )
+
+
+def _add_param(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="pipeline parameter (repeatable; default: the parameters of the last epoch)",
+    )
+
+
+def _add_engine(p: argparse.ArgumentParser) -> None:
+    engine = p.add_mutually_exclusive_group()
+    engine.add_argument(
+        "--remote",
+        metavar="sc://HOST:PORT",
+        help="run epochs on a warm Spark Connect engine (default: $BARRIERFLOW_SPARK_REMOTE; see 'barrierflow engine')",
+    )
+    engine.add_argument(
+        "--master", help="start Spark in this process on this master (default: $BARRIERFLOW_SPARK_MASTER or local[*])"
+    )
+
+
+def _params(args: argparse.Namespace, definition: Any) -> dict[str, Any]:
+    """Given parameters over those the pipeline's last epoch ran with."""
+    from barrierflow.checkpointing.coordinator import recorded_params
+
+    return {**recorded_params(definition.name, _warehouse(args)), **parse_assignments(args.param)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="barrierflow",
+        description=(
+            "Exactly-once, checkpointed, stateful stream processing as barrier-delimited epochs: "
+            "PySpark computes each epoch, Delta Lake tables hold state and output, committed in two phases."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="recover, then run epochs (safe to re-run after any crash)")
+    _add_common(run)
+    run.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter (repeatable)")
+    group = run.add_mutually_exclusive_group(required=True)
+    group.add_argument("--epochs", type=int, metavar="N", help="run at most N epochs")
+    group.add_argument("--until-caught-up", action="store_true", help="run epochs until no source has new input")
+    _add_engine(run)
+    run.add_argument(
+        "--max-concurrent-checkpoints",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="2 (default): the next epoch reads its input while the current one commits; "
+        "1: each epoch starts after the previous one completed. Output is the same either way",
+    )
+    run.add_argument(
+        "--state-backend",
+        choices=STATE_BACKENDS,
+        help="override the pipeline's state backend: delta (state merged on the executors) or "
+        "heap (running aggregates merged on the driver, state resident there); see README",
+    )
+
+    status = sub.add_parser("status", help="last completed epoch, pending work, lineage, table versions")
+    _add_common(status)
+    status.add_argument("--json", action="store_true", help="print JSON")
+
+    checkpoints = sub.add_parser("checkpoints", help="the checkpoint log: one line per epoch")
+    _add_common(checkpoints)
+    checkpoints.add_argument("--json", action="store_true", help="print a JSON array")
+
+    query = sub.add_parser(
+        "query",
+        help="SQL over sinks, dead_letter and state tables as of a completed epoch",
+        description=(
+            "Tables: every sink by its name, dead_letter, every state table as <operator_id>__<state> "
+            "(current value per key; raw incremental rows in <operator_id>__<state>__changelog), "
+            "and checkpoints. All tables are read as of the same completed epoch."
+        ),
+    )
+    _add_common(query)
+    query.add_argument("sql", help="the SQL statement")
+    query.add_argument("--as-of-epoch", type=int, metavar="N", help="read every table as of completed epoch N")
+    query.add_argument("--format", choices=("table", "json", "csv"), default="table")
+
+    savepoint = sub.add_parser(
+        "savepoint",
+        help="create, list, restore or dispose of savepoints",
+        description=(
+            "A savepoint is a self-contained copy of a pipeline's state at its last completed epoch "
+            "(compacted state, source offsets, watermark, operator ids and state schemas) under "
+            "<warehouse>/_savepoints/<pipeline>/<name>. It survives vacuum and can be copied to another "
+            "warehouse. Restoring starts a new lineage from a savepoint or a retained completed epoch."
+        ),
+    )
+    sp_sub = savepoint.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sp_create = sp_sub.add_parser("create", help="take a savepoint at the last completed epoch")
+    _add_common(sp_create)
+    sp_create.add_argument("--name", help="savepoint name (default: sp-<UTC time>-<random>)")
+    sp_create.add_argument("--description", default="", help="free text kept with the savepoint")
+    sp_create.add_argument("--stop", action="store_true", help="stop with savepoint: no epoch runs until a restore")
+    _add_param(sp_create)
+    sp_list = sp_sub.add_parser("list", help="list the pipeline's savepoints")
+    _add_common(sp_list)
+    sp_list.add_argument("--json", action="store_true", help="print a JSON array")
+    sp_restore = sp_sub.add_parser(
+        "restore", help="start a new lineage from a savepoint or a retained completed epoch"
+    )
+    _add_common(sp_restore)
+    point = sp_restore.add_mutually_exclusive_group(required=True)
+    point.add_argument("--savepoint", metavar="NAME|PATH", help="a savepoint name, or the path of a savepoint directory")
+    point.add_argument("--epoch", type=int, metavar="N", help="a retained completed epoch of the current lineage")
+    sp_restore.add_argument(
+        "--allow-non-restored-state",
+        action="store_true",
+        help="restore even if state would be dropped or start empty (operators removed, added or changed)",
+    )
+    sp_restore.add_argument(
+        "--rewind-sinks", action="store_true", help="remove sink rows written after the restore point (exactly-once replay)"
+    )
+    sp_restore.add_argument("--parallelism", type=int, metavar="N", help="parallelism of the new lineage's epochs")
+    _add_param(sp_restore)
+    sp_dispose = sp_sub.add_parser("dispose", help="delete a savepoint")
+    _add_common(sp_dispose)
+    sp_dispose.add_argument("name", help="the savepoint's name")
+
+    reprocess = sub.add_parser(
+        "reprocess",
+        help="restore, then replay every data interval after the restore point in order",
+        description=(
+            "Restores a savepoint or a retained epoch (sinks rewound unless --keep-sinks), then replays the "
+            "input that arrived after the restore point's arrival cut-off, one epoch per data interval of "
+            "--schedule that holds input, up to the last interval that has ended. The pipeline is held "
+            "meanwhile: the DAG's scheduled runs plan nothing until the replay is done. Prints the plan "
+            "first (--plan-only stops there) and what was replayed."
+        ),
+    )
+    _add_common(reprocess)
+    rp_point = reprocess.add_mutually_exclusive_group(required=True)
+    rp_point.add_argument("--savepoint", metavar="NAME|PATH", help="a savepoint name, or the path of a savepoint directory")
+    rp_point.add_argument("--epoch", type=int, metavar="N", help="a retained completed epoch of the current lineage")
+    rp_point.add_argument(
+        "--release-hold", action="store_true", help="release the hold of a reprocessing command that died, and exit"
+    )
+    reprocess.add_argument(
+        "--schedule",
+        default=os.environ.get("BARRIERFLOW_SCHEDULE", "* * * * *"),
+        help="cron of the data intervals (default $BARRIERFLOW_SCHEDULE or every minute, as the DAGs)",
+    )
+    reprocess.add_argument("--plan-only", action="store_true", help="print the epochs a replay would produce; change nothing")
+    reprocess.add_argument("--keep-sinks", action="store_true", help="do not rewind the sinks (they are rewound by default)")
+    reprocess.add_argument("--allow-non-restored-state", action="store_true", help="as for savepoint restore")
+    reprocess.add_argument("--parallelism", type=int, metavar="N", help="parallelism of the new lineage's epochs")
+    _add_engine(reprocess)
+    _add_param(reprocess)
+
+    maintenance = sub.add_parser(
+        "maintenance", help="compact state, expire old checkpoints, vacuum (savepoints are never touched)"
+    )
+    _add_common(maintenance)
+    maintenance.add_argument("--retained-checkpoints", type=int, default=10, metavar="N", help="completed checkpoints to keep (default 10)")
+    maintenance.add_argument("--vacuum-retention-hours", type=int, default=168, metavar="H", help="vacuum retention (default 168)")
+    _add_param(maintenance)
+
+    sub.add_parser("pipelines", help="list the registered pipelines and their parameters")
+
+    engine = sub.add_parser(
+        "engine",
+        help="run the warm Spark engine (a Spark Connect server) in the foreground",
+        description="A long-lived Spark application that epochs run on: point 'run --remote', "
+        "$BARRIERFLOW_SPARK_REMOTE or the DAGs' Spark Connect connection at the address it prints.",
+    )
+    engine.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    engine.add_argument("--port", type=int, default=15002, help="Spark Connect port (default 15002)")
+    engine.add_argument("--master", default="local[*]", help="Spark master of the engine (default local[*])")
+    engine.add_argument("--driver-memory", default="2g", help="the engine driver's memory (default 2g)")
+    engine.add_argument(
+        "--warm-up-epochs",
+        type=int,
+        metavar="N",
+        help="throwaway sensor_stats epochs run once it listens, so the first real epochs run warm "
+        "(default 4 for a local[...] master, 0 otherwise: the warm-up reads files on this machine)",
+    )
+
+    airflow = sub.add_parser(
+        "airflow",
+        help="run the Airflow CLI against the running 'make run' stack (its AIRFLOW_HOME and database)",
+        description="Runs Airflow's own CLI with the settings of the stack that 'make run' started (read from "
+        "<home>/barrierflow-stack.json), e.g. 'barrierflow airflow backfill create --dag-id ...'.",
+    )
+    airflow.add_argument("--home", help="the stack's AIRFLOW_HOME (default: <repo>/.airflow)")
+    airflow.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the airflow command")
+
+    generate = sub.add_parser("generate", help="write sample input files of a product pipeline into a landing directory")
+    generate.add_argument("landing_dir")
+    generate.add_argument(
+        "--pipeline", choices=("sensor_stats", "orders_payments"), default="sensor_stats",
+        help="whose input: sensor_stats readings, or orders_payments' orders/, payments/ and thresholds/ (default sensor_stats)",
+    )
+    generate.add_argument("--files", type=int, default=6, help="number of files (per source; default 6)")
+    generate.add_argument(
+        "--records-per-file", type=int, default=200, help="lines per file (orders per file for orders_payments; default 200)"
+    )
+    generate.add_argument("--start-index", type=int, default=0, help="index of the first file (default 0)")
+    generate.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _select_engine(args: argparse.Namespace) -> None:
+    """--master / --remote, for every session this process starts."""
+    if args.master:
+        os.environ[MASTER_ENV] = args.master
+        os.environ.pop(REMOTE_ENV, None)
+    if args.remote:
+        os.environ[REMOTE_ENV] = args.remote
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from barrierflow.checkpointing.checkpoint_log import iso_us
+    from barrierflow.checkpointing.coordinator import CheckpointCoordinator, EpochResult
+    from barrierflow.plan.registry import get_pipeline
+
+    if args.epochs is not None and args.epochs < 1:
+        raise ParameterError("--epochs must be >= 1")
+    _select_engine(args)
+    definition = get_pipeline(args.pipeline)
+    if args.state_backend is not None:
+        definition = dataclasses.replace(definition, state_backend=args.state_backend)
+    coordinator = CheckpointCoordinator(definition, parse_assignments(args.param), _warehouse(args))
+
+    def report(result: EpochResult) -> None:
+        r = result.record
+        print(
+            f"epoch {r.epoch} COMPLETED: rows_in={r.rows_in} rows_out={r.rows_out} "
+            f"dead_letters={r.dead_letters} watermark={iso_us(r.watermark_us)} "
+            f"duration_ms={r.duration_ms} bytes_written={r.bytes_written}",
+            flush=True,
+        )
+
+    results = coordinator.run(
+        epochs=args.epochs,
+        until_caught_up=args.until_caught_up,
+        on_epoch=report,
+        max_concurrent_checkpoints=args.max_concurrent_checkpoints,
+    )
+    if not results:
+        print("no new input: nothing to do")
+    return 0
+
+
+def _cmd_reprocess(args: argparse.Namespace) -> int:
+    import socket
+
+    from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+    from barrierflow.operations.reprocess import plan_reprocess, reprocess
+    from barrierflow.plan.registry import get_pipeline
+
+    definition = get_pipeline(args.pipeline)
+    warehouse = _warehouse(args)
+    params = _params(args, definition)
+    if args.release_hold:
+        coordinator = CheckpointCoordinator(definition, params, warehouse)
+        hold = coordinator.held_by()
+        if hold is None:
+            print(f"{definition.name} is not held")
+        else:
+            coordinator.release_hold(str(hold.get("owner")))
+            print(f"released the hold of {hold.get('owner')} ({hold.get('reason')}, since {hold.get('since')})")
+        return 0
+    point = dict(savepoint=args.savepoint, epoch=args.epoch)
+    if args.plan_only:
+        plan = plan_reprocess(definition, warehouse, schedule=args.schedule, params=params, **point)
+        print("\n".join(plan.describe()))
+        return 0
+    _select_engine(args)
+    result = reprocess(
+        definition,
+        warehouse,
+        schedule=args.schedule,
+        owner=f"barrierflow reprocess (pid {os.getpid()} on {socket.gethostname()})",
+        rewind_sinks=not args.keep_sinks,
+        allow_non_restored_state=args.allow_non_restored_state,
+        parallelism=args.parallelism,
+        params=params,
+        on_plan=lambda plan: print("\n".join(plan.describe()), flush=True),
+        **point,
+    )
+    print("\n".join(result.describe()))
+    return 0
+
+
+def _cmd_airflow(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from barrierflow.airflow.dags.environment import repo_root
+    from barrierflow.tools.devserver.environment import STACK_FILE
+
+    home = Path(args.home) if args.home else repo_root() / ".airflow"
+    stack = home / STACK_FILE
+    try:
+        doc = json.loads(stack.read_text())
+    except FileNotFoundError:
+        raise ConfigurationError(
+            f"no running stack in {home} ({stack} is written by 'make run' while it runs); start it, or give --home"
+        ) from None
+    airflow = Path(sys.executable).with_name("airflow")
+    argv = args.args[1:] if args.args[:1] == ["--"] else args.args
+    sys.stdout.flush()
+    os.execve(str(airflow), [str(airflow), *argv], {**os.environ, **doc["environment"]})
+
+
+def _cmd_engine(args: argparse.Namespace) -> int:
+    from barrierflow.tools.engine import EngineConfig, default_warm_up_epochs, serve
+
+    warm_up = default_warm_up_epochs(args.master) if args.warm_up_epochs is None else args.warm_up_epochs
+    if warm_up < 0:
+        raise ConfigurationError(f"--warm-up-epochs is {warm_up}: give 0 (no warm-up) or more")
+    return serve(
+        EngineConfig(
+            host=args.host, port=args.port, master=args.master, driver_memory=args.driver_memory, warm_up_epochs=warm_up
+        )
+    )
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from barrierflow.airflow.ui.chart import format_bytes, format_ms
+    from barrierflow.checkpointing.checkpoint_log import CheckpointLog, iso_us
+    from barrierflow.checkpointing.coordinator import backlog_report, blocked_state
+    from barrierflow.storage.layout import PipelineLayout
+    from barrierflow.storage.objects import exists, join_uri, list_dir, read_json
+
+    layout = PipelineLayout.of(_warehouse(args), _pipeline_name(args.pipeline))
+    if not exists(layout.pipeline_meta):
+        raise BarrierflowError(f"pipeline {args.pipeline!r} has never run in warehouse {layout.warehouse}")
+    meta = read_json(layout.pipeline_meta) or {}
+    lineages = [n for n in list_dir(layout.lineages) if n.endswith(".json")]
+    lineage = (read_json(join_uri(layout.lineages, lineages[-1])) or {}) if lineages else {}
+    records = CheckpointLog(layout).lineage_records(lineage.get("lineage_id", ""))
+    last = CheckpointLog.last_completed(records)
+    pending_epochs = {
+        epoch: r.status.value
+        for (_, epoch), r in CheckpointLog.current_status(records).items()
+        if not last or epoch > last.epoch
+    }
+    doc: dict[str, Any] = {
+        "pipeline": args.pipeline,
+        "warehouse": layout.warehouse,
+        "key_groups": meta.get("key_groups"),
+        "lineage_id": lineage.get("lineage_id"),
+        "last_completed_epoch": last.epoch if last else None,
+        "watermark": iso_us(last.watermark_us) if last else None,
+        "offsets": last.offsets_json() if last else {},
+        "pending": [{"epoch": e, "status": s} for e, s in sorted(pending_epochs.items())],
+        "tables": last.versions() if last else {},
+        "blocked": blocked_state(layout.warehouse, layout.pipeline),
+        "backlog": backlog_report(layout.warehouse, layout.pipeline),
+    }
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(f"pipeline:             {doc['pipeline']} (key groups: {doc['key_groups']})")
+    print(f"lineage:              {doc['lineage_id']}")
+    print(f"last completed epoch: {doc['last_completed_epoch']}")
+    print(f"watermark:            {doc['watermark']}")
+    pending_text = ", ".join(f"{p['epoch']} {p['status']}" for p in doc["pending"]) or "none"
+    print(f"pending:              {pending_text}")
+    if doc["blocked"]:
+        blocked = doc["blocked"]
+        print(f"blocked:              epoch {blocked.get('epoch')} ({blocked.get('step')}) since {blocked.get('since')}")
+        print(f"  {blocked.get('message')}")
+    backlog = doc["backlog"]
+    if "error" in backlog:
+        print(f"backlog:              not measured: {backlog['error']}")
+    for source, b in backlog.get("sources", {}).items():
+        lag = f", oldest waiting {format_ms(b['lag_ms'])}" if b["files"] else ""
+        print(f"backlog {source + ':':13s} {b['files']} file(s), {format_bytes(b['bytes'])}{lag}")
+    print("tables (Delta version at the last completed epoch):")
+    for name, version in sorted(doc["tables"].items()):
+        print(f"  {name:40s} v{version}")
+    return 0
+
+
+def _cmd_checkpoints(args: argparse.Namespace) -> int:
+    from barrierflow.checkpointing.checkpoint_log import CheckpointLog, iso_us
+    from barrierflow.storage.layout import PipelineLayout
+    from barrierflow.storage.objects import exists
+
+    layout = PipelineLayout.of(_warehouse(args), _pipeline_name(args.pipeline))
+    if not exists(layout.pipeline_meta):
+        raise BarrierflowError(f"pipeline {args.pipeline!r} has never run in warehouse {layout.warehouse}")
+    latest = CheckpointLog.current_status(CheckpointLog(layout).records())
+    rows = [
+        {
+            "epoch": r.epoch,
+            "lineage_id": r.lineage_id,
+            "status": r.status.value,
+            "offsets": r.offsets_json(),
+            "watermark": iso_us(r.watermark_us),
+            "rows_in": r.rows_in,
+            "rows_out": r.rows_out,
+            "dead_letters": r.dead_letters,
+            "duration_ms": r.duration_ms,
+            "bytes_written": r.bytes_written,
+            "state_bytes_written": r.state_bytes_written,
+            "recorded_at": iso_us(r.recorded_at_us),
+            "arrival_cutoff": _cutoff(r.arrival_cutoff_ms),
+            "table_versions": r.versions(),
+            "backlog_files": r.backlog_files,
+            "backlog_bytes": r.backlog_bytes,
+            "input_lag_ms": r.input_lag_ms,
+        }
+        for r in sorted(latest.values(), key=lambda r: r.recorded_at_us)
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(
+        f"{'epoch':>5}  {'status':13} {'rows_in':>9} {'rows_out':>9} {'dead':>6} {'ms':>7} {'bytes':>10} "
+        f"{'backlog':>7}  {'arrival cut-off':24}  watermark"
+    )
+    for row in rows:
+        print(
+            f"{row['epoch']:>5}  {row['status']:13} {row['rows_in'] or '':>9} {row['rows_out'] or '':>9} "
+            f"{row['dead_letters'] if row['dead_letters'] is not None else '':>6} {row['duration_ms'] or '':>7} "
+            f"{row['bytes_written'] or '':>10} {row['backlog_files'] if row['backlog_files'] is not None else '':>7}  "
+            f"{row['arrival_cutoff']:24}  {row['watermark'] or ''}"
+        )
+    return 0
+
+
+def _cutoff(ms: int | None) -> str:
+    """An arrival cut-off for people: ISO UTC, or "-" when the epoch took everything that had arrived."""
+    from barrierflow.checkpointing.checkpoint_log import iso_us
+
+    return iso_us(ms * 1000) if ms is not None else "-"
+
+
+def _cmd_query(args: argparse.Namespace) -> int:
+    from barrierflow.operations.query import format_rows, run_query
+
+    table = run_query(_warehouse(args), args.pipeline, args.sql, args.as_of_epoch)
+    print(format_rows(table, args.format))
+    return 0
+
+
+def _cmd_pipelines(args: argparse.Namespace) -> int:
+    from barrierflow.plan.registry import get_pipeline, pipeline_names
+
+    for name in pipeline_names():
+        definition = get_pipeline(name)
+        print(name)
+        for p in definition.params:
+            default = "required" if p.required else f"default {p.default!r}"
+            print(f"  --param {p.name}=<{p.json_type}>  ({default}) {p.description}")
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from barrierflow.demo.datagen import SensorStreamSpec, sensor_files
+    from barrierflow.demo.order_stream import OrderStreamSpec, order_files
+    from barrierflow.storage import objects
+
+    if args.files < 1 or args.records_per_file < 1 or args.start_index < 0:
+        raise ParameterError("--files and --records-per-file must be >= 1, --start-index >= 0")
+    landing = objects.normalize_uri(args.landing_dir)  # a local path, file:// or s3://; anything else is refused
+    n_files = args.start_index + args.files
+    if args.pipeline == "orders_payments":
+        orders = OrderStreamSpec(n_files=n_files, orders_per_file=args.records_per_file, seed=args.seed)
+        files = order_files(orders, args.start_index, args.files)
+    else:
+        files = sensor_files(SensorStreamSpec(n_files=n_files, records_per_file=args.records_per_file, seed=args.seed), args.start_index, args.files)
+    # Each file lands whole under its final name with put-if-absent, on either store: readers never see part of
+    # a file, and a file that already landed is never changed.
+    names = []
+    for name, text in files:
+        target = objects.join_uri(landing, name)
+        if not objects.put_if_absent(target, text.encode("utf-8")):
+            raise ConfigurationError(
+                f"{target} already exists, and a landed file is never changed: "
+                "generate into another directory, or after it with --start-index"
+            )
+        names.append(name)
+    print(f"wrote {len(names)} file(s) to {args.landing_dir}: {names[0]} .. {names[-1]}")
+    return 0
+
+
+def _cmd_savepoint(args: argparse.Namespace) -> int:
+    from barrierflow.operations.savepoint import create_savepoint, dispose_savepoint, list_savepoints
+    from barrierflow.plan.registry import get_pipeline
+
+    warehouse = _warehouse(args)
+    if args.action == "list":
+        savepoints = list_savepoints(_pipeline_name(args.pipeline), warehouse)
+        if args.json:
+            print(json.dumps([m.to_json() for m in savepoints], indent=2, default=str))
+            return 0
+        if not savepoints:
+            print(f"no savepoints of {args.pipeline} in {warehouse}")
+        for m in savepoints:
+            print(
+                f"{m.name}  epoch={m.epoch} arrival_cutoff={_cutoff(m.arrival_cutoff_ms)} lineage={m.lineage_id} "
+                f"created={m.created_at} size={m.size_bytes}B{' stopped' if m.stopped else ''}  {m.description}"
+            )
+        return 0
+    if args.action == "dispose":
+        m = dispose_savepoint(_pipeline_name(args.pipeline), warehouse, args.name)
+        print(f"disposed of savepoint {m.name} (epoch {m.epoch})")
+        return 0
+    definition = get_pipeline(args.pipeline)
+    if args.action == "create":
+        m = create_savepoint(
+            definition, warehouse, name=args.name, description=args.description, stop=args.stop, params=_params(args, definition)
+        )
+        print(f"savepoint {m.name} of {m.pipeline} at epoch {m.epoch}: {m.uri} ({m.size_bytes} bytes)")
+        if m.stopped:
+            print(f"{m.pipeline} is stopped: no epoch runs until it is restored")
+        return 0
+    from barrierflow.operations.restore import restore
+
+    if args.parallelism is not None and args.parallelism < 1:
+        raise ParameterError("--parallelism must be >= 1")
+    result = restore(
+        definition,
+        warehouse,
+        savepoint=args.savepoint,
+        epoch=args.epoch,
+        allow_non_restored_state=args.allow_non_restored_state,
+        rewind_sinks=args.rewind_sinks,
+        parallelism=args.parallelism,
+        params=_params(args, definition),
+    )
+    print(
+        f"restored {result.pipeline} from {result.restored_from} into lineage {result.lineage_id}: "
+        f"the next epoch is {result.epoch + 1}"
+    )
+    for name, changes in sorted(result.evolved_states.items()):
+        print(f"  state {name} restored into the code's schema: {'; '.join(changes)}")
+    for label, names in (("dropped", result.dropped_states), ("started empty", result.empty_states)):
+        if names:
+            print(f"  state {label}: {', '.join(names)}")
+    for sink, rows in sorted(result.rewound_sinks.items()):
+        print(f"  sink {sink} rewound ({rows} rows)")
+    return 0
+
+
+def _cmd_maintenance(args: argparse.Namespace) -> int:
+    from barrierflow.operations.maintenance import run_maintenance
+    from barrierflow.plan.registry import get_pipeline
+
+    definition = get_pipeline(args.pipeline)
+    report = run_maintenance(
+        definition,
+        _warehouse(args),
+        retained_checkpoints=args.retained_checkpoints,
+        vacuum_retention_hours=args.vacuum_retention_hours,
+        params=_params(args, definition),
+    )
+    print(json.dumps(report.to_json(), indent=2))
+    return 0
+
+
+_COMMANDS = {
+    "savepoint": _cmd_savepoint,
+    "maintenance": _cmd_maintenance,
+    "run": _cmd_run,
+    "status": _cmd_status,
+    "checkpoints": _cmd_checkpoints,
+    "query": _cmd_query,
+    "pipelines": _cmd_pipelines,
+    "generate": _cmd_generate,
+    "engine": _cmd_engine,
+    "reprocess": _cmd_reprocess,
+    "airflow": _cmd_airflow,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code = _COMMANDS[args.command](args)
+    except BarrierflowError as exc:
+        print(f"barrierflow: error: {exc}", file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    # delta-rs' runtime threads can abort the interpreter at exit; leave at once.
+    os._exit(code)

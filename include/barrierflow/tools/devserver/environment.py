@@ -1,0 +1,207 @@
+"""Where ``make run``'s stack lives and the environment its Airflow runs with.
+
+The constants (loopback address, default ports and login, the pipeline fed
+by the input generator), :class:`DevServerConfig`, the Airflow environment
+(:func:`devserver_environment`), the files the stack writes (login, JWT
+secret, ``barrierflow-stack.json``) and the loopback port helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from barrierflow.airflow.dags.settings import param_env_var, pipeline_dag_id
+from barrierflow.tools.engine import DEFAULT_ENGINE_PORT, EngineConfig
+from barrierflow.tools.metadata_db import EmbeddedPostgres
+from barrierflow.tools.warmup import DEFAULT_WARM_UP_EPOCHS
+
+__all__ = [
+    "HOST",
+    "DEFAULT_PORT",
+    "DEFAULT_USER",
+    "DEFAULT_PASSWORD",
+    "PASSWORD_ENV",
+    "PIPELINE",
+    "DEFAULT_DAG_ID",
+    "LANDING_ENV",
+    "SIMPLE_AUTH_MANAGER",
+    "STACK_FILE",
+    "DevServerConfig",
+    "devserver_environment",
+    "write_stack_file",
+    "jwt_secret",
+    "write_password_file",
+    "free_port",
+    "port_in_use",
+]
+
+HOST = "127.0.0.1"  # never anything but loopback: this is a development server
+DEFAULT_PORT = 8080
+DEFAULT_USER = "admin"
+DEFAULT_PASSWORD = "admin"
+PASSWORD_ENV = "BARRIERFLOW_DEV_PASSWORD"
+PIPELINE = "sensor_stats"  # the pipeline whose input the generator writes
+DEFAULT_DAG_ID = pipeline_dag_id(PIPELINE)
+LANDING_ENV = param_env_var(PIPELINE, "landing_dir")  # BARRIERFLOW_SENSOR_STATS__LANDING_DIR
+SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+STACK_FILE = "barrierflow-stack.json"
+# Defaults that a caller's environment may override.
+_TUNING = {
+    "AIRFLOW__CORE__PARALLELISM": "8",
+    # Airflow re-parses every DAG file each 30 s by default, in a fresh process
+    # that imports barrierflow (~1 s of CPU per file, ~15% of a core for the five
+    # files). A file that changes is re-parsed at once whatever this says.
+    "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "300",
+}
+
+
+def _repo_root() -> Path:
+    from barrierflow.airflow.dags.environment import repo_root
+
+    return repo_root()
+
+
+@dataclass(frozen=True)
+class DevServerConfig:
+    """Where everything lives and how the server is reached."""
+
+    root: Path
+    home: Path
+    warehouse: Path | str  # a local directory, or s3://bucket/prefix
+    landing: Path
+    port: int = DEFAULT_PORT
+    engine_port: int = DEFAULT_ENGINE_PORT
+    user: str = DEFAULT_USER
+    password: str = DEFAULT_PASSWORD
+    generate_every_s: float = 5.0  # 0 disables the input generator
+    warm_up_epochs: int = DEFAULT_WARM_UP_EPOCHS  # throwaway epochs on the new engine (barrierflow.tools.warmup)
+    metadata_db: str = "postgres"  # or "sqlite" (one writer at a time: not for the CLI beside the stack)
+    db_port: int = 0  # the embedded PostgreSQL's loopback port (0: any free port)
+    records_per_file: int = 200
+    dag_id: str = DEFAULT_DAG_ID
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def engine(self) -> EngineConfig:
+        return EngineConfig(host=HOST, port=self.engine_port, warm_up_epochs=self.warm_up_epochs, warm_up_session=PIPELINE)
+
+    @property
+    def postgres(self) -> EmbeddedPostgres:
+        return EmbeddedPostgres(self.home / "postgres", self.db_port)
+
+    @property
+    def stack_file(self) -> Path:
+        """Where a running stack writes the environment of its Airflow (``barrierflow airflow`` reads it)."""
+        return self.home / STACK_FILE
+
+    @property
+    def checkpoints_url(self) -> str:
+        return f"{self.url}/barrierflow/"
+
+    @property
+    def password_file(self) -> Path:
+        return self.home / "simple_auth_manager_passwords.json"
+
+
+def devserver_environment(config: DevServerConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of every Airflow component for ``config`` (``base`` defaults to ``os.environ``)."""
+    from barrierflow.airflow.dags.environment import airflow_environment
+
+    env = dict(os.environ if base is None else base)
+    env.update(
+        airflow_environment(config.home, root=config.root, warehouse=config.warehouse, engine_address=config.engine.address)
+    )
+    env.update(
+        {
+            "AIRFLOW__API__HOST": HOST,
+            "AIRFLOW__API__PORT": str(config.port),
+            "AIRFLOW__API__BASE_URL": config.url,
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{config.url}/execution/",
+            "AIRFLOW__CORE__AUTH_MANAGER": SIMPLE_AUTH_MANAGER,
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{config.user}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(config.password_file),
+            "AIRFLOW__API_AUTH__JWT_SECRET": jwt_secret(config.home),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            LANDING_ENV: str(config.landing),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if config.metadata_db == "postgres":
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = config.postgres.url
+    # Sized for a laptop: LocalExecutor pre-forks one worker per parallelism slot (32 by default).
+    for key, value in _TUNING.items():
+        env[key] = (base if base is not None else os.environ).get(key, value)
+    env.update(config.extra_env)
+    return env
+
+
+def write_stack_file(config: DevServerConfig, env: Mapping[str, str]) -> None:
+    """Record the running stack's Airflow settings, so that the Airflow CLI can be pointed at it."""
+    keep = {k: v for k, v in env.items() if k.startswith(("AIRFLOW", "BARRIERFLOW_")) or k == LANDING_ENV}
+    doc = {"url": config.url, "pid": os.getpid(), "environment": keep}
+    tmp = config.stack_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+    os.replace(tmp, config.stack_file)
+
+
+def jwt_secret(home: Path) -> str:
+    """A 64-byte JWT signing secret kept in ``home`` (created once; every component must share it).
+
+    Airflow's generated default is 16 bytes, which PyJWT warns about on every
+    token for HS512.
+    """
+    import secrets
+
+    path = home / "jwt_secret"
+    try:
+        value = path.read_text().strip()
+    except FileNotFoundError:
+        value = ""
+    if len(value) < 64:
+        home.mkdir(parents=True, exist_ok=True)
+        value = secrets.token_urlsafe(64)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(value + "\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    return value
+
+
+def write_password_file(path: Path, user: str, password: str) -> None:
+    """Set ``user``'s password in the simple auth manager's passwords file (JSON ``{user: password}``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        current = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        current = {}
+    current[user] = password
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(current) + "\n")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something accepts connections on ``port`` of 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((HOST, port)) == 0

@@ -1,0 +1,296 @@
+"""The processes of ``make run``: Airflow's components as children, and the one routine that stops processes.
+
+:func:`stop_process_tree` is the only place that stops anything here: SIGTERM
+(or another first signal), a grace period, SIGKILL for what is left, for a
+list of processes and, by default, every other process this one started.
+:meth:`AirflowProcesses.stop` calls it twice, to stop the components in
+order (scheduler first, API server last). With this process a *child
+subreaper* (:func:`become_subreaper`, Linux), processes that left their
+process group or lost their parent stay its descendants, so the stop finds
+them too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from barrierflow.tools.devserver.console import pump
+from barrierflow.tools.devserver.environment import HOST
+
+__all__ = [
+    "PR_SET_CHILD_SUBREAPER",
+    "AirflowProcesses",
+    "become_subreaper",
+    "descendant_pids",
+    "reap_orphans",
+    "stop_process_tree",
+]
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process (Linux), so none escapes shutdown."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _descendants(pid: int) -> list[Any]:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _tree_pids(roots: Sequence[int]) -> set[int]:
+    """``roots`` and all their descendants."""
+    return {pid for root in roots for pid in (root, *(p.pid for p in _descendants(root)))}
+
+
+def descendant_pids() -> set[int]:
+    """Pids of every live descendant of this process (a baseline for :func:`stop_process_tree`)."""
+    return {p.pid for p in _descendants(os.getpid())}
+
+
+def reap_orphans(keep: set[int] | frozenset[int] = frozenset()) -> None:
+    """Wait for exited children of this process (orphans re-parented to this subreaper), except ``keep``.
+
+    ``keep`` holds the pids whose exit status belongs to someone else (the
+    ``Popen`` objects that started them): reaping those would lose it.
+    """
+    import psutil
+
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            if child.pid not in keep and child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError, OSError):
+            pass
+
+
+def stop_process_tree(
+    procs: Sequence[subprocess.Popen[Any]] = (),
+    *,
+    tree: bool = True,
+    baseline: set[int] | frozenset[int] = frozenset(),
+    spared: Sequence[int] = (),
+    grace_s: float = 25.0,
+    term_s: float = 10.0,
+    first_signal: int = signal.SIGTERM,
+) -> list[int]:
+    """Stop ``procs`` and, with ``tree``, every other process this one started. Returns the pids that needed SIGKILL.
+
+    1. ``first_signal`` (SIGTERM: every Airflow component shuts down
+       gracefully on it) to each of ``procs``, in their order, then up to
+       ``grace_s`` in all for them to exit;
+    2. SIGTERM to the targets still alive. With ``tree`` the targets are
+       every descendant of this process except those in ``baseline`` (the
+       descendants that existed before ``procs`` started) and the processes
+       ``spared`` with their descendants (the metadata database, stopped
+       after everything else; the API server while the rest stops before
+       it); those alive at the start are tracked even if they leave the tree.
+       Without ``tree`` the targets are ``procs`` alone;
+    3. SIGKILL, after ``term_s``, to the targets still alive (with ``tree``,
+       also those that appeared meanwhile); then ``procs`` and, with
+       ``tree``, the exited orphans are reaped.
+    """
+    import psutil
+
+    me = os.getpid()
+
+    def targets() -> dict[int, Any]:
+        if tree:
+            keep = set(baseline) | _tree_pids(spared)
+            return {p.pid: p for p in _descendants(me) if p.pid not in keep}
+        found = {}
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    found[proc.pid] = psutil.Process(proc.pid)
+                except psutil.Error:
+                    pass
+        return found
+
+    tracked = targets()
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                proc.send_signal(first_signal)
+            except (ProcessLookupError, PermissionError):
+                pass
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+
+    def alive() -> list[Any]:
+        tracked.update(targets())
+        out = []
+        for p in tracked.values():
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except psutil.Error:
+                pass
+        return out
+
+    rest = alive()
+    for p in rest:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, still = psutil.wait_procs(rest, timeout=term_s)
+    killed = []
+    for p in {q.pid: q for q in [*still, *alive()]}.values():
+        try:
+            p.kill()
+            killed.append(p.pid)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(still, timeout=5)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    if tree:
+        reap_orphans(keep=set(baseline) | _tree_pids(spared))
+    return killed
+
+
+class AirflowProcesses:
+    """The Airflow components as child processes (each in its own session), output prefixed by name.
+
+    Equivalent to ``airflow standalone`` (metadata DB migration, API server,
+    DAG processor, scheduler, triggerer), with two differences that matter
+    here: nothing listens beyond 127.0.0.1 (standalone's scheduler and
+    triggerer also start the log server on every interface, port 8793/8794;
+    here ``--skip-serve-logs``: the API server reads the local task logs
+    directly), and the API server is up before the scheduler starts tasks
+    (their first call is to its execution API).
+    """
+
+    COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+        ("dag-processor", ("dag-processor",)),
+        ("scheduler", ("scheduler", "--skip-serve-logs")),
+        ("triggerer", ("triggerer", "--skip-serve-logs")),
+    )
+    # Signalled first when stopping, in this order; then the other processes but the API server (the engine).
+    STOP_ORDER = ("scheduler", "dag-processor", "triggerer")
+
+    def __init__(self, env: Mapping[str, str], cwd: Path, port: int) -> None:
+        self.env = dict(env)
+        self.cwd = cwd
+        self.port = port
+        airflow = Path(sys.executable).with_name("airflow")
+        self.airflow = str(airflow) if airflow.exists() else "airflow"
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._threads: list[threading.Thread] = []
+        self.spared: list[int] = []  # process trees outliving the stop (the metadata database)
+
+    def _spawn(self, name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:
+        # Own session: a terminal's Ctrl-C reaches only this launcher, which stops the components in order.
+        proc = subprocess.Popen(
+            [self.airflow, *args], env=self.env, cwd=str(self.cwd),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        self._pump(name, proc)
+        return proc
+
+    def _pump(self, name: str, proc: subprocess.Popen[bytes]) -> None:
+        thread = threading.Thread(target=pump, args=(name, proc), name=f"out-{name}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def adopt(self, name: str, proc: subprocess.Popen[bytes] | None) -> None:
+        """Watch and stop ``proc`` (started elsewhere, e.g. the Spark engine) like a component."""
+        if proc is None:
+            return
+        self.procs[name] = proc
+        if proc.stdout is not None:
+            self._pump(name, proc)
+
+    def migrate(self, timeout_s: float = 600.0) -> int:
+        """``airflow db migrate`` (creates the SQLite database the first time); its exit code."""
+        proc = self._spawn("db", ("db", "migrate"))
+        self.procs["db"] = proc
+        try:
+            return proc.wait(timeout=timeout_s)
+        finally:
+            del self.procs["db"]
+
+    def start_api_server(self) -> None:
+        self.procs["api-server"] = self._spawn("api-server", ("api-server", "--host", HOST, "--port", str(self.port)))
+
+    def start_components(self, *names: str) -> None:
+        """Start the named components (all when none is named)."""
+        for name, args in self.COMPONENTS:
+            if not names or name in names:
+                self.procs[name] = self._spawn(name, args)
+
+    def exited(self) -> tuple[str, int] | None:
+        """The first component that exited, with its exit code."""
+        for name, proc in self.procs.items():
+            code = proc.poll()
+            if code is not None:
+                return name, code
+        return None
+
+    def reap_orphans(self) -> None:
+        """Wait for exited orphans re-parented to this process (never for the components: their Popen waits)."""
+        reap_orphans(keep={p.pid for p in self.procs.values()})
+
+    def stop(self, baseline: set[int] | frozenset[int], grace_s: float = 5.0) -> list[int]:
+        """Stop in an order that lets running tasks report their end to the API server; the pids SIGKILLed.
+
+        Two calls of :func:`stop_process_tree`:
+
+        1. SIGTERM to the scheduler, DAG processor and triggerer (then to the
+           other components but the API server: the Spark engine), up to
+           ``grace_s`` for them to exit; then SIGTERM to every other process
+           except the API server and its descendants (executor workers, task
+           supervisors, spark-submit and its JVM): a task supervisor forwards
+           it to its task, which reports the interruption through the still
+           running API server (an epoch cut short is recovered exactly once by
+           the next run); SIGKILL after 10 s;
+        2. SIGTERM to the API server, up to ``grace_s``, then SIGTERM and, after
+           5 s, SIGKILL to whatever is left of the process tree.
+
+        The ``spared`` trees (the metadata database) and ``baseline`` are left alone.
+        """
+        api = self.procs.get("api-server")
+        first = [self.procs[name] for name in self.STOP_ORDER if name in self.procs]
+        others = [p for n, p in self.procs.items() if n != "api-server" and n not in self.STOP_ORDER]
+        spared = [*([api.pid] if api is not None else []), *self.spared]
+        killed = stop_process_tree([*first, *others], baseline=baseline, spared=spared, grace_s=grace_s, term_s=10.0)
+        killed += stop_process_tree(
+            [api] if api is not None else [], baseline=baseline, spared=self.spared, grace_s=grace_s, term_s=5.0
+        )
+        for thread in self._threads:
+            thread.join(timeout=2)
+        return killed

@@ -1,0 +1,329 @@
+"""``make run``'s orchestration: start the stack in the order of the protocol in :mod:`barrierflow.tools.devserver`, run, stop.
+
+:func:`run` carries out steps 1 to 7 with the other modules of the package
+(:mod:`~barrierflow.tools.devserver.environment`, :mod:`~barrierflow.tools.devserver.client`,
+:mod:`~barrierflow.tools.devserver.processes`, :mod:`~barrierflow.tools.devserver.generator`);
+:func:`main` is ``python -m barrierflow.tools.devserver``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from barrierflow.airflow.dags.settings import PROCESS_MODE_ENV, SPARK_SUBMIT_MODE, DagSettings
+from barrierflow.core.errors import ConfigurationError, EngineUnavailableError
+from barrierflow.storage.objects import is_local, normalize_uri
+from barrierflow.tools.devserver.client import ApiClient
+from barrierflow.tools.devserver.console import say
+from barrierflow.tools.devserver.environment import (
+    DEFAULT_PASSWORD,
+    DEFAULT_PORT,
+    DEFAULT_USER,
+    HOST,
+    PASSWORD_ENV,
+    DevServerConfig,
+    _repo_root,
+    devserver_environment,
+    free_port,
+    port_in_use,
+    write_password_file,
+    write_stack_file,
+)
+from barrierflow.tools.devserver.generator import InputGenerator
+from barrierflow.tools.devserver.processes import AirflowProcesses, become_subreaper, descendant_pids
+from barrierflow.tools.engine import DEFAULT_ENGINE_PORT, LocalEngine
+from barrierflow.tools.warmup import DEFAULT_WARM_UP_EPOCHS
+
+__all__ = ["run", "main", "build_parser", "config_from_args", "first_interval_end", "wait_until"]
+
+
+def wait_until(
+    predicate: Callable[[], bool],
+    timeout_s: float,
+    interval_s: float = 1.0,
+    stop: threading.Event | None = None,
+) -> bool:
+    """Poll ``predicate`` until it holds (True), ``timeout_s`` passes or ``stop`` is set (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if stop is not None and stop.is_set():
+            return False
+        if predicate():
+            return True
+        if stop is not None:
+            stop.wait(interval_s)
+        else:
+            time.sleep(interval_s)
+    return predicate()
+
+
+def _banner(config: DevServerConfig) -> str:
+    lines = [
+        "",
+        "=" * 66,
+        f"  Airflow UI:        {config.url}/",
+        f"  login:             {config.user} / {config.password}",
+        f"  checkpoints page:  {config.checkpoints_url}   (Browse > Checkpoints)",
+        f"  DAG:               {config.url}/dags/{config.dag_id}",
+        f"  Spark engine:      {config.engine.address}   (Spark Connect; connection spark_connect_default)",
+        f"  warehouse:         {config.warehouse}",
+        f"  landing dir:       {config.landing}"
+        + (f"   (a new file every {config.generate_every_s:g} s)" if config.generate_every_s > 0 else ""),
+        f"  AIRFLOW_HOME:      {config.home}",
+        "  stop with Ctrl-C",
+        "=" * 66,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
+    """Start everything, wait for Ctrl-C / SIGTERM, stop everything. Returns the exit code."""
+    if config.metadata_db == "postgres" and not config.db_port:
+        config = dataclasses.replace(config, db_port=free_port())
+    for port, what in ((config.port, "--port"), (config.engine_port, "--engine-port"), (config.db_port, "--db-port")):
+        if port_in_use(port):
+            say(f"error: port {port} on {HOST} is already in use (another barrierflow?); use {what}")
+            return 2
+    for directory in (config.home, config.warehouse, config.landing):
+        if isinstance(directory, Path):
+            directory.mkdir(parents=True, exist_ok=True)
+    write_password_file(config.password_file, config.user, config.password)
+    env = devserver_environment(config)
+    become_subreaper()
+    baseline = descendant_pids()
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    for s in previous:
+        signal.signal(s, _raise_stop)
+
+    generator: InputGenerator | None = None
+    stopping = threading.Event()
+    airflow = AirflowProcesses(env, config.root, config.port)
+    engine = LocalEngine(config.engine, log=subprocess.PIPE, env=env)
+    database = config.postgres if config.metadata_db == "postgres" else None
+    code = 0
+    try:
+        if database is not None:
+            say(f"starting the metadata database (PostgreSQL) on {HOST}:{database.port}, data in {database.data_dir}")
+            with (config.home / "postgres.log").open("ab") as db_log:
+                database.start(log=db_log)
+            airflow.spared.append(database.proc.pid)  # type: ignore[union-attr]
+        write_stack_file(config, env)
+        if config.generate_every_s > 0:
+            # Input from the start: the schedule's first interval then holds some (step 5).
+            generator = InputGenerator(config.landing, config.generate_every_s, config.records_per_file)
+            generator.start()
+        say(f"starting the Spark engine (Spark Connect) on {config.engine.address}")
+        engine.start(wait_s=None)
+        airflow.adopt("engine", engine.proc)
+        say(f"preparing the metadata database in {config.home}")
+        migrated = airflow.migrate()
+        if migrated != 0:
+            say(f"error: airflow db migrate exited with code {migrated}")
+            return 1
+        say(f"starting the Airflow API server on {config.url}")
+        airflow.start_api_server()
+        client = ApiClient(config.url, config.user, config.password)
+        if not wait_until(lambda: airflow.exited() is not None or client.healthy(), ready_timeout_s, 1.0):
+            say(f"error: the Airflow API server did not answer on {config.url} within {ready_timeout_s:.0f} s")
+            return 1
+        if (gone := airflow.exited()) is not None:
+            say(f"error: Airflow {gone[0]} exited with code {gone[1]}")
+            return 1
+        engine.wait_ready(ready_timeout_s)
+        threading.Thread(
+            target=_report_warm_up, args=(engine, ready_timeout_s, stopping), name="warm-up", daemon=True
+        ).start()
+        say("starting the scheduler and triggerer")
+        airflow.start_components("scheduler", "triggerer")
+        say(_banner(config))
+        if generator is not None:
+            # Step 5: the first interval the DAG processor sees must hold input.
+            wait_until(lambda: generator.first_written_at is not None, 60.0, 0.2, stopping)
+            ready_at = first_interval_end(generator.first_written_at or time.time())
+            if ready_at > time.time():
+                say(f"starting the DAG processor at {time.strftime('%H:%M:%S', time.localtime(ready_at))}, "
+                     "when the first minute of input has ended")
+                time.sleep(max(0.0, ready_at - time.time()))
+        say("starting the DAG processor")
+        airflow.start_components("dag-processor")
+        threading.Thread(
+            target=_ensure_unpaused, args=(client, config.dag_id, stopping), name="unpause", daemon=True
+        ).start()
+        while (gone := airflow.exited()) is None:
+            time.sleep(0.5)
+            airflow.reap_orphans()
+        say(f"{gone[0]} exited with code {gone[1]}: stopping everything")
+        code = gone[1] or 1
+    except (EngineUnavailableError, ConfigurationError) as exc:
+        say(f"error: {exc}")
+        code = 1
+    except (_Stop, KeyboardInterrupt) as exc:
+        say(f"stopping ({exc or 'SIGINT'})...")
+    finally:
+        for s in previous:  # a second Ctrl-C must not interrupt the shutdown
+            signal.signal(s, signal.SIG_IGN)
+        stopping.set()
+        if generator is not None:
+            generator.stop()
+        started = time.monotonic()
+        killed = airflow.stop(baseline)
+        engine.stop()
+        if database is not None:
+            database.stop()
+        config.stack_file.unlink(missing_ok=True)
+        if killed:
+            say(f"killed {len(killed)} process(es) that ignored SIGTERM: {killed}")
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        say(f"stopped in {time.monotonic() - started:.1f} s")
+    return code
+
+
+def _report_warm_up(engine: LocalEngine, wait_s: float, stop: threading.Event) -> None:
+    """Say how the engine's warm-up went (it runs beside Airflow's start, never delaying it)."""
+    warm, said = engine.wait_warm(wait_s, stop=stop.is_set)
+    if not stop.is_set():
+        say(said if warm else f"note: the engine's warm-up failed, its first epochs run cold: {said}")
+
+
+def first_interval_end(first_input_at: float, interval_s: float = 60.0) -> float:
+    """When the first schedule interval (aligned to ``interval_s``) holding ``first_input_at`` ends."""
+    return (int(first_input_at // interval_s) + 1) * interval_s
+
+
+def _ensure_unpaused(client: ApiClient, dag_id: str, stop: threading.Event, timeout_s: float = 600.0) -> None:
+    """Unpause ``dag_id`` once the DAG processor has registered it (no-op when already unpaused)."""
+    try:
+        found: dict[str, Any] = {}
+
+        def registered() -> bool:
+            doc = client.dag(dag_id)
+            if doc is not None:
+                found.update(doc)
+            return doc is not None
+
+        if not wait_until(registered, timeout_s, 2.0, stop):
+            if not stop.is_set():
+                say(f"note: DAG {dag_id} did not appear within {timeout_s:.0f} s (see the DAG import errors in the UI)")
+            return
+        if found.get("is_paused"):
+            if client.set_paused(dag_id, False):
+                say(f"unpaused {dag_id}")
+            else:
+                say(f"note: could not unpause {dag_id}")
+    except Exception as exc:  # noqa: BLE001 - a helper thread must never take the server down
+        if not stop.is_set():
+            say(f"note: cannot check whether {dag_id} is paused: {exc}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m barrierflow.tools.devserver",
+        description="A local Airflow (127.0.0.1) with barrierflow's DAGs and plugin and a live sensor_stats input stream.",
+    )
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"API server port (default {DEFAULT_PORT}; 0 = any free port)")
+    p.add_argument("--home", type=Path, help="AIRFLOW_HOME (default <repo>/.airflow)")
+    p.add_argument(
+        "--warehouse", type=_location_arg,
+        help="barrierflow warehouse: a local path, file:// or s3://<bucket>/<prefix> (default <repo>/warehouse)",
+    )
+    p.add_argument(
+        "--landing", type=_local_dir_arg,
+        help="sensor_stats landing directory, local: the input generator writes it (default <repo>/landing)",
+    )
+    p.add_argument(
+        "--engine-port", type=int, default=DEFAULT_ENGINE_PORT,
+        help=f"the Spark engine's Spark Connect port (default {DEFAULT_ENGINE_PORT}; 0 = any free port)",
+    )
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between generated input files (0: no generator)")
+    p.add_argument("--records-per-file", type=int, default=200)
+    p.add_argument(
+        "--warm-up-epochs", type=int,
+        help=f"throwaway epochs the new engine runs while Airflow starts (default {DEFAULT_WARM_UP_EPOCHS}, "
+        f"or 0 when ${PROCESS_MODE_ENV}={SPARK_SUBMIT_MODE}: then no epoch runs on the engine)",
+    )
+    p.add_argument("--user", default=DEFAULT_USER, help=f"login name (default {DEFAULT_USER})")
+    p.add_argument(
+        "--password",
+        default=os.environ.get(PASSWORD_ENV, DEFAULT_PASSWORD),
+        help=f"login password (default ${PASSWORD_ENV} or {DEFAULT_PASSWORD!r})",
+    )
+    p.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for the API server")
+    p.add_argument(
+        "--metadata-db", choices=("postgres", "sqlite"), default="postgres",
+        help="Airflow's metadata database: an embedded PostgreSQL (default; Debian's package) or SQLite "
+        "(no PostgreSQL needed, but one writer at a time: the Airflow CLI beside the stack can meet 'database is locked')",
+    )
+    p.add_argument("--db-port", type=int, default=0, help="the embedded PostgreSQL's port on 127.0.0.1 (default: any free port)")
+    return p
+
+
+def _location_arg(value: str) -> Path | str:
+    """A local location as an absolute path, an ``s3://`` one as its URI (never a local directory named ``s3:``)."""
+    try:
+        uri = normalize_uri(value)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return Path(uri) if is_local(uri) else uri
+
+
+def _local_dir_arg(value: str) -> Path:
+    """A local directory (plain path or ``file://``); an object-store URI is refused, not taken for a path."""
+    location = _location_arg(value)
+    if not isinstance(location, Path):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a local directory: the dev server's input generator writes local files "
+            "(a pipeline reads an s3:// landing directory through its landing_dir parameter)"
+        )
+    return location
+
+
+def _default_warm_up() -> int:
+    """Warm the engine only when the DAG's ``process`` runs on it."""
+    return 0 if DagSettings.from_env(os.environ).process_mode == SPARK_SUBMIT_MODE else DEFAULT_WARM_UP_EPOCHS
+
+
+def config_from_args(args: argparse.Namespace) -> DevServerConfig:
+    root = _repo_root()
+    port = args.port if args.port else free_port()
+    return DevServerConfig(
+        root=root,
+        home=(args.home or root / ".airflow").resolve(),
+        warehouse=args.warehouse or root / "warehouse",
+        landing=args.landing or root / "landing",
+        port=port,
+        engine_port=args.engine_port if args.engine_port else free_port(),
+        user=args.user,
+        password=args.password,
+        generate_every_s=max(0.0, args.interval),
+        records_per_file=args.records_per_file,
+        warm_up_epochs=max(0, args.warm_up_epochs) if args.warm_up_epochs is not None else _default_warm_up(),
+        metadata_db=args.metadata_db,
+        db_port=args.db_port or free_port(),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.records_per_file < 1:
+        build_parser().error("--records-per-file must be >= 1")
+    return run(config_from_args(args), ready_timeout_s=args.ready_timeout)
+

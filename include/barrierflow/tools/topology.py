@@ -1,0 +1,330 @@
+"""The multi-service deployment: every service's command and settings, shared by docker-compose.yaml and its test.
+
+Services, in start order:
+
+============== ==============================================================
+``postgres``   Airflow's metadata database (Debian's PostgreSQL, loopback)
+``s3``         an S3 endpoint that decides conditional writes atomically
+               (:mod:`barrierflow.tools.local_s3`, moto's server); holds the warehouse
+``spark-master`` a standalone Spark master (the wheel's ``spark-class``)
+``spark-worker-1``, ``spark-worker-2`` standalone workers, one core each
+``engine``     the warm Spark Connect engine, its executors on the workers
+``airflow-init`` one-shot: migrate the metadata database, create the bucket
+``api-server``, ``scheduler``, ``dag-processor``, ``triggerer``: Airflow
+============== ==============================================================
+
+``docker-compose.yaml`` runs each service in its own container as
+``python -m barrierflow.tools.topology serve <service>``; with no Docker engine,
+``python -m barrierflow.tools.topology up`` (and the test of this topology) starts
+the very same commands as child processes. Both share host networking, so
+every address is ``127.0.0.1`` and the settings are identical: ports, the
+state directory and the bucket come from ``BARRIERFLOW_TOPOLOGY_*``
+variables (:meth:`TopologyConfig.from_env`), the warehouse is
+``s3://<bucket>/warehouse``, and the landing directory of ``sensor_stats``
+is ``<home>/landing`` (a volume shared by the containers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from barrierflow.core.errors import ConfigurationError
+from barrierflow.tools.process_group import stop_group
+
+if TYPE_CHECKING:
+    from barrierflow.tools.devserver.environment import DevServerConfig
+
+__all__ = ["SERVICES", "TopologyConfig", "service_command", "service_environment", "serve", "running_topology", "main"]
+
+HOST = "127.0.0.1"
+SERVICES = (
+    "postgres", "s3", "spark-master", "spark-worker-1", "spark-worker-2", "engine",
+    "airflow-init", "api-server", "scheduler", "dag-processor", "triggerer",
+)  # fmt: skip
+_ONE_SHOT = ("airflow-init",)
+_ENV_PREFIX = "BARRIERFLOW_TOPOLOGY_"
+_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "barrierflow", "AWS_SECRET_ACCESS_KEY": "barrierflow", "AWS_REGION": "us-east-1"}
+
+
+@dataclass(frozen=True)
+class TopologyConfig:
+    """Where the services keep their state and which loopback ports they take."""
+
+    home: Path
+    postgres_port: int = 5432
+    s3_port: int = 9000
+    master_port: int = 7077
+    master_ui_port: int = 8081
+    worker_ui_ports: tuple[int, int] = (8082, 8083)
+    engine_port: int = 15002
+    api_port: int = 8080
+    bucket: str = "barrierflow"
+    worker_memory: str = "1536m"  # an executor takes Spark's default 1g of it
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "TopologyConfig":
+        """``BARRIERFLOW_TOPOLOGY_HOME`` (default ``./topology``) and ``BARRIERFLOW_TOPOLOGY_<FIELD>`` for the rest."""
+        env = os.environ if environ is None else environ
+        config = cls(home=Path(env.get(f"{_ENV_PREFIX}HOME") or "topology").resolve())
+        values: dict[str, object] = {}
+        for name in ("postgres_port", "s3_port", "master_port", "master_ui_port", "engine_port", "api_port"):
+            raw = env.get(f"{_ENV_PREFIX}{name.upper()}")
+            if raw:
+                try:
+                    values[name] = int(raw)
+                except ValueError:
+                    raise ConfigurationError(f"{_ENV_PREFIX}{name.upper()} must be a port number, not {raw!r}") from None
+        raw = env.get(f"{_ENV_PREFIX}WORKER_UI_PORTS")
+        if raw:
+            values["worker_ui_ports"] = tuple(int(p) for p in raw.split(","))
+        if env.get(f"{_ENV_PREFIX}BUCKET"):
+            values["bucket"] = env[f"{_ENV_PREFIX}BUCKET"]
+        return replace(config, **values)  # type: ignore[arg-type]
+
+    def to_env(self) -> dict[str, str]:
+        """The variables :meth:`from_env` reads back into this config."""
+        return {
+            f"{_ENV_PREFIX}HOME": str(self.home),
+            f"{_ENV_PREFIX}POSTGRES_PORT": str(self.postgres_port),
+            f"{_ENV_PREFIX}S3_PORT": str(self.s3_port),
+            f"{_ENV_PREFIX}MASTER_PORT": str(self.master_port),
+            f"{_ENV_PREFIX}MASTER_UI_PORT": str(self.master_ui_port),
+            f"{_ENV_PREFIX}WORKER_UI_PORTS": ",".join(map(str, self.worker_ui_ports)),
+            f"{_ENV_PREFIX}ENGINE_PORT": str(self.engine_port),
+            f"{_ENV_PREFIX}API_PORT": str(self.api_port),
+            f"{_ENV_PREFIX}BUCKET": self.bucket,
+        }
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://{HOST}:{self.s3_port}"
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://{HOST}:{self.master_port}"
+
+    @property
+    def warehouse(self) -> str:
+        return f"s3://{self.bucket}/warehouse"
+
+    @property
+    def landing(self) -> Path:
+        return self.home / "landing"
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{HOST}:{self.api_port}"
+
+    def aws_environment(self) -> dict[str, str]:
+        """What every process that touches the warehouse needs: the endpoint and its credentials."""
+        return {**_CREDENTIALS, "AWS_ENDPOINT_URL": self.s3_endpoint, "AWS_ALLOW_HTTP": "true"}
+
+    def devserver(self) -> "DevServerConfig":
+        from barrierflow.tools.devserver.environment import DevServerConfig, _repo_root
+
+        return DevServerConfig(
+            root=_repo_root(), home=self.home / "airflow", warehouse=self.warehouse,
+            landing=self.landing, port=self.api_port, engine_port=self.engine_port, warm_up_epochs=0,
+            metadata_db="postgres", db_port=self.postgres_port, generate_every_s=0,
+        )  # fmt: skip
+
+
+def service_environment(service: str, config: TopologyConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment ``service`` runs with (Airflow's settings for the Airflow services, AWS for all)."""
+    from barrierflow.execution.spark import MASTER_ENV
+    from barrierflow.tools.devserver.environment import devserver_environment
+
+    env = dict(os.environ if base is None else base)
+    env.update(config.to_env())
+    env.update(config.aws_environment())
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYTHONUNBUFFERED"] = "1"
+    if service in ("airflow-init", "api-server", "scheduler", "dag-processor", "triggerer"):
+        env = devserver_environment(config.devserver(), env)
+        env[MASTER_ENV] = config.master_url  # for a Spark a task starts itself; spark-submit takes the Airflow connection's
+    env.update(config.extra_env)
+    return env
+
+
+def service_command(service: str, config: TopologyConfig) -> list[str]:
+    """The command line of ``service`` (what its container runs, after :func:`serve`'s preparation)."""
+    import pyspark
+
+    from barrierflow.tools.devserver.processes import AirflowProcesses
+
+    spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    if service == "s3":
+        return [sys.executable, "-m", "barrierflow.tools.local_s3", "--host", HOST, "--port", str(config.s3_port)]
+    if service == "spark-master":
+        return [spark_class, "org.apache.spark.deploy.master.Master", "--host", HOST,
+                "--port", str(config.master_port), "--webui-port", str(config.master_ui_port)]  # fmt: skip
+    if service.startswith("spark-worker-"):
+        index = int(service.rsplit("-", 1)[1]) - 1
+        return [spark_class, "org.apache.spark.deploy.worker.Worker", config.master_url, "--host", HOST,
+                "--cores", "1", "--memory", config.worker_memory, "--webui-port", str(config.worker_ui_ports[index]),
+                "--work-dir", str(config.home / service)]  # fmt: skip
+    if service == "engine":
+        return [sys.executable, "-m", "barrierflow", "engine", "--host", HOST, "--port", str(config.engine_port),
+                "--master", config.master_url, "--driver-memory", "1g", "--warm-up-epochs", "0"]  # fmt: skip
+    if service == "api-server":
+        return [airflow, "api-server", "--host", HOST, "--port", str(config.api_port)]
+    components = dict(AirflowProcesses.COMPONENTS)  # the same arguments as make run's
+    if service in components:
+        return [airflow, *components[service]]
+    if service in ("postgres", "airflow-init"):
+        return [sys.executable, "-m", "barrierflow.tools.topology", "serve", service]
+    raise ConfigurationError(f"unknown service {service!r}: allowed are {', '.join(SERVICES)}")
+
+
+def serve(service: str, config: TopologyConfig) -> int:
+    """Run ``service`` in the foreground (a container's command); its exit code."""
+    from barrierflow.tools.devserver.environment import write_password_file
+
+    env = service_environment(service, config)
+    config.home.mkdir(parents=True, exist_ok=True)
+    if service == "postgres":
+        return _serve_postgres(config)
+    if service == "airflow-init":
+        return _init(config, env)
+    if service == "api-server":
+        devserver = config.devserver()
+        write_password_file(devserver.password_file, devserver.user, devserver.password)
+    command = service_command(service, config)
+    os.execvpe(command[0], command, env)  # the service is this process: signals reach it directly
+
+
+def _serve_postgres(config: TopologyConfig) -> int:
+    database = config.devserver().postgres
+    stop: list[int] = []
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda signum, frame: stop.append(signum))
+    with (config.home / "postgres.log").open("ab") as log:
+        database.start(log=log)
+        print(f"topology: PostgreSQL on {HOST}:{config.postgres_port}", flush=True)
+        while not stop and database.proc is not None and database.proc.poll() is None:
+            time.sleep(0.5)
+        database.stop()
+    return 0 if stop else 1
+
+
+def _init(config: TopologyConfig, env: Mapping[str, str]) -> int:
+    """Migrate Airflow's metadata database and create the warehouse bucket (both idempotent)."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    config.landing.mkdir(parents=True, exist_ok=True)
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    migrated = subprocess.run([airflow, "db", "migrate"], env=dict(env)).returncode
+    if migrated != 0:
+        return migrated
+    client = boto3.session.Session().client(
+        "s3", endpoint_url=config.s3_endpoint, region_name=_CREDENTIALS["AWS_REGION"],
+        aws_access_key_id=_CREDENTIALS["AWS_ACCESS_KEY_ID"], aws_secret_access_key=_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    )  # fmt: skip
+    try:
+        client.create_bucket(Bucket=config.bucket)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            raise
+    print(f"topology: metadata database migrated, bucket s3://{config.bucket} ready", flush=True)
+    return 0
+
+
+def _ready(service: str, config: TopologyConfig) -> bool:
+    from barrierflow.tools.devserver.client import ApiClient
+    from barrierflow.tools.devserver.environment import DEFAULT_PASSWORD, DEFAULT_USER, port_in_use
+
+    ports = {
+        "postgres": config.postgres_port, "s3": config.s3_port, "spark-master": config.master_port,
+        "spark-worker-1": config.worker_ui_ports[0], "spark-worker-2": config.worker_ui_ports[1],
+        "engine": config.engine_port,
+    }  # fmt: skip
+    if service in ports:
+        return port_in_use(ports[service])
+    if service == "api-server":
+        return ApiClient(config.api_url, DEFAULT_USER, DEFAULT_PASSWORD).healthy()
+    return True  # scheduler, dag-processor, triggerer: started is all one can wait for
+
+
+@contextmanager
+def running_topology(
+    config: TopologyConfig, log_dir: Path, ready_timeout_s: float = 600.0, base_env: Mapping[str, str] | None = None
+) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """Every service as a child process, with the commands of the compose file, each up before the next starts.
+
+    ``base_env`` (default ``os.environ``) is what each service's environment starts from, as a container's
+    environment would.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    env = {**(os.environ if base_env is None else base_env), **config.to_env()}
+    try:
+        for service in SERVICES:
+            with (log_dir / f"{service}.log").open("ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "barrierflow.tools.topology", "serve", service], env=env,
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                )  # fmt: skip
+            procs[service] = proc
+            deadline = time.monotonic() + ready_timeout_s
+            if service in _ONE_SHOT:
+                code = proc.wait(timeout=ready_timeout_s)
+                if code != 0:
+                    raise ConfigurationError(f"{service} exited with code {code}; see {log_dir / service}.log")
+                continue
+            while not _ready(service, config):
+                if proc.poll() is not None:
+                    raise ConfigurationError(f"{service} exited with code {proc.returncode}; see {log_dir / service}.log")
+                if time.monotonic() > deadline:
+                    raise ConfigurationError(f"{service} was not ready within {ready_timeout_s:.0f} s; see its log")
+                time.sleep(0.5)
+        yield procs
+    finally:
+        for service in reversed(list(procs)):
+            _stop(procs[service])
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    stop_group(proc, signal.SIGTERM, grace_s=20.0)
+    try:  # whatever the service left in its process group (task processes, executors)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m barrierflow.tools.topology", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    one = sub.add_parser("serve", help="run one service in the foreground (a container's command)")
+    one.add_argument("service", choices=SERVICES)
+    sub.add_parser("up", help="start every service as a child process, in order, until Ctrl-C")
+    args = parser.parse_args(argv)
+    config = TopologyConfig.from_env()
+    if args.command == "serve":
+        return serve(args.service, config)
+    stop: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    try:
+        with running_topology(config, config.home / "logs"):
+            print(f"topology up: Airflow on {config.api_url} (admin/admin), warehouse {config.warehouse}; Ctrl-C stops it", flush=True)
+            while not stop:
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
