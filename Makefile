@@ -38,10 +38,11 @@ postgres:
 run: setup
 	$(BIN)/python -m barrierflow.tools.devserver
 
-# Lint and type checks (configured in pyproject.toml); make test runs them first.
+# Lint, type checks and the import layers (all configured in pyproject.toml); make test runs them first.
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: setup lint
 	$(BIN)/pytest -n 2 --dist loadgroup --durations=40

@@ -15,9 +15,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from barrierflow import Count, Max, Min, Sum
 from barrierflow.api.params import Param
 from barrierflow.connectors import DeltaSink, FileSource
-from barrierflow.operators import Count, Max, Min, Sum
 from barrierflow.plan.pipeline import PipelineBuilder, pipeline
 
 __all__ = ["bench_bigstate", "PIPELINE_REF", "SINK", "EVENT_SCHEMA"]

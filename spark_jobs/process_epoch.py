@@ -2,7 +2,7 @@
 
 import os
 
-from barrierflow.tools.jobs import process_epoch_main
+from barrierflow.checkpointing.jobs import process_epoch_main
 
 # Leave at once: delta-rs runtime threads must not outlive the job's result.
 os._exit(process_epoch_main())

@@ -62,8 +62,8 @@ def spark_engine(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> It
     Its executors reach this process's S3 endpoint through the standard AWS
     environment, as a deployment's executors reach its object store.
     """
+    from barrierflow.execution.engine import EngineConfig, LocalEngine
     from barrierflow.execution.spark import REMOTE_ENV
-    from barrierflow.tools.engine import EngineConfig, LocalEngine
     from s3_server import aws_env
 
     log = (tmp_path_factory.mktemp("engine") / "engine.log").open("wb")
@@ -87,17 +87,17 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 
 @pytest.fixture
-def pruned_state_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """State reads take their pruned path whatever a table's size: touched key groups, and due rows by event time.
+def parallel_epochs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every epoch runs in parallel tasks: a task per input split, then a task per key-group range.
 
-    A table below a few files (or, with due rows, 100,000 rows) is read whole,
-    which every other test covers; the window, join and timer tests use this
-    to check the rows a pruned read leaves out never matter.
+    A small epoch otherwise runs its whole pipeline in one task, which most
+    tests cover; the window, join and timer tests use this to check that a
+    task holding some key groups (reading only their state) gives the same
+    results.
     """
-    from barrierflow.state import delta_backend as delta_state_backend
+    from barrierflow.core import settings
 
-    monkeypatch.setattr(delta_state_backend, "_PRUNE_MIN_FILES", 1)
-    monkeypatch.setattr(delta_state_backend, "_DUE_PRUNE_MIN_ROWS", 0)
+    monkeypatch.setenv(settings.SINGLE_TASK_INPUT_BYTES.env, "0")
 
 
 @pytest.fixture(scope="session")
@@ -164,7 +164,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "stack_store" in metafunc.fixturenames:
         marker = metafunc.definition.get_closest_marker("stack_store")
         if marker is None or not marker.args or not set(marker.args) <= set(STORES):
-            raise pytest.UsageError(f"{metafunc.definition.nodeid}: a stack test names its stores, of {STORES}: pytest.mark.stack_store(...)")
+            raise pytest.UsageError(
+                f"{metafunc.definition.nodeid}: a stack test names its stores, of {STORES}: pytest.mark.stack_store(...)"
+            )
         external = os.environ.get("BARRIERFLOW_UI_TEST_URL") and "devserver" in metafunc.fixturenames
         metafunc.parametrize("stack_store", ("external",) if external else marker.args, indirect=True, scope="module")
 

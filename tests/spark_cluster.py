@@ -54,8 +54,11 @@ def standalone_cluster(work: Path, env: Mapping[str, str], wait_s: float = 120.0
     env = {**env, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_HOME": str(Path(pyspark.__file__).parent)}
     procs = [
         subprocess.Popen(
-            service_command(service, config), env=env, stdout=open(work / f"{service}.log", "w"),
-            stderr=subprocess.STDOUT, start_new_session=True,
+            service_command(service, config),
+            env=env,
+            stdout=open(work / f"{service}.log", "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )  # fmt: skip
         for service in _SERVICES
     ]

@@ -86,7 +86,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextmanager
 def running_stack(
-    log: Path, args: Sequence[str] = (), env: dict[str, str] | None = None, warehouse: str | None = None,
+    log: Path,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    warehouse: str | None = None,
 ) -> Iterator[DevServer]:
     """The stack with the devserver's extra ``args``, up (its API answering) for the ``with`` body.
 
@@ -104,14 +107,26 @@ def running_stack(
     environ = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     environ.update(env or {})
     command = [
-        sys.executable, "-m", "barrierflow.tools.devserver",
-        "--port", str(port), "--home", str(home), "--warehouse", warehouse, "--landing", str(landing),
-        "--engine-port", "0", "--ready-timeout", str(SERVER_START_TIMEOUT_S), *args,
+        sys.executable,
+        "-m",
+        "barrierflow.tools.devserver",
+        "--port",
+        str(port),
+        "--home",
+        str(home),
+        "--warehouse",
+        warehouse,
+        "--landing",
+        str(landing),
+        "--engine-port",
+        "0",
+        "--ready-timeout",
+        str(SERVER_START_TIMEOUT_S),
+        *args,
     ]
     started = time.monotonic()
     with open(log, "wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environ, cwd=str(ROOT),
-                                start_new_session=True)
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environ, cwd=str(ROOT), start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     # Generous: under CI load the API server can take tens of seconds to answer its first requests.
     api = ApiClient(url, DEFAULT_USER, DEFAULT_PASSWORD, timeout_s=60)

@@ -40,30 +40,30 @@ _EXPORTS: dict[str, str] = {
     "LateFiles": "barrierflow.connectors.file_source",
     "LineParser": "barrierflow.connectors.file_source",
     "RecordError": "barrierflow.connectors.file_source",
-    "DeadLetterReason": "barrierflow.connectors.dead_letters",
+    "DeadLetterReason": "barrierflow.core.dead_letters",
     "DeltaSink": "barrierflow.connectors.delta_sink",
     # aggregations and windows
-    "Aggregation": "barrierflow.operators.aggregate",
-    "Count": "barrierflow.operators.aggregate",
-    "Sum": "barrierflow.operators.aggregate",
-    "Min": "barrierflow.operators.aggregate",
-    "Max": "barrierflow.operators.aggregate",
-    "Avg": "barrierflow.operators.aggregate",
-    "Percentile": "barrierflow.operators.aggregate",
-    "TumblingEventTimeWindows": "barrierflow.operators.window",
-    "SlidingEventTimeWindows": "barrierflow.operators.window",
-    "EventTimeSessionWindows": "barrierflow.operators.window",
+    "Aggregation": "barrierflow.api.aggregations",
+    "Count": "barrierflow.api.aggregations",
+    "Sum": "barrierflow.api.aggregations",
+    "Min": "barrierflow.api.aggregations",
+    "Max": "barrierflow.api.aggregations",
+    "Avg": "barrierflow.api.aggregations",
+    "Percentile": "barrierflow.api.aggregations",
+    "TumblingEventTimeWindows": "barrierflow.api.windows",
+    "SlidingEventTimeWindows": "barrierflow.api.windows",
+    "EventTimeSessionWindows": "barrierflow.api.windows",
     # process functions and keyed state
-    "KeyedProcessFunction": "barrierflow.operators.process",
-    "KeyedBroadcastProcessFunction": "barrierflow.operators.broadcast",
-    "BroadcastContext": "barrierflow.operators.broadcast",
+    "KeyedProcessFunction": "barrierflow.api.functions",
+    "KeyedBroadcastProcessFunction": "barrierflow.api.functions",
+    "BroadcastContext": "barrierflow.api.functions",
     "BroadcastStream": "barrierflow.plan.pipeline",
-    "KeyedContext": "barrierflow.operators.process",
-    "ProcessFunction": "barrierflow.operators.operator_state",
-    "OperatorContext": "barrierflow.operators.operator_state",
-    "KeyedCoProcessFunction": "barrierflow.operators.co_process",
-    "TimeDomain": "barrierflow.operators.timers",
-    "TimerService": "barrierflow.operators.timers",
+    "KeyedContext": "barrierflow.api.functions",
+    "ProcessFunction": "barrierflow.api.functions",
+    "OperatorContext": "barrierflow.api.functions",
+    "KeyedCoProcessFunction": "barrierflow.api.functions",
+    "TimeDomain": "barrierflow.api.timers",
+    "TimerService": "barrierflow.api.timers",
     "ValueStateDescriptor": "barrierflow.api.state",
     "ListStateDescriptor": "barrierflow.api.state",
     "MapStateDescriptor": "barrierflow.api.state",
@@ -105,23 +105,90 @@ _EXPORTS: dict[str, str] = {
 
 # Literal, for linters and type checkers; a unit test checks it against _EXPORTS.
 __all__ = [
-    "AggregateFunction", "AggregatingState", "AggregatingStateDescriptor", "Aggregation", "Avg", "BarrierflowError",
-    "BlockedInputError", "BroadcastContext", "BroadcastStream", "CheckpointError", "CommitConflictError", "ConfigurationError", "ConnectedKeyedStreams", "Count",
+    "AggregateFunction",
+    "AggregatingState",
+    "AggregatingStateDescriptor",
+    "Aggregation",
+    "Avg",
+    "BarrierflowError",
+    "BlockedInputError",
+    "BroadcastContext",
+    "BroadcastStream",
+    "CheckpointError",
+    "CommitConflictError",
+    "ConfigurationError",
+    "ConnectedKeyedStreams",
+    "Count",
     "DataStream",
-    "DeadLetterReason", "DeltaSink", "DeltaSource", "EngineUnavailableError", "EpochInProgressError",
-    "EventTimeSessionWindows", "FencedError",
-    "FileSource", "IncompatibleSavepointError", "IntervalJoinedStreams", "JoinedStreams", "KeyedBroadcastProcessFunction",
-    "KeyedCoProcessFunction", "KeyedContext", "KeyedProcessFunction", "KeyedStream", "LateFiles",
-    "LeaseLostError", "LineParser", "ListState", "ListStateDescriptor", "MapState", "MapStateDescriptor", "Max",
-    "Min", "OperatorContext", "Param", "ParameterError", "Percentile", "Pipeline", "PipelineBuilder", "PipelineDefinition",
-    "PipelineDefinitionError", "PipelineStoppedError", "ProcessFunction", "QueryError", "RecordError", "ReducingState",
-    "ReducingStateDescriptor", "SavepointError", "SchemaEvolutionError", "SlidingEventTimeWindows", "SourceError", "StateTtlConfig", "StorageError", "Sum",
-    "TimeDomain", "TimerService", "TumblingEventTimeWindows", "UnknownPipelineError", "UserFunctionError", "ValueState",
+    "DeadLetterReason",
+    "DeltaSink",
+    "DeltaSource",
+    "EngineUnavailableError",
+    "EpochInProgressError",
+    "EventTimeSessionWindows",
+    "FencedError",
+    "FileSource",
+    "IncompatibleSavepointError",
+    "IntervalJoinedStreams",
+    "JoinedStreams",
+    "KeyedBroadcastProcessFunction",
+    "KeyedCoProcessFunction",
+    "KeyedContext",
+    "KeyedProcessFunction",
+    "KeyedStream",
+    "LateFiles",
+    "LeaseLostError",
+    "LineParser",
+    "ListState",
+    "ListStateDescriptor",
+    "MapState",
+    "MapStateDescriptor",
+    "Max",
+    "Min",
+    "OperatorContext",
+    "Param",
+    "ParameterError",
+    "Percentile",
+    "Pipeline",
+    "PipelineBuilder",
+    "PipelineDefinition",
+    "PipelineDefinitionError",
+    "PipelineStoppedError",
+    "ProcessFunction",
+    "QueryError",
+    "RecordError",
+    "ReducingState",
+    "ReducingStateDescriptor",
+    "SavepointError",
+    "SchemaEvolutionError",
+    "SlidingEventTimeWindows",
+    "SourceError",
+    "StateTtlConfig",
+    "StorageError",
+    "Sum",
+    "TimeDomain",
+    "TimerService",
+    "TumblingEventTimeWindows",
+    "UnknownPipelineError",
+    "UserFunctionError",
+    "ValueState",
     "ValueStateDescriptor",
-    "field_with_default", "pipeline", "run_query",
+    "field_with_default",
+    "pipeline",
+    "run_query",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads them
+    from barrierflow.api.aggregations import Aggregation, Avg, Count, Max, Min, Percentile, Sum
+    from barrierflow.api.functions import (
+        BroadcastContext,
+        KeyedBroadcastProcessFunction,
+        KeyedContext,
+        KeyedCoProcessFunction,
+        KeyedProcessFunction,
+        OperatorContext,
+        ProcessFunction,
+    )
     from barrierflow.api.keyed_state import AggregatingState, ListState, MapState, ReducingState, ValueState
     from barrierflow.api.params import Param
     from barrierflow.api.state import (
@@ -133,10 +200,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
         StateTtlConfig,
         ValueStateDescriptor,
     )
-    from barrierflow.connectors.dead_letters import DeadLetterReason
+    from barrierflow.api.timers import TimeDomain, TimerService
+    from barrierflow.api.windows import EventTimeSessionWindows, SlidingEventTimeWindows, TumblingEventTimeWindows
     from barrierflow.connectors.delta_sink import DeltaSink
     from barrierflow.connectors.delta_source import DeltaSource
     from barrierflow.connectors.file_source import FileSource, LateFiles, LineParser, RecordError
+    from barrierflow.core.dead_letters import DeadLetterReason
     from barrierflow.core.errors import (
         BarrierflowError,
         BlockedInputError,
@@ -161,13 +230,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     )
     from barrierflow.core.schema_evolution import field_with_default
     from barrierflow.operations.query import run_query
-    from barrierflow.operators.aggregate import Aggregation, Avg, Count, Max, Min, Percentile, Sum
-    from barrierflow.operators.broadcast import BroadcastContext, KeyedBroadcastProcessFunction
-    from barrierflow.operators.co_process import KeyedCoProcessFunction
-    from barrierflow.operators.operator_state import OperatorContext, ProcessFunction
-    from barrierflow.operators.process import KeyedContext, KeyedProcessFunction
-    from barrierflow.operators.timers import TimeDomain, TimerService
-    from barrierflow.operators.window import EventTimeSessionWindows, SlidingEventTimeWindows, TumblingEventTimeWindows
     from barrierflow.plan.pipeline import (
         BroadcastStream,
         ConnectedKeyedStreams,

@@ -35,9 +35,7 @@ if not _configured:
     atexit.register(shutil.rmtree, _base, True)
     # This process's engine (tests/conftest.py, loaded first, chose its port).
     _engine = f"sc://127.0.0.1:{os.environ['BARRIERFLOW_TEST_ENGINE_PORT'].partition(':')[2]}"
-    configure_airflow(
-        _base / "home", warehouse=_base / "default-warehouse", spark_master="local[2]", engine_address=_engine
-    )
+    configure_airflow(_base / "home", warehouse=_base / "default-warehouse", spark_master="local[2]", engine_address=_engine)
     # dag.test() re-parses dags/ on every call; each test's DAGs differ (warehouse,
     # asset URIs), so never keep a serialized DAG because it is younger than 30 s.
     os.environ["AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL"] = "0"

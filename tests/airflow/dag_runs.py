@@ -55,8 +55,6 @@ def dag_settings(warehouse: Path | str, **overrides: Any) -> DagSettings:
     return DagSettings(**values)
 
 
-
-
 @dataclass(frozen=True)
 class RunOutcome:
     dag_id: str
@@ -109,9 +107,7 @@ def xcom(run: RunOutcome, task_id: str, key: str = "return_value") -> Any:
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        row = session.scalars(
-            XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key=key)
-        ).first()
+        row = session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key=key)).first()
         return XComModel.deserialize_value(row) if row is not None else None
 
 

@@ -23,6 +23,8 @@ from readme_example import TARGET as README_TARGET
 from readme_example import write_readme_module
 
 DAGS_FOLDER = repo_root() / "dags"
+
+
 def _dag_ids(names: list[str]) -> list[str]:
     kinds = ("", "_savepoint", "_restore", "_reprocess")
     return sorted([f"barrierflow_{p}{kind}" for p in names for kind in kinds] + [MAINTENANCE_DAG_ID])
@@ -85,7 +87,10 @@ def parsed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     }
     proc = subprocess.run(
         [sys.executable, "-c", _PARSE_SCRIPT, str(DAGS_FOLDER)],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -48,7 +48,11 @@ def test_catch_up_epochs_is_reserved() -> None:
 def test_resolve_ignores_dag_only_params_and_names_the_variable_when_missing() -> None:
     resolved = resolve_pipeline_params(SENSOR, {"landing_dir": "/in", "parallelism": 4, "catch_up_epochs": 3})
     assert resolved == {
-        "landing_dir": "/in", "max_files_per_epoch": 20, "parallelism": 4, "out_of_orderness_seconds": 30, "late_files": "next_epoch",
+        "landing_dir": "/in",
+        "max_files_per_epoch": 20,
+        "parallelism": 4,
+        "out_of_orderness_seconds": 30,
+        "late_files": "next_epoch",
     }
     with pytest.raises(ParameterError, match=r"landing_dir.*BARRIERFLOW_SENSOR_STATS__LANDING_DIR"):
         resolve_pipeline_params(SENSOR, {"landing_dir": None})

@@ -18,7 +18,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_maintenance_keeps_the_retained_checkpoints_and_skips_pipelines_that_never_ran(
-    tmp_path: Path, warehouse: str, spark: Any, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    warehouse: str,
+    spark: Any,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     landing = write_landing(tmp_path, files=2, seed=41)

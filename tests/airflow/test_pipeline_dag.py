@@ -139,7 +139,9 @@ def test_a_failure_in_every_task_is_retried_to_exactly_once_output(tmp_path: Pat
         run = run_dag(dag, minute(2035, 1, 2, 0, 1), {"max_files_per_epoch": 2})
     assert run.state == "success", run.tasks
     assert {t: run.tasks[t] for t in ("barrier", "process", "commit")} == {
-        "barrier": ("success", 3), "process": ("success", 2), "commit": ("success", 3)
+        "barrier": ("success", 3),
+        "process": ("success", 2),
+        "commit": ("success", 3),
     }, run.tasks
     assert run.state_of("catch_up") == "skipped"  # no input left: commit skipped it
     assert_matches_reference(warehouse, reference_for(landing, 2))
@@ -230,7 +232,12 @@ def test_an_s3_warehouse_reached_through_the_airflow_aws_connection(
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_ALLOW_HTTP"):
         monkeypatch.delenv(name, raising=False)  # also removed again after the test, when the tasks set them
     endpoint = s3_server.endpoint  # type: ignore[attr-defined]
-    conn = {"conn_type": "aws", "login": "testing", "password": "testing", "extra": {"region_name": "us-east-1", "endpoint_url": endpoint}}
+    conn = {
+        "conn_type": "aws",
+        "login": "testing",
+        "password": "testing",
+        "extra": {"region_name": "us-east-1", "endpoint_url": endpoint},
+    }
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(conn))
     bucket = f"dag-{uuid.uuid4().hex[:16]}"
     credentials = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
@@ -317,7 +324,10 @@ def test_json_reports_are_pushed_for_the_ui(tmp_path: Path, warehouse: str) -> N
 
 @pytest.mark.parametrize("earlier_state", ["running", "queued"])
 def test_a_run_waits_while_an_earlier_run_is_queued_or_running(
-    tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    warehouse: str,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
     earlier_state: str,
 ) -> None:
     # An Airflow 3 backfill runs up to its own max_active_runs (10 unless given)
@@ -339,19 +349,26 @@ def test_a_run_waits_while_an_earlier_run_is_queued_or_running(
 
 
 def test_a_dead_engine_fails_process_naming_it_and_the_retry_succeeds_once_it_is_back(
-    tmp_path: Path, warehouse: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    warehouse: str,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from barrierflow.airflow.dags.environment import engine_connection
+    from barrierflow.execution.engine import EngineConfig, LocalEngine
     from barrierflow.tools.devserver import free_port
-    from barrierflow.tools.engine import EngineConfig, LocalEngine
 
     landing = _landing(tmp_path, files=1, seed=29)
     config = EngineConfig(port=free_port(), master="local[2]", driver_memory="1g")
     monkeypatch.setenv("AIRFLOW_CONN_BACKUP_ENGINE", engine_connection(config.address))
     dag = _dag(
-        warehouse, landing, spark_conn_id="backup_engine", retries=5,
-        retry_delay=timedelta(seconds=15), max_retry_delay=timedelta(seconds=30),
+        warehouse,
+        landing,
+        spark_conn_id="backup_engine",
+        retries=5,
+        retry_delay=timedelta(seconds=15),
+        max_retry_delay=timedelta(seconds=30),
     )
     engine = LocalEngine(config, log=(tmp_path / "engine.log").open("wb"))
 
@@ -364,9 +381,11 @@ def test_a_dead_engine_fails_process_naming_it_and_the_retry_succeeds_once_it_is
         while time.monotonic() < deadline:
             with create_session() as session:
                 # Earlier tests' runs of this DAG share the database: look for this run's retry only.
-                waiting = session.query(TaskInstance).filter_by(
-                    dag_id=dag.dag_id, task_id="process", state=TaskInstanceState.UP_FOR_RETRY
-                ).first()
+                waiting = (
+                    session.query(TaskInstance)
+                    .filter_by(dag_id=dag.dag_id, task_id="process", state=TaskInstanceState.UP_FOR_RETRY)
+                    .first()
+                )
                 if waiting is not None:
                     break
             time.sleep(0.2)

@@ -46,7 +46,10 @@ def test_reprocessing_replays_each_interval_in_order_with_the_schedule_held(
     epochs = build_pipeline_dag("sensor_stats", settings, environ=env)
     conf = {"max_files_per_epoch": 10}
     run_dag(epochs, start + timedelta(minutes=1), conf)
-    assert run_dag(build_savepoint_dag("sensor_stats", settings, environ=env), start, {"savepoint_name": "after-first"}).state == "success"
+    assert (
+        run_dag(build_savepoint_dag("sensor_stats", settings, environ=env), start, {"savepoint_name": "after-first"}).state
+        == "success"
+    )
     for k in (2, 3, 4):
         assert run_dag(epochs, start + timedelta(minutes=k), conf).state == "success"
     history = [files[:2], files[2:3], files[3:]]

@@ -112,7 +112,9 @@ def test_an_incompatible_restore_fails_at_once_listing_the_state(
     warehouse: str, history: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     settings = dag_settings(warehouse, retries=2)
-    run_dag(build_savepoint_dag("sensor_stats", settings, environ=_env(history)), minute(2036, 2, 3, 0, 0), {"savepoint_name": "v1"})
+    run_dag(
+        build_savepoint_dag("sensor_stats", settings, environ=_env(history)), minute(2036, 2, 3, 0, 0), {"savepoint_name": "v1"}
+    )
     task_logs(caplog, capfd)
     restore = build_restore_dag(_without_alerts(), settings, environ=_env(history))
 

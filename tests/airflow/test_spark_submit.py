@@ -18,8 +18,17 @@ def test_job_arguments_carry_the_runs_params() -> None:
         "sensor_stats", "/wh", {"landing_dir": "/in", "parallelism": 4, "verbose": True, "unset": None}, 30.0
     )
     assert args == [
-        "sensor_stats", "--warehouse", "/wh", "--lease-wait", "30",
-        "--param", "landing_dir=/in", "--param", "parallelism=4", "--param", "verbose=true",
+        "sensor_stats",
+        "--warehouse",
+        "/wh",
+        "--lease-wait",
+        "30",
+        "--param",
+        "landing_dir=/in",
+        "--param",
+        "parallelism=4",
+        "--param",
+        "verbose=true",
     ]
 
 
@@ -44,8 +53,12 @@ def test_a_defined_connection_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> 
 def test_the_operator_submits_the_venv_python_and_the_job(tmp_path: Path) -> None:
     settings = DagSettings(warehouse=str(tmp_path / "wh"))
     op = ProcessEpochOperator(
-        task_id="process", pipeline="sensor_stats", warehouse=settings.warehouse,
-        application=settings.process_application, lease_wait_s=10, driver_memory="1g",
+        task_id="process",
+        pipeline="sensor_stats",
+        warehouse=settings.warehouse,
+        application=settings.process_application,
+        lease_wait_s=10,
+        driver_memory="1g",
     )
     assert op.application == settings.process_application and Path(op.application).is_file()
     from barrierflow.airflow.dags.spark_submit import _job_env, _python_conf

@@ -12,8 +12,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 __all__ = [
-    "barrierflow_cmd", "run_cli", "run_pipeline", "run_sensor_stats", "cli_env", "kill_runs_at_random_times",
-    "sensor_stats_tables_per_epoch", "tables_per_epoch",
+    "barrierflow_cmd",
+    "run_cli",
+    "run_pipeline",
+    "run_sensor_stats",
+    "cli_env",
+    "kill_runs_at_random_times",
+    "sensor_stats_tables_per_epoch",
+    "tables_per_epoch",
 ]
 
 
@@ -32,13 +38,27 @@ def cli_env(fault: str | None = None, master: str = "local[2]") -> dict[str, str
 
 
 def run_pipeline(
-    pipeline: str, warehouse: Path | str, landing: Path | str, fault: str | None = None, extra: Sequence[str] = (),
-    master: str = "local[2]", remote: str | None = None, epochs: int | None = None,
+    pipeline: str,
+    warehouse: Path | str,
+    landing: Path | str,
+    fault: str | None = None,
+    extra: Sequence[str] = (),
+    master: str = "local[2]",
+    remote: str | None = None,
+    epochs: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``barrierflow run <pipeline>`` until caught up (or ``epochs`` epochs): on a Spark of its own (``master``), or on the engine at ``remote``."""
     cmd = barrierflow_cmd(
-        "run", pipeline, "--warehouse", str(warehouse), "--param", f"landing_dir={landing}", "--param", "max_files_per_epoch=2",
-        *(("--epochs", str(epochs)) if epochs is not None else ("--until-caught-up",)), *extra,
+        "run",
+        pipeline,
+        "--warehouse",
+        str(warehouse),
+        "--param",
+        f"landing_dir={landing}",
+        "--param",
+        "max_files_per_epoch=2",
+        *(("--epochs", str(epochs)) if epochs is not None else ("--until-caught-up",)),
+        *extra,
         *(("--remote", remote) if remote else ()),
     )
     return subprocess.run(cmd, env=cli_env(fault, master), capture_output=True, text=True, timeout=600)
@@ -52,8 +72,16 @@ run_cli = run_sensor_stats
 
 
 def kill_runs_at_random_times(
-    warehouse: Path | str, landing: Path | str, runs: int, rng: random.Random, *, seconds: tuple[float, float],
-    max_files_per_epoch: int, master: str = "local[2]", pipeline: str = "sensor_stats", remote: str | None = None,
+    warehouse: Path | str,
+    landing: Path | str,
+    runs: int,
+    rng: random.Random,
+    *,
+    seconds: tuple[float, float],
+    max_files_per_epoch: int,
+    master: str = "local[2]",
+    pipeline: str = "sensor_stats",
+    remote: str | None = None,
     by_epoch: int | None = None,
 ) -> None:
     """Start ``run <pipeline>`` ``runs`` times, each killed after a random time (the driver and its JVM; at ``remote`` the client only).

@@ -31,7 +31,9 @@ def _canonical(row: dict[str, Any]) -> tuple[Any, ...]:
 def orders_snapshot(warehouse: str) -> dict[str, list[tuple[Any, ...]]]:
     """Every output and state table that the reference predicts, canonical and sorted, for exact comparisons."""
     snap = {name: sorted(_canonical(r) for r in _rows(warehouse, f"select * from {name}")) for name in _APPENDS}
-    snap["country_totals"] = sorted(_canonical(r) for r in _rows(warehouse, "select country, orders, revenue from country_totals"))
+    snap["country_totals"] = sorted(
+        _canonical(r) for r in _rows(warehouse, "select country, orders, revenue from country_totals")
+    )
     snap["dead_letter"] = sorted(
         (r["source"], r["source_file"], r["line"], r["reason"])
         for r in _rows(warehouse, "select source, source_file, line, reason from dead_letter")

@@ -34,7 +34,9 @@ def table_snapshot(warehouse: Path | str) -> dict[str, list[dict[str, Any]]]:
         "minute": _rows(warehouse, "select * from sensor_minute order by sensor_id, window_start"),
         "late": _rows(warehouse, "select * from late_readings order by event_id"),
         "alerts": _rows(warehouse, "select * from alerts order by event_id"),
-        "dead": _rows(warehouse, "select source_file, line, raw, reason, detail, _epoch from dead_letter order by source_file, line"),
+        "dead": _rows(
+            warehouse, "select source_file, line, raw, reason, detail, _epoch from dead_letter order by source_file, line"
+        ),
     }
 
 
@@ -69,9 +71,7 @@ def assert_matches_reference(warehouse: Path | str, ref: ReferenceResult, late_f
         (r["event_id"], r["sensor_id"], r["ts"], r["temperature"], r["epoch"]) for r in ref.late_readings
     )
     alerts = [(r["event_id"], r["sensor_id"], r["ts"], r["temperature"], r["_epoch"]) for r in snap["alerts"]]
-    assert sorted(alerts) == sorted(
-        (r["event_id"], r["sensor_id"], r["ts"], r["temperature"], r["epoch"]) for r in ref.alerts
-    )
+    assert sorted(alerts) == sorted((r["event_id"], r["sensor_id"], r["ts"], r["temperature"], r["epoch"]) for r in ref.alerts)
     dead = [(r["source_file"], r["line"], r["raw"], r["reason"], r["_epoch"]) for r in snap["dead"]]
     assert sorted(dead, key=repr) == sorted(
         [(r["source_file"], r["line"], r["raw"], REASON_CODES[r["reason"]], r["epoch"]) for r in ref.dead_letter]
@@ -93,8 +93,15 @@ REASON_CODES = {
     "missing_ts": "missing_field",
     "missing_temperature": "missing_field",
     **dict.fromkeys(
-        ("invalid_ts_type", "unparseable_ts", "naive_ts", "ts_out_of_range", "invalid_temperature_type",
-         "temperature_out_of_range", "non_finite_temperature"),
+        (
+            "invalid_ts_type",
+            "unparseable_ts",
+            "naive_ts",
+            "ts_out_of_range",
+            "invalid_temperature_type",
+            "temperature_out_of_range",
+            "non_finite_temperature",
+        ),
         "wrong_type",
     ),  # fmt: skip
 }

@@ -54,7 +54,9 @@ def _write(landing: Path) -> None:
     for side in ("payments", "limits"):
         (landing / side).mkdir(parents=True)
     for i, (rules, payments) in enumerate(EPOCHS):
-        (landing / "limits" / f"part-{i:03d}.jsonl").write_text("".join(json.dumps({"country": c, "limit": v}) + "\n" for c, v in rules))
+        (landing / "limits" / f"part-{i:03d}.jsonl").write_text(
+            "".join(json.dumps({"country": c, "limit": v}) + "\n" for c, v in rules)
+        )
         (landing / "payments" / f"part-{i:03d}.jsonl").write_text(
             "".join(json.dumps({"payment_id": p, "country": c, "amount": a}) + "\n" for p, c, a in payments)
         )

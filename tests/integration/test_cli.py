@@ -83,12 +83,29 @@ def test_run_status_checkpoints_query(store_root: str, warehouse: str, spark_eng
     assert [c["backlog_files"] for c in log] == [1, 0]  # the third file waited after epoch 1's barrier
     assert log[0]["backlog_bytes"] == objects.list_files(landing)[2].size
 
-    now = json.loads(_cli("query", "sensor_stats", "--format", "json", "select sum(count) as n from sensor_totals", env=env).stdout)
-    then = json.loads(_cli("query", "sensor_stats", "--as-of-epoch", "1", "--format", "json", "select sum(count) as n from sensor_totals", env=env).stdout)
+    now = json.loads(
+        _cli("query", "sensor_stats", "--format", "json", "select sum(count) as n from sensor_totals", env=env).stdout
+    )
+    then = json.loads(
+        _cli(
+            "query",
+            "sensor_stats",
+            "--as-of-epoch",
+            "1",
+            "--format",
+            "json",
+            "select sum(count) as n from sensor_totals",
+            env=env,
+        ).stdout
+    )
     assert now[0]["n"] > then[0]["n"] > 0
-    rows = json.loads(_cli("query", "sensor_stats", "--format", "json", "select window_start from sensor_minute limit 1", env=env).stdout)
+    rows = json.loads(
+        _cli("query", "sensor_stats", "--format", "json", "select window_start from sensor_minute limit 1", env=env).stdout
+    )
     assert rows[0]["window_start"].endswith("Z")
-    csv_out = _cli("query", "sensor_stats", "--format", "csv", "select sensor_id from sensor_totals order by sensor_id", env=env).stdout
+    csv_out = _cli(
+        "query", "sensor_stats", "--format", "csv", "select sensor_id from sensor_totals order by sensor_id", env=env
+    ).stdout
     assert csv_out.splitlines()[0] == "sensor_id"
     bad_epoch = _cli("query", "sensor_stats", "--as-of-epoch", "9", "select 1", env=env)
     assert bad_epoch.returncode == 1 and "not a completed epoch" in bad_epoch.stderr
@@ -122,8 +139,19 @@ def test_process_step_runs_as_a_separate_spark_job(tmp_path: Path, warehouse: st
     barrier = coordinator.trigger_checkpoint(coordinator.recover())
     assert barrier is not None and barrier.epoch == 1
     job = subprocess.run(
-        [sys.executable, str(ROOT / "spark_jobs" / "process_epoch.py"), "sensor_stats", "--warehouse", warehouse, "--param", f"landing_dir={landing}"],
-        env=cli_env(), capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(ROOT / "spark_jobs" / "process_epoch.py"),
+            "sensor_stats",
+            "--warehouse",
+            warehouse,
+            "--param",
+            f"landing_dir={landing}",
+        ],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert job.returncode == 0, job.stderr[-2000:]
     assert "epoch 1 pre-committed" in job.stdout

@@ -90,7 +90,9 @@ print(json.dumps({"rows": [r.asDict() for r in rows]}))
 
 def test_executors_import_the_shipped_package(standalone: Any) -> None:
     master = standalone.master
-    done = subprocess.run([sys.executable, "-c", _WHERE, master], env=cli_env(master=master), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _WHERE, master], env=cli_env(master=master), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout.strip().splitlines()[-1])["rows"]
     import barrierflow.storage.staging
@@ -101,7 +103,9 @@ def test_executors_import_the_shipped_package(standalone: Any) -> None:
     assert {r["daemon"] for r in rows} == {"pyspark.daemon"}, rows
 
 
-def test_driver_kill_then_a_restore_at_another_parallelism_match_the_reference(master: str, landing: Path, warehouse: str) -> None:
+def test_driver_kill_then_a_restore_at_another_parallelism_match_the_reference(
+    master: str, landing: Path, warehouse: str
+) -> None:
     params = {"landing_dir": str(landing), "max_files_per_epoch": 2}
     # 1. Epoch 1 (at the default parallelism, 2), and a savepoint of it.
     first = run_sensor_stats(warehouse, landing, master=master, epochs=1)

@@ -56,7 +56,10 @@ def test_two_unguarded_attempts_race_and_output_is_exactly_once(tmp_path: Path, 
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _UNGUARDED, str(landing), str(warehouse)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for _ in range(2)
     ]
@@ -74,8 +77,17 @@ def test_epoch_lease_refuses_a_second_run(tmp_path: Path, warehouse: str, spark_
     write_sensor_files(landing, SensorStreamSpec(n_files=2, records_per_file=40, seed=32))
     # On the warm engine: the lease is the CLI process's, whichever Spark runs its epochs.
     cmd = barrierflow_cmd(
-        "run", "sensor_stats", "--warehouse", warehouse, "--param", f"landing_dir={landing}",
-        "--param", "max_files_per_epoch=1", "--until-caught-up", "--remote", spark_engine.address,
+        "run",
+        "sensor_stats",
+        "--warehouse",
+        warehouse,
+        "--param",
+        f"landing_dir={landing}",
+        "--param",
+        "max_files_per_epoch=1",
+        "--until-caught-up",
+        "--remote",
+        spark_engine.address,
     )
     layout = PipelineLayout.of(warehouse, "sensor_stats")
     # Another run holds the lease, heart-beating, for as long as the second one tries (taken here, so

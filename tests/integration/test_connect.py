@@ -58,14 +58,16 @@ class Guard(bf.KeyedCoProcessFunction):
              "n": ctx.get_state(self.passed).value()})  # fmt: skip
 
 
-@bf.pipeline(
-    "guarded", params=[bf.Param("events_dir", str), bf.Param("commands_dir", str), bf.Param("parallelism", int, 2)]
-)
+@bf.pipeline("guarded", params=[bf.Param("events_dir", str), bf.Param("commands_dir", str), bf.Param("parallelism", int, 2)])
 def guarded(p: bf.PipelineBuilder, params: dict[str, Any]) -> None:
     events = p.source(bf.FileSource("events", params["events_dir"], schema=EVENTS, max_files_per_epoch=1))
     commands = p.source(bf.FileSource("commands", params["commands_dir"], schema=COMMANDS, max_files_per_epoch=1))
-    (events.key_by("user").connect(commands.filter("action is not null").key_by("uid"))
-           .process("guard", Guard()).sink_to(bf.DeltaSink.append("guarded")))
+    (
+        events.key_by("user")
+        .connect(commands.filter("action is not null").key_by("uid"))
+        .process("guard", Guard())
+        .sink_to(bf.DeltaSink.append("guarded"))
+    )
 
 
 def _epochs(seed: int = 9, n: int = 4) -> list[Epoch]:
@@ -102,7 +104,9 @@ def _write(landing: Path, epochs: list[Epoch]) -> None:
     for side in ("events", "commands"):
         (landing / side).mkdir(parents=True)
     for i, (events, commands) in enumerate(epochs):
-        (landing / "events" / f"part-{i:03d}.jsonl").write_text("".join(json.dumps({"user": u, "v": v}) + "\n" for u, v in events))
+        (landing / "events" / f"part-{i:03d}.jsonl").write_text(
+            "".join(json.dumps({"user": u, "v": v}) + "\n" for u, v in events)
+        )
         lines = [json.dumps({"uid": u, "action": a}) for u, a in commands]
         if i == 2:
             lines.insert(1, json.dumps({"uid": None, "action": "block"}))  # a null key at the second source

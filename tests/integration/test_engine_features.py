@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from barrierflow import KeyedContext, KeyedProcessFunction
 from barrierflow.api.params import Param
 from barrierflow.api.state import (
     AggregatingStateDescriptor,
@@ -25,7 +26,6 @@ from barrierflow.checkpointing.coordinator import CheckpointCoordinator
 from barrierflow.connectors import DeltaSink, DeltaSource, FileSource
 from barrierflow.core.errors import SourceError
 from barrierflow.operations.query import run_query
-from barrierflow.operators import KeyedContext, KeyedProcessFunction
 from barrierflow.plan.pipeline import PipelineBuilder, pipeline
 from barrierflow.storage import objects
 
@@ -49,7 +49,16 @@ class PageStats(KeyedProcessFunction):
     mean = AggregatingStateDescriptor("mean_ms", MeanAgg(), pa.list_(pa.float64()))
     last_page = ValueStateDescriptor("last_page", pa.string(), StateTtlConfig(timedelta(days=1)))
     state_descriptors = (pages, longest, mean, last_page)
-    output_schema = pa.schema([("user", pa.string()), ("page", pa.string()), ("visits", pa.int64()), ("previous", pa.string()), ("longest", pa.int64()), ("mean_ms", pa.float64())])
+    output_schema = pa.schema(
+        [
+            ("user", pa.string()),
+            ("page", pa.string()),
+            ("visits", pa.int64()),
+            ("previous", pa.string()),
+            ("longest", pa.int64()),
+            ("mean_ms", pa.float64()),
+        ]
+    )
 
     def process_element(self, record: dict[str, Any], ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
         pages, longest = ctx.get_state(self.pages), ctx.get_state(self.longest)
@@ -58,13 +67,26 @@ class PageStats(KeyedProcessFunction):
         pages.put(record["page"], visits)
         longest.add(record["ms"])
         mean.add(float(record["ms"]))
-        out({"user": record["user"], "page": record["page"], "visits": visits, "previous": last.value(), "longest": longest.get(), "mean_ms": mean.get()})
+        out(
+            {
+                "user": record["user"],
+                "page": record["page"],
+                "visits": visits,
+                "previous": last.value(),
+                "longest": longest.get(),
+                "mean_ms": mean.get(),
+            }
+        )
         last.update(record["page"])
 
 
 @pipeline("page_stats", params=[Param("landing_dir", str), Param("max_records", int, 3), Param("parallelism", int, 2)])
 def page_stats(p: PipelineBuilder, params: dict[str, Any]) -> None:
-    events = p.source(FileSource("clicks", params["landing_dir"], schema=EVENTS, max_files_per_epoch=10, max_records_per_epoch=params["max_records"]))
+    events = p.source(
+        FileSource(
+            "clicks", params["landing_dir"], schema=EVENTS, max_files_per_epoch=10, max_records_per_epoch=params["max_records"]
+        )
+    )
     events.key_by("user").process("per_user", PageStats()).sink_to(DeltaSink.append("visits"))
 
 
@@ -76,7 +98,11 @@ def test_process_function_state_types_across_record_bounded_epochs(spark: Any, t
     landing = tmp_path / "landing"
     landing.mkdir()
     (landing / "a.jsonl").write_text(
-        _lines({"user": "u1", "page": "home", "ms": 10}, {"user": "u2", "page": "home", "ms": 5}, {"user": "u1", "page": "cart", "ms": 30})
+        _lines(
+            {"user": "u1", "page": "home", "ms": 10},
+            {"user": "u2", "page": "home", "ms": 5},
+            {"user": "u1", "page": "cart", "ms": 30},
+        )
         + "not json\n"
         + _lines({"user": "u1", "page": "home", "ms": 20})
     )
@@ -87,10 +113,16 @@ def test_process_function_state_types_across_record_bounded_epochs(spark: Any, t
     assert [r.epoch for r in results] == [1, 2, 3]
     offsets = [json.loads(r.record.offsets)["clicks"] for r in results]
     assert [(o["file"], o["line"]) for o in offsets] == [("a.jsonl", 3), ("b.jsonl", 1), ("b.jsonl", None)]
-    rows = run_query(warehouse, "page_stats", "select user, page, visits, previous, longest, mean_ms, _epoch from visits order by _epoch, user, visits").to_pylist()
+    rows = run_query(
+        warehouse,
+        "page_stats",
+        "select user, page, visits, previous, longest, mean_ms, _epoch from visits order by _epoch, user, visits",
+    ).to_pylist()
     u1 = [r for r in rows if r["user"] == "u1"]
     assert [(r["page"], r["visits"], r["previous"], r["longest"]) for r in u1] == [
-        ("home", 1, None, 10), ("cart", 1, "home", 30), ("home", 2, "cart", 30)
+        ("home", 1, None, 10),
+        ("cart", 1, "home", 30),
+        ("home", 2, "cart", 30),
     ]
     assert u1[-1]["mean_ms"] == pytest.approx(20.0)
     u2 = [r for r in rows if r["user"] == "u2"]
@@ -108,7 +140,7 @@ def test_delta_table_source_reads_each_version_once(spark: Any, warehouse: str) 
 
     @pipeline("from_delta", params=[Param("parallelism", int, 2)])
     def from_delta(p: PipelineBuilder, params: dict[str, Any]) -> None:
-        from barrierflow.operators import Count, Sum
+        from barrierflow import Count, Sum
 
         p.source(DeltaSource("events", source_uri, max_versions_per_epoch=1)).key_by("user").aggregate(
             "per_user", Count(), Sum("ms", "total_ms")
@@ -139,7 +171,9 @@ def test_delta_table_source_reads_each_version_once(spark: Any, warehouse: str) 
     totals = run_query(warehouse, "from_delta", "select count, total_ms from user_totals where user = 'a'").to_pylist()
     assert totals == [{"count": 3, "total_ms": 9.0}]
     # A retyped column: an error naming it, and nothing of that version committed.
-    write_deltalake(source_uri, pa.table({"user": ["a"], "page": ["z"], "ms": ["soon"]}), mode="overwrite", schema_mode="overwrite")
+    write_deltalake(
+        source_uri, pa.table({"user": ["a"], "page": ["z"], "ms": ["soon"]}), mode="overwrite", schema_mode="overwrite"
+    )
     with pytest.raises(SourceError, match=r"version 4 of .* column ms is string, not int64"):
         run()
 
@@ -168,7 +202,9 @@ def test_parquet_landing_files_split_by_records_keep_arrival_order(spark: Any, w
         )
         p.source(source).key_by("user").process("per_user", PageStats()).sink_to(DeltaSink.append("visits"))
 
-    results = CheckpointCoordinator(parquet_clicks, {"landing_dir": landing}, warehouse, spark_factory=lambda: spark).run(until_caught_up=True)
+    results = CheckpointCoordinator(parquet_clicks, {"landing_dir": landing}, warehouse, spark_factory=lambda: spark).run(
+        until_caught_up=True
+    )
     assert [r.epoch for r in results] == [1, 2, 3]
     # A plain-Python reference of PageStats over the rows in arrival order.
     expected, visits, last, longest = [], {}, {}, {}
@@ -183,28 +219,26 @@ def test_parquet_landing_files_split_by_records_keep_arrival_order(spark: Any, w
     assert dead == [{"source_file": "c.parquet", "line": None, "reason": "unreadable_file", "_epoch": 3}]
 
 
-@pytest.mark.parametrize("in_a_task", [True, False], ids=["compacted_in_a_task", "compaction_planned_on_spark"])
+@pytest.mark.parametrize("placement", ["one_task", "parallel_tasks"])
 def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(
-    spark: Any, tmp_path: Path, warehouse: str, monkeypatch: pytest.MonkeyPatch, in_a_task: bool
+    spark: Any, tmp_path: Path, warehouse: str, monkeypatch: pytest.MonkeyPatch, placement: str
 ) -> None:
+    from barrierflow.core import settings
+    from barrierflow.core.arrow import latest_rows
     from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
-    from barrierflow.execution import runtime
     from barrierflow.plan.registry import get_pipeline
-    from barrierflow.state import delta_backend as delta_state_backend
-    from barrierflow.state.delta_backend import COMPACTED_DIR
-    from barrierflow.state.worker_cache import latest_rows
-    from barrierflow.storage.layout import PipelineLayout
+    from barrierflow.storage.layout import COMPACTED_DIR, PipelineLayout
 
-    # A small table compacts in one Python task; above TASK_COMPACTION_ROWS Spark plans it.
-    in_tasks: list[str] = []
-    compact_in_task = runtime.stage_compaction
-    monkeypatch.setattr(runtime, "stage_compaction", lambda *a, **kw: in_tasks.append(a[2]) or compact_in_task(*a, **kw))
-    if not in_a_task:
-        monkeypatch.setattr(delta_state_backend, "TASK_COMPACTION_ROWS", 0)
+    # In parallel tasks, each key-group range task writes its share of the compacted table.
+    if placement == "parallel_tasks":
+        monkeypatch.setenv(settings.SINGLE_TASK_INPUT_BYTES.env, "0")
     landing = tmp_path / "landing"
     write_sensor_files(landing, SensorStreamSpec(n_files=4, records_per_file=60, seed=41))
     coordinator = CheckpointCoordinator(
-        get_pipeline("sensor_stats"), {"landing_dir": str(landing), "max_files_per_epoch": 1}, str(warehouse), spark_factory=lambda: spark
+        get_pipeline("sensor_stats"),
+        {"landing_dir": str(landing), "max_files_per_epoch": 1},
+        str(warehouse),
+        spark_factory=lambda: spark,
     )
     coordinator.run(until_caught_up=True)
     layout = PipelineLayout.of(str(warehouse), "sensor_stats")
@@ -216,9 +250,8 @@ def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(
         assert parquet.metadata.schema.column(1).physical_type == "INT64"
 
     # Generations of 60 keys: by epoch 4 the changelog outgrew twice the largest, so that
-    # epoch compacted the table on the executors, in its own commit (size-tiered policy).
+    # epoch compacted the table in its tasks, in its own commit (size-tiered policy).
     uri = layout.state_table("dedup", "seen")
-    assert (uri in in_tasks) is in_a_task, in_tasks
     table = DeltaTable(uri)
     compacting = next(h for h in table.history() if h.get("barrierflow.epoch") == 4)["version"]
     spec = next(s for s in coordinator.pipeline.state_specs() if s.table_name == "dedup__seen")
@@ -233,39 +266,3 @@ def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(
     # Queries of the latest cut see the same state whatever compaction did.
     n = run_query(str(warehouse), "sensor_stats", "select count(*) as n from dedup__seen").to_pylist()[0]["n"]
     assert n == len(latest_rows(DeltaTable(uri).to_pyarrow_table(), spec.key_columns))
-
-
-@pytest.mark.parametrize(
-    "content",
-    [
-        b'{"a": 1}\r\n\n \t \n\xc3\x28\n{"b": 2}',  # CRLF, blanks, invalid UTF-8, no final newline
-        b"",  # empty file
-        b"\n\n\n",  # only blank lines
-        b'x\ny\n',  # trailing newline
-        "\u00e9t\u00e9 \u2603\nline\u00a0two\n".encode(),  # multi-byte characters
-    ],
-)
-def test_spark_line_reader_equals_the_python_reader(spark: Any, tmp_path: Path, content: bytes) -> None:
-    """Spark splits files natively, all of an epoch's files in one read; the Python
-    byte-range reader is the oracle. Names Spark encodes in its file metadata
-    (space, %, +, #, non-ASCII) must map back to their files."""
-    from barrierflow.connectors import file_source
-
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    names = ["a b%20.jsonl", "f.jsonl", "p+q#1\u00e9.jsonl"]
-    for name in names:
-        (landing / name).write_bytes(content)
-    source = FileSource("s", str(landing), schema=EVENTS)
-    # Each file its own range in the same epoch: whole, from line 1, lines 1-2.
-    ranges = [[name, f, t, len(content)] for name, (f, t) in zip(names, [(0, None), (1, None), (1, 3)])]
-    got = sorted(tuple(r) for r in source._lines(spark, str(landing), ranges, 2).collect())
-    expected = []
-    for fidx, (name, from_line, to_line, _) in enumerate(ranges):
-        task = {"name": name, "fidx": fidx, "path": str(landing / name), "from_line": from_line,
-                "to_line": -1 if to_line is None else to_line, "byte_start": 0, "byte_end": -1}
-        expected += [
-            (r["_fidx"], r["_line"], r["_raw"], r["_error"] is not None)
-            for b in file_source._raw_task_per_line(task) for r in b.to_pylist()
-        ]
-    assert [(f, n, raw, err is not None) for f, n, raw, err in got] == sorted(expected)

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.execution.engine import EngineConfig, LocalEngine
 from barrierflow.storage import objects
 from barrierflow.storage.layout import PipelineLayout
 from barrierflow.tools.devserver import free_port
-from barrierflow.tools.engine import EngineConfig, LocalEngine
 from cli_runner import barrierflow_cmd, cli_env
 from sensor_check import (
     assert_matches_reference,
@@ -38,8 +38,17 @@ pytestmark = pytest.mark.slow
 
 def _run_cmd(warehouse: str, landing: Path, address: str) -> list[str]:
     return barrierflow_cmd(
-        "run", "sensor_stats", "--warehouse", str(warehouse), "--param", f"landing_dir={landing}",
-        "--param", "max_files_per_epoch=1", "--until-caught-up", "--remote", address,
+        "run",
+        "sensor_stats",
+        "--warehouse",
+        str(warehouse),
+        "--param",
+        f"landing_dir={landing}",
+        "--param",
+        "max_files_per_epoch=1",
+        "--until-caught-up",
+        "--remote",
+        address,
     )
 
 
@@ -57,7 +66,9 @@ def test_engine_killed_mid_epoch_then_the_next_run_recovers_exactly_once(tmp_pat
 
     with (tmp_path / "engine-1.log").open("wb") as log:
         engine = LocalEngine(config, log=log).start(wait_s=300)
-        run = subprocess.Popen(_run_cmd(warehouse, landing, config.address), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        run = subprocess.Popen(
+            _run_cmd(warehouse, landing, config.address), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         try:
             deadline = time.monotonic() + 300
             while len(_epoch_files(warehouse, "barrier.json")) < 2 and run.poll() is None and time.monotonic() < deadline:

@@ -32,7 +32,7 @@ from epoch_runs import epoch_runner, fail_after_first_commit
 from readme_example import readme_module
 
 # Every state read of these operators takes its pruned path: the rows it leaves out must never matter.
-pytestmark = pytest.mark.usefixtures("pruned_state_reads")
+pytestmark = pytest.mark.usefixtures("parallel_epochs")
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 US = pa.timestamp("us", tz="UTC")
@@ -46,10 +46,12 @@ Side = list[tuple[str, int, int]]  # (key, seconds after T0, value)
 
 @bf.pipeline("joined", params=[bf.Param("left_dir", str), bf.Param("right_dir", str), bf.Param("parallelism", int, 2)])
 def joined(p: bf.PipelineBuilder, params: dict[str, Any]) -> None:
-    left = (p.source(bf.FileSource("left", params["left_dir"], schema=LEFT, max_files_per_epoch=1))
-             .with_watermark("ts", timedelta(seconds=OOO["left"])))
-    right = (p.source(bf.FileSource("right", params["right_dir"], schema=RIGHT, max_files_per_epoch=1))
-              .with_watermark("at", timedelta(seconds=OOO["right"])))
+    left = p.source(bf.FileSource("left", params["left_dir"], schema=LEFT, max_files_per_epoch=1)).with_watermark(
+        "ts", timedelta(seconds=OOO["left"])
+    )
+    right = p.source(bf.FileSource("right", params["right_dir"], schema=RIGHT, max_files_per_epoch=1)).with_watermark(
+        "at", timedelta(seconds=OOO["right"])
+    )
     (left.key_by("k")
          .interval_join(right.key_by("k"))
          .between(timedelta(seconds=LOWER), timedelta(seconds=UPPER), operator_id="j", upper_inclusive=False,
@@ -187,7 +189,9 @@ def test_interval_and_window_joins_are_exactly_once_through_a_failure_a_rescale_
     assert run(3)[-1] == 3
 
     pairs, late, kept = reference(epochs, LOWER, UPPER, False, (OOO["left"], OOO["right"]))
-    assert len(pairs) > 10 and late["left"] and late["right"] and any(n == 3 for *_, n in pairs)  # the data exercises joins and lateness
+    assert (
+        len(pairs) > 10 and late["left"] and late["right"] and any(n == 3 for *_, n in pairs)
+    )  # the data exercises joins and lateness
     assert _results(warehouse) == (sorted(pairs), {s: sorted(rows) for s, rows in late.items()})
     for side in ("left", "right"):
         stored = run_query(warehouse, "joined", f"select k, event_time_us from j__{side}").to_pylist()
@@ -200,7 +204,9 @@ def test_interval_and_window_joins_are_exactly_once_through_a_failure_a_rescale_
     for side in ("left", "right"):
         stored = run_query(warehouse, "joined", f"select k, window_start, event_time_us from wj__{side}").to_pylist()
         t0_us = int(T0.timestamp() * 1e6)
-        assert {(r["k"], _seconds(r["window_start"]), (r["event_time_us"] - t0_us) // 1_000_000) for r in stored} == window_kept[side]
+        assert {(r["k"], _seconds(r["window_start"]), (r["event_time_us"] - t0_us) // 1_000_000) for r in stored} == window_kept[
+            side
+        ]
 
     restore(joined, warehouse, savepoint="after-1", rewind_sinks=True, parallelism=1, params=dirs)
     assert run(1) == [2, 3]
@@ -222,16 +228,22 @@ def test_the_readme_interval_join_matches_a_plain_python_reference(spark: Any, t
         sides = tuple([(rng.choice("ab"), clock + rng.randrange(0, 20), next(pages)) for _ in range(8)] for _ in "ic")
         epochs.append((sides[0], sides[1]))
         for (side, column), records in zip((("impressions", "shown_at"), ("clicks", "clicked_at")), sides):
-            lines = [json.dumps({"ad_id": k, column: (T0 + timedelta(minutes=m)).isoformat(), "page": f"p{v}"}) for k, m, v in records]
+            lines = [
+                json.dumps({"ad_id": k, column: (T0 + timedelta(minutes=m)).isoformat(), "page": f"p{v}"}) for k, m, v in records
+            ]
             (landing[side] / f"part-{epoch}.jsonl").write_text("\n".join(lines) + "\n")
         given = {"impressions_dir": str(landing["impressions"]), "clicks_dir": str(landing["clicks"])}
         coordinator = CheckpointCoordinator(module.ad_clicks, given, warehouse, spark_factory=lambda: spark)
         assert [r.epoch for r in coordinator.run(until_caught_up=True)] == [epoch]
     # In minutes: a click at c joins an impression at i when i <= c <= i + 10, out-of-orderness 1 minute on each side.
     pairs, late, _ = reference(epochs, 0, 10, True, (1, 1))
-    rows = run_query(warehouse, "ad_clicks", "select ad_id, shown_at, left_page, clicked_at, right_page, _epoch from clicked").to_pylist()
+    rows = run_query(
+        warehouse, "ad_clicks", "select ad_id, shown_at, left_page, clicked_at, right_page, _epoch from clicked"
+    ).to_pylist()
     minutes = lambda t: int((t - T0).total_seconds() // 60)  # noqa: E731
-    found = sorted((r["ad_id"], minutes(r["shown_at"]), r["left_page"], minutes(r["clicked_at"]), r["right_page"], r["_epoch"]) for r in rows)
+    found = sorted(
+        (r["ad_id"], minutes(r["shown_at"]), r["left_page"], minutes(r["clicked_at"]), r["right_page"], r["_epoch"]) for r in rows
+    )
     assert found == sorted((k, i, f"p{iv}", c, f"p{cv}", n) for k, i, iv, c, cv, n in pairs)
     assert pairs and any(n == 2 for *_, n in pairs)
 
@@ -249,8 +261,13 @@ def test_the_readme_window_join_matches_a_plain_python_reference(spark: Any, tmp
         clock = 600 * (epoch - 1)  # seconds
         sides = tuple([(rng.choice("ab"), clock + rng.randrange(0, 600), next(values)) for _ in range(8)] for _ in "th")
         epochs.append((sides[0], sides[1]))
-        for (side, column, value), records in zip((("temperatures", "ts", "celsius"), ("humidity", "measured_at", "percent")), sides):
-            lines = [json.dumps({"sensor_id": k, column: (T0 + timedelta(seconds=s)).isoformat(), value: float(v)}) for k, s, v in records]
+        for (side, column, value), records in zip(
+            (("temperatures", "ts", "celsius"), ("humidity", "measured_at", "percent")), sides
+        ):
+            lines = [
+                json.dumps({"sensor_id": k, column: (T0 + timedelta(seconds=s)).isoformat(), value: float(v)})
+                for k, s, v in records
+            ]
             (landing[side] / f"part-{epoch}.jsonl").write_text("\n".join(lines) + "\n")
         given = {"temperature_dir": str(landing["temperatures"]), "humidity_dir": str(landing["humidity"])}
         coordinator = CheckpointCoordinator(module.climate, given, warehouse, spark_factory=lambda: spark)

@@ -77,7 +77,9 @@ def test_sensor_stats_on_s3_under_faults_and_kill_minus_nine_matches_the_referen
     assert sum(proxy.faults.values()) > 0 and proxy.retries > 0
     # Maintenance leaves exactly the files the current and the retained versions read.
     params = {"landing_dir": landing, "max_files_per_epoch": 2}
-    report = run_maintenance(get_pipeline("sensor_stats"), warehouse, retained_checkpoints=1, vacuum_retention_hours=0, params=params)
+    report = run_maintenance(
+        get_pipeline("sensor_stats"), warehouse, retained_checkpoints=1, vacuum_retention_hours=0, params=params
+    )
     coordinator = CheckpointCoordinator(get_pipeline("sensor_stats"), params, warehouse, spark_factory=lambda: None)
     left = unreferenced_files(coordinator, report.retained_epochs)
     assert left == {}, {name: sorted(paths)[:3] for name, paths in left.items()}

@@ -57,7 +57,9 @@ def test_orders_payments_is_exactly_once_through_kills_a_failure_rescales_and_a_
 
     # 1. Killed between two tables' commits of epoch 1.
     crossing = tables_per_epoch("orders_payments") // 2
-    crashed = run_pipeline("orders_payments", warehouse, landing, fault=f"commit.after_delta_commit:{crossing}", remote=spark_engine.address)
+    crashed = run_pipeline(
+        "orders_payments", warehouse, landing, fault=f"commit.after_delta_commit:{crossing}", remote=spark_engine.address
+    )
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     # 2. The next run, on the warm engine, killed at a random time (once epoch 1 completed at the latest).
     kill_runs_at_random_times(

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import pytest
 
+from barrierflow import Count, Max, Min, Sum
 from barrierflow.checkpointing.coordinator import CheckpointCoordinator
 from barrierflow.connectors import DeltaSink, FileSource
 from barrierflow.core.errors import IncompatibleSavepointError, SavepointError
@@ -19,7 +20,6 @@ from barrierflow.operations.maintenance import run_maintenance
 from barrierflow.operations.query import run_query
 from barrierflow.operations.restore import restore
 from barrierflow.operations.savepoint import create_savepoint, dispose_savepoint, list_savepoints
-from barrierflow.operators import Count, Max, Min, Sum
 from barrierflow.plan.pipeline import PipelineBuilder, PipelineDefinition
 from barrierflow.plan.registry import get_pipeline
 from barrierflow.storage import objects
@@ -40,7 +40,9 @@ def landing(tmp_path: Path) -> Path:
 def run_epochs(spark: Any, landing: Path) -> Callable[..., list[int]]:
     def run(warehouse: Path, epochs: int | None = None, definition: PipelineDefinition | None = None, **params: Any) -> list[int]:
         given = {"landing_dir": str(landing), "max_files_per_epoch": MAX_FILES, **params}
-        coordinator = CheckpointCoordinator(definition or get_pipeline("sensor_stats"), given, str(warehouse), spark_factory=lambda: spark)
+        coordinator = CheckpointCoordinator(
+            definition or get_pipeline("sensor_stats"), given, str(warehouse), spark_factory=lambda: spark
+        )
         results = coordinator.run(epochs=epochs, until_caught_up=epochs is None)
         return [r.epoch for r in results]
 
@@ -51,7 +53,9 @@ def _params(landing: Path) -> dict[str, Any]:
     return {"landing_dir": str(landing), "max_files_per_epoch": MAX_FILES}
 
 
-def test_savepoint_then_restore_with_rewind_equals_reference(run_epochs: Callable[..., list[int]], landing: Path, warehouse: str) -> None:
+def test_savepoint_then_restore_with_rewind_equals_reference(
+    run_epochs: Callable[..., list[int]], landing: Path, warehouse: str
+) -> None:
     assert run_epochs(warehouse, epochs=2) == [1, 2]
     # The source's offsets are its operator state: after epoch 2, barrier 2's end offsets.
     coordinator = CheckpointCoordinator(sensor_stats, _params(landing), str(warehouse))
@@ -62,7 +66,13 @@ def test_savepoint_then_restore_with_rewind_equals_reference(run_epochs: Callabl
     sp = create_savepoint(sensor_stats, str(warehouse), name="before-3", description="after epoch 2", params=_params(landing))
     assert (sp.epoch, sp.name, sp.stopped) == (2, "before-3", False)
     states = {s.name: s.rows for s in sp.states}
-    assert set(states) == {"readings/offsets", "dedup/seen", "totals/accumulators", "minute_windows/pending_windows", "rising_alerts/last_two"}
+    assert set(states) == {
+        "readings/offsets",
+        "dedup/seen",
+        "totals/accumulators",
+        "minute_windows/pending_windows",
+        "rising_alerts/last_two",
+    }
     assert states["readings/offsets"] == 1 and states["dedup/seen"] > 0 and states["totals/accumulators"] > 0
     assert [m.name for m in list_savepoints("sensor_stats", str(warehouse))] == ["before-3"]
     assert run_epochs(warehouse, epochs=2) == [3, 4]
@@ -95,7 +105,9 @@ def test_restore_without_rewind_keeps_later_rows(run_epochs: Callable[..., list[
     assert len(epoch4) == 2 * len([r for r in before if r["_epoch"] == 4])  # replayed: at-least-once by request
 
 
-def test_restore_with_changed_parallelism_gives_identical_results(run_epochs: Callable[..., list[int]], landing: Path, warehouse: str) -> None:
+def test_restore_with_changed_parallelism_gives_identical_results(
+    run_epochs: Callable[..., list[int]], landing: Path, warehouse: str
+) -> None:
     run_epochs(warehouse, epochs=2, parallelism=2)
     create_savepoint(sensor_stats, str(warehouse), name="p2", params=_params(landing))
     run_epochs(warehouse, parallelism=2)
@@ -132,7 +144,9 @@ def _without_alerts() -> PipelineDefinition:
     return dataclasses.replace(sensor_stats, build_fn=build)
 
 
-def test_restore_refuses_removed_operator_unless_allowed(run_epochs: Callable[..., list[int]], landing: Path, warehouse: str) -> None:
+def test_restore_refuses_removed_operator_unless_allowed(
+    run_epochs: Callable[..., list[int]], landing: Path, warehouse: str
+) -> None:
     run_epochs(warehouse, epochs=2)
     create_savepoint(sensor_stats, str(warehouse), name="full", params=_params(landing))
     smaller = _without_alerts()
@@ -141,7 +155,9 @@ def test_restore_refuses_removed_operator_unless_allowed(run_epochs: Callable[..
     assert "rising_alerts/last_two" in info.value.dropped
     assert "minute_windows/pending_windows" in info.value.dropped
     assert "allow_non_restored_state" in str(info.value)
-    result = restore(smaller, str(warehouse), savepoint="full", allow_non_restored_state=True, rewind_sinks=True, params=_params(landing))
+    result = restore(
+        smaller, str(warehouse), savepoint="full", allow_non_restored_state=True, rewind_sinks=True, params=_params(landing)
+    )
     assert "rising_alerts/last_two" in result.dropped_states and "totals/accumulators" in result.restored_states
     assert run_epochs(warehouse, definition=smaller) == [3, 4]
     totals = run_query(str(warehouse), "sensor_stats", "select sensor_id, count from sensor_totals").to_pylist()
@@ -170,7 +186,9 @@ def test_savepoint_copied_to_another_warehouse(run_epochs: Callable[..., list[in
 
 def test_restore_retained_epoch_and_maintenance(run_epochs: Callable[..., list[int]], landing: Path, warehouse: str) -> None:
     run_epochs(warehouse)
-    report = run_maintenance(sensor_stats, str(warehouse), retained_checkpoints=2, vacuum_retention_hours=0, params=_params(landing))
+    report = run_maintenance(
+        sensor_stats, str(warehouse), retained_checkpoints=2, vacuum_retention_hours=0, params=_params(landing)
+    )
     assert report.retained_epochs == (3, 4)
     assert len(report.expired_epochs) == 2
     with pytest.raises(SavepointError, match="retained: 3-4"):
@@ -193,7 +211,9 @@ def test_restore_killed_half_way_is_finished_by_the_next_run(
     run_epochs(warehouse, epochs=2)
     create_savepoint(sensor_stats, str(warehouse), name="sp", params=_params(landing))
     run_epochs(warehouse, epochs=1)
-    restore_cmd = barrierflow_cmd("savepoint", "restore", "sensor_stats", "--warehouse", warehouse, "--savepoint", "sp", "--rewind-sinks")
+    restore_cmd = barrierflow_cmd(
+        "savepoint", "restore", "sensor_stats", "--warehouse", warehouse, "--savepoint", "sp", "--rewind-sinks"
+    )
     # Killed after the intent; then a second restore finishes the first (its recover sees the
     # intent) and is itself killed just before switching lineages.
     for point in ("restore.after_intent", "restore.before_lineage"):

@@ -119,7 +119,9 @@ def test_a_savepoint_restores_into_evolved_state_and_refuses_what_cannot_convert
     create_savepoint(_definition(CountsV1()), warehouse, name="v1", params=params)
 
     # An incompatible state change is refused, naming it; allowed, that state starts empty.
-    with pytest.raises(IncompatibleSavepointError, match=r"count/stats \(schema changed: value\.count incompatible: int32 -> string\)"):
+    with pytest.raises(
+        IncompatibleSavepointError, match=r"count/stats \(schema changed: value\.count incompatible: int32 -> string\)"
+    ):
         restore(_definition(CountsV3()), warehouse, savepoint="v1", params=params)
     # A sink column changing type (other than widening or narrowing) is refused before the epoch votes: nothing is committed.
     with pytest.raises(SchemaEvolutionError, match=r"sink (counts|latest): .*count incompatible: int32 -> string"):

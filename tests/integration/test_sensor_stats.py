@@ -10,12 +10,9 @@ from typing import Any, Callable
 import pytest
 
 from barrierflow.checkpointing.coordinator import CheckpointCoordinator
-from barrierflow.connectors import delta_sink
+from barrierflow.core import settings
 from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
-from barrierflow.execution import runtime
 from barrierflow.plan.registry import get_pipeline
-from barrierflow.state import delta_backend as delta_state_backend
-from barrierflow.state import worker_cache
 from barrierflow.storage import objects
 from sensor_check import (
     assert_matches_reference,
@@ -55,7 +52,11 @@ def test_epochs_match_reference(spark: Any, make_stream: Callable[..., Path], wa
 
 
 def test_parallelism_changes_between_epochs(
-    spark: Any, make_stream: Callable[..., Path], tmp_path: Path, warehouse: str, monkeypatch: pytest.MonkeyPatch,
+    spark: Any,
+    make_stream: Callable[..., Path],
+    tmp_path: Path,
+    warehouse: str,
+    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     landing = make_stream(n_files=8, records_per_file=150, seed=11)
@@ -63,41 +64,25 @@ def test_parallelism_changes_between_epochs(
     fixed, varied = tmp_path / "fixed", warehouse
     _coordinator(spark, landing, fixed, parallelism=2).run(until_caught_up=True)
     # The varied run also takes the paths of big epochs, big state and big
-    # sinks: a task per partition for every write, every state read matched
-    # against the epoch's keys, and the upsert sink rewriting only the files
-    # that hold a changed key (at this size an epoch's tables are otherwise
-    # written by one task each, state is read whole, the sink rewritten whole).
-    # Epoch 2 matches keys while scanning the files (the Python workers'
-    # cache of state files off), epochs 3 and 4 look them up in that cache.
-    monkeypatch.setattr(runtime, "SINGLE_TASK_ROWS", -1)
-    monkeypatch.setattr(delta_state_backend, "worth_matching", lambda stored_rows, key_count, cached=False: True)
-    monkeypatch.setattr(delta_sink, "WHOLE_REWRITE_MAX_ROWS", -1)
-    # No executor copy of the running totals' state: they read their keys too.
-    monkeypatch.setenv("BARRIERFLOW_CACHED_STATE_ROWS", "0")
-    lookups: list[tuple[int, str]] = []
-    backend = delta_state_backend.DeltaStateBackend
-
-    def counted(real: Any) -> Any:
-        def lookup(self: Any, spec: Any, *args: Any) -> Any:
-            lookups.append((self._ctx.epoch, spec.operator_id))
-            return real(self, spec, *args)
-
-        return lookup
-
-    monkeypatch.setattr(backend, "with_live_rows", counted(backend.with_live_rows))
-    _coordinator(spark, landing, varied, parallelism=1).run(epochs=1)
-    monkeypatch.setenv(worker_cache.CACHE_ENV, "0")
-    _coordinator(spark, landing, varied, parallelism=7).run(epochs=1)
-    monkeypatch.delenv(worker_cache.CACHE_ENV)
-    assert lookups == []
-    # Epoch 3's input (two files of ~15 KB) gets more shuffle partitions than its parallelism.
-    with monkeypatch.context() as m, caplog.at_level(logging.INFO, logger="barrierflow.execution.runtime"):
-        m.setattr(runtime, "INPUT_BYTES_PER_PARTITION", 5_000)
+    # sinks: every epoch in parallel tasks (a task per input split, then a
+    # task per key-group range), the upsert sink rewriting only the files
+    # that hold a changed key, and one epoch without the Python workers'
+    # cache of state files (at this size an epoch otherwise runs in one
+    # task and the sink is rewritten whole).
+    monkeypatch.setenv(settings.SINGLE_TASK_INPUT_BYTES.env, "0")
+    monkeypatch.setattr(settings, "UPSERT_WHOLE_REWRITE_ROWS", -1)
+    monkeypatch.setattr("barrierflow.connectors.delta_sink.UPSERT_WHOLE_REWRITE_ROWS", -1)
+    with caplog.at_level(logging.INFO, logger="barrierflow.execution.runner"):
+        _coordinator(spark, landing, varied, parallelism=1).run(epochs=1)
+        monkeypatch.setenv(settings.WORKER_STATE_CACHE_MB.env, "0")
+        _coordinator(spark, landing, varied, parallelism=7).run(epochs=1)
+        monkeypatch.delenv(settings.WORKER_STATE_CACHE_MB.env)
+        # Epoch 3's input (two files of ~15 KB) gets more key-group ranges than its parallelism.
+        monkeypatch.setattr("barrierflow.execution.runner.INPUT_BYTES_PER_PARTITION", 5_000)
         _coordinator(spark, landing, varied, parallelism=3).run(epochs=1)
-    assert re.search(r"epoch 3: \d+ shuffle partitions for its input \(parallelism 3\)", caplog.text), caplog.text
-    _coordinator(spark, landing, varied, parallelism=2).run(epochs=1)
-    # The dedup and the running totals (each joining its epoch with the rows found, in the same tasks), both epochs.
-    assert sorted(set(lookups)) == [(3, "dedup"), (3, "totals"), (4, "dedup"), (4, "totals")]
+        _coordinator(spark, landing, varied, parallelism=2).run(epochs=1)
+    assert len(re.findall(r"epoch \d: \d+ stages in", caplog.text)) == 4, caplog.text
+    assert re.search(r"epoch 3: stage 1 \([^)]*\): [4-9] task\(s\)", caplog.text), caplog.text
     assert table_snapshot(varied) == table_snapshot(fixed)  # bit-identical, not just close
     assert_matches_reference(varied, reference_for(landing, 2))
 
@@ -127,9 +112,9 @@ def test_files_arriving_between_epochs(spark: Any, tmp_path: Path, store_root: s
     assert_matches_reference(warehouse, ref)
 
 
-def test_a_line_parser_reads_many_small_byte_ranges_exactly_once(spark: Any, store_root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_line_parser_reads_many_small_byte_ranges_exactly_once(store_root: str) -> None:
     """Python tasks read, number and parse their own byte ranges (from a directory or an S3 prefix): the records and dead letters of a line-by-line reading."""
-    from barrierflow.connectors import FileSource, RecordError, file_source
+    from barrierflow.connectors import FileSource, RecordError
     from barrierflow.demo.pipelines.sensor_stats import READING_SCHEMA, parse_reading
 
     good = '{"event_id": "e%d", "sensor_id": "s%d", "ts": "2026-01-01T00:00:%02dZ", "temperature": %d.5}'
@@ -142,11 +127,11 @@ def test_a_line_parser_reads_many_small_byte_ranges_exactly_once(spark: Any, sto
     landing = f"{store_root}/landing"
     assert objects.put_if_absent(objects.join_uri(landing, "a.jsonl"), b"\n".join(lines[:250]) + b"\n")
     assert objects.put_if_absent(objects.join_uri(landing, "b.jsonl"), b"\n".join(lines[250:]))  # no final newline
-    monkeypatch.setattr(file_source, "_MIN_CHUNK_BYTES", 700)  # ~40 ranges at parallelism 40
     source = FileSource("readings", landing, parser=parse_reading, parser_schema=READING_SCHEMA)
     end = source.plan(None, None)
-    assert len(source._tasks(landing, end["files"], file_source._parse_chunk_bytes(end["files"], 40))) > 20
-    batch = source.read(spark, end, 40)
+    splits = source.splits(end, 0, 700)  # ~40 byte ranges
+    assert len(splits) > 20
+    read = [source.read(split, {}) for split in splits]
     want_records, want_dead = [], []
     for name, part in (("a.jsonl", lines[:250]), ("b.jsonl", lines[250:])):
         for number, raw in enumerate(part, start=1):
@@ -161,6 +146,7 @@ def test_a_line_parser_reads_many_small_byte_ranges_exactly_once(spark: Any, sto
                 want_records.append(parse_reading(text)["event_id"])
             except RecordError:
                 want_dead.append((name, number))
-    assert sorted(r["event_id"] for r in batch.records.collect()) == sorted(want_records)
-    assert batch.dead_letters is not None
-    assert sorted((r["source_file"], r["line"]) for r in batch.dead_letters.collect()) == sorted(want_dead)
+    assert sorted(e for records, _ in read for e in records["event_id"].to_pylist()) == sorted(want_records)
+    assert sorted(
+        (f, n) for _, dead in read for f, n in zip(dead["source_file"].to_pylist(), dead["line"].to_pylist())
+    ) == sorted(want_dead)

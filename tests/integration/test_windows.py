@@ -31,7 +31,7 @@ import barrierflow as bf
 from barrierflow.checkpointing.coordinator import CheckpointCoordinator
 
 # Every state read of these operators takes its pruned path: the rows it leaves out must never matter.
-pytestmark = pytest.mark.usefixtures("pruned_state_reads")
+pytestmark = pytest.mark.usefixtures("parallel_epochs")
 
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, a multiple of every window size below (seconds)
 SIZE, SLIDE, GAP, LATENESS = 10, 5, 4, 10  # seconds; the watermark has no out-of-orderness
@@ -193,14 +193,29 @@ def test_sliding_and_session_windows_with_lateness_match_the_reference(
     assert [r.record.watermark_us for r in results] == [(T0 + w) * 1_000_000 for w in (26, 27, 50)]
 
     got = _query(warehouse, "select _epoch, k, window_start, window_end, n, total, is_update from sliding_log")
-    assert sorted((r["_epoch"], r["k"], _seconds(r["window_start"]), _seconds(r["window_end"]), r["n"], r["total"], r["is_update"]) for r in got) == sorted(sliding)
+    assert sorted(
+        (r["_epoch"], r["k"], _seconds(r["window_start"]), _seconds(r["window_end"]), r["n"], r["total"], r["is_update"])
+        for r in got
+    ) == sorted(sliding)
     got = _query(warehouse, "select _epoch, k, window_start, window_end, n, total, is_update, retracted from sessions_log")
-    rows = [(r["_epoch"], r["k"], _seconds(r["window_start"]), _seconds(r["window_end"]), r["n"], r["total"], r["is_update"], r["retracted"]) for r in got]
+    rows = [
+        (
+            r["_epoch"],
+            r["k"],
+            _seconds(r["window_start"]),
+            _seconds(r["window_end"]),
+            r["n"],
+            r["total"],
+            r["is_update"],
+            r["retracted"],
+        )
+        for r in got
+    ]
     assert sorted(rows, key=repr) == sorted(sessions, key=repr)
     got = _query(warehouse, "select _epoch, k, window_start, window_end, n, total from strict_log")
-    assert sorted((r["_epoch"], r["k"], _seconds(r["window_start"]), _seconds(r["window_end"]), r["n"], r["total"]) for r in got) == sorted(
-        r[:6] for r in strict
-    )
+    assert sorted(
+        (r["_epoch"], r["k"], _seconds(r["window_start"]), _seconds(r["window_end"]), r["n"], r["total"]) for r in got
+    ) == sorted(r[:6] for r in strict)
     # Without lateness the output has exactly the columns tumbling windows always had (plus the sink's _epoch).
     assert bf.run_query(warehouse, "windows", "select * from strict_log limit 0").column_names == [
         "k", "window_start", "window_end", "n", "total", "_epoch"
@@ -211,13 +226,19 @@ def test_sliding_and_session_windows_with_lateness_match_the_reference(
     for row in sessions:
         latest[(row[1], row[2])] = row[3:]
     got = _query(warehouse, "select k, window_start, window_end, n, total, is_update, retracted from sessions_latest")
-    assert {(r["k"], _seconds(r["window_start"])): (_seconds(r["window_end"]), r["n"], r["total"], r["is_update"], r["retracted"]) for r in got} == latest
+    assert {
+        (r["k"], _seconds(r["window_start"])): (_seconds(r["window_end"]), r["n"], r["total"], r["is_update"], r["retracted"])
+        for r in got
+    } == latest
 
     for table, expected in (("late_sliding", sliding_late), ("late_sessions", sessions_late)):
         got = _query(warehouse, f"select _epoch, k, t, v from {table}")
         assert sorted((r["_epoch"], r["k"], r["t"], r["v"]) for r in got) == sorted(expected)
     dropped = [r.getMessage() for r in caplog.records if "window strict dropped" in r.getMessage()]
-    assert dropped == ["epoch 2: window strict dropped 2 late record(s) (no late_output declared)", "epoch 3: window strict dropped 3 late record(s) (no late_output declared)"]
+    assert dropped == [
+        "epoch 2: window strict dropped 2 late record(s) (no late_output declared)",
+        "epoch 3: window strict dropped 3 late record(s) (no late_output declared)",
+    ]
 
     # State holds exactly the windows not yet purged.
     state = _query(warehouse, "select k, window_start from sliding__pending_windows")

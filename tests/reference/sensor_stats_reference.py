@@ -91,9 +91,7 @@ def split_epochs(landing_dir: str | os.PathLike[str], max_files_per_epoch: int) 
     if not directory.is_dir():
         return []
     names = sorted(
-        p.name
-        for p in directory.iterdir()
-        if p.is_file() and p.name.endswith(".jsonl") and not p.name.startswith((".", "_"))
+        p.name for p in directory.iterdir() if p.is_file() and p.name.endswith(".jsonl") and not p.name.startswith((".", "_"))
     )
     files = [directory / name for name in names]
     return [files[i : i + max_files_per_epoch] for i in range(0, len(files), max_files_per_epoch)]
@@ -194,9 +192,7 @@ def _window_start(ts: datetime) -> datetime:
     return ts.replace(second=0, microsecond=0)
 
 
-def run_reference(
-    epochs: list[list[pathlib.Path]], out_of_orderness_seconds: int = 30
-) -> ReferenceResult:
+def run_reference(epochs: list[list[pathlib.Path]], out_of_orderness_seconds: int = 30) -> ReferenceResult:
     """Run the reference ``sensor_stats`` pipeline over ``epochs`` (numbered from 1)."""
     res = ReferenceResult()
     lag = timedelta(seconds=out_of_orderness_seconds)

@@ -37,9 +37,7 @@ def t(minute: int, second: int = 0, micro: int = 0) -> datetime:
 
 
 def rec(event_id: str, sensor_id: str, ts: object, temperature: object) -> str:
-    return json.dumps(
-        {"event_id": event_id, "sensor_id": sensor_id, "ts": ts, "temperature": temperature}
-    )
+    return json.dumps({"event_id": event_id, "sensor_id": sensor_id, "ts": ts, "temperature": temperature})
 
 
 def iso(minute: int, second: int = 0) -> str:
@@ -119,9 +117,7 @@ def test_each_dead_letter_rule(tmp_path: pathlib.Path) -> None:
     landing.mkdir()
     (landing / "f.jsonl").write_bytes(body)
     result = run_reference_on_dir(landing, 10)
-    assert [(d["line"], d["reason"]) for d in result.dead_letter] == [
-        (i + 4, reason) for i, (_, reason) in enumerate(cases)
-    ]
+    assert [(d["line"], d["reason"]) for d in result.dead_letter] == [(i + 4, reason) for i, (_, reason) in enumerate(cases)]
     assert all(d["source_file"] == "f.jsonl" and d["epoch"] == 1 for d in result.dead_letter)
     assert result.dead_letter[0]["raw"] == "not json at all"
     assert result.dead_letter[-1]["raw"] == '{"event_id": "\ufffd", "sensor_id": "s"}'  # no "\r"
@@ -173,17 +169,25 @@ def test_split_epochs_ignores_in_progress_and_other_files(tmp_path: pathlib.Path
 
 
 def test_dedup_within_and_across_epochs(tmp_path: pathlib.Path) -> None:
-    a = write(tmp_path, "a.jsonl", [
-        rec("e1", "s1", iso(0, 10), 20.0),
-        rec("e1", "s1", iso(0, 11), 99.0),      # duplicate, different values: dropped
-        rec("e3", "s1", iso(0, 12), float("nan")),  # dead-lettered: does not claim e3
-    ])
-    b = write(tmp_path, "b.jsonl", [
-        rec("e1", "s2", iso(0, 20), -5.0),      # duplicate of an earlier epoch: dropped
-        rec("e2", "s1", iso(0, 30), 21.0),
-        rec("e3", "s1", iso(0, 40), 22.5),      # first *valid* e3: kept
-        rec("e2", "s1", iso(0, 50), 21.0),      # exact duplicate: dropped
-    ])
+    a = write(
+        tmp_path,
+        "a.jsonl",
+        [
+            rec("e1", "s1", iso(0, 10), 20.0),
+            rec("e1", "s1", iso(0, 11), 99.0),  # duplicate, different values: dropped
+            rec("e3", "s1", iso(0, 12), float("nan")),  # dead-lettered: does not claim e3
+        ],
+    )
+    b = write(
+        tmp_path,
+        "b.jsonl",
+        [
+            rec("e1", "s2", iso(0, 20), -5.0),  # duplicate of an earlier epoch: dropped
+            rec("e2", "s1", iso(0, 30), 21.0),
+            rec("e3", "s1", iso(0, 40), 22.5),  # first *valid* e3: kept
+            rec("e2", "s1", iso(0, 50), 21.0),  # exact duplicate: dropped
+        ],
+    )
     result = run_reference([[a], [b]])
     assert result.valid_counts == {1: 1, 2: 2}
     assert result.duplicate_counts == {1: 1, 2: 2}
@@ -194,20 +198,32 @@ def test_dedup_within_and_across_epochs(tmp_path: pathlib.Path) -> None:
 
 
 def test_watermark_lateness_and_window_firing(tmp_path: pathlib.Path) -> None:
-    e1 = write(tmp_path, "1.jsonl", [
-        rec("a", "s1", iso(0, 10), 10.0),
-        rec("b", "s1", "2023-12-31T23:50:00Z", 1.0),  # old, but W(0) is None: not late
-        rec("c", "s1", iso(5, 0), 50.0),
-    ])
-    e2 = write(tmp_path, "2.jsonl", [
-        rec("d", "s1", iso(3, 59), 39.0),   # window end 00:04 <= W(1)=00:04:30: late
-        rec("e", "s1", iso(4, 10), 41.0),   # window end 00:05 > 00:04:30: on time
-        rec("f", "s1", iso(5, 40), 54.0),
-    ])
-    e3 = write(tmp_path, "3.jsonl", [
-        rec("g", "s1", iso(4, 50), 48.0),   # its window fired in epoch 2: late
-        rec("h", "s1", iso(6, 31), 61.0),
-    ])
+    e1 = write(
+        tmp_path,
+        "1.jsonl",
+        [
+            rec("a", "s1", iso(0, 10), 10.0),
+            rec("b", "s1", "2023-12-31T23:50:00Z", 1.0),  # old, but W(0) is None: not late
+            rec("c", "s1", iso(5, 0), 50.0),
+        ],
+    )
+    e2 = write(
+        tmp_path,
+        "2.jsonl",
+        [
+            rec("d", "s1", iso(3, 59), 39.0),  # window end 00:04 <= W(1)=00:04:30: late
+            rec("e", "s1", iso(4, 10), 41.0),  # window end 00:05 > 00:04:30: on time
+            rec("f", "s1", iso(5, 40), 54.0),
+        ],
+    )
+    e3 = write(
+        tmp_path,
+        "3.jsonl",
+        [
+            rec("g", "s1", iso(4, 50), 48.0),  # its window fired in epoch 2: late
+            rec("h", "s1", iso(6, 31), 61.0),
+        ],
+    )
     e4 = write(tmp_path, "4.jsonl", ["", "  "])  # no records: watermark holds
     result = run_reference([[e1], [e2], [e3], [e4]])
 
@@ -216,9 +232,7 @@ def test_watermark_lateness_and_window_firing(tmp_path: pathlib.Path) -> None:
         ("d", 2, t(3, 59), 39.0),
         ("g", 3, t(4, 50), 48.0),
     ]
-    summary = [
-        (w["epoch"], w["window_start"], w["window_end"], w["count"], w["avg"]) for w in result.sensor_minute
-    ]
+    summary = [(w["epoch"], w["window_start"], w["window_end"], w["count"], w["avg"]) for w in result.sensor_minute]
     assert summary == [
         (1, datetime(2023, 12, 31, 23, 50, tzinfo=UTC), datetime(2023, 12, 31, 23, 51, tzinfo=UTC), 1, 1.0),
         (1, t(0), t(1), 1, 10.0),
@@ -250,20 +264,21 @@ def test_out_of_orderness_parameter(tmp_path: pathlib.Path) -> None:
 
 
 def test_window_percentiles_and_ordering(tmp_path: pathlib.Path) -> None:
-    f = write(tmp_path, "f.jsonl", [
-        rec("1", "s2", iso(0, 1), 22.0),
-        rec("2", "s2", iso(0, 2), 20),      # an int temperature
-        rec("3", "s2", iso(0, 3), 23.0),
-        rec("4", "s2", iso(0, 4), 21.0),
-        rec("5", "s1", iso(1, 0), 7.5),
-        rec("6", "s1", iso(0, 59), 5.0),
-        rec("7", "s1", iso(3, 0), 0.0),     # W(1) = 00:02:30 fires windows ending <= that
-    ])
+    f = write(
+        tmp_path,
+        "f.jsonl",
+        [
+            rec("1", "s2", iso(0, 1), 22.0),
+            rec("2", "s2", iso(0, 2), 20),  # an int temperature
+            rec("3", "s2", iso(0, 3), 23.0),
+            rec("4", "s2", iso(0, 4), 21.0),
+            rec("5", "s1", iso(1, 0), 7.5),
+            rec("6", "s1", iso(0, 59), 5.0),
+            rec("7", "s1", iso(3, 0), 0.0),  # W(1) = 00:02:30 fires windows ending <= that
+        ],
+    )
     result = run_reference([[f]])
-    rows = [
-        (w["sensor_id"], w["window_start"], w["count"], w["avg"], w["p75"], w["p99"])
-        for w in result.sensor_minute
-    ]
+    rows = [(w["sensor_id"], w["window_start"], w["count"], w["avg"], w["p75"], w["p99"]) for w in result.sensor_minute]
     assert rows == [
         ("s1", t(0), 1, 5.0, 5.0, 5.0),
         ("s1", t(1), 1, 7.5, 7.5, 7.5),
@@ -285,23 +300,31 @@ def test_nearest_rank_positions() -> None:
 
 
 def test_alerts_on_rising_triples_across_epochs(tmp_path: pathlib.Path) -> None:
-    e1 = write(tmp_path, "1.jsonl", [
-        rec("a1", "s1", iso(10), 20.0),
-        rec("b1", "s2", iso(10, 1), 30.0),
-        rec("a2", "s1", iso(10, 2), 21.0),
-        rec("b2", "s2", iso(10, 3), 31.0),
-    ])
-    e2 = write(tmp_path, "2.jsonl", [
-        rec("a3", "s1", iso(10, 4), 22.0),   # 20 < 21 < 22: alert (epoch 2)
-        rec("a4", "s1", iso(0, 5), 23.0),    # late, still counts: 21 < 22 < 23
-        rec("a5", "s1", iso(10, 6), 23.0),   # equal: no alert
-        rec("b3", "s2", iso(10, 7), 30.5),   # s2 fell: no alert
-        rec("a6", "s1", iso(10, 8), 24.0),   # 23 == 23: no alert
-        rec("a7", "s1", iso(10, 9), 25),     # 23 < 24 < 25: alert
-        rec("a7", "s1", iso(10, 9), 26.0),   # duplicate: ignored entirely
-        rec("b4", "s2", iso(10, 10), 31.0),
-        rec("b5", "s2", iso(10, 11), 31.5),  # 30.5 < 31 < 31.5: alert
-    ])
+    e1 = write(
+        tmp_path,
+        "1.jsonl",
+        [
+            rec("a1", "s1", iso(10), 20.0),
+            rec("b1", "s2", iso(10, 1), 30.0),
+            rec("a2", "s1", iso(10, 2), 21.0),
+            rec("b2", "s2", iso(10, 3), 31.0),
+        ],
+    )
+    e2 = write(
+        tmp_path,
+        "2.jsonl",
+        [
+            rec("a3", "s1", iso(10, 4), 22.0),  # 20 < 21 < 22: alert (epoch 2)
+            rec("a4", "s1", iso(0, 5), 23.0),  # late, still counts: 21 < 22 < 23
+            rec("a5", "s1", iso(10, 6), 23.0),  # equal: no alert
+            rec("b3", "s2", iso(10, 7), 30.5),  # s2 fell: no alert
+            rec("a6", "s1", iso(10, 8), 24.0),  # 23 == 23: no alert
+            rec("a7", "s1", iso(10, 9), 25),  # 23 < 24 < 25: alert
+            rec("a7", "s1", iso(10, 9), 26.0),  # duplicate: ignored entirely
+            rec("b4", "s2", iso(10, 10), 31.0),
+            rec("b5", "s2", iso(10, 11), 31.5),  # 30.5 < 31 < 31.5: alert
+        ],
+    )
     result = run_reference([[e1], [e2]])
     assert [x["event_id"] for x in result.late_readings] == ["a4"]
     assert [(x["sensor_id"], x["event_id"], x["temperature"], x["epoch"]) for x in result.alerts] == [
@@ -395,9 +418,7 @@ def test_write_sensor_files_naming_and_atomicity(tmp_path: pathlib.Path, monkeyp
 
 def test_datagen_stream_covers_every_rule(tmp_path: pathlib.Path) -> None:
     assert set(KIND_REASONS) == set(MALFORMED_KINDS)
-    spec = SensorStreamSpec(
-        n_files=8, records_per_file=60, seed=3, malformed_rate=0.1, duplicate_rate=0.1, blank_line_rate=0.03
-    )
+    spec = SensorStreamSpec(n_files=8, records_per_file=60, seed=3, malformed_rate=0.1, duplicate_rate=0.1, blank_line_rate=0.03)
     landing = tmp_path / "landing"
     write_sensor_files(landing, spec)
     (landing / ".readings-000008.jsonl.tmp").write_text("garbage\n")  # in progress: ignored

@@ -45,13 +45,19 @@ def _task_log(home: Path, run_id: str, task_id: str) -> str:
     return "\n".join(str(json.loads(line).get("event", "")) for line in path.read_text().splitlines() if line.strip())
 
 
-def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Path, stack_store: str, stack_warehouse: str | None) -> None:
+def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(
+    tmp_path: Path, stack_store: str, stack_warehouse: str | None
+) -> None:
     artifacts = ROOT / "test-artifacts" / "stack"
     artifacts.mkdir(parents=True, exist_ok=True)
     log = artifacts / f"backfill-race-{stack_store}.log"
     with running_stack(log, ["--interval", "0", "--warm-up-epochs", "0"], warehouse=stack_warehouse) as stack:
         api = stack.api
-        until("the DAG to be parsed and unpaused", lambda: (api.get(f"/api/v2/dags/{DAG_ID}")[1] or {}).get("is_paused") is False, 300)
+        until(
+            "the DAG to be parsed and unpaused",
+            lambda: (api.get(f"/api/v2/dags/{DAG_ID}")[1] or {}).get("is_paused") is False,
+            300,
+        )
 
         def runs() -> list[dict[str, Any]]:
             return (api.get(f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100&order_by=logical_date")[1] or {}).get("dag_runs", [])
@@ -64,7 +70,9 @@ def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Pat
         files = write_sensor_files(incoming, spec)
 
         def quiet_late_in_a_minute() -> bool:
-            return 35 <= datetime.now(timezone.utc).second <= 45 and not [r for r in runs() if r["state"] in ("queued", "running")]
+            return 35 <= datetime.now(timezone.utc).second <= 45 and not [
+                r for r in runs() if r["state"] in ("queued", "running")
+            ]
 
         until("no active run, late in a minute", quiet_late_in_a_minute, 300, poll_s=1)
         landed_at = datetime.now(timezone.utc)
@@ -128,10 +136,10 @@ def test_a_scheduled_run_waits_for_a_backfill_of_earlier_intervals(tmp_path: Pat
 
         # One epoch per interval holding input, each planned by that interval's backfill run.
         layout = PipelineLayout.of(stack.warehouse, "sensor_stats")
-        completed = sorted((r for r in CheckpointLog(layout).records() if r.status is EpochStatus.COMPLETED), key=lambda r: r.epoch)
-        expected_cutoffs = [
-            int((first + timedelta(minutes=k + 1)).timestamp() * 1000) for k, n in enumerate(PER_INTERVAL) if n
-        ]
+        completed = sorted(
+            (r for r in CheckpointLog(layout).records() if r.status is EpochStatus.COMPLETED), key=lambda r: r.epoch
+        )
+        expected_cutoffs = [int((first + timedelta(minutes=k + 1)).timestamp() * 1000) for k, n in enumerate(PER_INTERVAL) if n]
         assert [r.arrival_cutoff_ms for r in completed] == expected_cutoffs
         assert [[f[0] for f in r.offsets_json()["readings"]["files"]] for r in completed] == [[p.name for p in e] for e in epochs]
         owners = {r["logical_date"][:16]: r["dag_run_id"] for r in backfill_runs}

@@ -70,7 +70,9 @@ def test_epochs_and_a_savepoint_through_the_rest_api_equal_the_reference(monkeyp
     try:
         with running_topology(config, logs, base_env=env):
             old = time.time() - 600  # landed well before the runs
-            files = write_sensor_files(config.landing, SensorStreamSpec(n_files=EPOCHS, records_per_file=40, seed=17, late_rate=0.05))
+            files = write_sensor_files(
+                config.landing, SensorStreamSpec(n_files=EPOCHS, records_per_file=40, seed=17, late_rate=0.05)
+            )
             for path in files:
                 os.utime(path, (old, old))
             api = ApiClient(config.api_url, "admin", "admin", timeout_s=60)

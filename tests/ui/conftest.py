@@ -64,7 +64,13 @@ def devserver(artifacts: Path, stack_store: str, stack_warehouse: str | None) ->
     if EXTERNAL_URL:
         warehouse = os.environ.get("BARRIERFLOW_UI_TEST_WAREHOUSE", str(ROOT / "warehouse"))
         yield DevServer(
-            EXTERNAL_URL.rstrip("/"), DEFAULT_USER, DEFAULT_PASSWORD, warehouse, Path(), Path(), Path(),
+            EXTERNAL_URL.rstrip("/"),
+            DEFAULT_USER,
+            DEFAULT_PASSWORD,
+            warehouse,
+            Path(),
+            Path(),
+            Path(),
             ApiClient(EXTERNAL_URL, DEFAULT_USER, DEFAULT_PASSWORD),
         )
         return
@@ -108,9 +114,17 @@ def browser(devserver: DevServer) -> Iterator[Any]:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in (
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1440,1000",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        "--window-size=1440,1000",
     ):
         options.add_argument(arg)
     # Service(executable_path=...) so selenium-manager never tries to download a driver.

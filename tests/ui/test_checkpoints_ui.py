@@ -130,14 +130,23 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     assert planned_dag == DAG_ID, first.planned_by
     d.get(f"{url}/dags/{DAG_ID}/runs/{quote(planned_run, safe='')}")
     tab = wait_for(
-        d, lambda: [e for e in d.find_elements(By.XPATH, "//*[normalize-space(text())='Checkpoint']") if e.is_displayed()],
-        60, "the run page's Checkpoint tab",
+        d,
+        lambda: [e for e in d.find_elements(By.XPATH, "//*[normalize-space(text())='Checkpoint']") if e.is_displayed()],
+        60,
+        "the run page's Checkpoint tab",
     )
     tab[0].click()
-    frame = wait_for(d, lambda: [f for f in css("iframe") if "/barrierflow/run" in (f.get_attribute("src") or "")], 60, "the tab's frame")
+    frame = wait_for(
+        d, lambda: [f for f in css("iframe") if "/barrierflow/run" in (f.get_attribute("src") or "")], 60, "the tab's frame"
+    )
     d.switch_to.frame(frame[0])
     try:
-        wait_for(d, lambda: css(f"a.bf-run-epoch[data-epoch='{first.epoch}'][data-status=COMPLETED]"), 60, f"epoch {first.epoch} on its run's tab")
+        wait_for(
+            d,
+            lambda: css(f"a.bf-run-epoch[data-epoch='{first.epoch}'][data-status=COMPLETED]"),
+            60,
+            f"epoch {first.epoch} on its run's tab",
+        )
     finally:
         d.switch_to.default_content()
     step.shot("run-checkpoint-tab")
@@ -153,7 +162,9 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     if description:
         description[0].send_keys("taken by the browser test")
     step.shot("savepoint-trigger-form")
-    wait_for(d, lambda: [e for e in css("[data-testid=trigger-dag-submit]") if e.is_enabled()], 30, "the submit button")[0].click()
+    wait_for(d, lambda: [e for e in css("[data-testid=trigger-dag-submit]") if e.is_enabled()], 30, "the submit button")[
+        0
+    ].click()
 
     # The run this form created, found through the REST API by its conf.
     def our_run() -> str | None:
@@ -190,13 +201,17 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     d.get(f"{url}/")
     wait_for(d, lambda: css("button[aria-label=Browse]"), 60, "the navigation")[0].click()
     item = wait_for(
-        d, lambda: [e for e in d.find_elements(By.XPATH, "//*[normalize-space(text())='Checkpoints']") if e.is_displayed()],
-        30, "the Checkpoints menu item",
+        d,
+        lambda: [e for e in d.find_elements(By.XPATH, "//*[normalize-space(text())='Checkpoints']") if e.is_displayed()],
+        30,
+        "the Checkpoints menu item",
     )
     step.shot("browse-menu")
     item[0].click()
     wait_for(d, lambda: "/plugin/barrierflow-checkpoints" in d.current_url, 30, "the plugin route")
-    frame = wait_for(d, lambda: [f for f in css("iframe") if "/barrierflow/" in (f.get_attribute("src") or "")], 60, "the page frame")
+    frame = wait_for(
+        d, lambda: [f for f in css("iframe") if "/barrierflow/" in (f.get_attribute("src") or "")], 60, "the page frame"
+    )
     d.switch_to.frame(frame[0])
     try:
         wait_for(d, lambda: css(f"tr.bf-savepoint[data-name='{name}']"), 60, "the savepoint inside the frame")
@@ -243,7 +258,9 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     field = wait_for(d, lambda: [e for e in css("#element_savepoint") if e.is_displayed()], 60, "the savepoint field")
     field[0].send_keys(name)
     step.shot("reprocess-trigger-form")
-    wait_for(d, lambda: [e for e in css("[data-testid=trigger-dag-submit]") if e.is_enabled()], 30, "the submit button")[0].click()
+    wait_for(d, lambda: [e for e in css("[data-testid=trigger-dag-submit]") if e.is_enabled()], 30, "the submit button")[
+        0
+    ].click()
 
     def reprocess_run() -> dict[str, Any] | None:
         status, doc = devserver.api.get(f"/api/v2/dags/{REPROCESS_DAG_ID}/dagRuns?limit=50&order_by=-run_after")
@@ -256,7 +273,13 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
 
     run = wait_for(d, reprocess_run, 480, f"the reprocessing from {name!r} to succeed", poll_s=3)
     d.get(f"{url}/dags/{REPROCESS_DAG_ID}/runs")
-    wait_for(d, lambda: "success" in [e.text.strip().lower() for e in css("[data-testid=table-cell-state]")], 60, "the reprocess run in the UI", refresh_every_s=10)
+    wait_for(
+        d,
+        lambda: "success" in [e.text.strip().lower() for e in css("[data-testid=table-cell-state]")],
+        60,
+        "the reprocess run in the UI",
+        refresh_every_s=10,
+    )
     step.shot("reprocess-run-success")
     status, result = devserver.api.get(
         f"/api/v2/dags/{REPROCESS_DAG_ID}/dagRuns/{quote(run['dag_run_id'])}/taskInstances/reprocess/xcomEntries/return_value"
@@ -311,9 +334,21 @@ def test_checkpoints_page_end_to_end(devserver: Any, browser: Any, artifacts: Pa
     import sys
 
     query = subprocess.run(
-        [sys.executable, "-m", "barrierflow", "query", PIPELINE, "--warehouse", devserver.warehouse,
-         "--format", "json", "SELECT sensor_id, count FROM sensor_totals ORDER BY sensor_id"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "barrierflow",
+            "query",
+            PIPELINE,
+            "--warehouse",
+            devserver.warehouse,
+            "--format",
+            "json",
+            "SELECT sensor_id, count FROM sensor_totals ORDER BY sensor_id",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert query.returncode == 0, query.stderr
     assert json.loads(query.stdout) and all(r["count"] > 0 for r in json.loads(query.stdout))

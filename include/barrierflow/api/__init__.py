@@ -13,7 +13,17 @@ from barrierflow.api.state import (
 )
 
 __all__ = [
-    "AggregateFunction", "AggregatingState", "AggregatingStateDescriptor", "ListState", "ListStateDescriptor", "MapState",
-    "MapStateDescriptor", "ReducingState", "ReducingStateDescriptor", "StateDescriptor", "StateTtlConfig", "ValueState",
+    "AggregateFunction",
+    "AggregatingState",
+    "AggregatingStateDescriptor",
+    "ListState",
+    "ListStateDescriptor",
+    "MapState",
+    "MapStateDescriptor",
+    "ReducingState",
+    "ReducingStateDescriptor",
+    "StateDescriptor",
+    "StateTtlConfig",
+    "ValueState",
     "ValueStateDescriptor",
 ]

@@ -62,9 +62,7 @@ class Param:
             else:
                 out = self.type(value)
         except (TypeError, ValueError):
-            raise ParameterError(
-                f"parameter {self.name!r} expects {self.json_type}, got {value!r}"
-            ) from None
+            raise ParameterError(f"parameter {self.name!r} expects {self.json_type}, got {value!r}") from None
         if self.type is float and out != out:
             raise ParameterError(f"parameter {self.name!r} must be a number, got NaN")
         if self.minimum is not None and not out >= self.minimum:
@@ -81,10 +79,7 @@ def resolve_params(declared: tuple[Param, ...], given: Mapping[str, Any]) -> dic
     known = {p.name: p for p in declared}
     unknown = sorted(set(given) - set(known))
     if unknown:
-        raise ParameterError(
-            f"unknown parameter(s) {', '.join(unknown)}; this pipeline accepts: "
-            f"{', '.join(known) or 'none'}"
-        )
+        raise ParameterError(f"unknown parameter(s) {', '.join(unknown)}; this pipeline accepts: {', '.join(known) or 'none'}")
     out: dict[str, Any] = {}
     for param in declared:
         if param.name in given:
@@ -115,9 +110,10 @@ def placeholder(param: Param) -> Any:
 
 def with_placeholders(declared: tuple[Param, ...], given: Mapping[str, Any]) -> dict[str, Any]:
     """``given`` plus a :func:`placeholder` for each required parameter it lacks (to build, not run, a pipeline)."""
-    return {**{p.name: placeholder(p) for p in declared if p.required and given.get(p.name) is None}, **{
-        k: v for k, v in given.items() if v is not None
-    }}
+    return {
+        **{p.name: placeholder(p) for p in declared if p.required and given.get(p.name) is None},
+        **{k: v for k, v in given.items() if v is not None},
+    }
 
 
 def parse_assignments(pairs: Sequence[str]) -> dict[str, str]:

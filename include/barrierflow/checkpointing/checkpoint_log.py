@@ -25,9 +25,9 @@ from barrierflow.checkpointing.checkpoint import CheckpointRecord, EpochStatus
 from barrierflow.core.errors import CheckpointError
 from barrierflow.storage.delta import TABLE_CONFIGURATION
 from barrierflow.storage.layout import PipelineLayout
-from barrierflow.storage.objects import arrow_filesystem, join_uri, read_bytes
+from barrierflow.storage.objects import arrow_filesystem, join_uri, list_dir, read_bytes, read_json
 
-__all__ = ["CheckpointLog", "iso_now", "iso_us", "now_us"]
+__all__ = ["CheckpointLog", "current_lineage_seq", "iso_now", "iso_us", "now_us"]
 
 _SCHEMA = pa.schema(
     [
@@ -85,6 +85,16 @@ def iso_us(us: int | None) -> str | None:
 _SHARED: "OrderedDict[str, tuple[str | None, CheckpointLog]]" = OrderedDict()
 _SHARED_LOCK = threading.Lock()
 _MAX_SHARED = 32
+
+
+def current_lineage_seq(layout: PipelineLayout) -> tuple[int, dict[str, Any]]:
+    """The pipeline's current lineage: its sequence number (its document's name) and document."""
+    names = [n for n in list_dir(layout.lineages) if n.endswith(".json")]
+    if not names:
+        raise CheckpointError(f"pipeline {layout.pipeline} has no lineage yet: run an epoch first")
+    doc = read_json(join_uri(layout.lineages, names[-1]))
+    assert doc is not None
+    return int(names[-1].removesuffix(".json")), doc
 
 
 def _table_id(uri: str) -> str | None:
@@ -241,9 +251,10 @@ class CheckpointLog:
         for r in records:
             ident = (r.lineage_id, r.epoch)
             cur = out.get(ident)
-            if cur is None or (cur.status is not EpochStatus.COMPLETED and (
-                r.status is EpochStatus.COMPLETED or r.recorded_at_us >= cur.recorded_at_us
-            )):
+            if cur is None or (
+                cur.status is not EpochStatus.COMPLETED
+                and (r.status is EpochStatus.COMPLETED or r.recorded_at_us >= cur.recorded_at_us)
+            ):
                 out[ident] = r
         return out
 

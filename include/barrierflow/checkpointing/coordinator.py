@@ -54,10 +54,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from barrierflow.checkpointing.checkpoint import Barrier, CheckpointRecord, EpochStatus, Fence, Manifest, TableKind, app_id
-from barrierflow.checkpointing.checkpoint_log import CheckpointLog, iso_now, now_us
+from barrierflow.checkpointing.checkpoint import Barrier, CheckpointRecord, EpochStatus, Manifest, app_id
+from barrierflow.checkpointing.checkpoint_log import CheckpointLog, current_lineage_seq, iso_now, now_us
+from barrierflow.checkpointing.epoch import Compute, check_follows, completed_future, process_epoch
 from barrierflow.checkpointing.intervals import ArrivalBound
 from barrierflow.checkpointing.lease import EpochLease
+from barrierflow.checkpointing.restore_intent import complete_pending_restore
+from barrierflow.connectors.file_source import count_records_on_executors
 from barrierflow.connectors.source import Backlog, Source
 from barrierflow.core import faults
 from barrierflow.core.errors import (
@@ -68,12 +71,11 @@ from barrierflow.core.errors import (
     FencedError,
     PipelineStoppedError,
 )
-from barrierflow.execution.runtime import Compute, check_follows, completed_future, process_epoch, wait_for_releases
-from barrierflow.execution.spark import engine_lost
+from barrierflow.execution.spark import engine_lost, get_spark
 from barrierflow.plan.pipeline import Pipeline, PipelineDefinition
-from barrierflow.state import resident
-from barrierflow.state.delta_backend import compact, needs_compaction
+from barrierflow.plan.registry import get_pipeline
 from barrierflow.storage import objects
+from barrierflow.storage.commits import Fence
 from barrierflow.storage.delta import commit_epoch_table
 from barrierflow.storage.layout import STAGING_DIR, PipelineLayout
 
@@ -134,8 +136,6 @@ class CheckpointCoordinator:
         self.layout = PipelineLayout.of(warehouse, definition.name)
         self.log = CheckpointLog(self.layout)
         self._spark_factory = spark_factory
-        # Set by run(): epochs processed here are committed here too.
-        self._keep_state_copies = False
         self._use_lease = use_lease
         self._lease = EpochLease(self.layout.lease, definition.name)
         self._pipeline: Pipeline | None = None
@@ -176,12 +176,7 @@ class CheckpointCoordinator:
 
     def current_lineage_seq(self) -> tuple[int, dict[str, Any]]:
         """The current lineage's sequence number (its document's name) and document."""
-        names = [n for n in objects.list_dir(self.layout.lineages) if n.endswith(".json")]
-        if not names:
-            raise CheckpointError(f"pipeline {self.definition.name} has no lineage yet: run an epoch first")
-        doc = objects.read_json(objects.join_uri(self.layout.lineages, names[-1]))
-        assert doc is not None
-        return int(names[-1].removesuffix(".json")), doc
+        return current_lineage_seq(self.layout)
 
     def app_id(self, lineage_id: str) -> str:
         return app_id(self.definition.name, lineage_id)
@@ -291,9 +286,7 @@ class CheckpointCoordinator:
         self.ensure_created()
         if objects.exists(self.layout.restoring):
             # A restore crashed half-way: finish it before anything reads state.
-            from barrierflow.operations.restore import complete_pending_restore
-
-            complete_pending_restore(self)
+            complete_pending_restore(self.layout, self.definition, self.pipeline)
         lineage_id = self.current_lineage()["lineage_id"]
         records = self.log.lineage_records(lineage_id)
         last = CheckpointLog.last_completed(records)
@@ -503,10 +496,7 @@ class CheckpointCoordinator:
         # Built per epoch: the coordinator plans the next barrier with its own copy meanwhile.
         pipe = self.definition.build(barrier.params or self.params)
         try:
-            manifest = process_epoch(
-                spark, self.layout, pipe, barrier, restore_point, on_restore, self._compute,
-                keep_state_copies=self._keep_state_copies,
-            )  # fmt: skip
+            manifest = process_epoch(spark, self.layout, pipe, barrier, restore_point, on_restore, self._compute)
             return manifest, True
         except Exception as exc:
             lost = engine_lost(spark, exc)
@@ -516,15 +506,11 @@ class CheckpointCoordinator:
 
     def _count_records(self, uris: Sequence[str], fmt: str) -> Mapping[str, int]:
         """Records in input files, for planning (a source's record limit): counted by executor tasks, never here."""
-        from barrierflow.connectors.file_source import count_records_on_executors
-
         return count_records_on_executors(self._spark(), uris, fmt)
 
     def _spark(self) -> Any:
         if self._spark_factory is not None:
             return self._spark_factory()
-        from barrierflow.execution.spark import get_spark
-
         return get_spark(session_name=self.definition.name)
 
     # -- step 4: commit --------------------------------------------------
@@ -542,10 +528,7 @@ class CheckpointCoordinator:
             return done[0]
         last = CheckpointLog.last_completed(records)
         if (last.epoch if last else 0) != manifest.epoch - 1:
-            raise FencedError(
-                f"epoch {manifest.epoch} cannot commit: the last completed epoch is "
-                f"{last.epoch if last else 0}"
-            )
+            raise FencedError(f"epoch {manifest.epoch} cannot commit: the last completed epoch is {last.epoch if last else 0}")
         seq, lineage = self.current_lineage_seq()
         current = lineage["lineage_id"]
         if current != manifest.lineage_id:
@@ -559,8 +542,6 @@ class CheckpointCoordinator:
         versions: dict[str, int] = {}
         for table in manifest.tables:
             versions[table.name] = commit_epoch_table(table, app, manifest.epoch, manifest.attempt_id, fence)
-            if table.kind is TableKind.STATE:
-                resident.promote(table.uri, manifest.attempt_id, versions[table.name])
         faults.maybe_fail("commit.before_completed")
         record = _manifest_record(
             EpochStatus.COMPLETED,
@@ -583,14 +564,6 @@ class CheckpointCoordinator:
     def notify(self, record: CheckpointRecord, manifest: Manifest) -> None:
         faults.maybe_fail("notify.start")
         self._clean_staging(manifest)
-        app = self.app_id(record.lineage_id)
-        for spec in self.pipeline.state_specs():
-            uri = self.layout.state_table(spec.operator_id, spec.name)
-            # Tables merged on executors compact within their epochs (see
-            # DeltaStateBackend.stage); here only those whose live rows this
-            # driver holds anyway (the heap backend).
-            if resident.holds(uri) and needs_compaction(uri):
-                compact(spec, uri, app, record.epoch, manifest.attempt_id)
         try:
             self.log.compact(min_files=LOG_COMPACTION_FILES)
         except CheckpointError as exc:  # an optimization: the next epoch tries again
@@ -615,9 +588,7 @@ class CheckpointCoordinator:
     def _clean_staging(self, manifest: Manifest) -> None:
         """Delete staged directories of attempts that lost the vote for this epoch."""
         for table in manifest.tables:
-            epoch_dir = objects.join_uri(
-                table.uri, STAGING_DIR, manifest.lineage_id, f"{manifest.epoch:010d}"
-            )
+            epoch_dir = objects.join_uri(table.uri, STAGING_DIR, manifest.lineage_id, f"{manifest.epoch:010d}")
             for attempt in objects.list_dir(epoch_dir):
                 if attempt != manifest.attempt_id:
                     objects.remove_tree(objects.join_uri(epoch_dir, attempt))
@@ -641,7 +612,6 @@ class CheckpointCoordinator:
         """
         if epochs is None and not until_caught_up:
             raise CheckpointError("give a number of epochs or until_caught_up=True")
-        self._keep_state_copies = True
         if max_concurrent_checkpoints not in (1, 2):
             raise CheckpointError(
                 f"max_concurrent_checkpoints is {max_concurrent_checkpoints}: allowed are 1 and 2 "
@@ -686,7 +656,6 @@ class CheckpointCoordinator:
                         current = following
         finally:
             self.release_lease()
-            wait_for_releases()  # the epochs' caches, released after their votes
         return results
 
     def _start(self, workers: ThreadPoolExecutor, bound: ArrivalBound) -> _PendingCheckpoint | None:
@@ -798,8 +767,6 @@ def backlog_report(warehouse: str, pipeline: str) -> dict[str, Any]:
     The pipeline is built with the parameters its newest barrier recorded,
     so it needs the pipeline's code (the registry) and its sources' input.
     """
-    from barrierflow.plan.registry import get_pipeline
-
     try:
         coordinator = CheckpointCoordinator(get_pipeline(pipeline), recorded_params(pipeline, warehouse), warehouse)
         measured = coordinator.backlog()
@@ -837,7 +804,11 @@ def _stopped_message(name: str, stop: Mapping[str, Any]) -> str:
 
 
 def _manifest_record(
-    status: EpochStatus, barrier: Barrier, manifest: Manifest, duration_ms: int, table_versions: str = "{}",
+    status: EpochStatus,
+    barrier: Barrier,
+    manifest: Manifest,
+    duration_ms: int,
+    table_versions: str = "{}",
     commit_ms: int | None = None,
 ) -> CheckpointRecord:
     """A checkpoint-log row carrying the epoch's offsets and the manifest's metrics."""
@@ -901,6 +872,3 @@ def _backlog_columns(barrier: Barrier) -> dict[str, Any]:
         "input_lag_ms": total.lag_ms(barrier.processing_time_ms),
         "backlog": json.dumps(barrier.backlog, sort_keys=True),
     }
-
-
-

@@ -1,12 +1,19 @@
-"""Connectors: replayable sources, the Delta sink (two-phase commit) and dead letters."""
+"""Connectors: replayable sources (files landing in a directory, a Delta table's versions) and the Delta sink."""
 
-from barrierflow.connectors.dead_letters import DeadLetterReason
-from barrierflow.connectors.delta_sink import DEAD_LETTER_SCHEMA, DeltaSink, SinkNode
+from barrierflow.connectors.delta_sink import DeltaSink, SinkNode
 from barrierflow.connectors.delta_source import DeltaSource
 from barrierflow.connectors.file_source import FileSource, LateFiles, LineParser, RecordError
-from barrierflow.connectors.source import SEQ, Source, SourceBatch
+from barrierflow.connectors.source import FileRange, Source, Split
 
 __all__ = [
-    "DEAD_LETTER_SCHEMA", "DeadLetterReason", "DeltaSink", "DeltaSource", "FileSource", "LateFiles", "LineParser", "SEQ",
-    "RecordError", "SinkNode", "Source", "SourceBatch",
+    "DeltaSink",
+    "DeltaSource",
+    "FileRange",
+    "FileSource",
+    "LateFiles",
+    "LineParser",
+    "RecordError",
+    "SinkNode",
+    "Source",
+    "Split",
 ]

@@ -5,51 +5,73 @@ Files are taken in lexicographic name order; names starting with ``.`` or
 the last record consumed: ``{"file": name, "line": lines consumed in it or
 None when the whole file is consumed}``. A barrier also lists the exact file
 ranges of its epoch, so replay never depends on listing the directory again.
+
+Planning (:meth:`FileSource.plan`) lists and stats files, never reads them.
+Reading happens in Python tasks on the executors, each given a
+:class:`~barrierflow.connectors.source.Split` of the barrier's files
+(:meth:`FileSource.splits`, from the offsets alone) and reading it with
+Arrow through pyarrow's file systems, local and ``s3://`` alike
+(:meth:`FileSource.read`):
+
+1. Each file is opened and checked against its barrier: gone is a
+   :class:`BlockedInputError`, a size other than the recorded one fails
+   the epoch (a landed file never changes).
+2. The task reads only the bytes of the lines it owns: a line range (lines
+   ``from_line + 1`` to ``to_line``, as ``max_records_per_epoch`` cuts them),
+   the lines starting in a byte range (a large whole file cut by
+   ``split_bytes``), or the whole file.
+3. JSON Lines with ``schema=`` are parsed by
+   :func:`barrierflow.connectors.jsonl.parse_lines`; with ``parser=`` each
+   non-blank line goes through the user's parser and what it returns is
+   checked and converted column by column (:func:`_parser_records`);
+   Parquet rows are read as ``schema`` (:meth:`FileSource._parquet_rows`).
+4. What is not a record becomes a dead letter with its file and line;
+   records get ``_seq`` from (source index, file index, line).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import enum
 import functools
-import math
-import threading
-from concurrent.futures import Future
+import operator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from itertools import repeat
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from barrierflow.connectors.dead_letters import (
-    DeadLetterReason,
+from barrierflow.connectors import jsonl
+from barrierflow.connectors.schema_check import read_as, schema_mismatches
+from barrierflow.connectors.source import (
+    Backlog,
+    FileRange,
+    RecordCounter,
+    Split,
     checked_rows,
-    first_problem,
-    problem,
-    reason_and_detail,
-    record_checks,
+    no_dead_letters,
+    open_file,
+    packed,
     whole_file_dead_letters,
 )
-from barrierflow.connectors.schema_check import ColumnMismatch, schema_mismatches
-from barrierflow.connectors.source import SEQ, Backlog, RecordCounter, SourceBatch, arrival_seq
-from barrierflow.core.errors import BlockedInputError, PipelineDefinitionError, SourceError, StorageError
-from barrierflow.execution.spark import session_cached
-from barrierflow.execution.table_files import ROW_INDEX_COLUMN, parquet_schema, read_parquet_files
+from barrierflow.core.columns import SEQ, arrival_seq
+from barrierflow.core.dead_letters import DeadLetterReason, dead_letter_rows, key_problem, problem
+from barrierflow.core.errors import BlockedInputError, PipelineDefinitionError, SourceError
 from barrierflow.storage import objects
-from barrierflow.storage.objects import join_uri, local_path, normalize_uri
+from barrierflow.storage.objects import join_uri, normalize_uri
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
-__all__ = ["FileSource", "LateFiles", "RecordError", "LineParser", "count_records_on_executors"]
+__all__ = ["FileSource", "LateFiles", "RecordError", "LineParser", "count_records", "count_records_on_executors"]
 
-_CHUNK_BYTES = 16 * 1024 * 1024
-# Smaller ranges than this cost more in task overhead than they gain in parallelism.
-_MIN_CHUNK_BYTES = 1024 * 1024
-# Files up to this size are read whole by Spark (a JVM string per file).
-_WHOLETEXT_MAX_BYTES = 256 * 1024 * 1024
 # Files counted per planning job: enough for both cores of a small cluster, few beyond the record budget.
 _COUNT_BATCH_FILES = 8
+# Bytes read at a time when scanning for newlines (a range's prefix, a line range's start).
+_BLOCK_BYTES = 8 * 1024 * 1024
 
 
 class RecordError(ValueError):
@@ -61,7 +83,6 @@ class RecordError(ValueError):
 
 
 LineParser = Callable[[str], Mapping[str, Any]]
-_T = TypeVar("_T")
 
 
 class LateFiles(str, enum.Enum):
@@ -80,12 +101,12 @@ class LateFiles(str, enum.Enum):
 class FileSource:
     """Replayable source over files landing in a directory.
 
-    Exactly one of ``schema`` (parse JSON natively in Spark against this
-    schema) or ``parser`` (a Python function validating one line, run in
-    batches with Arrow; ``parser_schema`` is the schema of what it returns)
-    is used for JSON Lines. Parquet files are read as ``schema``: a file
-    whose columns do not fit it is a dead letter as a whole (see
-    :meth:`_read_parquet`).
+    Exactly one of ``schema`` (JSON parsed against this schema by
+    :func:`barrierflow.connectors.jsonl.parse_lines`) or ``parser`` (a Python
+    function validating one line; ``parser_schema`` is the schema of what it
+    returns) is used for JSON Lines. Parquet files are read as ``schema``: a
+    file whose columns do not fit it is a dead letter as a whole (see
+    :meth:`_parquet_rows`).
 
     ``max_records_per_epoch`` cuts epochs inside files, as ranges of lines
     (rows). Planning then needs the records of the files it may take: the
@@ -154,7 +175,8 @@ class FileSource:
                 "create it or pass --param landing_dir=<existing directory>"
             )
         return [
-            found for found in objects.list_files(directory)
+            found
+            for found in objects.list_files(directory)
             if not found.path.startswith((".", "_")) and found.path.endswith(self._suffixes)
         ]
 
@@ -310,7 +332,8 @@ class FileSource:
         pos_line = end["line"] if end else None
         named, _ = self._late_files(end, {f.path: f.modified_ns for f in listing})
         waiting = [
-            f for f in listing
+            f
+            for f in listing
             if pos_file is None or f.path > pos_file or (f.path == pos_file and pos_line is not None) or f.path in named
         ]
         oldest = min((f.modified_ns for f in waiting), default=None)
@@ -332,521 +355,467 @@ class FileSource:
 
     # -- reading ----------------------------------------------------------
 
-    def read(
-        self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0, ordered: bool = True,
-        keys: Mapping[str, str] | None = None,
-    ) -> SourceBatch:
-        ranges = end.get("files") or []
+    def record_schema(self, end: Mapping[str, Any] | None = None) -> pa.Schema:
+        """The records' columns, every field nullable (as the Spark reads of old gave them).
+
+        JSON Lines with ``schema``: :func:`jsonl.record_schema`; with a
+        ``parser``: ``parser_schema``'s fields; Parquet: ``schema``'s fields
+        (Spark's file sources read every column as nullable). A non-nullable
+        field is still enforced: a line or row without it is a
+        ``missing_field`` dead letter, never a record.
+        """
+        if self.format == "jsonl" and self.schema is not None:
+            return jsonl.record_schema(self.schema)
+        declared = self.parser_schema if self.parser is not None else self.schema
+        assert declared is not None
+        return pa.schema([f.with_nullable(True) for f in declared])
+
+    def splits(self, end: Mapping[str, Any], source_index: int, split_bytes: int | None) -> list[Split]:
+        """The barrier's files as tasks' splits, from the offsets alone (no input file is opened).
+
+        ``end["files"]`` are ``[name, from_line, to_line, size]`` in reading
+        order; a file's ``file_index`` is its position there. With
+        ``split_bytes`` None, one split holds every file. Otherwise a whole
+        JSON Lines file larger than ``split_bytes`` is cut into byte ranges of
+        ``split_bytes`` (the last one shorter), each owning the lines that
+        start in it; a line range, and a Parquet file, stays whole. The pieces
+        are then packed in reading order into splits of about ``split_bytes``
+        (:func:`~barrierflow.connectors.source.packed`). Files set aside as
+        late (``end["late"]``, ``[name, size]``) go in the first split.
+        """
         base = normalize_uri(self.path)
-        fields = self.schema if self.schema is not None else self.parser_schema
-        keys = {k: op for k, op in (keys or {}).items() if fields is not None and k in fields.names}
-        for name, *_ in ranges:
-            if not objects.exists(join_uri(base, name)):
-                raise BlockedInputError(
-                    f"source {self.source_id}: file {name} recorded in the barrier is gone; "
-                    "landing files must be kept until their epoch is completed"
-                )
-        # Files that landed behind the position, set aside whole (late_files='dead_letter').
-        late = [
-            (name, None, problem(DeadLetterReason.LATE_FILE, f"landed after the stream had passed its name ({size} bytes, never read)"))
-            for name, size in end.get("late") or []
-        ]
-        if self.format == "parquet":
-            return self._read_parquet(spark, base, ranges, source_index, keys, late)
-        whole_files = all(from_line == 0 and to_line is None for _, from_line, to_line, _ in ranges)
-        # Spark's own readers need a file system it can open; object-store files are read by Python tasks.
-        if not ordered and not late and self.parser is None and ranges and whole_files and objects.is_local(base):
-            unordered = self._read_jsonl_unordered(spark, base, ranges, keys)
-            if unordered is not None:
-                return unordered
-        batch = self._read_jsonl(spark, base, ranges, source_index, parallelism, keys)
-        if late:
-            assert batch.dead_letters is not None
-            batch = dataclasses.replace(
-                batch, dead_letters=batch.dead_letters.unionByName(whole_file_dead_letters(spark, self.source_id, late))
-            )
-        return batch
-
-    def _read_jsonl_unordered(
-        self, spark: "SparkSession", base: str, ranges: list[list[Any]], keys: Mapping[str, str] | None = None
-    ) -> SourceBatch | None:
-        """Whole files parsed by Spark's JSON reader in one pass, split across cores, without line numbers.
-
-        Spark's JSON reader and ``from_json`` (the ordered read) run the same
-        parser on the same ``\\n``-separated lines, with four differences:
-        the reader takes a top-level array as several records, decodes the
-        raw bytes (lenient with some invalid UTF-8), skips a byte-order mark
-        and guesses UTF-16/32 from NUL bytes. So the batch is good only for
-        files whose bytes rule all four out. No file is read here: a Spark
-        job checks the bytes (:func:`_plain_input_job`) in a background
-        thread while the epoch runs, and the batch's ``plain_input`` says
-        whether they passed; if not, the runtime discards the attempt and
-        computes the epoch again with ordered reads. A line is blank, good or
-        bad by the rules of the ordered read, so with plain input and no bad
-        line both reads give the same records. Bad lines are only counted
-        (the batch's ``observation``); dead letters need line numbers, so an
-        epoch with any bad line is computed again with the ordered read too.
-
-        Returns ``None`` (use the ordered read) when names or recorded sizes
-        alone rule the check out: a path with a glob character (Spark would
-        match it as a pattern, not as the file) or a file too large to check
-        as one value (:data:`_PLAIN_CHECK_MAX_BYTES`).
-        """
-        assert self.schema is not None
-        paths = [local_path(join_uri(base, name)) for name, *_ in ranges]
-        if any(_GLOB_CHARS.intersection(path) for path in paths):
-            return None
-        if any(size > _PLAIN_CHECK_MAX_BYTES for *_, size in ranges):
-            return None
-        # Empty files hold no line and Spark's file sources skip them.
-        checked = [path for path, (*_, size) in zip(paths, ranges) if size > 0]
-        plain_input = _in_background(_plain_input_job, spark, checked)
-        batch = self._json_reader_batch(spark, paths, tuple(sorted(keys or {})))
-        return dataclasses.replace(batch, plain_input=plain_input)
-
-    def _json_reader_batch(self, spark: "SparkSession", paths: list[str], keys: tuple[str, ...] = ()) -> SourceBatch:
-        """The lazy plan of :meth:`_read_jsonl_unordered`: good records, counted lines."""
-        from pyspark.sql import Observation
-        from pyspark.sql.pandas.types import from_arrow_schema
-        from pyspark.sql.types import StringType, StructField, StructType
-
-        assert self.schema is not None
-        fields = [f.name for f in self.schema]
-        corrupt = _unused_name("_corrupt_line", fields)
-        schema = StructType([*from_arrow_schema(self.schema).fields, StructField(corrupt, StringType())])
-        parsed = (
-            spark.read.schema(schema)
-            .option("mode", "PERMISSIVE")
-            .option("columnNameOfCorruptRecord", corrupt)
-            .option("lineSep", "\n")
-            .json(paths)
-        )
-        required = tuple(f.name for f in self.schema if not f.nullable)
-        text_keys = tuple(k for k in keys if pa.types.is_string(self.schema.field(k).type))
-        good, counts = session_cached(
-            ("json_reader_checks", corrupt, required, keys, text_keys), lambda: _line_checks(corrupt, required, keys, text_keys)
-        )
-        observation = Observation()
-        records = parsed.observe(observation, *counts).where(good).select(*fields)
-        return SourceBatch(records=records, dead_letters=None, observation=observation)
-
-    def _tasks(
-        self, base: str, ranges: list[list[Any]], chunk_bytes: int | None = None
-    ) -> list[tuple[str, int, str, int, int, int, int, int]]:
-        # (name, file index in the epoch, path, from_line, to_line (-1: to the end), byte_start, byte_end, size)
-        chunk_bytes = chunk_bytes or _CHUNK_BYTES
-        tasks = []
-        for fidx, (name, from_line, to_line, size) in enumerate(ranges):
-            path = join_uri(base, name)  # a local path, or a URI the tasks open through the storage layer
-            if from_line == 0 and to_line is None and size > chunk_bytes:
-                chunks = math.ceil(size / chunk_bytes)
-                for i in range(chunks):
-                    tasks.append((name, fidx, path, 0, -1, i * chunk_bytes, min(size, (i + 1) * chunk_bytes), size))
-            else:
-                tasks.append((name, fidx, path, from_line, -1 if to_line is None else to_line, 0, -1, size))
-        return tasks
-
-    def _lines(self, spark: "SparkSession", base: str, ranges: list[list[Any]], parallelism: int) -> "DataFrame":
-        """The epoch's non-blank lines for ``from_json``: ``_fidx, _line, _raw, _error`` (read natively).
-
-        Spark reads each file whole and splits it on newlines, which numbers
-        lines exactly and keeps parsing in the JVM; files too large for one
-        string are read in byte ranges by Python tasks instead. Lines are then
-        spread over ``parallelism`` partitions for parsing. (A line parser
-        reads its lines in Python: :meth:`_parsed_lines`.)
-        """
-        from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        # Spark reads local files itself; too large ones, and files on an object store, are read by Python tasks.
-        by_spark = objects.is_local(base)
-        big = [[name, f, t, size, fidx] for fidx, (name, f, t, size) in enumerate(ranges) if size > _WHOLETEXT_MAX_BYTES or not by_spark]
-        whole = [(fidx, name, f, t) for fidx, (name, f, t, size) in enumerate(ranges) if size <= _WHOLETEXT_MAX_BYTES and by_spark]
-        lines = None
-        if whole:
-            # One relation over every file (one listing, one plan, small files
-            # packed into few tasks); each row says which file it is.
-            text = spark.read.text([local_path(join_uri(base, name)) for _, name, _, _ in whole], wholetext=True)
-            # Spark gives the name URI-encoded; '+' is left as is, so it is
-            # escaped before decoding (which would read it as a space).
-            name = F.url_decode(F.replace(F.col("_metadata.file_name"), F.lit("+"), F.lit("%2B")))
-
-            def by_name(value: Callable[[int, int, int | None], int | None], kind: str) -> "Column":
-                entries = [x for fidx, n, f, t in whole for x in (F.lit(n), F.lit(value(fidx, f, t)).cast(kind))]
-                return F.create_map(*entries)[name]
-
-            fidx = by_name(lambda fidx, f, t: fidx, "int")
-            # A name that does not map back would lose its lines: fail instead.
-            fidx = F.when(fidx.isNull(), F.raise_error(F.concat(F.lit("unmapped input file "), name))).otherwise(fidx)
-            # One trailing newline ends the last line; it does not start another.
-            split = F.split(F.regexp_replace("value", "\\n\\z", ""), "\n", -1)
-            # Splitting decodes the file (invalid bytes become U+FFFD), so
-            # validity is judged on the file's raw bytes first.
-            exploded = text.select(
-                fidx.alias("_fidx"),
-                by_name(lambda fidx, f, t: f, "long").alias("_from"),
-                by_name(lambda fidx, f, t: t, "long").alias("_to"),
-                F.is_valid_utf8("value").alias("_file_ok"),
-                F.posexplode(split).alias("_pos", "_raw"),
-            )
-            lines = exploded.where(
-                (F.col("_pos") >= F.col("_from")) & (F.col("_to").isNull() | (F.col("_pos") < F.col("_to")))
-            ).select(
-                F.col("_fidx").cast("int").alias("_fidx"),
-                (F.col("_pos") + 1).cast("long").alias("_line"),
-                F.col("_raw"),
-                (~F.col("_file_ok") & F.col("_raw").contains("\ufffd")).alias("_bad_utf8"),
-            )
-        if lines is not None:
-            raw = F.regexp_replace("_raw", "\r\\z", "")
-            lines = lines.select(
-                "_fidx",
-                "_line",
-                raw.alias("_raw"),
-                F.when(F.col("_bad_utf8"), F.lit(problem(DeadLetterReason.INVALID_UTF8, "not valid UTF-8 (shown with U+FFFD replacements)")))
-                .cast("string")
-                .alias("_error"),
-            ).where(~F.regexp_like("_raw", F.lit("(?U)^\\s*$")))
-            lines = lines.repartition(max(2, parallelism))
-        if big:
-            big_files = {fidx for *_, fidx in big}
-            tasks = [t for t in self._tasks(base, ranges) if t[1] in big_files]
-            tasks_df = spark.createDataFrame(tasks, _TASK_SCHEMA).repartition(len(tasks))
-
-            def raw_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-                for batch in batches:
-                    for task in batch.to_pylist():
-                        yield from _raw_task(task)
-
-            chunked = tasks_df.mapInArrow(raw_batches, from_arrow_schema(_RAW_SCHEMA))
-            lines = chunked if lines is None else lines.unionByName(chunked)
-        if lines is None:
-            lines = spark.createDataFrame([], from_arrow_schema(_RAW_SCHEMA))
-        return lines
-
-    def _parsed_lines(
-        self, spark: "SparkSession", base: str, ranges: list[list[Any]], parallelism: int, keys: Mapping[str, str] | None = None
-    ) -> "DataFrame":
-        """The epoch's non-blank lines through the line parser: its fields, ``_fidx, _line, _raw, _error``.
-
-        The parser runs in Python anyway, so each Python task reads its
-        byte range or line range (:meth:`_tasks`) itself, splits it into
-        numbered lines with Arrow (:func:`_raw_task`) and parses them:
-        no line crosses between the JVM and Python, and no shuffle spreads
-        them. Whole files are cut into about ``parallelism`` ranges, so even
-        a one-file epoch parses on every core.
-        """
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        assert self.parser is not None and self.parser_schema is not None
-        out_schema = _parsed_schema(self.parser_schema)
-        tasks = self._tasks(base, ranges, _parse_chunk_bytes(ranges, parallelism))
-        if not tasks:
-            return spark.createDataFrame([], from_arrow_schema(out_schema))
-        parser, parser_schema = self.parser, self.parser_schema
-        key_list = sorted((keys or {}).items())
-
-        def parse_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            for batch in batches:
-                for task in batch.to_pylist():
-                    for lines in _raw_task(task):
-                        yield _parse_lines(lines, parser, parser_schema, out_schema, key_list)
-
-        tasks_df = spark.createDataFrame(tasks, _TASK_SCHEMA).repartition(len(tasks))
-        return tasks_df.mapInArrow(parse_tasks, from_arrow_schema(out_schema))
-
-    def _read_jsonl(
-        self, spark: "SparkSession", base: str, ranges: list[list[Any]], source_index: int, parallelism: int = 2,
-        keys: Mapping[str, str] | None = None,
-    ) -> SourceBatch:
-        from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import from_arrow_schema
-        from pyspark.sql.types import StringType, StructField
-
-        source_id = self.source_id
-        keys = dict(keys or {})
-        if self.parser is not None:
-            parsed = self._parsed_lines(spark, base, ranges, parallelism, keys)
-        else:
-            assert self.schema is not None
-            fields = self.schema.names
-            corrupt = _unused_name("_corrupt_line", fields)
-            spark_schema = from_arrow_schema(self.schema).add(StructField(corrupt, StringType()))
-            raw = self._lines(spark, base, ranges, parallelism)
-            options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": corrupt}
-            raw = raw.withColumn("_value", F.from_json("_raw", spark_schema, options))
-            error = F.coalesce(F.col("_error"), _json_line_problem(self.schema, corrupt, keys))
-            parsed = raw.select(
-                "_fidx",
-                "_line",
-                # Keep the raw text only for dead letters: the cache stays small.
-                F.when(error.isNotNull(), F.col("_raw")).alias("_raw"),
-                error.alias("_error"),
-                *[F.col("_value").getField(name).alias(name) for name in fields],
-            )
-        parsed = parsed.persist()
-        fields = [f.name for f in (self.parser_schema if self.parser is not None else self.schema)]  # type: ignore[union-attr]
-        records = parsed.where(F.col("_error").isNull()).select(
-            *fields, arrival_seq(source_index, F.col("_fidx"), F.col("_line")).alias(SEQ)
-        )
-        names = F.array(*[F.lit(name) for name, *_ in ranges]) if ranges else F.array().cast("array<string>")
-        reason, detail = reason_and_detail(F.col("_error"))
-        dead = parsed.where(F.col("_error").isNotNull()).select(
-            F.lit(source_id).alias("source"),
-            F.element_at(names, F.col("_fidx") + 1).alias("source_file"),
-            F.col("_line").alias("line"),
-            F.col("_raw").alias("raw"),
-            reason.alias("reason"),
-            detail.alias("detail"),
-        )
-        return SourceBatch(records=records, dead_letters=dead, shared=(parsed,), files=tuple(name for name, *_ in ranges))
-
-    def _read_parquet(
-        self, spark: "SparkSession", base: str, ranges: list[list[Any]], source_index: int, keys: Mapping[str, str],
-        whole_files: Sequence[tuple[str, str | None, str]],
-    ) -> SourceBatch:
-        """The epoch's rows of its Parquet files as the source's ``schema``; files that cannot be are dead letters.
-
-        1. Each file's footer (metadata only) is checked against the schema:
-           a file that is not readable Parquet, or whose columns do not read
-           as the schema's (:func:`schema_mismatches`), becomes one dead
-           letter for the whole file and the epoch goes on without it.
-        2. The other files are read by executors with their own column types
-           (Spark's reader for local files, Python tasks for object stores),
-           then widened to the schema's; an absent nullable column is null.
-        3. Rows missing a required field or a key are dead letters
-           (:func:`record_checks`), each with its row number from 1.
-        """
-        from pyspark.sql import functions as F
-
-        assert self.schema is not None
-        frames: list["DataFrame"] = []
-        whole_files = list(whole_files)
-        for fidx, (name, from_line, to_line, size) in enumerate(ranges):
+        parts: list[FileRange] = []
+        for file_index, (name, from_line, to_line, size) in enumerate(end.get("files") or []):
             uri = join_uri(base, name)
-            # 1. The footer only.
-            try:
-                found = parquet_schema(uri)
-            except StorageError as exc:
-                whole_files.append((name, None, problem(DeadLetterReason.UNREADABLE_FILE, f"not a readable Parquet file: {exc}")))
-                continue
-            mismatches = schema_mismatches(self.schema, found, absent_nullable_ok=True)
-            mismatches += [m for m in _unreadable_columns(self.schema, found) if m not in mismatches]
-            if mismatches:
-                detail = "; ".join(m.describe() for m in mismatches)
-                whole_files.append((name, _schema_text(found), problem(DeadLetterReason.INCOMPATIBLE_SCHEMA, detail)))
-                continue
-            # 2. Read as written, then widened.
-            present = pa.schema([found.field(f.name) for f in self.schema if f.name in found.names])
-            sizes = {uri: size} if size is not None and size >= 0 else None
-            df = read_parquet_files(spark, [uri], present, with_row_index=True, sizes=sizes)
-            df = df.where(F.col(ROW_INDEX_COLUMN) >= from_line)
-            if to_line is not None:
-                df = df.where(F.col(ROW_INDEX_COLUMN) < to_line)
-            frames.append(df.select(*_widened(self.schema, present), F.lit(fidx).alias("_fidx"), (F.col(ROW_INDEX_COLUMN) + 1).alias("_line")))
-        # 3. Row checks.
-        return checked_rows(
-            spark, frames, self.schema, keys,
-            source_id=self.source_id, names=[name for name, *_ in ranges], source_index=source_index, whole_files=whole_files,
+            if split_bytes is not None and self.format == "jsonl" and from_line == 0 and to_line is None and size > split_bytes:
+                for start in range(0, size, split_bytes):
+                    parts.append(
+                        FileRange(name, uri, size, file_index, byte_start=start, byte_end=min(size, start + split_bytes))
+                    )
+            else:
+                parts.append(FileRange(name, uri, size, file_index, from_line, to_line))
+        late = tuple((str(name), int(size)) for name, size in end.get("late") or [])
+        groups = packed(parts, split_bytes)
+        if late and not groups:
+            groups = [[]]
+        return [Split(source_index, tuple(group), late if i == 0 else ()) for i, group in enumerate(groups)]
+
+    def read(self, split: Split, keys: Mapping[str, str]) -> tuple[pa.Table, pa.Table]:
+        """A task's records of ``split`` (:meth:`record_schema`, then ``_seq``) and its dead letters.
+
+        Steps 1-4 of the module docstring, file by file in the split's
+        order; ``keys`` not among the record's fields are not this source's
+        to check. A late file (``late_files='dead_letter'``) is one
+        ``late_file`` dead letter, without a line; it is never opened.
+        """
+        schema = self.record_schema()
+        keys = {k: op for k, op in keys.items() if k in schema.names}
+        records: list[pa.Table] = []
+        dead: list[pa.Table] = []
+        for part in split.files:
+            # 1. Opened and checked against the barrier.
+            with open_file(self.source_id, part) as handle:
+                if self.format == "parquet":
+                    got, lost = self._parquet_rows(handle, part, split.source_index, keys)
+                else:
+                    # 2. The bytes of the lines this task owns.
+                    first_line, data = owned_lines(handle, part)
+                    # 3.-4.
+                    if self.parser is None:
+                        got, lost = self._json_records(data, first_line, part, split.source_index, keys)
+                    else:
+                        got, lost = self._parsed_records(data, first_line, part, split.source_index, keys)
+            records.append(got)
+            dead.append(lost)
+        if split.late:
+            dead.append(
+                whole_file_dead_letters(
+                    self.source_id,
+                    [
+                        (
+                            name,
+                            None,
+                            problem(
+                                DeadLetterReason.LATE_FILE,
+                                f"landed after the stream had passed its name ({size} bytes, never read)",
+                            ),
+                        )
+                        for name, size in split.late
+                    ],
+                )
+            )
+        out = schema.append(pa.field(SEQ, pa.int64()))
+        return (
+            pa.concat_tables(records) if records else out.empty_table(),
+            pa.concat_tables(dead) if dead else no_dead_letters(),
         )
 
-
-def _widened(schema: pa.Schema, present: pa.Schema) -> list["Column"]:
-    """``schema``'s columns from a frame holding ``present`` (same names, narrower or equal types)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_type
-
-    return [
-        (F.col(f.name) if f.name in present.names else F.lit(None)).cast(from_arrow_type(f.type)).alias(f.name)
-        for f in schema
-    ]
-
-
-def _unreadable_columns(schema: pa.Schema, found: pa.Schema) -> list[ColumnMismatch]:
-    """Columns of ``found`` the source needs whose type Spark cannot represent (e.g. unsigned integers)."""
-    from pyspark.sql.pandas.types import from_arrow_type
-
-    unreadable = []
-    for f in schema:
-        if f.name in found.names and found.get_all_field_indices(f.name) == [found.get_field_index(f.name)]:
-            try:
-                from_arrow_type(found.field(f.name).type)
-            except (TypeError, NotImplementedError):
-                unreadable.append(ColumnMismatch(f.name, f.type, found.field(f.name).type))
-    return unreadable
-
-
-# size: the file's size when the barrier was planned (-1: not recorded); a task refuses a file that changed.
-_TASK_SCHEMA = "name string, fidx int, path string, from_line long, to_line long, byte_start long, byte_end long, size long"
-_RAW_SCHEMA = pa.schema(
-    [("_fidx", pa.int32()), ("_line", pa.int64()), ("_raw", pa.string()), ("_error", pa.string())]
-)
-
-
-def _parse_chunk_bytes(ranges: list[list[Any]], parallelism: int) -> int:
-    """Byte range per parsing task: whole files split about ``parallelism`` ways, within [1 MiB, 16 MiB]."""
-    whole_bytes = sum(size for _, from_line, to_line, size in ranges if from_line == 0 and to_line is None)
-    return min(_CHUNK_BYTES, max(_MIN_CHUNK_BYTES, math.ceil(whole_bytes / max(1, parallelism))))
-
-
-def _parsed_schema(parser_schema: pa.Schema) -> pa.Schema:
-    """The parsed lines: the parser's fields (nullable: a dead letter has none), then line and problem."""
-    return pa.schema(
-        [
-            *(f.with_nullable(True) for f in parser_schema),
-            pa.field("_fidx", pa.int32()),
-            pa.field("_line", pa.int64()),
-            pa.field("_raw", pa.string()),
-            pa.field("_error", pa.string()),
-        ]
-    )
-
-
-def _json_line_problem(schema: pa.Schema, corrupt: str, keys: Mapping[str, str]) -> "Column":
-    """Why a line ``from_json`` parsed into ``_value`` is not a record (a :func:`problem` string), or null.
-
-    Whether a line is a record is decided exactly as the JSON reader's
-    :func:`_line_checks` decides it: no corrupt value (``from_json`` sets
-    ``corrupt`` when the line is not JSON, not an object, or a value does not
-    convert to its field's type, instead of leaving that field null), every
-    required field and key present and not null, string keys not empty. The
-    other expressions only name the reason, for lines already found bad.
-    """
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField, StructType
-
-    raw, value = F.col("_raw"), F.col("_value")
-    first = F.regexp_extract(raw, r"^\s*(\S)", 1)
-    scalar = F.get_json_object(raw, "$").isNotNull() | (F.trim(raw) == F.lit("null"))
-    not_an_object = (
-        F.when(first == F.lit("["), F.lit(problem(DeadLetterReason.NOT_AN_OBJECT, "a JSON array, not an object")))
-        .when(F.json_object_keys(raw).isNotNull(), None)
-        .when(first == F.lit('"'), F.lit(problem(DeadLetterReason.NOT_AN_OBJECT, "a JSON string, not an object")))
-        .when(scalar, F.lit(problem(DeadLetterReason.NOT_AN_OBJECT, "a JSON number, boolean or null, not an object")))
-        .otherwise(F.lit(problem(DeadLetterReason.NOT_JSON, "not valid JSON")))
-    )
-    # Each field again as its JSON text: a value that is there as text but
-    # not in the typed parse did not convert to the field's type.
-    as_text = F.from_json(raw, StructType([StructField(f.name, StringType()) for f in schema]))
-    wrong = [
-        F.when(
-            as_text.getField(f.name).isNotNull() & value.getField(f.name).isNull(),
-            F.concat(F.lit(f"{f.name}: "), F.substring(as_text.getField(f.name), 1, 100), F.lit(f" is not {f.type}")),
+    def _json_records(
+        self, data: bytes, first_line: int, part: FileRange, source_index: int, keys: Mapping[str, str]
+    ) -> tuple[pa.Table, pa.Table]:
+        """3. JSON Lines against ``schema``: :func:`jsonl.parse_lines`' records and dead lines."""
+        assert self.schema is not None
+        schema = self.record_schema()
+        parsed = jsonl.parse_lines(data, self.schema, keys, first_line=first_line, file_start=first_line == 1)
+        rows = parsed.records
+        lines = np.asarray(rows["_line"].to_numpy(), dtype=np.int64)
+        records = rows.select(schema.names).cast(schema).append_column(SEQ, arrival_seq(source_index, part.file_index, lines))
+        dead_lines = _plain_list(parsed.dead_lines)
+        dead = dead_letter_rows(
+            self.source_id,
+            [part.name] * len(dead_lines),
+            dead_lines,
+            _plain_list(parsed.dead_raw),
+            _plain_list(parsed.dead_problems),
         )
-        for f in schema
-        if not pa.types.is_string(f.type)
-    ]
-    described = F.concat_ws("; ", *wrong) if wrong else F.lit("")
-    wrong_type = F.when(
-        described != F.lit(""), F.concat(F.lit(f"{DeadLetterReason.WRONG_TYPE.value}: "), described)
-    ).otherwise(
-        F.lit(problem(DeadLetterReason.WRONG_TYPE, f"does not match the schema {_schema_text(schema)}"))
-    )
-    # A top-level array is never a record, whatever from_json makes of it
-    # (Spark's JSON reader would take its elements as records; such files are
-    # never read by it, see _plain_input_job).
-    problem_of: Column | None = F.when(
-        value.isNull() | value.getField(corrupt).isNotNull() | (first == F.lit("[")), F.coalesce(not_an_object, wrong_type)
-    )
-    problem_of = first_problem(record_checks(value.getField, schema, keys), problem_of)
-    assert problem_of is not None
-    return problem_of
+        return records, dead
+
+    def _parsed_records(
+        self, data: bytes, first_line: int, part: FileRange, source_index: int, keys: Mapping[str, str]
+    ) -> tuple[pa.Table, pa.Table]:
+        """3. JSON Lines through the line parser (:func:`_parser_records`)."""
+        assert self.parser is not None and self.parser_schema is not None
+        schema = self.record_schema()
+        texts, numbers, errors = lines_of(data, first_line)
+        columns, kept, errors = _parser_records(self.parser, self.parser_schema, keys, texts, errors)
+        lines = numbers[kept]
+        records = pa.Table.from_arrays(
+            [*columns, arrival_seq(source_index, part.file_index, lines)], schema=schema.append(pa.field(SEQ, pa.int64()))
+        )
+        dead_at = np.flatnonzero(~kept).tolist()
+        dead = dead_letter_rows(
+            self.source_id,
+            [part.name] * len(dead_at),
+            numbers[dead_at].tolist(),
+            list(map(texts.__getitem__, dead_at)),
+            [errors[i] or "" for i in dead_at],
+        )
+        return records, dead
+
+    def _parquet_rows(
+        self, handle: pa.NativeFile, part: FileRange, source_index: int, keys: Mapping[str, str]
+    ) -> tuple[pa.Table, pa.Table]:
+        """The rows of a Parquet file's range as ``schema``; a file that cannot be read so is one dead letter.
+
+        1. The footer: a file that is not readable Parquet, or whose
+           columns do not read as the schema's (:func:`schema_mismatches`:
+           a narrower type of the same kind is widened, an extra column is
+           ignored, an absent nullable one reads as null), becomes one dead
+           letter for the whole file, without a line; the epoch goes on.
+        2. The range's rows (only the row groups holding them), widened.
+        3. Rows missing a required field or a key are dead letters
+           (:func:`~barrierflow.core.dead_letters.record_problems`), their
+           ``line`` the row's number in its file from 1, ``raw`` the row as JSON.
+        """
+        assert self.schema is not None
+        # 1.
+        try:
+            parquet = pq.ParquetFile(handle)
+            found = parquet.schema_arrow
+        except (OSError, pa.ArrowException) as exc:
+            detail = f"not a readable Parquet file: cannot read the Parquet footer of {part.uri}: {exc}"
+            return self._no_records(), whole_file_dead_letters(
+                self.source_id, [(part.name, None, problem(DeadLetterReason.UNREADABLE_FILE, detail))]
+            )
+        mismatches = schema_mismatches(self.schema, found, absent_nullable_ok=True)
+        if mismatches:
+            detail = "; ".join(m.describe() for m in mismatches)
+            return self._no_records(), whole_file_dead_letters(
+                self.source_id, [(part.name, _schema_text(found), problem(DeadLetterReason.INCOMPATIBLE_SCHEMA, detail))]
+            )
+        # 2.
+        try:
+            rows = read_as(parquet, self.record_schema(), part.from_line, part.to_line)
+        except (OSError, pa.ArrowException) as exc:
+            raise SourceError(f"source {self.source_id}: cannot read the rows of Parquet file {part.name}: {exc}") from exc
+        lines = np.arange(part.from_line + 1, part.from_line + 1 + rows.num_rows, dtype=np.int64)
+        # 3.
+        return checked_rows(self.source_id, part, rows, self.schema, keys, lines, source_index)
+
+    def _no_records(self) -> pa.Table:
+        return self.record_schema().append(pa.field(SEQ, pa.int64())).empty_table()
 
 
 def _schema_text(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name} {f.type}{'' if f.nullable else ' not null'}" for f in schema)
 
 
-def _line_checks(
-    corrupt: str, required: tuple[str, ...], keys: tuple[str, ...] = (), text_keys: tuple[str, ...] = ()
-) -> tuple["Column", list["Column"]]:
-    """The JSON reader's good-record condition and the ``good``/``bad`` line counts.
+def _plain_list(values: Any) -> list[Any]:
+    """Python values of a list, tuple, numpy or Arrow array."""
+    if hasattr(values, "to_pylist"):
+        return list(values.to_pylist())
+    if isinstance(values, np.ndarray):
+        return list(values.tolist())
+    return list(values)
 
-    A line is good by the same rules as in the ordered read
-    (:func:`_json_line_problem`): parsed without a corrupt value, its
-    required fields and keys not null, its string keys not empty.
+
+# -- a task's lines --------------------------------------------------------------
+
+
+def owned_lines(handle: pa.NativeFile, part: FileRange) -> tuple[int, bytes]:
+    """(number of the first line, bytes of the lines ``part`` owns), reading only what that needs.
+
+    - whole file: every byte;
+    - line range ``[from_line, to_line)`` (offsets as a barrier records
+      them; lines split on ``\n``, a final ``\n`` ending the last line): the
+      bytes from the start of line ``from_line + 1`` to the end of line
+      ``to_line``, found by scanning from the file's start;
+    - byte range: the lines that start in ``[byte_start, byte_end)``, the
+      last one read to its end even past ``byte_end``. The first one's
+      number is one plus the newlines before it: counted by reading the
+      prefix ``[0, byte_start)``, so a range costs O(its offset) reads on top
+      of its own bytes (a file is cut only when larger than a split).
     """
-    from pyspark.sql import functions as F
+    size = part.size
+    if part.byte_end is None:
+        if part.from_line == 0 and part.to_line is None:
+            return 1, handle.read_at(size, 0) if size else b""
+        start = _after_newlines(handle, 0, size, part.from_line)
+        if part.to_line is None:
+            return part.from_line + 1, handle.read_at(size - start, start) if start < size else b""
+        return part.from_line + 1, _lines_from(handle, start, size, part.to_line - part.from_line)
+    begin, end = part.byte_start, min(part.byte_end, size)
+    if begin == 0:
+        first, line = 0, 1
+    else:
+        newlines, last = _newlines_before(handle, begin)
+        if last == b"\n":
+            first, line = begin, 1 + newlines
+        else:  # the line holding byte_start - 1 belongs to the range before
+            first, line = _after_newlines(handle, begin, size, 1), 2 + newlines
+    if first >= end:
+        return line, b""
+    data = handle.read_at(end - first, first)
+    if not data.endswith(b"\n") and end < size:
+        data += _lines_from(handle, end, size, 1)  # the rest of the last line that starts in the range
+    return line, data
 
-    good = F.col(corrupt).isNull()
-    for name in (*required, *keys):
-        good = good & F.col(name).isNotNull()
-    for name in text_keys:
-        good = good & (F.col(name) != F.lit(""))
-    # The reader skips lines of JSON whitespace; other blank lines come back
-    # as corrupt and are skipped here, as the ordered read does.
-    blank = F.coalesce(F.regexp_like(corrupt, F.lit("(?U)^\\s*$")), F.lit(False))
-    return good, [F.count_if(good).alias("good"), F.count_if(~good & ~blank).alias("bad")]
+
+def _newlines_before(handle: pa.NativeFile, offset: int) -> tuple[int, bytes]:
+    """Newlines in ``[0, offset)`` and the byte at ``offset - 1``, reading the prefix block by block."""
+    count, pos, last = 0, 0, b""
+    while pos < offset:
+        block = handle.read_at(min(_BLOCK_BYTES, offset - pos), pos)
+        if not block:
+            break
+        count += block.count(b"\n")
+        last = block[-1:]
+        pos += len(block)
+    return count, last
 
 
-# Spark expands these in a path as a glob pattern (``SparkHadoopUtil.isGlobPath``).
-_GLOB_CHARS = frozenset("{}[]*?\\")
-# Bytes checked as one value per file: the file's bytes plus, for the array
-# rule, a JVM string of them (up to twice as large). The same bound as a
-# whole-file read in the ordered read; larger files are read in chunks there.
-_PLAIN_CHECK_MAX_BYTES = _WHOLETEXT_MAX_BYTES
-# A line (``\n``-separated) with a ``[`` before its first ``{``: a Java regex
-# found in ``"\n" + text`` (``(?m)^`` would also match after ``\r`` and other
-# line terminators; ``(?:\A|\n)`` measured slower than the extra ``\n``).
-_ARRAY_LINE = r"\n[^{\n]*\["
+def _after_newlines(handle: pa.NativeFile, start: int, size: int, count: int) -> int:
+    """The offset right after the ``count``-th newline from ``start`` (``size`` when there are fewer)."""
+    pos = start
+    while count > 0 and pos < size:
+        block = handle.read_at(min(_BLOCK_BYTES, size - pos), pos)
+        if not block:
+            break
+        found = block.count(b"\n")
+        if found >= count:
+            return pos + int(np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)[count - 1]) + 1
+        count -= found
+        pos += len(block)
+    return pos if count == 0 else size
 
 
-def _plain_input_job(spark: "SparkSession", paths: list[str]) -> bool:
-    """Whether Spark's JSON reader reads these files' lines exactly as ``from_json`` would.
+def _lines_from(handle: pa.NativeFile, start: int, size: int, count: int) -> bytes:
+    """The bytes from ``start`` to right after the ``count``-th newline (or the end of the file)."""
+    blocks, pos = [], start
+    while count > 0 and pos < size:
+        block = handle.read_at(min(_BLOCK_BYTES, size - pos), pos)
+        if not block:
+            break
+        found = block.count(b"\n")
+        if found >= count:
+            blocks.append(block[: int(np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)[count - 1]) + 1])
+            break
+        blocks.append(block)
+        count -= found
+        pos += len(block)
+    return b"".join(blocks)
 
-    True when every file is valid UTF-8 with no NUL byte and no byte-order
-    mark, and no line has a ``[`` before its first ``{`` (so no line is a
-    top-level array). One Spark job with native expressions: the executors
-    read the files (one binary value per file, so each must be well under
-    2 GiB) and the driver gets one row back. ``paths`` must be literal (no
-    glob character) and name non-empty files, each giving one row.
+
+def lines_of(data: bytes, first_line: int) -> tuple[list[str], np.ndarray, list[str | None]]:
+    """The non-blank lines of ``data`` for a line parser: texts, numbers, decoding problems.
+
+    Lines are split on ``\n`` (a final one ends the last line) and numbered
+    from ``first_line``; one trailing ``\r`` is dropped. A line that is not
+    valid UTF-8 is an ``invalid_utf8`` problem, its text decoded with U+FFFD
+    replacements (only then are lines decoded one by one). A line of white
+    space only (Unicode ``White_Space``) is blank: skipped, neither a record
+    nor a dead letter.
     """
-    from pyspark.sql import functions as F
+    if not data:
+        return [], np.zeros(0, dtype=np.int64), []
+    pieces = pc.list_flatten(pc.split_pattern(pa.array([data], pa.large_binary()), b"\n"))
+    if data.endswith(b"\n"):
+        pieces = pieces.slice(0, len(pieces) - 1)  # a trailing newline ends a line, it does not start one
+    pieces = pc.replace_substring_regex(pieces, pattern="\r$", replacement="")
+    numbers = np.arange(first_line, first_line + len(pieces), dtype=np.int64)
+    errors: list[str | None]
+    try:
+        text = pieces.cast(pa.large_string())
+        errors = [None] * len(text)
+    except pa.ArrowInvalid:
+        decoded = [_decode(raw) for raw in pieces.to_pylist()]
+        text = pa.array([t for t, _ in decoded], pa.large_string())
+        errors = [e for _, e in decoded]
+    keep = np.asarray(pc.not_equal(pc.utf8_trim_whitespace(text), "").to_numpy(zero_copy_only=False), dtype=bool)
+    if keep.all():
+        return text.to_pylist(), numbers, errors
+    at = np.flatnonzero(keep)
+    return text.filter(pa.array(keep)).to_pylist(), numbers[at], list(map(errors.__getitem__, at.tolist()))
 
-    if not paths:
-        return True
-    content = F.col("content")
-    text = content.cast("string")  # the raw bytes, not decoded
-    clean = (
-        F.is_valid_utf8(text)
-        & ~F.contains(content, F.unhex(F.lit("00")))
-        & ~F.contains(content, F.unhex(F.lit("EFBBBF")))
-    )
-    # The text is only matched when it is valid UTF-8 and has a bracket at all.
-    lines = F.concat(F.lit("\n"), text)
-    no_array_line = ~F.contains(content, F.unhex(F.lit("5B"))) | ~F.regexp_like(lines, F.lit(_ARRAY_LINE))
-    plain = F.when(clean, no_array_line).otherwise(F.lit(False))
-    files = spark.read.format("binaryFile").load(paths)
-    row = files.agg(F.count(F.lit(1)).alias("files"), F.bool_and(plain).alias("plain")).collect()[0]
-    # A file Spark did not read (or read twice) is not known to be plain.
-    return row["files"] == len(paths) and row["plain"] is True
+
+def _decode(raw: bytes) -> tuple[str, str | None]:
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        detail = f"not valid UTF-8: {exc.reason} at byte {exc.start}"
+        return raw.decode("utf-8", errors="replace"), problem(DeadLetterReason.INVALID_UTF8, detail)
 
 
-def _in_background(fn: Callable[..., _T], *args: Any) -> "Future[_T]":
-    """``fn(*args)`` in a new daemon thread; its result (or exception) in the returned future.
+# -- a line parser's records ------------------------------------------------------
 
-    A thread per call rather than a shared pool: nothing to reinitialise
-    after a fork, and the interpreter does not wait for it at exit.
+
+def _parser_records(
+    parser: LineParser, declared: pa.Schema, keys: Mapping[str, str], texts: list[str], errors: list[str | None]
+) -> tuple[list[pa.Array], np.ndarray, list[str | None]]:
+    """Run the line parser over a task's lines; a line it refuses, or whose record does not fit, is a dead letter.
+
+    Returns the records' columns (``declared``'s fields), which lines are
+    records, and each line's problem (None for a record). A line already
+    with a problem (invalid UTF-8) is not given to the parser. In order, the
+    first problem found is the line's:
+
+    1. the parser raised :class:`RecordError` (its reason, its message or
+       "invalid record") or anything else (``parser_failed``, the
+       exception's type and message);
+    2. it returned something other than a mapping (``parser_failed``);
+    3. a non-nullable field missing or null (``missing_field``), in schema order;
+    4. a key (``keys``, by name) null or missing (``null_key``) or equal to ""
+       (``empty_key``);
+    5. a value not of its field's type (``wrong_type``; never coerced: an
+       int64 field takes ints only, not 1.5 or True; a double ints and
+       floats; a string str; a bool bool; a timestamp datetime; other types
+       whatever pyarrow converts exactly), the first such field in schema order.
+
+    The parser is called once per line; everything else works on whole
+    columns (types looked at per value only in a column holding an
+    unexpected one).
     """
-    future: "Future[_T]" = Future()
-
-    def run() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
+    n = len(texts)
+    returned: list[Any] = [None] * n
+    # 1.
+    for i, text in enumerate(texts):
+        if errors[i] is not None:
+            continue
         try:
-            future.set_result(fn(*args))
-        except BaseException as exc:
-            future.set_exception(exc)
+            returned[i] = parser(text)
+        except RecordError as exc:
+            errors[i] = problem(exc.reason, str(exc) or "invalid record")
+        except Exception as exc:  # a parser bug must not crash the epoch
+            errors[i] = problem(DeadLetterReason.PARSER_FAILED, f"{type(exc).__name__}: {exc}")
+    parsed = np.flatnonzero(np.fromiter(map(operator.is_, errors, repeat(None)), dtype=bool, count=n))
+    rows = list(map(returned.__getitem__, parsed.tolist()))
+    m = len(rows)
+    found: list[str | None] = [None] * m
+    ok = np.ones(m, dtype=bool)
+    # 2.
+    if not set(map(type, rows)) <= {dict}:
+        for j, row in enumerate(rows):
+            if not isinstance(row, Mapping):
+                found[j] = problem(DeadLetterReason.PARSER_FAILED, f"the parser returned a {type(row).__name__}, not a mapping")
+                ok[j] = False
+        rows = [row if isinstance(row, Mapping) else {} for row in rows]
+        values = {f.name: [row.get(f.name) for row in rows] for f in declared}
+    else:
+        values = {f.name: list(map(dict.get, rows, repeat(f.name))) for f in declared}
 
-    threading.Thread(target=run, name="barrierflow-plain-input", daemon=True).start()
-    return future
+    def flag(mask: np.ndarray, text: str) -> None:
+        for j in np.flatnonzero(mask & ok).tolist():
+            found[j] = text
+        ok[mask] = False
+
+    def is_null(column: list[Any]) -> np.ndarray:
+        return np.fromiter(map(operator.is_, column, repeat(None)), dtype=bool, count=m)
+
+    # 3.
+    for f in declared:
+        if not f.nullable:
+            flag(is_null(values[f.name]), problem(DeadLetterReason.MISSING_FIELD, f"required field {f.name} is missing or null"))
+    # 4.
+    for name, operator_id in sorted(keys.items()):
+        column = values[name]
+        flag(is_null(column), key_problem(DeadLetterReason.NULL_KEY, name, operator_id))
+        if "" in column:
+            flag(np.array([v == "" for v in column], dtype=bool), key_problem(DeadLetterReason.EMPTY_KEY, name, operator_id))
+    # 5.
+    live = np.flatnonzero(ok)
+    columns = []
+    for f in declared:
+        array, wrong = _converted(list(map(values[f.name].__getitem__, live.tolist())), f)
+        for j, value in wrong.items():
+            if ok[live[j]]:
+                found[live[j]] = problem(DeadLetterReason.WRONG_TYPE, f"{f.name}: {str(value)[:100]} is not {f.type}")
+                ok[live[j]] = False
+        columns.append(array)
+    survivors = pa.array(ok[live])
+    columns = [c.filter(survivors) for c in columns]
+    kept = np.zeros(n, dtype=bool)
+    kept[parsed[ok]] = True
+    for j in np.flatnonzero(~ok).tolist():
+        errors[parsed[j]] = found[j]
+    return columns, kept, errors
 
 
-def _unused_name(prefix: str, taken: list[str]) -> str:
-    name = prefix
-    while name in taken:
-        name = "_" + name
-    return name
+def _converted(values: list[Any], f: pa.Field) -> tuple[pa.Array, dict[int, Any]]:
+    """``values`` as an array of ``f``'s type; those that are not of it (by position) are null there."""
+    wrong: dict[int, Any] = {}
+    accepts, usual = _python_values_of(f.type)
+    if accepts is not None and not set(map(type, values)) <= usual:
+        for j, value in enumerate(values):
+            if value is not None and not accepts(value):
+                wrong[j] = value
+        if wrong:
+            values = [None if j in wrong else v for j, v in enumerate(values)]
+    try:
+        return pa.array(values, type=f.type), wrong
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+        pass
+    # Some value does not convert: that value's line is a dead letter.
+    values = list(values)
+    for j, value in enumerate(values):
+        if value is None:
+            continue
+        try:
+            pa.array([value], type=f.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+            wrong[j] = value
+            values[j] = None
+    return pa.array(values, type=f.type), wrong
+
+
+_NONE = type(None)
+
+
+def _python_values_of(arrow_type: pa.DataType) -> tuple[Callable[[Any], bool] | None, set[type]]:
+    """Which Python values a parser may return for a field of this type (None: whatever pyarrow takes), and the usual exact types."""
+    if pa.types.is_integer(arrow_type):
+        return (lambda v: isinstance(v, int) and not isinstance(v, bool)), {int, _NONE}
+    if pa.types.is_floating(arrow_type):
+        return (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)), {int, float, _NONE}
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return (lambda v: isinstance(v, str)), {str, _NONE}
+    if pa.types.is_boolean(arrow_type):
+        return (lambda v: isinstance(v, bool)), {bool, _NONE}
+    if pa.types.is_timestamp(arrow_type):
+        return (lambda v: isinstance(v, datetime.datetime)), {datetime.datetime, _NONE}
+    return None, set()
+
+
+# -- counting (planning with max_records_per_epoch) --------------------------------
 
 
 def count_records_on_executors(spark: "SparkSession", uris: Sequence[str], fmt: str) -> dict[str, int]:
@@ -870,8 +839,6 @@ def _count_batches(fmt: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.R
 def count_records(uri: str, fmt: str) -> int:
     """Records in one file, where it is read (an executor task)."""
     if fmt == "parquet":
-        import pyarrow.parquet as pq
-
         try:
             with objects.open_input(uri) as fh:
                 return int(pq.ParquetFile(fh).metadata.num_rows)
@@ -888,263 +855,3 @@ def _count_lines(path: str) -> int:
             count += block.count(b"\n")
             last = block[-1:]
     return count + (0 if last == b"\n" else 1)
-
-
-def _iter_lines(task: Mapping[str, Any]) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, raw bytes) of the lines a read task owns.
-
-    A byte-range task owns the lines that start inside [byte_start, byte_end);
-    its first line number is one plus the newlines before byte_start.
-    """
-    path, start, end = task["path"], task["byte_start"], task["byte_end"]
-    from_line, to_line = task["from_line"], task["to_line"]
-    with objects.open_input(path) as fh:
-        _check_unchanged(fh, task)
-        if end < 0:
-            lines = fh.read().split(b"\n")
-            if lines and lines[-1] == b"":
-                lines.pop()  # a trailing newline ends the last line, it does not start one
-            stop = len(lines) if to_line < 0 else min(to_line, len(lines))
-            for idx in range(from_line, stop):
-                yield idx + 1, lines[idx]
-            return
-        first = _first_owned_offset(fh, start)
-        line_no = 1 + _count_newlines_before(fh, first)
-        fh.seek(first)
-        pos = first
-        while pos < end:
-            raw = fh.readline()
-            if not raw:
-                break
-            pos += len(raw)
-            yield line_no, raw[:-1] if raw.endswith(b"\n") else raw
-            line_no += 1
-
-
-def _check_unchanged(fh: Any, task: Mapping[str, Any]) -> None:
-    """Refuse a file whose size differs from the one its barrier recorded: its epoch would read other lines."""
-    planned = task.get("size", -1)
-    if planned is None or planned < 0:
-        return
-    actual = fh.seek(0, 2)
-    fh.seek(0)
-    if actual != planned:
-        raise SourceError(
-            f"landing file {task['name']} has {actual} bytes, {planned} when its epoch was planned: a landed file "
-            "must never change (land new data as a new file, named after the last)"
-        )
-
-
-def _first_owned_offset(fh: Any, start: int) -> int:
-    """Offset of the first line starting at or after ``start`` (a range owns those)."""
-    if start == 0:
-        return 0
-    fh.seek(start - 1)
-    if fh.read(1) == b"\n":
-        return start
-    fh.readline()  # the rest of a line that the previous range owns
-    return int(fh.tell())
-
-
-def _count_newlines_before(fh: Any, offset: int) -> int:
-    fh.seek(0)
-    count, remaining = 0, offset
-    while remaining > 0:
-        block = fh.read(min(remaining, 8 * 1024 * 1024))
-        if not block:
-            break
-        count += block.count(b"\n")
-        remaining -= len(block)
-    return count
-
-
-def _decode(raw: bytes) -> tuple[str, str | None]:
-    text = raw[:-1] if raw.endswith(b"\r") else raw
-    try:
-        return text.decode("utf-8"), None
-    except UnicodeDecodeError as exc:
-        detail = f"not valid UTF-8: {exc.reason} at byte {exc.start}"
-        return text.decode("utf-8", errors="replace"), problem(DeadLetterReason.INVALID_UTF8, detail)
-
-
-def _read_task_bytes(task: Mapping[str, Any]) -> tuple[int, bytes]:
-    """(number of the first line, bytes of the lines the task owns)."""
-    path, start, end = task["path"], task["byte_start"], task["byte_end"]
-    with objects.open_input(path) as fh:
-        _check_unchanged(fh, task)
-        if end < 0:
-            data = fh.read()
-            from_line, to_line = task["from_line"], task["to_line"]
-            if from_line == 0 and to_line < 0:
-                return 1, data
-            lines = data.split(b"\n")
-            if lines and lines[-1] == b"":
-                lines.pop()
-            stop = len(lines) if to_line < 0 else min(to_line, len(lines))
-            return from_line + 1, b"".join(line + b"\n" for line in lines[from_line:stop])
-        first = _first_owned_offset(fh, start)
-        line_no = 1 + _count_newlines_before(fh, first)
-        fh.seek(first)
-        data = fh.read(max(0, end - first))
-        if data and not data.endswith(b"\n"):
-            data += fh.readline()  # finish the last line that starts in this range
-        return line_no, data
-
-
-def _raw_task(task: Mapping[str, Any]) -> Iterator[pa.RecordBatch]:
-    """The task's non-blank lines as Arrow, split and decoded without Python loops."""
-    import pyarrow.compute as pc
-
-    first_line, data = _read_task_bytes(task)
-    if not data:
-        return
-    lines = pc.list_flatten(pc.split_pattern(pa.array([data], pa.binary()), b"\n"))
-    if data.endswith(b"\n"):
-        lines = lines.slice(0, len(lines) - 1)  # a trailing newline ends a line, it does not start one
-    numbers = pa.array(range(first_line, first_line + len(lines)), pa.int64())
-    try:
-        text = pc.replace_substring_regex(lines.cast(pa.string()), pattern="\r$", replacement="")
-    except pa.ArrowInvalid:
-        yield from _raw_task_per_line(task)  # invalid UTF-8 somewhere: find it line by line
-        return
-    keep = pc.invert(pc.equal(pc.utf8_trim_whitespace(text), ""))
-    text, numbers = text.filter(keep), numbers.filter(keep)
-    fidx = pa.array([task["fidx"]] * len(text), pa.int32())
-    errors = pa.nulls(len(text), pa.string())
-    yield pa.RecordBatch.from_arrays([fidx, numbers, text, errors], schema=_RAW_SCHEMA)
-
-
-def _raw_task_per_line(task: Mapping[str, Any], batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
-    fidx, lines, raws, errors = [], [], [], []
-    for line_no, raw in _iter_lines(task):
-        text, error = _decode(raw)
-        if not text.strip():
-            continue  # blank lines are skipped, by definition not records
-        fidx.append(task["fidx"])
-        lines.append(line_no)
-        raws.append(text)
-        errors.append(error)
-        if len(fidx) >= batch_rows:
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(fidx, pa.int32()), pa.array(lines, pa.int64()), pa.array(raws), pa.array(errors, pa.string())],
-                schema=_RAW_SCHEMA,
-            )
-            fidx, lines, raws, errors = [], [], [], []
-    if fidx:
-        yield pa.RecordBatch.from_arrays(
-            [pa.array(fidx, pa.int32()), pa.array(lines, pa.int64()), pa.array(raws), pa.array(errors, pa.string())],
-            schema=_RAW_SCHEMA,
-        )
-
-
-def _parse_lines(
-    batch: pa.RecordBatch,
-    parser: LineParser,
-    parser_schema: pa.Schema,
-    out_schema: pa.Schema,
-    keys: list[tuple[str, str]] | tuple[()] = (),
-) -> pa.RecordBatch:
-    """Run the line parser over a batch of lines; a line it refuses is a dead letter.
-
-    Its :class:`RecordError` gives the reason and detail; a returned record
-    is a dead letter too when a non-nullable field or a key (``(column,
-    operator id)`` pairs) is missing or null, a string key is empty, or a
-    value does not convert to its field's type (never coerced to null).
-    Built column by column (no dict per output row): the wrapper around the
-    parser cost as much as the parser itself.
-    """
-    raws = batch.column("_raw").to_pylist()
-    errors = batch.column("_error").to_pylist()
-    required = [f.name for f in parser_schema if not f.nullable]
-    records: list[Mapping[str, Any] | None] = []
-    for i, text in enumerate(raws):
-        if errors[i] is not None:
-            records.append(None)
-            continue
-        try:
-            record = parser(text)
-        except RecordError as exc:
-            errors[i] = problem(exc.reason, str(exc) or "invalid record")
-        except Exception as exc:  # a parser bug must not crash the epoch
-            errors[i] = problem(DeadLetterReason.PARSER_FAILED, f"{type(exc).__name__}: {exc}")
-        else:
-            errors[i] = _record_problem(record, required, keys)
-            if errors[i] is None:
-                records.append(record)
-                continue
-        records.append(None)
-    fields = []
-    for spec in parser_schema:
-        values = [None if r is None else r.get(spec.name) for r in records]
-        accepts = _python_values_of(spec.type)
-        if accepts is not None and not all(v is None or accepts(v) for v in values):
-            # pyarrow would convert these (1.5 to 1, True to 1): the line is a dead letter instead.
-            for i, v in enumerate(values):
-                if v is not None and not accepts(v):
-                    errors[i] = _wrong_type(spec, v)
-                    records[i] = values[i] = None
-        try:
-            fields.append(pa.array(values, type=spec.type))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
-            fields.append(_convert_per_value(values, spec, records, errors))
-    kept_raw = [None if r is not None else text for r, text in zip(records, raws)]
-    return pa.RecordBatch.from_arrays(
-        [
-            *fields,
-            batch.column("_fidx").cast(pa.int32()),
-            batch.column("_line").cast(pa.int64()),
-            pa.array(kept_raw, type=pa.string()),
-            pa.array(errors, type=pa.string()),
-        ],
-        schema=out_schema,
-    )
-
-
-def _record_problem(record: Mapping[str, Any], required: list[str], keys: Any) -> str | None:
-    if not isinstance(record, Mapping):
-        return problem(DeadLetterReason.PARSER_FAILED, f"the parser returned a {type(record).__name__}, not a mapping")
-    for name in required:
-        if record.get(name) is None:
-            return problem(DeadLetterReason.MISSING_FIELD, f"required field {name} is missing or null")
-    for name, operator_id in keys:
-        value = record.get(name)
-        if value is None:
-            return problem(DeadLetterReason.NULL_KEY, f"key {name} of operator {operator_id} is missing or null")
-        if value == "":
-            return problem(DeadLetterReason.EMPTY_KEY, f"key {name} of operator {operator_id} is empty")
-    return None
-
-
-def _convert_per_value(
-    values: list[Any], field: pa.Field, records: list[Mapping[str, Any] | None], errors: list[str | None]
-) -> pa.Array:
-    """A column some value of which does not convert: that value's line becomes a dead letter (its record dropped)."""
-    for i, value in enumerate(values):
-        if value is None:
-            continue
-        try:
-            pa.array([value], type=field.type)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
-            errors[i] = _wrong_type(field, value)
-            records[i] = None
-            values[i] = None
-    return pa.array(values, type=field.type)
-
-
-def _wrong_type(field: pa.Field, value: Any) -> str:
-    return problem(DeadLetterReason.WRONG_TYPE, f"{field.name}: {str(value)[:100]} is not {field.type}")
-
-
-def _python_values_of(arrow_type: pa.DataType) -> Callable[[Any], bool] | None:
-    """Which Python values a parser may return for a field of this type; None: whatever pyarrow takes."""
-    if pa.types.is_integer(arrow_type):
-        return lambda v: isinstance(v, int) and not isinstance(v, bool)
-    if pa.types.is_floating(arrow_type):
-        return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
-        return lambda v: isinstance(v, str)
-    if pa.types.is_boolean(arrow_type):
-        return lambda v: isinstance(v, bool)
-    if pa.types.is_timestamp(arrow_type):
-        return lambda v: isinstance(v, datetime.datetime)
-    return None

@@ -1,4 +1,4 @@
-"""Whether rows written with one schema can be read as another: landing Parquet files, Delta table versions.
+"""Whether rows written with one schema can be read as another, and reading them so: landing Parquet files, Delta table versions.
 
 A column may be read as a wider type of the same kind (Delta's and Spark's
 type widening: a larger integer, ``float`` to ``double``, an integer of up to
@@ -9,10 +9,12 @@ narrower or different one: rows are never coerced.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-__all__ = ["ColumnMismatch", "schema_mismatches", "widens"]
+__all__ = ["ColumnMismatch", "read_as", "schema_mismatches", "widens"]
 
 
 @dataclass(frozen=True)
@@ -72,3 +74,46 @@ def schema_mismatches(expected: pa.Schema, actual: pa.Schema, *, absent_nullable
         elif not widens(actual.field(found[0]).type, field.type):
             mismatches.append(ColumnMismatch(field.name, field.type, actual.field(found[0]).type))
     return mismatches
+
+
+def read_as(
+    parquet: pq.ParquetFile,
+    schema: pa.Schema,
+    from_row: int = 0,
+    to_row: int | None = None,
+    constants: Mapping[str, pa.Scalar] | None = None,
+) -> pa.Table:
+    """Rows ``[from_row, to_row)`` (from 0) of a Parquet file as ``schema``'s columns, in its order and types.
+
+    Only the row groups holding those rows and the columns ``schema`` names
+    are read. A column the file holds is widened to the schema's type (the
+    caller checked :func:`schema_mismatches` first; a cast that would lose a
+    value raises); one it lacks is ``constants``' value (a Delta data file's
+    partition value) or null.
+    """
+    found = parquet.schema_arrow
+    present = [f.name for f in schema if f.name in found.names and (constants is None or f.name not in constants)]
+    meta = parquet.metadata
+    stop = meta.num_rows if to_row is None else min(to_row, meta.num_rows)
+    groups, first, start = [], None, 0
+    for group in range(meta.num_row_groups):
+        rows = meta.row_group(group).num_rows
+        if start < stop and start + rows > from_row:
+            groups.append(group)
+            first = start if first is None else first
+        start += rows
+    if groups and first is not None:
+        table = parquet.read_row_groups(groups, columns=present, use_threads=False)
+        table = table.slice(from_row - first, max(0, stop - from_row))
+    else:
+        table = pa.table({name: pa.array([], found.field(name).type) for name in present})
+    n = table.num_rows
+    columns = []
+    for f in schema:
+        if f.name in present:
+            columns.append(table[f.name].cast(f.type))
+        elif constants is not None and f.name in constants:
+            columns.append(pa.repeat(constants[f.name].cast(f.type), n))
+        else:
+            columns.append(pa.nulls(n, f.type))
+    return pa.Table.from_arrays(columns, schema=schema)

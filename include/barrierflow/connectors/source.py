@@ -8,72 +8,67 @@ two offsets, as often as needed, with the same result.
 from __future__ import annotations
 
 import json
+import operator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
+from itertools import repeat
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
-if TYPE_CHECKING:
-    import concurrent.futures
+import numpy as np
+import pyarrow as pa
+from pyarrow import fs as pafs
 
-    from pyspark.sql import DataFrame, SparkSession
+from barrierflow.core.columns import SEQ, arrival_seq
+from barrierflow.core.dead_letters import DEAD_LETTER_COLUMNS, dead_letter_rows, record_problems, row_json
+from barrierflow.core.errors import BlockedInputError, SourceError, StorageError
+from barrierflow.storage.objects import arrow_filesystem
 
-__all__ = ["Backlog", "RecordCounter", "Source", "SourceBatch", "SEQ", "arrival_seq", "seq_parts", "file_position", "describe_offsets", "planned_bytes"]
-
-# Every record carries its arrival position packed in one long, ``_seq``:
-# (source index, file index within the epoch, line). Sorting by it gives
-# arrival order, which order-sensitive operators need; one long is far cheaper
-# to shuffle and sort than file names.
-SEQ = "_seq"
-_FILE_BITS, _LINE_BITS = 20, 36
-
-
-def arrival_seq(source_index: int, file_index: Any, line: Any) -> Any:
-    """The ``_seq`` column: source (7 bits), file (20 bits), line (36 bits)."""
-    from pyspark.sql import functions as F
-
-    return (
-        F.shiftleft(F.lit(source_index).cast("long"), _FILE_BITS + _LINE_BITS)
-        + F.shiftleft(file_index.cast("long"), _LINE_BITS)
-        + line.cast("long")
-    )
-
-
-def seq_parts(seq: Any) -> tuple[Any, Any, Any]:
-    """The inverse of :func:`arrival_seq`: columns of the source index, the file's position (:func:`file_position`) and the line."""
-    from pyspark.sql import functions as F
-
-    return F.shiftright(seq, _FILE_BITS + _LINE_BITS), F.shiftright(seq, _LINE_BITS), seq.bitwiseAND((1 << _LINE_BITS) - 1)
-
-
-def file_position(source_index: int, file_index: int) -> int:
-    """A file's position among all sources' files of an epoch, as :func:`seq_parts` decodes it."""
-    return source_index << _FILE_BITS | file_index
+__all__ = [
+    "Backlog", "RecordCounter", "Source", "Split", "FileRange", "checked_rows", "describe_offsets", "no_dead_letters",
+    "open_file", "packed", "planned_bytes", "whole_file_dead_letters",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
-class SourceBatch:
-    """One epoch's records of a source plus the input it could not parse."""
+class FileRange:
+    """A part of one input file a task reads: lines (rows) ``[from_line, to_line)``, or those starting in a byte range.
 
-    records: "DataFrame"
-    # None for an unordered read: its bad lines force an ordered read.
-    dead_letters: "DataFrame | None"
-    # Frames both outputs derive from; the runtime caches them so input is parsed once.
-    shared: tuple["DataFrame", ...] = ()
-    # An unordered read (no ``_seq``, nothing cached) counts its input while
-    # the operators run: a ``pyspark.sql.Observation`` with metrics ``good``
-    # (the records) and ``bad`` (lines that would be dead letters). Any bad
-    # line means the epoch is recomputed with an ordered read, which numbers
-    # lines for the dead-letter table.
-    observation: Any = None
-    # An unordered read is good only if its input is plain (bytes the reader
-    # reads as the ordered read would; see ``FileSource._read_jsonl_unordered``).
-    # A check job started with the batch answers that while the operators
-    # run: True, or False when the epoch must be recomputed with an ordered
-    # read, as for a bad line. ``result()`` re-raises the job's error (e.g. an
-    # input file vanished). None: nothing to wait for.
-    plain_input: "concurrent.futures.Future[bool] | None" = None
-    # The files ``_seq``'s file index counts, in order: names for dead letters
-    # found downstream (a key computed after the source; see ``operators.key_check``).
-    files: tuple[str, ...] = ()
+    ``file_index`` is the file's position among the source's files of the
+    epoch (its records' ``_seq``); lines are numbered from 1 in the file.
+    ``from_line``/``to_line`` are line offsets as a barrier records them:
+    the lines (rows) numbered ``from_line + 1`` to ``to_line`` (to the end
+    when None). A byte range (``byte_end`` not None) is only ever cut from a
+    whole file: it owns the lines that start in ``[byte_start, byte_end)``.
+    """
+
+    name: str
+    uri: str
+    size: int  # bytes its barrier recorded: a landed file never changes
+    file_index: int
+    from_line: int = 0
+    to_line: int | None = None
+    byte_start: int = 0  # a split of a whole file: the lines that start in [byte_start, byte_end)
+    byte_end: int | None = None
+
+    @property
+    def bytes(self) -> int:
+        """What a task reads for it, about: the byte range, else the whole file (a line range reads up to it)."""
+        return (self.byte_end if self.byte_end is not None else self.size) - self.byte_start
+
+
+@dataclass(frozen=True)
+class Split:
+    """What one task reads of one source's epoch."""
+
+    source_index: int
+    files: tuple[FileRange, ...] = ()
+    late: tuple[tuple[str, int], ...] = ()  # files dead-lettered whole (name, size), never read
+    # What a source's tasks need besides the files, its own (a Delta source: the
+    # schema planned with and the data files' partition values).
+    parts: tuple[Any, ...] = ()
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
 
 
 @dataclass(frozen=True)
@@ -104,6 +99,108 @@ class Backlog:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> "Backlog":
         return cls(int(doc.get("files", 0)), int(doc.get("bytes", 0)), doc.get("oldest_arrival_ms"))
+
+
+def open_file(
+    source_id: str,
+    part: FileRange,
+    what: str = "file",
+    keep: str = "landing files must be kept until their epoch is completed",
+    never_changes: str = "a landed file must never change (land new data as a new file, named after the last)",
+) -> pa.NativeFile:
+    """``part``'s file opened for range reads (pyarrow's file system: local and ``s3://`` alike), checked against its barrier.
+
+    A file that is gone is a :class:`BlockedInputError` naming it (no retry
+    brings it back; ``keep`` says what is expected); one whose size is not
+    the recorded one fails with a :class:`SourceError` naming it: its epoch
+    would read other lines than its barrier took.
+    """
+    filesystem, path = arrow_filesystem(part.uri)
+    try:
+        handle = filesystem.open_input_file(path)
+    except FileNotFoundError:
+        handle = None
+    except OSError as exc:
+        if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
+            raise StorageError(f"source {source_id}: cannot read {what} {part.name} ({part.uri}): {exc}") from exc
+        handle = None
+    if handle is None:
+        raise BlockedInputError(f"source {source_id}: {what} {part.name} recorded in the barrier is gone; {keep}")
+    size = handle.size()
+    if size != part.size:
+        handle.close()
+        raise SourceError(
+            f"source {source_id}: {what} {part.name} has {size} bytes, {part.size} when its epoch was planned: {never_changes}"
+        )
+    return handle
+
+
+def packed(parts: Sequence[FileRange], split_bytes: int | None) -> list[list[FileRange]]:
+    """``parts`` in their order, packed into groups of about ``split_bytes`` (None: one group; none without parts).
+
+    A part goes in the current group unless that would take the group past
+    ``split_bytes`` (a part larger than that gets a group of its own).
+    """
+    if not parts:
+        return []
+    if split_bytes is None:
+        return [list(parts)]
+    groups: list[list[FileRange]] = []
+    current: list[FileRange] = []
+    held = 0
+    for part in parts:
+        if current and held + part.bytes > split_bytes:
+            groups.append(current)
+            current, held = [], 0
+        current.append(part)
+        held += part.bytes
+    groups.append(current)
+    return groups
+
+
+def no_dead_letters() -> pa.Table:
+    return pa.schema(DEAD_LETTER_COLUMNS).empty_table()
+
+
+def whole_file_dead_letters(source_id: str, files: Sequence[tuple[str, str | None, str]]) -> pa.Table:
+    """One dead letter per file refused whole, ``(name, raw, problem string)``, without a line."""
+    return dead_letter_rows(source_id, [f[0] for f in files], [None] * len(files), [f[1] for f in files], [f[2] for f in files])
+
+
+def checked_rows(
+    source_id: str,
+    part: FileRange,
+    rows: pa.Table,
+    declared: pa.Schema,
+    keys: Mapping[str, str],
+    lines: np.ndarray,
+    source_index: int,
+) -> tuple[pa.Table, pa.Table]:
+    """Typed rows of one file (a Parquet or Delta data file): records (with ``_seq``) and dead letters.
+
+    A row is a dead letter when it fails the checks every source applies
+    (:func:`~barrierflow.core.dead_letters.record_problems` against
+    ``declared``: required fields, keys); its ``line`` is its entry of
+    ``lines`` (the row's number in its file, from 1), its ``raw`` the row as
+    JSON. Without checks to make, no row is looked at.
+    """
+    seq = arrival_seq(source_index, part.file_index, lines)
+    if not keys and all(f.nullable for f in declared):
+        return rows.append_column(SEQ, seq), no_dead_letters()
+    problems = record_problems(rows, declared, keys)
+    good = np.fromiter(map(operator.is_, problems, repeat(None)), dtype=bool, count=len(problems))
+    if good.all():
+        return rows.append_column(SEQ, seq), no_dead_letters()
+    keep = pa.array(good)
+    bad = np.flatnonzero(~good).tolist()
+    dead = dead_letter_rows(
+        source_id,
+        [part.name] * len(bad),
+        lines[bad].tolist(),
+        row_json(rows.filter(pa.array(~good))),
+        [problems[i] or "" for i in bad],
+    )
+    return rows.filter(keep).append_column(SEQ, seq.filter(keep)), dead
 
 
 # (file URIs, format) -> records in each file. The checkpoint coordinator counts them
@@ -137,20 +234,19 @@ class Source(Protocol):
     def backlog(self, end: Mapping[str, Any] | None) -> Backlog:
         """Input that arrived (whatever the cut-off) and that no barrier up to ``end`` took."""
 
-    def read(
-        self, spark: "SparkSession", end: Mapping[str, Any], parallelism: int, source_index: int = 0, ordered: bool = True,
-        keys: Mapping[str, str] | None = None,
-    ) -> SourceBatch:
-        """Exactly the records of the planned range, with the ``_seq`` column.
+    def record_schema(self, end: Mapping[str, Any] | None = None) -> pa.Schema:
+        """The user columns of its records (without ``_seq``) in an epoch planned to ``end``, known before any is read."""
+
+    def splits(self, end: Mapping[str, Any], source_index: int, split_bytes: int | None) -> list[Split]:
+        """The planned range as splits for tasks: about ``split_bytes`` each (None: one split)."""
+
+    def read(self, split: Split, keys: Mapping[str, str]) -> tuple[pa.Table, pa.Table]:
+        """A task's records of ``split`` (the record schema, then ``_seq``) and its dead letters (without ``_epoch``).
 
         ``keys`` maps the columns that keyed operators (deduplicate,
         ``key_by``) take from this source's records to the first such
         operator: a record whose key is null (or an empty string) is a dead
-        letter, not a record, wherever the source can tell (JSON Lines).
-
-        With ``ordered=False`` (no consumer needs arrival order) a source may
-        leave out ``_seq`` and return a batch with an ``observation`` (and
-        possibly a ``plain_input`` check to wait for).
+        letter, not a record.
         """
 
     def describe(self) -> dict[str, Any]:

@@ -55,8 +55,7 @@ def _parse(spec: str) -> dict[str, tuple[int, str]]:
         parts = item.split(":")
         if len(parts) not in (2, 3) or parts[0] not in FAULT_POINTS or not parts[1].isdigit():
             raise ConfigurationError(
-                f"{ENV_VAR}={spec!r} is invalid: expected '<point>:<n>[:kill|raise]' "
-                f"with a point among {', '.join(FAULT_POINTS)}"
+                f"{ENV_VAR}={spec!r} is invalid: expected '<point>:<n>[:kill|raise]' with a point among {', '.join(FAULT_POINTS)}"
             )
         mode = parts[2] if len(parts) == 3 else "kill"
         if mode not in ("kill", "raise"):

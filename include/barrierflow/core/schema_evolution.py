@@ -46,6 +46,7 @@ import pyarrow.compute as pc
 from barrierflow.core.errors import PipelineDefinitionError, SchemaEvolutionError
 
 __all__ = [
+    "state_signature",
     "ChangeKind",
     "SchemaChange",
     "SchemaEvolution",
@@ -149,8 +150,6 @@ def _widens(stored: pa.DataType, declared: pa.DataType) -> bool:
 
 def _same(stored: pa.DataType, declared: pa.DataType) -> bool:
     """Equal up to string/binary/list width (which stores the same values)."""
-    from barrierflow.operations.savepoint import state_signature
-
     return state_signature(pa.schema([("x", stored)])) == state_signature(pa.schema([("x", declared)]))
 
 
@@ -213,7 +212,9 @@ def evolve(table: pa.Table, declared: pa.Schema) -> pa.Table:
 
     Call it only when :func:`compare_schemas` found no incompatible change.
     """
-    columns = [_evolve_array(table.column(f.name), f) if f.name in table.column_names else _filled(f, len(table)) for f in declared]
+    columns = [
+        _evolve_array(table.column(f.name), f) if f.name in table.column_names else _filled(f, len(table)) for f in declared
+    ]
     return pa.Table.from_arrays(columns, schema=declared)
 
 
@@ -276,7 +277,9 @@ def check_sink_schema(sink: str, table: pa.Schema, output: pa.Schema, rows: int 
     for change in changes:
         top = _top(change.path)
         if top in narrower:
-            text = f"{top} written as {table.field(top).type} (the table's type; this epoch's {output.field(top).type} values fit)"
+            text = (
+                f"{top} written as {table.field(top).type} (the table's type; this epoch's {output.field(top).type} values fit)"
+            )
             if text not in accepted:
                 accepted.append(text)
         elif change.kind is ChangeKind.ADDED and top == change.path:
@@ -307,9 +310,7 @@ def widened_columns(table: pa.Schema, output: pa.Schema) -> tuple[str, ...]:
         top = _top(change.path)
         if change.path != top or (change.stored is not None and change.declared is not None):  # not a column added or left out
             by_column.setdefault(top, []).append(change)
-    return tuple(
-        name for name, changes in by_column.items() if all(c.kind is ChangeKind.WIDENED for c in changes)
-    )
+    return tuple(name for name, changes in by_column.items() if all(c.kind is ChangeKind.WIDENED for c in changes))
 
 
 def narrower_columns(table: pa.Schema, output: pa.Schema) -> tuple[str, ...]:
@@ -345,3 +346,24 @@ def widened_table_schema(table: pa.Schema, output: pa.Schema) -> pa.Schema:
 def _top(path: str) -> str:
     """The top-level column of a change's path ("stats.max" -> "stats", "readings[].value" -> "readings")."""
     return path.split(".")[0].split("[")[0].split("{")[0]
+
+
+def state_signature(schema: pa.Schema) -> tuple[tuple[str, str], ...]:
+    """Comparable (column, type) pairs; large and small string/binary types count as one."""
+    return tuple((f.name, _normal_type(f.type)) for f in schema)
+
+
+def _normal_type(t: pa.DataType) -> str:
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return str(pa.string())
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return str(pa.binary())
+    if pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return f"list<{_normal_type(t.value_type)}>"
+    if pa.types.is_list(t):
+        return f"list<{_normal_type(t.value_type)}>"
+    if pa.types.is_struct(t):
+        return "struct<" + ", ".join(f"{f.name}: {_normal_type(f.type)}" for f in t) + ">"
+    if pa.types.is_map(t):
+        return f"map<{_normal_type(t.key_type)}, {_normal_type(t.item_type)}>"
+    return str(t)

@@ -250,9 +250,7 @@ def _malformed_line(kind: str, rng: random.Random, base: dict[str, Any], ts_us: 
     elif kind == "bool_ts":
         rec["ts"] = rng.choice([True, False])
     elif kind == "unparseable_ts":
-        rec["ts"] = rng.choice(
-            ["yesterday at noon", "2023-13-45T25:61:00Z", "not-a-time", "", "1700000000000"]
-        )
+        rec["ts"] = rng.choice(["yesterday at noon", "2023-13-45T25:61:00Z", "not-a-time", "", "1700000000000"])
     elif kind == "ts_out_of_range":
         rec["ts"] = rng.choice([10**20, -(10**20)])  # epoch ms beyond datetime's range
     elif kind == "string_temperature":
@@ -286,10 +284,7 @@ def generate_sensor_lines(spec: SensorStreamSpec, file_index: int) -> list[str]:
     plan = _plan(spec, file_index)
     # Duplicates from earlier files pick among those files' valid slots.
     earlier_files = range(max(0, file_index - 3), file_index)
-    earlier_ids = {
-        k: [_event_id(k, s) for s, kind in enumerate(_plan(spec, k)) if kind == _VALID]
-        for k in earlier_files
-    }
+    earlier_ids = {k: [_event_id(k, s) for s, kind in enumerate(_plan(spec, k)) if kind == _VALID] for k in earlier_files}
     earlier_ids = {k: ids for k, ids in earlier_ids.items() if ids}
 
     sensors = [f"sensor-{s:02d}" for s in range(spec.n_sensors)]

@@ -37,7 +37,15 @@ from typing import Any, Iterator
 
 from barrierflow.demo.datagen import local_directory, publish_file
 
-__all__ = ["OrderStreamSpec", "COUNTRIES", "MALFORMED_KINDS", "SOURCES", "generate_order_files", "order_files", "write_order_files"]
+__all__ = [
+    "OrderStreamSpec",
+    "COUNTRIES",
+    "MALFORMED_KINDS",
+    "SOURCES",
+    "generate_order_files",
+    "order_files",
+    "write_order_files",
+]
 
 SOURCES = ("orders", "payments", "thresholds")
 COUNTRIES = ("de", "fr", "it", "es", "nl")

@@ -23,7 +23,7 @@ import os
 import socket
 import sys
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Hashable, TypeVar
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from barrierflow.core.errors import ConfigurationError, EngineUnavailableError
@@ -31,17 +31,14 @@ from barrierflow.execution import jvm_archive
 from barrierflow.execution.shipping import package_archive, ships_package
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 __all__ = [
     "get_spark",
     "describe_jobs",
     "engine_address",
-    "observation_done",
     "engine_lost",
     "launched_by_spark_submit",
-    "session_cached",
-    "local_checkpoint",
     "MASTER_ENV",
     "REMOTE_ENV",
     "DRIVER_JAVA_OPTIONS",
@@ -61,6 +58,8 @@ REMOTE_ENV = "BARRIERFLOW_SPARK_REMOTE"
 # fills (then the JVM stops compiling). Figures: bench/README.md, "The
 # driver's compiler".
 DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+
+
 # SQL settings every epoch relies on, whoever started the application: they
 # are set per session, so a shared Connect engine gets them from each client.
 def session_conf() -> dict[str, str]:
@@ -125,42 +124,11 @@ _sessions: dict[str, "SparkSession"] = {}
 _addresses: dict[int, str] = {}  # id(remote session) -> the engine's address, for error messages
 _SESSION_NAMESPACE = uuid.UUID("0f6d1c2e-5b8a-4c1e-9a57-3d2b6f0e8c41")
 _SESSION_GENERATIONS = 8
-_T = TypeVar("_T")
-_cached: dict[Hashable, tuple[Any, Any]] = {}
 
 
 def engine_address(remote: str | None = None) -> str | None:
     """The Spark Connect address to use (``sc://...``), or None for a classic session."""
     return remote or os.environ.get(REMOTE_ENV) or os.environ.get("SPARK_REMOTE") or None
-
-
-def session_cached(key: Hashable, build: Callable[[], _T]) -> _T:
-    """``build()`` once per session, e.g. Column expressions.
-
-    In a classic session every Column operation is a py4j round trip; an
-    operator that builds the same expressions every epoch pays tens of
-    milliseconds for nothing. (Connect expressions are plain Python objects;
-    caching them is harmless.)
-    """
-    owner = _session_owner()
-    hit = _cached.get(key)
-    if hit is not None and hit[0] is owner:
-        return hit[1]
-    value = build()
-    _cached[key] = (owner, value)
-    return value
-
-
-def _session_owner() -> Any:
-    from pyspark.sql.utils import is_remote
-
-    if is_remote():
-        from pyspark.sql.connect.session import SparkSession as RemoteSession
-
-        return RemoteSession.getActiveSession()
-    from pyspark import SparkContext
-
-    return SparkContext._active_spark_context
 
 
 def describe_jobs(spark: Any, text: str) -> None:
@@ -176,42 +144,6 @@ def describe_jobs(spark: Any, text: str) -> None:
 
 def _is_remote(spark: Any) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def local_checkpoint(df: "DataFrame") -> "DataFrame | None":
-    """``df.localCheckpoint(eager=False)`` in ``df``'s own session; None if Spark would bind it to another.
-
-    PySpark's Connect client (4.x) attaches the checkpoint it gets back to
-    ``SparkSession.active()``, not to the session that made it: in a process
-    with two Connect sessions (say a CLI loop beside a test's or a restarted
-    engine's), the result would point at a DataFrame id the other session
-    does not know, and its release would go there too. So ``df``'s session is
-    made this thread's active one for the call (PySpark keeps it in a
-    thread-local); if the result still belongs elsewhere, None (the caller
-    persists instead).
-    """
-    session = df.sparkSession
-    if not _is_remote(session):
-        return df.localCheckpoint(eager=False)
-    active = getattr(type(session), "_active_session", None)
-    previous = getattr(active, "session", None)
-    if active is not None:
-        active.session = session
-    try:
-        result = df.localCheckpoint(eager=False)
-    finally:
-        if active is not None:
-            active.session = previous
-    return result if result.sparkSession is session else None
-
-
-def observation_done(observation: Any) -> bool:
-    """Whether an action already delivered ``observation``'s metrics (reading them would not block)."""
-    jo = getattr(observation, "_jo", None)
-    if jo is not None:  # classic: a JVM future
-        return bool(jo.future().isCompleted())
-    # Connect: the metrics arrive with the result of the first action that ran the plan.
-    return bool(getattr(observation, "_result", None))
 
 
 def engine_lost(spark: Any, exc: BaseException) -> EngineUnavailableError | None:
@@ -289,9 +221,11 @@ def _remote_session(address: str, session_name: str | None) -> "SparkSession":
             f"engine at {address} (PySpark's Connect mode is process-wide)"
         )
     # An id in the address is the user's choice; else one session per pipeline (or a fresh one).
-    candidates = [address] if session_name is None or "session_id=" in address else [
-        with_session_id(address, sid) for sid in session_ids(session_name)
-    ]
+    candidates = (
+        [address]
+        if session_name is None or "session_id=" in address
+        else [with_session_id(address, sid) for sid in session_ids(session_name)]
+    )
     for url in candidates:
         session = _connect(url, address)
         if session is not None:
@@ -314,7 +248,9 @@ def _connect(url: str, address: str) -> "SparkSession | None":
         raise ConfigurationError(f"Spark Connect address {address!r}: {_first_line(exc)}") from exc
     # PySpark waits up to 10 minutes for a lost engine; an epoch fails within about
     # half a minute instead, and the task's own retry (or the next run) takes over.
-    session.client.set_retry_policies([DefaultPolicy(max_retries=8, backoff_multiplier=2.0, initial_backoff=200, max_backoff=5000)])
+    session.client.set_retry_policies(
+        [DefaultPolicy(max_retries=8, backoff_multiplier=2.0, initial_backoff=200, max_backoff=5000)]
+    )
     try:
         session.version  # noqa: B018 - the first round trip: fail here, naming the address
         for key, value in session_conf().items():

@@ -34,10 +34,11 @@ from deltalake.exceptions import DeltaError
 
 from barrierflow.api.params import with_placeholders
 from barrierflow.checkpointing.checkpoint import EpochStatus
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
 from barrierflow.core.errors import CheckpointError, ParameterError
-from barrierflow.operations.savepoint import DEFAULT_LEASE_WAIT_S
+from barrierflow.core.settings import DEFAULT_LEASE_WAIT_S
 from barrierflow.plan.pipeline import PipelineDefinition
-from barrierflow.state.delta_backend import compact
+from barrierflow.state.snapshots import compact
 from barrierflow.storage import objects
 from barrierflow.storage.delta import live_paths, open_table
 from barrierflow.storage.layout import DATA_DIRS, STAGING_DIR
@@ -70,8 +71,6 @@ def run_maintenance(
     lease_wait_s: float = DEFAULT_LEASE_WAIT_S,
 ) -> MaintenanceReport:
     """Steps 1-7 of the module docstring."""
-    from barrierflow.checkpointing.coordinator import CheckpointCoordinator
-
     if not isinstance(retained_checkpoints, int) or retained_checkpoints < 1:
         raise ParameterError(f"retained_checkpoints must be an integer >= 1, not {retained_checkpoints!r}")
     if not isinstance(vacuum_retention_hours, int) or vacuum_retention_hours < 0:

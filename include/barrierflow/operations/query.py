@@ -118,7 +118,7 @@ def _with_views(sql: str, views: list[str]) -> str:
     sql = re.sub(_LEADING_COMMENTS, "", sql, count=1, flags=re.DOTALL)
     match = re.match(r"^\s*with\s+(recursive\s+)?", sql, flags=re.IGNORECASE)
     if match:
-        return f"WITH {match.group(1) or ''}{', '.join(views)}, {sql[match.end():]}"
+        return f"WITH {match.group(1) or ''}{', '.join(views)}, {sql[match.end() :]}"
     return f"WITH {', '.join(views)} {sql}"
 
 

@@ -35,8 +35,8 @@ from barrierflow.checkpointing.coordinator import CheckpointCoordinator
 from barrierflow.checkpointing.intervals import ArrivalBound, cutoff_text, previous_interval_end_ms
 from barrierflow.connectors.source import describe_offsets
 from barrierflow.core.errors import EpochInProgressError
+from barrierflow.core.settings import DEFAULT_LEASE_WAIT_S
 from barrierflow.operations.restore import RestoreResult, describe_restore_point, restore
-from barrierflow.operations.savepoint import DEFAULT_LEASE_WAIT_S
 from barrierflow.plan.pipeline import PipelineDefinition
 
 __all__ = ["PlannedEpoch", "ReprocessPlan", "ReprocessResult", "plan_reprocess", "reprocess"]
@@ -94,11 +94,15 @@ class ReprocessResult:
         return {
             "restored": self.restored.to_json(),
             "planned": [{"arrival_cutoff_ms": e.arrival_cutoff_ms, "inputs": dict(e.inputs)} for e in self.plan.epochs],
-            "replayed": [{"epoch": r.epoch, "arrival_cutoff_ms": r.arrival_cutoff_ms, "rows_in": r.rows_in} for r in self.replayed],
+            "replayed": [
+                {"epoch": r.epoch, "arrival_cutoff_ms": r.arrival_cutoff_ms, "rows_in": r.rows_in} for r in self.replayed
+            ],
         }
 
 
-def _coordinator(definition: PipelineDefinition, warehouse: str, params: Mapping[str, Any] | None, **kw: Any) -> CheckpointCoordinator:
+def _coordinator(
+    definition: PipelineDefinition, warehouse: str, params: Mapping[str, Any] | None, **kw: Any
+) -> CheckpointCoordinator:
     return CheckpointCoordinator(definition, params or {}, warehouse, **kw)
 
 

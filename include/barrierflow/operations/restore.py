@@ -52,47 +52,27 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import uuid
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Collection, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, Schema, Transaction
-from deltalake.exceptions import DeltaError
-from deltalake.transaction import AddAction, create_table_with_add_actions
 
-from barrierflow.checkpointing.checkpoint import RESTORE_ATTEMPT_PREFIX, CheckpointRecord, EpochStatus, Fence, app_id
-from barrierflow.checkpointing.checkpoint_log import iso_now, now_us
+from barrierflow.checkpointing.checkpoint import EpochStatus
+from barrierflow.checkpointing.checkpoint_log import iso_now
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.checkpointing.restore_intent import RestoreResult, complete_restore, state_rows
+from barrierflow.checkpointing.savepoint_format import SavepointMetadata, load_savepoint
 from barrierflow.core import faults
-from barrierflow.core.errors import CheckpointError, CommitConflictError, IncompatibleSavepointError, SavepointError
-from barrierflow.core.schema_evolution import ChangeKind, compare_schemas, evolve
-from barrierflow.operations.savepoint import (
-    DEFAULT_LEASE_WAIT_S,
-    SavepointMetadata,
-    load_savepoint,
-    snapshot_chunks,
-    state_signature,
-)
-from barrierflow.operators.operator_state import OFFSETS, offsets_rows, restored_offsets
+from barrierflow.core.errors import CheckpointError, IncompatibleSavepointError, SavepointError
+from barrierflow.core.schema_evolution import ChangeKind, compare_schemas, state_signature
+from barrierflow.core.settings import DEFAULT_LEASE_WAIT_S
+from barrierflow.operators.operator_state import OFFSETS, restored_offsets
 from barrierflow.plan.pipeline import Pipeline, PipelineDefinition
-from barrierflow.state.delta_backend import live_row_chunks, stored_batches
-from barrierflow.state.spec import KEY_GROUP
 from barrierflow.storage import objects
-from barrierflow.storage.delta import (
-    TABLE_CONFIGURATION,
-    fence_transaction,
-    latest_snapshot,
-    open_table,
-    raise_fence,
-    stored_rows,
-)
-from barrierflow.storage.layout import RESTORED_DIR, PipelineLayout
-from barrierflow.storage.staging import write_parquet
-
-if TYPE_CHECKING:
-    from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.storage.delta import open_table
+from barrierflow.storage.layout import PipelineLayout
 
 __all__ = [
     "restore",
@@ -100,30 +80,11 @@ __all__ = [
     "RestorePoint",
     "describe_restore_point",
     "IncompatibleSavepointError",
-    "complete_pending_restore",
     "check_compatibility",
     "Compatibility",
 ]
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RestoreResult:
-    pipeline: str
-    lineage_id: str
-    previous_lineage_id: str
-    epoch: int  # the restore point: the next epoch is epoch + 1
-    restored_from: str  # "savepoint <name>" or "epoch <n> of lineage <id>"
-    restored_states: tuple[str, ...]
-    dropped_states: tuple[str, ...]
-    empty_states: tuple[str, ...]
-    evolved_states: Mapping[str, tuple[str, ...]]  # restored state whose schema evolved -> what changed
-    rewound_sinks: Mapping[str, int]  # sink -> rows removed (append) or rows restored (upsert)
-    params: Mapping[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -207,8 +168,6 @@ def restore(
     lease_wait_s: float = DEFAULT_LEASE_WAIT_S,
 ) -> RestoreResult:
     """Steps 1-9 of the module docstring; give exactly one of ``savepoint`` and ``epoch``."""
-    from barrierflow.checkpointing.coordinator import CheckpointCoordinator
-
     if (savepoint is None) == (epoch is None):
         raise SavepointError("restore needs exactly one of a savepoint (name or path) and a retained epoch")
     if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
@@ -226,8 +185,12 @@ def restore(
         intent = _restore_point(coordinator, meta, epoch)  # step 2
         pipe = coordinator.pipeline
         compatibility = check_compatibility(  # step 3
-            pipe, intent["key_groups"], {k: tuple(tuple(c) for c in v) for k, v in intent["states"].items()},
-            allow_non_restored_state, lambda name: _stored_schema(layout, intent, meta, name), intent["seeded_states"],
+            pipe,
+            intent["key_groups"],
+            {k: tuple(tuple(c) for c in v) for k, v in intent["states"].items()},
+            allow_non_restored_state,
+            lambda name: _stored_schema(layout, intent, meta, name),
+            intent["seeded_states"],
         )
         overrides = {definition.parallelism_param: parallelism} if parallelism and definition.parallelism_param else {}
         intent.update(
@@ -245,7 +208,7 @@ def restore(
         if not objects.write_json_if_absent(layout.restoring, intent):  # step 4
             raise CheckpointError(f"another restore of {definition.name} started concurrently; retry")
         faults.maybe_fail("restore.after_intent")
-        return _complete(coordinator, intent)
+        return complete_restore(layout, definition, coordinator.pipeline, intent)
     finally:
         coordinator.release_lease()  # step 9
 
@@ -269,8 +232,6 @@ def describe_restore_point(
     params: Mapping[str, Any] | None = None,
 ) -> RestorePoint:
     """Step 2 of :func:`restore` alone (nothing is written): what a restore from there starts from."""
-    from barrierflow.checkpointing.coordinator import CheckpointCoordinator
-
     if (savepoint is None) == (epoch is None):
         raise SavepointError("restore needs exactly one of a savepoint (name or path) and a retained epoch")
     meta = load_savepoint(definition.name, warehouse, savepoint) if savepoint is not None else None
@@ -285,15 +246,7 @@ def describe_restore_point(
     )
 
 
-def complete_pending_restore(coordinator: "CheckpointCoordinator") -> RestoreResult | None:
-    """Roll a crashed restore forward (called by ``recover``, under the caller's lease)."""
-    intent = objects.read_json(coordinator.layout.restoring)
-    return _complete(coordinator, intent) if intent else None
-
-
-def _restore_point(
-    coordinator: "CheckpointCoordinator", meta: SavepointMetadata | None, epoch: int | None
-) -> dict[str, Any]:
+def _restore_point(coordinator: CheckpointCoordinator, meta: SavepointMetadata | None, epoch: int | None) -> dict[str, Any]:
     """Step 2: everything about the restore point (a loaded savepoint or an epoch), as a JSON document."""
     layout = coordinator.layout
     if meta is not None:
@@ -345,7 +298,7 @@ def _restore_point(
 
 
 def _with_offsets(
-    coordinator: "CheckpointCoordinator", point: dict[str, Any], savepoint: SavepointMetadata | None
+    coordinator: CheckpointCoordinator, point: dict[str, Any], savepoint: SavepointMetadata | None
 ) -> dict[str, Any]:
     """Step 2's offsets: each source's offsets state at the restore point, checked against the recorded copy.
 
@@ -359,7 +312,9 @@ def _with_offsets(
     seeded: list[str] = []
     for node in coordinator.pipeline.sources:
         source_id, name = node.operator_id, f"{node.operator_id}/{OFFSETS.name}"
-        chunks = list(_state_rows(coordinator.layout, point, savepoint, source_id, OFFSETS.name)) if name in point["states"] else []
+        chunks = (
+            list(state_rows(coordinator.layout, point, savepoint, source_id, OFFSETS.name)) if name in point["states"] else []
+        )
         state = restored_offsets(source_id, pa.concat_tables(chunks)) if chunks else None
         if state is not None:
             if source_id in recorded and recorded[source_id] != state:
@@ -379,137 +334,6 @@ def _with_offsets(
     return {**point, "offsets": offsets, "seeded_states": seeded}
 
 
-def _complete(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -> RestoreResult:
-    """Steps 5-9 from a durable intent; every step skips what is already done."""
-    layout = coordinator.layout
-    pipe = coordinator.pipeline
-    epoch = int(intent["epoch"])
-    lineage_id = intent["lineage_id"]
-    app = app_id(pipe.name, lineage_id)
-    restored = set(intent["restored_states"])
-    evolved = intent.get("evolved_states", {})  # absent in intents written before schema evolution
-    savepoint = _savepoint_of(intent)
-    seq = _lineage_seq(coordinator, intent)
-    fence = Fence(pipe.name, seq, epoch)
-    seeded = set(intent.get("seeded_states", ()))  # absent in intents written before offsets were state
-    # Seeded for the parallelism the new lineage runs at: its first epoch then redistributes nothing.
-    param = coordinator.definition.parallelism_param
-    parallelism = int(intent["params"].get(param) or pipe.parallelism) if param else pipe.parallelism
-    for spec in pipe.state_specs():  # step 5
-        name = f"{spec.operator_id}/{spec.name}"
-        chunks: Iterable[pa.Table]
-        if name in seeded:  # step 2: a source's recorded offsets become its offsets state
-            source_id = spec.operator_id
-            chunks = [offsets_rows(source_id, intent["offsets"][source_id], parallelism, epoch, now_us() // 1000)]
-        elif name in restored:
-            chunks = _state_rows(layout, intent, savepoint, spec.operator_id, spec.name)
-        else:
-            chunks = iter(())
-        if name in evolved:
-            chunks = (evolve(chunk, spec.arrow_schema()) for chunk in chunks)
-        _replace_content(
-            layout.state_table(spec.operator_id, spec.name),
-            spec.arrow_schema(), chunks, app, epoch, lineage_id, (KEY_GROUP, *spec.key_columns), fence,
-        )
-    rewound: dict[str, int] = {}
-    for sink, mode in _sinks(pipe):  # step 6
-        uri = layout.dead_letter if mode == "dead_letter" else layout.sink_table(sink)
-        if mode == "upsert":
-            rows = _upsert_rows(layout, intent, savepoint, sink)
-            if rows is not None and (intent["rewind_sinks"] or open_table(uri) is None):
-                rewound[sink] = _replace_content(uri, *rows, app, epoch, lineage_id, (), fence)
-        elif intent["rewind_sinks"]:
-            rewound[sink] = _delete_after(uri, epoch, app, fence)
-    for uri in _table_uris(layout, pipe):
-        try:
-            raise_fence(uri, fence)
-        except CommitConflictError as exc:
-            raise CheckpointError(f"{exc}; run the restore again") from exc
-    # Step 7; the epoch directory marks the restore point as a retained checkpoint.
-    objects.write_json_if_absent(objects.join_uri(layout.epoch_dir(lineage_id, epoch), "restore.json"), dict(intent))
-    log = coordinator.log
-    done = [r for r in log.lineage_records(lineage_id) if r.status is EpochStatus.COMPLETED and r.epoch == epoch]
-    if not done:
-        log.append(
-            CheckpointRecord(
-                pipeline=pipe.name,
-                lineage_id=lineage_id,
-                epoch=epoch,
-                status=EpochStatus.COMPLETED,
-                attempt_id=f"{RESTORE_ATTEMPT_PREFIX}{lineage_id}",
-                recorded_at_us=now_us(),
-                offsets=json.dumps(intent["offsets"], sort_keys=True),
-                watermark_us=intent["watermark_us"],
-                max_event_time_us=intent["max_event_time_us"],
-                rows_in=0,
-                rows_out=0,
-                dead_letters=0,
-                bytes_written=0,
-                state_bytes_written=0,
-                duration_ms=0,
-                table_versions=json.dumps(_current_versions(layout, pipe), sort_keys=True),
-                message=f"restored from {intent['restored_from']}",
-                arrival_cutoff_ms=intent.get("arrival_cutoff_ms"),
-            )
-        )
-    faults.maybe_fail("restore.before_lineage")
-    current = coordinator.current_lineage()
-    if current["lineage_id"] != lineage_id:  # step 8
-        objects.write_json_if_absent(
-            objects.join_uri(layout.lineages, f"{seq:010d}.json"),
-            {
-                "lineage_id": lineage_id,
-                "start_epoch": epoch,
-                "start_offsets": intent["offsets"],
-                "started_at": iso_now(),
-                "reason": f"restored from {intent['restored_from']}",
-                "previous_lineage_id": intent["previous_lineage_id"],
-                "params": intent["params"],
-            },
-        )
-        if coordinator.current_lineage()["lineage_id"] != lineage_id:
-            raise CheckpointError(f"lineage {seq} of {pipe.name} was written concurrently; restore again")
-    for marker in (layout.stopped, layout.restoring):  # step 9
-        objects.remove_document(marker)
-    return RestoreResult(
-        pipeline=pipe.name,
-        lineage_id=lineage_id,
-        previous_lineage_id=intent["previous_lineage_id"],
-        epoch=epoch,
-        restored_from=intent["restored_from"],
-        restored_states=tuple(intent["restored_states"]),
-        dropped_states=tuple(intent["dropped_states"]),
-        empty_states=tuple(intent["empty_states"]),
-        evolved_states={name: tuple(changes) for name, changes in evolved.items()},
-        rewound_sinks=rewound,
-        params=intent["params"],
-    )
-
-
-def _savepoint_of(intent: Mapping[str, Any]) -> SavepointMetadata | None:
-    if intent["source"] != "savepoint":
-        return None
-    doc = objects.read_json(objects.join_uri(intent["savepoint_uri"], "_savepoint.json"))
-    if doc is None:
-        raise SavepointError(f"savepoint at {intent['savepoint_uri']} disappeared during the restore")
-    return SavepointMetadata.from_json(doc, uri=intent["savepoint_uri"])
-
-
-def _state_rows(
-    layout: PipelineLayout, intent: Mapping[str, Any], savepoint: SavepointMetadata | None, op: str, state: str
-) -> Iterator[pa.Table]:
-    """The state's live rows at the restore point, in chunks of bounded size (none if it had no table)."""
-    if savepoint is not None:
-        snap = next(s for s in savepoint.states if s.operator_id == op and s.state == state)
-        return snapshot_chunks(savepoint, snap.files)
-    version = intent["table_versions"].get(f"{op}__{state}")
-    table = open_table(layout.state_table(op, state), version) if version is not None else None
-    if table is None:
-        return iter(())
-    schema = table.to_pyarrow_dataset().schema
-    return live_row_chunks(table, schema.names[: schema.get_field_index(KEY_GROUP)])
-
-
 def _stored_schema(
     layout: PipelineLayout, intent: Mapping[str, Any], savepoint: SavepointMetadata | None, name: str
 ) -> pa.Schema | None:
@@ -524,121 +348,6 @@ def _stored_schema(
     version = intent["table_versions"].get(f"{op}__{state}")
     table = open_table(layout.state_table(op, state), version) if version is not None else None
     return pa.schema(table.schema().to_arrow()) if table is not None else None
-
-
-def _upsert_rows(
-    layout: PipelineLayout, intent: Mapping[str, Any], savepoint: SavepointMetadata | None, sink: str
-) -> tuple[pa.Schema, Iterator[pa.Table]] | None:
-    """The upsert sink's schema and rows at the restore point, in chunks (None if it had no table)."""
-    if savepoint is not None:
-        snap = next((s for s in savepoint.sinks if s.name == sink), None)
-        if snap is None or not snap.files:
-            return None
-        first = objects.join_uri(savepoint.uri, snap.files[0])
-        filesystem, path = objects.arrow_filesystem(first)
-        return pq.read_schema(path, filesystem=filesystem), snapshot_chunks(savepoint, snap.files)
-    version = intent["table_versions"].get(sink)
-    table = open_table(layout.sink_table(sink), version) if version is not None else None
-    if table is None:
-        return None
-    return table.to_pyarrow_dataset().schema, stored_batches(table)
-
-
-def _sinks(pipe: Pipeline) -> list[tuple[str, str]]:
-    out = [(n.sink.name, n.sink.mode) for n in pipe.sinks]
-    out += [(name, "append") for name in pipe.side_output_names()]
-    return out + [("dead_letter", "dead_letter")]
-
-
-def _replace_content(
-    uri: str,
-    schema: pa.Schema,
-    chunks: Iterable[pa.Table],
-    app: str,
-    epoch: int,
-    lineage_id: str,
-    sort_by: tuple[str, ...],
-    fence: Fence,
-) -> int:
-    """Make the rows of ``chunks`` the table's whole content in one commit carrying ``(app, epoch)`` and ``fence``; idempotent.
-
-    Chunks are written one at a time (each sorted by ``sort_by``), so the
-    process holds one chunk, not the table. Returns the rows written.
-    """
-    # The process's snapshot of the table: the fence and the restore point's versions read it next (steps 6-7).
-    with latest_snapshot(uri) as table:
-        if table is not None and (table.transaction_version(app) or -1) >= epoch:
-            return stored_rows(table)
-        staged = []
-        for chunk in chunks:
-            staged += write_parquet(uri, f"{RESTORED_DIR}/{lineage_id}", chunk.select(schema.names).cast(schema), sort_by=sort_by)
-        now = time.time_ns() // 1_000_000
-        adds = [
-            AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now, data_change=True, stats=f.stats)
-            for f in staged
-        ]
-        properties = CommitProperties(
-            custom_metadata={"barrierflow.operation": "restore", "barrierflow.app_id": app, "barrierflow.epoch": epoch},
-            app_transactions=[Transaction(app, epoch), fence_transaction(fence)],
-            max_commit_retries=0,
-        )
-        delta_schema = Schema.from_arrow(schema)
-        try:
-            if table is None:
-                create_table_with_add_actions(
-                    uri, delta_schema, adds, mode="error", configuration=TABLE_CONFIGURATION, commit_properties=properties
-                )
-            else:
-                # Overwrite removes every live file itself, and takes the code's schema.
-                # ([*adds]: deltalake types this argument as a list of adds and removes, and a list is invariant.)
-                table.create_write_transaction([*adds], mode="overwrite", schema=delta_schema, commit_properties=properties)
-        except DeltaError as exc:
-            raise CheckpointError(f"cannot restore table {uri}: {exc}; run the restore again") from exc
-        return sum(f.rows for f in staged)
-
-
-def _delete_after(uri: str, epoch: int, app: str, fence: Fence) -> int:
-    """Remove rows of epochs after ``epoch`` in one commit carrying ``(app, epoch)`` and ``fence``; idempotent."""
-    with latest_snapshot(uri) as table:
-        if table is None or (table.transaction_version(app) or -1) >= epoch:
-            return 0
-        properties = CommitProperties(
-            custom_metadata={"barrierflow.operation": "rewind", "barrierflow.app_id": app, "barrierflow.epoch": epoch},
-            app_transactions=[Transaction(app, epoch), fence_transaction(fence)],
-            max_commit_retries=0,
-        )
-        try:
-            metrics = table.delete(f"_epoch > {int(epoch)}", commit_properties=properties)
-        except DeltaError as exc:
-            raise CheckpointError(f"cannot rewind sink {uri}: {exc}; run the restore again") from exc
-        return int(metrics.get("num_deleted_rows") or 0)
-
-
-def _lineage_seq(coordinator: "CheckpointCoordinator", intent: Mapping[str, Any]) -> int:
-    """The new lineage's sequence number: recorded in the intent (intents of older releases: worked out)."""
-    if "lineage_seq" in intent:
-        return int(intent["lineage_seq"])
-    seq, current = coordinator.current_lineage_seq()
-    return seq if current["lineage_id"] == intent["lineage_id"] else seq + 1
-
-
-def _table_uris(layout: PipelineLayout, pipe: Pipeline) -> list[str]:
-    """Every table of the pipeline: the code's state, state the code dropped, sinks, side outputs, dead letters."""
-    uris = {layout.state_table(spec.operator_id, spec.name) for spec in pipe.state_specs()}
-    uris |= {layout.state_table(op, st) for op, st in layout.state_tables()}
-    uris |= {layout.dead_letter if mode == "dead_letter" else layout.sink_table(sink) for sink, mode in _sinks(pipe)}
-    return sorted(uris)
-
-
-def _current_versions(layout: PipelineLayout, pipe: Pipeline) -> dict[str, int]:
-    names = {spec.table_name: layout.state_table(spec.operator_id, spec.name) for spec in pipe.state_specs()}
-    names.update((sink, layout.dead_letter if mode == "dead_letter" else layout.sink_table(sink)) for sink, mode in _sinks(pipe))
-    versions: dict[str, int] = {}
-    for name, uri in names.items():
-        with latest_snapshot(uri) as table:
-            if table is not None:
-                versions[name] = table.version()
-    return versions
 
 
 def _ranges(epochs: list[int]) -> str:

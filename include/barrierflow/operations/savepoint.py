@@ -30,20 +30,31 @@ Creating one (:func:`create_savepoint`):
 
 from __future__ import annotations
 
-import re
 import uuid
-from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from barrierflow.checkpointing.checkpoint import CheckpointRecord
 from barrierflow.checkpointing.checkpoint_log import iso_now
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.checkpointing.savepoint_format import (
+    METADATA_FILE,
+    SavepointMetadata,
+    SinkSnapshot,
+    StateSnapshot,
+    check_name,
+    list_savepoints,
+    load_savepoint,
+    snapshot_chunks,
+)
 from barrierflow.core.errors import SavepointError
+from barrierflow.core.schema_evolution import state_signature
+from barrierflow.core.settings import DEFAULT_LEASE_WAIT_S
 from barrierflow.plan.pipeline import Pipeline, PipelineDefinition
-from barrierflow.state.delta_backend import live_row_chunks, stored_batches
+from barrierflow.state.snapshots import live_row_chunks, stored_batches
 from barrierflow.storage import objects
 from barrierflow.storage.delta import open_table, stored_rows
 from barrierflow.storage.layout import PipelineLayout
@@ -57,108 +68,7 @@ __all__ = [
     "load_savepoint",
     "dispose_savepoint",
     "snapshot_chunks",
-    "state_signature",
-    "FORMAT_VERSION",
 ]
-
-FORMAT_VERSION = 1
-METADATA_FILE = "_savepoint.json"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-# Waiting this long for a running epoch is enough for any epoch on a healthy cluster.
-DEFAULT_LEASE_WAIT_S = 600.0
-
-
-@dataclass(frozen=True)
-class StateSnapshot:
-    """One state table in a savepoint: where its rows are and what they look like."""
-
-    operator_id: str
-    state: str
-    schema: tuple[tuple[str, str], ...]  # (column, Arrow type) of the table's rows
-    rows: int
-    files: tuple[str, ...]  # relative to the savepoint directory
-
-    @property
-    def name(self) -> str:
-        return f"{self.operator_id}/{self.state}"
-
-
-@dataclass(frozen=True)
-class SinkSnapshot:
-    """A sink at the savepoint's cut: its mode, and for upserts a copy of its rows."""
-
-    name: str
-    mode: str  # append | upsert | dead_letter
-    rows: int
-    files: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class SavepointMetadata:
-    name: str
-    pipeline: str
-    uri: str
-    epoch: int
-    lineage_id: str
-    created_at: str
-    description: str
-    key_groups: int
-    offsets: Mapping[str, Any]
-    watermark_us: int | None
-    max_event_time_us: int | None
-    params: Mapping[str, Any]
-    operators: tuple[str, ...]
-    states: tuple[StateSnapshot, ...]
-    sinks: tuple[SinkSnapshot, ...]
-    size_bytes: int
-    stopped: bool = False
-    format_version: int = FORMAT_VERSION
-    # The restore point's arrival cut-off: input that arrived after it is
-    # what a restore replays (None: the epoch took everything that had arrived).
-    arrival_cutoff_ms: int | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any], uri: str | None = None) -> "SavepointMetadata":
-        fields = dict(doc)
-        if fields.get("format_version") != FORMAT_VERSION:
-            raise SavepointError(
-                f"savepoint {fields.get('name')!r} has format version {fields.get('format_version')}; "
-                f"this release reads version {FORMAT_VERSION}"
-            )
-        fields["states"] = tuple(
-            StateSnapshot(**{**s, "schema": tuple(tuple(c) for c in s["schema"]), "files": tuple(s["files"])})
-            for s in doc["states"]
-        )
-        fields["sinks"] = tuple(SinkSnapshot(**{**s, "files": tuple(s["files"])}) for s in doc["sinks"])
-        fields["operators"] = tuple(doc["operators"])
-        if uri is not None:
-            fields["uri"] = uri  # where it is now, if it was copied
-        return cls(**fields)
-
-
-def state_signature(schema: pa.Schema) -> tuple[tuple[str, str], ...]:
-    """Comparable (column, type) pairs; large and small string/binary types count as one."""
-    return tuple((f.name, _normal_type(f.type)) for f in schema)
-
-
-def _normal_type(t: pa.DataType) -> str:
-    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        return str(pa.string())
-    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
-        return str(pa.binary())
-    if pa.types.is_large_list(t) or pa.types.is_list_view(t):
-        return f"list<{_normal_type(t.value_type)}>"
-    if pa.types.is_list(t):
-        return f"list<{_normal_type(t.value_type)}>"
-    if pa.types.is_struct(t):
-        return "struct<" + ", ".join(f"{f.name}: {_normal_type(f.type)}" for f in t) + ">"
-    if pa.types.is_map(t):
-        return f"map<{_normal_type(t.key_type)}, {_normal_type(t.item_type)}>"
-    return str(t)
 
 
 def create_savepoint(
@@ -171,10 +81,8 @@ def create_savepoint(
     lease_wait_s: float = DEFAULT_LEASE_WAIT_S,
 ) -> SavepointMetadata:
     """Snapshot the last completed epoch; steps 1-6 of the module docstring."""
-    from barrierflow.checkpointing.coordinator import CheckpointCoordinator
-
     name = name or _default_name()
-    _check_name(name)
+    check_name(name)
     coordinator = CheckpointCoordinator(definition, params or {}, warehouse)
     layout = coordinator.layout
     if objects.exists(objects.join_uri(layout.savepoint(name), METADATA_FILE)):
@@ -190,9 +98,7 @@ def create_savepoint(
             )
         metadata = _write(coordinator.pipeline, layout, record, name, description, stop, coordinator.params)
         if stop:  # step 5
-            objects.write_json_if_absent(
-                layout.stopped, {"savepoint": name, "stopped_at": iso_now(), "epoch": record.epoch}
-            )
+            objects.write_json_if_absent(layout.stopped, {"savepoint": name, "stopped_at": iso_now(), "epoch": record.epoch})
         return metadata
     finally:
         coordinator.release_lease()  # step 6
@@ -298,55 +204,9 @@ def _write_parquet(chunks: Iterable[pa.Table], schema: pa.Schema, uri: str) -> i
     return rows
 
 
-def snapshot_chunks(metadata: SavepointMetadata, files: tuple[str, ...]) -> Iterator[pa.Table]:
-    """The rows of a state or sink snapshot, one file at a time (nothing for no files)."""
-    for f in files:
-        try:
-            filesystem, path = objects.arrow_filesystem(objects.join_uri(metadata.uri, f))
-            yield pq.read_table(path, filesystem=filesystem)
-        except OSError as exc:
-            raise SavepointError(f"savepoint {metadata.name!r} is incomplete: {exc}") from exc
-
-
-def load_savepoint(pipeline: str, warehouse: str, savepoint: str) -> SavepointMetadata:
-    """A savepoint by name (in this warehouse) or by the path of its directory."""
-    layout = PipelineLayout.of(warehouse, pipeline)
-    candidates = [layout.savepoint(savepoint)] if _NAME.match(savepoint) else []
-    if "/" in savepoint or savepoint.startswith("file:"):
-        candidates.append(objects.normalize_uri(savepoint))
-    for uri in candidates:
-        doc = objects.read_json(objects.join_uri(uri, METADATA_FILE))
-        if doc is not None:
-            metadata = SavepointMetadata.from_json(doc, uri=uri)
-            if metadata.pipeline != pipeline:
-                raise SavepointError(
-                    f"savepoint {savepoint!r} belongs to pipeline {metadata.pipeline}, not {pipeline}"
-                )
-            return metadata
-    known = ", ".join(m.name for m in list_savepoints(pipeline, warehouse)) or "none"
-    raise SavepointError(
-        f"no savepoint {savepoint!r} for pipeline {pipeline} (give a name from {layout.savepoints} "
-        f"or the path of a savepoint directory; known: {known})"
-    )
-
-
-def list_savepoints(pipeline: str, warehouse: str) -> list[SavepointMetadata]:
-    """Every complete savepoint of ``pipeline`` in the warehouse, oldest first."""
-    layout = PipelineLayout.of(warehouse, pipeline)
-    out = []
-    for entry in objects.list_dir(layout.savepoints):
-        if entry.startswith("."):
-            continue  # a savepoint being written, or the debris of a crashed one
-        uri = layout.savepoint(entry)
-        doc = objects.read_json(objects.join_uri(uri, METADATA_FILE))
-        if doc is not None:
-            out.append(SavepointMetadata.from_json(doc, uri=uri))
-    return sorted(out, key=lambda m: (m.created_at, m.name))
-
-
 def dispose_savepoint(pipeline: str, warehouse: str, name: str) -> SavepointMetadata:
     """Delete a savepoint: first its metadata (so it stops existing), then its files."""
-    _check_name(name)
+    check_name(name)
     metadata = load_savepoint(pipeline, warehouse, name)
     layout = PipelineLayout.of(warehouse, pipeline)
     stop = objects.read_json(layout.stopped)
@@ -359,14 +219,6 @@ def dispose_savepoint(pipeline: str, warehouse: str, name: str) -> SavepointMeta
     objects.remove_document(objects.join_uri(uri, METADATA_FILE))
     objects.remove_tree(uri)
     return metadata
-
-
-def _check_name(name: str) -> None:
-    if not _NAME.match(name):
-        raise SavepointError(
-            f"savepoint name {name!r} is invalid: use 1-128 letters, digits, '_', '.' or '-', "
-            "starting with a letter or digit"
-        )
 
 
 def _default_name() -> str:

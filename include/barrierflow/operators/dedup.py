@@ -1,31 +1,28 @@
-"""Deduplication: keep the first record of each key, across all epochs."""
+"""Deduplication: keep the first record of each key, across all epochs.
+
+1. Within the epoch, the first record of each key by arrival position
+   (``_seq``, then a flat_map's sub-positions) is kept; its later ones drop.
+2. A key the state table ``<operator_id>__seen`` holds (seen in an earlier
+   epoch, and not expired by ``ttl``) drops too.
+3. The keys kept are staged into the state with the epoch that first saw
+   them (``first_epoch``); the kept records go on, in arrival order.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import partial
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.operators.base import Node, key_group_column, position_columns, position_order
-from barrierflow.state.delta_backend import joinable
-from barrierflow.state.spec import KEY_GROUP, StateSpec
-from barrierflow.state.worker_cache import without_live_keys
-
-# Key types whose Spark key group the chained form computes (``chaining.spark_key_groups``).
-_CHAINED_KEY_TYPES = (pa.string(), pa.int64())
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+from barrierflow.core.arrow import in_arrival_order, null_safe_keys, row_numbers, rows_without_keys
+from barrierflow.core.columns import DELETED, KEY_GROUP
+from barrierflow.operators.base import Node, Task, with_key_group
+from barrierflow.state.spec import StateSpec
 
 __all__ = ["Deduplicate"]
-
-# Epochs of up to this many input rows cache their first record per key
-# before waiting for the last epoch's state (see :meth:`Deduplicate.apply`).
-EARLY_FIRSTS_ROWS = 1_000_000
 
 
 @dataclass
@@ -33,8 +30,8 @@ class Deduplicate(Node):
     key: tuple[str, ...] = ()
     ttl: timedelta | None = None
 
-    def _spec(self, df_types: dict[str, pa.DataType] | None = None) -> StateSpec:
-        types = df_types or {}
+    def _spec(self, types: dict[str, pa.DataType] | None = None) -> StateSpec:
+        types = types or {}
         return StateSpec(
             operator_id=self.operator_id,
             name="seen",
@@ -43,77 +40,42 @@ class Deduplicate(Node):
             ttl_ms=int(self.ttl.total_seconds() * 1000) if self.ttl else None,
         )
 
-    def state_specs(self) -> list[StateSpec]:
-        return [self._spec()]
+    def state_specs(self, inputs: Sequence[pa.Schema] | None = None) -> list[StateSpec]:
+        if not inputs:
+            return [self._spec()]
+        (schema,) = inputs
+        return [self._spec({k: schema.field(k).type for k in self.key})]
 
     def passes_through(self, column: str) -> bool:
         return True  # it drops records, never changes one
 
-    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
-
-        spec = self._spec(ctx.arrow_types(df, self.key))
-        keyed = df.withColumn(KEY_GROUP, key_group_column(self.key, ctx.key_groups))
-        # First occurrence within the epoch, by arrival position.
-        first = Window.partitionBy(*self.key).orderBy(*position_order(df.columns))
-        firsts = keyed.withColumn("_rn", F.row_number().over(first)).where("_rn = 1").drop("_rn")
-        # One small job: the key groups touched (the state read's pruning) and
-        # at most how many keys. A small epoch takes it over its first record
-        # per key, cached: computed here, while the last epoch may still be
-        # committing, so that only the state lookup and the write wait for it.
-        # A big one (a bulk load) takes it over the records, without a
-        # shuffle or a cache, which would take the memory its own shuffles need.
-        early = ctx.rows_read is not None and ctx.rows_read <= EARLY_FIRSTS_ROWS
-        if early:
-            firsts = ctx.persist(firsts)
-        summarized = firsts if early else keyed
-        touched = summarized.agg(F.count(F.lit(1)).alias("records"), F.collect_set(KEY_GROUP).alias("groups")).first()
-        assert touched is not None  # a global aggregate has exactly one row
-        groups, keys = sorted(touched["groups"]), touched["records"]
-        files = ctx.state.lookup_files(spec, groups, keys)
-        if files is None:
-            seen = ctx.state.read(spec, groups, keys=firsts, key_count=keys).select(*self.key)
-            fresh = firsts.join(joinable(seen, keys), on=list(self.key), how="left_anti")
-        else:
-            # The tasks that look the keys up keep the records of keys not seen: no join after.
-            fresh = ctx.state.with_live_rows(spec, files, firsts, partial(without_live_keys, spec.key_fields), firsts.schema)
-        fresh = ctx.persist(fresh)
-        ctx.state.stage(
-            spec,
-            fresh.select(*self.key, KEY_GROUP, F.lit(False).alias("_deleted")),
-            constants={"first_epoch": ctx.epoch},
-            ranged=files is not None,
-        )
-        return ctx.cached_view(fresh.drop(KEY_GROUP))
-
-    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
+    def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
         (schema,) = inputs
-        keys_ok = all(k in schema.names and schema.field(k).type in _CHAINED_KEY_TYPES for k in self.key)
-        return schema if keys_ok else None
+        return schema
 
-    def chained_state_specs(self, inputs: Sequence[pa.Schema]) -> list[StateSpec]:
-        (schema,) = inputs
-        return [self._spec({k: schema.field(k).type for k in self.key})]
-
-    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
-        """:meth:`apply` in one task: the first record per key by arrival, unless a stored key has it already."""
+    def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
         (records,) = inputs
-        [spec] = self.chained_state_specs([records.schema])
         key = list(self.key)
-        # First occurrence within the epoch, by arrival position.
-        ordered = records.sort_by([(c, "ascending") for c in position_columns(records.column_names)])
-        ordered = ordered.append_column("_row", pa.array(range(ordered.num_rows), pa.int64()))
-        first_rows = ordered.select([*key, "_row"]).group_by(key, use_threads=False).aggregate([("_row", "min")])
-        first = first_rows["_row_min"]
-        firsts = ordered.take(pc.take(first, pc.sort_indices(first))).drop_columns(["_row"])
-        firsts = firsts.append_column(KEY_GROUP, task.key_groups_of(firsts.select(key)))
-        fresh = without_live_keys(spec.key_fields, firsts, task.live_rows(spec, firsts.select([*key, KEY_GROUP])))
+        [spec] = self.state_specs([records.schema])
+        # 1. The first record of each key, by arrival position.
+        ordered = in_arrival_order(with_key_group(records, key, task.key_groups))
+        numbered = null_safe_keys(ordered, key).append_column("_row", row_numbers(ordered.num_rows))
+        firsts = numbered.group_by([c for c in numbered.column_names if c != "_row"], use_threads=False).aggregate(
+            [("_row", "min")]
+        )
+        first = firsts["_row_min"]
+        firsts_rows = ordered.take(pc.take(first, pc.sort_indices(first)))
+        # 2. Unless the state holds the key already.
+        seen = task.state(spec).live_rows(firsts_rows.select([*key, KEY_GROUP]))
+        fresh = rows_without_keys(firsts_rows, seen, key)
+        # 3.
         n = fresh.num_rows
-        task.stage(
-            spec,
+        task.state(spec).stage(
             fresh.select([*key, KEY_GROUP])
             .append_column("first_epoch", pa.repeat(pa.scalar(task.epoch, pa.int64()), n))
-            .append_column("_deleted", pa.repeat(pa.scalar(False), n)),
+            .append_column(DELETED, pa.repeat(pa.scalar(False), n))
         )
         return fresh.drop_columns([KEY_GROUP])
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "key": list(self.key)}

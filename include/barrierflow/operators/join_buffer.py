@@ -1,54 +1,92 @@
 """What the two-input event-time joins share: late records, records buffered in state, joined rows.
 
 An interval join (:mod:`barrierflow.operators.interval_join`) and a window
-join (:mod:`barrierflow.operators.window_join`) keep each side's records in a
+join (:mod:`barrierflow.operators.window_join`) take two inputs, each KEYED
+by its own key columns (as many, of the same types pairwise): the kernel
+sees every record of its keys from both sides. Each side's records wait in a
 state table until the watermark passes the last time they can join:
-key columns (the left side's names), ``record_epoch`` and ``record_index``
-(the record's rank among its key's records of that epoch, by content:
-identical records are interchangeable, so the rank is deterministic), any
-columns of the join's own (a window's start), ``event_time_us`` and the
-record as JSON. A joined row holds the key columns, the join's own columns,
-then the left record's other columns and the right's (:func:`output_columns`).
 
-The chained form (:mod:`barrierflow.execution.chained_region`) keeps the same buffers on
-Arrow tables in one task: :func:`chained_key_types` and
-:func:`chained_output_schema` say which inputs it takes,
-:func:`chained_fresh_records` and :func:`chained_late_records` do what
-:func:`fresh_records` does, and :func:`record_values` reads a buffered record
-back as the Spark path's ``from_json`` does. The record's JSON must be
-exactly Spark's ``to_json`` (it is stored, and orders ``record_index``): the
-chained form takes only the column types and values whose JSON it writes as
-Spark does (:func:`record_json`), and leaves any other epoch to Spark.
+- ``<operator_id>__left`` / ``<operator_id>__right``: the key columns (named
+  as the left side's, typed as its), any columns of the join's own (a
+  window's ``window_start``), ``record_epoch`` (the epoch the record
+  arrived in) and ``record_index`` (its rank among its key's records of that
+  epoch, by event time, then by its JSON's bytes: identical records are
+  interchangeable, so the rank is deterministic), then ``event_time_us`` and
+  ``record``, the record's user columns as JSON (:func:`record_json`).
+
+A joined row holds the key columns, the join's own columns, then the left
+record's other columns and the right's, a name on both sides becoming
+``left_<name>`` / ``right_<name>`` (:func:`output_columns`). The epoch's own
+records go into it as they arrived; a buffered one as its JSON reads back
+(:func:`record_values`).
+
+A record with a null key or event time (one a source could not make a dead
+letter) can join nothing: it counts as late. Late records go to the side's
+late output if declared (the side's user columns), else they are dropped
+and counted (``late records dropped by <operator_id>``).
+
+**The buffered record's JSON** is the text Spark's
+``to_json(struct(<user columns>), {timestampFormat: "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+timestampNTZFormat: "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"})`` wrote in earlier
+releases (warehouses and savepoints hold it), byte for byte for the types a
+record of those releases could hold:
+
+- one object, the fields in column order, a null field left out (also in
+  nested structs); no whitespace;
+- strings: UTF-8 as is, with Jackson's escapes: ``\\"``, ``\\\\``, ``\\b``,
+  ``\\t``, ``\\n``, ``\\f``, ``\\r``, other characters below U+0020 as
+  ``\\u00XX`` (uppercase hex);
+- integers as digits; booleans ``true`` / ``false``;
+- doubles and floats as Java's ``Double.toString`` / ``Float.toString``
+  (shortest digits that read back exactly: ``12.5``, ``1.0``, ``-0.0``,
+  ``1.0E7``, ``1.5E-5``), NaN and infinities as the strings ``"NaN"``,
+  ``"Infinity"``, ``"-Infinity"``. Outside ``[1e-3, 1e7)`` a JDK before 19
+  may have printed a longer digit string for a few values; both read back
+  as the same number;
+- decimals as Java's ``BigDecimal.toString`` (``123.45``, ``1E-8``);
+- timestamps with a time zone as UTC ``"2024-05-01T12:00:00.123456Z"``,
+  without one ``"2024-05-01T12:00:00.123456"`` (always six decimals; a year
+  after 9999 with a plus sign, ``+10000``, as Java's ``yyyy``; years before 1
+  in NumPy's astronomical form, ``0000``, ``-001``, which Spark never held);
+  dates ``"2024-05-01"``;
+- binaries as base64 strings (with padding);
+- lists ``[...]`` (a null element as ``null``), structs as objects, maps as
+  objects whose names are the keys as text (a null value as ``null``).
+
+Other Arrow types (times, durations, intervals, unions) have no such form:
+a join refuses them when the pipeline is planned. Reading a buffered record
+takes each field by name, as Spark's ``from_json``: a field the JSON lacks
+or holds as another type reads null.
 """
 
 from __future__ import annotations
 
+import base64
 import json
-import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from barrierflow.core.arrow import conform
+from barrierflow.core.columns import KEY_GROUP, user_columns
 from barrierflow.core.errors import PipelineDefinitionError
-from barrierflow.operators.base import Node, key_group_column, user_columns
-from barrierflow.state.spec import KEY_GROUP, StateSpec
-
-if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
-    from pyspark.sql.types import StructType
+from barrierflow.operators.base import Exchange, Node, Task, with_key_group
+from barrierflow.state.spec import StateSpec
 
 __all__ = [
-    "SIDES", "TwoSidedJoin", "buffer_spec", "check_key_types", "fresh_records", "joined_rows", "output_columns", "record_schemas",
-    "chained_key_types", "chained_output_schema", "chained_fresh_records", "chained_late_records", "record_json", "record_values",
+    "SIDES", "BUFFER_COLUMNS", "TwoSidedJoin", "SideRecords", "buffer_spec", "output_columns", "record_json", "record_values",
+    "side_records", "send_late", "key_ids", "event_time_us", "buffered_rows", "buffer_columns", "joined_values", "greater_than", "at_most",
+    "INT64_MIN", "INT64_MAX",
 ]  # fmt: skip
 
-_log = logging.getLogger(__name__)
 SIDES = ("left", "right")
-# JSON of a record kept in state: timestamps to the microsecond (Spark's default format drops digits).
-_JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX", "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"}
+# The buffer's own columns beside the key columns (no key column may take these names).
+BUFFER_COLUMNS = ("record_epoch", "record_index", "event_time_us", "record")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def buffer_spec(
@@ -66,130 +104,6 @@ def buffer_spec(
             pa.field("record_index", pa.int64()),
         ),
         value_fields=(pa.field("event_time_us", pa.int64()), pa.field("record", pa.string())),
-    )
-
-
-@dataclass
-class TwoSidedJoin(Node):
-    """What both joins are: ``parent`` keyed by ``key`` (left) with ``other`` keyed by ``other_key`` (right), buffered per side."""
-
-    key: tuple[str, ...] = ()
-    other: Node | None = None
-    other_key: tuple[str, ...] = ()
-    time_columns: tuple[str, str] = ("ts", "ts")
-    late_outputs: tuple[str | None, str | None] = (None, None)
-
-    needs_arrival_order = False
-    uses_watermark = True
-    # Key columns of the join's own in the buffer tables (a window's start).
-    own_fields: ClassVar[tuple[pa.Field, ...]] = ()
-
-    def inputs(self) -> tuple[Node, ...]:
-        assert self.parent is not None and self.other is not None
-        return (self.parent, self.other)
-
-    def keyed_inputs(self) -> list[tuple[Node, tuple[str, ...]]]:
-        # A null event time is checked at the sources as a null key is (a dead letter there).
-        return [(node, (*key, time)) for node, key, time in zip(self.inputs(), (self.key, self.other_key), self.time_columns)]
-
-    def key_output(self) -> tuple[str, ...]:
-        return self.key  # a pair's key columns, named as the left side's
-
-    def side_outputs(self) -> list[str]:
-        return [name for name in self.late_outputs if name]
-
-    def _spec(self, side: str, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
-        return buffer_spec(self.operator_id, side, self.key, self.own_fields, key_types)
-
-    def state_specs(self) -> list[StateSpec]:
-        return [self._spec(side) for side in SIDES]
-
-
-def check_key_types(ctx: Any, what: str, frames: Sequence["DataFrame"], keys: Sequence[Sequence[str]], times: Sequence[str]) -> dict[str, pa.DataType]:
-    """The first side's key types; refuses key columns of different types on the two sides."""
-    types = [ctx.arrow_types(df, (*key, time)) for df, key, time in zip(frames, keys, times)]
-    differ = [f"{a} is {types[0][a]} but {b} is {types[1][b]}" for a, b in zip(keys[0], keys[1]) if types[0][a] != types[1][b]]
-    if differ:
-        raise PipelineDefinitionError(
-            f"{what}: the key columns of the two inputs differ in type ({'; '.join(differ)}); "
-            "joined keyed streams need keys of the same types, in the same order"
-        )
-    return types[0]
-
-
-def record_schemas(frames: Sequence["DataFrame"]) -> list["StructType"]:
-    from pyspark.sql.types import StructType
-
-    return [StructType([f for f in df.schema.fields if not f.name.startswith("_")]) for df in frames]
-
-
-def fresh_records(
-    ctx: Any,
-    what: str,
-    df: "DataFrame",
-    key: Sequence[str],
-    theirs: Sequence[str],
-    time: str,
-    late: "Column",
-    late_output: str | None,
-    side: str,
-) -> "DataFrame":
-    """The epoch's records of one side that are not late, in the buffer's form (plus ``_new`` = true).
-
-    ``late`` (a condition on the record, ``_ts`` its event time in
-    microseconds) sends records to ``late_output``, or drops and counts them;
-    so does a null key, which no record joins (sources that can tell make it
-    a dead letter first).
-    The result has the key columns (named ``key``), ``_ts``, ``event_time_us``
-    (= ``_ts``), ``record``, the key group, ``record_epoch`` and ``record_index``.
-    """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    users = user_columns(df)
-    null_key = F.lit(False)
-    for column in theirs:
-        null_key = null_key | F.col(column).isNull()
-    marked = ctx.persist(df.withColumn("_ts", F.unix_micros(F.col(time))).withColumn("_late", late | null_key))
-    if late_output:  # emitted every epoch, empty or not: the side output's table exists from the first
-        ctx.emit(late_output, marked.where("_late").select(*users))
-    else:
-        dropped = marked.where("_late").count()  # a job on the cached rows; the drop is never silent
-        if dropped:
-            _log.warning("epoch %d: %s dropped %d late %s record(s) (no late output declared)", ctx.epoch, what, dropped, side)
-    fresh = marked.where(~F.col("_late")).select(
-        *[F.col(t).alias(k) for k, t in zip(key, theirs)],
-        F.col("_ts"),
-        F.col("_ts").alias("event_time_us"),
-        F.to_json(F.struct(*[F.col(c) for c in users]), _JSON_OPTIONS).alias("record"),
-    )
-    return fresh.select(
-        "*",
-        key_group_column(tuple(key), ctx.key_groups).alias(KEY_GROUP),
-        F.lit(ctx.epoch).cast("long").alias("record_epoch"),
-        F.row_number().over(Window.partitionBy(*key).orderBy("event_time_us", "record")).cast("long").alias("record_index"),
-        F.lit(True).alias("_new"),
-    )
-
-
-def joined_rows(
-    pairs: "DataFrame", key: Sequence[str], own: Sequence["Column"], schemas: Sequence["StructType"], other_key: Sequence[str]
-) -> "DataFrame":
-    """Rows of joined pairs (aliased ``left`` and ``right``): the key columns, ``own`` columns, then both records' columns."""
-    from pyspark.sql import functions as F
-
-    parsed = pairs.select(
-        *[F.col(f"left.{k}").alias(k) for k in key],
-        *own,
-        F.from_json(F.col("left.record"), schemas[0], _JSON_OPTIONS).alias("_l"),
-        F.from_json(F.col("right.record"), schemas[1], _JSON_OPTIONS).alias("_r"),
-    )
-    names = [[f.name for f in s.fields] for s in schemas]
-    reserved = [c for c in parsed.columns if c not in ("_l", "_r")]
-    columns = output_columns(key, names[0], names[1], other_key, reserved=reserved[len(key):])
-    return parsed.select(
-        *reserved,
-        *[F.col(f"{'_l' if side == 'left' else '_r'}.{c}").alias(name) for side, c, name in columns[len(key):]],
     )
 
 
@@ -218,224 +132,715 @@ def output_columns(
     return columns
 
 
-# -- the chained form (barrierflow.execution.chained_region): the same buffers on Arrow tables, in one task
+@dataclass
+class TwoSidedJoin(Node):
+    """What both joins are: ``parent`` keyed by ``key`` (left) with ``other`` keyed by ``other_key`` (right), buffered per side."""
 
-# Key types whose Spark key group the chained form computes (``chaining.spark_key_groups``).
-_CHAINED_KEY_TYPES = (pa.string(), pa.int64())
-_EVENT_TIME = pa.timestamp("us", tz="UTC")
-# Record column types whose JSON :func:`record_json` writes as Spark's ``to_json`` does (and :func:`record_values` reads back).
-_JSON_TYPES = (pa.string(), pa.int64(), pa.int32(), pa.bool_(), pa.float64(), _EVENT_TIME)
-# A double is written as Python's ``repr``: Java's ``Double.toString`` for a zero and a magnitude in [1e-3, 1e7)
-# (fixed notation, JDK 17's digits and the shortest ones of later JDKs agree there). Outside it JDK 17 may print
-# more digits than the shortest (``9.999999999999999E22`` for 1e23): such a record leaves the epoch to Spark.
-_PLAIN_DOUBLES = (1e-3, 1e7)
-# Timestamps Spark writes with a four-digit year (UTC, the session's zone): 0001-01-01 to 9999-12-31.
-_FIRST_US, _LAST_US = -62_135_596_800_000_000, 253_402_300_799_999_999
-_TIMESTAMP_JSON = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z$"
-# Jackson's escapes (Spark's JSON writer): the quote, the backslash and the control characters, in uppercase hex.
+    key: tuple[str, ...] = ()
+    other: Node | None = None
+    other_key: tuple[str, ...] = ()
+    time_columns: tuple[str, str] = ("ts", "ts")
+    late_outputs: tuple[str | None, str | None] = (None, None)
+
+    needs_arrival_order = False
+    uses_watermark = True
+    # Key columns of the join's own in the buffer tables (a window's start).
+    own_fields: ClassVar[tuple[pa.Field, ...]] = ()
+    # Columns of the join's own in its output, after the key columns (a window's start and end).
+    own_output_fields: ClassVar[tuple[pa.Field, ...]] = ()
+    kind: ClassVar[str] = "join"
+
+    @property
+    def what(self) -> str:
+        return f"{self.kind} {self.operator_id!r}"
+
+    # -- the graph
+
+    def inputs(self) -> tuple[Node, ...]:
+        assert self.parent is not None and self.other is not None
+        return (self.parent, self.other)
+
+    def keyed_inputs(self) -> list[tuple[Node, tuple[str, ...]]]:
+        # A null event time is checked at the sources as a null key is (a dead letter there).
+        return [(node, (*key, time)) for node, key, time in zip(self.inputs(), (self.key, self.other_key), self.time_columns)]
+
+    def exchanges(self) -> tuple[Exchange, ...]:
+        return (Exchange.KEYED, Exchange.KEYED)
+
+    def input_keys(self) -> tuple[tuple[str, ...], ...]:
+        return (tuple(self.key), tuple(self.other_key))  # by key only: the event time is no part of the key group
+
+    def key_output(self) -> tuple[str, ...]:
+        return self.key  # a pair's key columns, named as the left side's
+
+    # -- what it declares
+
+    def side_outputs(self) -> list[str]:
+        return list(dict.fromkeys(name for name in self.late_outputs if name))
+
+    def side_output_schemas(self, inputs: Sequence[pa.Schema]) -> dict[str, pa.Schema]:
+        """Each declared late output: its side's user columns, nullable (one named by both sides: the left's, then the right's others)."""
+        schemas: dict[str, pa.Schema] = {}
+        for name, schema in zip(self.late_outputs, inputs):
+            if not name:
+                continue
+            fields = [f.with_nullable(True) for f in schema if f.name in user_columns(schema.names)]
+            if name not in schemas:
+                schemas[name] = pa.schema(fields)
+                continue
+            merged = schemas[name]
+            for field in fields:
+                if field.name not in merged.names:
+                    merged = merged.append(field)
+                elif merged.field(field.name).type != field.type:
+                    raise PipelineDefinitionError(
+                        f"{self.what}: both sides' late records go to {name!r}, but their column {field.name!r} is "
+                        f"{merged.field(field.name).type} on the left and {field.type} on the right; give each side its own late output"
+                    )
+            schemas[name] = merged
+        return schemas
+
+    def _spec(self, side: str, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
+        return buffer_spec(self.operator_id, side, self.key, self.own_fields, key_types)
+
+    def state_specs(self, inputs: Sequence[pa.Schema] | None = None) -> list[StateSpec]:
+        types = None
+        if inputs:
+            types = {k: inputs[0].field(k).type for k in self.key if k in inputs[0].names}
+        return [self._spec(side, types) for side in SIDES]
+
+    def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
+        """The key columns (the left's), the join's own columns, then both records' other columns, all nullable."""
+        self._check_inputs(inputs)
+        users = [user_columns(schema.names) for schema in inputs]
+        columns = output_columns(self.key, users[0], users[1], self.other_key, reserved=[f.name for f in self.own_output_fields])
+        fields = [inputs[0].field(k).with_nullable(True) for k in self.key]
+        fields += [f.with_nullable(True) for f in self.own_output_fields]
+        fields += [
+            inputs[SIDES.index(side)].field(c).with_name(name).with_nullable(True) for side, c, name in columns[len(self.key) :]
+        ]
+        lowered = [f.name.lower() for f in fields]
+        clashes = sorted({f.name for f in fields if lowered.count(f.name.lower()) > 1})
+        if clashes:
+            raise PipelineDefinitionError(
+                f"{self.what}: output columns {clashes} differ only in case (tables resolve names ignoring case); "
+                "rename them upstream with select or map"
+            )
+        return pa.schema(fields)
+
+    def _check_inputs(self, inputs: Sequence[pa.Schema]) -> None:
+        """Refuses inputs the join cannot take: missing columns, keys of other types, event times that are not timestamps."""
+        if len(inputs) != 2:
+            raise PipelineDefinitionError(f"{self.what}: takes two inputs, got {len(inputs)}")
+        keys = (self.key, self.other_key)
+        if len(self.key) != len(self.other_key) or not self.key:
+            raise PipelineDefinitionError(
+                f"{self.what}: the inputs are keyed by {list(self.key)} and {list(self.other_key)}; two joined streams "
+                "need as many key columns, of the same types, in the same order"
+            )
+        for index, (schema, key, time) in enumerate(zip(inputs, keys, self.time_columns)):
+            side = SIDES[index]
+            names = schema.names
+            duplicated = sorted({n for n in names if names.count(n) > 1})
+            if duplicated:
+                raise PipelineDefinitionError(f"{self.what}: the {side} input has columns {duplicated} twice")
+            for column in (*key, time):
+                if column not in names or column.startswith("_"):
+                    raise PipelineDefinitionError(
+                        f"{self.what}: the {side} input has no column {column!r} (columns: {user_columns(names)})"
+                    )
+            if len(set(key)) != len(key):
+                raise PipelineDefinitionError(f"{self.what}: the {side} key {list(key)} names a column twice")
+            if not pa.types.is_timestamp(schema.field(time).type):
+                raise PipelineDefinitionError(
+                    f"{self.what}: the {side} input's event time {time!r} must be a timestamp, found {schema.field(time).type}"
+                )
+            for field in schema:
+                if not field.name.startswith("_") and not _has_json_form(field.type):
+                    raise PipelineDefinitionError(
+                        f"{self.what}: the {side} input's column {field.name!r} is of type {field.type}, which a join cannot "
+                        "buffer (records wait in state as JSON); convert it upstream (e.g. to a string or a number)"
+                    )
+        differ = [
+            f"{a} is {inputs[0].field(a).type} but {b} is {inputs[1].field(b).type}"
+            for a, b in zip(self.key, self.other_key)
+            if inputs[0].field(a).type != inputs[1].field(b).type
+        ]
+        if differ:
+            raise PipelineDefinitionError(
+                f"{self.what}: the key columns of the two inputs differ in type ({'; '.join(differ)}); "
+                "joined keyed streams need keys of the same types, in the same order"
+            )
+        own = [f.name for f in self.own_fields]
+        taken = sorted(set(self.key) & {*BUFFER_COLUMNS, *own})
+        if taken:
+            raise PipelineDefinitionError(
+                f"{self.what}: key columns {taken} are named like the join's buffer columns {[*own, *BUFFER_COLUMNS]}; "
+                "rename them upstream with select or map"
+            )
+
+    # -- shared kernel steps
+
+    def late_schemas(self, inputs: Sequence[pa.Schema]) -> list[pa.Schema | None]:
+        schemas = self.side_output_schemas(inputs)
+        return [schemas[name] if name else None for name in self.late_outputs]
+
+
+# -- the epoch's records of one side ------------------------------------------------------------------------------------
+
+
+@dataclass
+class SideRecords:
+    """One side's records of the epoch: those that may join, in the buffer's form, and the late ones."""
+
+    fresh: pa.Table  # key columns (the left's names), KEY_GROUP, record_epoch, record_index, event_time_us, record
+    rows: np.ndarray  # each fresh record's row in the input
+    late: pa.Table  # the late records' user columns
+
+
+def event_time_us(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A timestamp column in microseconds since the Unix epoch, and whether each is not null."""
+    micros = pc.cast(column, pa.timestamp("us", tz=column.type.tz), safe=False).cast(pa.int64())
+    valid = np.asarray(pc.is_valid(micros).to_numpy(zero_copy_only=False), dtype=bool)
+    values = np.asarray(pc.fill_null(micros, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    return values, valid
+
+
+def side_records(
+    task: Task, records: pa.Table, key: Sequence[str], theirs: Sequence[str], ts_us: np.ndarray, late: np.ndarray
+) -> SideRecords:
+    """The side's records split into those that may join (in the buffer's form) and the late ones.
+
+    ``late`` marks records that can no longer join; a null key is late too.
+    ``record_index`` ranks a key's fresh records by event time, then by their
+    JSON's bytes, as Spark's ``row_number()`` over them did.
+    """
+    late = np.array(late, dtype=bool, copy=True)
+    for column in theirs:
+        late |= np.asarray(pc.is_null(records[column]).to_numpy(zero_copy_only=False), dtype=bool)
+    users = user_columns(records.column_names)
+    late_rows = records.filter(pa.array(late)).select(users)
+    rows = np.flatnonzero(~late).astype(np.int64)
+    kept = with_key_group(records, theirs, task.key_groups).take(pa.array(rows))
+    n = kept.num_rows
+    columns: dict[str, Any] = {k: kept[t] for k, t in zip(key, theirs)}
+    columns[KEY_GROUP] = kept[KEY_GROUP]
+    columns["record_epoch"] = pa.repeat(pa.scalar(task.epoch, pa.int64()), n)
+    columns["event_time_us"] = pa.array(ts_us[rows], pa.int64())
+    columns["record"] = record_json(kept, [records.schema.field(c) for c in users])
+    fresh = pa.table(columns)
+    fresh = fresh.append_column("record_index", _record_ranks(fresh, key))
+    return SideRecords(fresh, rows, late_rows)
+
+
+def _record_ranks(fresh: pa.Table, key: Sequence[str]) -> pa.Array:
+    """``record_index``: 1, 2... per key, by ``event_time_us`` then ``record`` (by bytes, as Spark compares strings)."""
+    n = fresh.num_rows
+    if not n:
+        return pa.array([], pa.int64())
+    (ids,) = key_ids([fresh], key)
+    order = pc.sort_indices(
+        pa.table({"_id": ids, "t": fresh["event_time_us"], "r": fresh["record"]}),
+        sort_keys=[("_id", "ascending"), ("t", "ascending"), ("r", "ascending")],
+    ).to_numpy()
+    sorted_ids = ids[order]
+    starts = np.ones(n, dtype=bool)
+    starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    positions = np.arange(n, dtype=np.int64)
+    first = np.maximum.accumulate(np.where(starts, positions, 0))
+    ranks = np.empty(n, dtype=np.int64)
+    ranks[order] = positions - first + 1
+    return pa.array(ranks)
+
+
+def send_late(task: Task, node: TwoSidedJoin, sides: Sequence[SideRecords], schemas: Sequence[pa.Schema | None]) -> None:
+    """Late records to their side's late output (every epoch, empty or not), else dropped and counted."""
+    for label, side, name, schema in zip(("left", "right"), sides, node.late_outputs, schemas):
+        if name and schema is not None:
+            task.emit(name, conform(side.late, schema))
+        elif side.late.num_rows:
+            task.count(
+                f"{node.kind} {node.operator_id!r} dropped {{n}} late {label} record(s) (no late output declared)",
+                side.late.num_rows,
+            )
+
+
+def buffered_rows(task: Task, spec: StateSpec, read: bool) -> pa.Table:
+    """Every buffered row of the task's key groups (the buffer's columns), or none when ``read`` is false."""
+    columns = buffer_columns(spec)
+    if not read:
+        return columns.empty_table()
+    return task.state(spec).every_live_row().select(columns.names).cast(columns)
+
+
+def buffer_columns(spec: StateSpec) -> pa.Schema:
+    schema = spec.arrow_schema()
+    return pa.schema([schema.field(c) for c in (*spec.key_columns, KEY_GROUP, *spec.value_columns)])
+
+
+# -- keys, times ------------------------------------------------------------------------------------------------------
+
+
+def key_ids(tables: Sequence[pa.Table], key: Sequence[str]) -> list[np.ndarray]:
+    """Dense ids of each row's key across ``tables`` (the same key columns and types; no null keys).
+
+    Equal ids for keys Spark's equality takes as equal: -0.0 and 0.0, any NaN and NaN.
+    """
+    sizes = [t.num_rows for t in tables]
+    total = sum(sizes)
+    ids = np.zeros(total, dtype=np.int64)
+    if total:
+        for name in key:
+            column = pa.chunked_array([c for t in tables for c in t[name].chunks], type=tables[0].schema.field(name).type)
+            array = column.combine_chunks()
+            if pa.types.is_floating(array.type):
+                zero = pa.scalar(0, array.type)
+                array = pc.if_else(pc.equal(array, zero), zero, array)  # -0.0 as 0.0
+                array = pc.if_else(pc.is_nan(array), pa.scalar(float("nan"), array.type), array)
+            codes = np.asarray(pc.dictionary_encode(array).indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+            ids = np.unique(ids * (int(codes.max()) + 1) + codes, return_inverse=True)[1].astype(np.int64).reshape(-1)
+    bounds = np.cumsum([0, *sizes])
+    return [ids[bounds[i] : bounds[i + 1]] for i in range(len(tables))]
+
+
+def greater_than(values: np.ndarray, bound: int) -> np.ndarray:
+    """``values > bound`` exactly, ``bound`` any Python int (beyond a long too)."""
+    if bound < INT64_MIN:
+        return np.ones(len(values), dtype=bool)
+    if bound >= INT64_MAX:
+        return np.zeros(len(values), dtype=bool)
+    return values > np.int64(bound)
+
+
+def at_most(values: np.ndarray, bound: int) -> np.ndarray:
+    return ~greater_than(values, bound)
+
+
+# -- joined rows ------------------------------------------------------------------------------------------------------
+
+
+def joined_values(
+    records: pa.Table, rows_of_fresh: np.ndarray, candidates: pa.Table, fresh_count: int, at: np.ndarray
+) -> pa.Table:
+    """The user columns of one side's candidates at rows ``at``: an epoch's record (a row before ``fresh_count``)
+    as its input row, a buffered one as its JSON reads back (once however many pairs it is in)."""
+    fields = [records.schema.field(c) for c in user_columns(records.column_names)]
+    schema = pa.schema([f.with_nullable(True) for f in fields])
+    is_new = at < fresh_count
+    new_rows = rows_of_fresh[at[is_new]]
+    stored, inverse = np.unique(at[~is_new], return_inverse=True)
+    parts = pa.concat_tables(
+        [
+            conform(records.select(schema.names).take(pa.array(new_rows, pa.int64())), schema),
+            record_values(candidates["record"].take(pa.array(stored, pa.int64())), fields).take(
+                pa.array(inverse.reshape(-1).astype(np.int64))
+            ),
+        ]
+    )
+    placed = np.concatenate([np.flatnonzero(is_new), np.flatnonzero(~is_new)])
+    order = np.empty(len(placed), dtype=np.int64)
+    order[placed] = np.arange(len(placed), dtype=np.int64)
+    return parts.take(pa.array(order))
+
+
+# -- a record as JSON (see the module docstring) -----------------------------------------------------------------------
+
 _JSON_ESCAPES = {
     **{c: f"\\u{c:04X}" for c in range(0x20)}, 0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r",
     0x22: '\\"', 0x5C: "\\\\",
 }  # fmt: skip
-# The buffer's own columns, which the fresh records hold beside the key columns.
-_BUFFER_COLUMNS = frozenset({"event_time_us", "record", "record_epoch", "record_index"})
+_CONTROL = r"[\x00-\x1f]"
+# Java prints a double or float in [1e-3, 1e7) in plain notation, others as d.dddE<n>.
+_PLAIN = (1e-3, 1e7)
 
 
-def _declined(why: str) -> Exception:
-    from barrierflow.execution.chained_region import RegionDeclined
-
-    return RegionDeclined(why)
-
-
-def chained_key_types(
-    inputs: Sequence[pa.Schema], keys: Sequence[Sequence[str]], times: Sequence[str]
-) -> dict[str, pa.DataType] | None:
-    """:func:`check_key_types` on the inputs' Arrow schemas, where the chained form takes them; None: the join runs on Spark.
-
-    Spark raises the errors (a missing column, key columns of different
-    types). The chained form takes keys it hashes as Spark does, event times
-    as UTC microseconds and records of the types :func:`record_json` writes.
-    """
-    if len(keys[0]) != len(keys[1]):
-        return None
-    for schema, key, time in zip(inputs, keys, times):
-        names = schema.names
-        if len(set(names)) != len(names) or any(f.type not in _JSON_TYPES for f in schema if not f.name.startswith("_")):
-            return None
-        if time not in names or time.startswith("_") or schema.field(time).type != _EVENT_TIME:
-            return None
-        if len(set(key)) != len(key) or any(k not in names or k.startswith("_") for k in key):
-            return None
-        if any(schema.field(k).type not in _CHAINED_KEY_TYPES for k in key):
-            return None
-    if set(keys[0]) & _BUFFER_COLUMNS or [inputs[0].field(a).type for a in keys[0]] != [inputs[1].field(b).type for b in keys[1]]:
-        return None
-    return {k: inputs[0].field(k).type for k in keys[0]}
+def _has_json_form(type_: pa.DataType) -> bool:
+    """Whether a column of this type can be buffered as JSON (see the module docstring)."""
+    if pa.types.is_dictionary(type_):
+        return _has_json_form(type_.value_type)
+    if pa.types.is_map(type_):
+        return _has_json_form(type_.key_type) and _has_json_form(type_.item_type)
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
+        return _has_json_form(type_.value_type)
+    if pa.types.is_struct(type_):
+        return all(_has_json_form(type_.field(i).type) for i in range(type_.num_fields))
+    return (
+        pa.types.is_null(type_)
+        or pa.types.is_boolean(type_)
+        or pa.types.is_integer(type_)
+        or pa.types.is_floating(type_)
+        or pa.types.is_decimal(type_)
+        or _is_string(type_)
+        or _is_binary(type_)
+        or pa.types.is_date(type_)
+        or pa.types.is_timestamp(type_)
+    )
 
 
-def chained_output_schema(
-    inputs: Sequence[pa.Schema], key: Sequence[str], other_key: Sequence[str], own: Sequence[pa.Field] = ()
-) -> pa.Schema | None:
-    """A joined row's schema as :func:`joined_rows` makes it; None where Spark raises (or resolves names ignoring case).
+def _is_string(type_: pa.DataType) -> bool:
+    return pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_string_view(type_)
 
-    The key columns as the first side types them, ``own``, then the records'
-    other columns; nullable, as Spark has them (``from_json``'s fields, and
-    keys of a union with the stored records).
-    """
-    users = [[f.name for f in schema if not f.name.startswith("_")] for schema in inputs]
-    try:
-        columns = output_columns(key, users[0], users[1], other_key, reserved=[f.name for f in own])
-    except PipelineDefinitionError:
-        return None
-    fields = [*(inputs[0].field(k).with_nullable(True) for k in key), *own]
-    fields += [inputs[SIDES.index(side)].field(c).with_name(name).with_nullable(True) for side, c, name in columns[len(key) :]]
-    names = [f.name.lower() for f in fields]
-    return pa.schema(fields) if len(set(names)) == len(names) else None
+
+def _is_binary(type_: pa.DataType) -> bool:
+    return (
+        pa.types.is_binary(type_) or pa.types.is_large_binary(type_) or pa.types.is_binary_view(type_)
+        or pa.types.is_fixed_size_binary(type_)
+    )  # fmt: skip
+
+
+def _array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(column, pa.ChunkedArray):
+        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    return column
+
+
+def record_json(records: pa.Table, fields: Sequence[pa.Field]) -> pa.Array:
+    """Each row's ``fields`` as one JSON object (see the module docstring): in order, null fields left out."""
+    return _object_json([records[f.name] for f in fields], [f.name for f in fields], records.num_rows)
+
+
+def _object_json(columns: Sequence[pa.Array | pa.ChunkedArray], names: Sequence[str], n: int) -> pa.Array:
+    if not columns:
+        return pa.repeat(pa.scalar("{}"), n)
+    # Each field as ',"name":value', or nothing when null; the first comma then dropped. (Arrow's join
+    # skipping nulls would drop the rows whose fields are all null.)
+    parts = [
+        pc.fill_null(pc.binary_join_element_wise(f",{_json_string(name)}:", _json(_array(c)), ""), "")
+        for c, name in zip(columns, names)
+    ]
+    body = pc.utf8_slice_codeunits(pc.binary_join_element_wise(*parts, ""), 1)
+    return pc.binary_join_element_wise("{", body, "}", "")
 
 
 def _json_string(value: str) -> str:
     return f'"{value.translate(_JSON_ESCAPES)}"'
 
 
-def _json_strings(column: Any) -> Any:
-    """Strings as JSON string literals (vectorised; a column with control characters is escaped value by value)."""
-    if pc.any(pc.match_substring_regex(column, r"[\x00-\x1f]")).as_py():
-        return pa.array([None if v is None else _json_string(v) for v in column.to_pylist()], pa.string())
+def _json_strings(column: pa.Array) -> pa.Array:
+    """Strings as JSON string literals (Jackson's escapes)."""
     escaped = pc.replace_substring(pc.replace_substring(column, "\\", "\\\\"), '"', '\\"')
+    if pc.any(pc.match_substring_regex(column, _CONTROL)).as_py():
+        for code in range(0x20):
+            escaped = pc.replace_substring(escaped, chr(code), _JSON_ESCAPES[code])
     return pc.binary_join_element_wise('"', escaped, '"', "")
 
 
-def _json_values(column: Any, data_type: pa.DataType, name: str) -> Any:
-    """One column's values as Spark's JSON writer prints them (null stays null: the field is left out)."""
-    if data_type == pa.string():
-        return _json_strings(column)
-    if data_type == pa.float64():
-        values = np.asarray(pc.fill_null(column, 0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
-        size = np.abs(values)
-        plain = (values == 0) | ((size >= _PLAIN_DOUBLES[0]) & (size < _PLAIN_DOUBLES[1]))
-        if not plain.all():
-            raise _declined(f"column {name}: a double Spark's JSON may print with other digits ({values[~plain][0]!r})")
-        return pa.array([None if v is None else float.__repr__(v) for v in column.to_pylist()], pa.string())
-    if data_type == _EVENT_TIME:
-        micros = pc.fill_null(column.cast(pa.int64()), 0)
-        if pc.any(pc.or_(pc.less(micros, _FIRST_US), pc.greater(micros, _LAST_US))).as_py():
-            raise _declined(f"column {name}: a timestamp outside years 1 to 9999")
-        return pc.binary_join_element_wise('"', pc.strftime(column, format="%Y-%m-%dT%H:%M:%S"), 'Z"', "")  # %S: six decimals
-    return pc.cast(column, pa.string())  # integers as digits, booleans as true/false
+def _json(column: pa.Array) -> pa.Array:
+    """One column's values as JSON text (null where the value is null)."""
+    type_ = column.type
+    n = len(column)
+    if pa.types.is_dictionary(type_):
+        return _json(column.cast(type_.value_type))
+    if pa.types.is_null(type_):
+        return pa.nulls(n, pa.string())
+    if _is_string(type_):
+        return _json_strings(column.cast(pa.string()))
+    if pa.types.is_boolean(type_) or pa.types.is_integer(type_) or pa.types.is_decimal(type_):
+        return column.cast(pa.string())  # digits, true/false; a decimal as BigDecimal.toString
+    if pa.types.is_floating(type_):
+        return _json_floats(column)
+    if _is_binary(type_):
+        texts = [None if v is None else f'"{base64.b64encode(v).decode("ascii")}"' for v in column.to_pylist()]
+        return pa.array(texts, pa.string())
+    if pa.types.is_date(type_):
+        days = np.asarray(pc.fill_null(column.cast(pa.date32()).cast(pa.int32()), 0).to_numpy(zero_copy_only=False))
+        text = _iso(np.datetime_as_string(days.astype("datetime64[D]"), unit="D"))
+        return _quoted(text, "", column)
+    if pa.types.is_timestamp(type_):
+        micros, _ = event_time_us(column)
+        text = _iso(np.datetime_as_string(micros.astype("datetime64[us]"), unit="us"))
+        return _quoted(text, "Z" if type_.tz is not None else "", column)
+    if pa.types.is_map(type_):
+        return _json_map(column)
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
+        values = pc.fill_null(_json(_array(pc.list_flatten(column))), "null")
+        return _joined_lists(column, values, "[", "]")
+    if pa.types.is_struct(type_):
+        children = [pc.struct_field(column, [i]) for i in range(type_.num_fields)]
+        body = _object_json(children, [type_.field(i).name for i in range(type_.num_fields)], n)
+        return pc.if_else(column.is_valid(), body, pa.scalar(None, pa.string()))
+    raise PipelineDefinitionError(f"a column of type {type_} has no JSON form")
 
 
-def record_json(records: pa.Table, fields: Sequence[pa.Field]) -> Any:
-    """Each row as :func:`fresh_records`' ``to_json(struct(fields), _JSON_OPTIONS)`` writes it: fields in order, nulls left out.
-
-    Declines a value whose JSON it does not write exactly as Spark does.
-    """
-    parts = [
-        pc.binary_join_element_wise(f"{_json_string(f.name)}:", _json_values(records[f.name], f.type, f.name), "")
-        for f in fields
-    ]
-    if not parts:
-        return pa.repeat(pa.scalar("{}"), records.num_rows)
-    body = pc.binary_join_element_wise(*parts, ",", null_handling="skip")
-    return pc.binary_join_element_wise("{", body, "}", "")
+def _iso(text: np.ndarray) -> np.ndarray:
+    """NumPy's ISO dates as Java's ``yyyy`` prints them: a year after 9999 with a plus sign."""
+    long_year = np.char.find(text.astype(str), "-", 1) > 4
+    return np.where(long_year & (np.char.find(text.astype(str), "-") != 0), np.char.add("+", text), text)
 
 
-def _json_column(values: list[Any], data_type: pa.DataType, name: str) -> pa.Array:
-    """One field of parsed records as ``from_json`` reads it with the field's type; declines what it does not read exactly."""
-    kinds = set(map(type, values)) - {type(None)}
-    try:
-        if data_type == pa.string() and kinds <= {str}:
-            return pa.array(values, pa.string())
-        if data_type == pa.bool_() and kinds <= {bool}:
-            return pa.array(values, pa.bool_())
-        if pa.types.is_integer(data_type) and kinds <= {int}:
-            return pa.array(values, data_type)  # out of range: raises
-        if data_type == pa.float64() and kinds <= {int, float}:
-            # float(): correctly rounded, as Java's parser
-            doubles = pa.array([v if v is None else float(v) for v in values], pa.float64())
-            if pc.all(pc.is_finite(doubles)).as_py() is not False:
-                return doubles
-        if data_type == _EVENT_TIME and kinds <= {str}:
-            texts = pa.array(values, pa.string())
-            if pc.all(pc.match_substring_regex(texts, _TIMESTAMP_JSON)).as_py() is not False:
-                return pc.cast(texts, _EVENT_TIME)  # a day or time out of range: raises
-    except (pa.ArrowInvalid, OverflowError):
-        pass
-    raise _declined(f"a stored record's {name} that the chained form does not read as {data_type}")
+def _quoted(text: np.ndarray, suffix: str, column: pa.Array) -> pa.Array:
+    values = pa.array(text.astype(str), pa.string())
+    quoted = pc.binary_join_element_wise('"', values, f'{suffix}"', "")
+    return pc.if_else(column.is_valid(), quoted, pa.scalar(None, pa.string()))
 
 
-def record_values(records: Any, fields: Sequence[pa.Field]) -> pa.Table:
-    """Buffered records' columns as :func:`joined_rows`' ``from_json(record, schema, _JSON_OPTIONS)`` reads them (nullable)."""
+def _json_floats(column: pa.Array) -> pa.Array:
+    """Doubles and floats as Java's ``Double.toString`` / ``Float.toString``; NaN and infinities as strings."""
+    single = not pa.types.is_float64(column.type)
+    if pa.types.is_float16(column.type):
+        column = column.cast(pa.float32())
+    values = np.asarray(pc.fill_null(column, 0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
+    text = column.cast(pa.string())  # shortest digits that read back exactly (plain in Java's plain range)
+    text = pc.if_else(pc.match_substring(text, "."), text, pc.binary_join_element_wise(text, ".0", ""))
+    size = np.abs(values)
+    finite = np.isfinite(values)
+    plain = (values == 0) | ((size >= _PLAIN[0]) & (size < _PLAIN[1]))
+    other = np.flatnonzero(~(plain & finite) & np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=bool))
+    if not len(other):
+        return text
+    mask = np.zeros(len(values), dtype=bool)
+    mask[other] = True
+    fixed = pa.array([_java_float(float(v), single) for v in values[other]], pa.string())  # only values outside the plain range
+    return pc.replace_with_mask(text, pa.array(mask), fixed)
+
+
+def _java_float(value: float, single: bool) -> str:
+    """Java's text of a double (or float) outside its plain range: ``d.dddE<n>``; NaN and infinities as JSON strings."""
+    if value != value:
+        return '"NaN"'
+    if value in (float("inf"), float("-inf")):
+        return '"Infinity"' if value > 0 else '"-Infinity"'
+    shortest = str(np.float32(value)) if single else repr(value)
+    sign, digits, exponent = Decimal(shortest).normalize().as_tuple()
+    assert isinstance(exponent, int)
+    text = "".join(map(str, digits))
+    return f"{'-' if sign else ''}{text[0]}.{text[1:] or '0'}E{len(text) - 1 + exponent}"
+
+
+def _joined_lists(column: pa.Array, values: pa.Array, opening: str, closing: str) -> pa.Array:
+    """Each list's (or map's) element texts ``values`` joined by commas between ``opening`` and ``closing``."""
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    lists = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values)
+    joined = pc.binary_join_element_wise(opening, pc.binary_join(lists, ","), closing, "")
+    return pc.if_else(column.is_valid(), joined, pa.scalar(None, pa.string()))
+
+
+def _entries(column: pa.Array) -> pa.Array:
+    """A map column as a list of (key, value) structs."""
+    type_ = column.type
+    return column.cast(pa.list_(pa.struct([type_.key_field, type_.item_field])))
+
+
+def _json_map(column: pa.Array) -> pa.Array:
+    entries = _entries(column)
+    flat = _array(pc.list_flatten(entries))
+    keys, items = _array(pc.struct_field(flat, [0])), _array(pc.struct_field(flat, [1]))
+    names = _json_strings(_key_text(keys))
+    pairs = pc.binary_join_element_wise(names, pc.fill_null(_json(items), "null"), ":")
+    return _joined_lists(entries, pairs, "{", "}")
+
+
+def _key_text(keys: pa.Array) -> pa.Array:
+    """Map keys as text, as Spark's ``toString`` of its internal value (a timestamp's microseconds, a date's days)."""
+    type_ = keys.type
+    if pa.types.is_dictionary(type_):
+        return _key_text(keys.cast(type_.value_type))
+    if _is_string(type_):
+        return keys.cast(pa.string())
+    if pa.types.is_timestamp(type_):
+        return pa.array(event_time_us(keys)[0], pa.int64()).cast(pa.string())
+    if pa.types.is_date(type_):
+        return keys.cast(pa.date32()).cast(pa.int32()).cast(pa.string())
+    text = _json(keys)
+    return pc.utf8_trim(text, '"') if pa.types.is_floating(type_) or _is_binary(type_) else text
+
+
+# -- a buffered record read back ----------------------------------------------------------------------------------------
+
+
+def record_values(records: pa.Array | pa.ChunkedArray, fields: Sequence[pa.Field]) -> pa.Table:
+    """Buffered records' fields (nullable), each read by name from its JSON as Spark's ``from_json`` reads it."""
     texts = records.to_pylist()
-    try:  # one parse for all: each record is one JSON object (or null), so the array has one element per record
-        parsed = json.loads(f"[{','.join('null' if t is None else t for t in texts)}]")
-    except ValueError:
-        raise _declined("a stored record that is not JSON") from None
-    if len(parsed) != len(texts) or not set(map(type, parsed)) <= {dict, type(None)}:
-        raise _declined("a stored record that is not one JSON object")
+    decimals = any(_has_decimal(f.type) for f in fields)
+    objects = _parse(texts, decimals)
     schema = pa.schema([f.with_nullable(True) for f in fields])
-    columns = [_json_column([None if p is None else p.get(f.name) for p in parsed], f.type, f.name) for f in fields]
+    columns = [_from_json([None if o is None else o.get(f.name) for o in objects], f.type) for f in fields]
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _record_ranks(rows: pa.Table, key: Sequence[str]) -> pa.Array:
-    """``record_index``: ``row_number()`` per key by ``event_time_us``, then ``record`` (by bytes, as Spark compares strings)."""
-    n = rows.num_rows
-    if not n:
-        return pa.array([], pa.int64())
-    by = [*((k, "ascending") for k in key), ("event_time_us", "ascending"), ("record", "ascending")]
-    order = pc.sort_indices(rows, sort_keys=by)
-    ordered = rows.select(list(key)).take(order)
-    starts = np.zeros(n, dtype=bool)
-    starts[0] = True
-    for k in key:  # a row starts a key's rows when any key column differs from the row before (no nulls: they are late)
-        column = ordered[k].combine_chunks()
-        starts[1:] |= np.asarray(pc.not_equal(column.slice(1), column.slice(0, n - 1)).to_numpy(zero_copy_only=False), dtype=bool)
-    positions = np.arange(n, dtype=np.int64)
-    first = np.maximum.accumulate(np.where(starts, positions, 0))
-    ranks = np.empty(n, dtype=np.int64)
-    ranks[np.asarray(order.to_numpy(), dtype=np.int64)] = positions - first + 1
-    return pa.array(ranks)
+def _parse(texts: list[str | None], decimals: bool) -> list[dict[str, Any] | None]:
+    parse_float = Decimal if decimals else None
+    try:  # one parse for all: each record is one JSON object, so the array has one element per record
+        parsed = json.loads(f"[{','.join('null' if t is None else t for t in texts)}]", parse_float=parse_float)
+        if len(parsed) != len(texts):
+            raise ValueError("not one value per record")
+    except ValueError:
+        parsed = []
+        for text in texts:
+            try:
+                parsed.append(None if text is None else json.loads(text, parse_float=parse_float))
+            except ValueError:
+                parsed.append(None)
+    return [p if isinstance(p, dict) else None for p in parsed]
 
 
-def chained_fresh_records(
-    task: Any, records: pa.Table, key: Sequence[str], theirs: Sequence[str], time: str, late: Any
-) -> tuple[pa.Table, pa.Table]:
-    """:func:`fresh_records` on one side's Arrow records: its fresh records and its late ones.
-
-    ``late`` (a boolean per record, never null) marks records that can no
-    longer join; a null key is late too. The fresh records have the buffer's
-    columns (the key columns named ``key``, ``event_time_us``, ``record``,
-    the key group, ``record_epoch``, ``record_index``) and ``_row``, their
-    row in ``records``; the late ones the records' user columns
-    (:func:`chained_late_records` sends them on).
-    """
-    users = [f for f in records.schema if not f.name.startswith("_")]
-    for column in theirs:
-        late = pc.or_(late, pc.is_null(records[column]))
-    mask = np.asarray(late.to_numpy(zero_copy_only=False), dtype=bool) if records.num_rows else np.zeros(0, dtype=bool)
-    late_rows = records.filter(pa.array(mask)).select([f.name for f in users])
-    rows = np.flatnonzero(~mask).astype(np.int64)
-    kept = records.take(pa.array(rows))
-    fresh = pa.table(
-        {
-            **{k: kept[t] for k, t in zip(key, theirs)},
-            "event_time_us": kept[time].cast(pa.int64()),
-            "record": record_json(kept, users),
-        }
-    )
-    fresh = fresh.append_column(KEY_GROUP, task.key_groups_of(fresh.select(list(key))))
-    fresh = fresh.append_column("record_epoch", pa.repeat(pa.scalar(task.epoch, pa.int64()), fresh.num_rows))
-    fresh = fresh.append_column("record_index", _record_ranks(fresh, key))
-    return fresh.append_column("_row", pa.array(rows)), late_rows
+def _has_decimal(type_: pa.DataType) -> bool:
+    if pa.types.is_decimal(type_):
+        return True
+    if pa.types.is_dictionary(type_):
+        return _has_decimal(type_.value_type)
+    if pa.types.is_map(type_):
+        return _has_decimal(type_.key_type) or _has_decimal(type_.item_type)
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
+        return _has_decimal(type_.value_type)
+    if pa.types.is_struct(type_):
+        return any(_has_decimal(type_.field(i).type) for i in range(type_.num_fields))
+    return False
 
 
-def chained_late_records(task: Any, what: str, late: pa.Table, late_output: str | None, side: str) -> None:
-    """:func:`fresh_records`' late records: to ``late_output`` if declared (every epoch, empty or not), else dropped and logged.
+_NON_NUMBERS = {"NaN": float("nan"), "Infinity": float("inf"), "+Infinity": float("inf"), "-Infinity": float("-inf"),
+                "INF": float("inf"), "+INF": float("inf"), "-INF": float("-inf")}  # fmt: skip
 
-    The count goes to the log of the Python worker running the task (the
-    executor's log), the one place a task logs to.
-    """
-    if late_output:
-        task.emit(late_output, late)
-    elif late.num_rows:
-        _log.warning("epoch %d: %s dropped %d late %s record(s) (no late output declared)", task.epoch, what, late.num_rows, side)
+
+def _from_json(values: list[Any], type_: pa.DataType) -> pa.Array:
+    """Parsed JSON values as an array of ``type_`` (a value of another kind reads null)."""
+    if pa.types.is_dictionary(type_):
+        return _from_json(values, type_.value_type).cast(type_)
+    if pa.types.is_null(type_):
+        return pa.nulls(len(values))
+    if _is_string(type_):
+        return pa.array([_text(v) for v in values], pa.string()).cast(type_)
+    if pa.types.is_boolean(type_):
+        return pa.array([v if isinstance(v, bool) else None for v in values], pa.bool_())
+    if pa.types.is_integer(type_):
+        info = np.iinfo(type_.to_pandas_dtype())
+        ints = [v if isinstance(v, int) and not isinstance(v, bool) and info.min <= v <= info.max else None for v in values]
+        return pa.array(ints, type_)
+    if pa.types.is_floating(type_):
+        return pa.array([_float(v) for v in values], pa.float64()).cast(type_, safe=False)
+    if pa.types.is_decimal(type_):
+        return pa.array([_decimal(v, type_) for v in values], type_)
+    if _is_binary(type_):
+        return pa.array([_binary(v) for v in values], pa.binary()).cast(type_)
+    if pa.types.is_date(type_):
+        texts = [v if isinstance(v, str) else None for v in values]
+        return _cast_texts(texts, pa.date32()).cast(type_)
+    if pa.types.is_timestamp(type_):
+        return _timestamps(values, type_)
+    if pa.types.is_map(type_):
+        offsets, keys, items, mask = [0], [], [], []
+        for v in values:
+            if isinstance(v, dict):
+                keys += list(v)
+                items += list(v.values())
+            offsets.append(len(keys))
+            mask.append(not isinstance(v, dict))
+        key_array = _key_values(keys, type_.key_type)
+        return pa.MapArray.from_arrays(
+            pa.array(offsets, pa.int32()),
+            key_array,
+            _from_json(items, type_.item_type),
+            type=type_,
+            mask=pa.array(mask, pa.bool_()),
+        )
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
+        offsets, flat, mask = [0], [], []
+        for v in values:
+            if isinstance(v, list):
+                flat += v
+            offsets.append(len(flat))
+            mask.append(not isinstance(v, list))
+        inner = _from_json(flat, type_.value_type)
+        lists = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), inner, mask=pa.array(mask, pa.bool_()))
+        return lists.cast(type_)
+    if pa.types.is_struct(type_):
+        fields = [type_.field(i) for i in range(type_.num_fields)]
+        children = [_from_json([v.get(f.name) if isinstance(v, dict) else None for v in values], f.type) for f in fields]
+        return pa.StructArray.from_arrays(
+            children, fields=fields, mask=pa.array([not isinstance(v, dict) for v in values], pa.bool_())
+        )
+    raise PipelineDefinitionError(f"a column of type {type_} has no JSON form")
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float, Decimal)):
+        return float(value)
+    if isinstance(value, str):
+        return _NON_NUMBERS.get(value)
+    return None
+
+
+def _decimal(value: Any, type_: pa.DataType) -> Decimal | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
+        return None
+    try:
+        number = Decimal(str(value)).quantize(Decimal(1).scaleb(-type_.scale), rounding=ROUND_HALF_UP)
+    except InvalidOperation:
+        return None
+    return number if len(number.as_tuple().digits) <= type_.precision else None
+
+
+def _binary(value: Any) -> bytes | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError:
+        return None
+
+
+def _cast_texts(texts: list[str | None], type_: pa.DataType) -> pa.Array:
+    """ISO texts as ``type_`` (a date, or a timestamp in microseconds); one that does not read reads null."""
+    array = pa.array(texts, pa.string())
+    try:
+        return array.cast(type_)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    values = []
+    for text in texts:
+        values.append(None if text is None else _iso_value(text, type_))
+    return pa.array(values, type_)
+
+
+def _iso_value(text: str, type_: pa.DataType) -> Any:
+    """One ISO text NumPy reads (years beyond four digits, a sign); None if it does not read."""
+    body = text[1:] if text.startswith("+") else text
+    body = body[:-1] if body.endswith("Z") else body
+    try:
+        if pa.types.is_date(type_):
+            return int(np.datetime64(body, "D").astype(np.int64))
+        return int(np.datetime64(body, "us").astype(np.int64))
+    except ValueError:
+        return None
+
+
+def _timestamps(values: list[Any], type_: pa.DataType) -> pa.Array:
+    zoned = type_.tz is not None
+    target = pa.timestamp("us", tz="UTC") if zoned else pa.timestamp("us")
+    texts = [v if isinstance(v, str) else None for v in values]
+    parsed = _cast_texts(texts, target)
+    # A number: seconds since the Unix epoch, as Spark reads one.
+    numbers = [int(v * 1_000_000) if isinstance(v, (int, float, Decimal)) and not isinstance(v, bool) else None for v in values]
+    if any(n is not None for n in numbers):
+        parsed = pc.coalesce(parsed, pa.array(numbers, pa.int64()).cast(target))
+    return parsed.cast(type_, safe=False)
+
+
+def _key_values(keys: list[str], type_: pa.DataType) -> pa.Array:
+    """Map keys from their text (:func:`_key_text`)."""
+    if pa.types.is_dictionary(type_):
+        return _key_values(keys, type_.value_type).cast(type_)
+    if _is_string(type_):
+        return pa.array(keys, pa.string()).cast(type_)
+    if pa.types.is_timestamp(type_):
+        return pa.array([int(k) for k in keys], pa.int64()).cast(pa.timestamp("us", tz=type_.tz)).cast(type_, safe=False)
+    if pa.types.is_date(type_):
+        return pa.array([int(k) for k in keys], pa.int32()).cast(pa.date32()).cast(type_)
+    if pa.types.is_floating(type_):
+        return _from_json([_NON_NUMBERS[k] if k in _NON_NUMBERS else float(k) for k in keys], type_)
+    if _is_binary(type_):
+        return _from_json(keys, type_)
+    return _from_json([json.loads(k, parse_float=Decimal) for k in keys], type_)

@@ -57,11 +57,12 @@ class attributes) belong to a parallel subtask, not to a key. Within epoch n:
    subtask's list (2.) and how lists are redistributed (5.). With the same
    parallelism and input they are the same, retries included.
 7. Operator state is small (buffers, offsets), as Flink keeps it on the
-   heap of each task: the driver reads a state whole, redistributes it and
-   ships each subtask its lists with the function; the subtasks' new lists
-   come back to the driver, which stages the changed rows. A state whose
-   lists would hold more than ``MAX_DRIVER_STATE_ELEMENTS`` (1,000,000)
-   elements in all fails the epoch, saying so (keyed state has no ceiling).
+   heap of each task: the operator's input arrives whole in one task (a
+   global exchange), which reads each state whole (its rows are all in key
+   group 0), redistributes it (5.), runs every subtask's records (2.) and
+   stages the changed rows. A state whose lists would hold more than
+   ``MAX_HELD_STATE_ELEMENTS`` (1,000,000) elements in all fails the epoch,
+   saying so (keyed state has no ceiling).
 
 8. Source offsets. Every source operator owns the union list state
    ``offsets`` (``state/<source_id>/offsets``, ``<source_id>__offsets`` in
@@ -69,7 +70,7 @@ class attributes) belong to a parallel subtask, not to a key. Within epoch n:
    offsets are union list state, written by the code path of 4. A source
    here is one split (a file position, a table version), so its element is
    its end offsets as one JSON document (keys sorted). Within epoch n, once
-   its operators ran (:func:`stage_source_offsets`):
+   its operators ran (:func:`source_offsets_table`, on the driver):
 
    a. every subtask sees the union of the stored lists (5c., whatever the
       parallelism was), which must be barrier n's start offsets of the
@@ -90,27 +91,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from barrierflow.api.functions import OperatorContext, ProcessFunction
 from barrierflow.api.keyed_state import ListState
-from barrierflow.api.state import EVEN_SPLIT, UNION, ListStateDescriptor, StateDescriptor
+from barrierflow.api.state import UNION, ListStateDescriptor
+from barrierflow.core.arrow import in_arrival_order
+from barrierflow.core.columns import DELETED, EPOCH, KEY_GROUP, SEQ, UPDATED_AT, user_columns
 from barrierflow.core.errors import CheckpointError, PipelineDefinitionError, UserFunctionError
-from barrierflow.operators.base import (
-    Node,
-    check_driver_state_size,
-    position_columns,
-    position_order,
-    ship_user_code,
-    user_columns,
-)
-from barrierflow.operators.process import _declared_states, _python_values, _state_column
-from barrierflow.state.spec import KEY_GROUP, StateSpec
+from barrierflow.operators.base import Exchange, Node, Task, check_held_state_size
+from barrierflow.operators.process import python_values, rows_table
+from barrierflow.state.spec import StateSpec
 
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
-
+# The function and context are importable from here as before (barrierflow/__init__.py, plan/pipeline.py).
 __all__ = [
     "ProcessFunction",
     "OperatorContext",
@@ -124,7 +120,7 @@ __all__ = [
     "offsets_lists",
     "restored_offsets",
     "offsets_rows",
-    "stage_source_offsets",
+    "source_offsets_table",
     "SUBTASK",
     "POSITION",
     "VALUE",
@@ -136,66 +132,8 @@ SUBTASK = "subtask"
 POSITION = "position"
 VALUE = "value"
 PARALLELISM = "parallelism"
-# The subtask a record goes to (2.), in the frame handed to each subtask.
-_SUBTASK = "_subtask"
 # (8.) Every source's offsets: one JSON document per split.
 OFFSETS = ListStateDescriptor("offsets", pa.string(), redistribution=UNION)
-
-
-class OperatorContext:
-    """What a :class:`ProcessFunction` sees: its subtask, the epoch's clocks and its list states (3.)."""
-
-    def __init__(self, subtask_index: int, parallelism: int, epoch: int, processing_time_ms: int, states: Mapping[str, ListState]) -> None:
-        self.subtask_index = subtask_index
-        self.parallelism = parallelism
-        self.epoch = epoch
-        self.processing_time_ms = processing_time_ms
-        self._states = states
-
-    def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
-        """This subtask's list of an even-split state (5b. on a rescale)."""
-        return self._state(descriptor, EVEN_SPLIT, "get_union_list_state")
-
-    def get_union_list_state(self, descriptor: ListStateDescriptor) -> ListState:
-        """This subtask's list of a union state (5c. on a rescale)."""
-        return self._state(descriptor, UNION, "get_list_state")
-
-    def _state(self, descriptor: ListStateDescriptor, redistribution: str, other: str) -> ListState:
-        state = self._states.get(getattr(descriptor, "name", None))  # type: ignore[arg-type]
-        if state is None:
-            name = getattr(descriptor, "name", descriptor)
-            raise PipelineDefinitionError(
-                f"operator state {name!r} is not declared by the process function: declare it as a class "
-                f"attribute, e.g. {name} = bf.ListStateDescriptor({name!r}, pa.int64())"
-            )
-        declared = state.descriptor
-        assert isinstance(declared, ListStateDescriptor)
-        if declared.redistribution != redistribution:
-            raise PipelineDefinitionError(
-                f"operator state {declared.name!r} is declared redistribution={declared.redistribution!r}: "
-                f"read it with ctx.{other}(...), or declare it redistribution={redistribution!r}"
-            )
-        return state
-
-
-class ProcessFunction:
-    """Subclass and implement :meth:`process_element`; emit rows of ``output_schema`` with ``out``.
-
-    Its operator state is every :class:`ListStateDescriptor` among its class
-    attributes (``pending = bf.ListStateDescriptor("pending", pa.string())``,
-    ``redistribution="union"`` for union state), collected as a
-    :class:`~barrierflow.operators.process.KeyedProcessFunction`'s are.
-    """
-
-    state_descriptors: ClassVar[tuple[StateDescriptor, ...]] = ()
-    output_schema: pa.Schema = pa.schema([])
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.state_descriptors = _declared_states(cls)
-
-    def process_element(self, record: dict[str, Any], ctx: OperatorContext, out: Callable[[dict[str, Any]], None]) -> None:
-        raise NotImplementedError
 
 
 def operator_state_spec(operator_id: str, descriptor: ListStateDescriptor) -> StateSpec:
@@ -238,7 +176,7 @@ def stored_lists(rows: pa.Table, parallelism: int) -> list[list[Any]]:
         )
     lists: list[list[Any]] = [[] for _ in range(written_for.pop())]
     ordered = rows.sort_by([(SUBTASK, "ascending"), (POSITION, "ascending")])
-    for subtask, value in zip(ordered.column(SUBTASK).to_pylist(), _python_values(ordered.column(VALUE))):
+    for subtask, value in zip(ordered.column(SUBTASK).to_pylist(), python_values(ordered.column(VALUE))):
         lists[subtask].append(value)
     return lists
 
@@ -250,15 +188,15 @@ def state_rows(rows: pa.Table, lists: Sequence[Sequence[Any]]) -> list[dict[str,
         (s, p): (v, n)
         for s, p, v, n in zip(
             rows.column(SUBTASK).to_pylist(), rows.column(POSITION).to_pylist(),
-            _python_values(rows.column(VALUE)), rows.column(PARALLELISM).to_pylist(),
+            python_values(rows.column(VALUE)), rows.column(PARALLELISM).to_pylist(),
         )
     }  # fmt: skip
     out = []
     for subtask, values in enumerate(lists):
         for position, value in enumerate(values):
             if before.pop((subtask, position), None) != (value, parallelism):
-                out.append({SUBTASK: subtask, POSITION: position, VALUE: value, PARALLELISM: parallelism, "_deleted": False})
-    out += [{SUBTASK: s, POSITION: p, VALUE: None, PARALLELISM: None, "_deleted": True} for s, p in sorted(before)]
+                out.append({SUBTASK: subtask, POSITION: position, VALUE: value, PARALLELISM: parallelism, DELETED: False})
+    out += [{SUBTASK: s, POSITION: p, VALUE: None, PARALLELISM: None, DELETED: True} for s, p in sorted(before)]
     return out
 
 
@@ -291,25 +229,24 @@ def restored_offsets(source_id: str, rows: pa.Table) -> Any | None:
 def offsets_rows(source_id: str, offsets: Any, parallelism: int, epoch: int, updated_at_ms: int) -> pa.Table:
     """(8b.) The whole table of a source's offsets state holding ``offsets`` (a restore seeding it, see :mod:`barrierflow.operations.restore`)."""
     spec = source_offsets_spec(source_id)
-    return _state_table(spec, state_rows(spec.arrow_schema().empty_table(), offsets_lists(offsets, parallelism)), epoch, updated_at_ms)
+    return _state_table(
+        spec, state_rows(spec.arrow_schema().empty_table(), offsets_lists(offsets, parallelism)), epoch, updated_at_ms
+    )
 
 
-def stage_source_offsets(ctx: Any) -> None:
-    """(8.) Stage every source's offsets state for epoch n; waits for epoch n-1 (its state) to complete."""
-    parallelism = ctx.pipeline.parallelism  # 1.
-    for node in ctx.pipeline.sources:
-        source_id = node.operator_id
-        spec = source_offsets_spec(source_id)
-        stored = ctx.state.read_arrow(spec, [0])
-        restored = restored_offsets(source_id, stored)  # 8a.
-        start = ctx.barrier.start_offsets.get(source_id)
-        if restored is not None and restored != start:
-            raise CheckpointError(
-                f"source {source_id}: its offsets state holds {json.dumps(restored, sort_keys=True)} but barrier "
-                f"{ctx.epoch} starts at {json.dumps(start, sort_keys=True)}; the table was changed outside "
-                "barrierflow: restore from a savepoint or a retained checkpoint"
-            )
-        _stage(ctx, spec, state_rows(stored, offsets_lists(ctx.barrier.end_offsets[source_id], parallelism)))  # 8b.
+def source_offsets_table(
+    stored: pa.Table, source_id: str, start: Any, end: Any, parallelism: int, epoch: int, processing_time_ms: int
+) -> pa.Table:
+    """(8.) A source's offsets state rows for epoch n: its stored rows must hold barrier n's ``start`` offsets (8a.); ``end`` replaces them (8b.)."""
+    spec = source_offsets_spec(source_id)
+    restored = restored_offsets(source_id, stored)  # 8a.
+    if restored is not None and restored != start:
+        raise CheckpointError(
+            f"source {source_id}: its offsets state holds {json.dumps(restored, sort_keys=True)} but barrier "
+            f"{epoch} starts at {json.dumps(start, sort_keys=True)}; the table was changed outside "
+            "barrierflow: restore from a savepoint or a retained checkpoint"
+        )
+    return _state_table(spec, state_rows(stored, offsets_lists(end, parallelism)), epoch, processing_time_ms)  # 8b.
 
 
 @dataclass
@@ -344,66 +281,72 @@ class OperatorProcess(Node):
         assert self.function is not None
         return [d for d in self.function.state_descriptors if isinstance(d, ListStateDescriptor)]
 
-    def state_specs(self) -> list[StateSpec]:
+    def exchanges(self) -> tuple[Exchange, ...]:
+        return (Exchange.GLOBAL,)  # (2.) the whole epoch in one task: one arrival order, one round-robin
+
+    def input_keys(self) -> tuple[tuple[str, ...], ...]:
+        return ((),)
+
+    def state_specs(self, inputs: Sequence[pa.Schema] | None = None) -> list[StateSpec]:
         return [operator_state_spec(self.operator_id, d) for d in self.descriptors]
 
-    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
-        """Steps 2.-5.; returns the emitted rows."""
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        fn = self.function
-        assert fn is not None
-        ship_user_code(fn)
-        if "_seq" not in df.columns:
+    def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
+        (schema,) = inputs
+        if SEQ not in schema.names:  # (2.)
             raise PipelineDefinitionError(
                 f"process {self.operator_id!r}: its input carries no arrival position, so which subtask a record goes "
                 "to is unknown; apply a ProcessFunction to a stream from a source, its stateless operators or unions"
             )
-        parallelism = ctx.pipeline.parallelism  # 1.
+        assert self.function is not None
+        return self.function.output_schema
+
+    def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
+        """Steps 1.-5. and 7.; returns the rows every subtask emitted, by subtask."""
+        (records,) = inputs
+        fn = self.function
+        assert fn is not None
+        label = f"process {self.operator_id!r}"
+        parallelism = task.parallelism  # 1. the pipeline's, as the barrier fixed it
         specs = {d.name: operator_state_spec(self.operator_id, d) for d in self.descriptors}
-        stored = {name: ctx.state.read_arrow(spec, [0]) for name, spec in specs.items()}
+        stored = {}
+        for name, spec in specs.items():  # 7. read whole: every row is in key group 0
+            rows = task.state(spec).every_live_row()
+            stored[name] = rows.filter(pc.equal(rows.column(KEY_GROUP), 0))
         lists = {  # 5.
             d.name: redistribute(stored_lists(stored[d.name], parallelism), parallelism, d.redistribution)
             for d in self.descriptors
         }
-        columns = user_columns(df)
-        positions = position_columns(df.columns)
-        # 2. Record k of the epoch, in arrival order, to subtask k % parallelism.
-        # One window over the whole epoch, in one partition: said (partitionBy a constant) rather than
-        # warned about, since a global arrival rank is what rule 2 needs.
-        whole_epoch = Window.partitionBy(F.lit(0)).orderBy(*position_order(df.columns))
-        rank = F.row_number().over(whole_epoch) - F.lit(1)
-        numbered = df.select(*columns, *positions).withColumn(_SUBTASK, F.pmod(rank, F.lit(parallelism)).cast("int"))
-        out_schema = pa.schema(
-            [
-                pa.field("_kind", pa.string()),
-                pa.field(_SUBTASK, pa.int32()),
-                *[pa.field(_state_column(d.name), pa.list_(d.element_type)) for d in self.descriptors],
-                *[pa.field(f"_out_{f.name}", f.type) for f in fn.output_schema],
-            ]
-        )
-        epoch, processing_time_ms = ctx.epoch, ctx.processing_time_ms
-
-        def run(records: pa.Table) -> pa.Table:  # annotated: Spark infers the UDF's kind from the hints
-            return _run_subtask(fn, lists, parallelism, epoch, processing_time_ms, out_schema, records)
-
-        result = ctx.persist(numbered.groupBy(_SUBTASK).applyInArrow(run, from_arrow_schema(out_schema)))
-        # 7. The subtasks' changed lists, on the driver; 4. the rows that take the table there. ``lists``
-        # stays as shipped: Spark Connect pickles ``run`` again whenever the plan is sent, and a
-        # changed closure would miss the cached result and compute the epoch again from other lists.
-        after = {name: [list(values) for values in per_subtask] for name, per_subtask in lists.items()}
-        changed = result.where(F.col("_kind") != F.lit("_out")).select("_kind", _SUBTASK, *[_state_column(n) for n in specs])
-        for kind, subtask, *values in zip(*(c.to_pylist() for c in changed.toArrow().columns)):
-            after[kind][subtask] = values[list(specs).index(kind)] or []
+        # 2. Record k of the epoch, in arrival order, to subtask k % parallelism; each subtask's in arrival order.
+        ordered = in_arrival_order(records)
+        names = user_columns(ordered.column_names)
+        values = [python_values(ordered.column(n)) for n in names]
+        rows_py = [dict(zip(names, row)) for row in zip(*values)] if names else [{} for _ in range(ordered.num_rows)]
+        emitted: list[dict[str, Any]] = []
+        subtask = 0
+        try:
+            for subtask in range(parallelism):
+                mine = rows_py[subtask::parallelism]
+                if not mine:
+                    continue
+                # 3. The subtask's lists, as handles.
+                handles = {d.name: ListState(d, list(lists[d.name][subtask]) or None) for d in self.descriptors}
+                ctx = OperatorContext(subtask, parallelism, task.epoch, task.processing_time_ms, handles)
+                for record in mine:
+                    fn.process_element(record, ctx, emitted.append)
+                for name, handle in handles.items():
+                    if handle.dirty:
+                        lists[name][subtask] = handle.get()
+        except (PipelineDefinitionError, UserFunctionError) as exc:
+            raise type(exc)(f"{label} (subtask {subtask}): {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - the user's function failed: the epoch fails, naming it
+            raise UserFunctionError(f"{label}: the function raised {type(exc).__name__}: {exc} (subtask {subtask})") from exc
+        # 4. The rows taking each table to the subtasks' lists, staged every epoch (changed or not: a completed
+        # epoch's cut, what queries and savepoints read, names the versions of the tables it committed).
         for name, spec in specs.items():
-            check_driver_state_size(self.operator_id, name, sum(len(values) for values in after[name]))
-            # Staged every epoch, changed or not: a completed epoch's cut (what queries and
-            # savepoints read) names the versions of the tables it committed.
-            _stage(ctx, spec, state_rows(stored[name], after[name]))
-        outputs = result.where(F.col("_kind") == F.lit("_out"))
-        return ctx.cached_view(outputs.select(*[F.col(f"_out_{f.name}").alias(f.name) for f in fn.output_schema]))
+            check_held_state_size(self.operator_id, name, sum(len(values) for values in lists[name]))  # 7.
+            changes = _state_table(spec, state_rows(stored[name], lists[name]), task.epoch, task.processing_time_ms)
+            task.state(spec).stage(changes.drop_columns([UPDATED_AT, EPOCH]))
+        return rows_table(label, emitted, fn.output_schema)
 
     def describe(self) -> dict[str, Any]:
         assert self.function is not None
@@ -414,49 +357,13 @@ class OperatorProcess(Node):
         }
 
 
-def _stage(ctx: Any, spec: StateSpec, rows: list[dict[str, Any]]) -> None:
-    ctx.state.stage_arrow(spec, _state_table(spec, rows, ctx.epoch, ctx.processing_time_ms))
-
-
 def _state_table(spec: StateSpec, rows: list[dict[str, Any]], epoch: int, updated_at_ms: int) -> pa.Table:
     """(4.) Changelog ``rows`` as the table's rows written by ``epoch``."""
-    written = {KEY_GROUP: 0, "_updated_at_ms": updated_at_ms, "_epoch": epoch}
+    written = {KEY_GROUP: 0, UPDATED_AT: updated_at_ms, EPOCH: epoch}
     try:
         return pa.Table.from_pylist([{**row, **written} for row in rows], schema=spec.arrow_schema())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
         raise UserFunctionError(
             f"operator state {spec.name!r} of {spec.operator_id!r}: an element does not fit its declared type "
             f"{spec.value_fields[0].type}: {exc}"
         ) from None
-
-
-def _run_subtask(
-    fn: ProcessFunction,
-    lists: Mapping[str, list[list[Any]]],
-    parallelism: int,
-    epoch: int,
-    processing_time_ms: int,
-    out_schema: pa.Schema,
-    records: pa.Table,
-) -> pa.Table:
-    """One subtask's records (2.), in arrival order, with its lists (3.); on an executor."""
-    if not records.num_rows:
-        return out_schema.empty_table()
-    subtask = records.column(_SUBTASK)[0].as_py()
-    records = records.sort_by([(c, "ascending") for c in position_columns(records.column_names)])
-    handles = {}
-    for d in fn.state_descriptors:
-        assert isinstance(d, ListStateDescriptor)
-        handles[d.name] = ListState(d, list(lists[d.name][subtask]) or None)
-    ctx = OperatorContext(subtask, parallelism, epoch, processing_time_ms, handles)
-    names = [n for n in records.column_names if not n.startswith("_")]
-    emitted: list[dict[str, Any]] = []
-    for values in zip(*(_python_values(records.column(n)) for n in names)):
-        fn.process_element(dict(zip(names, values)), ctx, emitted.append)
-    rows = [{"_kind": "_out", _SUBTASK: subtask, **{f"_out_{k}": v for k, v in row.items()}} for row in emitted]
-    rows += [
-        {"_kind": name, _SUBTASK: subtask, _state_column(name): handle.get()}
-        for name, handle in handles.items()
-        if handle.dirty
-    ]
-    return pa.Table.from_pylist(rows, schema=out_schema)

@@ -1,22 +1,43 @@
-"""Stateless record operators: filter, select, map and flat_map.
+"""Stateless record operators: filter, select, map and flat_map, each one kernel over an epoch's rows as Arrow.
 
-Given column expressions they compile to native Spark (``where``,
-``select``, ``withColumns``, ``posexplode``): SQL expression strings
-(``"amount > 0"``, which need no Spark session to declare, so they work in
-DAG files and on every engine) or ``pyspark.sql.Column`` objects (built
-where PySpark can build one: a Spark Connect process, or beside a running
-classic session). Given a Python function they run it on the executors over
-Arrow record batches (``mapInArrow``): one call per batch, never one per
-record, never on the driver.
-
-A function sees only the record's user columns; the engine's columns (those
-starting with ``_``: the arrival position ``_seq``, provenance) ride along
-beside it and come out unchanged, so operators downstream still order and
-deduplicate by arrival. ``map`` keeps each record's position (it must return
-exactly one row per record); ``flat_map`` gives each output its input's
-position plus its index among that input's outputs (``_seq_1``, ``_seq_2``
-for a flat_map after a flat_map: :func:`~barrierflow.operators.base.position_columns`),
-which depends on the records alone, never on how Spark split them into batches.
+1. Expressions. Given column expressions (Spark SQL strings: ``"amount >
+   0"``, ``"amount * 100 AS cents"``) they evaluate them with
+   :mod:`barrierflow.operators.expressions`: checked when the pipeline is
+   declared (an unsupported function fails there, naming the operator),
+   typed when it is planned (a missing column, a type no function takes),
+   computed on Arrow columns in the task. A ``pyspark.sql.Column`` is
+   refused at declaration: it has no Arrow form; the SQL string says the same.
+2. Python functions. Given a function they call it once per Arrow record
+   batch (up to :data:`BATCH_ROWS` records) of the records' user columns,
+   never once per record: a filter's function returns one boolean per
+   record, a map's one row per record, a flat_map's one list of rows per
+   record, in the declared ``schema``; anything else fails the epoch with a
+   :class:`~barrierflow.core.errors.UserFunctionError` naming the operator.
+3. Engine columns. A function or expression sees only the record's user
+   columns; the engine's columns (those starting with ``_``: the arrival
+   position ``_seq``, provenance) ride along beside it and come out
+   unchanged, after the user columns, so operators downstream still order
+   and deduplicate by arrival.
+4. ``filter`` keeps the records whose condition is true; false and null drop
+   them (SQL's ``WHERE``).
+5. ``select`` projects each record onto its expressions (``"*"``: every user
+   column, in order); a plain column keeps its name (as the input spells
+   it), a computed one needs a name (``AS``). Output names are distinct and
+   never start with ``_``.
+6. ``map(name=expression, ...)`` adds or replaces columns (Spark's
+   ``withColumns``: every expression reads the input record; a replaced
+   column keeps its place, new ones follow the record's columns).
+   ``map(function, schema=...)`` replaces the user columns by the
+   function's row; each record keeps its position.
+7. ``flat_map(name=array expression)`` gives one record per element of the
+   array, as column ``name`` (after the record's other user columns); a
+   null or empty array gives none. ``flat_map(function, schema=...)`` gives
+   the function's rows. Each output keeps its record's position plus its
+   index among that record's outputs (``_seq_1``, ``_seq_2`` for a flat_map
+   after a flat_map: :func:`~barrierflow.operators.base.position_columns`),
+   which depends on the records alone, never on how they were batched; when
+   the input carries no position (no consumer needs arrival order), neither
+   does the output.
 
 Stateless operators keep no state, so they need no operator id (Flink's
 ``uid`` is optional for them): the builder names them ``<kind>-<n>``, a form
@@ -26,65 +47,36 @@ operator's identity (its state tables are named by its own id).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeGuard, Union
+from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from barrierflow.core.errors import PipelineDefinitionError, UserFunctionError
-from barrierflow.operators.base import Node, position_columns, ship_user_code, user_columns
-
-if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
-    from pyspark.sql.types import StructField
+from barrierflow.operators.base import Node, Task, position_columns, user_columns
+from barrierflow.operators.expressions import (
+    Compiled,
+    Expression,
+    check_expression,
+    compile_expression,
+    declared_name,
+    is_column,
+    is_star,
+    spark_type_name,
+)
 
 __all__ = [
-    "Expression",
-    "BatchFunction",
-    "Filter",
-    "Select",
-    "MapColumns",
-    "MapFunction",
-    "FlatMapColumn",
-    "FlatMapFunction",
-    "conform",
-    "filter_batch",
-    "flat_map_batch",
-    "is_column",
-    "map_batch",
-]
+    "Expression", "BatchFunction", "BATCH_ROWS", "Filter", "Select", "MapColumns", "MapFunction", "FlatMapColumn",
+    "FlatMapFunction", "check_column_name", "check_expression", "check_function", "conform", "filter_batch",
+    "flat_map_batch", "is_column", "map_batch",
+]  # fmt: skip
 
-# A plain column, or a column renamed (``"left_ts as ordered_at"``): a projection a chained task makes without Spark.
-_AS = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_]*)(?:\s+[Aa][Ss]\s+([A-Za-z][A-Za-z0-9_]*))?\s*$")
-# Words Spark's parser (ANSI mode, its default) does not take as a bare column name: left to Spark.
-_RESERVED = frozenset(
-    "all and any as authorization both case cast check collate column constraint create cross current_date "
-    "current_time current_timestamp current_user distinct else end escape except false fetch filter for foreign "
-    "from full grant group having in inner intersect into is join lateral leading left natural not null offset on "
-    "only or order outer overlaps primary references right select session_user some table then time to trailing "
-    "true union unique unknown user using when where with".split()
-)
-# A SQL expression string or a pyspark Column.
-Expression = Union[str, "Column"]
 # A user function over a record batch of the user columns.
 BatchFunction = Callable[[pa.RecordBatch], Any]
-
-
-def is_column(value: Any) -> TypeGuard["Column"]:
-    """Whether ``value`` is a ``pyspark.sql.Column`` (classic or Connect), without importing PySpark."""
-    kind = type(value)
-    return kind.__name__ == "Column" and kind.__module__.startswith("pyspark.sql")
-
-
-def check_expression(operator_id: str, value: Any) -> None:
-    if not ((isinstance(value, str) and value.strip()) or is_column(value)):
-        raise PipelineDefinitionError(
-            f"{operator_id}: {value!r} is not a column expression; give a SQL expression string "
-            "(e.g. \"amount > 0\") or a pyspark.sql.Column"
-        )
+# Records per call of a user function (2.): Spark's default Arrow batch, as when these ran in mapInArrow.
+BATCH_ROWS = 10_000
 
 
 def check_column_name(operator_id: str, name: str) -> None:
@@ -115,21 +107,6 @@ def check_function(kind: str, operator_id: str | None, function: Any, schema: An
     return schema
 
 
-def _compile(operator_id: str, value: Expression) -> "Column":
-    """The expression as a Column of this process's kind of session."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.utils import is_remote
-
-    if isinstance(value, str):
-        return F.expr(value)
-    if ("connect" in type(value).__module__) != is_remote():
-        raise PipelineDefinitionError(
-            f"{operator_id}: a pyspark Column built for a {'Spark Connect' if not is_remote() else 'classic'} session "
-            "cannot run on this one; give the expression as a SQL string (e.g. \"amount > 0\"), which runs on either"
-        )
-    return value
-
-
 @dataclass
 class _Stateless(Node):
     """What every stateless operator shares: arrival order is its consumers' concern."""
@@ -140,9 +117,28 @@ class _Stateless(Node):
         return False
 
 
+def _engine_fields(schema: pa.Schema) -> list[pa.Field]:
+    return [f for f in schema if f.name.startswith("_")]
+
+
+def _user_fields(schema: pa.Schema) -> list[pa.Field]:
+    return [f for f in schema if not f.name.startswith("_")]
+
+
+def _output_field(compiled: Compiled, schema: pa.Schema, name: str) -> pa.Field:
+    """A plain column keeps its input field (type and nullability); a computed one is nullable."""
+    if compiled.column is not None:
+        return schema.field(compiled.column).with_name(name)
+    return pa.field(name, compiled.type)
+
+
+def _table(columns: Sequence[pa.Array | pa.ChunkedArray], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_arrays([c.cast(f.type) if c.type != f.type else c for c, f in zip(columns, schema)], schema=schema)
+
+
 @dataclass
 class Filter(_Stateless):
-    """Keep the records for which ``condition`` (an expression) or ``function`` (a batch predicate) is true."""
+    """Keep the records for which ``condition`` (an expression) or ``function`` (a batch predicate) is true (4.)."""
 
     condition: Expression | None = None
     function: BatchFunction | None = None
@@ -150,12 +146,30 @@ class Filter(_Stateless):
     def passes_through(self, column: str) -> bool:
         return True  # it drops records, never changes one
 
-    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
+    def _condition(self, schema: pa.Schema) -> Compiled:
+        assert self.condition is not None
+        compiled = compile_expression(self.operator_id, self.condition, schema)
+        if not (pa.types.is_boolean(compiled.type) or pa.types.is_null(compiled.type)):
+            raise PipelineDefinitionError(
+                f"{self.operator_id}: the filter condition {self.condition!r} is a {spark_type_name(compiled.type)}, "
+                "not a boolean"
+            )
+        return compiled
+
+    def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
+        (schema,) = inputs
         if self.function is None:
-            assert self.condition is not None
-            return df.where(_compile(self.operator_id, self.condition))
-        keep = partial(filter_batch, function=self.function, users=user_columns(df), label=_label(self, self.function))
-        return _map_batches(self, df, keep, df.schema)
+            self._condition(schema)
+        return schema
+
+    def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
+        (records,) = inputs
+        if self.function is None:
+            keep = self._condition(records.schema).evaluate(records)  # (1.)
+            return records.filter(keep.cast(pa.bool_()))  # (4.) a null drops the record, as SQL's WHERE does
+        users, label = user_columns(records.column_names), _label(self, self.function)
+        kept = [filter_batch(b, function=self.function, users=users, label=label) for b in _batches(records)]  # (2.)
+        return _from_batches(kept, records.schema)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), **_what(self.condition, self.function)}
@@ -163,66 +177,64 @@ class Filter(_Stateless):
 
 @dataclass
 class Select(_Stateless):
-    """Project the records onto ``columns`` (expressions; ``"*"`` is every user column)."""
+    """Project the records onto ``columns`` (expressions; ``"*"`` is every user column) (5.)."""
 
     columns: tuple[Expression, ...] = ()
 
-    def passes_through(self, column: str) -> bool:
-        names = [c for c in self.columns if isinstance(c, str)]  # a Column's == is an expression, not a bool
-        return "*" in names or column in names
-
-    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
-        from pyspark.sql import functions as F
-
-        users = user_columns(df)
-        engine = [c for c in df.columns if c not in users]
-        selected: list["Column"] = []
-        for value in self.columns:
-            if isinstance(value, str) and value == "*":  # the record's columns, not the engine's (those follow anyway)
-                selected += [F.col(c) for c in users]
-            else:
-                selected.append(_compile(self.operator_id, value))
-        out = df.select(*selected, *engine)
-        _check_outputs(self.operator_id, out.columns[: len(out.columns) - len(engine)], engine)
-        return out
-
-    def _projection(self, names: list[str]) -> list[tuple[str, str]] | None:
-        """``(input column, output name)`` per output column when every expression is ``*``, a column or ``column as name``.
-
-        Names as the input spells them: Spark's resolution ignores case, a
-        projection here does not, so any other spelling is left to Spark.
-        """
-        users = [n for n in names if not n.startswith("_")]
-        out: list[tuple[str, str]] = []
-        for value in self.columns:
-            if not isinstance(value, str):
-                return None
-            if value == "*":
-                out += [(n, n) for n in users]
+    def __post_init__(self) -> None:
+        """What declaring it can tell: each computed column is named, no name is the engine's or given twice."""
+        names = []
+        for text in self.columns:
+            if not isinstance(text, str) or is_star(text):
                 continue
-            match = _AS.match(value)
-            if match is None or match.group(1) not in users or {g.lower() for g in match.groups() if g} & _RESERVED:
-                return None
-            out.append((match.group(1), match.group(2) or match.group(1)))
-        outputs = [o for _, o in out]
-        if len(set(outputs)) != len(outputs) or any(o.startswith("_") for o in outputs):
-            return None  # Spark's select refuses it: the error is raised there
+            name, _ = declared_name(self.operator_id, text)
+            if name is None:
+                raise PipelineDefinitionError(
+                    f'{self.operator_id}: select {text!r} needs a name for its output column: write "{text} AS name"'
+                )
+            names.append(name)
+        _check_outputs(self.operator_id, names)
+
+    def _projection(self, schema: pa.Schema) -> list[tuple[str, Compiled | None]]:
+        """Each output column: its name, and its compiled expression (None: the input column of that name, from ``*``)."""
+        out: list[tuple[str, Compiled | None]] = []
+        for text in self.columns:
+            if is_star(text):  # the record's columns, not the engine's (those follow anyway)
+                out += [(f.name, None) for f in _user_fields(schema)]
+                continue
+            compiled = compile_expression(self.operator_id, text, schema)
+            assert compiled.name is not None  # checked when declared
+            out.append((compiled.name, compiled))
+        _check_outputs(self.operator_id, [name for name, _ in out])
         return out
 
-    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
-        (schema,) = inputs
-        projection = self._projection(schema.names)
-        if projection is None:
-            return None
-        engine = [f for f in schema if f.name.startswith("_")]
-        return pa.schema([*(schema.field(i).with_name(o) for i, o in projection), *engine])
+    def passes_through(self, column: str) -> bool:
+        star, sources = False, []
+        for text in self.columns:
+            if isinstance(text, str) and is_star(text):
+                star = True
+            elif isinstance(text, str):
+                name, source = declared_name(self.operator_id, text)
+                if name == column:
+                    sources.append(source)
+        # The output column is the input's if it is that column under its own name (or comes from *).
+        return all(source == column for source in sources) if sources else star
 
-    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
+    @staticmethod
+    def _schema(schema: pa.Schema, projection: list[tuple[str, Compiled | None]]) -> pa.Schema:
+        fields = [schema.field(n) if c is None else _output_field(c, schema, n) for n, c in projection]
+        return pa.schema([*fields, *_engine_fields(schema)])
+
+    def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
+        (schema,) = inputs
+        return self._schema(schema, self._projection(schema))
+
+    def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
         (records,) = inputs
-        projection = self._projection(records.column_names)
-        assert projection is not None
-        engine = [n for n in records.column_names if n.startswith("_")]
-        return pa.table([*(records[i] for i, _ in projection), *(records[n] for n in engine)], names=[*(o for _, o in projection), *engine])
+        projection = self._projection(records.schema)
+        selected = [records.column(n) if c is None else c.evaluate(records) for n, c in projection]
+        engine = [records.column(f.name) for f in _engine_fields(records.schema)]
+        return _table([*selected, *engine], self._schema(records.schema, projection))
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "columns": [str(c) for c in self.columns]}
@@ -230,16 +242,44 @@ class Select(_Stateless):
 
 @dataclass
 class MapColumns(_Stateless):
-    """Add or replace columns of each record (``withColumns``); the record keeps its other columns."""
+    """Add or replace columns of each record (``withColumns``); the record keeps its other columns (6.)."""
 
     columns: Mapping[str, Expression] | None = None
 
     def passes_through(self, column: str) -> bool:
-        return column not in (self.columns or {})
+        return column.lower() not in {n.lower() for n in (self.columns or {})}
 
-    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
-        assert self.columns is not None
-        return df.withColumns({name: _compile(self.operator_id, value) for name, value in self.columns.items()})
+    def _compiled(self, schema: pa.Schema) -> dict[str, Compiled]:
+        return {name: compile_expression(self.operator_id, text, schema) for name, text in (self.columns or {}).items()}
+
+    def _layout(self, schema: pa.Schema, compiled: Mapping[str, Compiled]) -> list[tuple[str, str | None]]:
+        """Each user column of the output: its name and the input column it is (None: computed, by its name)."""
+        replaced = {name.lower(): name for name in compiled}
+        out = [
+            (replaced.get(f.name.lower(), f.name), None if f.name.lower() in replaced else f.name) for f in _user_fields(schema)
+        ]
+        present = {name.lower() for name, _ in out}
+        return out + [(name, None) for name in compiled if name.lower() not in present]
+
+    def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
+        (schema,) = inputs
+        compiled = self._compiled(schema)
+        fields = [
+            schema.field(source) if source is not None else _output_field(compiled[name], schema, name)
+            for name, source in self._layout(schema, compiled)
+        ]
+        return pa.schema([*fields, *_engine_fields(schema)])
+
+    def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
+        (records,) = inputs
+        compiled = self._compiled(records.schema)
+        schema = self.output_schema([records.schema])
+        values = {name: c.evaluate(records) for name, c in compiled.items()}  # every expression reads the input record
+        columns = [
+            records.column(source) if source is not None else values[name]
+            for name, source in self._layout(records.schema, compiled)
+        ]
+        return _table([*columns, *(records.column(f.name) for f in _engine_fields(records.schema))], schema)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "columns": {n: str(c) for n, c in (self.columns or {}).items()}}
@@ -247,7 +287,7 @@ class MapColumns(_Stateless):
 
 @dataclass
 class _FunctionOperator(_Stateless):
-    """A Python ``function`` over Arrow batches on the executors, returning rows of ``schema``."""
+    """A Python ``function`` over Arrow batches of the user columns, returning rows of ``schema`` (2.)."""
 
     function: BatchFunction | None = None
     schema: pa.Schema | None = None
@@ -255,18 +295,23 @@ class _FunctionOperator(_Stateless):
     # Whether it adds a sub-position (several outputs per record); the name comes from its input.
     adds_position = False
 
+    def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
+        (schema,) = inputs
+        assert self.schema is not None
+        position = _next_position(schema.names) if self.adds_position else None
+        extra = [pa.field(position, pa.int64(), nullable=False)] if position is not None else []
+        return pa.schema([*self.schema, *_engine_fields(schema), *extra])
+
     def _transform(self, users: list[str], engine: list[str], position: str | None) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
-        """The batch function the executors run, its arguments bound (plain values: it is pickled)."""
         raise NotImplementedError
 
-    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
-        assert self.schema is not None
-        users = user_columns(df)
-        engine = [c for c in df.columns if c not in users]
-        position = _next_position(df.columns) if self.adds_position else None
-        extra = [_long_field(position)] if position is not None else []
-        schema = _spark_schema(self.operator_id, df, self.schema, engine, extra)
-        return _map_batches(self, df, self._transform(users, engine, position), schema)
+    def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
+        (records,) = inputs
+        users = user_columns(records.column_names)
+        engine = [c for c in records.column_names if c not in users]
+        position = _next_position(records.column_names) if self.adds_position else None
+        transform = self._transform(users, engine, position)
+        return _from_batches([transform(b) for b in _batches(records)], self.output_schema([records.schema]))
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), **_what(None, self.function), "schema": str(self.schema)}
@@ -274,35 +319,63 @@ class _FunctionOperator(_Stateless):
 
 @dataclass
 class MapFunction(_FunctionOperator):
-    """Each record becomes the row ``function`` returns for it (one per record), of ``schema``."""
+    """Each record becomes the row ``function`` returns for it (one per record), of ``schema`` (6.)."""
 
     def _transform(self, users: list[str], engine: list[str], position: str | None) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
         assert self.function is not None and self.schema is not None
-        label = _label(self, self.function)
-        return partial(map_batch, function=self.function, schema=self.schema, users=users, engine=engine, label=label)
+        function, schema, label = self.function, self.schema, _label(self, self.function)
+        return lambda batch: map_batch(batch, function=function, schema=schema, users=users, engine=engine, label=label)
 
 
 @dataclass
 class FlatMapColumn(_Stateless):
-    """Each record becomes one record per element of the array ``expression``, as column ``name``; null or empty: none."""
+    """Each record becomes one record per element of the array ``expression``, as column ``name``; null or empty: none (7.)."""
 
     name: str = ""
     expression: Expression | None = None
 
     def passes_through(self, column: str) -> bool:
-        return column != self.name
+        return column.lower() != self.name.lower()
 
-    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
-        from pyspark.sql import functions as F
-
+    def _array(self, schema: pa.Schema) -> tuple[Compiled, pa.DataType]:
         assert self.expression is not None
-        array = _compile(self.operator_id, self.expression)
-        kept = [F.col(c) for c in df.columns if c != self.name]
-        position = _next_position(df.columns)
-        if position is None:  # no consumer needs arrival order: the source left it out
-            return df.select(*kept, F.explode(array).alias(self.name))
-        out = df.select(*kept, F.posexplode(array).alias(position, self.name))
-        return out.withColumn(position, F.col(position).cast("long"))
+        compiled = compile_expression(self.operator_id, self.expression, schema)
+        t = compiled.type
+        if pa.types.is_null(t):
+            return compiled, pa.null()
+        if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+            raise PipelineDefinitionError(
+                f"{self.operator_id}: flat_map's {self.name}={self.expression!r} is a {spark_type_name(t)}, not an array "
+                "(e.g. split(text, ' '))"
+            )
+        return compiled, t.value_type
+
+    def _kept(self, schema: pa.Schema) -> list[pa.Field]:
+        return [f for f in _user_fields(schema) if f.name.lower() != self.name.lower()]
+
+    def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
+        (schema,) = inputs
+        _, element = self._array(schema)
+        position = _next_position(schema.names)
+        extra = [pa.field(position, pa.int64(), nullable=False)] if position is not None else []
+        return pa.schema([*self._kept(schema), pa.field(self.name, element), *_engine_fields(schema), *extra])
+
+    def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
+        (records,) = inputs
+        schema = self.output_schema([records.schema])
+        compiled, element = self._array(records.schema)
+        lists = compiled.evaluate(records)
+        lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+        if pa.types.is_null(lists.type):  # no record has an array
+            return schema.empty_table()
+        parents = pc.list_parent_indices(lists)  # (7.) null and empty arrays have no element, hence no output
+        elements = pc.list_flatten(lists)
+        kept = records.take(parents)
+        columns = [kept.column(f.name) for f in self._kept(records.schema)]
+        columns += [elements, *(kept.column(f.name) for f in _engine_fields(records.schema))]
+        if _next_position(records.column_names) is not None:
+            columns.append(_sub_positions(parents))
+        return _table(columns, schema)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "column": self.name, "expression": str(self.expression)}
@@ -310,19 +383,19 @@ class FlatMapColumn(_Stateless):
 
 @dataclass
 class FlatMapFunction(_FunctionOperator):
-    """Each record becomes the rows ``function`` returns for it: one list of rows per record, of ``schema``."""
+    """Each record becomes the rows ``function`` returns for it: one list of rows per record, of ``schema`` (7.)."""
 
     adds_position = True
 
     def _transform(self, users: list[str], engine: list[str], position: str | None) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
         assert self.function is not None and self.schema is not None
-        label = _label(self, self.function)
-        return partial(
-            flat_map_batch, function=self.function, schema=self.schema, users=users, engine=engine, position=position, label=label
+        function, schema, label = self.function, self.schema, _label(self, self.function)
+        return lambda batch: flat_map_batch(
+            batch, function=function, schema=schema, users=users, engine=engine, position=position, label=label
         )
 
 
-# -- on the executors --------------------------------------------------------------------------
+# -- a batch through a user function --------------------------------------------------------------
 
 
 def filter_batch(batch: pa.RecordBatch, *, function: BatchFunction, users: list[str], label: str) -> pa.RecordBatch:
@@ -360,19 +433,21 @@ def flat_map_batch(
     label: str,
 ) -> pa.RecordBatch:
     """``function``'s rows for each record of ``batch``, each with its record's engine columns and its index among them (``position``)."""
-    import numpy as np
-
     lists = _row_lists(_call(function, batch.select(users), label), schema, label, batch.num_rows)
     parents = pc.list_parent_indices(lists)
     rows = conform(pa.Table.from_struct_array(pc.list_flatten(lists)), schema, label)
     arrays = [*rows, *batch.select(engine).take(parents).columns]
     names = [*schema.names, *engine]
     if position is not None:
-        # Parents ascend, so a row's index among its record's outputs is its distance from the first of them.
-        indices = np.asarray(parents, dtype=np.int64)
-        arrays.append(pa.array(np.arange(len(indices)) - np.searchsorted(indices, indices), pa.int64()))
+        arrays.append(_sub_positions(parents))
         names.append(position)
     return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def _sub_positions(parents: pa.Array) -> pa.Array:
+    """Each output's index among its record's outputs: parents ascend, so its distance from the first of them."""
+    indices = np.asarray(parents.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return pa.array(np.arange(len(indices)) - np.searchsorted(indices, indices), pa.int64())
 
 
 def _call(function: BatchFunction, batch: pa.RecordBatch, label: str) -> Any:
@@ -429,7 +504,9 @@ def conform(result: Any, schema: pa.Schema, label: str, rows: int | None = None)
                 f"{label}: column {field.name} is {column.type}, which does not convert to its declared {field.type}: {exc}"
             ) from None
         if not field.nullable and column.null_count:
-            raise UserFunctionError(f"{label}: column {field.name} is declared not nullable but holds {column.null_count} null(s)")
+            raise UserFunctionError(
+                f"{label}: column {field.name} is declared not nullable but holds {column.null_count} null(s)"
+            )
         arrays.append(column.combine_chunks())
     return arrays
 
@@ -474,7 +551,18 @@ def _row_lists(result: Any, schema: pa.Schema, label: str, rows: int) -> pa.Arra
     return result
 
 
-# -- on the driver --------------------------------------------------------------------------------
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def _batches(records: pa.Table) -> list[pa.RecordBatch]:
+    """The record batches a user function is called with (2.): at most :data:`BATCH_ROWS` records each."""
+    return [b for b in records.to_batches(max_chunksize=BATCH_ROWS) if b.num_rows]
+
+
+def _from_batches(batches: Sequence[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    if not batches:
+        return schema.empty_table()
+    return pa.Table.from_batches(batches).select(schema.names).cast(schema)
 
 
 def _label(node: Node, function: Any) -> str:
@@ -484,57 +572,25 @@ def _label(node: Node, function: Any) -> str:
 
 def _what(condition: Expression | None, function: Any) -> dict[str, str]:
     if function is not None:
-        return {"function": f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', type(function).__qualname__)}"}
+        return {
+            "function": f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', type(function).__qualname__)}"
+        }
     return {"condition": str(condition)}
 
 
-def _next_position(columns: list[str]) -> str | None:
+def _next_position(columns: Sequence[str]) -> str | None:
     """The sub-position column a flat_map adds (None when its input carries no arrival position)."""
     if "_seq" not in columns:
         return None
     return f"_seq_{len(position_columns(columns))}"
 
 
-def _check_outputs(operator_id: str, names: list[str], engine: list[str]) -> None:
+def _check_outputs(operator_id: str, names: list[str]) -> None:
     bad = sorted({n for n in names if n.startswith("_")})
-    duplicates = sorted({n for n in names if names.count(n) > 1})
+    lowered = [n.lower() for n in names]
+    duplicates = sorted({n for n in names if lowered.count(n.lower()) > 1})
     if bad or duplicates:
         raise PipelineDefinitionError(
             f"{operator_id}: output columns {names} are not allowed: {bad or duplicates} "
             f"{'start with _ (the engine columns, which every record keeps anyway)' if bad else 'appear more than once'}"
         )
-
-
-def _long_field(name: str) -> "StructField":
-    from pyspark.sql.types import LongType, StructField
-
-    return StructField(name, LongType(), False)
-
-
-def _spark_schema(
-    operator_id: str, df: "DataFrame", schema: pa.Schema, engine: list[str], extra: list["StructField"] | None = None
-) -> Any:
-    """The output's Spark schema: the declared columns, then the input's engine columns (and ``extra``)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-    from pyspark.sql.types import StructType
-
-    try:
-        declared = from_arrow_schema(schema)
-    except (TypeError, ValueError) as exc:
-        raise PipelineDefinitionError(f"{operator_id}: schema {schema} has a type Spark cannot hold: {exc}") from None
-    by_name = {f.name: f for f in df.schema.fields}
-    return StructType([*declared.fields, *(by_name[c] for c in engine), *(extra or [])])
-
-
-def _map_batches(
-    node: Node, df: "DataFrame", transform: Callable[[pa.RecordBatch], pa.RecordBatch], schema: Any
-) -> "DataFrame":
-    """``transform`` each Arrow batch of ``df`` on the executors."""
-    function = getattr(node, "function", None)
-    ship_user_code(function)
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            yield transform(batch)
-
-    return df.mapInArrow(run, schema)

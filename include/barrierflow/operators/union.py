@@ -9,9 +9,10 @@ epoch holds, their order, and the watermark:
    sources are cut at one consistent point).
 2. Schema. Every input has the same user columns, by name in any order,
    with the same types (nullability may differ); the output has the first
-   input's column order. Otherwise the epoch fails before its vote with a
-   :class:`~barrierflow.core.errors.PipelineDefinitionError` naming the missing,
-   extra and differently typed columns of the input that differs.
+   input's column order (a column is nullable if it is on any input).
+   Otherwise the pipeline fails when it is planned, before any epoch runs,
+   with a :class:`~barrierflow.core.errors.PipelineDefinitionError` naming
+   the missing, extra and differently typed columns of the input that differs.
 3. Order. A record keeps its arrival position (``_seq``: source index, file,
    line; a flat_map's sub-positions ``_seq_1``...; one an input lacks is 0),
    refined by a new sub-position, the input's index in the union. Positions
@@ -39,17 +40,15 @@ epoch holds, their order, and the watermark:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
+from barrierflow.core.columns import SEQ, is_engine_column, position_columns
 from barrierflow.core.errors import PipelineDefinitionError
-from barrierflow.operators.base import Node, position_columns, user_columns
+from barrierflow.operators.base import Node, Task
 
-if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
-
-__all__ = ["Union", "column_differences", "union_frames", "union_positions"]
+__all__ = ["Union", "column_differences", "union_positions"]
 
 
 @dataclass
@@ -58,6 +57,7 @@ class Union(Node):
 
     others: tuple[Node, ...] = ()
 
+    # It passes arrival order on without using it: its inputs need positions when its consumers do (3.).
     forwards_arrival_order = True
 
     def inputs(self) -> tuple[Node, ...]:
@@ -67,11 +67,10 @@ class Union(Node):
     def passes_through(self, column: str) -> bool:
         return True  # (5.)
 
-    def apply_inputs(self, ctx: Any, frames: Sequence["DataFrame"]) -> "DataFrame":
-        from pyspark.sql import functions as F
-
-        # (2.) Types as Spark names them; nullability is not part of the schema check.
-        typed = [{f.name: f.dataType.simpleString() for f in df.schema.fields if not f.name.startswith("_")} for df in frames]
+    def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
+        first = inputs[0]
+        # (2.) Types as Arrow names them; nullability is not part of the check.
+        typed = [{f.name: str(f.type) for f in schema if not is_engine_column(f.name)} for schema in inputs]
         for number, other in enumerate(typed[1:], start=2):
             problems = column_differences(typed[0], other)
             if problems:
@@ -79,60 +78,34 @@ class Union(Node):
                     f"union {self.operator_id!r}: input {number} does not have input 1's columns ({'; '.join(problems)}); "
                     "every input of a union must have the same columns (by name, in any order) with the same types"
                 )
-        names = user_columns(frames[0])
-        positions = union_positions([df.columns for df in frames])
-        shared = [c for c in frames[0].columns if c.startswith("_") and c not in positions and all(c in df.columns for df in frames)]
-        return union_frames(frames, lambda index, df: [F.col(c) for c in (*names, *shared)])
-
-    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
-        """The output's schema as :meth:`apply_inputs` gives it; None when the inputs differ (Spark raises the error)."""
-        typed = [{f.name: f.type for f in schema if not f.name.startswith("_")} for schema in inputs]
-        if any(other != typed[0] for other in typed[1:]):
-            return None
-        first = inputs[0]
-        positions = union_positions([schema.names for schema in inputs])
-        shared = [f for f in first if f.name.startswith("_") and f.name not in positions and all(f.name in s.names for s in inputs)]
-        users = [f for f in first if not f.name.startswith("_")]
+        positions = union_positions([schema.names for schema in inputs])  # (3.)
+        users = [f.with_nullable(any(s.field(f.name).nullable for s in inputs)) for f in first if not is_engine_column(f.name)]
+        shared = [
+            f.with_nullable(any(s.field(f.name).nullable for s in inputs))
+            for f in first
+            if is_engine_column(f.name) and f.name not in positions and all(f.name in s.names for s in inputs)
+        ]
         return pa.schema([*users, *shared, *(pa.field(p, pa.int64()) for p in positions)])
 
-    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
-        schema = self.chained_schema([t.schema for t in inputs])
-        assert schema is not None
-        positions = union_positions([t.column_names for t in inputs])  # (3.)
+    def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
+        schema = self.output_schema([table.schema for table in inputs])
+        positions = union_positions([table.column_names for table in inputs])  # (3.)
         parts = []
         for index, table in enumerate(inputs):
-            columns = {f.name: table[f.name] for f in schema if f.name not in positions}
+            n = table.num_rows
+            columns = {f.name: table.column(f.name) for f in schema if f.name not in positions}
             if positions:
                 *carried, own = positions
-                columns.update({c: table[c] if c in table.column_names else pa.repeat(pa.scalar(0, pa.int64()), table.num_rows) for c in carried})
-                columns[own] = pa.repeat(pa.scalar(index, pa.int64()), table.num_rows)
+                for c in carried:  # a position the input lacks is 0
+                    columns[c] = (
+                        table.column(c).cast(pa.int64()) if c in table.column_names else pa.repeat(pa.scalar(0, pa.int64()), n)
+                    )
+                columns[own] = pa.repeat(pa.scalar(index, pa.int64()), n)  # refined by the input's index
             parts.append(pa.table(columns).select(schema.names).cast(schema))
         return pa.concat_tables(parts)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "inputs": [n.operator_id for n in self.inputs()]}
-
-
-def union_frames(frames: Sequence["DataFrame"], select: Callable[[int, "DataFrame"], list["Column"]]) -> "DataFrame":
-    """The rows of every frame, each projected on ``select(input index, frame)``, with positions as in (3.).
-
-    Every projection must give the same columns in the same order (the
-    parts are unioned by position); the position columns follow them.
-    """
-    from pyspark.sql import functions as F
-
-    positions = union_positions([df.columns for df in frames])  # (3.)
-    out: "DataFrame | None" = None
-    for index, df in enumerate(frames):
-        columns = select(index, df)
-        if positions:
-            *carried, own = positions
-            columns += [(F.col(c) if c in df.columns else F.lit(0)).cast("long").alias(c) for c in carried]
-            columns.append(F.lit(index).cast("long").alias(own))
-        part = df.select(*columns)
-        out = part if out is None else out.union(part)
-    assert out is not None
-    return out
 
 
 def column_differences(first: Mapping[str, str], other: Mapping[str, str]) -> list[str]:
@@ -155,7 +128,7 @@ def union_positions(inputs: Sequence[Sequence[str]]) -> list[str]:
 
     Empty when some input carries no ``_seq`` (no consumer needs arrival order).
     """
-    if not inputs or any("_seq" not in columns for columns in inputs):
+    if not inputs or any(SEQ not in columns for columns in inputs):
         return []
     carried = position_columns(list(dict.fromkeys(c for columns in inputs for c in columns)))
     return [*carried, f"_seq_{len(carried)}"]

@@ -18,19 +18,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.operators.base import Node
-from barrierflow.state.spec import KEY_GROUP, StateSpec
+from barrierflow.core.columns import KEY_GROUP, user_columns
+from barrierflow.core.errors import PipelineDefinitionError
+from barrierflow.operators.base import Node, Task
+from barrierflow.state.spec import StateSpec
 
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
-
-__all__ = ["WatermarkAssigner", "MAX_EVENT_TIME_STATE"]
+__all__ = ["WatermarkAssigner", "WatermarkClock", "MAX_EVENT_TIME_STATE", "max_event_time_spec", "max_event_time_row"]
 
 MAX_EVENT_TIME_STATE = "max_event_time"
 
@@ -45,60 +44,38 @@ class WatermarkAssigner(Node):
     def passes_through(self, column: str) -> bool:
         return True  # it observes event time, never changes a record
 
-    def state_specs(self) -> list[StateSpec]:
-        return [self._spec()] if self.tracked else []
-
-    def _spec(self) -> StateSpec:
-        return StateSpec(
-            operator_id=self.operator_id,
-            name=MAX_EVENT_TIME_STATE,
-            key_fields=(pa.field("assigner", pa.string()),),
-            value_fields=(pa.field("max_event_time_us", pa.int64()),),
-        )
-
-    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
-        from pyspark.sql import functions as F
-
-        df = ctx.persist(df)
-        row = df.agg(F.max(F.unix_micros(F.col(self.column))).alias("m")).first()
-        assert row is not None  # a global aggregate has exactly one row
-        max_us = row["m"]  # (1.)
-        if not self.tracked:
-            ctx.observe_event_time(max_us, self.out_of_orderness_us)
-            return df
-        spec = self._spec()  # (2.)
-        stored = ctx.state.read_arrow(spec, [0])
-        previous = stored.column("max_event_time_us")[0].as_py() if stored.num_rows else None
-        seen = max((v for v in (previous, max_us) if v is not None), default=None)
-        if seen is not None and seen != previous:
-            ctx.state.stage_arrow(spec, max_event_time_row(spec, self.operator_id, seen, ctx.processing_time_ms, ctx.epoch))
-        ctx.observe_assigner(self.operator_id, seen, self.out_of_orderness_us)  # (3.)
-        return df
-
-    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
+    def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
         (schema,) = inputs
-        ok = self.column in schema.names and schema.field(self.column).type == pa.timestamp("us", tz="UTC")
-        return schema if ok else None
+        if self.column not in schema.names or not pa.types.is_timestamp(schema.field(self.column).type):
+            found = schema.field(self.column).type if self.column in schema.names else "no such column"
+            raise PipelineDefinitionError(
+                f"watermark {self.operator_id!r}: its event-time column {self.column!r} must be a timestamp "
+                f"(found: {found}; columns: {user_columns(schema.names)})"
+            )
+        return schema
 
-    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
-        """:meth:`apply` in one task: the same maximum, state row and observation (reported to the epoch by the driver)."""
+    def state_specs(self, inputs: Sequence[pa.Schema] | None = None) -> list[StateSpec]:
+        return [max_event_time_spec(self.operator_id)] if self.tracked else []
+
+    def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
         (records,) = inputs
-        max_us = pc.max(records[self.column].cast(pa.int64())).as_py()  # (1.)
-        if not self.tracked:
-            task.observe(None, max_us, self.out_of_orderness_us)
-            return records
-        spec = self._spec()  # (2.)
-        stored = task.every_live_row(spec)
-        previous = stored.column("max_event_time_us")[0].as_py() if stored.num_rows else None
-        seen = max((v for v in (previous, max_us) if v is not None), default=None)
-        if seen is not None and seen != previous:
-            row = max_event_time_row(spec, self.operator_id, seen, task.processing_time_ms, task.epoch)
-            task.stage(spec, row.drop_columns(["_updated_at_ms", "_epoch"]))
-        task.observe(self.operator_id, seen, self.out_of_orderness_us)  # (3.)
+        column = records[self.column]
+        micros = column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64())
+        task.observe_event_time(self.operator_id, pc.max(micros).as_py(), self.out_of_orderness_us)  # (1.)
         return records
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "column": self.column, "out_of_orderness_us": self.out_of_orderness_us}
+
+
+def max_event_time_spec(assigner_id: str) -> StateSpec:
+    """(2.) The one-row state table of a tracked assigner's largest event time."""
+    return StateSpec(
+        operator_id=assigner_id,
+        name=MAX_EVENT_TIME_STATE,
+        key_fields=(pa.field("assigner", pa.string()),),
+        value_fields=(pa.field("max_event_time_us", pa.int64()),),
+    )
 
 
 def max_event_time_row(spec: StateSpec, assigner: str, max_us: int, processing_time_ms: int, epoch: int) -> pa.Table:
@@ -110,9 +87,59 @@ def max_event_time_row(spec: StateSpec, assigner: str, max_us: int, processing_t
     )  # fmt: skip
 
 
-def combined_watermark(watermarks: dict[str, int | None], assigners: set[str]) -> tuple[bool, int | None]:
-    """(3.) Whether every assigner has reported, and then the minimum of their watermarks (None if one has none)."""
-    if set(watermarks) != assigners:
-        return False, None
-    values = list(watermarks.values())
-    return True, (None if any(v is None for v in values) else min(v for v in values if v is not None))
+@dataclass
+class WatermarkClock:
+    """W(n) as an epoch's assigners observe it (steps 1-3): in one task, or on the driver over every task's observations.
+
+    ``maxima`` are the assigners' largest event times before the epoch: the
+    checkpoint record's for a pipeline's only assigner (``tracked`` False),
+    each one's state row when there are several. :meth:`observe` folds in an
+    observation; :attr:`watermark_us` is W(n-1) until every assigner has
+    observed, then W(n), never below W(n-1).
+    """
+
+    watermark_prev_us: int | None  # W(n-1)
+    maxima: dict[str, int | None]  # assigner id -> its largest event time so far
+    bounds: dict[str, int]  # assigner id -> its out-of-orderness
+    tracked: bool  # several assigners, each keeping its maximum in state (2.)
+    observations: list[tuple[str | None, int | None, int]] = field(default_factory=list)
+    _seen: set[str] = field(default_factory=set)
+
+    def copy(self) -> "WatermarkClock":
+        """This clock for a task: what was observed so far, without the observations to report."""
+        return WatermarkClock(self.watermark_prev_us, dict(self.maxima), dict(self.bounds), self.tracked, [], set(self._seen))
+
+    def observe(self, assigner_id: str, max_us: int | None, out_of_orderness_us: int) -> None:
+        self.observations.append((assigner_id, max_us, out_of_orderness_us))
+        self._seen.add(assigner_id)
+        self.bounds[assigner_id] = out_of_orderness_us
+        previous = self.maxima.get(assigner_id)
+        if max_us is not None:
+            self.maxima[assigner_id] = max(max_us, previous) if previous is not None else max_us
+
+    def merge(self, observations: Sequence[tuple[str | None, int | None, int]]) -> None:
+        """Observations of other tasks of the epoch."""
+        for assigner_id, max_us, bound in observations:
+            assert assigner_id is not None
+            self.observe(assigner_id, max_us, bound)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every assigner has observed (an event-time operator may run)."""
+        return self._seen >= set(self.bounds)
+
+    @property
+    def watermark_us(self) -> int | None:
+        """(3.) The minimum over the assigners of their maximum minus their bound; W(n-1) until every one observed."""
+        if not self.complete:
+            return self.watermark_prev_us
+        marks = [None if self.maxima.get(a) is None else self.maxima[a] - b for a, b in self.bounds.items()]  # type: ignore[operator]
+        if not marks or any(m is None for m in marks):
+            return self.watermark_prev_us
+        return min(m for m in marks if m is not None)
+
+    @property
+    def max_event_time_us(self) -> int | None:
+        """The largest event time of any assigner so far (the checkpoint record's)."""
+        values = [v for v in self.maxima.values() if v is not None]
+        return max(values) if values else None

@@ -24,7 +24,8 @@ and L the allowed lateness (a ``timedelta``, default 0, as Flink's
 2. Late records. A window is late when ``end + L <= W(n-1)``: its state was
    cleared, or would have been. A record all of whose windows are late (for
    a session: its own window) goes to the side output ``late_output`` if the
-   window declares one, else it is dropped and the number dropped is logged.
+   window declares one, else it is dropped and the number dropped is logged
+   (the epoch's counter ``late records dropped by window <operator id>``).
    A record that is not late joins only its windows that are not late
    (sliding windows). Unlike Flink, a session record's lateness depends on
    its own window alone, not on the stored session it would merge with.
@@ -36,7 +37,8 @@ and L the allowed lateness (a ``timedelta``, default 0, as Flink's
    each value with its arrival (epoch, position within the epoch's records
    of its key) so that merged sessions interleave their values in arrival
    order too; stored sessions and the epoch's windows are merged per key as
-   gaps and islands (window functions over their union, sorted by start).
+   gaps and islands (their union sorted by start: a window opens a new
+   session when it starts after the end of every window of its key before it).
 4. Fire. Every window with ``end <= W(n)`` that has not fired yet, or that
    got records in step 3 (records late for a fired window but within L),
    emits one row: the key, ``window_start``, ``window_end`` and the
@@ -61,40 +63,53 @@ and L the allowed lateness (a ``timedelta``, default 0, as Flink's
    merged into another. A window created and purged in the same epoch is
    never written.
 
-The chained form (:mod:`barrierflow.execution.chained_region`: a small epoch's front in
-one Python task) follows the same steps on Arrow tables and gives the same
-rows, values and state: it reads every live window and keeps those the
-Spark path's pruned read would (the key groups the epoch's records touch,
-and the windows the watermark reaches; the others change nothing), and folds
-each window's values in arrival order as :meth:`Aggregation.result` does
-(:func:`_chained_results`). A window runs on Spark instead with a
-percentile or another aggregation the chained form does not compute, a key
-that is not a string or a long (Spark's key group), a time column that is not
-a UTC timestamp or a value column that is not a number; and the whole epoch
-does when a key, timestamp or arrival position is null, or when late records
-would be dropped without a side output (the Spark path logs their number on
-the driver).
+Records, keys and values, as Spark's SQL treats them:
+
+- A record whose event time is null belongs to no window: it is dropped
+  (neither late nor on time; counted as ``records without an event time
+  dropped by window <operator id>``).
+- A null key is a key like any other (its windows are its own); float keys
+  are grouped as Spark groups them, -0.0 as 0.0 and every NaN as one.
+- The aggregated column (any integer, float or decimal) is cast to a double
+  as Spark casts it (a long to the nearest double, a decimal correctly
+  rounded); a count alone keeps 0.0 per record. A null value stays in its
+  window: ``Count`` counts it, ``Sum`` and ``Avg`` of a window holding one are
+  null, ``Min``/``Max`` skip it, ``Percentile`` sorts it last.
+- The aggregates of a window's values ``v`` in arrival order: ``Count`` the
+  number of values (a long); ``Sum`` the left fold ``((0.0 + v1) + v2) + ...``
+  in IEEE doubles; ``Avg`` that sum over the count; ``Min``/``Max`` the least
+  or greatest value in Spark's order of doubles (NaN above every number,
+  -0.0 equal to 0.0: the first in arrival order of equal ones); ``Percentile``
+  the value at 1-based position ``ceil(q * n)`` of the values sorted
+  ascending in that order (nulls last; equal ones in arrival order).
+- Arrival order within an epoch is by arrival position (``_seq``, then
+  sub-positions), a null position first, as Spark sorts ascending; records
+  of equal positions (null ones) by value (null first, NaN last).
 """
 
 from __future__ import annotations
 
-import logging
-import math
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from barrierflow.api.aggregations import Aggregation, Avg, Count, Max, Min, Percentile, Sum
+from barrierflow.api.windows import (
+    EventTimeSessionWindows,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+    WindowAssigner,
+    micros,
+)
+from barrierflow.core.arrow import as_double, conform
+from barrierflow.core.columns import DELETED, EPOCH, KEY_GROUP, UPDATED_AT, position_columns, user_columns
 from barrierflow.core.errors import PipelineDefinitionError
-from barrierflow.operators.aggregate import Aggregation, Avg, Count, Max, Min, Sum
-from barrierflow.operators.base import Node, key_group_column, position_columns, position_order, user_columns
-from barrierflow.state.spec import KEY_GROUP, DueRows, StateSpec
-
-if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+from barrierflow.operators.base import Node, Task, with_key_group
+from barrierflow.state.spec import StateSpec
 
 __all__ = [
     "TumblingEventTimeWindows",
@@ -107,140 +122,28 @@ __all__ = [
     "window_node",
 ]
 
-_log = logging.getLogger(__name__)
-
 _ONE_US = timedelta(microseconds=1)
 # The value one session element keeps: its arrival and the aggregated column.
 _SESSION_VALUE = pa.struct([pa.field("epoch", pa.int64()), pa.field("position", pa.int64()), pa.field("value", pa.float64())])
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
-# The chained form: aggregations whose window result it computes as Spark does
-# (_chained_results), key types whose key group it computes (chaining.spark_key_groups),
-# value columns whose cast to double it makes as Spark does.
-_CHAINED_AGGREGATIONS = (Count, Sum, Min, Max, Avg)
-_CHAINED_KEY_TYPES = (pa.string(), pa.int64())
-_CHAINED_VALUE_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.float32(), pa.float64())
-# Sizes, gaps and lateness beyond this are left to Spark: with any timestamp Spark holds
-# (years 1 to 9999, below 2**58 microseconds), window bounds then never overflow a long.
-_CHAINED_MAX_SPAN_US = 2**61
-
-
-def _micros(what: str, value: Any, *, positive: bool) -> int:
-    """``value`` (a timedelta) in whole microseconds; refuses what no window can use."""
-    if not isinstance(value, timedelta):
-        raise PipelineDefinitionError(f"{what} must be a datetime.timedelta, got {value!r}")
-    us = value // _ONE_US  # exact integer arithmetic (no float seconds)
-    if positive and us <= 0:
-        raise PipelineDefinitionError(f"{what} must be a positive timedelta, got {value!r}")
-    if not positive and us < 0:
-        raise PipelineDefinitionError(f"{what} must be zero or a positive timedelta, got {value!r}")
-    return us
-
-
-def _check_time_column(what: str, column: Any) -> None:
-    if not isinstance(column, str) or not column:
-        raise PipelineDefinitionError(f"{what}: time_column must be a column name, got {column!r}")
-
-
-class WindowAssigner:
-    """Which event-time windows a record belongs to (step 1 of the module docstring)."""
-
-    time_column: str
-    kind: ClassVar[str]
-
-    def windows(self, ts_us: int) -> list[tuple[int, int]]:
-        """The ``(start_us, end_us)`` windows of a record at ``ts_us`` (before any merge), latest start first."""
-        raise NotImplementedError
+_AGGREGATIONS = (Count, Sum, Min, Max, Avg, Percentile)
+_LONG = np.iinfo(np.int64)
+# Sums fold a window's values column by column for windows up to this many values, one window at a time beyond.
+_FOLD_COLUMNS = 32
 
 
 @dataclass(frozen=True)
-class TumblingEventTimeWindows(WindowAssigner):
-    size: timedelta
-    time_column: str = "ts"
+class _Records:
+    """The epoch's records that are on time (after steps 1-2), as the kernels fold them."""
 
-    kind: ClassVar[str] = "tumbling"
+    rows: pa.Table  # key columns and KEY_GROUP
+    ts: np.ndarray  # event time, microseconds
+    values: np.ndarray  # the aggregated column as doubles (a null as 0.0)
+    valid: np.ndarray  # whether each value is not null
+    arrival: np.ndarray  # each record's rank in arrival order
 
-    def __post_init__(self) -> None:
-        _micros("tumbling window size", self.size, positive=True)
-        _check_time_column("tumbling window", self.time_column)
-
-    @classmethod
-    def of(cls, size: timedelta, time_column: str = "ts") -> "TumblingEventTimeWindows":
-        return cls(size, time_column)
-
-    @property
-    def size_us(self) -> int:
-        return self.size // _ONE_US
-
-    @property
-    def slide_us(self) -> int:
-        return self.size_us
-
-    def windows(self, ts_us: int) -> list[tuple[int, int]]:
-        start = ts_us - ts_us % self.size_us  # Python's % is a floor modulo, as Spark's pmod
-        return [(start, start + self.size_us)]
-
-
-@dataclass(frozen=True)
-class SlidingEventTimeWindows(WindowAssigner):
-    size: timedelta
-    slide: timedelta
-    time_column: str = "ts"
-
-    kind: ClassVar[str] = "sliding"
-
-    def __post_init__(self) -> None:
-        size = _micros("sliding window size", self.size, positive=True)
-        slide = _micros("sliding window slide", self.slide, positive=True)
-        if slide > size:
-            raise PipelineDefinitionError(
-                f"sliding window slide {self.slide} is larger than its size {self.size}: records between two windows "
-                "would belong to none; give a slide at most the size (equal: tumbling windows)"
-            )
-        _check_time_column("sliding window", self.time_column)
-
-    @classmethod
-    def of(cls, size: timedelta, slide: timedelta, time_column: str = "ts") -> "SlidingEventTimeWindows":
-        return cls(size, slide, time_column)
-
-    @property
-    def size_us(self) -> int:
-        return self.size // _ONE_US
-
-    @property
-    def slide_us(self) -> int:
-        return self.slide // _ONE_US
-
-    @property
-    def windows_per_record(self) -> int:
-        return math.ceil(self.size_us / self.slide_us)
-
-    def windows(self, ts_us: int) -> list[tuple[int, int]]:
-        last = ts_us - ts_us % self.slide_us
-        starts = [last - k * self.slide_us for k in range(self.windows_per_record)]
-        return [(s, s + self.size_us) for s in starts if s + self.size_us > ts_us]
-
-
-@dataclass(frozen=True)
-class EventTimeSessionWindows(WindowAssigner):
-    gap: timedelta
-    time_column: str = "ts"
-
-    kind: ClassVar[str] = "session"
-
-    def __post_init__(self) -> None:
-        _micros("session window gap", self.gap, positive=True)
-        _check_time_column("session window", self.time_column)
-
-    @classmethod
-    def with_gap(cls, gap: timedelta, time_column: str = "ts") -> "EventTimeSessionWindows":
-        return cls(gap, time_column)
-
-    @property
-    def gap_us(self) -> int:
-        return self.gap // _ONE_US
-
-    def windows(self, ts_us: int) -> list[tuple[int, int]]:
-        return [(ts_us, ts_us + self.gap_us)]
+    def value_array(self, rows: np.ndarray) -> pa.Array:
+        return pa.array(self.values[rows], pa.float64(), mask=~self.valid[rows])
 
 
 @dataclass
@@ -258,12 +161,18 @@ class _Window(Node):
         return self.key
 
     def __post_init__(self) -> None:
+        unknown = [a for a in self.aggregations if not isinstance(a, _AGGREGATIONS)]
+        if unknown:
+            raise PipelineDefinitionError(
+                f"window {self.operator_id}: {unknown[0]!r} is not an aggregation a window computes; give Count(), "
+                "Sum(column), Min(column), Max(column), Avg(column) or Percentile(column, q=...)"
+            )
         columns = {a.value_column for a in self.aggregations if a.value_column is not None}
         if len(columns) > 1:
             raise PipelineDefinitionError(
                 f"window {self.operator_id}: all aggregations must read the same column, got {sorted(columns, key=str)}"
             )
-        _micros(f"window {self.operator_id}: allowed_lateness", self.allowed_lateness, positive=False)
+        micros(f"window {self.operator_id}: allowed_lateness", self.allowed_lateness, positive=False)
 
     @property
     def lateness_us(self) -> int:
@@ -273,56 +182,24 @@ class _Window(Node):
     def value_column(self) -> str | None:
         return next((a.value_column for a in self.aggregations if a.value_column is not None), None)
 
+    @property
+    def time_column(self) -> str:
+        raise NotImplementedError
+
     def extra_output_columns(self) -> tuple[str, ...]:
         """Columns beyond key, window bounds and aggregates (step 6): none with L = 0, so outputs stay as they were."""
         return ("is_update",) if self.lateness_us > 0 else ()
 
-    def side_outputs(self) -> list[str]:
-        return [self.late_output] if self.late_output else []
-
-    def _value(self) -> "Column":
-        from pyspark.sql import functions as F
-
-        return F.col(self.value_column).cast("double") if self.value_column else F.lit(0.0)
-
-    def _split_late(self, ctx: Any, windowed: "DataFrame", user: list[str]) -> "DataFrame":
-        """Step 2: late records (``_late``) to the side output, or dropped and counted; returns the others."""
-        from pyspark.sql import functions as F
-
-        if self.late_output:  # emitted every epoch, empty or not: the side output's table exists from the first
-            windowed = ctx.persist(windowed)
-            ctx.emit(self.late_output, windowed.where("_late").select(*user))
-        elif ctx.watermark_prev_us is not None:  # before the first watermark nothing is late
-            windowed = ctx.persist(windowed)
-            dropped = windowed.where("_late").count()  # a job on the cached rows; the drop is never silent
-            if dropped:
-                _log.warning(
-                    "epoch %d: window %s dropped %d late record(s) (no late_output declared)", ctx.epoch, self.operator_id, dropped
-                )
-        return windowed.where(~F.col("_late")).drop("_late")
-
-    def _firing(self, ctx: Any, end_us: "Column", touched: "Column", fired: "Column") -> tuple["Column", "Column"]:
-        """Steps 4-5: whether a window fires, whether its state is purged (W(n) unknown: neither)."""
-        from pyspark.sql import functions as F
-
-        wm = ctx.watermark_us
-        if wm is None:
-            return F.lit(False), F.lit(False)
-        fires = (end_us <= F.lit(wm)) & (touched | ~fired)
-        purged = end_us + F.lit(self.lateness_us) <= F.lit(wm)
-        return fires, purged
-
-    def _due(self, ctx: Any, shortest_us: int) -> DueRows | None:
-        """The stored windows the watermark reaches this epoch: a window at least ``shortest_us`` long fires
-        or is purged only when it ends at or before W(n), so it starts at or before W(n) - ``shortest_us``."""
-        wm = ctx.watermark_us
-        return None if wm is None else DueRows("window_start", wm - shortest_us)
+    # -- what it declares from its input's schema
 
     def _spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
         raise NotImplementedError
 
-    def state_specs(self) -> list[StateSpec]:
-        return [self._spec()]
+    def state_specs(self, inputs: Sequence[pa.Schema] | None = None) -> list[StateSpec]:
+        if not inputs:
+            return [self._spec()]
+        (schema,) = inputs
+        return [self._spec({k: schema.field(k).type for k in self.key if k in schema.names})]
 
     def _state_spec(self, name: str, values: list[pa.Field], key_types: dict[str, pa.DataType] | None) -> StateSpec:
         """The window table: the key, ``window_start``, then ``values`` (and ``fired`` with lateness, step 5)."""
@@ -334,93 +211,100 @@ class _Window(Node):
             name=name,
             key_fields=(
                 *(pa.field(k, types.get(k, pa.string())) for k in self.key),
-                pa.field("window_start", pa.timestamp("us", tz="UTC")),
+                pa.field("window_start", _TIMESTAMP),
             ),
             value_fields=tuple(values),
         )
 
-    def _results(self, values: "Column") -> list["Column"]:
-        """Each aggregation over ``values`` (an array in arrival order), unnamed."""
-        from pyspark.sql import functions as F
-
-        return [a.result(values, F.size(values)) for a in self.aggregations]
-
-    # -- the chained form (the module docstring's last paragraph)
-
-    def _chained_output(self, schema: pa.Schema, time_column: str, span_us: int) -> pa.Schema | None:
-        """The output's schema as the Spark path's frame has it; None where the chained form declines this configuration.
-
-        ``span_us``: how far a window reaches past a record's timestamp (its size or gap).
-        """
-        if any(type(a) not in _CHAINED_AGGREGATIONS for a in self.aggregations):
-            return None
-        if any(k not in schema.names or schema.field(k).type not in _CHAINED_KEY_TYPES for k in self.key):
-            return None
-        if time_column not in schema.names or schema.field(time_column).type != _TIMESTAMP or "_seq" not in schema.names:
-            return None
-        value = self.value_column
-        if value is not None and (value not in schema.names or schema.field(value).type not in _CHAINED_VALUE_TYPES):
-            return None
-        if span_us + self.lateness_us > _CHAINED_MAX_SPAN_US:
-            return None
-        results = [pa.field(a.name, pa.int64() if isinstance(a, Count) else pa.float64()) for a in self.aggregations]
+    def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
+        (schema,) = inputs
+        missing = [k for k in self.key if k not in schema.names]
+        if missing:
+            raise PipelineDefinitionError(
+                f"window {self.operator_id}: its key column {missing[0]!r} is not among its input's columns {user_columns(schema.names)}"
+            )
+        time = self.time_column
+        if time not in schema.names or not pa.types.is_timestamp(schema.field(time).type):
+            found = schema.field(time).type if time in schema.names else "no such column"
+            raise PipelineDefinitionError(
+                f"window {self.operator_id}: its event-time column {time!r} must be a timestamp "
+                f"(found: {found}; columns: {user_columns(schema.names)})"
+            )
+        for agg in self.aggregations:
+            column = agg.value_column
+            if column is not None and (column not in schema.names or not _numeric(schema.field(column).type)):
+                found = schema.field(column).type if column in schema.names else "no such column"
+                raise PipelineDefinitionError(
+                    f"window {self.operator_id}: {type(agg).__name__}({column!r}) needs a numeric column (found: {found})"
+                )
         return pa.schema(
             [
                 *(schema.field(k) for k in self.key),
                 pa.field("window_start", _TIMESTAMP),
                 pa.field("window_end", _TIMESTAMP),
-                *results,
+                *(pa.field(a.name, pa.int64() if isinstance(a, Count) else pa.float64()) for a in self.aggregations),
                 *(pa.field(c, pa.bool_()) for c in self.extra_output_columns()),
             ]
         )
 
-    def chained_state_specs(self, inputs: Sequence[pa.Schema]) -> list[StateSpec]:
+    def side_outputs(self) -> list[str]:
+        return [self.late_output] if self.late_output else []
+
+    def side_output_schemas(self, inputs: Sequence[pa.Schema]) -> dict[str, pa.Schema]:
+        """Step 2's side output: the late records' user columns."""
         (schema,) = inputs
-        return [self._spec({k: schema.field(k).type for k in self.key})]
+        return (
+            {self.late_output: pa.schema([f for f in schema if f.name in user_columns(schema.names)])} if self.late_output else {}
+        )
 
-    def chained_side_outputs(self, inputs: Sequence[pa.Schema]) -> dict[str, pa.Schema]:
-        """Step 2's side output: the records' user columns, as :meth:`_split_late` emits them."""
-        (schema,) = inputs
-        return {self.late_output: pa.schema([f for f in schema if not f.name.startswith("_")])} if self.late_output else {}
+    # -- what both kernels share
 
-    def _chained_times(self, records: pa.Table, time_column: str) -> np.ndarray:
-        """Each record's timestamp in microseconds (``unix_micros``); declines a null key, timestamp or position."""
-        from barrierflow.execution.chained_region import RegionDeclined
+    def _on_time(self, task: Task, records: pa.Table, latest_start: Callable[[np.ndarray], np.ndarray], span: int) -> _Records:
+        """Steps 1-2 for every record: its event time, late ones to the side output (or dropped and counted), the others.
 
-        for name in (*self.key, time_column, *position_columns(records.column_names)):
-            if records[name].null_count:
-                raise RegionDeclined(f"window {self.operator_id}: a record with a null {name}")
-        return np.asarray(records[time_column].cast(pa.int64()).to_numpy(), dtype=np.int64)
-
-    def _chained_values(self, records: pa.Table) -> pa.Array:
-        """Each record's value as a double, as :meth:`_value` casts it (0.0 for a count alone)."""
-        if self.value_column is None:
-            return pa.array(np.zeros(records.num_rows), pa.float64())
-        return records[self.value_column].cast(pa.float64(), safe=False).combine_chunks()
-
-    def _chained_split_late(self, task: Any, records: pa.Table, late: np.ndarray) -> pa.Table:
-        """Step 2 as :meth:`_split_late`: late records' user columns to the side output; returns the others.
-
-        Late records dropped without a side output are declined: the Spark
-        path logs how many on the driver, which a task cannot.
+        ``latest_start``: the start of a record's latest window from its event
+        time; ``span``: how long that window is (a size or a gap).
         """
-        from barrierflow.execution.chained_region import RegionDeclined
-
-        mask = pa.array(late, pa.bool_())
-        if self.late_output:
-            task.emit(self.late_output, records.filter(mask).select([c for c in records.column_names if not c.startswith("_")]))
+        records = with_key_group(records, self.key, task.key_groups)
+        # Step 1. A record without an event time has no window (Spark's unix_micros(null) is null: every test on it fails).
+        timed = pc.is_valid(records[self.time_column])
+        untimed = records.num_rows - pc.sum(timed).as_py() if records.num_rows else 0
+        if untimed:
+            task.count(f"window {self.operator_id} dropped {{n}} record(s) without an event time", untimed)
+            records = records.filter(timed)
+        ts = _micros(records[self.time_column])
+        # Step 2. A record is late when its latest window is: its end + L at or before W(n-1).
+        wm_prev = task.watermark_prev_us
+        late = np.zeros(len(ts), bool) if wm_prev is None else _at_most(latest_start(ts), wm_prev - span - self.lateness_us)
+        if self.late_output:  # emitted every epoch, empty or not: the side output's table exists from the first
+            task.emit(self.late_output, records.filter(pa.array(late)).select(user_columns(records.column_names)))
         elif late.any():
-            raise RegionDeclined(f"window {self.operator_id}: {int(late.sum())} late record(s) to drop and log")
-        return records.filter(pc.invert(mask))
+            task.count(f"window {self.operator_id} dropped {{n}} late record(s) (no late_output declared)", int(late.sum()))
+        on_time = records.filter(pa.array(~late))
+        column = on_time[self.value_column] if self.value_column is not None else None
+        values, valid = _doubles(column, on_time.num_rows)
+        return _Records(
+            rows=on_time.select([*self.key, KEY_GROUP]),
+            ts=ts[~late],
+            values=values,
+            valid=valid,
+            arrival=_arrival_ranks(on_time, values, valid),
+        )
 
-    def _chained_firing(
-        self, task: Any, end_us: np.ndarray, touched: np.ndarray, fired: np.ndarray
+    def _firing(
+        self, task: Task, reach: np.ndarray, span: int, touched: np.ndarray, fired: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Steps 4-5 as :meth:`_firing`: whether each window fires, whether its state is purged."""
+        """Steps 4-5: whether each window (ending at ``reach + span``) fires, whether its state is purged."""
         wm = task.watermark_us
         if wm is None:
-            return np.zeros(len(end_us), bool), np.zeros(len(end_us), bool)
-        return (end_us <= wm) & (touched | ~fired), end_us + self.lateness_us <= wm
+            return np.zeros(len(touched), bool), np.zeros(len(touched), bool)
+        fires = _at_most(reach, wm - span) & (touched | ~fired)
+        return fires, _at_most(reach, wm - span - self.lateness_us)
+
+    def _outputs(self, columns: dict[str, Any], lists: pa.ListArray, firing: np.ndarray, schema: pa.Schema) -> pa.Table:
+        """Steps 4 and 6: the fired windows' rows, each aggregate computed from ``lists`` (their values in arrival order)."""
+        columns.update(zip((a.name for a in self.aggregations), _results(self.aggregations, lists, firing)))
+        return conform(pa.table(columns), schema)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -438,182 +322,104 @@ class AlignedWindow(_Window):
 
     assigner: TumblingEventTimeWindows | SlidingEventTimeWindows = TumblingEventTimeWindows(timedelta(minutes=1))
 
+    @property
+    def time_column(self) -> str:
+        return self.assigner.time_column
+
     def _spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
         return self._state_spec("pending_windows", [pa.field("window_values", pa.list_(pa.float64()))], key_types)
 
-    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
-        """Steps 1-7 of the module docstring; returns the fired windows (executors write them and the state changes)."""
-        from pyspark.sql import functions as F
-
-        spec = self._spec(ctx.arrow_types(df, self.key))
-        size, slide, lateness = self.assigner.size_us, self.assigner.slide_us, self.lateness_us
-        ts_us = F.unix_micros(F.col(self.assigner.time_column))
-        # Step 1. The latest window's start; a sliding record also belongs to
-        # the ones before it that still hold its timestamp.
-        last_start = ts_us - F.pmod(ts_us, F.lit(slide))
-        windowed = df.withColumn("_start_us", last_start)
-        # Step 2. A record is late when its latest window is.
-        prev_wm = ctx.watermark_prev_us
-        is_late = (F.col("_start_us") + F.lit(size + lateness)) <= F.lit(prev_wm) if prev_wm is not None else F.lit(False)
-        on_time = self._split_late(ctx, windowed.withColumn("_late", is_late), user_columns(df))
-        if slide != size:
-            count = -(-size // slide)  # windows per record at most: ceil(size / slide)
-            starts = F.sequence(F.col("_start_us") - F.lit((count - 1) * slide), F.col("_start_us"), F.lit(slide))
-            floor = ts_us - F.lit(size)  # a window holds ts while start > ts - size
-            if prev_wm is not None:  # and is not late itself (step 2)
-                floor = F.greatest(floor, F.lit(prev_wm - size - lateness))
-            on_time = on_time.withColumn("_start_us", F.explode(F.filter(starts, lambda s: s > floor)))
-        # Step 3.
-        epoch_windows = on_time.groupBy(*self.key, "_start_us").agg(
-            F.array_sort(F.collect_list(F.struct(*position_columns(df.columns), self._value().alias("v")))).alias("_vals")
-        ).select(
-            *self.key,
-            F.timestamp_micros("_start_us").alias("window_start"),
-            F.col("_vals.v").alias("_new_values"),
-        )
-        # The pending windows this epoch may change: those of the key groups its
-        # records touch, and those the watermark fires or purges (end <= W(n)), touched or not.
-        groups = on_time.select(key_group_column(self.key, ctx.key_groups).alias(KEY_GROUP))
-        stored = ctx.state.read(spec, groups, due=self._due(ctx, size))
-        fired_before = F.col("fired") if lateness > 0 else F.lit(False)
-        pending = stored.select(*self.key, "window_start", F.col("window_values").alias("_old_values"), fired_before.alias("_fired"))
-        keys = [*self.key, "window_start"]
-        merged = pending.join(epoch_windows, on=keys, how="full_outer").withColumn(
-            "window_values", F.concat(F.coalesce("_old_values", F.array()), F.coalesce("_new_values", F.array()))
-        )
-        window_end = F.timestamp_micros(F.unix_micros(F.col("window_start")) + F.lit(size))
-        merged = merged.withColumn("window_end", window_end)
-        touched = F.col("_new_values").isNotNull()
-        fired = F.coalesce(F.col("_fired"), F.lit(False))
-        # Steps 4-5.
-        fires, purged = self._firing(ctx, F.unix_micros(F.col("window_end")), touched, fired)
-        merged = merged.withColumn("_fires", fires).withColumn("_purged", purged)
-        # Step 7. A state change: new values, a first firing (kept, with L > 0)
-        # or a purge (a tombstone), never for a window never stored and purged.
-        fires, purged = F.col("_fires"), F.col("_purged")
-        changed = (touched | fires | purged) & (F.col("_old_values").isNotNull() | ~purged)
-        state_values = [F.col("window_values")]
-        if lateness > 0:
-            state_values.append((fired | fires).alias("fired"))
-        outputs = [F.col("window_end"), *[r.alias(a.name) for a, r in zip(self.aggregations, self._results(F.col("window_values")))]]
-        if lateness > 0:  # step 6
-            outputs.append((fires & fired).alias("is_update"))
-        # Computed once (cached on the executors): the state changes and the
-        # fired windows are both written from it.
-        rows = ctx.persist(
-            merged.where(changed | fires).select(
-                *keys,
-                key_group_column(self.key, ctx.key_groups).alias(KEY_GROUP),
-                *state_values,
-                purged.alias("_deleted"),
-                changed.alias("_changed"),
-                fires.alias("_fires"),
-                *outputs,
-            )
-        )
-        ctx.state.stage(spec, rows.where("_changed"))
-        names = [*self.key, "window_start", "window_end", *[a.name for a in self.aggregations], *self.extra_output_columns()]
-        return ctx.cached_view(rows.where("_fires").select(*names))
-
-    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
-        (schema,) = inputs
-        return self._chained_output(schema, self.assigner.time_column, self.assigner.size_us)
-
-    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
-        """:meth:`apply` in one task: steps 1-7 of the module docstring on Arrow tables."""
+    def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
+        """Steps 1-7 of the module docstring; returns the fired windows' rows."""
         (records,) = inputs
-        [spec] = self.chained_state_specs([records.schema])
+        schema = self.output_schema([records.schema])
+        [spec] = self.state_specs([records.schema])
         key = list(self.key)
         size, slide, lateness = self.assigner.size_us, self.assigner.slide_us, self.lateness_us
-        wm_prev, wm = task.watermark_prev_us, task.watermark_us
-        # Step 1. The latest window's start (numpy's % is a floor modulo, as Spark's pmod).
-        ts = self._chained_times(records, self.assigner.time_column)
+        # Steps 1-2. A record's latest window starts at ts - pmod(ts, slide) (numpy's % is a floor modulo).
+        epoch = self._on_time(task, records, lambda ts: ts - ts % slide, size)
+        ts = epoch.ts
         last = ts - ts % slide
-        # Step 2. A record is late when its latest window is.
-        late = last + (size + lateness) <= wm_prev if wm_prev is not None else np.zeros(len(ts), bool)
-        on_time = self._chained_split_late(task, records, late)
-        ts, last = ts[~late], last[~late]
-        n = on_time.num_rows
-        if slide != size:  # every window that holds ts (start > ts - size) and is not late itself
+        n = len(ts)
+        if slide != size:  # step 1: every window holding ts (start > ts - size) and (step 2) not late itself
             count = -(-size // slide)
-            floor = ts - size if wm_prev is None else np.maximum(ts - size, wm_prev - size - lateness)
+            floor = ts - size
+            if task.watermark_prev_us is not None:
+                floor = np.maximum(floor, _clamped(task.watermark_prev_us - size - lateness))
             rows = np.repeat(np.arange(n), count)
             starts = np.repeat(last, count) - np.tile(np.arange(count, dtype=np.int64) * slide, n)
             keep = starts > floor[rows]
             rows, starts = rows[keep], starts[keep]
         else:
             rows, starts = np.arange(n), last
-        # Step 3. The epoch's windows, each with its values in arrival order.
-        positions = position_columns(on_time.column_names)
-        groups = task.key_groups_of(on_time.select(key))
-        exploded = (
-            on_time.select([*key, *positions])
-            .take(_indices(rows))
-            .append_column("_start", pa.array(starts, pa.int64()))
-            .append_column("_value", self._chained_values(on_time).take(_indices(rows)))
-            .append_column(KEY_GROUP, groups.take(_indices(rows)))
-            .sort_by([(c, "ascending") for c in [*key, "_start", *positions]])
-        )
-        firsts = np.flatnonzero(_segment_starts(exploded, [*key, "_start"]))
-        new_offsets = np.append(firsts, exploded.num_rows)
-        epoch_windows = exploded.select([*key, "_start", KEY_GROUP]).take(_indices(firsts))
-        epoch_windows = epoch_windows.append_column("_new", pa.array(np.arange(len(firsts)), pa.int64()))
-        # The pending windows this epoch may change: those of the key groups its records
-        # touch and those the watermark reaches (the Spark path's pruned read; no other changes).
-        stored = task.every_live_row(spec)
-        relevant = pc.is_in(stored[KEY_GROUP], value_set=pc.unique(groups))
-        if wm is not None:
-            relevant = pc.or_(relevant, pc.less_equal(stored["window_start"].cast(pa.int64()), wm - size))
-        stored = stored.filter(relevant)
-        pending = stored.select(key).append_column("_start", stored["window_start"].cast(pa.int64()))
-        pending = pending.append_column("_old", pa.array(np.arange(stored.num_rows), pa.int64()))
-        merged = pending.join(epoch_windows, keys=[*key, "_start"], join_type="full outer")
-        merged = merged.sort_by([(c, "ascending") for c in [*key, "_start"]])
-        has_old, touched = _bools(pc.is_valid(merged["_old"])), _bools(pc.is_valid(merged["_new"]))
-        old = _ints(pc.fill_null(merged["_old"], 0))[has_old]
-        new = _ints(pc.fill_null(merged["_new"], 0))[touched]
-        key_group = np.zeros(merged.num_rows, np.int32)
-        key_group[has_old] = _ints(stored[KEY_GROUP].take(_indices(old)))
-        key_group[touched] = _ints(merged[KEY_GROUP].filter(pa.array(touched)))
-        fired = np.zeros(merged.num_rows, bool)
+        # Step 3. The stored windows (every live one of the task's key groups) and the epoch's elements,
+        # sorted by window, a window's stored row first, then its new values by arrival.
+        stored = task.state(spec).every_live_row()
+        m, e = stored.num_rows, len(rows)
+        key_columns, codes = _keys(stored, epoch.rows.take(_indices(rows)), key)
+        start = np.concatenate([_micros(stored["window_start"]), starts])
+        from_epoch = np.arange(m + e) >= m
+        arrival = np.concatenate([np.zeros(m, np.int64), epoch.arrival[rows]])
+        order = np.lexsort((arrival, from_epoch, start, *reversed(codes)))
+        heads = _heads([*(c[order] for c in codes), start[order]], m + e)
+        window = np.empty(m + e, np.int64)
+        window[order] = np.cumsum(heads) - 1
+        first = order[heads]  # each window's first row: its stored one if any
+        w = len(first)
+        has_old, touched = np.zeros(w, bool), np.zeros(w, bool)
+        has_old[window[:m]] = True
+        touched[window[m:]] = True
+        window_start = start[first]
+        groups = np.concatenate([_ints(stored[KEY_GROUP]), _ints(epoch.rows[KEY_GROUP])[rows]])[first]
+        fired = np.zeros(w, bool)
         if lateness > 0:
-            fired[has_old] = _bools(pc.fill_null(stored["fired"].take(_indices(old)), False))
-        # concat(stored values, the epoch's values).
-        old_lists = stored["window_values"].combine_chunks().take(_indices(old))
-        old_parents = np.flatnonzero(has_old)[_ints(pc.list_parent_indices(old_lists))]
-        new_parents, new_elements = _spans(np.flatnonzero(touched), new_offsets[new], new_offsets[new + 1])
-        parents = np.concatenate([old_parents, new_parents])
-        part = np.concatenate([np.zeros(len(old_parents), np.int64), np.ones(len(new_parents), np.int64)])
-        new_values = exploded["_value"].combine_chunks().take(_indices(new_elements))
-        elements = pa.concat_arrays([pc.list_flatten(old_lists), new_values])
-        offsets, values = _lists(merged.num_rows, parents, [part, np.arange(len(parents))], elements)
-        window_values = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
-        start = _ints(merged["_start"])
-        end = start + size
+            fired[window[:m]] = _bools(pc.fill_null(stored["fired"], False))
         # Steps 4-5.
-        fires, purged = self._chained_firing(task, end, touched, fired)
-        # Step 7. A state change: new values, a first firing (kept, with L > 0)
-        # or a purge (a tombstone), never for a window never stored and purged.
-        changed = _indices(np.flatnonzero((touched | fires | purged) & (has_old | ~purged)))
-        state: dict[str, Any] = {k: merged[k].take(changed) for k in key}
-        state["window_start"] = _timestamps(start[changed])
-        state[KEY_GROUP] = pa.array(key_group[changed], pa.int32())
-        state["window_values"] = window_values.take(changed)
+        fires, purged = self._firing(task, window_start, size, touched, fired)
+        # Step 7's changes: new values, a first firing (kept, with L > 0) or a purge (a tombstone),
+        # never a window never stored and purged.
+        changed = (touched | fires | purged) & (has_old | ~purged)
+        # Step 3's values of the windows that change or fire: the stored ones, then the epoch's by arrival.
+        needed = np.flatnonzero(changed | fires)
+        slot = np.full(w, -1, np.int64)
+        slot[needed] = np.arange(len(needed))
+        old_rows = np.flatnonzero(slot[window[:m]] >= 0)
+        old_lists = _array(stored["window_values"]).take(_indices(old_rows))
+        old_values = pc.list_flatten(old_lists)
+        old_parents = slot[window[old_rows]][_ints(pc.list_parent_indices(old_lists))]
+        new = np.flatnonzero(slot[window[m:]] >= 0)
+        parents = np.concatenate([old_parents, slot[window[m + new]]])
+        part = np.concatenate([np.zeros(len(old_parents), np.int64), np.ones(len(new), np.int64)])
+        within = np.concatenate([np.arange(len(old_parents), dtype=np.int64), epoch.arrival[rows[new]]])
+        elements = pa.concat_arrays([old_values.cast(pa.float64()), epoch.value_array(rows[new])])
+        offsets, values = _lists(len(needed), parents, [part, within], elements)
+        window_values = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+        # Step 7.
+        staged = np.flatnonzero(changed)
+        state: dict[str, Any] = {k: key_columns[i].take(_indices(first[staged])) for i, k in enumerate(key)}
+        state["window_start"] = _timestamps(window_start[staged])
+        state[KEY_GROUP] = pa.array(groups[staged], pa.int32())
+        state["window_values"] = window_values.take(_indices(slot[staged]))
         if lateness > 0:
-            state["fired"] = pa.array((fired | fires)[changed], pa.bool_())
-        state["_deleted"] = pa.array(purged[changed], pa.bool_())
-        task.stage(spec, pa.table(state))
+            state["fired"] = pa.array((fired | fires)[staged], pa.bool_())
+        state[DELETED] = pa.array(purged[staged], pa.bool_())
+        task.state(spec).stage(_changes(spec, state))
         # Steps 4 and 6.
         firing = np.flatnonzero(fires)
-        out: dict[str, Any] = {k: merged[k].take(_indices(firing)) for k in key}
-        out["window_start"], out["window_end"] = _timestamps(start[firing]), _timestamps(end[firing])
-        out.update(zip((a.name for a in self.aggregations), _chained_results(self.aggregations, offsets, values, firing)))
+        out: dict[str, Any] = {k: key_columns[i].take(_indices(first[firing])) for i, k in enumerate(key)}
+        out["window_start"] = _timestamps(window_start[firing])
+        out["window_end"] = _timestamps(_plus(window_start[firing], size, self.operator_id))
         if lateness > 0:
             out["is_update"] = pa.array(fired[firing], pa.bool_())
-        return pa.table(out)
+        return self._outputs(out, window_values, slot[firing], schema)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "assigner": self.assigner.kind, "size_us": self.assigner.size_us, "slide_us": self.assigner.slide_us}
+        return {
+            **super().describe(),
+            "assigner": self.assigner.kind,
+            "size_us": self.assigner.size_us,
+            "slide_us": self.assigner.slide_us,
+        }
 
 
 # The operator tumbling windows always had (kept for imports of it).
@@ -626,376 +432,114 @@ class SessionWindow(_Window):
 
     assigner: EventTimeSessionWindows = EventTimeSessionWindows(timedelta(minutes=1))
 
+    @property
+    def time_column(self) -> str:
+        return self.assigner.time_column
+
     def extra_output_columns(self) -> tuple[str, ...]:
         return ("is_update", "retracted") if self.lateness_us > 0 else ()
 
     def _spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
-        values = [pa.field("window_end", pa.timestamp("us", tz="UTC")), pa.field("window_values", pa.list_(_SESSION_VALUE))]
+        values = [pa.field("window_end", _TIMESTAMP), pa.field("window_values", pa.list_(_SESSION_VALUE))]
         return self._state_spec("sessions", values, key_types)
 
-    def apply(self, ctx: Any, df: "DataFrame") -> "DataFrame":
+    def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
         """Steps 1-7 of the module docstring for sessions; returns fired sessions and retractions."""
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import from_arrow_type
-
-        spec = self._spec(ctx.arrow_types(df, self.key))
-        gap, lateness = self.assigner.gap_us, self.lateness_us
-        ts_us = F.unix_micros(F.col(self.assigner.time_column))
-        # Step 1.
-        windowed = df.withColumn("_start_us", ts_us)
-        # Step 2. Lateness of the record's own window [ts, ts + gap).
-        prev_wm = ctx.watermark_prev_us
-        is_late = (F.col("_start_us") + F.lit(gap + lateness)) <= F.lit(prev_wm) if prev_wm is not None else F.lit(False)
-        on_time = self._split_late(ctx, windowed.withColumn("_late", is_late), user_columns(df))
-        # Step 3. Each record a one-value window, tagged with its arrival: its
-        # rank among its key's records of the epoch (positions are unique).
-        rank = F.row_number().over(Window.partitionBy(*self.key).orderBy(*position_order(df.columns)))
-        value = F.struct(F.lit(ctx.epoch).cast("long").alias("epoch"), rank.cast("long").alias("position"), self._value().alias("value"))
-        records = on_time.select(
-            *self.key,
-            "_start_us",
-            (F.col("_start_us") + F.lit(gap)).alias("_end_us"),
-            F.array(value).alias("_values"),
-            F.lit(False).alias("_stored"),
-            F.lit(False).alias("_fired"),
-            rank.cast("long").alias("_tie"),
-        )
-        # The stored sessions this epoch may change: those of the key groups its records touch
-        # (merging), and those the watermark fires or purges, touched or not (their end, and so
-        # their start plus the gap, at or before W(n)).
-        groups = on_time.select(key_group_column(self.key, ctx.key_groups).alias(KEY_GROUP))
-        stored = ctx.state.read(spec, groups, due=self._due(ctx, gap)).select(
-            *self.key,
-            F.unix_micros("window_start").alias("_start_us"),
-            F.unix_micros("window_end").alias("_end_us"),
-            F.col("window_values").alias("_values"),
-            F.lit(True).alias("_stored"),
-            (F.coalesce(F.col("fired"), F.lit(False)) if lateness > 0 else F.lit(False)).alias("_fired"),
-            F.lit(0).cast("long").alias("_tie"),
-        )
-        # Gaps and islands: sorted by start, a window opens a new session
-        # when it starts after the end of every window before it (touching ones merge, as in Flink).
-        by_start = Window.partitionBy(*self.key).orderBy("_start_us", "_end_us", "_tie")
-        before = F.max("_end_us").over(by_start.rowsBetween(Window.unboundedPreceding, -1))
-        opens = (before.isNull() | (F.col("_start_us") > before)).cast("long")
-        islands = stored.unionByName(records).withColumn("_opens", opens).withColumn(
-            "_island", F.sum("_opens").over(by_start.rowsBetween(Window.unboundedPreceding, Window.currentRow))
-        )
-        component = F.struct(F.col("_start_us").alias("start"), F.col("_end_us").alias("end"), F.col("_fired").alias("fired"))
-        sessions = islands.groupBy(*self.key, "_island").agg(
-            F.min("_start_us").alias("_start_us"),
-            F.max("_end_us").alias("_end_us"),
-            # Arrival order: (epoch, position) is unique per key, so the sort never compares values.
-            F.array_sort(F.flatten(F.collect_list("_values"))).alias("window_values"),
-            (F.max((~F.col("_stored")).cast("int")) > 0).alias("_touched"),
-            F.collect_list(F.when(F.col("_stored"), component)).alias("_components"),
-        )
-        start = F.col("_start_us")
-        same = F.filter("_components", lambda c: c["start"] == start)
-        sessions = sessions.select(
-            *self.key,
-            "_start_us",
-            "_end_us",
-            "window_values",
-            "_touched",
-            (F.size(same) > 0).alias("_kept"),  # the stored session of this start, if any, is overwritten
-            F.exists(same, lambda c: c["fired"]).alias("_fired"),
-            F.filter("_components", lambda c: c["start"] != start).alias("_merged"),  # tombstoned (step 7)
-        )
-        # Steps 4-5.
-        fires, purged = self._firing(ctx, F.col("_end_us"), F.col("_touched"), F.col("_fired"))
-        sessions = ctx.persist(sessions.withColumn("_fires", fires).withColumn("_purged", purged))
-        touched, fired, fires, purged = F.col("_touched"), F.col("_fired"), F.col("_fires"), F.col("_purged")
-        window_start = F.timestamp_micros(F.col("_start_us")).alias("window_start")
-        window_end = F.timestamp_micros(F.col("_end_us")).alias("window_end")
-        key_group = key_group_column(self.key, ctx.key_groups).alias(KEY_GROUP)
-        # Step 7.
-        changed = (touched | fires | purged) & (F.col("_kept") | ~purged)
-        state_values = [window_end, F.col("window_values")]
-        if lateness > 0:
-            state_values.append((fired | fires).alias("fired"))
-        updates = sessions.where(changed).select(*self.key, window_start, key_group, *state_values, purged.alias("_deleted"))
-        gone = sessions.select(*self.key, F.explode("_merged").alias("_c"))
-        tombstones = gone.select(
-            *self.key,
-            F.timestamp_micros(F.col("_c.start")).alias("window_start"),
-            key_group,
-            *[F.lit(None).cast(from_arrow_type(f.type)).alias(f.name) for f in spec.value_fields],
-            F.lit(True).alias("_deleted"),
-        )
-        ctx.state.stage(spec, updates.unionByName(tombstones))
-        # Steps 4 and 6.
-        emitted = sessions.where(fires).select(
-            *self.key, "_start_us", "_end_us", F.col("window_values.value").alias("_v"), fired.alias("is_update"), F.lit(False).alias("retracted")
-        )
-        if lateness > 0:
-            retractions = gone.where(F.col("_c.fired")).select(
-                *self.key,
-                F.col("_c.start").alias("_start_us"),
-                F.col("_c.end").alias("_end_us"),
-                F.lit(None).cast("array<double>").alias("_v"),
-                F.lit(True).alias("is_update"),
-                F.lit(True).alias("retracted"),
-            )
-            emitted = emitted.unionByName(retractions)
-        results = [F.when(~F.col("retracted"), r).alias(a.name) for a, r in zip(self.aggregations, self._results(F.col("_v")))]
-        out = emitted.select(*self.key, window_start, window_end, *results, *self.extra_output_columns())
-        return ctx.cached_view(out)
-
-    def chained_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema | None:
-        (schema,) = inputs
-        return self._chained_output(schema, self.assigner.time_column, self.assigner.gap_us)
-
-    def apply_chained(self, task: Any, inputs: Sequence[pa.Table]) -> pa.Table:
-        """:meth:`apply` in one task: steps 1-7 of the module docstring for sessions, on Arrow tables."""
         (records,) = inputs
-        [spec] = self.chained_state_specs([records.schema])
+        schema = self.output_schema([records.schema])
+        [spec] = self.state_specs([records.schema])
         key = list(self.key)
-        gap, lateness, wm = self.assigner.gap_us, self.lateness_us, task.watermark_us
-        # Step 1.
-        ts = self._chained_times(records, self.assigner.time_column)
-        # Step 2. Lateness of the record's own window [ts, ts + gap).
-        late = ts + (gap + lateness) <= task.watermark_prev_us if task.watermark_prev_us is not None else np.zeros(len(ts), bool)
-        on_time = self._chained_split_late(task, records, late)
-        ts = ts[~late]
-        n = on_time.num_rows
-        # Step 3. Each record a one-value window, tagged with its arrival: its
-        # rank among its key's records of the epoch (row_number by position).
-        arrival = [*key, *position_columns(on_time.column_names)]
-        by_arrival = pc.sort_indices(on_time, sort_keys=[(c, "ascending") for c in arrival])
-        firsts = _segment_starts(on_time.select(key).take(by_arrival), key)
-        rank = np.empty(n, np.int64)
-        rank[_ints(by_arrival)] = np.arange(n) - np.maximum.accumulate(np.where(firsts, np.arange(n), 0)) + 1
-        groups = task.key_groups_of(on_time.select(key))
-        # The stored sessions this epoch may change: those of the key groups its records
-        # touch and those the watermark reaches (the Spark path's pruned read; no other changes).
-        stored = task.every_live_row(spec)
-        relevant = pc.is_in(stored[KEY_GROUP], value_set=pc.unique(groups))
-        if wm is not None:
-            relevant = pc.or_(relevant, pc.less_equal(stored["window_end"].cast(pa.int64()), wm))
-        stored = stored.filter(relevant)
+        gap, lateness = self.assigner.gap_us, self.lateness_us
+        # Steps 1-2. Each record's own window [ts, ts + gap) decides its lateness.
+        epoch = self._on_time(task, records, lambda ts: ts, gap)
+        ts = epoch.ts
+        n = len(ts)
+        stored = task.state(spec).every_live_row()
         m = stored.num_rows
-        # Gaps and islands: stored sessions and the epoch's windows of a key sorted by (start, end, tie).
-        fired_before = _bools(pc.fill_null(stored["fired"], False)) if lateness > 0 else np.zeros(m, bool)
-        stored_start, stored_end = _ints(stored["window_start"].cast(pa.int64())), _ints(stored["window_end"].cast(pa.int64()))
-        stored_keys, untied = [stored[k] for k in key], np.zeros(m, np.int64)
-        before = _session_windows(key, stored_keys, stored_start, stored_end, untied, True, fired_before, stored[KEY_GROUP])
-        epoch_windows = _session_windows(key, [on_time[k] for k in key], ts, ts + gap, rank, False, np.zeros(n, bool), groups)
-        windows = pa.concat_tables([before, epoch_windows]).sort_by([(c, "ascending") for c in [*key, "_start", "_end", "_tie"]])
-        start, end, row = _ints(windows["_start"]), _ints(windows["_end"]), _ints(windows["_row"])
-        is_stored, was_fired = _bools(windows["_stored"]), _bools(windows["_fired"])
-        island, heads = _islands(_segment_starts(windows, key), start, end)
-        session_start, session_end = start[heads], np.maximum.reduceat(end, heads) if len(heads) else end[heads]
+        key_columns, codes = _keys(stored, epoch.rows, key)
+        # Step 3. Each record a one-value window, tagged with its arrival: its
+        # rank (from 1) among its key's on-time records of the epoch by arrival.
+        by_arrival = np.lexsort((epoch.arrival, *reversed([c[m:] for c in codes])))
+        new_key = _heads([c[m:][by_arrival] for c in codes], n)
+        rank = np.empty(n, np.int64)
+        rank[by_arrival] = np.arange(n) - np.maximum.accumulate(np.where(new_key, np.arange(n), 0)) + 1
+        # Gaps and islands: the stored sessions and the epoch's windows of a key sorted by (start, end, rank).
+        start = np.concatenate([_micros(stored["window_start"]), ts])
+        end = np.concatenate([_micros(stored["window_end"]), _plus(ts, gap, self.operator_id)])
+        tie = np.concatenate([np.zeros(m, np.int64), rank])
+        was_fired = np.zeros(m + n, bool)
+        if lateness > 0:
+            was_fired[:m] = _bools(pc.fill_null(stored["fired"], False))
+        order = np.lexsort((tie, end, start, *reversed(codes)))
+        sorted_start, sorted_end, is_stored = start[order], end[order], order < m
+        island, heads = _islands(_heads([c[order] for c in codes], m + n), sorted_start, sorted_end)
+        session_start = sorted_start[heads]
+        session_end = np.maximum.reduceat(sorted_end, heads) if len(heads) else sorted_end[heads]
         touched = _any_of(~is_stored, heads)
         # The stored session of the island's start, if any, is overwritten; the others merged into it are tombstoned.
-        own = is_stored & (start == session_start[island])
-        kept, fired = _any_of(own, heads), _any_of(own & was_fired, heads)
-        merged = np.flatnonzero(is_stored & ~own)
+        own = is_stored & (sorted_start == session_start[island])
+        kept, fired = _any_of(own, heads), _any_of(own & was_fired[order], heads)
+        merged = order[is_stored & ~own]
         # Steps 4-5.
-        fires, purged = self._chained_firing(task, session_end, touched, fired)
-        changed = np.flatnonzero((touched | fires | purged) & (kept | ~purged))
+        fires, purged = self._firing(task, session_end, 0, touched, fired)
+        changed = (touched | fires | purged) & (kept | ~purged)
         # The values of the sessions that change or fire, in arrival order ((epoch, position) is unique per key).
-        wanted = np.zeros(len(heads), bool)
-        wanted[changed] = True
-        wanted[fires] = True
-        from_stored = np.flatnonzero(is_stored & wanted[island])
-        from_epoch = np.flatnonzero(~is_stored & wanted[island])
-        stored_lists = stored["window_values"].combine_chunks().take(_indices(row[from_stored]))
-        epoch_rows = _indices(row[from_epoch])
-        epoch_values = pa.StructArray.from_arrays(
-            [
-                pa.repeat(pa.scalar(task.epoch, pa.int64()), len(epoch_rows)),
-                pa.array(rank).take(epoch_rows),
-                self._chained_values(on_time).take(epoch_rows),
-            ],
+        needed = np.flatnonzero(changed | fires)
+        slot = np.full(len(heads), -1, np.int64)
+        slot[needed] = np.arange(len(needed))
+        row_island = np.empty(m + n, np.int64)
+        row_island[order] = island
+        old_rows = np.flatnonzero(slot[row_island[:m]] >= 0)
+        old_lists = _array(stored["window_values"]).take(_indices(old_rows))
+        old_parents = slot[row_island[old_rows]][_ints(pc.list_parent_indices(old_lists))]
+        new = np.flatnonzero(slot[row_island[m:]] >= 0)
+        new_values = pa.StructArray.from_arrays(
+            [pa.array(np.full(len(new), task.epoch, np.int64)), pa.array(rank[new], pa.int64()), epoch.value_array(new)],
             fields=list(_SESSION_VALUE),
         )
-        elements = pa.concat_arrays([pc.list_flatten(stored_lists).cast(_SESSION_VALUE), epoch_values])
-        parents = np.concatenate([island[from_stored][_ints(pc.list_parent_indices(stored_lists))], island[from_epoch]])
-        arrivals = [_ints(elements.field("epoch")), _ints(elements.field("position"))]
-        offsets, values = _lists(len(heads), parents, arrivals, elements)
+        elements = pa.concat_arrays([pc.list_flatten(old_lists).cast(_SESSION_VALUE), new_values])
+        parents = np.concatenate([old_parents, slot[row_island[m + new]]])
+        arrivals = [_ints(pc.fill_null(elements.field(f), 0)) for f in ("epoch", "position")]
+        offsets, values = _lists(len(needed), parents, arrivals, elements)
         window_values = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
-        sessions = windows.select([*key, KEY_GROUP]).take(_indices(heads))
+        head_rows = order[heads]
+        groups = np.concatenate([_ints(stored[KEY_GROUP]), _ints(epoch.rows[KEY_GROUP])])
         # Step 7. The changed sessions, and the tombstones of those merged into another.
-        updates: dict[str, Any] = {k: sessions[k].take(_indices(changed)) for k in key}
-        updates["window_start"] = _timestamps(session_start[changed])
-        updates[KEY_GROUP] = sessions[KEY_GROUP].take(_indices(changed))
-        updates["window_end"] = _timestamps(session_end[changed])
-        updates["window_values"] = window_values.take(_indices(changed))
+        staged = np.flatnonzero(changed)
+        updates: dict[str, Any] = {k: key_columns[i].take(_indices(head_rows[staged])) for i, k in enumerate(key)}
+        updates["window_start"] = _timestamps(session_start[staged])
+        updates[KEY_GROUP] = pa.array(groups[head_rows[staged]], pa.int32())
+        updates["window_end"] = _timestamps(session_end[staged])
+        updates["window_values"] = window_values.take(_indices(slot[staged]))
         if lateness > 0:
-            updates["fired"] = pa.array((fired | fires)[changed], pa.bool_())
-        updates["_deleted"] = pa.array(purged[changed], pa.bool_())
-        tombstones: dict[str, Any] = {k: windows[k].take(_indices(merged)) for k in key}
+            updates["fired"] = pa.array((fired | fires)[staged], pa.bool_())
+        updates[DELETED] = pa.array(purged[staged], pa.bool_())
+        tombstones: dict[str, Any] = {k: key_columns[i].take(_indices(merged)) for i, k in enumerate(key)}
         tombstones["window_start"] = _timestamps(start[merged])
-        tombstones[KEY_GROUP] = windows[KEY_GROUP].take(_indices(merged))
+        tombstones[KEY_GROUP] = pa.array(groups[merged], pa.int32())
         tombstones.update((f.name, pa.nulls(len(merged), f.type)) for f in spec.value_fields)
-        tombstones["_deleted"] = pa.repeat(pa.scalar(True), len(merged))
-        changes = pa.schema([f for f in spec.arrow_schema() if f.name not in ("_updated_at_ms", "_epoch")])
-        task.stage(spec, pa.concat_tables([pa.table(updates).cast(changes), pa.table(tombstones).cast(changes)]))
+        tombstones[DELETED] = pa.array(np.ones(len(merged), bool))
+        task.state(spec).stage(pa.concat_tables([_changes(spec, updates), _changes(spec, tombstones)]))
         # Steps 4 and 6: the fired sessions, then (with L > 0) the retractions of fired sessions merged into another.
         firing = np.flatnonzero(fires)
-        out: dict[str, Any] = {k: sessions[k].take(_indices(firing)) for k in key}
-        out["window_start"], out["window_end"] = _timestamps(session_start[firing]), _timestamps(session_end[firing])
-        results = _chained_results(self.aggregations, offsets, values.field("value"), firing)
-        out.update(zip((a.name for a in self.aggregations), results))
+        out: dict[str, Any] = {k: key_columns[i].take(_indices(head_rows[firing])) for i, k in enumerate(key)}
+        out["window_start"] = _timestamps(session_start[firing])
+        out["window_end"] = _timestamps(session_end[firing])
+        if lateness > 0:
+            out["is_update"] = pa.array(fired[firing], pa.bool_())
+            out["retracted"] = pa.array(np.zeros(len(firing), bool))
+        value_lists = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values.field("value"))
+        emitted = self._outputs(out, value_lists, slot[firing], schema)
         if lateness == 0:
-            return pa.table(out)
-        out["is_update"] = pa.array(fired[firing], pa.bool_())
-        out["retracted"] = pa.repeat(pa.scalar(False), len(firing))
-        emitted = pa.table(out)
+            return emitted
         retracted = merged[was_fired[merged]]
-        retractions: dict[str, Any] = {k: windows[k].take(_indices(retracted)) for k in key}
+        retractions: dict[str, Any] = {k: key_columns[i].take(_indices(retracted)) for i, k in enumerate(key)}
         retractions["window_start"], retractions["window_end"] = _timestamps(start[retracted]), _timestamps(end[retracted])
-        retractions.update((a.name, pa.nulls(len(retracted), emitted.schema.field(a.name).type)) for a in self.aggregations)
-        retractions["is_update"] = retractions["retracted"] = pa.repeat(pa.scalar(True), len(retracted))
-        return pa.concat_tables([emitted, pa.table(retractions).cast(emitted.schema)])
+        retractions["is_update"] = retractions["retracted"] = pa.array(np.ones(len(retracted), bool))
+        return pa.concat_tables([emitted, conform(pa.table(retractions), schema)])
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "assigner": self.assigner.kind, "gap_us": self.assigner.gap_us}
-
-
-def _session_windows(
-    key: list[str],
-    keys: list[Any],
-    start: np.ndarray,
-    end: np.ndarray,
-    tie: np.ndarray,
-    stored: bool,
-    fired: np.ndarray,
-    key_group: Any,
-) -> pa.Table:
-    """Windows for the gaps and islands of :meth:`SessionWindow.apply_chained`, ``_row`` their index in their own table."""
-    n = len(start)
-    columns = dict(zip(key, keys))
-    columns.update(
-        {
-            "_start": pa.array(start, pa.int64()),
-            "_end": pa.array(end, pa.int64()),
-            "_tie": pa.array(tie, pa.int64()),
-            "_stored": pa.array(np.full(n, stored), pa.bool_()),
-            "_fired": pa.array(fired, pa.bool_()),
-            KEY_GROUP: key_group,
-            "_row": pa.array(np.arange(n), pa.int64()),
-        }
-    )
-    return pa.table(columns)
-
-
-def _islands(new_key: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Gaps and islands of windows sorted by key, start: each window's island and each island's first window.
-
-    A window opens an island when it starts a key or starts after the greatest
-    end of its key's windows before it (touching ones merge, as in Flink). That
-    greatest end is one running maximum over all keys of (key's index, end's
-    rank among all ends): each key's values exceed every earlier key's, so it
-    restarts at every key.
-    """
-    opens = new_key.copy()
-    if len(end) > 1:
-        ends, end_rank = np.unique(end, return_inverse=True)
-        reach = np.maximum.accumulate((np.cumsum(new_key) - 1) * len(ends) + end_rank.reshape(-1))
-        opens[1:] |= start[1:] > ends[reach[:-1] % len(ends)]
-    return np.cumsum(opens) - 1, np.flatnonzero(opens)
-
-
-def _any_of(mask: np.ndarray, heads: np.ndarray) -> np.ndarray:
-    """Whether any element of each run of ``mask`` starting at ``heads`` (to the next head) is true."""
-    return np.logical_or.reduceat(mask, heads) if len(heads) else np.zeros(0, bool)
-
-
-def _segment_starts(table: pa.Table, columns: list[str]) -> np.ndarray:
-    """Whether each row of ``table`` (sorted by ``columns`` first, none null) starts a new value of ``columns``."""
-    n = table.num_rows
-    starts = np.ones(n, bool)
-    if n > 1:
-        differs = np.zeros(n - 1, bool)
-        for c in columns:
-            column = table[c].combine_chunks()
-            differs |= np.asarray(pc.not_equal(column.slice(1), column.slice(0, n - 1)).to_numpy(zero_copy_only=False), bool)
-        starts[1:] = differs
-    return starts
-
-
-def _spans(parents: np.ndarray, begins: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The elements ``begins[i]:ends[i]`` of each span ``i``, in order: each one's ``parents[i]`` and its index."""
-    lengths = ends - begins
-    firsts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.repeat(parents, lengths), np.arange(int(lengths.sum()), dtype=np.int64) - firsts + np.repeat(begins, lengths)
-
-
-def _lists(n: int, parents: np.ndarray, order: list[np.ndarray], elements: pa.Array) -> tuple[np.ndarray, pa.Array]:
-    """``n`` lists, element ``i`` of ``elements`` in list ``parents[i]``, each list sorted by ``order`` (keys,
-    most significant first, that tell every two elements of a list apart): the lists' offsets and their elements."""
-    sort = np.lexsort((*reversed(order), parents)) if len(parents) else np.zeros(0, np.int64)
-    counts = np.bincount(parents, minlength=n) if len(parents) else np.zeros(n, np.int64)
-    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), elements.take(pa.array(sort, pa.int64()))
-
-
-def _timestamps(us: np.ndarray) -> pa.Array:
-    return pa.array(us, pa.int64()).cast(_TIMESTAMP)
-
-
-def _indices(rows: np.ndarray) -> pa.Array:
-    return pa.array(rows, pa.int64())
-
-
-def _ints(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    return np.asarray(values.to_numpy(), np.int64)
-
-
-def _bools(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    return np.asarray(values.to_numpy(zero_copy_only=False), bool)
-
-
-def _less(x: float, y: float) -> bool:
-    """Spark's order of doubles (``SQLOrderingUtil.compareDoubles``): NaN above every number, 0.0 and -0.0 equal."""
-    return x != y and not math.isnan(x) and (math.isnan(y) or x < y)
-
-
-def _extreme(values: list[float | None], better: Callable[[float, float], bool]) -> float | None:
-    """``array_min``/``array_max``: nulls skipped; a value replaces the one kept only if strictly better
-    (the first of equal values stays)."""
-    kept: float | None = None
-    for x in values:
-        if x is not None and (kept is None or better(x, kept)):
-            kept = x
-    return kept
-
-
-def _folded_sum(values: list[float | None]) -> float | None:
-    """``aggregate(values, 0.0, (acc, x) -> acc + x)``: IEEE additions in arrival order; a null makes it null."""
-    total = 0.0
-    for x in values:
-        if x is None:
-            return None
-        total = total + x
-    return total
-
-
-def _chained_results(
-    aggregations: tuple[Aggregation, ...], offsets: np.ndarray, values: pa.Array, windows: np.ndarray
-) -> list[pa.Array]:
-    """Each aggregation of the ``windows`` (indices; window ``w`` holds ``values[offsets[w]:offsets[w + 1]]``
-    in arrival order) as :meth:`Aggregation.result` computes it in Spark, bit for bit."""
-    held = values.to_pylist()
-    lists = [held[offsets[w] : offsets[w + 1]] for w in windows]
-    results: list[pa.Array] = []
-    for a in aggregations:
-        if isinstance(a, Count):  # size(values)
-            results.append(pa.array([len(v) for v in lists], pa.int64()))
-        elif isinstance(a, Sum):
-            results.append(pa.array([_folded_sum(v) for v in lists], pa.float64()))
-        elif isinstance(a, Avg):  # the folded sum over the count (a double division)
-            sums = [_folded_sum(v) for v in lists]
-            results.append(pa.array([None if s is None else s / len(v) for s, v in zip(sums, lists)], pa.float64()))
-        elif isinstance(a, Min):
-            results.append(pa.array([_extreme(v, _less) for v in lists], pa.float64()))
-        elif isinstance(a, Max):
-            results.append(pa.array([_extreme(v, lambda x, kept: _less(kept, x)) for v in lists], pa.float64()))
-        else:
-            raise AssertionError(f"{a!r} has no chained form")  # refused by _chained_output
-    return results
 
 
 def window_node(
@@ -1024,3 +568,237 @@ def window_node(
         f"window {operator_id!r}: {assigner!r} is not a window assigner; give TumblingEventTimeWindows.of(size), "
         "SlidingEventTimeWindows.of(size, slide) or EventTimeSessionWindows.with_gap(gap)"
     )
+
+
+# -- records, keys and values -----------------------------------------------------------------------
+
+
+def _numeric(type_: pa.DataType) -> bool:
+    return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_)
+
+
+def _doubles(column: pa.ChunkedArray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Spark's ``cast(column as double)`` (0.0 per record without a column): the values (a null as 0.0), and which are not null.
+
+    A long rounds to the nearest double (Java's ``(double)``); a decimal is
+    correctly rounded, as ``BigDecimal.doubleValue`` (Arrow's direct cast is
+    not: it goes through its exact decimal text instead).
+    """
+    if column is None:
+        return np.zeros(n), np.ones(n, bool)
+    doubles = as_double(column)
+    valid = _bools(pc.is_valid(doubles))
+    return np.asarray(pc.fill_null(doubles, 0.0).to_numpy(zero_copy_only=False), np.float64), valid
+
+
+def _arrival_ranks(rows: pa.Table, values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Each record's rank in arrival order: by its positions (a null first), then (equal positions) by value.
+
+    Values as Spark's struct order compares them: null first, NaN last; of
+    equal ones (-0.0 and 0.0) the bits decide, so the order never depends on
+    how the records were given.
+    """
+    keys: list[np.ndarray] = []  # most significant first
+    for name in position_columns(rows.column_names):
+        keys += [_bools(pc.is_valid(rows[name])), _ints(pc.fill_null(rows[name], 0))]
+    nan = np.isnan(values)
+    keys += [valid, nan, np.where(nan, 0.0, values), values.view(np.int64)]
+    order = np.lexsort(keys[::-1])
+    ranks = np.empty(len(order), np.int64)
+    ranks[order] = np.arange(len(order))
+    return ranks
+
+
+def _keys(stored: pa.Table, epoch: pa.Table, key: list[str]) -> tuple[list[pa.Array], list[np.ndarray]]:
+    """The key columns of the stored rows then the epoch's, and each one's codes (equal values, nulls included, equal codes).
+
+    Floats as Spark groups them (``NormalizeFloatingNumbers``): -0.0 as 0.0, every NaN the same NaN.
+    """
+    columns, codes = [], []
+    for name in key:
+        type_ = epoch.schema.field(name).type
+        column = pa.chunked_array([*stored[name].cast(type_).chunks, *epoch[name].chunks], type=type_).combine_chunks()
+        if pa.types.is_floating(type_):
+            zero, nan = pa.scalar(0.0, type_), pa.scalar(float("nan"), type_)
+            column = pc.if_else(pc.is_nan(column), nan, pc.if_else(pc.equal(column, zero), zero, column))
+        columns.append(column)
+        codes.append(_ints(pc.dictionary_encode(column, null_encoding="encode").indices))
+    return columns, codes
+
+
+def _micros(column: pa.ChunkedArray) -> np.ndarray:
+    """A timestamp column (not null) in microseconds since the Unix epoch (``unix_micros``)."""
+    us = pc.cast(column, pa.timestamp("us", tz=column.type.tz), safe=False)
+    return _ints(pc.cast(us, pa.int64()))
+
+
+def _at_most(values: np.ndarray, bound: int) -> np.ndarray:
+    """``values <= bound``, the bound computed in Python's unbounded integers (beyond a long: every value or none)."""
+    if bound >= _LONG.max:
+        return np.ones(len(values), bool)
+    if bound < _LONG.min:
+        return np.zeros(len(values), bool)
+    return values <= bound
+
+
+def _clamped(value: int) -> int:
+    return max(min(value, int(_LONG.max)), int(_LONG.min))
+
+
+def _plus(values: np.ndarray, span: int, operator_id: str) -> np.ndarray:
+    """Window ends: ``values + span``, refusing one past the largest timestamp (where Spark's arithmetic overflows too)."""
+    if not len(values):
+        return values.copy()
+    if int(values.max()) > int(_LONG.max) - span:
+        raise PipelineDefinitionError(
+            f"window {operator_id}: a window starting at {int(values.max())} us would end past the largest timestamp; "
+            "give a smaller size or gap"
+        )
+    return values + np.int64(span)
+
+
+# -- gaps and islands, lists ----------------------------------------------------------------------------
+
+
+def _heads(columns: list[np.ndarray], n: int) -> np.ndarray:
+    """Whether each of ``n`` sorted rows starts a new value of ``columns`` (the first row always does)."""
+    heads = np.ones(n, bool)
+    if n > 1:
+        differs = np.zeros(n - 1, bool)
+        for column in columns:
+            differs |= column[1:] != column[:-1]
+        heads[1:] = differs
+    return heads
+
+
+def _islands(new_key: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gaps and islands of windows sorted by key, start: each window's island and each island's first window.
+
+    A window opens an island when it starts a key or starts after the greatest
+    end of its key's windows before it (touching ones merge, as in Flink). That
+    greatest end is one running maximum over all keys of (key's index, end's
+    rank among all ends): each key's values exceed every earlier key's, so it
+    restarts at every key.
+    """
+    opens = new_key.copy()
+    if len(end) > 1:
+        ends, end_rank = np.unique(end, return_inverse=True)
+        reach = np.maximum.accumulate((np.cumsum(new_key) - 1) * len(ends) + end_rank.reshape(-1))
+        opens[1:] |= start[1:] > ends[reach[:-1] % len(ends)]
+    return np.cumsum(opens) - 1, np.flatnonzero(opens)
+
+
+def _any_of(mask: np.ndarray, heads: np.ndarray) -> np.ndarray:
+    """Whether any element of each run of ``mask`` starting at ``heads`` (to the next head) is true."""
+    return np.logical_or.reduceat(mask, heads) if len(heads) else np.zeros(0, bool)
+
+
+def _lists(n: int, parents: np.ndarray, order: list[np.ndarray], elements: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """``n`` lists, element ``i`` of ``elements`` in list ``parents[i]``, each list sorted by ``order`` (keys,
+    most significant first, that tell every two elements of a list apart): the lists' offsets and their elements."""
+    sort = np.lexsort((*reversed(order), parents)) if len(parents) else np.zeros(0, np.int64)
+    counts = np.bincount(parents, minlength=n) if len(parents) else np.zeros(n, np.int64)
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), elements.take(pa.array(sort, pa.int64()))
+
+
+# -- the aggregates ---------------------------------------------------------------------------------------
+
+
+def _results(aggregations: Sequence[Aggregation], lists: pa.ListArray, windows: np.ndarray) -> list[pa.Array]:
+    """Each aggregation of the lists at ``windows`` (each a window's values in arrival order), as the module docstring defines it."""
+    taken = lists.take(_indices(windows))
+    counts = _ints(pc.fill_null(pc.list_value_length(taken), 0))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    flat = pc.list_flatten(taken)
+    valid = _bools(pc.is_valid(flat))
+    values = np.asarray(pc.fill_null(flat, 0.0).to_numpy(zero_copy_only=False), np.float64)
+    nulls = np.concatenate([[0], np.cumsum(~valid)])
+    has_null = (nulls[offsets[1:]] - nulls[offsets[:-1]]) > 0
+    empty = counts == 0
+    window = np.repeat(np.arange(len(counts)), counts)
+    index = np.arange(len(values))
+    nan = np.isnan(values)
+    numbers = np.where(nan, 0.0, values)
+    ascending: np.ndarray | None = None
+    results: list[pa.Array] = []
+    for agg in aggregations:
+        if isinstance(agg, Count):
+            results.append(pa.array(counts, pa.int64()))
+        elif isinstance(agg, (Sum, Avg)):
+            sums = _folded_sums(offsets, values)
+            if isinstance(agg, Avg):
+                sums = sums / np.where(empty, 1, counts)
+            results.append(pa.array(sums, pa.float64(), mask=has_null | (empty & isinstance(agg, Avg))))
+        elif isinstance(agg, Max):
+            # Nulls last, NaN above every number, then descending; equal ones in arrival order: the first is the greatest.
+            descending = np.lexsort((index, -numbers, ~nan, ~valid, window))
+            results.append(_picked(values, valid, descending, offsets[:-1], ~empty))
+        else:
+            if ascending is None:  # nulls last, NaN above every number; equal ones in arrival order
+                ascending = np.lexsort((index, numbers, nan, ~valid, window))
+            if isinstance(agg, Min):
+                results.append(_picked(values, valid, ascending, offsets[:-1], ~empty))
+            else:
+                assert isinstance(agg, Percentile)
+                distinct, inverse = np.unique(counts, return_inverse=True)
+                ranks = np.array([agg.rank(int(c)) for c in distinct], np.int64)[inverse.reshape(-1)]
+                results.append(_picked(values, valid, ascending, offsets[:-1] + ranks - 1, ~empty))
+    return results
+
+
+def _picked(values: np.ndarray, valid: np.ndarray, order: np.ndarray, at: np.ndarray, present: np.ndarray) -> pa.Array:
+    """The value at sorted position ``at`` of each window (where ``present``): null if the window is empty or it is null."""
+    picked, found = np.zeros(len(at)), np.zeros(len(at), bool)
+    rows = order[at[present]]
+    picked[present], found[present] = values[rows], valid[rows]
+    return pa.array(picked, pa.float64(), mask=~found)
+
+
+def _folded_sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Each window's left fold ``((0.0 + v1) + v2) + ...`` in IEEE doubles (``aggregate(values, 0.0, (a, x) -> a + x)``).
+
+    Windows of up to :data:`_FOLD_COLUMNS` values add their j-th value all at
+    once, column by column; a longer window folds alone (``cumsum`` adds in
+    order, never pairwise).
+    """
+    counts = np.diff(offsets)
+    sums = np.zeros(len(counts))
+    starts = offsets[:-1]
+    short = np.flatnonzero(counts <= _FOLD_COLUMNS)
+    short = short[np.argsort(-counts[short], kind="stable")]  # longest first: those with a j-th value are a prefix
+    lengths = counts[short]
+    for j in range(int(lengths[0]) if len(short) else 0):
+        active = short[: int(np.count_nonzero(lengths > j))]
+        sums[active] = sums[active] + values[starts[active] + j]
+    for w in np.flatnonzero(counts > _FOLD_COLUMNS):
+        sums[w] = np.cumsum(np.concatenate([[0.0], values[starts[w] : offsets[w + 1]]]))[-1]
+    return sums
+
+
+# -- Arrow and NumPy ------------------------------------------------------------------------------------------
+
+
+def _changes(spec: StateSpec, columns: dict[str, Any]) -> pa.Table:
+    """State changes in the table's columns (key columns, key group, values, ``_deleted``)."""
+    schema = pa.schema([f for f in spec.arrow_schema() if f.name not in (UPDATED_AT, EPOCH)])
+    return pa.table({f.name: columns[f.name] for f in schema}).cast(schema)
+
+
+def _array(column: pa.ChunkedArray) -> pa.Array:
+    return column.combine_chunks()
+
+
+def _timestamps(us: np.ndarray) -> pa.Array:
+    return pa.array(us, pa.int64()).cast(_TIMESTAMP)
+
+
+def _indices(rows: np.ndarray) -> pa.Array:
+    return pa.array(rows, pa.int64())
+
+
+def _ints(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(values.to_numpy(zero_copy_only=False), np.int64)
+
+
+def _bools(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(values.to_numpy(zero_copy_only=False), bool)

@@ -34,16 +34,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 
+from barrierflow.api.aggregations import Aggregation, named_aggregations
 from barrierflow.api.params import Param, resolve_params
 from barrierflow.api.state import MapStateDescriptor
 from barrierflow.connectors.delta_sink import DeltaSink, SinkNode
 from barrierflow.connectors.source import Source
 from barrierflow.core.errors import PipelineDefinitionError
-from barrierflow.operators.aggregate import Aggregation, RunningAggregate, named_aggregations
+from barrierflow.core.settings import DEFAULT_KEY_GROUPS
+from barrierflow.operators.aggregate import RunningAggregate
 from barrierflow.operators.base import Node
 from barrierflow.operators.broadcast import KeyedBroadcastProcess, KeyedBroadcastProcessFunction
 from barrierflow.operators.co_process import KeyedCoProcess, KeyedCoProcessFunction
@@ -84,7 +86,6 @@ __all__ = [
     "DEFAULT_KEY_GROUPS",
 ]
 
-DEFAULT_KEY_GROUPS = 128
 # Where operators merge keyed state with an epoch's changes (see ``pipeline()``).
 STATE_BACKENDS = ("delta", "heap")
 _ID = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -92,12 +93,11 @@ _ID = re.compile(r"^[a-z][a-z0-9_]*$")
 
 @dataclass
 class SourceNode(Node):
+    """A source in the graph: its records are read by the tasks (``Source.read``), its offsets are operator state."""
+
     source: Source | None = None
 
-    def apply(self, ctx: Any, df: Any) -> Any:  # sources are read by the runtime
-        raise NotImplementedError
-
-    def state_specs(self) -> list[StateSpec]:
+    def state_specs(self, inputs: Sequence[pa.Schema] | None = None) -> list[StateSpec]:
         """Its offsets, union list state (``operator_state`` 8.): saved, restored and checked as any state."""
         return [source_offsets_spec(self.operator_id)]
 
@@ -167,7 +167,7 @@ class Pipeline:
         return [n for n in self.sources if any(n is u for u in upstream)]
 
     def needs_arrival_order(self, node: Node) -> bool:
-        """Whether ``node`` reads the ``_seq`` arrival position of its input (a stateless operator: if a consumer does)."""
+        """Whether ``node`` reads the arrival positions of its input (a stateless operator: if a consumer does)."""
         if node.forwards_arrival_order:
             return any(self.needs_arrival_order(child) for child in self.children(node))
         return node.needs_arrival_order
@@ -280,9 +280,7 @@ class PipelineBuilder:
 
     def _add(self, node: Node, generated: bool = False) -> Node:
         if not generated and not _ID.match(node.operator_id):
-            raise PipelineDefinitionError(
-                f"operator id {node.operator_id!r} must be lower_snake_case (letters, digits, _)"
-            )
+            raise PipelineDefinitionError(f"operator id {node.operator_id!r} must be lower_snake_case (letters, digits, _)")
         if any(n.operator_id == node.operator_id for n in self.nodes):
             raise PipelineDefinitionError(f"duplicate operator id {node.operator_id!r} in {self.name}")
         self.nodes.append(node)
@@ -406,7 +404,9 @@ class DataStream:
         if function is not None:
             declared = check_function("flat_map", operator_id, function, schema, column)
             return self._stateless(
-                "flat_map", operator_id, lambda i: FlatMapFunction(operator_id=i, parent=self.node, function=function, schema=declared)
+                "flat_map",
+                operator_id,
+                lambda i: FlatMapFunction(operator_id=i, parent=self.node, function=function, schema=declared),
             )
         if len(column) != 1 or schema is not None:
             raise PipelineDefinitionError(
@@ -446,9 +446,7 @@ class DataStream:
                 )
         node_id, generated = self.builder.stateless_id("union", operator_id)
         inputs = (self.node, *(o.node for o in others))
-        _check_watermarks(
-            f"union {node_id!r}", inputs, "assign the watermark after the union, or one upstream of every input"
-        )
+        _check_watermarks(f"union {node_id!r}", inputs, "assign the watermark after the union, or one upstream of every input")
         return DataStream(
             self.builder, self.builder._add(Union(operator_id=node_id, parent=self.node, others=inputs[1:]), generated)
         )
@@ -553,9 +551,7 @@ class KeyedStream:
         if lateness:
             reserved += ("is_update", "retracted")
         chosen = named_aggregations(operator_id, aggregations, named, reserved=reserved)
-        return self._then(
-            window_node(operator_id, self.node, self.key, assigner, chosen, late_output, allowed_lateness)
-        )
+        return self._then(window_node(operator_id, self.node, self.key, assigner, chosen, late_output, allowed_lateness))
 
     def process(self, operator_id: str, function: KeyedProcessFunction) -> DataStream:
         """Run a keyed process function with per-key state over whole key groups."""
@@ -635,9 +631,14 @@ class JoinedStreams:
         inputs = (first.node, second.node)
         times = tuple(_event_time_column(f"window join {operator_id!r}", n, i + 1) for i, n in enumerate(inputs))
         node = WindowJoin(
-            operator_id=operator_id, parent=first.node, key=first.key, other=second.node, other_key=second.key,
+            operator_id=operator_id,
+            parent=first.node,
+            key=first.key,
+            other=second.node,
+            other_key=second.key,
             assigner=assigner,  # type: ignore[arg-type]  # checked by the node: tumbling or sliding
-            time_columns=(times[0], times[1]), late_outputs=(left_late_output, right_late_output),
+            time_columns=(times[0], times[1]),
+            late_outputs=(left_late_output, right_late_output),
         )
         return DataStream(first.builder, first.builder._add(node))
 
@@ -672,8 +673,13 @@ class IntervalJoinedStreams:
         inputs = (self.first.node, self.second.node)
         times = tuple(_event_time_column(f"interval join {operator_id!r}", n, i + 1) for i, n in enumerate(inputs))
         node = IntervalJoin(
-            operator_id=operator_id, parent=self.first.node, key=self.first.key, other=self.second.node,
-            other_key=self.second.key, bounds=bounds, time_columns=(times[0], times[1]),
+            operator_id=operator_id,
+            parent=self.first.node,
+            key=self.first.key,
+            other=self.second.node,
+            other_key=self.second.key,
+            bounds=bounds,
+            time_columns=(times[0], times[1]),
             late_outputs=(left_late_output, right_late_output),
         )
         return DataStream(self.first.builder, self.first.builder._add(node))
@@ -693,8 +699,12 @@ class ConnectedKeyedStreams:
             f"co-process {operator_id!r}", inputs, "assign one upstream of each input (with_watermark on each source), or none"
         )
         node = KeyedCoProcess(
-            operator_id=operator_id, parent=self.first.node, key=self.first.key, function=function,
-            other=self.second.node, other_key=self.second.key,
+            operator_id=operator_id,
+            parent=self.first.node,
+            key=self.first.key,
+            function=function,
+            other=self.second.node,
+            other_key=self.second.key,
         )
         return DataStream(self.first.builder, self.first.builder._add(node))
 
@@ -809,7 +819,9 @@ def pipeline(
 
     def wrap(fn: Callable[[PipelineBuilder, dict[str, Any]], None]) -> PipelineDefinition:
         return PipelineDefinition(
-            name=name, build_fn=fn, params=tuple(params),
+            name=name,
+            build_fn=fn,
+            params=tuple(params),
             description=description or (fn.__doc__ or ""),
             key_groups=key_groups,
             state_backend=state_backend,

@@ -1,4 +1,4 @@
-"""What a keyed state table is: its columns, its key group, its name.
+"""What a keyed state table is (its columns, key group, name), and what a task reads of it in an epoch.
 
 Keys hash into a fixed number of key groups (the pipeline's max
 parallelism); every state row carries its key group in :data:`KEY_GROUP`, so
@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-__all__ = ["StateSpec", "KEY_GROUP", "DueRows"]
+from barrierflow.core.columns import KEY_GROUP
+from barrierflow.state.files import StateFile
 
-KEY_GROUP = "_key_group"
+__all__ = ["StateSpec", "KEY_GROUP", "KeyGroups", "StateTablePlan"]
 
 
 @dataclass(frozen=True)
@@ -65,19 +67,31 @@ class StateSpec:
 
 
 @dataclass(frozen=True)
-class DueRows:
-    """The rows of a state read that event time (or processing time) reaches, whatever their key group.
+class KeyGroups:
+    """The key groups a task holds: ``[low, high]``, of ``total``."""
 
-    A window, timer or join buffer row is due when its ``column`` (a
-    timestamp, or microseconds) is at or before ``through_us``: the watermark
-    fires or purges it even if no record of its key arrived. A read given the
-    key groups an epoch touches and the due rows skips every other file by its
-    statistics, as a keyed read skips untouched key groups. ``column`` must be
-    a key column, or a value that every version of a key carries unchanged,
-    its tombstone included: all of them then lie on the same side of the
-    bound, and the latest version is never read without the ones before it.
-    """
+    low: int
+    high: int
+    total: int
 
-    column: str
-    through_us: int
+    @classmethod
+    def all(cls, total: int) -> "KeyGroups":
+        return cls(0, total - 1, total)
 
+    def contains(self, groups: pa.Array | pa.ChunkedArray) -> pa.Array:
+        return pc.and_(pc.greater_equal(groups, self.low), pc.less_equal(groups, self.high))
+
+    def __iter__(self) -> Any:
+        return iter(range(self.low, self.high + 1))
+
+
+@dataclass(frozen=True)
+class StateTablePlan:
+    """What a task needs to read and stage one state table this epoch (picklable; made by the driver)."""
+
+    spec: StateSpec
+    uri: str
+    files: tuple[StateFile, ...]  # the snapshot's data files as of epoch n-1
+    compact: bool  # write every live row after the epoch, replacing the snapshot's files
+    backend: str = "delta"
+    whole: bool = False  # not keyed by the task's key groups (broadcast state): every task reads it whole, the first stages it

@@ -18,9 +18,9 @@ from deltalake import CommitProperties, DeltaTable, Field, Schema, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
-from barrierflow.checkpointing.checkpoint import Fence, StagedFile, TableCommit
 from barrierflow.core import faults
 from barrierflow.core.errors import CommitConflictError, FencedError, StorageError
+from barrierflow.storage.commits import Fence, StagedFile, TableCommit
 
 __all__ = [
     "commit_epoch_table",
@@ -47,7 +47,6 @@ _MAX_COMMIT_ATTEMPTS = 5
 # checkpoint log), Delta's default interval of 100 made opens and appends
 # grow from ~11 to ~50 ms before each checkpoint.
 TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
-
 
 
 def open_table(uri: str, version: int | None = None) -> DeltaTable | None:
@@ -159,9 +158,7 @@ def committed_version(uri: str, app: str, epoch: int, table: DeltaTable | None =
     return table.version()
 
 
-def commit_epoch_table(
-    commit: TableCommit, app: str, epoch: int, attempt_id: str, fence: Fence | None = None
-) -> int:
+def commit_epoch_table(commit: TableCommit, app: str, epoch: int, attempt_id: str, fence: Fence | None = None) -> int:
     """Commit one table's share of epoch ``epoch``; idempotent. Returns its version.
 
     ``fence`` is the pipeline-level fencing token this commit carries
@@ -210,8 +207,7 @@ def commit_epoch_table(
                 last_error = exc
         time.sleep(0.05)
     raise CommitConflictError(
-        f"could not commit epoch {epoch} to table {commit.name} after "
-        f"{_MAX_COMMIT_ATTEMPTS} attempts: {last_error}"
+        f"could not commit epoch {epoch} to table {commit.name} after {_MAX_COMMIT_ATTEMPTS} attempts: {last_error}"
     )
 
 
@@ -266,9 +262,7 @@ def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, prop
         faults.maybe_fail("commit.before_delta_commit")
         if widened is None:
             _add_new_columns(table, commit.name, schema)
-            removes = [
-                RemoveAction(path=p, data_change=commit.data_change, deletion_timestamp=_now_ms()) for p in commit.removes
-            ]
+            removes = [RemoveAction(path=p, data_change=commit.data_change, deletion_timestamp=_now_ms()) for p in commit.removes]
         else:
             removes = []  # the overwrite removes every live file itself: the rewritten ones (step 2)
         # Step 3. A sink widening is an overwrite, the write mode that may change the schema.
@@ -349,6 +343,3 @@ def _add_action(f: StagedFile, data_change: bool) -> AddAction:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-

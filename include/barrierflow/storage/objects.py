@@ -23,7 +23,7 @@ write.
 Every durable location accepts ``s3://``: warehouse, landing directories,
 savepoints. Spark here has no S3 connector, so executors do their object-store
 I/O through pyarrow inside Python tasks (:func:`arrow_filesystem`,
-:func:`open_input`; :mod:`barrierflow.execution.table_files` reads tables' data files),
+:func:`open_input`),
 and Delta commits go through delta-rs, which reads the same AWS environment.
 """
 
@@ -83,9 +83,7 @@ def normalize_uri(uri: str) -> str:
         if not parsed.netloc:
             raise ConfigurationError(f"URI {uri!r} names no bucket: expected s3://<bucket>[/<key prefix>]")
         return uri.rstrip("/") if parsed.path.strip("/") else f"s3://{parsed.netloc}"
-    raise ConfigurationError(
-        f"unsupported URI {uri!r}: allowed are local paths, file:// URIs and s3://<bucket>/<prefix>"
-    )
+    raise ConfigurationError(f"unsupported URI {uri!r}: allowed are local paths, file:// URIs and s3://<bucket>/<prefix>")
 
 
 def is_local(uri: str) -> bool:
@@ -487,7 +485,14 @@ def _s3_region() -> str:
 
 def _s3_client() -> Any:
     """A boto3 S3 client for the current AWS environment; one per distinct environment, shared by threads."""
-    names = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+    names = (
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+    )
     key = (*(os.environ.get(name) for name in names), _s3_region())
     with _clients_lock:
         client = _clients.get(key)

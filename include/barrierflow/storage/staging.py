@@ -1,8 +1,8 @@
-"""Executors write an epoch's staged files; the driver only gets their descriptions.
+"""Tasks write an epoch's staged files; the driver only gets their descriptions.
 
 This is how Spark's own Delta writer divides the work: every task writes
-the rows of its partition as Parquet straight into the table's staging
-directory and returns one row per file (path, size, row count, Delta
+its rows as Parquet straight into the table's staging directory and
+returns one description per file (path, size, row count, Delta
 statistics). The add actions of the epoch's commit are made from those
 rows, never from listing a directory, so files of a failed or speculative
 task attempt are never committed (an abort deletes the whole directory).
@@ -18,191 +18,22 @@ from __future__ import annotations
 import datetime
 import json
 import uuid
-from functools import partial
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from barrierflow.checkpointing.checkpoint import StagedFile
+from barrierflow.core.columns import KEY_GROUP
 from barrierflow.core.errors import StorageError
-from barrierflow.execution.spark import session_cached
-from barrierflow.state.spec import KEY_GROUP
-from barrierflow.state.worker_cache import StateLookup, every_live_row, without_live_keys
+from barrierflow.storage.commits import StagedFile
 from barrierflow.storage.objects import arrow_filesystem, is_local, join_uri
 
-if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+__all__ = ["write_partition", "write_parquet", "with_constants", "parquet_options", "DESCRIPTION_SCHEMA"]
 
-__all__ = [
-    "stage_frame",
-    "stage_compaction",
-    "write_partition",
-    "compact_partition",
-    "write_parquet",
-    "with_constants",
-    "by_key_group_range",
-    "DESCRIPTION_SCHEMA",
-]
-
-# One row per written file, collected by the driver. Given to Spark as a
-# StructType: a DDL string would cost a Connect round trip to parse per write.
-DESCRIPTION_SCHEMA = pa.schema(
-    [("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())]
-)
+# One row per written file, collected by the driver.
+DESCRIPTION_SCHEMA = pa.schema([("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())])
 _ROW_GROUP_ROWS = 64 * 1024
-# A compaction task's first row: how many live rows it wrote (its path is empty).
-_COMPACTION_SUMMARY = ""
-
-
-def stage_frame(
-    df: "DataFrame",
-    table_uri: str,
-    prefix: str,
-    schema: pa.Schema,
-    *,
-    partitions: int,
-    sort_by: Sequence[str] = (),
-    key_groups: int | None = None,
-    tasks: int | None = None,
-    constants: Mapping[str, Any] | None = None,
-    ranged: bool = False,
-) -> list[StagedFile]:
-    """Have executors write ``df`` under ``<table_uri>/<prefix>``; returns the files written.
-
-    ``schema`` is the files' schema (columns selected and cast to it).
-    ``constants`` are columns of the schema with one value in every row (the
-    epoch, its processing time): the writer adds them, because a literal in
-    the Spark plan makes its generated code differ every epoch, and Spark
-    compiles each such plan again.
-    With ``key_groups``, rows are clustered by :data:`KEY_GROUP` (see the
-    module docstring); otherwise the frame keeps its partitioning, merged
-    down to at most ``partitions`` tasks, and rows are sorted by ``sort_by``
-    within each file. Files hold whole row groups of at most 64 Ki rows.
-    ``tasks=1`` writes the same files from one task, without a shuffle (for
-    frames known to be small). ``ranged``: the frame's partitions are
-    already its key-group ranges (:func:`by_key_group_range`, then narrow
-    transformations), so each task writes its own without a shuffle.
-    """
-
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    constants = dict(constants or {})
-    # df.to(<the written columns' types>) rather than a select: the frame then
-    # knows its schema without asking the engine, and mapInArrow below would
-    # otherwise ask (a Connect round trip analysing the whole plan, per write).
-    # Every level nullable, so Spark only reconciles types; the writer casts
-    # to the files' own schema as before (with_constants).
-    frame = df.to(from_arrow_schema(_written_schema(schema, constants)))
-    ranges = None
-    if key_groups is not None:
-        ranges = (partitions, key_groups)
-        if tasks == 1:
-            # One task, sorted by key group: the writer still starts a new
-            # file at each range boundary.
-            frame = frame.coalesce(1)
-        elif not ranged:
-            frame = by_key_group_range(frame, partitions, key_groups)
-        frame = frame.sortWithinPartitions(KEY_GROUP)
-    else:
-        frame = frame.coalesce(tasks or partitions)
-        if sort_by:
-            frame = frame.sortWithinPartitions(*sort_by)
-    writer = partial(write_partition, table_uri, prefix, schema, ranges, constants)
-    rows = _described(frame, writer, join_uri(table_uri, prefix))
-    return sorted((_staged(r) for r in rows), key=lambda f: f.path)
-
-
-def stage_compaction(
-    df: "DataFrame",
-    lookup: StateLookup,
-    table_uri: str,
-    prefix: str,
-    *,
-    partitions: int,
-    key_groups: int,
-    constants: Mapping[str, Any] | None = None,
-) -> list[StagedFile]:
-    """Compact a small state table in one executor task (:func:`compact_partition`); returns the files written.
-
-    ``df`` is the epoch's changes (as :func:`stage_frame` takes them, without
-    ``constants``); ``lookup`` the table's snapshot files. The files hold
-    every live key once, clustered by key group as :func:`stage_frame`
-    writes them: the same rows as a compaction planned on Spark (a scan
-    grouped by key, an anti-join, a union and a repartition by range), in
-    one Python task instead of a shuffle per step.
-    """
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    constants = dict(constants or {})
-    frame = df.to(from_arrow_schema(_written_schema(lookup.schema, constants))).coalesce(1)
-    compact = partial(compact_partition, lookup, table_uri, prefix, (partitions, key_groups), constants)
-    rows = _described(frame, compact, join_uri(table_uri, prefix))
-    summaries = [r for r in rows if r["path"] == _COMPACTION_SUMMARY]
-    if len(summaries) != 1:
-        # No task ran (or two did): a commit of these files would drop the table's rows.
-        raise StorageError(f"the compaction of {table_uri} ran in {len(summaries)} tasks, not one")
-    files = [_staged(r) for r in rows if r["path"] != _COMPACTION_SUMMARY]
-    if sum(f.rows for f in files) != summaries[0]["rows"]:
-        raise StorageError(f"the compaction of {table_uri} wrote {sum(f.rows for f in files)} rows, not {summaries[0]['rows']}")
-    return sorted(files, key=lambda f: f.path)
-
-
-def _described(frame: "DataFrame", writer: Any, where: str) -> list[Any]:
-    """The description rows of the executors' writes of ``frame``."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    try:
-        return frame.mapInArrow(writer, from_arrow_schema(DESCRIPTION_SCHEMA)).collect()
-    except Exception as exc:  # a task's StorageError arrives wrapped in Spark's error
-        if "StorageError" in str(exc):
-            raise StorageError(f"executors could not stage files under {where}: {exc}") from exc
-        raise
-
-
-def _staged(row: Any) -> StagedFile:
-    return StagedFile(path=row["path"], size=row["size"], rows=row["rows"], stats=row["stats"])
-
-
-def by_key_group_range(frame: "DataFrame", partitions: int, key_groups: int) -> "DataFrame":
-    """``frame`` (with a :data:`KEY_GROUP` column) repartitioned so task ``r`` holds key-group range ``r`` of ``partitions``.
-
-    The ranges are those the state files are written in, so a task's rows
-    meet the files of its own range only.
-    """
-    from pyspark.sql import functions as F
-
-    range_id = F.floor(F.col(KEY_GROUP) * F.lit(partitions) / F.lit(key_groups)).cast("int")
-    return frame.repartition(partitions, _partition_key(frame.sparkSession, partitions, range_id))
-
-
-def _partition_key(spark: Any, partitions: int, range_id: "Column") -> "Column":
-    """A column that sends key-group range ``r`` to partition ``r`` under hash partitioning.
-
-    Spark places a row in partition ``pmod(hash(key), n)``; hashing the range
-    ids themselves would put two ranges in one task now and then (one file
-    spanning both, one task doing both's work). Each range id is replaced by
-    the smallest integer that hashes to its own partition, found once per
-    session and ``n`` with one small job.
-    """
-    from pyspark.sql import functions as F
-
-    def build() -> list[int]:
-        rows = (
-            spark.range(64 * partitions)
-            .select(F.col("id").cast("int").alias("v"), F.pmod(F.hash(F.col("id").cast("int")), F.lit(partitions)).alias("p"))
-            .groupBy("p")
-            .agg(F.min("v").alias("v"))
-            .collect()
-        )
-        chosen = {r["p"]: r["v"] for r in rows}
-        if len(chosen) < partitions:
-            raise StorageError(f"no integer hashes to each of {partitions} partitions")  # not for n below 64**2
-        return [chosen[p] for p in range(partitions)]
-
-    values = session_cached(("range_partition_values", partitions), build)
-    return F.element_at(F.array(*[F.lit(v) for v in values]), range_id + F.lit(1))
 
 
 def write_partition(
@@ -228,48 +59,6 @@ def write_partition(
         files.abandon()
     if described:
         yield pa.RecordBatch.from_pylist(described, schema=DESCRIPTION_SCHEMA)
-
-
-def compact_partition(
-    lookup: StateLookup,
-    table_uri: str,
-    prefix: str,
-    ranges: tuple[int, int],
-    constants: Mapping[str, Any],
-    batches: Iterator[pa.RecordBatch],
-) -> Iterator[pa.RecordBatch]:
-    """Executor side of :func:`stage_compaction`: the one task's changes merged with every live row of ``lookup.files``.
-
-    1. Collect the epoch's changes (keys, key group, values, ``_deleted``;
-       ``constants`` added as by :func:`write_partition`).
-    2. Take every live row of the table's files (latest per key, tombstones
-       and expired rows dropped: the scan's rule) from the worker's cache of
-       state files.
-    3. Keep the live rows whose key the epoch did not change, and add the
-       changed keys that are not deleted: each live key once.
-    4. Write them sorted by key group, a file per key-group range; yield a
-       summary row (empty path, the live rows written), then one row per file.
-    """
-    schema = lookup.schema
-    # 1.
-    parts = [with_constants(pa.Table.from_batches([b]), constants, schema) for b in batches if b.num_rows]
-    changes = pa.concat_tables(parts) if parts else schema.empty_table()
-    # 2.
-    live = every_live_row(lookup, ranges[1])
-    # 3.
-    key_fields = tuple(schema.field(k) for k in lookup.key_columns)
-    kept = without_live_keys(key_fields, live, changes)
-    rows = pa.concat_tables([kept, changes.filter(pc.invert(changes["_deleted"]))])
-    rows = rows.sort_by([(KEY_GROUP, "ascending")])
-    # 4.
-    files = _RangeFiles(table_uri, prefix, schema, ranges)
-    try:
-        files.add(rows)
-        described = files.close()
-    finally:
-        files.abandon()
-    summary = {"path": _COMPACTION_SUMMARY, "size": 0, "rows": rows.num_rows, "stats": ""}
-    yield pa.RecordBatch.from_pylist([summary, *described], schema=DESCRIPTION_SCHEMA)
 
 
 class _RangeFiles:
@@ -403,7 +192,9 @@ def parquet_options(schema: pa.Schema) -> dict[str, Any]:
     }
 
 
-def write_parquet(table_uri: str, prefix: str, data: pa.Table, *, sort_by: Sequence[str] = (), max_rows_per_file: int = 2_000_000) -> list[StagedFile]:
+def write_parquet(
+    table_uri: str, prefix: str, data: pa.Table, *, sort_by: Sequence[str] = (), max_rows_per_file: int = 2_000_000
+) -> list[StagedFile]:
     """The driver-side writer, for rows already in this process (compaction, tests)."""
     if data.num_rows == 0:
         return []
@@ -429,7 +220,9 @@ class _StatsAccumulator:
     """
 
     def __init__(self, schema: pa.Schema) -> None:
-        self.timestamps = {f.name for f in schema if pa.types.is_timestamp(f.type) and f.type.tz is not None and f.type.unit != "ns"}
+        self.timestamps = {
+            f.name for f in schema if pa.types.is_timestamp(f.type) and f.type.tz is not None and f.type.unit != "ns"
+        }
         self.columns = [f.name for f in schema if pa.types.is_integer(f.type) or f.name in self.timestamps]
         self.rows = 0
         self.mins: dict[str, Any] = {}

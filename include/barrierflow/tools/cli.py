@@ -9,10 +9,33 @@ import os
 import sys
 from typing import Any, Sequence
 
+from barrierflow.airflow.dags.environment import repo_root
+from barrierflow.airflow.ui.chart import format_bytes, format_ms
 from barrierflow.api.params import parse_assignments
+from barrierflow.checkpointing.checkpoint_log import CheckpointLog, iso_us
+from barrierflow.checkpointing.coordinator import (
+    CheckpointCoordinator,
+    EpochResult,
+    backlog_report,
+    blocked_state,
+    recorded_params,
+)
 from barrierflow.core.errors import BarrierflowError, ConfigurationError, ParameterError
+from barrierflow.demo.datagen import SensorStreamSpec, sensor_files
+from barrierflow.demo.order_stream import OrderStreamSpec, order_files
+from barrierflow.execution.engine import EngineConfig, default_warm_up_epochs, serve
 from barrierflow.execution.spark import MASTER_ENV, REMOTE_ENV
+from barrierflow.operations.maintenance import run_maintenance
+from barrierflow.operations.query import format_rows, run_query
+from barrierflow.operations.reprocess import plan_reprocess, reprocess
+from barrierflow.operations.restore import restore
+from barrierflow.operations.savepoint import create_savepoint, dispose_savepoint, list_savepoints
 from barrierflow.plan.pipeline import STATE_BACKENDS
+from barrierflow.plan.registry import get_pipeline, pipeline_names
+from barrierflow.storage import objects
+from barrierflow.storage.layout import PipelineLayout
+from barrierflow.storage.objects import exists, join_uri, list_dir, read_json
+from barrierflow.tools.devserver.environment import STACK_FILE
 
 __all__ = ["main", "build_parser"]
 
@@ -30,7 +53,6 @@ def _pipeline_name(ref: str) -> str:
     """
     if ":" not in ref:
         return ref
-    from barrierflow.plan.registry import get_pipeline
 
     return get_pipeline(ref).name
 
@@ -67,7 +89,6 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
 
 def _params(args: argparse.Namespace, definition: Any) -> dict[str, Any]:
     """Given parameters over those the pipeline's last epoch ran with."""
-    from barrierflow.checkpointing.coordinator import recorded_params
 
     return {**recorded_params(definition.name, _warehouse(args)), **parse_assignments(args.param)}
 
@@ -146,9 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp_list = sp_sub.add_parser("list", help="list the pipeline's savepoints")
     _add_common(sp_list)
     sp_list.add_argument("--json", action="store_true", help="print a JSON array")
-    sp_restore = sp_sub.add_parser(
-        "restore", help="start a new lineage from a savepoint or a retained completed epoch"
-    )
+    sp_restore = sp_sub.add_parser("restore", help="start a new lineage from a savepoint or a retained completed epoch")
     _add_common(sp_restore)
     point = sp_restore.add_mutually_exclusive_group(required=True)
     point.add_argument("--savepoint", metavar="NAME|PATH", help="a savepoint name, or the path of a savepoint directory")
@@ -201,8 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
         "maintenance", help="compact state, expire old checkpoints, vacuum (savepoints are never touched)"
     )
     _add_common(maintenance)
-    maintenance.add_argument("--retained-checkpoints", type=int, default=10, metavar="N", help="completed checkpoints to keep (default 10)")
-    maintenance.add_argument("--vacuum-retention-hours", type=int, default=168, metavar="H", help="vacuum retention (default 168)")
+    maintenance.add_argument(
+        "--retained-checkpoints", type=int, default=10, metavar="N", help="completed checkpoints to keep (default 10)"
+    )
+    maintenance.add_argument(
+        "--vacuum-retention-hours", type=int, default=168, metavar="H", help="vacuum retention (default 168)"
+    )
     _add_param(maintenance)
 
     sub.add_parser("pipelines", help="list the registered pipelines and their parameters")
@@ -237,7 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate = sub.add_parser("generate", help="write sample input files of a product pipeline into a landing directory")
     generate.add_argument("landing_dir")
     generate.add_argument(
-        "--pipeline", choices=("sensor_stats", "orders_payments"), default="sensor_stats",
+        "--pipeline",
+        choices=("sensor_stats", "orders_payments"),
+        default="sensor_stats",
         help="whose input: sensor_stats readings, or orders_payments' orders/, payments/ and thresholds/ (default sensor_stats)",
     )
     generate.add_argument("--files", type=int, default=6, help="number of files (per source; default 6)")
@@ -259,9 +284,6 @@ def _select_engine(args: argparse.Namespace) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from barrierflow.checkpointing.checkpoint_log import iso_us
-    from barrierflow.checkpointing.coordinator import CheckpointCoordinator, EpochResult
-    from barrierflow.plan.registry import get_pipeline
 
     if args.epochs is not None and args.epochs < 1:
         raise ParameterError("--epochs must be >= 1")
@@ -293,10 +315,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_reprocess(args: argparse.Namespace) -> int:
     import socket
-
-    from barrierflow.checkpointing.coordinator import CheckpointCoordinator
-    from barrierflow.operations.reprocess import plan_reprocess, reprocess
-    from barrierflow.plan.registry import get_pipeline
 
     definition = get_pipeline(args.pipeline)
     warehouse = _warehouse(args)
@@ -335,9 +353,6 @@ def _cmd_reprocess(args: argparse.Namespace) -> int:
 def _cmd_airflow(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from barrierflow.airflow.dags.environment import repo_root
-    from barrierflow.tools.devserver.environment import STACK_FILE
-
     home = Path(args.home) if args.home else repo_root() / ".airflow"
     stack = home / STACK_FILE
     try:
@@ -353,24 +368,16 @@ def _cmd_airflow(args: argparse.Namespace) -> int:
 
 
 def _cmd_engine(args: argparse.Namespace) -> int:
-    from barrierflow.tools.engine import EngineConfig, default_warm_up_epochs, serve
 
     warm_up = default_warm_up_epochs(args.master) if args.warm_up_epochs is None else args.warm_up_epochs
     if warm_up < 0:
         raise ConfigurationError(f"--warm-up-epochs is {warm_up}: give 0 (no warm-up) or more")
     return serve(
-        EngineConfig(
-            host=args.host, port=args.port, master=args.master, driver_memory=args.driver_memory, warm_up_epochs=warm_up
-        )
+        EngineConfig(host=args.host, port=args.port, master=args.master, driver_memory=args.driver_memory, warm_up_epochs=warm_up)
     )
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from barrierflow.airflow.ui.chart import format_bytes, format_ms
-    from barrierflow.checkpointing.checkpoint_log import CheckpointLog, iso_us
-    from barrierflow.checkpointing.coordinator import backlog_report, blocked_state
-    from barrierflow.storage.layout import PipelineLayout
-    from barrierflow.storage.objects import exists, join_uri, list_dir, read_json
 
     layout = PipelineLayout.of(_warehouse(args), _pipeline_name(args.pipeline))
     if not exists(layout.pipeline_meta):
@@ -381,9 +388,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     records = CheckpointLog(layout).lineage_records(lineage.get("lineage_id", ""))
     last = CheckpointLog.last_completed(records)
     pending_epochs = {
-        epoch: r.status.value
-        for (_, epoch), r in CheckpointLog.current_status(records).items()
-        if not last or epoch > last.epoch
+        epoch: r.status.value for (_, epoch), r in CheckpointLog.current_status(records).items() if not last or epoch > last.epoch
     }
     doc: dict[str, Any] = {
         "pipeline": args.pipeline,
@@ -424,9 +429,6 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_checkpoints(args: argparse.Namespace) -> int:
-    from barrierflow.checkpointing.checkpoint_log import CheckpointLog, iso_us
-    from barrierflow.storage.layout import PipelineLayout
-    from barrierflow.storage.objects import exists
 
     layout = PipelineLayout.of(_warehouse(args), _pipeline_name(args.pipeline))
     if not exists(layout.pipeline_meta):
@@ -473,13 +475,11 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
 
 def _cutoff(ms: int | None) -> str:
     """An arrival cut-off for people: ISO UTC, or "-" when the epoch took everything that had arrived."""
-    from barrierflow.checkpointing.checkpoint_log import iso_us
 
     return iso_us(ms * 1000) if ms is not None else "-"
 
 
 def _cmd_query(args: argparse.Namespace) -> int:
-    from barrierflow.operations.query import format_rows, run_query
 
     table = run_query(_warehouse(args), args.pipeline, args.sql, args.as_of_epoch)
     print(format_rows(table, args.format))
@@ -487,7 +487,6 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
 
 def _cmd_pipelines(args: argparse.Namespace) -> int:
-    from barrierflow.plan.registry import get_pipeline, pipeline_names
 
     for name in pipeline_names():
         definition = get_pipeline(name)
@@ -499,9 +498,6 @@ def _cmd_pipelines(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from barrierflow.demo.datagen import SensorStreamSpec, sensor_files
-    from barrierflow.demo.order_stream import OrderStreamSpec, order_files
-    from barrierflow.storage import objects
 
     if args.files < 1 or args.records_per_file < 1 or args.start_index < 0:
         raise ParameterError("--files and --records-per-file must be >= 1, --start-index >= 0")
@@ -511,7 +507,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         orders = OrderStreamSpec(n_files=n_files, orders_per_file=args.records_per_file, seed=args.seed)
         files = order_files(orders, args.start_index, args.files)
     else:
-        files = sensor_files(SensorStreamSpec(n_files=n_files, records_per_file=args.records_per_file, seed=args.seed), args.start_index, args.files)
+        files = sensor_files(
+            SensorStreamSpec(n_files=n_files, records_per_file=args.records_per_file, seed=args.seed),
+            args.start_index,
+            args.files,
+        )
     # Each file lands whole under its final name with put-if-absent, on either store: readers never see part of
     # a file, and a file that already landed is never changed.
     names = []
@@ -528,8 +528,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_savepoint(args: argparse.Namespace) -> int:
-    from barrierflow.operations.savepoint import create_savepoint, dispose_savepoint, list_savepoints
-    from barrierflow.plan.registry import get_pipeline
 
     warehouse = _warehouse(args)
     if args.action == "list":
@@ -558,7 +556,6 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
         if m.stopped:
             print(f"{m.pipeline} is stopped: no epoch runs until it is restored")
         return 0
-    from barrierflow.operations.restore import restore
 
     if args.parallelism is not None and args.parallelism < 1:
         raise ParameterError("--parallelism must be >= 1")
@@ -587,8 +584,6 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
 
 
 def _cmd_maintenance(args: argparse.Namespace) -> int:
-    from barrierflow.operations.maintenance import run_maintenance
-    from barrierflow.plan.registry import get_pipeline
 
     definition = get_pipeline(args.pipeline)
     report = run_maintenance(

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, Callable
 
 from barrierflow.core.errors import ConfigurationError
-from barrierflow.tools.process_group import stop_group
+from barrierflow.execution.process_group import stop_group
 
 __all__ = ["EmbeddedPostgres", "postgres_bin_dir", "DATABASE", "ROLE"]
 
@@ -49,8 +49,7 @@ def postgres_bin_dir() -> Path:
     if found:
         return Path(found).resolve().parent
     raise ConfigurationError(
-        "PostgreSQL's server programs are not installed (Debian package postgresql); "
-        "'make setup' installs them"
+        "PostgreSQL's server programs are not installed (Debian package postgresql); 'make setup' installs them"
     )
 
 
@@ -118,9 +117,22 @@ class EmbeddedPostgres:
         self._own(self.data_dir)
         bin_dir = postgres_bin_dir()
         subprocess.run(
-            [str(bin_dir / "initdb"), "-D", str(self.data_dir), "-U", ROLE, "--auth=trust", "-E", "UTF8",
-             "--locale=C", "--no-instructions"],
-            check=True, capture_output=True, preexec_fn=self._run_as(), cwd="/",
+            [
+                str(bin_dir / "initdb"),
+                "-D",
+                str(self.data_dir),
+                "-U",
+                ROLE,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-instructions",
+            ],
+            check=True,
+            capture_output=True,
+            preexec_fn=self._run_as(),
+            cwd="/",
         )
 
     def start(self, log: IO[bytes] | int | None = None, wait_s: float = 60.0) -> "EmbeddedPostgres":
@@ -130,10 +142,27 @@ class EmbeddedPostgres:
         self._own(self._socket_dir)
         bin_dir = postgres_bin_dir()
         self.proc = subprocess.Popen(
-            [str(bin_dir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port), "-k", str(self._socket_dir),
-             "-c", f"listen_addresses={_HOST}", "-c", "max_connections=200", "-c", "fsync=on"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            preexec_fn=self._run_as(), start_new_session=True, cwd="/",
+            [
+                str(bin_dir / "postgres"),
+                "-D",
+                str(self.data_dir),
+                "-p",
+                str(self.port),
+                "-k",
+                str(self._socket_dir),
+                "-c",
+                f"listen_addresses={_HOST}",
+                "-c",
+                "max_connections=200",
+                "-c",
+                "fsync=on",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=self._run_as(),
+            start_new_session=True,
+            cwd="/",
         )
         deadline = time.monotonic() + wait_s
         while not _accepts(self.port):

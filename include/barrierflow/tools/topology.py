@@ -39,7 +39,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from barrierflow.core.errors import ConfigurationError
-from barrierflow.tools.process_group import stop_group
+from barrierflow.execution.process_group import stop_group
+from barrierflow.execution.spark import MASTER_ENV
+from barrierflow.tools.devserver.client import ApiClient
+from barrierflow.tools.devserver.environment import (
+    DEFAULT_PASSWORD,
+    DEFAULT_USER,
+    DevServerConfig,
+    _repo_root,
+    devserver_environment,
+    port_in_use,
+    write_password_file,
+)
+from barrierflow.tools.devserver.processes import AirflowProcesses
 
 if TYPE_CHECKING:
     from barrierflow.tools.devserver.environment import DevServerConfig
@@ -131,8 +143,6 @@ class TopologyConfig:
         return {**_CREDENTIALS, "AWS_ENDPOINT_URL": self.s3_endpoint, "AWS_ALLOW_HTTP": "true"}
 
     def devserver(self) -> "DevServerConfig":
-        from barrierflow.tools.devserver.environment import DevServerConfig, _repo_root
-
         return DevServerConfig(
             root=_repo_root(), home=self.home / "airflow", warehouse=self.warehouse,
             landing=self.landing, port=self.api_port, engine_port=self.engine_port, warm_up_epochs=0,
@@ -142,8 +152,6 @@ class TopologyConfig:
 
 def service_environment(service: str, config: TopologyConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment ``service`` runs with (Airflow's settings for the Airflow services, AWS for all)."""
-    from barrierflow.execution.spark import MASTER_ENV
-    from barrierflow.tools.devserver.environment import devserver_environment
 
     env = dict(os.environ if base is None else base)
     env.update(config.to_env())
@@ -160,8 +168,6 @@ def service_environment(service: str, config: TopologyConfig, base: Mapping[str,
 def service_command(service: str, config: TopologyConfig) -> list[str]:
     """The command line of ``service`` (what its container runs, after :func:`serve`'s preparation)."""
     import pyspark
-
-    from barrierflow.tools.devserver.processes import AirflowProcesses
 
     spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
     airflow = str(Path(sys.executable).with_name("airflow"))
@@ -190,7 +196,6 @@ def service_command(service: str, config: TopologyConfig) -> list[str]:
 
 def serve(service: str, config: TopologyConfig) -> int:
     """Run ``service`` in the foreground (a container's command); its exit code."""
-    from barrierflow.tools.devserver.environment import write_password_file
 
     env = service_environment(service, config)
     config.home.mkdir(parents=True, exist_ok=True)
@@ -243,9 +248,6 @@ def _init(config: TopologyConfig, env: Mapping[str, str]) -> int:
 
 
 def _ready(service: str, config: TopologyConfig) -> bool:
-    from barrierflow.tools.devserver.client import ApiClient
-    from barrierflow.tools.devserver.environment import DEFAULT_PASSWORD, DEFAULT_USER, port_in_use
-
     ports = {
         "postgres": config.postgres_port, "s3": config.s3_port, "spark-master": config.master_port,
         "spark-worker-1": config.worker_ui_ports[0], "spark-worker-2": config.worker_ui_ports[1],
@@ -318,7 +320,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
     try:
         with running_topology(config, config.home / "logs"):
-            print(f"topology up: Airflow on {config.api_url} (admin/admin), warehouse {config.warehouse}; Ctrl-C stops it", flush=True)
+            print(
+                f"topology up: Airflow on {config.api_url} (admin/admin), warehouse {config.warehouse}; Ctrl-C stops it",
+                flush=True,
+            )
             while not stop:
                 time.sleep(0.5)
     except KeyboardInterrupt:

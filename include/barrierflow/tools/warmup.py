@@ -28,19 +28,20 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
+from barrierflow.core.settings import DEFAULT_WARM_UP_EPOCHS
+from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
+from barrierflow.execution.spark import get_spark
+from barrierflow.plan.registry import get_pipeline
+
 __all__ = ["warm_up", "DEFAULT_WARM_UP_EPOCHS", "main"]
 
-DEFAULT_WARM_UP_EPOCHS = 4
 _FILES_PER_EPOCH = 12
 _RECORDS_PER_FILE = 40
 
 
 def warm_up(address: str, epochs: int = DEFAULT_WARM_UP_EPOCHS, session_name: str = "sensor_stats") -> list[float]:
     """Run ``epochs`` throwaway epochs on the engine at ``address``; their durations in seconds."""
-    from barrierflow.checkpointing.coordinator import CheckpointCoordinator
-    from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
-    from barrierflow.execution.spark import get_spark
-    from barrierflow.plan.registry import get_pipeline
 
     work = Path(tempfile.mkdtemp(prefix="barrierflow-warm-up-"))
     try:

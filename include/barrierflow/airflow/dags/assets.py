@@ -38,9 +38,7 @@ def asset_name(pipeline: str, sink: str) -> str:
     return f"barrierflow.{pipeline}.{sink}"
 
 
-def pipeline_sinks(
-    definition: PipelineDefinition, warehouse: str, environ: Mapping[str, str] | None = None
-) -> list[SinkInfo]:
+def pipeline_sinks(definition: PipelineDefinition, warehouse: str, environ: Mapping[str, str] | None = None) -> list[SinkInfo]:
     """Sinks and side outputs of the pipeline, in declaration order."""
     pipe = definition.build(introspection_params(definition, environ))
     # Names only (at DAG parse time): a warehouse the tasks will refuse still parses.

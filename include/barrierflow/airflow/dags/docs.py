@@ -61,7 +61,9 @@ def _process_text(settings: DagSettings) -> str:
     return f"as a spark-submit on connection `{settings.conn_id}` (a new Spark application per epoch)"
 
 
-def pipeline_doc(definition: PipelineDefinition, settings: DagSettings, sinks: list[SinkInfo], environ: Mapping[str, str] | None = None) -> str:
+def pipeline_doc(
+    definition: PipelineDefinition, settings: DagSettings, sinks: list[SinkInfo], environ: Mapping[str, str] | None = None
+) -> str:
     name = definition.name
     rows = []
     for p in definition.params:
@@ -176,7 +178,7 @@ def maintenance_doc(names: list[str], settings: DagSettings) -> str:
     return f"""\
 # barrierflow maintenance
 
-Daily retention for every pipeline ({', '.join(f'`{n}`' for n in names)}):
+Daily retention for every pipeline ({", ".join(f"`{n}`" for n in names)}):
 keep the last `retained_checkpoints` completed epochs restorable and vacuum
 Delta files unreferenced for longer than `vacuum_retention_hours`.
 Warehouse `{settings.warehouse}`.

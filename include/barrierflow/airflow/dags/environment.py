@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, MutableMapping
 
+from barrierflow.core.errors import ConfigurationError
 from barrierflow.storage.objects import normalize_uri
 
 __all__ = [
@@ -87,9 +88,7 @@ def airflow_environment(
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         # A DAG file of this project imports pyarrow and the pipeline registry: allow for it.
         "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
-        SPARK_CONN_ENV: json.dumps({"conn_type": "spark", "host": spark_master})
-        if spark_master
-        else LOCAL_SPARK_CONNECTION,
+        SPARK_CONN_ENV: json.dumps({"conn_type": "spark", "host": spark_master}) if spark_master else LOCAL_SPARK_CONNECTION,
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "PATH": path,
@@ -115,7 +114,6 @@ def configure_airflow(
     Must run before ``airflow`` is imported in this process; raises
     :class:`~barrierflow.core.errors.ConfigurationError` when it is too late.
     """
-    from barrierflow.core.errors import ConfigurationError
 
     target = os.environ if environ is None else environ
     if target is os.environ and "airflow.settings" in sys.modules:

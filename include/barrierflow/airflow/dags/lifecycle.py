@@ -164,7 +164,10 @@ def barrier_step(
                 "Skipping process and commit"
             )
         return StepReport(
-            **base, message=prefix + message, epoch=last, proceed=False,
+            **base,
+            message=prefix + message,
+            epoch=last,
+            proceed=False,
             details={**recovered, "stopped": stop is not None, "owned_by": pending.planned_by if foreign and pending else None},
         )
     if pending is None:
@@ -178,7 +181,8 @@ def barrier_step(
         verb = f"replaying the barrier this run recorded at {pending.planned_at}"
     return StepReport(
         **base,
-        message=prefix + (
+        message=prefix
+        + (
             f"epoch {barrier.epoch}: {verb} (epoch's arrival cut-off {cutoff_text(barrier.arrival_cutoff_ms)}, "
             f"this run's {run_cutoff}): {describe_offsets(barrier.end_offsets)}"
         ),
@@ -251,7 +255,11 @@ def commit_step(coordinator: CheckpointCoordinator, lease_wait_s: float) -> Step
     if pending is not None and not recovery.rolled_forward:
         if stop is not None:
             return StepReport(
-                pipeline=name, step="commit", epoch=pending.epoch, lineage_id=recovery.lineage_id, proceed=False,
+                pipeline=name,
+                step="commit",
+                epoch=pending.epoch,
+                lineage_id=recovery.lineage_id,
+                proceed=False,
                 message=f"{stop}; planned epoch {pending.epoch} is not committed",
             )
         raise CheckpointError(
@@ -288,11 +296,17 @@ def notify_step(coordinator: CheckpointCoordinator, lease_wait_s: float) -> Step
         return StepReport(pipeline=name, step="notify", message="no completed epoch: nothing to do")
     if not notified:
         return StepReport(
-            pipeline=name, step="notify", epoch=last.epoch, lineage_id=last.lineage_id,
+            pipeline=name,
+            step="notify",
+            epoch=last.epoch,
+            lineage_id=last.lineage_id,
             message=f"epoch {last.epoch} has no manifest in this lineage (a restore point): nothing to clean",
         )
     return StepReport(
-        pipeline=name, step="notify", epoch=last.epoch, lineage_id=last.lineage_id,
+        pipeline=name,
+        step="notify",
+        epoch=last.epoch,
+        lineage_id=last.lineage_id,
         message=f"epoch {last.epoch}: staging of losing attempts cleaned, state compacted where needed",
     )
 

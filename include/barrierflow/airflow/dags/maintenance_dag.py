@@ -14,7 +14,10 @@ from barrierflow.airflow.dags.docs import maintenance_doc
 from barrierflow.airflow.dags.operations import operation_dag, xcom_json
 from barrierflow.airflow.dags.params import operational_params
 from barrierflow.airflow.dags.settings import MAINTENANCE_DAG_ID, DagSettings
+from barrierflow.operations.maintenance import run_maintenance
 from barrierflow.plan.registry import get_pipeline, pipeline_names
+from barrierflow.storage import objects
+from barrierflow.storage.layout import PipelineLayout
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG
@@ -69,9 +72,6 @@ def build_maintenance_dag(
             @task(task_id=maintenance_task_id(name))
             def maintain(pipeline: str) -> dict[str, Any]:
                 """Retention and vacuum of one pipeline."""
-                from barrierflow.operations.maintenance import run_maintenance
-                from barrierflow.storage import objects
-                from barrierflow.storage.layout import PipelineLayout
 
                 params = get_current_context()["params"]
                 if not objects.exists(PipelineLayout.of(warehouse, pipeline).pipeline_meta):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from barrierflow.airflow.dags.settings import param_env_var
 from barrierflow.api.params import Param as PipelineParam
 from barrierflow.api.params import placeholder
+from barrierflow.checkpointing.coordinator import recorded_params
 from barrierflow.core.errors import ParameterError, PipelineDefinitionError
 from barrierflow.plan.pipeline import PipelineDefinition
 
@@ -121,7 +122,9 @@ def introspection_params(definition: PipelineDefinition, environ: Mapping[str, s
     return out
 
 
-def operational_params(definition: PipelineDefinition, warehouse: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def operational_params(
+    definition: PipelineDefinition, warehouse: str, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The pipeline parameters of a savepoint, restore or maintenance run (at task run time).
 
     Those runs build the pipeline only to know its operators and tables: the
@@ -129,7 +132,6 @@ def operational_params(definition: PipelineDefinition, warehouse: str, environ: 
     (:func:`barrierflow.checkpointing.coordinator.recorded_params`), overridden by any
     ``$BARRIERFLOW_<PIPELINE>__<PARAM>``, over the declared defaults.
     """
-    from barrierflow.checkpointing.coordinator import recorded_params
 
     env = os.environ if environ is None else environ
     declared = {p.name for p in definition.params}

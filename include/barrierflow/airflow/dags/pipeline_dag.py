@@ -132,9 +132,7 @@ def _push_report(context: "Context", report: StepReport) -> dict[str, Any]:
 
 
 @contextmanager
-def _epoch_task(
-    definition: PipelineDefinition, settings: DagSettings
-) -> Iterator[tuple["Context", CheckpointCoordinator]]:
+def _epoch_task(definition: PipelineDefinition, settings: DagSettings) -> Iterator[tuple["Context", CheckpointCoordinator]]:
     """What every epoch task starts with: its context and a coordinator on the run's params.
 
     Errors a retry cannot fix (bad params, a bad setting, input that blocks
@@ -146,9 +144,7 @@ def _epoch_task(
     context = get_current_context()
     with fail_without_retry(None, *_NOT_RETRYABLE):
         params = resolve_pipeline_params(definition, context["params"])
-        spark_factory = (
-            engine_spark_factory(settings.conn_id, definition.name) if settings.process_mode == CONNECT_MODE else None
-        )
+        spark_factory = engine_spark_factory(settings.conn_id, definition.name) if settings.process_mode == CONNECT_MODE else None
         yield context, CheckpointCoordinator(definition, params, settings.warehouse, spark_factory=spark_factory)
 
 
@@ -168,9 +164,7 @@ def _wait_for_earlier_runs(context: "Context", wait_s: float) -> None:
     while True:
         # Queued first: a run moving from queued to running between the two questions is then
         # seen as running (asked in the other order, it would be missed by both).
-        earlier = ti.get_previous_dagrun(state=DagRunState.QUEUED) or ti.get_previous_dagrun(
-            state=DagRunState.RUNNING
-        )
+        earlier = ti.get_previous_dagrun(state=DagRunState.QUEUED) or ti.get_previous_dagrun(state=DagRunState.RUNNING)
         if earlier is None:
             return
         if time.monotonic() >= deadline:
@@ -181,7 +175,9 @@ def _wait_for_earlier_runs(context: "Context", wait_s: float) -> None:
         if announced != earlier.run_id:
             _log.info(
                 "waiting for the earlier run %s of %s (%s) to finish: epochs run in data-interval order",
-                earlier.run_id, ti.dag_id, getattr(earlier.state, "value", earlier.state),
+                earlier.run_id,
+                ti.dag_id,
+                getattr(earlier.state, "value", earlier.state),
             )
             announced = earlier.run_id
         time.sleep(min(_PREVIOUS_RUN_POLL_S, max(0.1, deadline - time.monotonic())))
@@ -251,9 +247,7 @@ def build_pipeline_dag(
             """Steps 1-2: recover, then record the epoch's end offsets before processing (a retry replays them)."""
             with _epoch_task(definition, settings) as (context, coordinator):
                 _wait_for_earlier_runs(context, lease_wait)
-                report = barrier_step(
-                    coordinator, arrival_bound(context, settings), lease_wait, owner_active(context)
-                )
+                report = barrier_step(coordinator, arrival_bound(context, settings), lease_wait, owner_active(context))
                 payload = _push_report(context, report)
             return payload if report.proceed else False
 
@@ -325,7 +319,11 @@ def build_pipeline_dag(
                 done: list[StepReport] = []
                 for _ in range(extra):
                     committed = run_epoch_steps(
-                        coordinator, bound, lease_wait, process_epoch, on_report=_report,
+                        coordinator,
+                        bound,
+                        lease_wait,
+                        process_epoch,
+                        on_report=_report,
                         owner_active=owner_active(context),
                     )
                     if committed is None:

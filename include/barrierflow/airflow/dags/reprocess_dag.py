@@ -25,6 +25,8 @@ from barrierflow.airflow.dags.spark_connect import engine_spark_factory
 from barrierflow.airflow.dags.spark_submit import submit_process_job
 from barrierflow.checkpointing.intervals import airflow_owner
 from barrierflow.core.errors import ParameterError, SavepointError
+from barrierflow.operations.reprocess import plan_reprocess
+from barrierflow.operations.reprocess import reprocess as reprocess_pipeline
 from barrierflow.plan.pipeline import PipelineDefinition
 from barrierflow.plan.registry import get_pipeline
 
@@ -74,13 +76,15 @@ def build_reprocess_dag(
         @task(task_id="plan")
         def plan() -> dict[str, Any]:
             """The restore point and the epochs the replay will produce (nothing changes)."""
-            from barrierflow.operations.reprocess import plan_reprocess
 
             params = get_current_context()["params"]
             with fail_without_retry(f"reprocessing of {name} refused", *refused):
                 result = plan_reprocess(
-                    definition, warehouse, schedule=settings.schedule,
-                    params=operational_params(definition, warehouse, environ), **point(params),
+                    definition,
+                    warehouse,
+                    schedule=settings.schedule,
+                    params=operational_params(definition, warehouse, environ),
+                    **point(params),
                 )
             for line in result.describe():
                 _log.info("%s", line)
@@ -89,7 +93,6 @@ def build_reprocess_dag(
         @task(task_id="reprocess")
         def reprocess() -> dict[str, Any]:
             """Hold the pipeline, restore, replay its intervals in order, release the hold."""
-            from barrierflow.operations.reprocess import reprocess as reprocess_pipeline
 
             context = get_current_context()
             params = context["params"]
@@ -101,9 +104,13 @@ def build_reprocess_dag(
 
                     def submit() -> None:
                         submit_process_job(
-                            pipeline=name, warehouse=warehouse, application=settings.process_application,
-                            params=coordinator.params, lease_wait_s=settings.lease_wait_s,
-                            conn_id=settings.conn_id, driver_memory=settings.driver_memory,
+                            pipeline=name,
+                            warehouse=warehouse,
+                            application=settings.process_application,
+                            params=coordinator.params,
+                            lease_wait_s=settings.lease_wait_s,
+                            conn_id=settings.conn_id,
+                            driver_memory=settings.driver_memory,
                         )
 
                     epochs = []

@@ -15,6 +15,7 @@ from barrierflow.airflow.dags.operations import fail_without_retry, operation_da
 from barrierflow.airflow.dags.params import operational_params
 from barrierflow.airflow.dags.settings import DagSettings, restore_dag_id
 from barrierflow.core.errors import ParameterError, SavepointError
+from barrierflow.operations.restore import restore as restore_pipeline
 from barrierflow.plan.pipeline import PipelineDefinition
 from barrierflow.plan.registry import get_pipeline
 
@@ -98,7 +99,6 @@ def build_restore_dag(
         @task(task_id="restore")
         def restore() -> dict[str, Any]:
             """Start a new lineage from the restore point."""
-            from barrierflow.operations.restore import restore as restore_pipeline
 
             params = get_current_context()["params"]
             # IncompatibleSavepointError (a SavepointError) lists what would be dropped or is

@@ -16,6 +16,7 @@ from barrierflow.airflow.dags.operations import fail_without_retry, operation_da
 from barrierflow.airflow.dags.params import operational_params
 from barrierflow.airflow.dags.settings import DagSettings, savepoint_dag_id
 from barrierflow.core.errors import ParameterError, SavepointError
+from barrierflow.operations.savepoint import create_savepoint
 from barrierflow.plan.pipeline import PipelineDefinition
 from barrierflow.plan.registry import get_pipeline
 
@@ -49,7 +50,9 @@ def build_savepoint_dag(
                 title="savepoint_name",
                 description="name of the savepoint (letters, digits, _ . -); empty: generated (sp-<time>-<id>)",
             ),
-            "description": Param("", type=["null", "string"], title="description", description="kept in the savepoint's metadata"),
+            "description": Param(
+                "", type=["null", "string"], title="description", description="kept in the savepoint's metadata"
+            ),
             "stop_pipeline": Param(
                 False,
                 type="boolean",
@@ -64,7 +67,6 @@ def build_savepoint_dag(
         @task(task_id="savepoint")
         def savepoint() -> dict[str, Any]:
             """Snapshot the last completed epoch (waits for a running epoch through the lease)."""
-            from barrierflow.operations.savepoint import create_savepoint
 
             params = get_current_context()["params"]
             # A bad name, an existing savepoint, no completed epoch: a retry cannot help.
@@ -81,7 +83,10 @@ def build_savepoint_dag(
             doc = xcom_json(metadata.to_json())
             _log.info(
                 "savepoint %r of %s at epoch %s written to %s%s",
-                doc["name"], definition.name, doc["epoch"], doc["uri"],
+                doc["name"],
+                definition.name,
+                doc["epoch"],
+                doc["uri"],
                 "; the pipeline is STOPPED until it is restored" if doc.get("stopped") else "",
             )
             return doc

@@ -44,7 +44,7 @@ from typing import Any, Mapping
 
 from barrierflow.airflow.dags.aws_connection import AWS_CONN_ID_ENV, DEFAULT_AWS_CONN_ID, aws_pre_execute
 from barrierflow.core.errors import ConfigurationError
-from barrierflow.tools.jobs import DEFAULT_LEASE_WAIT_S, LEASE_WAIT_ENV
+from barrierflow.core.settings import DEFAULT_LEASE_WAIT_S, LEASE_WAIT_ENV
 
 __all__ = [
     "DagSettings",

@@ -15,7 +15,8 @@ import logging
 from typing import Any, Callable
 
 from barrierflow.core.errors import ConfigurationError
-from barrierflow.tools.engine import DEFAULT_ENGINE_PORT
+from barrierflow.execution.engine import DEFAULT_ENGINE_PORT
+from barrierflow.execution.spark import get_spark
 
 __all__ = ["DEFAULT_ENGINE_CONN_ID", "LOCAL_ENGINE_ADDRESS", "engine_address", "engine_spark_factory"]
 
@@ -51,7 +52,6 @@ def engine_spark_factory(conn_id: str, pipeline: str) -> Callable[[], Any]:
     """
 
     def factory() -> Any:
-        from barrierflow.execution.spark import get_spark
 
         return get_spark(remote=engine_address(conn_id), session_name=pipeline)
 

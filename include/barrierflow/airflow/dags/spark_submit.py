@@ -36,7 +36,13 @@ from barrierflow.plan.registry import get_pipeline
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["ProcessEpochOperator", "process_job_arguments", "submit_process_job", "ensure_spark_connection", "DEFAULT_SPARK_CONN_ID"]
+__all__ = [
+    "ProcessEpochOperator",
+    "process_job_arguments",
+    "submit_process_job",
+    "ensure_spark_connection",
+    "DEFAULT_SPARK_CONN_ID",
+]
 
 DEFAULT_SPARK_CONN_ID = "spark_default"
 _log = logging.getLogger("barrierflow.airflow.dags")

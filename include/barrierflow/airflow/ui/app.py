@@ -167,9 +167,7 @@ def create_app(
 
     def _histories(names: list[str], state_size: bool) -> tuple[str, list[PipelineHistory]]:
         root = resolve_warehouse(warehouse)
-        return root, [
-            pipeline_history(root, n, state_size=state_size, savepoint_lister=savepoint_lister) for n in names
-        ]
+        return root, [pipeline_history(root, n, state_size=state_size, savepoint_lister=savepoint_lister) for n in names]
 
     @app.get("/", response_class=HTMLResponse)
     async def page(
@@ -242,9 +240,7 @@ def create_app(
         if found and not viewer.can_read(found[0]):
             raise HTTPException(status_code=403, detail=f"not allowed to read the runs of DAG {dag_id_for(found[0])}")
         # The tab shows the run's epochs: no state sizes, backlog or savepoints to measure or list.
-        history = (
-            pipeline_history(root, found[0], state_size=False, backlog=False, savepoints=False) if found else None
-        )
+        history = pipeline_history(root, found[0], state_size=False, backlog=False, savepoints=False) if found else None
         return root, run_view(dag_id, run_id, found, history)
 
     @app.get("/run", response_class=HTMLResponse)

@@ -104,8 +104,7 @@ def chart_points(epochs: Sequence[EpochRow], limit: int = 200) -> tuple[list[Cha
     done = done[-limit:]
     live = any(e.state_bytes is not None for e in done)
     points = [
-        ChartPoint(str(e.epoch), e.lineage_id, e.duration_ms, e.state_bytes if live else e.state_bytes_cumulative)
-        for e in done
+        ChartPoint(str(e.epoch), e.lineage_id, e.duration_ms, e.state_bytes if live else e.state_bytes_cumulative) for e in done
     ]
     return points, ("state size" if live else "state bytes written (cumulative)")
 
@@ -163,9 +162,7 @@ def render_epoch_chart(
                 f'<text x="{_W - _RIGHT + 6}" y="{y + 4:.1f}" text-anchor="start" class="bf-axis">'
                 f"{escape(format_bytes(smax * frac))}</text>"
             )
-    out.append(
-        f'<line x1="{_LEFT}" y1="{_TOP + plot_h}" x2="{_W - _RIGHT}" y2="{_TOP + plot_h}" class="bf-baseline"/>'
-    )
+    out.append(f'<line x1="{_LEFT}" y1="{_TOP + plot_h}" x2="{_W - _RIGHT}" y2="{_TOP + plot_h}" class="bf-baseline"/>')
     # Lineage boundaries.
     for i in range(1, n):
         if points[i].lineage_id != points[i - 1].lineage_id:
@@ -174,9 +171,7 @@ def render_epoch_chart(
                 f'<line x1="{x:.1f}" y1="{_TOP}" x2="{x:.1f}" y2="{_TOP + plot_h}" stroke="{_RULE}" '
                 f'stroke-dasharray="4 3" class="bf-lineage-rule"/>'
             )
-            out.append(
-                f'<text x="{x + 3:.1f}" y="{_TOP + 10}" class="bf-axis">lineage {escape(points[i].lineage_id[:8])}</text>'
-            )
+            out.append(f'<text x="{x + 3:.1f}" y="{_TOP + 10}" class="bf-axis">lineage {escape(points[i].lineage_id[:8])}</text>')
     # Duration bars.
     for i, (p, d) in enumerate(zip(points, durations_s)):
         y = y_dur(d)
@@ -221,9 +216,7 @@ def render_epoch_chart(
     # Legend.
     out.append(f'<rect x="{_LEFT}" y="8" width="12" height="12" fill="{_BAR}"/>')
     out.append(f'<text x="{_LEFT + 18}" y="18" class="bf-axis">duration (left axis)</text>')
-    out.append(
-        f'<line x1="{_LEFT + 180}" y1="14" x2="{_LEFT + 204}" y2="14" stroke="{_LINE}" stroke-width="2"/>'
-    )
+    out.append(f'<line x1="{_LEFT + 180}" y1="14" x2="{_LEFT + 204}" y2="14" stroke="{_LINE}" stroke-width="2"/>')
     out.append(f'<text x="{_LEFT + 210}" y="18" class="bf-axis">{escape(size_label)} (right axis)</text>')
     out.append("</svg>")
     return "".join(out)

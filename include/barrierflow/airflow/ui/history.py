@@ -33,8 +33,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from barrierflow.airflow.dags.settings import pipeline_dag_id, savepoint_dag_id
 from barrierflow.checkpointing.checkpoint import RESTORE_ATTEMPT_PREFIX, CheckpointRecord, EpochStatus
 from barrierflow.checkpointing.checkpoint_log import CheckpointLog, iso_us
+from barrierflow.checkpointing.coordinator import backlog_report
+from barrierflow.operations.query import table_uri
 from barrierflow.storage import objects
 from barrierflow.storage.layout import PipelineLayout
 
@@ -58,8 +61,7 @@ _log = logging.getLogger(__name__)
 WAREHOUSE_ENV = "BARRIERFLOW_WAREHOUSE"
 
 STATE_SIZE_METHOD = (
-    "live bytes: sum of the sizes of the files of every state table at the Delta "
-    "versions recorded in the epoch's checkpoint"
+    "live bytes: sum of the sizes of the files of every state table at the Delta versions recorded in the epoch's checkpoint"
 )
 
 _SAVEPOINT_MODULE = "barrierflow.operations.savepoint"
@@ -72,14 +74,12 @@ def resolve_warehouse(warehouse: str | None = None) -> str:
 
 def dag_id_for(pipeline: str) -> str:
     """The Airflow DAG id that runs a pipeline's epochs (``barrierflow_<pipeline>``)."""
-    from barrierflow.airflow.dags.settings import pipeline_dag_id
 
     return pipeline_dag_id(pipeline)
 
 
 def savepoint_dag_id_for(pipeline: str) -> str:
     """The Airflow DAG id that takes a pipeline's savepoints."""
-    from barrierflow.airflow.dags.settings import savepoint_dag_id
 
     return savepoint_dag_id(pipeline)
 
@@ -308,7 +308,6 @@ def _live_bytes(uri: str, versions: Sequence[int]) -> dict[int, int]:
 
 def _state_sizes(layout: PipelineLayout, rows: Iterable[tuple[Any, Mapping[str, int]]]) -> dict[Any, int]:
     """Live state bytes per key of ``rows`` ((key, table_versions) of completed epochs)."""
-    from barrierflow.operations.query import table_uri
 
     rows = list(rows)
     per_table: dict[str, set[int]] = {}
@@ -327,6 +326,7 @@ def _state_sizes(layout: PipelineLayout, rows: Iterable[tuple[Any, Mapping[str, 
 
 
 # -- the history ---------------------------------------------------------------
+
 
 def _furthest(records: Iterable[CheckpointRecord]) -> list[tuple[CheckpointRecord, int]]:
     """Per (lineage, epoch): the record of where it stands (:meth:`CheckpointLog.current_status`), and when it first appeared."""
@@ -407,9 +407,7 @@ def pipeline_history(
     warehouse = objects.normalize_uri(warehouse)
     layout = PipelineLayout.of(warehouse, pipeline)
     generated_at = iso_us(int(datetime.now(timezone.utc).timestamp() * 1e6)) or ""
-    listed, available, sp_error = (
-        _load_savepoints(pipeline, warehouse, savepoint_lister) if savepoints else ((), False, None)
-    )
+    listed, available, sp_error = _load_savepoints(pipeline, warehouse, savepoint_lister) if savepoints else ((), False, None)
     error: str | None = None
     meta: dict[str, Any] = {}
     records: list[CheckpointRecord] = []
@@ -426,9 +424,7 @@ def pipeline_history(
         error = f"{type(exc).__name__}: {exc}"
 
     furthest = _furthest(records)
-    completed_keys = [
-        ((r.lineage_id, r.epoch), r.versions()) for r, _ in furthest if r.status is EpochStatus.COMPLETED
-    ]
+    completed_keys = [((r.lineage_id, r.epoch), r.versions()) for r, _ in furthest if r.status is EpochStatus.COMPLETED]
     sizes: dict[Any, int] = {}
     if state_size and completed_keys:
         try:
@@ -532,7 +528,6 @@ def pipeline_history(
 
 
 def _backlog(warehouse: str, pipeline: str) -> dict[str, Any]:
-    from barrierflow.checkpointing.coordinator import backlog_report  # the engine's modules: only when asked
 
     try:
         return backlog_report(warehouse, pipeline)
@@ -550,7 +545,4 @@ def warehouse_history(
     """:func:`pipeline_history` of every pipeline in the warehouse (or of ``pipelines``)."""
     root = resolve_warehouse(warehouse)
     names = list(pipelines) if pipelines is not None else discover_pipelines(root)
-    return [
-        pipeline_history(root, name, state_size=state_size, savepoint_lister=savepoint_lister)
-        for name in names
-    ]
+    return [pipeline_history(root, name, state_size=state_size, savepoint_lister=savepoint_lister) for name in names]

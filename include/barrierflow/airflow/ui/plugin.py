@@ -15,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
+from barrierflow.airflow.ui.app import create_app
+
 __all__ = [
     "PLUGIN_NAME",
     "URL_PREFIX",
@@ -43,7 +45,6 @@ def _icon(color: str) -> str:
 
 def fastapi_app_spec(**create_app_kwargs: Any) -> dict[str, Any]:
     """The ``fastapi_apps`` entry: ``{"app", "url_prefix", "name"}``."""
-    from barrierflow.airflow.ui.app import create_app
 
     return {"app": create_app(**create_app_kwargs), "url_prefix": URL_PREFIX, "name": "barrierflow checkpoints"}
 

@@ -53,9 +53,7 @@ def _templates() -> Environment:
         cutoff_iso=_cutoff_iso,
         urlquote=lambda value: quote(str(value), safe=""),
     )
-    env.globals.update(
-        run_of=airflow_run_of, phases=_phases, lineage_details=_lineage_details, epoch_anchor=epoch_anchor
-    )
+    env.globals.update(run_of=airflow_run_of, phases=_phases, lineage_details=_lineage_details, epoch_anchor=epoch_anchor)
     return env
 
 
@@ -125,16 +123,20 @@ def render_pipeline(history: PipelineHistory, *, epoch_rows: int = DEFAULT_EPOCH
         else "State bytes written (cumulative): the running sum of the state bytes each epoch committed."
     )
     newest = sorted(history.epochs, key=lambda r: r.recorded_at_us, reverse=True)
-    return _templates().get_template("pipeline.html.j2").render(
-        history=history,
-        state=state,
-        last=last,
-        counts=history.summary(),
-        chart=chart,
-        size_label=size_label,
-        size_note=size_note,
-        epochs=newest[:epoch_rows],
-        hidden=max(0, len(newest) - epoch_rows),
+    return (
+        _templates()
+        .get_template("pipeline.html.j2")
+        .render(
+            history=history,
+            state=state,
+            last=last,
+            counts=history.summary(),
+            chart=chart,
+            size_label=size_label,
+            size_note=size_note,
+            epochs=newest[:epoch_rows],
+            hidden=max(0, len(newest) - epoch_rows),
+        )
     )
 
 
@@ -151,16 +153,20 @@ def render_page(
 ) -> str:
     """The whole HTML document (``templates/page.html.j2``); ``refresh_s`` reloads it that often."""
     generated = iso_us(generated_at_us) if generated_at_us is not None else (histories[0].generated_at if histories else "")
-    return _templates().get_template("page.html.j2").render(
-        histories=histories,
-        sections=[Markup(render_pipeline(h, epoch_rows=epoch_rows)) for h in histories],
-        warehouse=warehouse,
-        generated=generated,
-        user=user,
-        json_href=json_href,
-        links=list((links or {}).items()),
-        refresh_s=int(refresh_s) if refresh_s else None,
-        auto_refresh_s=AUTO_REFRESH_S,
+    return (
+        _templates()
+        .get_template("page.html.j2")
+        .render(
+            histories=histories,
+            sections=[Markup(render_pipeline(h, epoch_rows=epoch_rows)) for h in histories],
+            warehouse=warehouse,
+            generated=generated,
+            user=user,
+            json_href=json_href,
+            links=list((links or {}).items()),
+            refresh_s=int(refresh_s) if refresh_s else None,
+            auto_refresh_s=AUTO_REFRESH_S,
+        )
     )
 
 
@@ -176,6 +182,8 @@ _ROLES = {
 def render_run(view: RunView, *, warehouse: str) -> str:
     """The "Checkpoint" tab of one Airflow DAG run (``templates/run.html.j2``)."""
     role_text, no_epoch_reason = _ROLES.get(view.role or "", ("run", ""))
-    return _templates().get_template("run.html.j2").render(
-        view=view, warehouse=warehouse, role_text=role_text, no_epoch_reason=no_epoch_reason
+    return (
+        _templates()
+        .get_template("run.html.j2")
+        .render(view=view, warehouse=warehouse, role_text=role_text, no_epoch_reason=no_epoch_reason)
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping
 
+from barrierflow.airflow.dags.settings import pipeline_dag_id, reprocess_dag_id, restore_dag_id, savepoint_dag_id
 from barrierflow.airflow.ui.history import EpochRow, Failure, PipelineHistory
 from barrierflow.checkpointing.intervals import airflow_owner
 
@@ -31,7 +32,6 @@ class DagRole:
 
 
 def _dag_ids(pipeline: str) -> dict[str, str]:
-    from barrierflow.airflow.dags.settings import pipeline_dag_id, reprocess_dag_id, restore_dag_id, savepoint_dag_id
 
     return {
         pipeline_dag_id(pipeline): DagRole.PIPELINE,

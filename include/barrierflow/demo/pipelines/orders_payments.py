@@ -40,14 +40,24 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from barrierflow.api.params import Param
-from barrierflow.api.state import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from barrierflow.connectors import DeltaSink, FileSource, LateFiles
-from barrierflow.operators import Count, KeyedContext, Sum
-from barrierflow.operators.broadcast import BroadcastContext, KeyedBroadcastProcessFunction
-from barrierflow.operators.co_process import KeyedCoProcessFunction
-from barrierflow.operators.window import EventTimeSessionWindows
-from barrierflow.plan.pipeline import PipelineBuilder, pipeline
+from barrierflow import (
+    BroadcastContext,
+    Count,
+    DeltaSink,
+    EventTimeSessionWindows,
+    FileSource,
+    KeyedBroadcastProcessFunction,
+    KeyedContext,
+    KeyedCoProcessFunction,
+    LateFiles,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    Param,
+    PipelineBuilder,
+    Sum,
+    ValueStateDescriptor,
+    pipeline,
+)
 
 __all__ = [
     "orders_payments",
@@ -175,7 +185,9 @@ class FlagLargePayments(KeyedBroadcastProcessFunction):
         ]
     )
 
-    def process_broadcast_element(self, rule: dict[str, Any], ctx: BroadcastContext, out: Callable[[dict[str, Any]], None]) -> None:
+    def process_broadcast_element(
+        self, rule: dict[str, Any], ctx: BroadcastContext, out: Callable[[dict[str, Any]], None]
+    ) -> None:
         limits = ctx.get_broadcast_state(FRAUD_LIMITS)
         if rule["limit"] is None:
             limits.remove(rule["country"])
@@ -209,7 +221,9 @@ class FlagLargePayments(KeyedBroadcastProcessFunction):
         Param("parallelism", int, 2, "Spark shuffle partitions for this epoch", minimum=1),
         Param("out_of_orderness_seconds", int, 60, "watermark bound of each stream", minimum=0),
         Param(
-            "late_files", str, LateFiles.NEXT_EPOCH.value,
+            "late_files",
+            str,
+            LateFiles.NEXT_EPOCH.value,
             "a file landing behind the stream position: read it next epoch, dead-letter it, or refuse (block)",
             choices=tuple(p.value for p in LateFiles),
         ),
@@ -230,11 +244,15 @@ def orders_payments(p: PipelineBuilder, params: dict[str, Any]) -> None:
         )
 
     bound = timedelta(seconds=params["out_of_orderness_seconds"])
-    orders = source("orders", ORDER_SCHEMA).deduplicate("order_dedup", key="order_id").with_watermark(
-        "ts", bound, operator_id="order_watermark"
+    orders = (
+        source("orders", ORDER_SCHEMA)
+        .deduplicate("order_dedup", key="order_id")
+        .with_watermark("ts", bound, operator_id="order_watermark")
     )
-    payments = source("payments", PAYMENT_SCHEMA).deduplicate("payment_dedup", key="payment_id").with_watermark(
-        "ts", bound, operator_id="payment_watermark"
+    payments = (
+        source("payments", PAYMENT_SCHEMA)
+        .deduplicate("payment_dedup", key="payment_id")
+        .with_watermark("ts", bound, operator_id="payment_watermark")
     )
     thresholds = source("thresholds", THRESHOLD_SCHEMA)
 
@@ -244,8 +262,14 @@ def orders_payments(p: PipelineBuilder, params: dict[str, Any]) -> None:
         .interval_join(payments.select("payment_id", "order_id", "ts", "amount").key_by("order_id"))
         .between(timedelta(0), PAYMENT_WINDOW, operator_id="payment_join", right_late_output="late_payments")
         .select(
-            "order_id", "customer_id", "country", "left_ts as ordered_at", "left_amount as order_amount",
-            "payment_id", "right_ts as paid_at", "right_amount as paid_amount",
+            "order_id",
+            "customer_id",
+            "country",
+            "left_ts as ordered_at",
+            "left_amount as order_amount",
+            "payment_id",
+            "right_ts as paid_at",
+            "right_amount as paid_amount",
         )
         .sink_to(DeltaSink.append("paid_orders"))
     )

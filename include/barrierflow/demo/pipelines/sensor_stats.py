@@ -16,12 +16,26 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from barrierflow.api.params import Param
-from barrierflow.api.state import ListStateDescriptor
-from barrierflow.connectors import DeadLetterReason, DeltaSink, FileSource, LateFiles, RecordError
-from barrierflow.operators import Avg, Count, KeyedContext, KeyedProcessFunction, Max, Min, Percentile, Sum
-from barrierflow.operators.window import TumblingEventTimeWindows
-from barrierflow.plan.pipeline import PipelineBuilder, pipeline
+from barrierflow import (
+    Avg,
+    Count,
+    DeadLetterReason,
+    DeltaSink,
+    FileSource,
+    KeyedContext,
+    KeyedProcessFunction,
+    LateFiles,
+    ListStateDescriptor,
+    Max,
+    Min,
+    Param,
+    Percentile,
+    PipelineBuilder,
+    RecordError,
+    Sum,
+    TumblingEventTimeWindows,
+    pipeline,
+)
 
 __all__ = ["sensor_stats", "parse_reading", "RisingTemperatureAlert", "READING_SCHEMA"]
 
@@ -39,7 +53,9 @@ WRONG_TYPE = DeadLetterReason.WRONG_TYPE
 
 def _parse_ts(value: Any) -> datetime:
     if isinstance(value, bool):
-        raise RecordError("ts must be an ISO-8601 string with a UTC offset or integer epoch milliseconds, not a boolean", WRONG_TYPE)
+        raise RecordError(
+            "ts must be an ISO-8601 string with a UTC offset or integer epoch milliseconds, not a boolean", WRONG_TYPE
+        )
     if isinstance(value, int):
         try:
             return _EPOCH + timedelta(milliseconds=value)
@@ -126,7 +142,9 @@ class RisingTemperatureAlert(KeyedProcessFunction):
         Param("parallelism", int, 2, "Spark shuffle partitions for this epoch", minimum=1),
         Param("out_of_orderness_seconds", int, 30, "watermark bound", minimum=0),
         Param(
-            "late_files", str, LateFiles.NEXT_EPOCH.value,
+            "late_files",
+            str,
+            LateFiles.NEXT_EPOCH.value,
             "a file landing behind the stream position: read it next epoch, dead-letter it, or refuse (block)",
             choices=tuple(p.value for p in LateFiles),
         ),
@@ -150,9 +168,9 @@ def sensor_stats(p: PipelineBuilder, params: dict[str, Any]) -> None:
         "ts", timedelta(seconds=params["out_of_orderness_seconds"])
     )
     by_sensor = valid.key_by("sensor_id")
-    by_sensor.aggregate(
-        "totals", count=Count(), sum=Sum("temperature"), min=Min("temperature"), max=Max("temperature")
-    ).sink_to(DeltaSink.upsert("sensor_totals", key="sensor_id"))
+    by_sensor.aggregate("totals", count=Count(), sum=Sum("temperature"), min=Min("temperature"), max=Max("temperature")).sink_to(
+        DeltaSink.upsert("sensor_totals", key="sensor_id")
+    )
     by_sensor.window(
         "minute_windows",
         TumblingEventTimeWindows.of(timedelta(minutes=1), "ts"),

@@ -14,7 +14,7 @@ From a fresh clone, ``python -m barrierflow.tools.devserver``:
 2. fixes the login: the simple auth manager with user ``admin`` and a known
    password (``admin`` unless ``--password``/``$BARRIERFLOW_DEV_PASSWORD``),
    written to the auth manager's passwords file;
-3. starts the warm Spark engine (:class:`barrierflow.tools.engine.LocalEngine`, a
+3. starts the warm Spark engine (:class:`barrierflow.execution.engine.LocalEngine`, a
    Spark Connect server on 127.0.0.1, ``--engine-port``, 15002 by default) as
    the ``spark_connect_default`` connection, so epochs run on a Spark that
    stays up; once it listens it runs a few throwaway epochs

@@ -75,9 +75,7 @@ class ApiClient:
     def token(self) -> str:
         """The JWT for ``user`` (logged in once, then cached); RuntimeError when the login is refused."""
         if self._token is None:
-            status, doc = self._request(
-                "POST", "/auth/token", {"username": self.user, "password": self.password}, auth=False
-            )
+            status, doc = self._request("POST", "/auth/token", {"username": self.user, "password": self.password}, auth=False)
             if status not in (200, 201) or not isinstance(doc, dict) or "access_token" not in doc:
                 raise RuntimeError(f"cannot log in as {self.user!r}: HTTP {status} {doc!r}")
             self._token = str(doc["access_token"])

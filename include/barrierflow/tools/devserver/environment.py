@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from barrierflow.airflow.dags.environment import airflow_environment, repo_root
 from barrierflow.airflow.dags.settings import param_env_var, pipeline_dag_id
-from barrierflow.tools.engine import DEFAULT_ENGINE_PORT, EngineConfig
+from barrierflow.execution.engine import DEFAULT_ENGINE_PORT, EngineConfig
 from barrierflow.tools.metadata_db import EmbeddedPostgres
 from barrierflow.tools.warmup import DEFAULT_WARM_UP_EPOCHS
 
@@ -61,7 +62,6 @@ _TUNING = {
 
 
 def _repo_root() -> Path:
-    from barrierflow.airflow.dags.environment import repo_root
 
     return repo_root()
 
@@ -114,7 +114,6 @@ class DevServerConfig:
 
 def devserver_environment(config: DevServerConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of every Airflow component for ``config`` (``base`` defaults to ``os.environ``)."""
-    from barrierflow.airflow.dags.environment import airflow_environment
 
     env = dict(os.environ if base is None else base)
     env.update(

@@ -6,6 +6,7 @@ import os
 import threading
 from pathlib import Path
 
+from barrierflow.demo.datagen import SensorStreamSpec, sensor_file_name, write_sensor_files
 from barrierflow.tools.devserver.console import say
 
 __all__ = ["InputGenerator"]
@@ -30,7 +31,6 @@ class InputGenerator(threading.Thread):
         self.first_written_at: float | None = None  # wall-clock time of this session's first file
 
     def next_index(self) -> int:
-        from barrierflow.demo.datagen import SensorStreamSpec, sensor_file_name
 
         spec = SensorStreamSpec(n_files=1, records_per_file=self.records_per_file, seed=self.seed)
         prefix = sensor_file_name(spec, 0).rsplit("-", 1)[0] + "-"
@@ -43,7 +43,6 @@ class InputGenerator(threading.Thread):
         return max(indices) + 1 if indices else 0
 
     def write_one(self) -> Path:
-        from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
 
         index = self.next_index()
         spec = SensorStreamSpec(n_files=index + 1, records_per_file=self.records_per_file, seed=self.seed)

@@ -216,8 +216,13 @@ class AirflowProcesses:
     def _spawn(self, name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:
         # Own session: a terminal's Ctrl-C reaches only this launcher, which stops the components in order.
         proc = subprocess.Popen(
-            [self.airflow, *args], env=self.env, cwd=str(self.cwd),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            [self.airflow, *args],
+            env=self.env,
+            cwd=str(self.cwd),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         self._pump(name, proc)
         return proc

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 from barrierflow.airflow.dags.settings import PROCESS_MODE_ENV, SPARK_SUBMIT_MODE, DagSettings
 from barrierflow.core.errors import ConfigurationError, EngineUnavailableError
+from barrierflow.execution.engine import DEFAULT_ENGINE_PORT, LocalEngine
 from barrierflow.storage.objects import is_local, normalize_uri
 from barrierflow.tools.devserver.client import ApiClient
 from barrierflow.tools.devserver.console import say
@@ -39,7 +40,6 @@ from barrierflow.tools.devserver.environment import (
 )
 from barrierflow.tools.devserver.generator import InputGenerator
 from barrierflow.tools.devserver.processes import AirflowProcesses, become_subreaper, descendant_pids
-from barrierflow.tools.engine import DEFAULT_ENGINE_PORT, LocalEngine
 from barrierflow.tools.warmup import DEFAULT_WARM_UP_EPOCHS
 
 __all__ = ["run", "main", "build_parser", "config_from_args", "first_interval_end", "wait_until"]
@@ -148,9 +148,7 @@ def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
             say(f"error: Airflow {gone[0]} exited with code {gone[1]}")
             return 1
         engine.wait_ready(ready_timeout_s)
-        threading.Thread(
-            target=_report_warm_up, args=(engine, ready_timeout_s, stopping), name="warm-up", daemon=True
-        ).start()
+        threading.Thread(target=_report_warm_up, args=(engine, ready_timeout_s, stopping), name="warm-up", daemon=True).start()
         say("starting the scheduler and triggerer")
         airflow.start_components("scheduler", "triggerer")
         say(_banner(config))
@@ -159,14 +157,14 @@ def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
             wait_until(lambda: generator.first_written_at is not None, 60.0, 0.2, stopping)
             ready_at = first_interval_end(generator.first_written_at or time.time())
             if ready_at > time.time():
-                say(f"starting the DAG processor at {time.strftime('%H:%M:%S', time.localtime(ready_at))}, "
-                     "when the first minute of input has ended")
+                say(
+                    f"starting the DAG processor at {time.strftime('%H:%M:%S', time.localtime(ready_at))}, "
+                    "when the first minute of input has ended"
+                )
                 time.sleep(max(0.0, ready_at - time.time()))
         say("starting the DAG processor")
         airflow.start_components("dag-processor")
-        threading.Thread(
-            target=_ensure_unpaused, args=(client, config.dag_id, stopping), name="unpause", daemon=True
-        ).start()
+        threading.Thread(target=_ensure_unpaused, args=(client, config.dag_id, stopping), name="unpause", daemon=True).start()
         while (gone := airflow.exited()) is None:
             time.sleep(0.5)
             airflow.reap_orphans()
@@ -242,21 +240,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"API server port (default {DEFAULT_PORT}; 0 = any free port)")
     p.add_argument("--home", type=Path, help="AIRFLOW_HOME (default <repo>/.airflow)")
     p.add_argument(
-        "--warehouse", type=_location_arg,
+        "--warehouse",
+        type=_location_arg,
         help="barrierflow warehouse: a local path, file:// or s3://<bucket>/<prefix> (default <repo>/warehouse)",
     )
     p.add_argument(
-        "--landing", type=_local_dir_arg,
+        "--landing",
+        type=_local_dir_arg,
         help="sensor_stats landing directory, local: the input generator writes it (default <repo>/landing)",
     )
     p.add_argument(
-        "--engine-port", type=int, default=DEFAULT_ENGINE_PORT,
+        "--engine-port",
+        type=int,
+        default=DEFAULT_ENGINE_PORT,
         help=f"the Spark engine's Spark Connect port (default {DEFAULT_ENGINE_PORT}; 0 = any free port)",
     )
     p.add_argument("--interval", type=float, default=5.0, help="seconds between generated input files (0: no generator)")
     p.add_argument("--records-per-file", type=int, default=200)
     p.add_argument(
-        "--warm-up-epochs", type=int,
+        "--warm-up-epochs",
+        type=int,
         help=f"throwaway epochs the new engine runs while Airflow starts (default {DEFAULT_WARM_UP_EPOCHS}, "
         f"or 0 when ${PROCESS_MODE_ENV}={SPARK_SUBMIT_MODE}: then no epoch runs on the engine)",
     )
@@ -268,7 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for the API server")
     p.add_argument(
-        "--metadata-db", choices=("postgres", "sqlite"), default="postgres",
+        "--metadata-db",
+        choices=("postgres", "sqlite"),
+        default="postgres",
         help="Airflow's metadata database: an embedded PostgreSQL (default; Debian's package) or SQLite "
         "(no PostgreSQL needed, but one writer at a time: the Airflow CLI beside the stack can meet 'database is locked')",
     )
@@ -326,4 +331,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.records_per_file < 1:
         build_parser().error("--records-per-file must be >= 1")
     return run(config_from_args(args), ready_timeout_s=args.ready_timeout)
-

@@ -1,0 +1,101 @@
+"""The timer service a keyed process function uses: Flink's ``TimerService`` and ``TimeDomain``.
+
+``ctx.timer_service()`` gives the current key's timers and the epoch's
+clocks. Which timers fire, when, and how they are checkpointed is the
+operator's (:mod:`barrierflow.operators.timers`).
+
+A timestamp is a zone-aware :class:`~datetime.datetime` or an ``int`` of
+milliseconds since the Unix epoch (Flink's unit); timers are kept in
+microseconds.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from barrierflow.core.errors import PipelineDefinitionError, UserFunctionError
+
+__all__ = ["TimeDomain", "TimerService", "to_micros", "from_micros"]
+
+_UTC_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+class TimeDomain(enum.Enum):
+    """Which clock a timer follows (Flink's ``TimeDomain``)."""
+
+    EVENT_TIME = "event_time"
+    PROCESSING_TIME = "processing_time"
+
+
+def to_micros(timestamp: datetime | int, what: str) -> int:
+    """A timer timestamp as microseconds since the epoch: a zone-aware datetime, or an int of milliseconds (Flink's unit)."""
+    if isinstance(timestamp, bool):
+        raise UserFunctionError(
+            f"{what}: timestamp {timestamp!r} is a bool; give a zone-aware datetime or int milliseconds since the epoch"
+        )
+    if isinstance(timestamp, int):
+        return timestamp * 1000
+    if isinstance(timestamp, datetime):
+        if timestamp.tzinfo is None:
+            raise UserFunctionError(
+                f"{what}: timestamp {timestamp.isoformat()} has no time zone; give a zone-aware datetime "
+                "(record timestamps are UTC) or int milliseconds since the epoch"
+            )
+        return (timestamp - _UTC_EPOCH) // timedelta(microseconds=1)
+    raise UserFunctionError(
+        f"{what}: timestamp {timestamp!r} is a {type(timestamp).__name__}; give a zone-aware datetime or int milliseconds since the epoch"
+    )
+
+
+def from_micros(us: int) -> datetime:
+    """Microseconds since the epoch as a UTC datetime."""
+    return _UTC_EPOCH + timedelta(microseconds=us)
+
+
+@dataclass
+class TimerService:
+    """The current key's timers and clocks, as a process function sees them.
+
+    ``watermark_us`` is the watermark the function sees now: W(n-1) while
+    records are processed, W(n) while timers fire (see
+    :mod:`barrierflow.operators.timers`). A timer is unique per domain and
+    timestamp: registering it twice keeps one.
+    """
+
+    watermark_us: int | None
+    processing_time_ms: int
+    timers: set[tuple[TimeDomain, int]] = field(default_factory=set)
+    enabled: bool = True
+
+    def current_watermark(self) -> datetime | None:
+        return None if self.watermark_us is None else from_micros(self.watermark_us)
+
+    def current_processing_time(self) -> datetime:
+        return from_micros(self.processing_time_ms * 1000)
+
+    def register_event_time_timer(self, timestamp: datetime | int) -> None:
+        self._change(TimeDomain.EVENT_TIME, timestamp, add=True)
+
+    def register_processing_time_timer(self, timestamp: datetime | int) -> None:
+        self._change(TimeDomain.PROCESSING_TIME, timestamp, add=True)
+
+    def delete_event_time_timer(self, timestamp: datetime | int) -> None:
+        self._change(TimeDomain.EVENT_TIME, timestamp, add=False)
+
+    def delete_processing_time_timer(self, timestamp: datetime | int) -> None:
+        self._change(TimeDomain.PROCESSING_TIME, timestamp, add=False)
+
+    def _change(self, domain: TimeDomain, timestamp: datetime | int, *, add: bool) -> None:
+        verb = "register" if add else "delete"
+        if not self.enabled:
+            raise PipelineDefinitionError(
+                f"{verb}_{domain.value}_timer: this process function does not implement on_timer, so its "
+                "timers could never fire; implement on_timer(self, timestamp, ctx, out) to use timers"
+            )
+        timer = (domain, to_micros(timestamp, f"{verb}_{domain.value}_timer"))
+        if add:
+            self.timers.add(timer)
+        else:
+            self.timers.discard(timer)

@@ -1,0 +1,150 @@
+"""Event-time window assigners: which windows a record belongs to.
+
+All in event time (microseconds since the Unix epoch, in UTC):
+
+- :class:`TumblingEventTimeWindows` ``.of(size)``: the window
+  ``[k * size, (k + 1) * size)`` holding the record's timestamp.
+- :class:`SlidingEventTimeWindows` ``.of(size, slide)``: every window
+  ``[k * slide, k * slide + size)`` holding it (``ceil(size / slide)`` of
+  them at most; aligned to the Unix epoch, as Flink's with offset 0). A
+  slide larger than the size is refused: records between two windows would
+  belong to none and vanish.
+- :class:`EventTimeSessionWindows` ``.with_gap(gap)``: per key, records
+  at most ``gap`` apart form one session ``[first ts, last ts + gap)``.
+
+Each takes the column holding the event time (``time_column``, ``"ts"``
+unless given). How windows fire and what they emit is the window
+operator's (:mod:`barrierflow.operators.window`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, ClassVar
+
+from barrierflow.core.errors import PipelineDefinitionError
+
+__all__ = ["WindowAssigner", "TumblingEventTimeWindows", "SlidingEventTimeWindows", "EventTimeSessionWindows", "micros"]
+
+_ONE_US = timedelta(microseconds=1)
+
+
+def micros(what: str, value: Any, *, positive: bool) -> int:
+    """``value`` (a timedelta) in whole microseconds; refuses what no window can use."""
+    if not isinstance(value, timedelta):
+        raise PipelineDefinitionError(f"{what} must be a datetime.timedelta, got {value!r}")
+    us = value // _ONE_US  # exact integer arithmetic (no float seconds)
+    if positive and us <= 0:
+        raise PipelineDefinitionError(f"{what} must be a positive timedelta, got {value!r}")
+    if not positive and us < 0:
+        raise PipelineDefinitionError(f"{what} must be zero or a positive timedelta, got {value!r}")
+    return us
+
+
+def _check_time_column(what: str, column: Any) -> None:
+    if not isinstance(column, str) or not column:
+        raise PipelineDefinitionError(f"{what}: time_column must be a column name, got {column!r}")
+
+
+class WindowAssigner:
+    """Which event-time windows a record belongs to (step 1 of the module docstring)."""
+
+    time_column: str
+    kind: ClassVar[str]
+
+    def windows(self, ts_us: int) -> list[tuple[int, int]]:
+        """The ``(start_us, end_us)`` windows of a record at ``ts_us`` (before any merge), latest start first."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class TumblingEventTimeWindows(WindowAssigner):
+    size: timedelta
+    time_column: str = "ts"
+
+    kind: ClassVar[str] = "tumbling"
+
+    def __post_init__(self) -> None:
+        micros("tumbling window size", self.size, positive=True)
+        _check_time_column("tumbling window", self.time_column)
+
+    @classmethod
+    def of(cls, size: timedelta, time_column: str = "ts") -> "TumblingEventTimeWindows":
+        return cls(size, time_column)
+
+    @property
+    def size_us(self) -> int:
+        return self.size // _ONE_US
+
+    @property
+    def slide_us(self) -> int:
+        return self.size_us
+
+    def windows(self, ts_us: int) -> list[tuple[int, int]]:
+        start = ts_us - ts_us % self.size_us  # Python's % is a floor modulo, as Spark's pmod
+        return [(start, start + self.size_us)]
+
+
+@dataclass(frozen=True)
+class SlidingEventTimeWindows(WindowAssigner):
+    size: timedelta
+    slide: timedelta
+    time_column: str = "ts"
+
+    kind: ClassVar[str] = "sliding"
+
+    def __post_init__(self) -> None:
+        size = micros("sliding window size", self.size, positive=True)
+        slide = micros("sliding window slide", self.slide, positive=True)
+        if slide > size:
+            raise PipelineDefinitionError(
+                f"sliding window slide {self.slide} is larger than its size {self.size}: records between two windows "
+                "would belong to none; give a slide at most the size (equal: tumbling windows)"
+            )
+        _check_time_column("sliding window", self.time_column)
+
+    @classmethod
+    def of(cls, size: timedelta, slide: timedelta, time_column: str = "ts") -> "SlidingEventTimeWindows":
+        return cls(size, slide, time_column)
+
+    @property
+    def size_us(self) -> int:
+        return self.size // _ONE_US
+
+    @property
+    def slide_us(self) -> int:
+        return self.slide // _ONE_US
+
+    @property
+    def windows_per_record(self) -> int:
+        return math.ceil(self.size_us / self.slide_us)
+
+    def windows(self, ts_us: int) -> list[tuple[int, int]]:
+        last = ts_us - ts_us % self.slide_us
+        starts = [last - k * self.slide_us for k in range(self.windows_per_record)]
+        return [(s, s + self.size_us) for s in starts if s + self.size_us > ts_us]
+
+
+@dataclass(frozen=True)
+class EventTimeSessionWindows(WindowAssigner):
+    gap: timedelta
+    time_column: str = "ts"
+
+    kind: ClassVar[str] = "session"
+
+    def __post_init__(self) -> None:
+        micros("session window gap", self.gap, positive=True)
+        _check_time_column("session window", self.time_column)
+
+    @classmethod
+    def with_gap(cls, gap: timedelta, time_column: str = "ts") -> "EventTimeSessionWindows":
+        return cls(gap, time_column)
+
+    @property
+    def gap_us(self) -> int:
+        return self.gap // _ONE_US
+
+    def windows(self, ts_us: int) -> list[tuple[int, int]]:
+        return [(ts_us, ts_us + self.gap_us)]

@@ -1,0 +1,174 @@
+"""Key groups: every key hashes into one of a fixed number of key groups, the pipeline's max parallelism.
+
+A key's group is ``pmod(xxhash64(key columns), key_groups)`` exactly as
+Spark's SQL function ``xxhash64`` computes it (seed 42, the columns folded
+left to right, each hashed with the previous hash as seed, a null leaving
+it unchanged), so that state written by any release of barrierflow, and
+any reader computing it with Spark, agrees on where a key lives. Per type,
+as Spark hashes it:
+
+- boolean: the 4-byte int 1 or 0; int8, int16, int32, date: the 4-byte int;
+- int64, timestamp (in microseconds): the 8-byte long;
+- float32, float64: the IEEE bits as an int / long, -0.0 as 0.0, NaN canonical;
+- decimal of precision 18 or less: the unscaled value as a long;
+- string, binary: the bytes (a string's UTF-8).
+
+Fixed-width types hash vectorized (NumPy's wrapping uint64 arithmetic is
+XXH64's); strings and binaries by the ``xxhash`` library, once per
+distinct value. Other types are refused when the pipeline is planned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["SEED", "hashable_key_type", "key_groups", "xxhash64"]
+
+SEED = 42
+_P1 = np.uint64(0x9E3779B185EBCA87)
+_P2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_P3 = np.uint64(0x165667B19E3779F9)
+_P4 = np.uint64(0x85EBCA77C2B2AE63)
+_P5 = np.uint64(0x27D4EB2F165667C5)
+
+
+def hashable_key_type(type_: pa.DataType) -> bool:
+    """Whether a key column of this type has a key group (see the module docstring)."""
+    return (
+        pa.types.is_boolean(type_)
+        or pa.types.is_integer(type_)
+        or pa.types.is_floating(type_)
+        and not pa.types.is_float16(type_)
+        or pa.types.is_string(type_)
+        or pa.types.is_large_string(type_)
+        or pa.types.is_binary(type_)
+        or pa.types.is_large_binary(type_)
+        or pa.types.is_date32(type_)
+        or pa.types.is_timestamp(type_)
+        or pa.types.is_decimal(type_)
+        and type_.precision <= 18
+    )
+
+
+def key_groups(keys: pa.Table, groups: int) -> pa.Array:
+    """Each row's key group (int32): ``pmod(xxhash64(*keys.columns), groups)``."""
+    hashes = np.full(keys.num_rows, SEED, dtype=np.uint64)
+    for column in keys.columns:
+        hashes = xxhash64(column, hashes)
+    return pa.array((hashes.view(np.int64) % groups).astype(np.int32), pa.int32())
+
+
+def xxhash64(column: "pa.Array | pa.ChunkedArray", seeds: np.ndarray) -> np.ndarray:
+    """Spark's xxhash64 of each value of ``column``, each with its seed; a null keeps its seed."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    type_ = column.type
+    if pa.types.is_dictionary(type_):
+        column = column.cast(type_.value_type)
+        type_ = column.type
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    if (
+        pa.types.is_string(type_)
+        or pa.types.is_large_string(type_)
+        or pa.types.is_binary(type_)
+        or pa.types.is_large_binary(type_)
+    ):
+        hashed = _hash_bytes(column, seeds)
+    elif pa.types.is_boolean(type_):
+        hashed = _hash_int(_filled(column.cast(pa.int32()), np.int32), seeds)
+    elif pa.types.is_integer(type_) and type_.bit_width <= 32 or pa.types.is_date32(type_):
+        hashed = _hash_int(_filled(column.cast(pa.int32()), np.int32), seeds)
+    elif pa.types.is_integer(type_):
+        hashed = _hash_long(_filled(column.cast(pa.int64()), np.int64), seeds)
+    elif pa.types.is_timestamp(type_):
+        micros = column.cast(pa.timestamp("us", tz=type_.tz)).cast(pa.int64())
+        hashed = _hash_long(_filled(micros, np.int64), seeds)
+    elif pa.types.is_float32(type_):
+        values = _filled(column, np.float32)
+        values = np.where(values == 0, np.float32(0.0), values)  # -0.0 hashes as 0.0
+        bits = values.view(np.int32)
+        bits = np.where(np.isnan(values), np.int32(0x7FC00000), bits)
+        hashed = _hash_int(bits, seeds)
+    elif pa.types.is_float64(type_):
+        values = _filled(column, np.float64)
+        values = np.where(values == 0, 0.0, values)
+        bits = values.view(np.int64)
+        bits = np.where(np.isnan(values), np.int64(0x7FF8000000000000), bits)
+        hashed = _hash_long(bits, seeds)
+    elif pa.types.is_decimal(type_) and type_.precision <= 18:
+        unscaled = [0 if v is None else int(v.scaleb(type_.scale)) for v in column.to_pylist()]
+        hashed = _hash_long(np.array(unscaled, dtype=np.int64), seeds)
+    else:
+        raise TypeError(f"a key column of type {type_} has no key group; key columns may be {_KEY_TYPES}")
+    return np.where(valid, hashed, seeds)
+
+
+_KEY_TYPES = "booleans, integers, floats, strings, binaries, dates, timestamps or decimals of precision 18 at most"
+
+
+def _filled(column: pa.Array, dtype: Any) -> np.ndarray:
+    """The values as a NumPy array (nulls as zero: their hash is discarded)."""
+    return np.asarray(pc.fill_null(column, pa.scalar(0, column.type) if not pa.types.is_floating(column.type) else 0.0)
+                      .to_numpy(zero_copy_only=False), dtype=dtype)  # fmt: skip
+
+
+def _rotl(x: np.ndarray, r: int) -> np.ndarray:
+    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
+
+
+def _fmix(h: np.ndarray) -> np.ndarray:
+    h = h ^ (h >> np.uint64(33))
+    h = h * _P2
+    h = h ^ (h >> np.uint64(29))
+    h = h * _P3
+    return h ^ (h >> np.uint64(32))
+
+
+def _hash_int(values: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    """XXH64 of 4-byte inputs (Spark's ``hashInt``)."""
+    with np.errstate(over="ignore"):
+        h = seeds + _P5 + np.uint64(4)
+        h = h ^ (values.astype(np.int64).astype(np.uint64) & np.uint64(0xFFFFFFFF)) * _P1
+        h = _rotl(h, 23) * _P2 + _P3
+        return _fmix(h)
+
+
+def _hash_long(values: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    """XXH64 of 8-byte inputs (Spark's ``hashLong``)."""
+    with np.errstate(over="ignore"):
+        h = seeds + _P5 + np.uint64(8)
+        k = _rotl(values.astype(np.int64).view(np.uint64) * _P2, 31) * _P1
+        h = h ^ k
+        h = _rotl(h, 27) * _P1 + _P4
+        return _fmix(h)
+
+
+def _hash_bytes(column: pa.Array, seeds: np.ndarray) -> np.ndarray:
+    """XXH64 of each value's bytes: once per distinct (value, seed)."""
+    import xxhash
+
+    if len(seeds) and (seeds == seeds[0]).all():
+        # One seed (a first key column): hash the distinct values, then take.
+        encoded = pc.dictionary_encode(column)
+        seed = int(seeds[0])
+        distinct = [xxhash.xxh64_intdigest(v.encode() if isinstance(v, str) else v, seed) for v in encoded.dictionary.to_pylist()]
+        indices = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
+        return np.array(distinct, dtype=np.uint64)[indices] if distinct else np.full(len(column), seed, dtype=np.uint64)
+    values = column.to_pylist()
+    out = np.empty(len(values), dtype=np.uint64)
+    memo: dict[tuple[Any, int], int] = {}
+    digest = xxhash.xxh64_intdigest
+    for i, (value, seed) in enumerate(zip(values, seeds.tolist())):
+        if value is None:
+            out[i] = seed
+            continue
+        key = (value, seed)
+        h = memo.get(key)
+        if h is None:
+            h = memo[key] = digest(value.encode() if isinstance(value, str) else value, seed)
+        out[i] = h
+    return out

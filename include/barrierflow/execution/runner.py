@@ -1,0 +1,466 @@
+"""The Spark runner of an epoch: plans its tasks, runs them as Spark jobs, and hands their staged files to the epoch.
+
+Spark is the cluster runtime: it places the tasks on executors, retries a
+lost one, and runs each in a Python worker, where :func:`~barrierflow.execution.task.run_task`
+reads the task's input, runs its kernels and stages its tables. The
+driver (:func:`run_epoch`, on behalf of the checkpoint coordinator) reads
+no record:
+
+1. Plan: the pipeline's schemas, state tables and stages
+   (:func:`~barrierflow.plan.planner.physical_plan`); each source's part of
+   the barrier as splits.
+2. Placement, a size decision (never a semantic one): an epoch reading at
+   most ``BARRIERFLOW_SINGLE_TASK_INPUT_BYTES`` of input, whose state tables
+   hold at most ``BARRIERFLOW_SINGLE_TASK_STATE_ROWS`` rows, runs its whole
+   pipeline in one task; a larger one runs stage by stage, the sources'
+   chain in a task per input split and each keyed chain in a task per
+   key-group range, exchanging rows through files
+   (:mod:`barrierflow.execution.exchange`).
+3. Wait for the restore point (epoch n-1 completed): the state it reads.
+4. Register every table the epoch stages, in pipeline order, before any task
+   writes (an error then aborts their staging directories): each state table
+   as of epoch n-1 (:class:`~barrierflow.state.snapshots.EpochStateTables`),
+   each sink and side output after its schema checks
+   (:func:`~barrierflow.connectors.delta_sink.plan_sink_table`), the dead
+   letters, each source's offsets.
+5. Run the tasks: one Spark job per stage. After each stage, its tasks'
+   watermark observations advance the epoch's clock, which the next stage's
+   tasks start from.
+6. Complete the registrations with the tasks' files; stage on the driver the
+   few rows it holds (each source's offsets, the largest event time of each
+   tracked watermark assigner).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+from concurrent.futures import Future
+from functools import partial
+from typing import Any, Mapping, Protocol
+
+import pyarrow as pa
+
+from barrierflow.connectors.delta_sink import SinkNode, plan_sink_table
+from barrierflow.connectors.source import Split, planned_bytes
+from barrierflow.core import errors, faults
+from barrierflow.core.columns import SEQ
+from barrierflow.core.dead_letters import DEAD_LETTER_SCHEMA
+from barrierflow.core.errors import BarrierflowError
+from barrierflow.core.settings import (
+    INPUT_BYTES_PER_PARTITION,
+    MIN_SPLIT_BYTES,
+    SINGLE_TASK_INPUT_BYTES,
+    SINGLE_TASK_STATE_ROWS,
+    SPLIT_BYTES,
+)
+from barrierflow.execution.exchange import key_group_ranges
+from barrierflow.execution.spark import describe_jobs
+from barrierflow.execution.task import DEAD_LETTER, RESULT_SCHEMA, OutputTable, TaskInput, TaskPlan, TaskResult, task_function
+from barrierflow.operators.base import Node, ship_user_code
+from barrierflow.operators.operator_state import source_offsets_spec, source_offsets_table
+from barrierflow.operators.watermark import (
+    MAX_EVENT_TIME_STATE,
+    WatermarkAssigner,
+    WatermarkClock,
+    max_event_time_row,
+    max_event_time_spec,
+)
+from barrierflow.plan.pipeline import Pipeline, SourceNode
+from barrierflow.plan.planner import PhysicalPlan, physical_plan
+from barrierflow.state.snapshots import EpochStateTables, read_small_table
+from barrierflow.state.spec import KeyGroups, StateTablePlan
+from barrierflow.storage.commits import StagedFile, TableKind
+from barrierflow.storage.layout import PipelineLayout
+from barrierflow.storage.objects import join_uri, remove_tree
+from barrierflow.storage.staging import write_parquet
+
+__all__ = ["Epoch", "run_epoch", "epoch_parallelism", "task_error"]
+
+_log = logging.getLogger(__name__)
+_EXCHANGE_DIR = "_exchange"
+
+
+class Offsets(Protocol):
+    """What the runner reads of the epoch's barrier: each source's start and end offsets."""
+
+    @property
+    def start_offsets(self) -> Mapping[str, Any]: ...
+
+    @property
+    def end_offsets(self) -> Mapping[str, Any]: ...
+
+
+class Epoch(Protocol):
+    """What the runner needs of the driver's epoch (:class:`barrierflow.checkpointing.epoch.EpochContext`)."""
+
+    spark: Any
+    layout: PipelineLayout
+    pipeline: Pipeline
+
+    @property
+    def barrier(self) -> Offsets: ...
+
+    epoch: int
+    processing_time_ms: int
+    staging_prefix: str
+    max_event_time_us: int | None
+    watermark_us: int | None
+    state_tables: EpochStateTables | None
+
+    def restore_point(self) -> Any: ...
+
+    def stage_files(
+        self, *, name: str, uri: str, kind: TableKind, schema: pa.Schema, primary_key: tuple[str, ...] = (),
+        base_version: int | None = None, removes: tuple[str, ...] = (), table_schema: pa.Schema | None = None,
+    ) -> "Future[tuple[list[StagedFile], tuple[str, ...]]]": ...  # fmt: skip
+
+    def on_release(self, callback: Any) -> None: ...
+
+
+def epoch_parallelism(parallelism: int, input_bytes: int) -> int:
+    """The key-group range tasks of a parallel epoch: the pipeline's parallelism, more for big input."""
+    return max(parallelism, -(-input_bytes // INPUT_BYTES_PER_PARTITION))
+
+
+def run_epoch(epoch: Epoch) -> int:
+    """Steps 1-6 of the module docstring; returns the records and dead letters read."""
+    pipe, barrier = epoch.pipeline, epoch.barrier
+    started = time.monotonic()
+    # 1. The splits first: a source refuses an epoch it cannot read (a Delta table's retyped column) before its schema is asked.
+    sources = {i: n for i, n in enumerate(pipe.nodes) if isinstance(n, SourceNode)}
+    ends = {i: barrier.end_offsets.get(n.operator_id) or {} for i, n in sources.items()}
+    input_bytes = sum(_planned_bytes(end) for end in ends.values())
+    parallelism = epoch_parallelism(pipe.parallelism, input_bytes)
+    single = input_bytes <= SINGLE_TASK_INPUT_BYTES.value()  # 2.
+    splits = _splits(pipe, sources, ends, None if single else _split_bytes(input_bytes, parallelism))
+    plan = physical_plan(pipe, {i: _with_seq(n, ends[i]) for i, n in sources.items()})
+    source_list = pipe.sources
+    # 3.
+    prior = epoch.restore_point()
+    state_tables = epoch.state_tables
+    assert state_tables is not None  # made by the restore point
+    # 4.
+    registry = _Registry(epoch)
+    results: list[TaskResult] = []
+    try:
+        registry.register(plan, state_tables)
+        if single and registry.stored_rows() > SINGLE_TASK_STATE_ROWS.value():
+            single = False
+            splits = _splits(pipe, sources, ends, _split_bytes(input_bytes, parallelism))
+        clock = _watermark_clock(pipe, prior, epoch.layout)
+        source_files = {source_list.index(n): _file_names(splits[p]) for p, n in sources.items()}
+        exchange_dir = join_uri(epoch.layout.dead_letter, epoch.staging_prefix, _EXCHANGE_DIR)
+        base = dict(
+            epoch=epoch.epoch, processing_time_ms=epoch.processing_time_ms, key_groups=pipe.key_groups,
+            parallelism=pipe.parallelism, ranges=parallelism, inputs=plan.inputs, schemas=plan.schemas, prefix=epoch.staging_prefix,
+            exchange_dir=exchange_dir,
+            source_keys=plan.source_keys, computed_keys=plan.computed_keys,
+            source_ids=tuple(n.operator_id for n in source_list), source_files=source_files, singletons=plan.singletons,
+        )  # fmt: skip
+        epoch.on_release(partial(remove_tree, exchange_dir))
+        _ship_user_code(pipe)
+        # 5.
+        if single:
+            task_plan = TaskPlan(
+                nodes=tuple(_detached(n) for n in pipe.nodes), members=tuple(range(len(pipe.nodes))), watermark=clock,
+                states=registry.states, tables=registry.tables, **base,  # type: ignore[arg-type]
+            )  # fmt: skip
+            inputs = [TaskInput(0, KeyGroups.all(pipe.key_groups), {p: tuple(s) for p, s in splits.items()})]
+            results = _run_job(epoch.spark, f"epoch {epoch.epoch}: every operator in one task", task_plan, inputs)
+            for result in results:
+                clock.merge(result.observations)
+        else:
+            results = _run_stages(epoch, plan, registry, clock, splits, parallelism, base)
+        faults.maybe_fail("process.after_read")
+        # 6.
+        registry.complete(results)
+        epoch.watermark_us = clock.watermark_us
+        epoch.max_event_time_us = clock.max_event_time_us
+        registry.stage_driver_rows(clock)
+    except BaseException as exc:
+        registry.fail(exc)
+        raise
+    counts: dict[str, int] = {}
+    for result in results:
+        for what, n in result.counts.items():
+            counts[what] = counts.get(what, 0) + n
+    for what, n in sorted(counts.items()):  # a kernel's count: a message with {n} in it
+        _log.warning("epoch %d: %s", epoch.epoch, what.format(n=n))
+    rows_in = sum(r.rows_in for r in results)
+    _log.info(
+        "epoch %d: %s in %.0f ms (%d records read)", epoch.epoch, "one task" if single else f"{len(plan.stages)} stages",
+        (time.monotonic() - started) * 1000, rows_in,
+    )  # fmt: skip
+    return rows_in
+
+
+# The last line of a task's traceback that names an exception, as Spark passes it on: "module.Class: message".
+_RAISED = re.compile(r"^(?:[\w.]+\.)?(\w+): (.+)$", re.M)
+
+
+def task_error(exc: BaseException) -> BarrierflowError | None:
+    """The barrierflow error a task raised (Spark wraps it in its own), so the driver sees what the kernel said.
+
+    A blocked input, a user function's failure or a schema refused in a task
+    then fail the epoch as they would on the driver (a blocked input is not
+    retried).
+    """
+    for name, message in reversed(_RAISED.findall(str(exc))):
+        cls = getattr(errors, name, None)
+        if isinstance(cls, type) and issubclass(cls, BarrierflowError) and cls is not errors.IncompatibleSavepointError:
+            return cls(message.strip())
+    return None
+
+
+def _run_stages(
+    epoch: Epoch, plan: PhysicalPlan, registry: "_Registry", clock: WatermarkClock, splits: Mapping[int, list[Split]],
+    parallelism: int, base: dict[str, Any],
+) -> list[TaskResult]:  # fmt: skip
+    """Step 5 of a parallel epoch: each stage a job, its tasks reading what the stage before wrote for them."""
+    pipe = epoch.pipeline
+    results: list[TaskResult] = []
+    previous: list[TaskResult] = []
+    ranges = key_group_ranges(parallelism, pipe.key_groups)
+    for stage, members in enumerate(plan.stages):
+        incoming, outgoing = plan.crossing(stage)
+        next_tasks = len(ranges)
+        if stage == 0:
+            parts = [(position, split) for position in members if position in splits for split in splits[position]]
+            inputs = [
+                TaskInput(i, KeyGroups.all(pipe.key_groups), {position: (split,)}) for i, (position, split) in enumerate(parts)
+            ]
+            if not inputs:
+                inputs = [TaskInput(0, KeyGroups.all(pipe.key_groups))]
+        else:
+            inputs = [
+                TaskInput(t, groups, exchanged={e.name: tuple(f for r in previous for f in r.exchange.get(e.name, {}).get(t, [])) for e in incoming})
+                for t, groups in enumerate(ranges)
+            ]  # fmt: skip
+        member_set = set(members)
+        task_plan = TaskPlan(
+            nodes=tuple(_detached(n) if i in member_set else None for i, n in enumerate(pipe.nodes)), members=members,
+            watermark=clock, states={k: v for k, v in registry.states.items() if registry.owner[k] in member_set},
+            tables={k: v for k, v in registry.tables.items() if registry.owner.get(k, -1) in member_set or k == DEAD_LETTER},
+            outgoing=tuple(outgoing), incoming=tuple(incoming), receivers=next_tasks, **base,
+        )  # fmt: skip
+        names = ", ".join(n.operator_id for n in (pipe.nodes[i] for i in members))
+        stage_results = _run_job(epoch.spark, f"epoch {epoch.epoch}: stage {stage} ({names})", task_plan, inputs)
+        for result in stage_results:
+            clock.merge(result.observations)
+        results += stage_results
+        previous = previous + stage_results
+    return results
+
+
+def _run_job(spark: Any, description: str, plan: TaskPlan, inputs: list[TaskInput]) -> list[TaskResult]:
+    """One Spark job running a task per input; their results, in task order."""
+    from pyspark.sql.types import StringType, StructField, StructType  # pyspark loads when a job first runs
+
+    describe_jobs(spark, description)
+    started = time.monotonic()
+    result_type = StructType([StructField(f.name, StringType()) for f in RESULT_SCHEMA])
+    job = spark.range(len(inputs), numPartitions=len(inputs)).mapInArrow(task_function(plan, inputs), result_type)
+    try:
+        # collect(), not first(): a task whose output is not read to the end loses its Python worker.
+        rows = job.collect()
+    except Exception as exc:
+        raise task_error(exc) or exc from exc
+    _log.info("%s: %d task(s) in %.0f ms", description, len(inputs), (time.monotonic() - started) * 1000)
+    return [TaskResult.from_json(row["result"]) for row in rows]
+
+
+class _Registry:
+    """Step 4: every table the epoch stages, registered with it in pipeline order, and what the tasks need of each."""
+
+    def __init__(self, epoch: Epoch) -> None:
+        self.epoch = epoch
+        self.states: dict[str, StateTablePlan] = {}
+        self.tables: dict[str, OutputTable] = {}
+        self.owner: dict[str, int] = {}  # table -> the node writing it
+        self.futures: dict[str, Future[tuple[list[StagedFile], tuple[str, ...]]]] = {}
+        self.driver_rows: list[tuple[str, Node]] = []  # tables the driver writes (offsets, watermark maxima)
+
+    def register(self, plan: PhysicalPlan, state_tables: EpochStateTables) -> None:
+        """Every table of the epoch, in pipeline order; a registration failing (a sink's schema refused) fails the others."""
+        epoch = self.epoch
+        pipe, layout = epoch.pipeline, epoch.layout
+        offsets = []
+        for position, node in enumerate(pipe.nodes):
+            for spec in plan.state_specs[position]:
+                uri = layout.state_table(spec.operator_id, spec.name)
+                if isinstance(node, SourceNode):
+                    offsets.append((spec, uri, node))
+                    continue
+                if isinstance(node, WatermarkAssigner):
+                    self.driver_rows.append((spec.table_name, node))
+                    self.futures[spec.table_name] = epoch.stage_files(
+                        name=spec.table_name, uri=uri, kind=TableKind.STATE, schema=spec.arrow_schema(),
+                        primary_key=tuple(spec.key_columns),
+                    )  # fmt: skip
+                    continue
+                state, removes, version = state_tables.plan(spec, uri, whole=_held_whole(node, spec.name))
+                self.states[spec.table_name] = state
+                self.owner[spec.table_name] = position
+                self.futures[spec.table_name] = epoch.stage_files(
+                    name=spec.table_name, uri=uri, kind=TableKind.STATE, schema=spec.arrow_schema(),
+                    primary_key=tuple(spec.key_columns), base_version=version, removes=removes,
+                )  # fmt: skip
+            for name, (owner, rows) in plan.side_outputs.items():
+                if owner != position:
+                    continue
+                key = node.sink.key if isinstance(node, SinkNode) and node.sink is not None else ()
+                uri = layout.sink_table(name)
+                sink = plan_sink_table(name, uri, rows, key)
+                self.tables[name] = OutputTable(name, uri, sink.schema, sink.stored, sink.rewrite_all)
+                self.owner[name] = position
+                self.futures[name] = epoch.stage_files(
+                    name=name, uri=uri, kind=TableKind.SINK, schema=sink.schema, primary_key=key,
+                    base_version=sink.base_version if (key or sink.rewrite_all) else None, table_schema=sink.table_schema,
+                )  # fmt: skip
+        dead = layout.dead_letter
+        self.tables[DEAD_LETTER] = OutputTable(DEAD_LETTER, dead, DEAD_LETTER_SCHEMA)
+        self.futures[DEAD_LETTER] = epoch.stage_files(
+            name=DEAD_LETTER, uri=dead, kind=TableKind.DEAD_LETTER, schema=DEAD_LETTER_SCHEMA
+        )
+        # Each source's offsets last: staged on the driver once the tasks ran.
+        for spec, uri, node in offsets:
+            self.driver_rows.append((spec.table_name, node))
+            self.futures[spec.table_name] = epoch.stage_files(
+                name=spec.table_name,
+                uri=uri,
+                kind=TableKind.STATE,
+                schema=spec.arrow_schema(),
+                primary_key=tuple(spec.key_columns),
+            )
+
+    def stored_rows(self) -> int:
+        """Rows the epoch's state tables hold, as this process last saw them (for placement)."""
+        tables = self.epoch.state_tables
+        assert tables is not None
+        return sum(tables.stored_rows(p.uri) or 0 for p in self.states.values())
+
+    def complete(self, results: list[TaskResult]) -> None:
+        for name, future in self.futures.items():
+            if name in self.states or name in self.tables:
+                files = [StagedFile(**f) for r in results for f in r.files.get(name, [])]
+                removes = tuple(p for r in results for p in r.removes.get(name, []))
+                future.set_result((files, removes))
+
+    def fail(self, exc: BaseException) -> None:
+        for future in self.futures.values():
+            if not future.done():
+                future.set_exception(exc)
+
+    def stage_driver_rows(self, clock: WatermarkClock) -> None:
+        """Step 6: each tracked assigner's largest event time, each source's offsets, written here."""
+        epoch = self.epoch
+        for name, node in self.driver_rows:
+            future = self.futures[name]
+            try:
+                if isinstance(node, WatermarkAssigner):
+                    rows = _max_event_time_rows(node, clock, epoch)
+                else:
+                    spec = source_offsets_spec(node.operator_id)
+                    stored = read_small_table(epoch.layout.state_table(node.operator_id, spec.name), spec)
+                    barrier = epoch.barrier
+                    rows = source_offsets_table(
+                        stored, node.operator_id, barrier.start_offsets.get(node.operator_id), barrier.end_offsets[node.operator_id],
+                        epoch.pipeline.parallelism, epoch.epoch, epoch.processing_time_ms,
+                    )  # fmt: skip
+                uri = epoch.layout.state_table(node.operator_id, name.split("__", 1)[1])
+                future.set_result((write_parquet(uri, epoch.staging_prefix, rows, sort_by=()), ()))
+            except BaseException as exc:
+                future.set_exception(exc)
+                raise
+
+
+def _max_event_time_rows(node: WatermarkAssigner, clock: WatermarkClock, epoch: Epoch) -> pa.Table:
+    """A tracked assigner's state row when its largest event time grew this epoch (none otherwise)."""
+    spec = max_event_time_spec(node.operator_id)
+    stored = read_small_table(epoch.layout.state_table(node.operator_id, MAX_EVENT_TIME_STATE), spec)
+    previous = stored.column("max_event_time_us")[0].as_py() if stored.num_rows else None
+    seen = clock.maxima.get(node.operator_id)
+    if seen is None or seen == previous:
+        return spec.arrow_schema().empty_table()
+    return max_event_time_row(spec, node.operator_id, seen, epoch.processing_time_ms, epoch.epoch)
+
+
+def _watermark_clock(pipe: Pipeline, prior: Any, layout: PipelineLayout) -> WatermarkClock:
+    """The epoch's clock from the restore point: W(n-1) and each assigner's largest event time so far."""
+    assigners = [n for n in pipe.nodes if isinstance(n, WatermarkAssigner)]
+    tracked = any(a.tracked for a in assigners)
+    maxima: dict[str, int | None] = {}
+    for a in assigners:
+        if a.tracked:
+            spec = max_event_time_spec(a.operator_id)
+            rows = read_small_table(layout.state_table(a.operator_id, MAX_EVENT_TIME_STATE), spec)
+            maxima[a.operator_id] = rows.column("max_event_time_us")[0].as_py() if rows.num_rows else None
+        else:
+            maxima[a.operator_id] = prior.max_event_time_us if prior is not None else None
+    bounds = {a.operator_id: a.out_of_orderness_us for a in assigners}
+    return WatermarkClock(prior.watermark_us if prior is not None else None, maxima, bounds, tracked)
+
+
+def _held_whole(node: Node, state: str) -> bool:
+    """Whether a state of ``node`` is read whole by every task (broadcast state) rather than per key group."""
+    return state in getattr(node, "broadcast_state_names", ())
+
+
+def _splits(
+    pipe: Pipeline, sources: Mapping[int, SourceNode], ends: Mapping[int, Any], split_bytes: int | None
+) -> dict[int, list[Split]]:
+    """Each source's part of the barrier as splits of about ``split_bytes`` (None: one)."""
+    splits = {}
+    for position, node in sources.items():
+        assert node.source is not None
+        splits[position] = node.source.splits(ends[position], pipe.sources.index(node), split_bytes)
+    return splits
+
+
+def _split_bytes(input_bytes: int, parallelism: int) -> int:
+    return max(MIN_SPLIT_BYTES, min(SPLIT_BYTES, -(-input_bytes // parallelism)))
+
+
+def _with_seq(node: SourceNode, end: Any) -> pa.Schema:
+    assert node.source is not None
+    return node.source.record_schema(end).append(pa.field(SEQ, pa.int64()))
+
+
+def _planned_bytes(end: Any) -> int:
+    return planned_bytes({"_": end}) if end else 0
+
+
+def _file_names(splits: list[Split]) -> tuple[str, ...]:
+    """The epoch's file names of one source, by file index."""
+    names: dict[int, str] = {}
+    for split in splits:
+        for f in split.files:
+            names[f.file_index] = f.name
+    return tuple(names[i] for i in sorted(names))
+
+
+def _ship_user_code(pipe: Pipeline) -> None:
+    """Have the tasks get the user's functions and classes by value: their modules need not be on the executors' path."""
+    for node in pipe.nodes:
+        values = [getattr(node, f.name) for f in dataclasses.fields(node)]
+        source = getattr(node, "source", None)
+        if source is not None and dataclasses.is_dataclass(source):
+            values += [getattr(source, f.name) for f in dataclasses.fields(source)]
+        for value in values:
+            if callable(value) or hasattr(value, "__dict__"):
+                ship_user_code(value)
+
+
+def _detached(node: Node) -> Node:
+    """A copy of ``node`` without its links to other nodes (a task gets its inputs' rows, not the graph)."""
+    links: dict[str, Any] = {}
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if isinstance(value, Node):
+            links[f.name] = None
+        elif isinstance(value, tuple) and value and all(isinstance(v, Node) for v in value):
+            links[f.name] = ()
+    return dataclasses.replace(node, **links)

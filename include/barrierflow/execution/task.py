@@ -1,0 +1,342 @@
+"""One task of an epoch: reads its input, runs its operators' kernels in pipeline order, stages what they wrote.
+
+A task is what a Spark task runs on an executor, in a Python worker: the
+whole pipeline for a small epoch, or one stage of a large one (the sources'
+chain over an input split, or a keyed chain over a range of key groups).
+Everything it needs comes in its :class:`TaskPlan` (the same for every task
+of a stage) and :class:`TaskInput` (its own part); everything it did goes
+back to the driver as a :class:`TaskResult`, small documents only: the
+files it staged per table, the exchange files it wrote for the next stage,
+its watermark observations and counters.
+
+A task (:func:`run_task`):
+
+1. Reads each source split it was given (records with ``_seq``, dead
+   letters), or the exchange files of its inputs from an earlier stage.
+2. Runs its nodes in pipeline order, each kernel given its inputs' rows.
+   Before a keyed operator, keys computed on the way are checked
+   (:mod:`barrierflow.operators.key_check`); rows of a keyed exchange
+   carry their key group. The watermark follows :class:`WatermarkClock`:
+   the planner puts every event-time operator after every assigner, so
+   W(n) is final when one runs.
+3. Writes its outputs that a later stage consumes as exchange files, one
+   per edge and receiving task.
+4. Stages every table it wrote: state changes (or its share of a
+   compaction), sink rows, side outputs, dead letters; each file written
+   straight into the table's staging directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from barrierflow.connectors.source import Split
+from barrierflow.core.arrow import conform, rows_with_keys, rows_without_keys
+from barrierflow.core.columns import EPOCH
+from barrierflow.core.errors import CheckpointError
+from barrierflow.execution.exchange import partition, read_exchange, write_exchange
+from barrierflow.operators.base import Node
+from barrierflow.operators.key_check import split_computed_keys
+from barrierflow.operators.watermark import WatermarkClock
+from barrierflow.plan.planner import Edge
+from barrierflow.state.spec import KeyGroups, StateSpec, StateTablePlan
+from barrierflow.state.table import TaskStateTable
+from barrierflow.storage.objects import arrow_filesystem
+from barrierflow.storage.staging import write_partition
+
+__all__ = ["TaskPlan", "TaskInput", "TaskResult", "OutputTable", "run_task", "TaskRuntime"]
+
+_log = logging.getLogger(__name__)
+DEAD_LETTER = "dead_letter"
+
+
+@dataclass(frozen=True)
+class OutputTable:
+    """A table tasks append to or rewrite this epoch: a sink, a side output, the dead letters.
+
+    ``stored`` are the URIs of the table's live files an upsert or a
+    widening may rewrite (read in ``schema``); ``rewrite_all``: every one of
+    them is (a widening, an upsert of a small table), else an upsert
+    rewrites those holding a key it writes. The first task of the stage
+    writing the table rewrites them.
+    """
+
+    name: str
+    uri: str
+    schema: pa.Schema  # the staged files' schema, ``_epoch`` included
+    stored: tuple[str, ...] = ()
+    rewrite_all: bool = False
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """What every task of one stage needs (pickled once per job)."""
+
+    epoch: int
+    processing_time_ms: int
+    key_groups: int
+    parallelism: int  # the pipeline's, as the barrier fixed it
+    ranges: int  # key-group range tasks of the epoch: state files are clustered by this many ranges
+    nodes: tuple[Node | None, ...]  # the pipeline's nodes without their graph links; None where the stage has no use of it
+    inputs: tuple[tuple[int, ...], ...]  # each node's inputs, by position
+    schemas: tuple[pa.Schema, ...]  # each node's output
+    members: tuple[int, ...]  # the nodes this stage runs, in pipeline order
+    watermark: WatermarkClock
+    states: Mapping[str, StateTablePlan]  # by table name
+    tables: Mapping[str, OutputTable]  # by table name
+    prefix: str  # the attempt's staging directory, relative to each table
+    exchange_dir: str  # where exchange files go (inside the dead-letter table's staging directory)
+    outgoing: tuple[Edge, ...] = ()  # edges from this stage's nodes to a later stage's
+    incoming: tuple[Edge, ...] = ()  # edges into this stage's nodes from an earlier stage's
+    source_keys: Mapping[int, Mapping[str, str]] = field(default_factory=dict)  # node -> key column -> operator
+    computed_keys: Mapping[int, tuple[tuple[int, str, str], ...]] = field(default_factory=dict)  # node -> (input, column, by)
+    source_ids: tuple[str, ...] = ()
+    source_files: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # source index -> the epoch's file names
+    receivers: int = 1  # tasks of the next stage (for the outgoing edges' partitioning)
+    singletons: frozenset[int] = frozenset()  # nodes only the stage's first task runs (their inputs all arrive there)
+
+
+@dataclass(frozen=True)
+class TaskInput:
+    """One task's own part of a stage: its key groups, its source splits, the exchange files it reads."""
+
+    index: int
+    groups: KeyGroups
+    splits: Mapping[int, tuple[Split, ...]] = field(default_factory=dict)  # source node -> splits
+    exchanged: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # edge name -> files for this task
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """What a task reports to the driver."""
+
+    files: Mapping[str, list[dict[str, Any]]]  # table -> staged file descriptions
+    removes: Mapping[str, list[str]]  # table -> stored files (relative paths) its staged files replace
+    exchange: Mapping[str, Mapping[int, list[str]]]  # edge name -> receiving task -> files
+    rows_in: int  # records and dead letters read from sources
+    rows_out: Mapping[str, int]  # table -> rows staged (sinks, side outputs, dead letters)
+    observations: list[tuple[str | None, int | None, int]]  # the watermark assigners' (id, max event time, bound)
+    counts: Mapping[str, int]
+    node_ms: Mapping[str, int]
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TaskResult":
+        doc = json.loads(text)
+        doc["exchange"] = {edge: {int(k): v for k, v in parts.items()} for edge, parts in doc["exchange"].items()}
+        doc["observations"] = [tuple(o) for o in doc["observations"]]
+        return cls(**doc)
+
+
+class TaskRuntime:
+    """:class:`~barrierflow.operators.base.Task` of one task: its clocks, state tables and the rows it emits."""
+
+    def __init__(self, plan: TaskPlan, task: TaskInput) -> None:
+        self.plan = plan
+        self.task = task
+        self.epoch = plan.epoch
+        self.processing_time_ms = plan.processing_time_ms
+        self.key_groups = plan.key_groups
+        self.parallelism = plan.parallelism
+        self.first_task = task.index == 0
+        self.clock = plan.watermark.copy()
+        self._states: dict[str, TaskStateTable] = {}
+        self._emitted: dict[str, list[pa.Table]] = {}
+        self._upserts: dict[str, tuple[pa.Table, tuple[str, ...]]] = {}
+        self.counts: dict[str, int] = {}
+
+    @property
+    def watermark_prev_us(self) -> int | None:
+        return self.clock.watermark_prev_us
+
+    @property
+    def watermark_us(self) -> int | None:
+        return self.clock.watermark_us
+
+    def state(self, spec: StateSpec) -> TaskStateTable:
+        name = spec.table_name
+        if name not in self._states:
+            plan = self.plan.states.get(name)
+            if plan is None:
+                raise CheckpointError(f"state table {name} is not one this epoch planned ({sorted(self.plan.states)})")
+            self._states[name] = TaskStateTable(plan, self.task.groups, self.epoch, self.processing_time_ms)
+        return self._states[name]
+
+    def emit(self, table: str, rows: pa.Table) -> None:
+        if table not in self.plan.tables:
+            raise CheckpointError(f"table {table} is not one this epoch planned ({sorted(self.plan.tables)})")
+        if rows.num_rows:
+            self._emitted.setdefault(table, []).append(rows)
+
+    def upsert(self, table: str, rows: pa.Table, key: Sequence[str]) -> None:
+        if table not in self.plan.tables:
+            raise CheckpointError(f"table {table} is not one this epoch planned ({sorted(self.plan.tables)})")
+        if table in self._upserts:
+            raise CheckpointError(f"upsert sink {table} written twice in one task of epoch {self.epoch}")
+        self._upserts[table] = (rows, tuple(key))
+
+    def observe_event_time(self, assigner_id: str, max_us: int | None, out_of_orderness_us: int) -> None:
+        self.clock.observe(assigner_id, max_us, out_of_orderness_us)
+
+    def count(self, what: str, n: int) -> None:
+        self.counts[what] = self.counts.get(what, 0) + n
+
+    # -- staging -----------------------------------------------------------
+
+    def stage_all(self) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int], dict[str, list[str]]]:
+        """Step 4: every table's staged files, the rows staged per output table, and the stored files rewritten."""
+        files: dict[str, list[dict[str, Any]]] = {}
+        rows_out: dict[str, int] = {}
+        removes: dict[str, list[str]] = {}
+        for name, plan_state in self.plan.states.items():
+            if plan_state.whole and self.task.index != 0:
+                continue  # read whole by every task; staged by the first
+            # A table due for compaction is compacted by every task holding key groups, whatever it changed.
+            if name in self._states or plan_state.compact:
+                files[name] = self.state(plan_state.spec).finish(self.plan.prefix, self.plan.ranges)
+        for name, table in self.plan.tables.items():
+            parts = [_with_epoch(p, self.epoch, table.schema) for p in self._emitted.get(name, [])]
+            if table.rewrite_all and name not in self._upserts and self.task.index == 0:
+                # A widened append sink: its stored rows, read with the wider types, are staged again.
+                parts.insert(0, _read_stored(table.stored, table.schema))
+                removes[name] = [_relative(table.uri, u) for u in table.stored]
+            if name in self._upserts:
+                rows, key = self._upserts[name]
+                hit = table.stored if table.rewrite_all else _files_with_keys(table.stored, rows, key)
+                kept = rows_without_keys(_read_stored(hit, table.schema), rows, key)
+                parts = [kept, conform(rows, table.schema)]
+                removes[name] = [_relative(table.uri, u) for u in hit]
+            if not parts:
+                continue
+            rows = pa.concat_tables(parts)
+            if name in self._upserts:
+                rows = rows.sort_by([(k, "ascending") for k in self._upserts[name][1]])
+            files[name] = _write(table, self.plan.prefix, rows)
+            rows_out[name] = sum(p.num_rows for p in parts[-1:]) if name in self._upserts else rows.num_rows
+        return files, rows_out, removes
+
+
+def _with_epoch(rows: pa.Table, epoch: int, schema: pa.Schema) -> pa.Table:
+    rows = rows.drop_columns([c for c in rows.column_names if c == EPOCH])
+    rows = rows.append_column(EPOCH, pa.repeat(pa.scalar(epoch, pa.int64()), rows.num_rows))
+    return conform(rows, schema)
+
+
+def _relative(table_uri: str, uri: str) -> str:
+    return uri[len(table_uri.rstrip("/")) + 1 :]
+
+
+def _read_stored(uris: Sequence[str], schema: pa.Schema) -> pa.Table:
+    """The rows of a table's stored files, in the staged files' schema (a column a file lacks reads null)."""
+    parts = []
+    for uri in uris:
+        fs, path = arrow_filesystem(uri)
+        parts.append(conform(pq.read_table(path, filesystem=fs), schema))
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def _files_with_keys(uris: Sequence[str], rows: pa.Table, key: Sequence[str]) -> list[str]:
+    """Those of ``uris`` holding a row of one of ``rows``' keys (read by their key columns only)."""
+    hit = []
+    for uri in uris:
+        fs, path = arrow_filesystem(uri)
+        keys = pq.read_table(path, filesystem=fs, columns=list(key))
+        if rows_with_keys(keys, rows, key).num_rows:
+            hit.append(uri)
+    return hit
+
+
+def _write(table: OutputTable, prefix: str, rows: pa.Table) -> list[dict[str, Any]]:
+    described: list[dict[str, Any]] = []
+    for batch in write_partition(table.uri, prefix, table.schema, None, {}, iter(rows.to_batches())):
+        described += batch.to_pylist()
+    return described
+
+
+def run_task(plan: TaskPlan, task: TaskInput) -> TaskResult:
+    """Steps 1-4 for one task (see the module docstring)."""
+    runtime = TaskRuntime(plan, task)
+    outputs: dict[int, pa.Table] = {}
+    rows_in = 0
+    node_ms: dict[str, int] = {}
+    incoming = {(e.consumer, e.input): e for e in plan.incoming}
+    for position in plan.members:
+        node = plan.nodes[position]
+        assert node is not None  # a member of the stage
+        if position in plan.singletons and task.index != 0:
+            outputs[position] = plan.schemas[position].empty_table()
+            continue
+        started = time.monotonic()
+        source = getattr(node, "source", None)
+        if source is not None:
+            # Step 1: the source's splits.
+            parts, dead_parts = [], []
+            keys = plan.source_keys.get(position, {})
+            for split in task.splits.get(position, ()):
+                records, dead = source.read(split, keys)
+                parts.append(records)
+                dead_parts.append(dead)
+                rows_in += records.num_rows + dead.num_rows
+            for dead in dead_parts:
+                runtime.emit(DEAD_LETTER, dead)
+            out = pa.concat_tables(parts) if parts else plan.schemas[position].empty_table()
+        else:
+            inputs = []
+            for i, upstream in enumerate(plan.inputs[position]):
+                edge = incoming.get((position, i))
+                if edge is not None:
+                    rows = read_exchange(task.exchanged.get(edge.name, ()), plan.schemas[upstream], edge)
+                else:
+                    rows = outputs[upstream]
+                inputs.append(rows)
+            # Step 2: keys computed on the way are checked before the keyed operator.
+            for i, column, computed_by in plan.computed_keys.get(position, ()):
+                good, dead = split_computed_keys(
+                    inputs[i], node.operator_id, [(column, computed_by)], plan.source_ids, plan.source_files
+                )
+                inputs[i] = good
+                runtime.emit(DEAD_LETTER, dead)
+            out = node.run(runtime, inputs)
+        schema = plan.schemas[position]
+        outputs[position] = out.select(schema.names).cast(schema) if out.schema != schema else out
+        node_ms[node.operator_id] = int((time.monotonic() - started) * 1000)
+    # Step 3.
+    exchange: dict[str, dict[int, list[str]]] = {}
+    for edge in plan.outgoing:
+        rows = outputs[edge.producer]
+        by_receiver = partition(rows, edge, plan.key_groups, plan.receivers)
+        exchange[edge.name] = {
+            receiver: [write_exchange(plan.exchange_dir, edge, task.index, receiver, part)]
+            for receiver, part in by_receiver.items()
+            if part.num_rows
+        }
+    # Step 4.
+    files, rows_out, removes = runtime.stage_all()
+    return TaskResult(
+        files=files, removes=removes, exchange=exchange, rows_in=rows_in, rows_out=rows_out,
+        observations=runtime.clock.observations, counts=runtime.counts, node_ms=node_ms,
+    )  # fmt: skip
+
+
+def task_function(plan: TaskPlan, inputs: Sequence[TaskInput]) -> Any:
+    """The ``mapInArrow`` function of a stage: each partition holds task indices; yields one JSON result per task."""
+
+    def run(batches: Any) -> Any:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                result = run_task(plan, inputs[index])
+                yield pa.RecordBatch.from_pylist([{"result": result.to_json()}], schema=RESULT_SCHEMA)
+
+    return run
+
+
+RESULT_SCHEMA = pa.schema([("result", pa.string())])

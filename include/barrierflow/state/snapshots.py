@@ -1,0 +1,240 @@
+"""State tables on the driver: planning an epoch's reads, and passes over whole tables.
+
+Keyed state is kept in Delta tables, one per (operator, state name).
+Incremental checkpoints: an epoch appends only the keys it changed, one row
+per key with the epoch that wrote it (a tombstone for a cleared key); the
+current value of a key is its row with the highest ``_epoch``. Files are
+clustered by key group, so a task reads only the files of the key groups
+it holds. A table whose changelog outgrew its base is compacted by the
+epoch that notices (:func:`_needs_compaction`), in the same commit; between
+epochs :func:`compact` rewrites one (maintenance). Savepoints, restores and
+maintenance pass over whole tables one range of key groups at a time
+(:func:`live_row_chunks`), so their memory does not grow with the state.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, RemoveAction
+
+from barrierflow.core.arrow import conform, latest_rows
+from barrierflow.core.columns import KEY_GROUP
+from barrierflow.core.errors import CheckpointError
+from barrierflow.core.settings import COMPACTION_MAX_FILES
+from barrierflow.state.files import StateFile
+from barrierflow.state.spec import StateSpec, StateTablePlan
+from barrierflow.storage.delta import add_actions, borrow_snapshot, give_back, latest_snapshot, live_paths, stored_rows
+from barrierflow.storage.layout import COMPACTED_DIR
+from barrierflow.storage.objects import join_uri
+from barrierflow.storage.staging import write_parquet
+
+__all__ = [
+    "EpochStateTables",
+    "state_files",
+    "read_small_table",
+    "live_row_chunks",
+    "stored_batches",
+    "needs_compaction",
+    "compact",
+]
+
+# Rows a driver-side pass over a whole table (savepoint, restore, maintenance
+# compaction) holds at once: its memory stays bounded whatever the state's size.
+CHUNK_ROWS = 1_000_000
+
+
+class EpochStateTables:
+    """The state tables of one epoch on the driver: each one's plan, and its snapshot until the tasks staged.
+
+    A table is read as of the last completed epoch: its snapshot is borrowed
+    from the process (:func:`~barrierflow.storage.delta.borrow_snapshot`,
+    brought up to date by one listing) and given back by :meth:`release`.
+    A table holding a newer epoch than the last completed one means recovery
+    has not run: refused. The plan says whether the epoch compacts the table
+    (:func:`_needs_compaction`); then the commit removes every file of the
+    snapshot (``removes``, at ``base_version``) and adds the tasks' share of
+    every live row.
+    """
+
+    def __init__(self, app_id: str, last_completed_epoch: int | None, backend: str) -> None:
+        self.app_id = app_id
+        self.last = last_completed_epoch
+        self.backend = backend
+        self._tables: dict[str, Any] = {}
+
+    def plan(self, spec: StateSpec, uri: str, *, whole: bool = False) -> tuple[StateTablePlan, tuple[str, ...], int | None]:
+        """The table's plan for the tasks, and what its commit removes at which base version (``()``, None: nothing)."""
+        table = borrow_snapshot(uri)
+        self._tables[uri] = table
+        if table is None:
+            return StateTablePlan(spec, uri, (), False, self.backend, whole), (), None
+        committed = table.transaction_version(self.app_id)
+        if committed is not None and self.last is not None and committed > self.last:
+            raise CheckpointError(
+                f"state table {spec.table_name} holds epoch {committed}, newer than the last completed epoch {self.last}: "
+                "run recovery first"
+            )
+        actions = add_actions(table)
+        files = tuple(state_files(uri, actions))
+        if not _needs_compaction(actions):
+            return StateTablePlan(spec, uri, files, False, self.backend, whole), (), None
+        removes = tuple(sorted(actions.column("path").to_pylist()))
+        return StateTablePlan(spec, uri, files, True, self.backend, whole), removes, table.version()
+
+    def stored_rows(self, uri: str) -> int | None:
+        """Rows of the table as this process last saw it, without asking the store (an estimate for placement)."""
+        table = borrow_snapshot(uri, current=False)
+        if table is None:
+            return 0
+        try:
+            return stored_rows(table)
+        finally:
+            give_back(uri, table)
+
+    def release(self) -> None:
+        """Give the snapshots back once the epoch's files are staged: its commits, and the next epoch, bring them up to date."""
+        for uri, table in self._tables.items():
+            if table is not None:
+                give_back(uri, table)
+        self._tables.clear()
+
+
+def state_files(uri: str, actions: pa.Table) -> list[StateFile]:
+    """A snapshot's files as tasks read them: URI, size and key-group range (statistics)."""
+    paths = actions.column("path").to_pylist()
+    sizes = actions.column("size_bytes").to_pylist()
+    with_stats = f"min.{KEY_GROUP}" in actions.column_names
+    lows = actions.column(f"min.{KEY_GROUP}").to_pylist() if with_stats else [None] * len(paths)
+    highs = actions.column(f"max.{KEY_GROUP}").to_pylist() if with_stats else [None] * len(paths)
+    return [StateFile(join_uri(uri, p), size, low, high) for p, size, low, high in zip(paths, sizes, lows, highs)]
+
+
+def read_small_table(uri: str, spec: StateSpec) -> pa.Table:
+    """Every live row of a small state table as of its latest snapshot, on the driver (a watermark's maxima, offsets)."""
+    with latest_snapshot(uri) as table:
+        if table is None:
+            return spec.arrow_schema().empty_table()
+        return latest_rows(conform(table.to_pyarrow_table(), spec.arrow_schema()), spec.key_columns)
+
+
+def live_row_chunks(table: Any, key_columns: list[str], *, max_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
+    """The live rows of a state table snapshot, one range of key groups at a time.
+
+    For passes over a whole table outside an epoch (savepoint, restore,
+    maintenance compaction): every key lies in one key group, so the latest
+    row per key is found within its range, and the driver holds about
+    ``max_rows`` stored rows at once (files are clustered by key group, so a
+    range's read skips the other files and row groups on their statistics).
+    Ranges come in ascending key-group order; empty ones are skipped.
+    """
+    actions = add_actions(table)
+    stored = sum(n or 0 for n in actions.column("num_records").to_pylist())
+    dataset = table.to_pyarrow_dataset()
+    lows = actions.column(f"min.{KEY_GROUP}").to_pylist() if f"min.{KEY_GROUP}" in actions.column_names else []
+    highs = actions.column(f"max.{KEY_GROUP}").to_pylist() if f"max.{KEY_GROUP}" in actions.column_names else []
+    if stored <= max_rows or not lows or None in lows or None in highs:
+        yield latest_rows(dataset.to_table(), key_columns)
+        return
+    low, high = min(lows), max(highs) + 1
+    chunks = min(math.ceil(stored / max_rows), high - low)
+    bounds = [low + (high - low) * i // chunks for i in range(chunks + 1)]
+    for start, end in zip(bounds, bounds[1:]):
+        selected = (pc.field(KEY_GROUP) >= start) & (pc.field(KEY_GROUP) < end)
+        live = latest_rows(dataset.to_table(filter=selected), key_columns)
+        if live.num_rows:
+            yield live
+
+
+def stored_batches(table: Any, *, max_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
+    """Every stored row of a table snapshot, at most about ``max_rows`` at a time."""
+    pending: list[pa.RecordBatch] = []
+    held = 0
+    for batch in table.to_pyarrow_dataset().to_batches():
+        pending.append(batch)
+        held += batch.num_rows
+        if held >= max_rows:
+            yield pa.Table.from_batches(pending)
+            pending, held = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending)
+
+
+def needs_compaction(uri: str) -> bool:
+    """Whether the state table at ``uri`` should be compacted (:func:`_needs_compaction`).
+
+    Through this process's latest snapshot: called right after the epoch's
+    commit, which left it one listing away from current.
+    """
+    with latest_snapshot(uri) as table:
+        return table is not None and _needs_compaction(add_actions(table))
+
+
+def _needs_compaction(actions: pa.Table) -> bool:
+    """Size-tiered policy: compact once the changelog outgrows the compacted base.
+
+    Files written together (one epoch's changes, or one compaction) share a
+    directory: a generation. The base is the largest generation (the last
+    compaction, or the first epoch's bulk load); later epochs add small
+    ones. Reads stay within ~2x the live rows, and compaction's full rewrite
+    is amortised over many epochs when few keys change. More than
+    :data:`~barrierflow.core.settings.COMPACTION_MAX_FILES` files are compacted whatever their row counts.
+    """
+    paths = actions.column("path").to_pylist()
+    rows = [n or 0 for n in actions.column("num_records").to_pylist()]
+    generations: dict[str, int] = {}
+    for path, n in zip(paths, rows):
+        directory = path.rsplit("/", 1)[0] if "/" in path else ""
+        generations[directory] = generations.get(directory, 0) + n
+    if len(generations) <= 1:
+        return False
+    return len(paths) > COMPACTION_MAX_FILES or sum(rows) > 2 * max(generations.values())
+
+
+def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) -> int | None:
+    """Rewrite a state table to one live row per key; returns the new version.
+
+    A maintenance commit (``dataChange=false``) without an app transaction:
+    the logical content is unchanged, so readers and the consistent cut are
+    unaffected. Called between epochs, under the pipeline's epoch lease.
+    """
+    with latest_snapshot(uri) as table:
+        return None if table is None else _compact(spec, uri, table, epoch, attempt_id)
+
+
+def _compact(spec: StateSpec, uri: str, table: Any, epoch: int, attempt_id: str) -> int | None:
+    """:func:`compact` on ``table``, the latest snapshot of the table at ``uri``."""
+    paths = sorted(live_paths(table))
+    if len(paths) <= 1:
+        return None
+    chunks = live_row_chunks(table, spec.key_columns)
+    staged = []
+    for chunk in chunks:  # ascending key-group ranges: the files stay clustered
+        compacted = chunk.select(spec.arrow_schema().names).cast(spec.arrow_schema())
+        staged += write_parquet(uri, f"{COMPACTED_DIR}/{epoch:010d}-{attempt_id}", compacted, sort_by=(KEY_GROUP,))
+    now = time.time_ns() // 1_000_000
+    actions: list[Any] = [
+        AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now, data_change=False, stats=f.stats)
+        for f in staged
+    ]
+    actions += [RemoveAction(path=p, data_change=False, deletion_timestamp=now) for p in paths]
+    try:
+        table.create_write_transaction(
+            actions,
+            mode="append",
+            schema=table.schema(),
+            commit_properties=CommitProperties(
+                custom_metadata={"barrierflow.operation": "compact", "barrierflow.after_epoch": epoch},
+                max_commit_retries=0,
+            ),
+        )
+    except CommitFailedError:
+        return None  # someone else moved the table; compaction is best effort
+    # No retries (``max_commit_retries=0``): the commit is the version after the snapshot's.
+    return int(table.version()) + 1
