@@ -19,7 +19,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 __all__ = ["PIPELINE", "EngineRunError", "run_engine", "data_epochs", "processing_seconds"]
 
@@ -38,11 +38,11 @@ class EngineRunError(RuntimeError):
     """A barrierflow CLI subprocess failed; the message ends with its stderr tail."""
 
 
-def _run_cli(args: list[str]) -> tuple[subprocess.CompletedProcess[str], float]:
-    """Run ``python -m barrierflow ARGS``; return the completed process and its wall seconds."""
+def _run_cli(args: list[str], env: Mapping[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run ``python -m barrierflow ARGS`` (``env`` added to the environment); return the completed process and its wall seconds."""
     command = [sys.executable, "-m", "barrierflow", *args]
     started = time.perf_counter()
-    completed = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **_ENV})
+    completed = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **_ENV, **(env or {})})
     wall_s = time.perf_counter() - started
     if completed.returncode != 0:
         tail = "\n".join(completed.stderr.splitlines()[-STDERR_TAIL_LINES:])
@@ -50,9 +50,9 @@ def _run_cli(args: list[str]) -> tuple[subprocess.CompletedProcess[str], float]:
     return completed, wall_s
 
 
-def _checkpoints(warehouse: Path, pipeline: str = PIPELINE) -> list[dict[str, Any]]:
+def _checkpoints(warehouse: str, pipeline: str = PIPELINE, env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """The pipeline's checkpoint records, as printed by the ``checkpoints --json`` command."""
-    completed, _ = _run_cli(["checkpoints", pipeline, "--warehouse", str(warehouse), "--json"])
+    completed, _ = _run_cli(["checkpoints", pipeline, "--warehouse", warehouse, "--json"], env)
     try:
         records = json.loads(completed.stdout)
     except json.JSONDecodeError as error:
@@ -118,6 +118,8 @@ def run_engine(
     *,
     pipeline: str = PIPELINE,
     files_per_epoch: int = 1,
+    warehouse: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run a pipeline (``bench_running_agg`` unless told) over ``input_dir`` into a fresh ``<work_dir>/warehouse``.
 
@@ -131,17 +133,22 @@ def run_engine(
     ``run_args`` go to ``barrierflow run`` (e.g. ``--max-concurrent-checkpoints 1``).
     ``pipeline`` must take the ``landing_dir`` and ``max_files_per_epoch``
     parameters (``files_per_epoch``, one by default).
+    ``input_dir`` and ``warehouse`` may be ``s3://`` URIs (``env``: the AWS
+    environment reaching them; ``warehouse`` defaults to ``<work_dir>/warehouse``).
     Raises :class:`EngineRunError` if either CLI call fails.
     """
-    warehouse = Path(work_dir).resolve() / "warehouse"
-    shutil.rmtree(warehouse, ignore_errors=True)
+    if warehouse is None:
+        local = Path(work_dir).resolve() / "warehouse"
+        shutil.rmtree(local, ignore_errors=True)
+        warehouse = str(local)
+    landing = input_dir if str(input_dir).startswith("s3://") else Path(input_dir).resolve()
     _, wall_s = _run_cli([
-        "run", pipeline, "--warehouse", str(warehouse),
-        "--param", f"landing_dir={Path(input_dir).resolve()}",
+        "run", pipeline, "--warehouse", warehouse,
+        "--param", f"landing_dir={landing}",
         "--param", f"max_files_per_epoch={files_per_epoch}",
         "--until-caught-up", *run_args,
-    ])  # fmt: skip
-    records = _checkpoints(warehouse, pipeline)
+    ], env)  # fmt: skip
+    records = _checkpoints(warehouse, pipeline, env)
     completed = [record for record in records if record["status"] == "COMPLETED"]
     return {
         **_figures(completed, wall_s),

@@ -23,7 +23,7 @@ union of its batches' ``triggerExecution`` intervals, one query so their sum).
 ``orders/``, ``payments/`` *and* ``thresholds/`` (barrierflow's ``rows_in``;
 records plus dead letters; the baseline does not read the few threshold
 lines). ``orders_payments_ratio`` = barrierflow events/s over SSS events/s
-(target >= 1.0).
+(target >= 2.5).
 
 The output check compares barrierflow's ``paid_orders`` with Spark's pairs as
 sets of ``(order_id, payment_id)`` (with their time stamps and amounts for the
@@ -58,12 +58,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from s3_side import LoopbackS3, describe_s3, same_tables
+
 from engine_side import EngineRunError, data_epochs, run_engine
 
 __all__ = ["run_orders_payments", "generate_input", "compare_pairs", "TARGET_RATIO", "DEFAULT_FILES", "DEFAULT_ORDERS_PER_FILE"]
 
 PIPELINE = "orders_payments"
-TARGET_RATIO = 1.0
+TARGET_RATIO = 2.5
 FILES_PER_BATCH = 2
 DEFAULT_FILES = 8
 DEFAULT_ORDERS_PER_FILE = 5_000
@@ -229,6 +231,7 @@ def run_orders_payments(
     files_per_batch: int = FILES_PER_BATCH,
     runs: int = 2,
     check: bool = True,
+    s3: bool = False,
 ) -> dict[str, Any]:
     """Generate the input under ``work_dir`` (emptied first), run both sides ``runs`` times interleaved, compare.
 
@@ -237,7 +240,10 @@ def run_orders_payments(
     ``events_per_s`` (barrierflow), ``sss_events_per_s``,
     ``orders_payments_ratio``, ``events``, ``engine`` / ``sss`` (the fastest
     runs' figures), ``engine_runs`` / ``sss_runs`` (events/s of every run),
-    ``check`` (explanation lines) and ``agree``.
+    ``check`` (explanation lines) and ``agree``. ``s3``: afterwards, barrierflow
+    once more with landing and warehouse on the loopback S3 server
+    (``s3_side.py``), reported beside the local figure (``s3_events_per_s``,
+    ``s3_ratio``, ``s3_emulator_cpu_s``, ``s3_agree``).
     """
     from sss_orders_payments import count_events
 
@@ -281,7 +287,31 @@ def run_orders_payments(
     )
     if ratio < TARGET_RATIO:
         print(f"TARGET MISSED: orders_payments_ratio {ratio:.3f} < {TARGET_RATIO}")
+    extra: dict[str, Any] = {}
+    if s3:
+        with LoopbackS3(work / "s3-server.log") as server:
+            landing_uri = server.upload(landing, "landing")
+            before = server.cpu_seconds()
+            on_s3 = run_engine(
+                landing_uri, work / "engine-s3", pipeline=PIPELINE, files_per_epoch=files_per_batch,
+                warehouse=server.uri("warehouse"), env=server.env,
+            )  # fmt: skip
+            emulator_s = server.cpu_seconds() - before
+            differ = same_tables(
+                f"{engine['warehouse']}/{PIPELINE}", f"{server.uri('warehouse')}/{PIPELINE}",
+                ["sinks/paid_orders", "dead_letter"], server.env,
+            )  # fmt: skip
+        print(_describe_engine(on_s3))
+        print(describe_s3(on_s3, engine, sss["batch_events_per_s"], emulator_s))
+        print(f"  [{'OK' if not differ else 'MISMATCH'}] the S3 run's outputs against the local run's" + (f": {differ}" if differ else ""))
+        extra = {
+            "s3_events_per_s": on_s3["events_per_s"],
+            "s3_ratio": on_s3["events_per_s"] / sss["batch_events_per_s"] if sss["batch_events_per_s"] else 0.0,
+            "s3_emulator_cpu_s": emulator_s,
+            "s3_agree": not differ,
+        }
     return {
+        **extra,
         "events": events,
         "events_per_s": engine["events_per_s"],
         "sss_events_per_s": sss["batch_events_per_s"],
@@ -303,6 +333,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--files-per-batch", type=int, default=FILES_PER_BATCH, help="files per epoch / micro-batch and source")
     parser.add_argument("--runs", type=int, default=2, help="interleaved runs per side; the fastest of each counts")
     parser.add_argument("--no-check", action="store_true", help="skip the output comparison")
+    parser.add_argument("--s3", action="store_true", help="also run barrierflow with landing and warehouse on loopback S3")
     return parser.parse_args(argv)
 
 
@@ -317,6 +348,7 @@ def main(argv: list[str] | None = None) -> None:
             files_per_batch=args.files_per_batch,
             runs=args.runs,
             check=not args.no_check,
+            s3=args.s3,
         )
     except (RuntimeError, EngineRunError) as error:
         print(f"benchmark failed: {error}", file=sys.stderr)
@@ -325,6 +357,7 @@ def main(argv: list[str] | None = None) -> None:
         f"orders_payments_events_per_s={result['events_per_s']:.0f} "
         f"sss_orders_payments_events_per_s={result['sss_events_per_s']:.0f} "
         f"orders_payments_ratio={result['orders_payments_ratio']:.3f}"
+        + (f" s3_orders_payments_ratio={result['s3_ratio']:.3f}" if "s3_ratio" in result else "")
     )
 
 

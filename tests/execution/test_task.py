@@ -217,7 +217,6 @@ def test_one_task_runs_the_whole_pipeline_and_stages_every_table(tmp_path: Path,
     )
     for name in ("all_events", "latest"):
         _check_descriptions(epoch.layout.sink_table(name), result.files[name])
-    assert result.rows_out["all_events"] == 4 and result.rows_out["latest"] == 3
 
 
 def test_an_upsert_of_a_small_table_rewrites_every_stored_file(tmp_path: Path) -> None:
@@ -296,4 +295,4 @@ def test_stage_by_stage_rows_cross_in_exchange_files_and_the_singleton_runs_in_t
         ("u2", "e2"),
         ("u5", "e4"),
     ]
-    assert "latest" not in last[1].files and last[1].rows_out == {}
+    assert "latest" not in last[1].files

@@ -7,7 +7,7 @@ from itertools import product
 
 import pyarrow as pa
 
-from barrierflow.operators.aggregate import _greatest, _least
+from barrierflow.operators.aggregate import _merged
 
 _VALUES = [None, math.nan, -1.5, 0.0, 2.0]
 
@@ -39,8 +39,8 @@ def test_least_and_greatest_match_spark_on_nulls_and_nan() -> None:
     pairs = list(product(_VALUES, _VALUES))
     prev = pa.chunked_array([pa.array([p for p, _ in pairs], pa.float64())])
     value = pa.chunked_array([pa.array([v for _, v in pairs], pa.float64())])
-    least = _least(prev, value).to_pylist()
-    greatest = _greatest(prev, value).to_pylist()
+    least = _merged(prev, value, least=True).to_pylist()
+    greatest = _merged(prev, value, least=False).to_pylist()
     for i, (p, v) in enumerate(pairs):
         assert _same(least[i], _spark_least(p, v)), (p, v, least[i])
         assert _same(greatest[i], _spark_greatest(p, v)), (p, v, greatest[i])

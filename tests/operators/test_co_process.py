@@ -143,7 +143,7 @@ def test_connect_keys_each_side_by_its_own_columns_and_checks_each_at_its_source
     node = next(n for n in pipe.nodes if n.operator_id == "ledger")
     assert isinstance(node, KeyedCoProcess)
     assert [n.operator_id for n in node.inputs()] == ["a", "map-1"]
-    assert node.describe()["other_key"] == ["user"]
+    assert node.other_key == ("user",)
     a, b = pipe.sources
     assert pipe.source_keys(a) == {"k": "ledger"}
     assert pipe.source_keys(b) == {}  # "user" is computed by the map, not read from b

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -187,11 +188,11 @@ def test_what_event_time_with_several_inputs_refuses(case: str, match: str) -> N
 def test_a_record_joins_in_its_windows_that_have_not_fired(
     assigner: Any, ts: int, watermark_prev: int | None, starts: list[int]
 ) -> None:
-    from barrierflow.operators.window_join import aligned_window_starts
+    from barrierflow.operators.join_buffer import aligned_windows
 
-    assert aligned_window_starts(assigner, ts * S, None if watermark_prev is None else watermark_prev * S) == [
-        s * S for s in starts
-    ]
+    after = None if watermark_prev is None else watermark_prev * S - assigner.size_us  # not late: ending after W(n-1)
+    rows, found = aligned_windows(assigner, np.array([ts * S]), np.array([True]), after)
+    assert found.tolist() == [s * S for s in starts] and set(rows.tolist()) <= {0}
 
 
 def test_a_window_join_of_two_watermarked_sources() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,13 +43,10 @@ def _rows(n: int, key_groups: int, *, without: tuple[str, ...] = ()) -> pa.Table
 
 
 def stage(
-    rows: pa.Table, table: str, prefix: str, schema: pa.Schema, *, ranges: tuple[int, int] | None = None, constants: Any = None
+    rows: pa.Table, table: str, prefix: str, schema: pa.Schema, *, ranges: tuple[int, int] | None = None
 ) -> list[StagedFile]:
     """What a task's staging does: its rows (sorted by key group when clustered) to staged files."""
-    described: list[StagedFile] = []
-    for batch in write_partition(table, prefix, schema, ranges, constants or {}, iter(rows.to_batches(max_chunksize=700))):
-        described += [StagedFile(**d) for d in batch.to_pylist()]
-    return described
+    return [StagedFile(**d) for d in write_partition(table, prefix, schema, ranges, rows)]
 
 
 def test_descriptions_are_the_files_the_writer_wrote(store_root: str) -> None:
@@ -80,15 +76,6 @@ def test_descriptions_are_the_files_the_writer_wrote(store_root: str) -> None:
     # Nothing else was written: descriptions cover every file.
     written = sorted(f.path for f in objects.walk(objects.join_uri(table, "_staging/a")))
     assert written == sorted(Path(f.path).name for f in files)
-
-
-def test_constant_columns_are_added_by_the_writer(store_root: str) -> None:
-    """A column of one value in every row (an epoch's number) is added by the writer."""
-    files = stage(_rows(300, 16, without=("value",)), store_root, "_staging/c", SCHEMA, ranges=(2, 16), constants={"value": 42})
-    data = pa.concat_tables(_read(objects.join_uri(store_root, f.path)) for f in files)
-    assert data.schema == SCHEMA and data.num_rows == 300
-    assert set(data["value"].to_pylist()) == {42}
-    assert all(json.loads(f.stats)["minValues"]["value"] == 42 for f in files)
 
 
 def test_no_rows_write_no_file(store_root: str) -> None:

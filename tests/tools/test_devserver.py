@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -284,29 +283,6 @@ def test_stop_process_tree_leaves_no_orphan(tmp_path: Path) -> None:
     assert lines["LEFT"] == []
     assert len(lines["KILLED"]) >= 1  # the grandchild ignoring SIGTERM needed SIGKILL
     assert all(_gone(pid) for pid in lines["PIDS"])
-
-
-def test_stop_process_tree_without_tree_stops_only_the_processes_given() -> None:
-    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
-    stubborn = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
-    polite = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(600)"],
-                              stdout=subprocess.PIPE)  # fmt: skip
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    try:
-        for proc in (stubborn, polite):
-            assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"  # handlers in place
-        started = time.monotonic()
-        killed = processes.stop_process_tree([stubborn, polite], tree=False, grace_s=0.5, term_s=0.5)
-        assert time.monotonic() - started < 10
-        assert killed == [stubborn.pid]  # SIGTERM, the grace period, SIGKILL for what is left
-        assert stubborn.poll() is not None and polite.returncode == -signal.SIGTERM  # psutil reaped the killed one
-        assert bystander.poll() is None  # not among the processes given: left alone
-    finally:
-        for proc in (stubborn, polite, bystander):
-            proc.kill()
-            proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
 
 
 # A stand-in for an Airflow component, a task or the metadata database: notes the SIGTERM it gets, then exits.

@@ -1,9 +1,4 @@
-"""Value objects of the checkpoint protocol: barriers, manifests, records.
-
-A :class:`Barrier` fixes the end offsets of an epoch before it is processed;
-a :class:`Manifest` is the epoch's vote (the staged files of every table);
-a :class:`CheckpointRecord` is one row of the checkpoint log.
-"""
+"""Value objects of the checkpoint protocol: barriers, manifests (votes) and checkpoint-log records."""
 
 from __future__ import annotations
 
@@ -37,16 +32,10 @@ def app_id(pipeline: str, lineage_id: str) -> str:
 
 @dataclass(frozen=True)
 class Barrier:
-    """Barrier n: the end offsets of every source for epoch n.
+    """Barrier n: the end offsets of every source for epoch n (and a copy of the start offsets: a replay needs nothing else).
 
-    ``start_offsets`` are the previous barrier's end offsets, copied so that a
-    replay needs nothing but this document. Epoch n stages ``end_offsets``
-    into each source's offsets state (``operator_state`` 8.), which is what a
-    restore starts from. ``arrival_cutoff_ms`` bounded the
-    input the epoch took (None: everything that had arrived), and
-    ``planned_by`` is the run that planned it (an Airflow run id, or
-    ``barrierflow run``); barriers written before these fields read as None
-    and "". ``backlog`` is informational: what input it left waiting.
+    Epoch n stages ``end_offsets`` into each source's offsets state (``operator_state`` 8.): what a restore starts
+    from. Barriers written before the defaulted fields read with the defaults.
     """
 
     pipeline: str
@@ -58,9 +47,9 @@ class Barrier:
     planned_at: str
     attempt_id: str
     params: Mapping[str, Any] = field(default_factory=dict)
-    arrival_cutoff_ms: int | None = None
-    planned_by: str = ""
-    # Per source, input left waiting once this barrier was planned (Backlog.to_json()); {} when unknown.
+    arrival_cutoff_ms: int | None = None  # input that arrived by then (None: all)
+    planned_by: str = ""  # the run that planned it: an Airflow run (dag_id:run_id) or a command
+    # Informational: per source, the input left waiting (Backlog.to_json()); {} when unknown.
     backlog: Mapping[str, Any] = field(default_factory=dict)
     plan_ms: int | None = None  # how long planning took (listing sources, measuring the backlog)
 
@@ -74,11 +63,7 @@ class Barrier:
 
 @dataclass(frozen=True)
 class Manifest:
-    """The vote of epoch n: every table's staged files plus the epoch's metrics.
-
-    Written put-if-absent: the first durable manifest of an epoch wins and is
-    the only file set that can ever be committed for it.
-    """
+    """The vote of epoch n: every table's staged files and the epoch's metrics; the first durable one commits."""
 
     pipeline: str
     lineage_id: str
@@ -103,15 +88,11 @@ class Manifest:
         return sum(t.bytes for t in self.tables if t.kind is TableKind.STATE)
 
     def to_json(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["tables"] = [t.to_json() for t in self.tables]
-        return doc
+        return {**asdict(self), "tables": [t.to_json() for t in self.tables]}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> "Manifest":
-        fields = dict(doc)
-        fields["tables"] = tuple(TableCommit.from_json(t) for t in doc["tables"])
-        return cls(**fields)
+        return cls(**{**doc, "tables": tuple(TableCommit.from_json(t) for t in doc["tables"])})
 
 
 @dataclass(frozen=True)
@@ -135,13 +116,13 @@ class CheckpointRecord:
     duration_ms: int | None = None  # barrier to completion; neighbours overlap with two concurrent checkpoints
     table_versions: str = "{}"  # JSON: table name -> Delta version (the consistent cut)
     message: str = ""
-    arrival_cutoff_ms: int | None = None  # the barrier's: input that arrived by then (None: all)
+    arrival_cutoff_ms: int | None = None  # the barrier's
     # Input the barrier left waiting (all sources; per source in ``backlog``) and how long the oldest had waited.
     backlog_files: int | None = None
     backlog_bytes: int | None = None
     input_lag_ms: int | None = None
     backlog: str = "{}"  # JSON: source -> Backlog.to_json()
-    planned_by: str = ""  # the barrier's: the Airflow run (dag_id:run_id) or command that planned the epoch
+    planned_by: str = ""  # the barrier's
     # JSON: phase -> ms: barrier (planning), process (computing), wait (for epoch n-1), stage (writes), commit.
     phase_ms: str = "{}"
 

@@ -1,23 +1,21 @@
-"""The checkpoint log: a Delta table with one row per epoch status change.
+"""The checkpoint log: a Delta table with one row per epoch status change (``barrierflow checkpoints``).
 
-Rows are appended (blind appends never conflict), so several attempts may
-record the same transition; readers keep the first row per
-``(lineage_id, epoch, status)``, and every ABORTED row (each failed
-attempt). The log is a plain Delta table that people can
-query (``barrierflow checkpoints``, or SQL over ``_checkpoints``).
+Rows are blind appends (never conflicting): readers keep the first row per
+``(lineage_id, epoch, status)``, and every ABORTED row (each failed attempt).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import threading
 import time
-from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any, Iterable, overload
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
@@ -29,34 +27,8 @@ from barrierflow.storage.objects import arrow_filesystem, join_uri, list_dir, re
 
 __all__ = ["CheckpointLog", "current_lineage_seq", "iso_now", "iso_us", "now_us"]
 
-_SCHEMA = pa.schema(
-    [
-        ("pipeline", pa.string()),
-        ("lineage_id", pa.string()),
-        ("epoch", pa.int64()),
-        ("status", pa.string()),
-        ("attempt_id", pa.string()),
-        ("recorded_at_us", pa.int64()),
-        ("offsets", pa.string()),
-        ("watermark_us", pa.int64()),
-        ("max_event_time_us", pa.int64()),
-        ("rows_in", pa.int64()),
-        ("rows_out", pa.int64()),
-        ("dead_letters", pa.int64()),
-        ("bytes_written", pa.int64()),
-        ("state_bytes_written", pa.int64()),
-        ("duration_ms", pa.int64()),
-        ("table_versions", pa.string()),
-        ("message", pa.string()),
-        ("arrival_cutoff_ms", pa.int64()),
-        ("backlog_files", pa.int64()),
-        ("backlog_bytes", pa.int64()),
-        ("input_lag_ms", pa.int64()),
-        ("backlog", pa.string()),
-        ("planned_by", pa.string()),
-        ("phase_ms", pa.string()),
-    ]
-)
+# One column per CheckpointRecord field, in its order: integers as int64, the rest (status, JSON) as strings.
+_SCHEMA = pa.schema([(f.name, pa.int64() if "int" in str(f.type) else pa.string()) for f in dataclasses.fields(CheckpointRecord)])
 
 
 def now_us() -> int:
@@ -79,12 +51,6 @@ def iso_us(us: int | None) -> str | None:
     if us is None:
         return None
     return datetime.fromtimestamp(us / 1e6, tz=timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-# Readers kept by :meth:`CheckpointLog.shared`, per log URI: (the table's id, the reader).
-_SHARED: "OrderedDict[str, tuple[str | None, CheckpointLog]]" = OrderedDict()
-_SHARED_LOCK = threading.Lock()
-_MAX_SHARED = 32
 
 
 def current_lineage_seq(layout: PipelineLayout) -> tuple[int, dict[str, Any]]:
@@ -112,47 +78,20 @@ class CheckpointLog:
 
     def __init__(self, layout: PipelineLayout) -> None:
         self._uri = layout.checkpoint_log
-        # Rows already read, per live data file: the log only grows, so each
-        # read opens just the files added since the previous one.
+        # Rows already read, per live data file: the log only grows, so a read opens just the files added since.
         self._table: DeltaTable | None = None
         self._rows_by_file: dict[str, list[dict[str, Any]]] = {}
-        # Concurrent checkpoints append and read from two threads; the
-        # cached table is one object.
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # concurrent checkpoints append and read from two threads
 
     @classmethod
     def shared(cls, layout: PipelineLayout) -> "CheckpointLog":
-        """This process's long-lived reader of ``layout``'s log, for repeated reads (queries, the UI).
-
-        Each read then opens only what was appended since the one before,
-        instead of the whole log (on S3, a request per commit since its last
-        checkpoint plus two per data file). A log deleted and created again
-        at the same place has a new table id, and gets a new reader.
-        """
-        uri = layout.checkpoint_log
-        identity = _table_id(uri)
-        with _SHARED_LOCK:
-            known = _SHARED.pop(uri, None)
-            if known is None or identity is None or known[0] != identity:
-                known = (identity, cls(layout))
-            _SHARED[uri] = known
-            while len(_SHARED) > _MAX_SHARED:
-                _SHARED.popitem(last=False)
-        return known[1]
-
-    @property
-    def uri(self) -> str:
-        return self._uri
+        """This process's long-lived reader of ``layout``'s log (a log created anew has a new table id: a new reader)."""
+        return _shared_reader(layout, _table_id(layout.checkpoint_log))
 
     def append(self, record: CheckpointRecord) -> None:
-        row = dataclasses.asdict(record)
-        row["status"] = record.status.value
-        table = pa.Table.from_pylist([row], schema=_SCHEMA)
+        table = pa.Table.from_pylist([{**dataclasses.asdict(record), "status": record.status.value}], schema=_SCHEMA)
         with self._lock:
-            # Through the table read before, when there is one: opening the log
-            # again for each append would read every commit since its last
-            # checkpoint (on S3, some 25 requests instead of 7). delta-rs
-            # brings a stale snapshot up to date when it commits.
+            # Through the table read before (delta-rs updates a stale one when it commits): no reopening.
             target = self._table if self._table is not None else self._uri
             try:
                 # "merge": a log written before a column existed takes it on (earlier rows read null).
@@ -162,12 +101,7 @@ class CheckpointLog:
                 raise CheckpointError(f"cannot append to checkpoint log {self._uri}: {exc}") from exc
 
     def compact(self, min_files: int = 8) -> bool:
-        """Rewrite the log's files into few (maintenance); whether it did. Rows and their order stay as they are.
-
-        One append is one file, so without this every process starting up
-        would read one object per transition ever recorded. The rewrite is a
-        ``dataChange=false`` commit: readers of any version see the same rows.
-        """
+        """Rewrite the log's files (one per append) into few, rows and order unchanged (``dataChange=false``); whether it did."""
         if 0 < len(self._rows_by_file) < min_files - 3:
             return False  # this reader's last read knew the live files (an epoch appends about three): no open
         try:
@@ -194,10 +128,9 @@ class CheckpointLog:
         except (DeltaError, OSError, pa.ArrowException) as exc:
             self._table = None
             raise CheckpointError(f"cannot read checkpoint log {self._uri}: {exc}") from exc
-        rows = sorted(rows, key=lambda r: r["recorded_at_us"])
         seen: set[tuple[str, int, str, int]] = set()
         out: list[CheckpointRecord] = []
-        for row in rows:
+        for row in sorted(rows, key=lambda r: r["recorded_at_us"]):
             # Every failure is its own row; other transitions are kept once, as first recorded.
             again = row["recorded_at_us"] if row["status"] == EpochStatus.ABORTED.value else 0
             ident = (row["lineage_id"], row["epoch"], row["status"], again)
@@ -212,11 +145,7 @@ class CheckpointLog:
         return out
 
     def _rows(self) -> list[dict[str, Any]]:
-        """Rows of the table's live files, reading only files not read before.
-
-        A file that vanished (the table was rewritten or re-created) makes
-        the next read start over from a freshly opened table.
-        """
+        """Rows of the table's live files, reading only files not read before (all again once one vanished)."""
         if self._table is None:
             self._table = DeltaTable(self._uri)
         else:
@@ -242,11 +171,7 @@ class CheckpointLog:
 
     @staticmethod
     def current_status(records: Iterable[CheckpointRecord]) -> dict[tuple[str, int], CheckpointRecord]:
-        """Per ``(lineage_id, epoch)``, the record of where it stands: COMPLETED once it completed, else the newest.
-
-        (An epoch completes at most once; before that a failed attempt's
-        ABORTED row may be followed by a retry's PRE_COMMITTED, and so on.)
-        """
+        """Per ``(lineage_id, epoch)``, where it stands: its COMPLETED record once it completed, else the newest."""
         out: dict[tuple[str, int], CheckpointRecord] = {}
         for r in records:
             ident = (r.lineage_id, r.epoch)
@@ -258,15 +183,14 @@ class CheckpointLog:
                 out[ident] = r
         return out
 
-    @staticmethod
-    def status_of(records: Iterable[CheckpointRecord], epoch: int) -> set[EpochStatus]:
-        return {r.status for r in records if r.epoch == epoch}
+
+@functools.lru_cache(maxsize=32)
+def _shared_reader(layout: PipelineLayout, table_id: str | None) -> CheckpointLog:
+    return CheckpointLog(layout)
 
 
 def _read_rows(uris: list[str]) -> dict[str, list[dict[str, Any]]]:
     """Rows per data file; columns a file predates read as null."""
-    import pyarrow.dataset as ds
-
     out: dict[str, list[dict[str, Any]]] = {uri: [] for uri in uris}
     if not uris:
         return out

@@ -2,48 +2,39 @@
 
 For epoch n of pipeline P (every step idempotent and safe to retry):
 
-  1. recover   -- read the checkpoint log; roll forward an epoch whose manifest
-                  is durable (commit is idempotent); discard staged files of
-                  attempts that lost; the last COMPLETED epoch is the restore point.
-  2. barrier   -- fix every source's end offsets for epoch n and write them
-                  put-if-absent before any processing; a retry reuses them.
-  3. process   -- the Spark job reads exactly the records between barrier n-1
-                  and barrier n, stages outputs and state (each source's
-                  offsets state gets barrier n's end offsets), writes the
-                  manifest put-if-absent (the vote); the first durable
-                  manifest wins.
-  4. commit    -- one Delta commit per table carrying the app transaction
-                  (appId = P + lineage, version = n) and the fencing token
-                  (lineage sequence, n), skipped where already done, refused
-                  where a table holds a higher token; then the checkpoint log
-                  records n COMPLETED with the Delta version of every table
-                  (the consistent cut).
-  5. notify    -- post-commit work: remove staged files of losing attempts,
-                  compact state tables whose changelog outgrew their base, and
-                  the checkpoint log once it has many files.
+  1. recover: roll forward an epoch whose manifest is durable (commit is
+     idempotent); the last COMPLETED epoch in the checkpoint log is the restore point.
+  2. barrier: fix every source's end offsets for epoch n, written put-if-absent
+     before any processing; a retry reuses them.
+  3. process: the Spark job reads exactly the records between barriers n-1 and
+     n, stages outputs and state (each source's offsets state gets barrier n's
+     end offsets), and votes: the first manifest written put-if-absent wins.
+  4. commit: one Delta commit per table carrying the app transaction (P +
+     lineage, n) and the fencing token (lineage sequence, n), skipped where
+     done, refused where a table holds a higher token; then the log records n
+     COMPLETED with every table's Delta version (the consistent cut).
+  5. notify: remove staged files of attempts that lost the vote; compact the
+     checkpoint log once it has many files.
 
-Two concurrent checkpoints (``run(max_concurrent_checkpoints=2)``, Flink's
-setting of that name): once epoch n starts its state-dependent work, the
-coordinator injects barrier n+1 (its offsets follow from barrier n alone) and
-epoch n+1 reads its input while epoch n stages, votes and commits. Epoch n+1
-touches state, sinks' tables, the previous watermark and its vote only after
-epoch n completed (``EpochContext.restore_point``), so its output is the
-output of running the two one after the other; if epoch n fails, epoch n+1
-stops before its vote and its barrier is reused by the next run.
+With two concurrent checkpoints (``run(max_concurrent_checkpoints=2)``),
+barrier n+1 is injected (its offsets follow from barrier n alone) once epoch n
+starts its state-dependent work, and epoch n+1 reads its input while n
+commits. Epoch n+1 touches state, sinks, the previous watermark and its vote
+only after n completed (``EpochContext.restore_point``), so the output is that
+of running them one after the other; if n fails, n+1 stops before its vote and
+its barrier is reused.
 
-A restore (``barrierflow.operations.restore``) starts a new lineage whose first completed
-record is the restore point; a pipeline stopped with a savepoint plans no
-barrier until it is restored.
-
-One process at a time drives these steps, holding the epoch lease
-(:mod:`barrierflow.checkpointing.lease`); it checks the lease before each barrier and vote.
-
-A crash anywhere leaves a state from which the next attempt produces exactly
-the output of a failure-free run.
+A restore starts a new lineage whose first COMPLETED record is the restore
+point; a pipeline stopped with a savepoint plans no barrier until restored.
+One process at a time drives these steps, holding the epoch lease, checked
+before each barrier and vote. A crash anywhere leaves a state from which the
+next attempt produces exactly the output of a failure-free run.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import logging
 import threading
@@ -59,7 +50,7 @@ from barrierflow.checkpointing.checkpoint_log import CheckpointLog, current_line
 from barrierflow.checkpointing.epoch import Compute, check_follows, completed_future, process_epoch
 from barrierflow.checkpointing.intervals import ArrivalBound
 from barrierflow.checkpointing.lease import EpochLease
-from barrierflow.checkpointing.restore_intent import complete_pending_restore
+from barrierflow.checkpointing.restore_intent import complete_restore
 from barrierflow.connectors.file_source import count_records_on_executors
 from barrierflow.connectors.source import Backlog, Source
 from barrierflow.core import faults
@@ -82,9 +73,7 @@ from barrierflow.storage.layout import STAGING_DIR, PipelineLayout
 __all__ = ["CheckpointCoordinator", "EpochResult", "Recovery", "backlog_report", "blocked_state", "recorded_params"]
 
 _log = logging.getLogger(__name__)
-# The checkpoint log gains about three files per epoch; past this many, step 5
-# compacts it, so a process starting up reads a bounded number of objects even
-# between two maintenance runs.
+# Past this many files (about three per epoch) step 5 compacts the checkpoint log: startup reads stay bounded.
 LOG_COMPACTION_FILES = 120
 
 
@@ -121,14 +110,9 @@ class CheckpointCoordinator:
     """Drives epochs of one pipeline in one warehouse."""
 
     def __init__(
-        self,
-        definition: PipelineDefinition,
-        params: Mapping[str, Any],
-        warehouse: str,
-        spark_factory: Callable[[], Any] | None = None,
-        use_lease: bool = True,
-        compute: Compute | None = None,
-    ) -> None:
+        self, definition: PipelineDefinition, params: Mapping[str, Any], warehouse: str,
+        spark_factory: Callable[[], Any] | None = None, use_lease: bool = True, compute: Compute | None = None,
+    ) -> None:  # fmt: skip
         """``compute`` replaces the Spark computation of step 3 (the protocol tests' stub engine)."""
         self.definition = definition
         self._compute = compute
@@ -138,30 +122,18 @@ class CheckpointCoordinator:
         self._spark_factory = spark_factory
         self._use_lease = use_lease
         self._lease = EpochLease(self.layout.lease, definition.name)
-        self._pipeline: Pipeline | None = None
 
-    # -- metadata --------------------------------------------------------
-
-    @property
+    @functools.cached_property
     def pipeline(self) -> Pipeline:
-        if self._pipeline is None:
-            self._pipeline = self.definition.build(self.params)
-        return self._pipeline
+        return self.definition.build(self.params)
 
     def ensure_created(self) -> dict[str, Any]:
         """Create the pipeline's metadata once; key groups never change after."""
-        lineage = uuid.uuid4().hex[:12]
-        meta = {
-            "name": self.definition.name,
-            "key_groups": self.definition.key_groups,
-            "created_at": iso_now(),
-        }
+        meta = {"name": self.definition.name, "key_groups": self.definition.key_groups, "created_at": iso_now()}
         objects.write_json_if_absent(self.layout.pipeline_meta, meta)
-        objects.write_json_if_absent(
-            objects.join_uri(self.layout.lineages, "0000000000.json"),
-            {"lineage_id": lineage, "start_epoch": 0, "started_at": iso_now(), "reason": "created"},
-        )
-        existing = objects.read_json(self.layout.pipeline_meta)
+        lineage = {"lineage_id": uuid.uuid4().hex[:12], "start_epoch": 0, "started_at": iso_now(), "reason": "created"}
+        objects.write_json_if_absent(objects.join_uri(self.layout.lineages, "0000000000.json"), lineage)
+        existing = _read_doc(self.layout.pipeline_meta)
         assert existing is not None
         if existing["key_groups"] != self.definition.key_groups:
             raise CheckpointError(
@@ -175,13 +147,10 @@ class CheckpointCoordinator:
         return self.current_lineage_seq()[1]
 
     def current_lineage_seq(self) -> tuple[int, dict[str, Any]]:
-        """The current lineage's sequence number (its document's name) and document."""
         return current_lineage_seq(self.layout)
 
     def app_id(self, lineage_id: str) -> str:
         return app_id(self.definition.name, lineage_id)
-
-    # -- lease (epochs of one pipeline never run concurrently) -----------
 
     def acquire_lease(self, wait_s: float = 0.0) -> None:
         """Take the pipeline's epoch lease (:mod:`barrierflow.checkpointing.lease`), trying for up to ``wait_s``."""
@@ -190,7 +159,6 @@ class CheckpointCoordinator:
 
     def check_lease(self) -> None:
         """Raise :class:`~barrierflow.core.errors.LeaseLostError` if this process took the lease and lost it since."""
-        # Steps called without the lease (a test driving one step) have nothing to check.
         if self._use_lease and self._lease.taken:
             self._lease.check()
 
@@ -198,31 +166,21 @@ class CheckpointCoordinator:
         if self._use_lease:
             self._lease.release()
 
-    # -- hold: a reprocessing holds the schedule ----------------------------
-
     def hold(self, owner: str, reason: str) -> dict[str, Any]:
-        """Hold the pipeline for ``owner``; returns the hold in force.
-
-        While held, runs of other owners plan no epoch (``barrier_step``
-        skips them, ``run`` refuses). Put-if-absent: an existing hold of
-        another owner stays in force, and the caller sees it is not its own.
-        """
+        """Hold the pipeline for ``owner`` (a reprocessing): others' runs plan no epoch. The hold in force (maybe another's)."""
         objects.write_json_if_absent(self.layout.held, {"owner": owner, "reason": reason, "since": iso_now()})
-        doc = objects.read_json(self.layout.held)
-        return dict(doc) if doc else self.hold(owner, reason)
+        return self.held_by() or self.hold(owner, reason)
 
     def held_by(self) -> dict[str, Any] | None:
         """The hold in force (owner, reason, since), or None."""
-        doc = objects.read_json(self.layout.held)
-        return dict(doc) if doc else None
+        return _read_doc(self.layout.held)
 
     def release_hold(self, owner: str) -> bool:
         """Release ``owner``'s hold (only its own); whether there was one."""
-        doc = objects.read_json(self.layout.held)
-        if not doc or doc.get("owner") != owner:
-            return False
-        objects.remove_document(self.layout.held)
-        return True
+        mine = (self.held_by() or {}).get("owner") == owner
+        if mine:
+            objects.remove_document(self.layout.held)
+        return mine
 
     def blocked(self) -> dict[str, Any] | None:
         """Why the pipeline cannot go on (step, epoch, message, since), or None: see :meth:`_attempt`."""
@@ -232,79 +190,56 @@ class CheckpointCoordinator:
     def _attempt(self, step: str, lineage_id: str, epoch: int, barrier: Barrier | None = None) -> Iterator[None]:
         """Record how ``step`` of an epoch failed before its vote, then re-raise.
 
-        1. Any failure is an ABORTED row in the checkpoint log, with the
-           error as its message: the pending checkpoint is aborted (its
-           staged files are discarded) and the epoch is retried from its
-           barrier. The row is only reported: recovery never reads it.
-        2. A :class:`BlockedInputError` is also the pipeline's blocked state
-           until an epoch completes (:meth:`_commit`); the checkpoints page
-           and ``barrierflow status`` show it, and a task that ran the step
-           elsewhere (spark-submit) reads it to fail without retry.
+        1. Any failure is an ABORTED row (the error its message; recovery never
+           reads it): the staged files are discarded, the epoch retried from its barrier.
+        2. A :class:`BlockedInputError` is also the pipeline's blocked state until an
+           epoch completes; a spark-submit task reads it to fail without retry.
         """
         try:
             yield
         except EpochInProgressError:
             raise  # another attempt holds the epoch: nothing failed
         except Exception as exc:
-            message = f"{step} failed: {type(exc).__name__}: {exc}"
-            # 1. The aborted attempt.
+            message = f"{step} failed: {type(exc).__name__}: {exc}"[:4000]
+            # 1. The aborted attempt (a bare row when the barrier itself could not be planned).
             try:
-                if barrier is not None:
-                    record = _barrier_record(EpochStatus.ABORTED, barrier, message=message[:4000])
-                else:  # the barrier itself could not be planned
-                    record = CheckpointRecord(
-                        pipeline=self.definition.name,
-                        lineage_id=lineage_id,
-                        epoch=epoch,
-                        status=EpochStatus.ABORTED,
-                        attempt_id="",
-                        recorded_at_us=now_us(),
-                        message=message[:4000],
-                    )
-                self.log.append(record)
+                bare = CheckpointRecord(
+                    self.definition.name, lineage_id, epoch, EpochStatus.ABORTED, "", now_us(), message=message
+                )
+                self.log.append(_barrier_record(EpochStatus.ABORTED, barrier, message) if barrier else bare)
             except BarrierflowError as log_error:  # e.g. the store is down: the original error matters
                 _log.warning("epoch %d: the failure was not recorded: %s", epoch, log_error)
             # 2. The blocked state.
-            if isinstance(exc, BlockedInputError):
+            if isinstance(exc, BlockedInputError) and (self.blocked() or {}).get("message") != str(exc):
                 doc = {"step": step, "lineage_id": lineage_id, "epoch": epoch, "message": str(exc), "since": iso_now()}
-                current = self.blocked()
-                if current is None or current.get("message") != doc["message"]:
-                    if current is not None:
-                        objects.remove_document(self.layout.blocked)
-                    objects.write_json_if_absent(self.layout.blocked, doc)
+                objects.remove_document(self.layout.blocked)
+                objects.write_json_if_absent(self.layout.blocked, doc)
             raise
 
     # -- step 1: recover -------------------------------------------------
 
     def stopped(self) -> dict[str, Any] | None:
         """The stop marker written by a stop-with-savepoint, or None when running."""
-        doc = objects.read_json(self.layout.stopped)
-        return dict(doc) if doc else None
+        return _read_doc(self.layout.stopped)
 
     def recover(self) -> Recovery:
         faults.maybe_fail("recover.start")
         self.ensure_created()
-        if objects.exists(self.layout.restoring):
-            # A restore crashed half-way: finish it before anything reads state.
-            complete_pending_restore(self.layout, self.definition, self.pipeline)
+        intent = objects.read_json(self.layout.restoring)
+        if intent is not None:  # a restore crashed half-way: finish it before anything reads state
+            complete_restore(self.layout, self.definition, self.pipeline, intent)
         lineage_id = self.current_lineage()["lineage_id"]
-        records = self.log.lineage_records(lineage_id)
-        last = CheckpointLog.last_completed(records)
+        last = CheckpointLog.last_completed(self.log.lineage_records(lineage_id))
         rolled: list[int] = []
         epoch = (last.epoch if last else 0) + 1
-        while True:
-            manifest_doc = objects.read_json(self.layout.manifest(lineage_id, epoch))
-            if manifest_doc is None:
-                break
-            # Pre-committed but not completed: roll forward.
-            manifest = Manifest.from_json(manifest_doc)
+        # Pre-committed but not completed: roll forward.
+        while (manifest_doc := objects.read_json(self.layout.manifest(lineage_id, epoch))) is not None:
             barrier = self._read_barrier(lineage_id, epoch)
             assert barrier is not None
-            last = self._commit(barrier, manifest)
+            last = self.commit(barrier, Manifest.from_json(manifest_doc))
             rolled.append(epoch)
             epoch += 1
-        pending = self._read_barrier(lineage_id, epoch)
-        return Recovery(lineage_id, last, tuple(rolled), pending)
+        return Recovery(lineage_id, last, tuple(rolled), self._read_barrier(lineage_id, epoch))
 
     def _read_barrier(self, lineage_id: str, epoch: int) -> Barrier | None:
         doc = objects.read_json(self.layout.barrier(lineage_id, epoch))
@@ -313,15 +248,10 @@ class CheckpointCoordinator:
     # -- step 2: barrier -------------------------------------------------
 
     def trigger_checkpoint(self, recovery: Recovery, bound: ArrivalBound = ArrivalBound()) -> Barrier | None:
-        """Barrier n (reused when it exists); None when no source has new input within ``bound``.
-
-        A new barrier takes the input of one data interval of ``bound``'s
-        schedule, the earliest holding input (see :mod:`barrierflow.checkpointing.intervals`).
-        """
+        """Barrier n (reused when it exists); None when no source has new input within ``bound``."""
         stop = self.stopped()
         if stop is not None:
-            # Checked first: a stopped pipeline does not even finish a planned epoch,
-            # so its state stays exactly at the savepoint.
+            # Checked first: a stopped pipeline does not even finish a planned epoch (its state stays at the savepoint).
             _log.info("%s", _stopped_message(self.definition.name, stop))
             return None
         if recovery.pending_barrier is not None:
@@ -344,22 +274,17 @@ class CheckpointCoordinator:
             return None
         # Parameters fixed by a restore (e.g. a new parallelism) hold for the whole lineage.
         params = self.definition.resolve({**self.params, **(lineage.get("params") or {})})
-        waiting = self._backlog_after(end)
+        try:  # the input ``end`` leaves waiting, per source: only reported
+            waiting = {s.source_id: s.backlog(end.get(s.source_id)).to_json() for s in self._sources()}
+        except BarrierflowError as exc:
+            _log.warning("backlog not measured: %s", exc)
+            waiting = {}
         barrier = Barrier(
-            pipeline=self.definition.name,
-            lineage_id=lineage_id,
-            epoch=epoch,
-            start_offsets=start,
-            end_offsets=end,
-            processing_time_ms=int(time.time() * 1000),
-            planned_at=iso_now(),
-            attempt_id=uuid.uuid4().hex[:12],
-            params=params,
-            arrival_cutoff_ms=cutoff_ms,
-            planned_by=bound.owner,
-            backlog={source_id: b.to_json() for source_id, b in waiting.items()},
+            pipeline=self.definition.name, lineage_id=lineage_id, epoch=epoch, start_offsets=start, end_offsets=end,
+            processing_time_ms=int(time.time() * 1000), planned_at=iso_now(), attempt_id=uuid.uuid4().hex[:12],
+            params=params, arrival_cutoff_ms=cutoff_ms, planned_by=bound.owner, backlog=waiting,
             plan_ms=int((time.monotonic() - planning) * 1000),
-        )
+        )  # fmt: skip
         faults.maybe_fail("barrier.before_write")
         uri = self.layout.barrier(lineage_id, epoch)
         if objects.write_json_if_absent(uri, barrier.to_json()):
@@ -372,18 +297,13 @@ class CheckpointCoordinator:
     def _plan_offsets(
         self, lineage: Mapping[str, Any], epoch: int, bound: ArrivalBound
     ) -> tuple[dict[str, Any], dict[str, Any] | None, int | None]:
-        """Start offsets, end offsets (None: no source has input) and arrival cut-off of epoch ``epoch``.
-
-        With a schedule, the cut-off is the end of the data interval holding
-        the earliest waiting input (never after ``bound``'s own cut-off).
-        """
+        """Start offsets, end offsets (None: no source has input) and arrival cut-off of epoch ``epoch``."""
         previous = self._read_barrier(lineage["lineage_id"], epoch - 1) if epoch > 1 else None
         start = dict(previous.end_offsets) if previous else dict(lineage.get("start_offsets") or {})
-        end, cutoff_ms = self._plan_from(start, bound)
-        return start, end, cutoff_ms
+        return start, *self._plan_from(start, bound)
 
     def _plan_from(self, start: Mapping[str, Any], bound: ArrivalBound) -> tuple[dict[str, Any] | None, int | None]:
-        """End offsets (None: no input) and arrival cut-off of the epoch after ``start``."""
+        """End offsets (None: no input) and arrival cut-off (see ``intervals``) of the epoch after ``start``."""
         sources = self._sources()
         cutoff_ms = bound.cutoff_ms
         if bound.schedule is not None:
@@ -399,11 +319,7 @@ class CheckpointCoordinator:
     def preview_epochs(
         self, start: Mapping[str, Any], bound: ArrivalBound, limit: int = 1000
     ) -> list[tuple[int | None, dict[str, Any]]]:
-        """(arrival cut-off, end offsets) of the epochs that would follow ``start`` within ``bound``.
-
-        Plans as barriers would, one after another, but records nothing: what
-        a replay from a restore point will produce, reported beforehand.
-        """
+        """(arrival cut-off, end offsets) of the epochs that would follow ``start`` within ``bound``; records nothing."""
         epochs: list[tuple[int | None, dict[str, Any]]] = []
         offsets = dict(start)
         while len(epochs) < limit:
@@ -415,30 +331,17 @@ class CheckpointCoordinator:
         return epochs
 
     def has_new_input(self, bound: ArrivalBound = ArrivalBound()) -> bool:
-        """Whether the next epoch would have input now (a planned epoch counts); records nothing.
-
-        False for a stopped pipeline. Reads what a barrier injection reads
-        (the last barrier, the sources' listings) without writing a barrier.
-        """
+        """Whether the next epoch would have input now (a planned epoch counts; a stopped pipeline has none); records nothing."""
         if self.stopped() is not None:
             return False
         lineage = self.current_lineage()
         last = CheckpointLog.last_completed(self.log.lineage_records(lineage["lineage_id"]))
         epoch = (last.epoch if last else 0) + 1
-        if self._read_barrier(lineage["lineage_id"], epoch) is not None:
-            return True
-        return self._plan_offsets(lineage, epoch, bound)[1] is not None
+        planned = self._read_barrier(lineage["lineage_id"], epoch) is not None
+        return planned or self._plan_offsets(lineage, epoch, bound)[1] is not None
 
     def _sources(self) -> list[Source]:
         return [node.source for node in self.pipeline.sources if node.source is not None]
-
-    def _backlog_after(self, end: Mapping[str, Any]) -> dict[str, Backlog]:
-        """Per source, the input ``end`` leaves waiting; {} when a source cannot say (it is only reported)."""
-        try:
-            return {s.source_id: s.backlog(end.get(s.source_id)) for s in self._sources()}
-        except BarrierflowError as exc:
-            _log.warning("backlog not measured: %s", exc)
-            return {}
 
     def backlog(self) -> dict[str, Backlog]:
         """Per source, the input no barrier of the current lineage has taken yet, measured now."""
@@ -450,7 +353,15 @@ class CheckpointCoordinator:
 
     # -- step 3: process + pre-commit -------------------------------------
 
-    def process(self, barrier: Barrier, recovery: Recovery) -> Manifest:
+    def process_planned(self) -> Manifest | None:
+        """Step 3 as its own task: recover, then process + pre-commit the planned epoch; the winning manifest.
+
+        None when no epoch is planned or the pipeline is stopped (its state stays exactly at the savepoint).
+        """
+        recovery = self.recover()
+        barrier = recovery.pending_barrier
+        if barrier is None or self.stopped() is not None:
+            return None
         last = recovery.last_completed
         check_follows(barrier.epoch, last)
         manifest, voted = self._vote(barrier, completed_future(last))
@@ -458,69 +369,37 @@ class CheckpointCoordinator:
             self.log.append(_manifest_record(EpochStatus.PRE_COMMITTED, barrier, manifest, manifest.process_ms))
         return manifest
 
-    def process_planned(self) -> Manifest | None:
-        """Step 3 as its own task or job runs it: recover, then process + pre-commit the planned epoch.
-
-        None when no epoch is planned, or when the pipeline is stopped with a
-        savepoint (a stopped pipeline does not finish a planned epoch: its
-        state stays exactly at the savepoint). Returns the winning manifest.
-        """
-        recovery = self.recover()
-        barrier = recovery.pending_barrier
-        if barrier is None or self.stopped() is not None:
-            return None
-        return self.process(barrier, recovery)
-
     def _vote(
-        self,
-        barrier: Barrier,
-        restore_point: "Future[CheckpointRecord | None]",
-        on_restore: Callable[[], None] | None = None,
+        self, barrier: Barrier, restore_point: "Future[CheckpointRecord | None]", on_restore: Callable[[], None] | None = None
     ) -> tuple[Manifest, bool]:
         """Step 3 without the checkpoint-log row: the winning manifest, and whether this call computed it."""
         with self._attempt("process", barrier.lineage_id, barrier.epoch, barrier):
-            return self._vote_once(barrier, restore_point, on_restore)
-
-    def _vote_once(
-        self,
-        barrier: Barrier,
-        restore_point: "Future[CheckpointRecord | None]",
-        on_restore: Callable[[], None] | None = None,
-    ) -> tuple[Manifest, bool]:
-        existing = objects.read_json(self.layout.manifest(barrier.lineage_id, barrier.epoch))
-        if existing is not None:
-            return Manifest.from_json(existing), False  # never recompute a voted epoch
-        self.check_lease()
-        spark = self._spark()
-        # The barrier's params are the epoch's params: a retry replays the same job.
-        # Built per epoch: the coordinator plans the next barrier with its own copy meanwhile.
-        pipe = self.definition.build(barrier.params or self.params)
-        try:
-            manifest = process_epoch(spark, self.layout, pipe, barrier, restore_point, on_restore, self._compute)
-            return manifest, True
-        except Exception as exc:
-            lost = engine_lost(spark, exc)
-            if lost is not None:
-                raise lost from exc
-            raise
+            existing = objects.read_json(self.layout.manifest(barrier.lineage_id, barrier.epoch))
+            if existing is not None:
+                return Manifest.from_json(existing), False  # never recompute a voted epoch
+            self.check_lease()
+            spark = self._spark()
+            # The barrier's params (a retry replays the same job); per epoch, as the next barrier is planned meanwhile.
+            pipe = self.definition.build(barrier.params or self.params)
+            try:
+                return process_epoch(spark, self.layout, pipe, barrier, restore_point, on_restore, self._compute), True
+            except Exception as exc:
+                if (lost := engine_lost(spark, exc)) is not None:
+                    raise lost from exc
+                raise
 
     def _count_records(self, uris: Sequence[str], fmt: str) -> Mapping[str, int]:
         """Records in input files, for planning (a source's record limit): counted by executor tasks, never here."""
         return count_records_on_executors(self._spark(), uris, fmt)
 
     def _spark(self) -> Any:
-        if self._spark_factory is not None:
-            return self._spark_factory()
-        return get_spark(session_name=self.definition.name)
+        return self._spark_factory() if self._spark_factory is not None else get_spark(session_name=self.definition.name)
 
     # -- step 4: commit --------------------------------------------------
 
     def commit(self, barrier: Barrier, manifest: Manifest, epoch_started: float | None = None) -> CheckpointRecord:
         """Step 4; ``epoch_started`` (time.monotonic at recover) makes the recorded
         duration cover the whole epoch, else it is processing plus commit time."""
-        return self._commit(barrier, manifest, epoch_started)
-
-    def _commit(self, barrier: Barrier, manifest: Manifest, epoch_started: float | None = None) -> CheckpointRecord:
         started = time.monotonic()
         records = self.log.lineage_records(manifest.lineage_id)
         done = [r for r in records if r.epoch == manifest.epoch and r.status is EpochStatus.COMPLETED]
@@ -530,8 +409,7 @@ class CheckpointCoordinator:
         if (last.epoch if last else 0) != manifest.epoch - 1:
             raise FencedError(f"epoch {manifest.epoch} cannot commit: the last completed epoch is {last.epoch if last else 0}")
         seq, lineage = self.current_lineage_seq()
-        current = lineage["lineage_id"]
-        if current != manifest.lineage_id:
+        if (current := lineage["lineage_id"]) != manifest.lineage_id:
             raise FencedError(
                 f"epoch {manifest.epoch} of lineage {manifest.lineage_id} cannot commit: the pipeline "
                 f"was restored into lineage {current}"
@@ -539,20 +417,14 @@ class CheckpointCoordinator:
         app = self.app_id(manifest.lineage_id)
         # A restore landing after the check above is caught by every table: it raised their tokens.
         fence = Fence(self.definition.name, seq, manifest.epoch)
-        versions: dict[str, int] = {}
-        for table in manifest.tables:
-            versions[table.name] = commit_epoch_table(table, app, manifest.epoch, manifest.attempt_id, fence)
+        versions = {t.name: commit_epoch_table(t, app, manifest.epoch, manifest.attempt_id, fence) for t in manifest.tables}
         faults.maybe_fail("commit.before_completed")
-        record = _manifest_record(
-            EpochStatus.COMPLETED,
-            barrier,
-            manifest,
-            int((time.monotonic() - epoch_started) * 1000)
-            if epoch_started is not None
-            else manifest.process_ms + int((time.monotonic() - started) * 1000),
-            table_versions=json.dumps(versions, sort_keys=True),
-            commit_ms=int((time.monotonic() - started) * 1000),
+        commit_ms = int((time.monotonic() - started) * 1000)
+        duration_ms = (
+            int((time.monotonic() - epoch_started) * 1000) if epoch_started is not None else manifest.process_ms + commit_ms
         )
+        versions_json = json.dumps(versions, sort_keys=True)
+        record = _manifest_record(EpochStatus.COMPLETED, barrier, manifest, duration_ms, versions_json, commit_ms)
         self.log.append(record)
         faults.maybe_fail("commit.after_completed")
         # Whatever blocked the pipeline was resolved: an epoch completed.
@@ -561,20 +433,21 @@ class CheckpointCoordinator:
 
     # -- step 5: notify --------------------------------------------------
 
-    def notify(self, record: CheckpointRecord, manifest: Manifest) -> None:
+    def notify(self, manifest: Manifest) -> None:
         faults.maybe_fail("notify.start")
-        self._clean_staging(manifest)
+        # Staged directories of attempts that lost the vote.
+        for table in manifest.tables:
+            epoch_dir = objects.join_uri(table.uri, STAGING_DIR, manifest.lineage_id, f"{manifest.epoch:010d}")
+            for attempt in objects.list_dir(epoch_dir):
+                if attempt != manifest.attempt_id:
+                    objects.remove_tree(objects.join_uri(epoch_dir, attempt))
         try:
             self.log.compact(min_files=LOG_COMPACTION_FILES)
         except CheckpointError as exc:  # an optimization: the next epoch tries again
             _log.warning("%s", exc)
 
     def notify_completed(self) -> tuple[CheckpointRecord | None, bool]:
-        """Step 5 for the last completed epoch of the current lineage (idempotent).
-
-        Returns that record and whether it was notified: a restore point has
-        no manifest in its lineage (nothing was staged there), so it is not.
-        """
+        """Step 5 for the last completed epoch: that record, and whether it was notified (a restore point has no manifest)."""
         lineage_id = self.current_lineage()["lineage_id"]
         last = CheckpointLog.last_completed(self.log.lineage_records(lineage_id))
         if last is None:
@@ -582,33 +455,16 @@ class CheckpointCoordinator:
         manifest_doc = objects.read_json(self.layout.manifest(lineage_id, last.epoch))
         if manifest_doc is None:
             return last, False
-        self.notify(last, Manifest.from_json(manifest_doc))
+        self.notify(Manifest.from_json(manifest_doc))
         return last, True
 
-    def _clean_staging(self, manifest: Manifest) -> None:
-        """Delete staged directories of attempts that lost the vote for this epoch."""
-        for table in manifest.tables:
-            epoch_dir = objects.join_uri(table.uri, STAGING_DIR, manifest.lineage_id, f"{manifest.epoch:010d}")
-            for attempt in objects.list_dir(epoch_dir):
-                if attempt != manifest.attempt_id:
-                    objects.remove_tree(objects.join_uri(epoch_dir, attempt))
-
-    # -- the whole lifecycle ----------------------------------------------
-
     def run(
-        self,
-        epochs: int | None = None,
-        until_caught_up: bool = False,
-        on_epoch: Callable[[EpochResult], None] | None = None,
-        max_concurrent_checkpoints: int = 2,
-        bound: ArrivalBound = ArrivalBound(),
-    ) -> list[EpochResult]:
+        self, epochs: int | None = None, until_caught_up: bool = False, on_epoch: Callable[[EpochResult], None] | None = None,
+        max_concurrent_checkpoints: int = 2, bound: ArrivalBound = ArrivalBound(),
+    ) -> list[EpochResult]:  # fmt: skip
         """Steps 1-5 for ``epochs`` epochs, or until no source has new input within ``bound``.
 
-        With ``max_concurrent_checkpoints=2`` the next epoch reads its input
-        while the current one commits (see the module docstring); with 1,
-        each epoch starts after the previous one completed. A pipeline held
-        by another owner than ``bound.owner`` refuses to run.
+        A pipeline held by another owner than ``bound.owner`` refuses to run.
         """
         if epochs is None and not until_caught_up:
             raise CheckpointError("give a number of epochs or until_caught_up=True")
@@ -632,25 +488,19 @@ class CheckpointCoordinator:
         results: list[EpochResult] = []
         try:
             with ThreadPoolExecutor(max_workers=2, thread_name_prefix="barrierflow-epoch") as workers:
-                while epochs is None or len(results) < epochs:
-                    current = self._start(workers, bound)
-                    if current is None:
-                        break
-                    # Chained epochs; when the chain ends (no input left at injection,
-                    # or one checkpoint at a time), the next round recovers and looks again.
+                while (epochs is None or len(results) < epochs) and (current := self._start(workers, bound)):
+                    # Chained epochs; when the chain ends, the next round recovers and looks again.
                     while current is not None:
-                        more = epochs is None or len(results) + 1 < epochs
                         following, injection_error = None, None
-                        if more and max_concurrent_checkpoints > 1:
+                        if max_concurrent_checkpoints > 1 and (epochs is None or len(results) + 1 < epochs):
                             try:
                                 following = self._inject_next(workers, current, bound)
                             except Exception as exc:  # epoch n still completes; then the error surfaces
                                 injection_error = exc
                         record = self._complete(current, following)
-                        result = EpochResult(record.epoch, record)
-                        results.append(result)
+                        results.append(EpochResult(record.epoch, record))
                         if on_epoch:
-                            on_epoch(result)
+                            on_epoch(results[-1])
                         if injection_error is not None:
                             raise injection_error
                         current = following
@@ -667,19 +517,14 @@ class CheckpointCoordinator:
             return None
         last = recovery.last_completed
         check_follows(barrier.epoch, last)
-        # Starting the Spark session is the process's cost, not the epoch's:
-        # epoch durations leave it out (as Spark's batch durations do).
+        # Starting the Spark session is the process's cost: epoch durations leave it out.
         session_started = time.monotonic()
         self._spark()
         started += time.monotonic() - session_started
         return self._launch(workers, barrier, completed_future(last), started)
 
     def _launch(
-        self,
-        workers: ThreadPoolExecutor,
-        barrier: Barrier,
-        restore_point: "Future[CheckpointRecord | None]",
-        started: float,
+        self, workers: ThreadPoolExecutor, barrier: Barrier, restore_point: "Future[CheckpointRecord | None]", started: float
     ) -> _PendingCheckpoint:
         restoring = threading.Event()
 
@@ -700,9 +545,7 @@ class CheckpointCoordinator:
             return None
         started = time.monotonic()
         barrier = self._inject_barrier(current.barrier.lineage_id, current.barrier.epoch + 1, bound)
-        if barrier is None:
-            return None
-        return self._launch(workers, barrier, Future(), started)
+        return self._launch(workers, barrier, Future(), started) if barrier is not None else None
 
     def _complete(self, current: _PendingCheckpoint, following: _PendingCheckpoint | None) -> CheckpointRecord:
         """Steps 3 (the log row), 4 and 5 of ``current``; then ``following`` may touch state."""
@@ -713,9 +556,9 @@ class CheckpointCoordinator:
             if voted:
                 self.log.append(_manifest_record(EpochStatus.PRE_COMMITTED, barrier, manifest, manifest.process_ms))
             processed = time.monotonic()
-            record = self._commit(barrier, manifest, current.started)
+            record = self.commit(barrier, manifest, current.started)
             committed = time.monotonic()
-            self.notify(record, manifest)
+            self.notify(manifest)
         except BaseException:
             if following is not None:
                 following.restore_point.set_exception(
@@ -725,47 +568,26 @@ class CheckpointCoordinator:
             raise
         if following is not None:
             following.restore_point.set_result(record)
-        _log.info(
-            "epoch %d: until the vote %.0f ms (last %.0f ms waited), commit %.0f ms, notify %.0f ms",
-            barrier.epoch,
-            (processed - current.started) * 1000,
-            (processed - waited) * 1000,
-            (committed - processed) * 1000,
-            (time.monotonic() - committed) * 1000,
-        )
+        phases = (processed - current.started, processed - waited, committed - processed, time.monotonic() - committed)
+        ms = [1000 * seconds for seconds in phases]
+        _log.info("epoch %d: until the vote %.0f ms (last %.0f ms waited), commit %.0f ms, notify %.0f ms", barrier.epoch, *ms)
         return record
-
-    # -- reading -----------------------------------------------------------
-
-    def table_versions_at(self, epoch: int | None = None) -> tuple[CheckpointRecord | None, dict[str, int]]:
-        """The consistent cut: Delta version of every table as of ``epoch``."""
-        if not objects.exists(self.layout.lineages):
-            return None, {}
-        lineage_id = self.current_lineage()["lineage_id"]
-        records = [r for r in self.log.lineage_records(lineage_id) if r.status is EpochStatus.COMPLETED]
-        if epoch is not None:
-            records = [r for r in records if r.epoch == epoch]
-            if not records:
-                raise CheckpointError(f"epoch {epoch} is not a completed epoch of the current lineage")
-        record = max(records, key=lambda r: r.epoch) if records else None
-        return record, record.versions() if record else {}
 
 
 def blocked_state(warehouse: str, pipeline: str) -> dict[str, Any] | None:
-    """What blocks ``pipeline`` (``step``, ``lineage_id``, ``epoch``, ``message``, ``since``), or None.
+    """What blocks ``pipeline`` (``step``, ``lineage_id``, ``epoch``, ``message``, ``since``), or None."""
+    return _read_doc(PipelineLayout.of(warehouse, pipeline).blocked)
 
-    Recorded by the step that met a :class:`~barrierflow.core.errors.BlockedInputError`
-    and removed when an epoch completes.
-    """
-    doc = objects.read_json(PipelineLayout.of(warehouse, pipeline).blocked)
+
+def _read_doc(uri: str) -> dict[str, Any] | None:
+    doc = objects.read_json(uri)
     return dict(doc) if doc else None
 
 
 def backlog_report(warehouse: str, pipeline: str) -> dict[str, Any]:
-    """The pipeline's backlog measured now, per source and in all, as plain JSON; ``{"error": ...}`` if it cannot be.
+    """The pipeline's backlog measured now (with its newest barrier's parameters), per source and in all, as JSON.
 
-    The pipeline is built with the parameters its newest barrier recorded,
-    so it needs the pipeline's code (the registry) and its sources' input.
+    ``{"error": ...}`` if it cannot be measured.
     """
     try:
         coordinator = CheckpointCoordinator(get_pipeline(pipeline), recorded_params(pipeline, warehouse), warehouse)
@@ -782,13 +604,8 @@ def backlog_report(warehouse: str, pipeline: str) -> dict[str, Any]:
 
 
 def recorded_params(pipeline: str, warehouse: str) -> dict[str, Any]:
-    """The parameters the pipeline's newest barrier ran with ({} before the first epoch).
-
-    Savepoints, restores and maintenance build the pipeline only to know its
-    operators and tables, so the parameters of the last run are the right default.
-    """
-    layout = PipelineLayout.of(warehouse, pipeline)
-    root = objects.join_uri(layout.checkpoint_log, "_epochs")
+    """The parameters the pipeline's newest barrier ran with ({} before the first epoch): the default of operations."""
+    root = objects.join_uri(PipelineLayout.of(warehouse, pipeline).checkpoint_log, "_epochs")
     # Retained epochs only (maintenance expires the rest): a bounded listing.
     barriers = [f for f in objects.walk(root) if f.path.endswith("/barrier.json")]
     newest = max(barriers, key=lambda f: f.modified_at) if barriers else None
@@ -803,62 +620,30 @@ def _stopped_message(name: str, stop: Mapping[str, Any]) -> str:
     )
 
 
-def _manifest_record(
-    status: EpochStatus,
-    barrier: Barrier,
-    manifest: Manifest,
-    duration_ms: int,
-    table_versions: str = "{}",
-    commit_ms: int | None = None,
-) -> CheckpointRecord:
-    """A checkpoint-log row carrying the epoch's offsets and the manifest's metrics."""
-    waited = dict(manifest.phase_ms)
-    phases = {
-        "barrier": barrier.plan_ms,
-        "process": manifest.process_ms - sum(waited.values()),
-        **waited,
-        **({"commit": commit_ms} if commit_ms is not None else {}),
-    }
-    return CheckpointRecord(
-        pipeline=manifest.pipeline,
-        lineage_id=manifest.lineage_id,
-        epoch=manifest.epoch,
-        status=status,
-        attempt_id=manifest.attempt_id,
-        recorded_at_us=now_us(),
-        offsets=json.dumps(barrier.end_offsets, sort_keys=True),
-        watermark_us=manifest.watermark_us,
-        max_event_time_us=manifest.max_event_time_us,
-        rows_in=manifest.rows_in,
-        rows_out=manifest.rows_out,
-        dead_letters=manifest.dead_letters,
-        bytes_written=manifest.bytes_written,
-        state_bytes_written=manifest.state_bytes_written,
-        duration_ms=duration_ms,
-        table_versions=table_versions,
-        arrival_cutoff_ms=barrier.arrival_cutoff_ms,
-        planned_by=barrier.planned_by,
-        phase_ms=json.dumps(phases),
-        **_backlog_columns(barrier),
-    )
-
-
 def _barrier_record(status: EpochStatus, barrier: Barrier, message: str = "") -> CheckpointRecord:
     """A checkpoint-log row of what ``barrier`` planned (PLANNED, or ABORTED with the error before a vote)."""
     return CheckpointRecord(
-        pipeline=barrier.pipeline,
-        lineage_id=barrier.lineage_id,
-        epoch=barrier.epoch,
-        status=status,
-        attempt_id=barrier.attempt_id,
-        recorded_at_us=now_us(),
-        offsets=json.dumps(barrier.end_offsets, sort_keys=True),
-        message=message,
-        arrival_cutoff_ms=barrier.arrival_cutoff_ms,
-        planned_by=barrier.planned_by,
-        phase_ms=json.dumps({"barrier": barrier.plan_ms}),
-        **_backlog_columns(barrier),
-    )
+        pipeline=barrier.pipeline, lineage_id=barrier.lineage_id, epoch=barrier.epoch, status=status,
+        attempt_id=barrier.attempt_id, recorded_at_us=now_us(), offsets=json.dumps(barrier.end_offsets, sort_keys=True),
+        message=message, arrival_cutoff_ms=barrier.arrival_cutoff_ms, planned_by=barrier.planned_by,
+        phase_ms=json.dumps({"barrier": barrier.plan_ms}), **_backlog_columns(barrier),
+    )  # fmt: skip
+
+
+def _manifest_record(
+    status: EpochStatus, barrier: Barrier, manifest: Manifest, duration_ms: int, table_versions: str = "{}",
+    commit_ms: int | None = None,
+) -> CheckpointRecord:  # fmt: skip
+    """The row of ``barrier`` with the manifest's attempt and metrics."""
+    waited = dict(manifest.phase_ms)
+    phases = {"barrier": barrier.plan_ms, "process": manifest.process_ms - sum(waited.values()), **waited}
+    return dataclasses.replace(
+        _barrier_record(status, barrier), attempt_id=manifest.attempt_id, watermark_us=manifest.watermark_us,
+        max_event_time_us=manifest.max_event_time_us, rows_in=manifest.rows_in, rows_out=manifest.rows_out,
+        dead_letters=manifest.dead_letters, bytes_written=manifest.bytes_written,
+        state_bytes_written=manifest.state_bytes_written, duration_ms=duration_ms, table_versions=table_versions,
+        phase_ms=json.dumps({**phases, **({"commit": commit_ms} if commit_ms is not None else {})}),
+    )  # fmt: skip
 
 
 def _backlog_columns(barrier: Barrier) -> dict[str, Any]:

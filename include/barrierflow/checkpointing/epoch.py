@@ -1,9 +1,7 @@
-"""Process + pre-commit of one epoch on the driver: the job behind a barrier, up to its vote.
+"""Process + pre-commit of one epoch on the driver, up to its vote.
 
-The driver never reads a record: it plans the epoch (which tasks read which
-input, which state and sink files each table's commit builds on), runs the
-tasks (:mod:`barrierflow.execution.runner`), collects the descriptions of
-the files they staged, and votes with a manifest written put-if-absent.
+The driver never reads a record: it plans the epoch, runs the tasks (:mod:`barrierflow.execution.runner`),
+collects the descriptions of the files they staged, and votes with a manifest.
 """
 
 from __future__ import annotations
@@ -44,55 +42,35 @@ Staged = tuple[list[StagedFile], tuple[str, ...]]
 class EpochContext:
     """The driver's side of one epoch: its barrier and clocks, the restore point it builds on, and the tables it stages.
 
-    The epoch builds on the completed checkpoint of epoch n-1, handed in as
-    a future: with two concurrent checkpoints, epoch n starts on its input
-    while epoch n-1 still commits. Everything that depends on n-1 (state,
-    sinks' tables, the previous watermark, the vote) goes through
-    :meth:`restore_point`, which waits for it.
+    Epoch n-1's completed checkpoint is a future (n may start while n-1 commits):
+    all that depends on it goes through :meth:`restore_point`.
     """
 
     def __init__(
-        self,
-        spark: "SparkSession | None",
-        layout: PipelineLayout,
-        pipeline: Pipeline,
-        barrier: Barrier,
-        restore_point: "Future[CheckpointRecord | None]",
-        on_restore: Callable[[], None] | None = None,
-    ) -> None:
-        self.spark = spark
-        self.layout = layout
-        self.pipeline = pipeline
-        self.barrier = barrier
+        self, spark: "SparkSession | None", layout: PipelineLayout, pipeline: Pipeline, barrier: Barrier,
+        restore_point: "Future[CheckpointRecord | None]", on_restore: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
+        self.spark, self.layout, self.pipeline, self.barrier = spark, layout, pipeline, barrier
         self.epoch = barrier.epoch
         self.attempt_id = uuid.uuid4().hex[:12]  # per process attempt: unique staging names
         self.app_id = app_id(pipeline.name, barrier.lineage_id)
         self.key_groups = pipeline.key_groups
         self.processing_time_ms = barrier.processing_time_ms
         self.staging_prefix = layout.staging_prefix(barrier.lineage_id, barrier.epoch, self.attempt_id)
-        self._restore_point = restore_point
-        self._on_restore = on_restore
-        self._restored = False
+        self._restore_point, self._on_restore, self._restored = restore_point, on_restore, False
         self._last_completed: CheckpointRecord | None = None
         # W(n) and the largest event time, as the epoch's tasks observed them (set by the runner).
         self.max_event_time_us: int | None = None
         self.watermark_us: int | None = None
         self.state_tables: EpochStateTables | None = None
         # Phase times (ms): waiting for epoch n-1 to complete, and for staged writes after computing.
-        self.wait_ms = 0
-        self.stage_ms = 0
+        self.wait_ms, self.stage_ms = 0, 0
         self._lock = threading.RLock()
-        self._staging: dict[str, tuple[int, str, Future[TableCommit]]] = {}
+        self._staging: dict[str, tuple[str, Future[TableCommit]]] = {}  # name -> (URI, commit)
         self._on_release: list[Callable[[], None]] = []
 
-    # -- the completed checkpoint this epoch builds on ------------------------
-
     def restore_point(self) -> CheckpointRecord | None:
-        """The completed checkpoint of epoch n-1 (None before the first); waits until it completed.
-
-        The first call ends the epoch's state-independent work: ``on_restore``
-        tells the coordinator, which may then inject the next barrier.
-        """
+        """Epoch n-1's completed checkpoint (None before the first), once completed; the first call runs ``on_restore``."""
         with self._lock:
             if not self._restored:
                 if self._on_restore is not None:
@@ -108,91 +86,59 @@ class EpochContext:
                 self._restored = True
             return self._last_completed
 
-    @property
-    def last_completed_epoch(self) -> int | None:
-        record = self.restore_point()
-        return record.epoch if record else None
-
-    @property
-    def watermark_prev_us(self) -> int | None:
-        """W(n-1), the watermark at the start of this epoch."""
-        record = self.restore_point()
-        return record.watermark_us if record else None
-
-    # -- staging -------------------------------------------------------------
-
     def stage(
-        self,
-        *,
-        name: str,
-        uri: str,
-        kind: TableKind,
-        data: pa.Table,
-        primary_key: tuple[str, ...] = (),
+        self, *, name: str, uri: str, kind: TableKind, data: pa.Table, primary_key: tuple[str, ...] = (),
         sort_by: tuple[str, ...] = (),
-    ) -> None:
-        """A table's share of the epoch that the driver holds already (a few rows: source offsets, watermark maxima)."""
-        commit: Future[TableCommit] = Future()
-        self._register(name, uri, commit)
+    ) -> None:  # fmt: skip
+        """A table's share of the epoch that the driver holds already (a few rows)."""
+        staged = self.stage_files(name=name, uri=uri, kind=kind, schema=data.schema, primary_key=primary_key)
         try:
-            files = write_parquet(uri, self.staging_prefix, data, sort_by=sort_by)
-            commit.set_result(_commit(name, uri, kind, data.schema, (files, ()), primary_key, None, None))
+            staged.set_result((write_parquet(uri, self.staging_prefix, data, sort_by=sort_by), ()))
         except BaseException as exc:
-            commit.set_exception(exc)
+            staged.set_exception(exc)
             raise
 
     def stage_files(
-        self,
-        *,
-        name: str,
-        uri: str,
-        kind: TableKind,
-        schema: pa.Schema,
-        primary_key: tuple[str, ...] = (),
-        base_version: int | None = None,
-        removes: tuple[str, ...] = (),
-        table_schema: pa.Schema | None = None,
-    ) -> "Future[Staged]":
-        """A table the epoch's tasks write, registered before they do: an error aborts its staging directory.
+        self, *, name: str, uri: str, kind: TableKind, schema: pa.Schema, primary_key: tuple[str, ...] = (),
+        base_version: int | None = None, removes: tuple[str, ...] = (), table_schema: pa.Schema | None = None,
+    ) -> "Future[Staged]":  # fmt: skip
+        """A table the tasks will write, registered first (an error aborts its staging directory).
 
-        Returns the future the runner completes with what the tasks staged
-        (files, and the stored files they replace besides ``removes``).
+        The runner completes the returned future with what the tasks staged (and the stored files they replace).
         """
         staged: Future[Staged] = Future()
         commit: Future[TableCommit] = Future()
 
         def described(done: "Future[Staged]") -> None:
-            error = done.exception()
-            if error is not None:
-                commit.set_exception(error)
-                return
-            files, replaced = done.result()
-            commit.set_result(
-                _commit(name, uri, kind, schema, (files, (*removes, *replaced)), primary_key, base_version, table_schema)
-            )
+            try:
+                files, replaced = done.result()  # the tasks' error, if any
+                commit.set_result(TableCommit(
+                    name=name, uri=uri, kind=kind, schema_json=schema_json_of(schema), partition_by=(),
+                    adds=tuple(sorted(files, key=lambda f: f.path)), removes=tuple(sorted({*removes, *replaced})),
+                    base_version=base_version, primary_key=primary_key,
+                    table_schema_json=schema_json_of(table_schema) if table_schema is not None else None,
+                ))  # fmt: skip
+            except BaseException as exc:
+                commit.set_exception(exc)
 
         staged.add_done_callback(described)
-        self._register(name, uri, commit)
-        return staged
-
-    def _register(self, name: str, uri: str, commit: "Future[TableCommit]") -> None:
         with self._lock:
             if name in self._staging:
                 raise CheckpointError(f"table {name} staged twice in epoch {self.epoch}")
             # In registration order: the runner registers in pipeline order, so the manifest does not depend on timing.
-            self._staging[name] = (len(self._staging), uri, commit)
+            self._staging[name] = (uri, commit)
+        return staged
 
     def commits(self) -> dict[str, TableCommit]:
         """Every table staged, in registration order; waits for files still being written."""
         waiting = time.monotonic()
-        ordered = sorted(self._staging.items(), key=lambda item: item[1][0])
-        done = {name: future.result() for name, (_, _, future) in ordered}
+        done = {name: future.result() for name, (_, future) in self._staging.items()}
         self.stage_ms += int((time.monotonic() - waiting) * 1000)
         return done
 
     def discard_staged(self) -> None:
         """Delete this attempt's staged files, once writes in flight have ended."""
-        for _, uri, future in self._staging.values():
+        for uri, future in self._staging.values():
             wait([future])
             abort(uri, self.staging_prefix)
         self._staging.clear()
@@ -211,18 +157,6 @@ class EpochContext:
         self._on_release.clear()
         if self.state_tables is not None:
             self.state_tables.release()
-
-
-def _commit(
-    name: str, uri: str, kind: TableKind, schema: pa.Schema, staged: Staged, primary_key: tuple[str, ...],
-    base_version: int | None, table_schema: pa.Schema | None,
-) -> TableCommit:  # fmt: skip
-    files, removes = staged
-    return TableCommit(
-        name=name, uri=uri, kind=kind, schema_json=schema_json_of(schema), partition_by=(),
-        adds=tuple(sorted(files, key=lambda f: f.path)), removes=tuple(sorted(set(removes))), base_version=base_version,
-        primary_key=primary_key, table_schema_json=schema_json_of(table_schema) if table_schema is not None else None,
-    )  # fmt: skip
 
 
 def check_follows(epoch: int, last: CheckpointRecord | None) -> None:
@@ -244,38 +178,27 @@ Compute = Callable[[EpochContext], int]
 
 
 def process_epoch(
-    spark: "SparkSession | None",
-    layout: PipelineLayout,
-    pipe: Pipeline,
-    barrier: Barrier,
-    restore_point: "Future[CheckpointRecord | None]",
-    on_restore: Callable[[], None] | None = None,
+    spark: "SparkSession | None", layout: PipelineLayout, pipe: Pipeline, barrier: Barrier,
+    restore_point: "Future[CheckpointRecord | None]", on_restore: Callable[[], None] | None = None,
     compute: Compute | None = None,
-) -> Manifest:
-    """Compute epoch ``barrier.epoch`` and vote with a manifest (put-if-absent).
+) -> Manifest:  # fmt: skip
+    """Compute epoch ``barrier.epoch`` and vote; returns the manifest that won.
 
-    ``restore_point`` resolves to the completed checkpoint of epoch n-1
-    (see :meth:`EpochContext.restore_point`). ``compute`` stages the epoch's
-    tables through the context and returns the rows read: the pipeline's
-    operators on Spark by default (:func:`barrierflow.execution.runner.run_epoch`);
-    the protocol tests give a Spark-free stand-in, so that steps 2-3 are
-    tested as they run.
+    ``compute`` stages the tables and returns the rows read (the protocol tests' stand-in for
+    :func:`barrierflow.execution.runner.run_epoch`).
 
     1. Compute the epoch: every table staged.
     2. Wait for the restore point: no vote before epoch n-1 completed.
-    3. Write the manifest put-if-absent. Returns the manifest that won: this
-       attempt's, or an earlier attempt's if one was already durable (then
-       this attempt's staged files are discarded).
+    3. Write the manifest put-if-absent; if an earlier attempt's was durable, it wins
+       and this attempt's staged files are discarded.
     """
     started = time.monotonic()
     ctx = EpochContext(spark, layout, pipe, barrier, restore_point, on_restore)
     try:
-        # 1.
-        rows_in = (compute or run_epoch)(ctx)
+        rows_in = (compute or run_epoch)(ctx)  # 1.
         ctx.commits()  # every staged file written (or its error raised) before the fault point
         faults.maybe_fail("process.after_stage")
-        # 2.
-        ctx.restore_point()
+        ctx.restore_point()  # 2.
     except BaseException:
         # E.g. epoch n-1 failed to complete: this attempt can never vote.
         ctx.discard_staged()
@@ -285,27 +208,19 @@ def process_epoch(
     staged = ctx.commits()
     commits = tuple(staged.values())
     manifest = Manifest(
-        pipeline=pipe.name,
-        lineage_id=barrier.lineage_id,
-        epoch=barrier.epoch,
-        attempt_id=ctx.attempt_id,
-        tables=commits,
-        max_event_time_us=ctx.max_event_time_us,
-        watermark_us=ctx.watermark_us,
-        rows_in=rows_in,
+        pipeline=pipe.name, lineage_id=barrier.lineage_id, epoch=barrier.epoch, attempt_id=ctx.attempt_id, tables=commits,
+        max_event_time_us=ctx.max_event_time_us, watermark_us=ctx.watermark_us, rows_in=rows_in,
         rows_out=sum(c.rows for c in commits if c.kind is TableKind.SINK),
         dead_letters=staged["dead_letter"].rows if "dead_letter" in staged else 0,
-        process_ms=int((time.monotonic() - started) * 1000),
-        phase_ms={"wait": ctx.wait_ms, "stage": ctx.stage_ms},
-    )
-    # 3.
-    faults.maybe_fail("process.before_manifest")
+        process_ms=int((time.monotonic() - started) * 1000), phase_ms={"wait": ctx.wait_ms, "stage": ctx.stage_ms},
+    )  # fmt: skip
+    faults.maybe_fail("process.before_manifest")  # 3.
     uri = layout.manifest(barrier.lineage_id, barrier.epoch)
     if objects.write_json_if_absent(uri, manifest.to_json()):
         faults.maybe_fail("process.after_manifest")
         return manifest
     # Another attempt voted first: its file set is the only one that may commit.
-    winner_doc = objects.read_json(uri)
-    assert winner_doc is not None  # the file exists: the conditional write above lost to it
+    winner = objects.read_json(uri)
+    assert winner is not None  # the conditional write above lost to it
     ctx.discard_staged()
-    return Manifest.from_json(winner_doc)
+    return Manifest.from_json(winner)

@@ -1,14 +1,7 @@
 """Which input an epoch may take: arrival bounds and the data intervals that cut them.
 
-An Airflow DAG run of data interval I takes the input that arrived by I's
-end (its *arrival cut-off*). Epoch boundaries must follow the intervals, not
-the timing of the runs: if input of several intervals is waiting (a restore
-rewound the stream, a run failed, a backfill started late), each interval's
-input is its own epoch, exactly as if a run per interval had taken it. So an
-:class:`ArrivalBound` carries the schedule whose intervals cut the input,
-and each epoch's cut-off is the end of the interval holding the earliest
-input not yet taken (:meth:`ArrivalBound.epoch_cutoff_ms`), never past the
-run's own cut-off.
+Epochs follow the data intervals, not the timing of runs: waiting input of several
+intervals (a rewind, a failed run, a late backfill) becomes one epoch per interval.
 """
 
 from __future__ import annotations
@@ -16,17 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from croniter import CroniterBadCronError, croniter
+
 from barrierflow.core.errors import ConfigurationError
 
 __all__ = [
-    "ArrivalBound",
-    "interval_end_ms",
-    "previous_interval_end_ms",
-    "cutoff_text",
-    "CLI_OWNER",
-    "airflow_owner",
-    "airflow_run_of",
-]
+    "ArrivalBound", "interval_end_ms", "previous_interval_end_ms", "cutoff_text", "CLI_OWNER", "airflow_owner", "airflow_run_of",
+]  # fmt: skip
 
 CLI_OWNER = "barrierflow run"
 
@@ -44,29 +33,20 @@ def airflow_run_of(owner: str) -> tuple[str, str] | None:
 
 
 def interval_end_ms(schedule: str, arrival_ms: int) -> int:
-    """End of the data interval of cron ``schedule`` (UTC) that holds ``arrival_ms``.
-
-    Intervals are ``(previous fire time, fire time]`` for arrivals: input that
-    arrived exactly at a fire time belongs to the interval ending there, as a
-    run whose ``data_interval_end`` is that time takes it.
-    """
-    from croniter import CroniterBadCronError, croniter
-
-    just_before = datetime.fromtimestamp((arrival_ms - 1) / 1000, tz=timezone.utc)
-    try:
-        fire = croniter(schedule, start_time=just_before).get_next(datetime)
-    except (CroniterBadCronError, ValueError, KeyError) as exc:
-        raise ConfigurationError(f"schedule {schedule!r} is not a cron expression: {exc}") from None
-    return int(fire.timestamp() * 1000)
+    """End of the data interval ``(previous fire time, fire time]`` of cron ``schedule`` (UTC) that holds ``arrival_ms``."""
+    return _fire_ms(schedule, arrival_ms - 1, forward=True)
 
 
 def previous_interval_end_ms(schedule: str, now_ms: int) -> int:
     """The last fire time of cron ``schedule`` at or before ``now_ms``: the end of the last interval that has ended."""
-    from croniter import CroniterBadCronError, croniter
+    return _fire_ms(schedule, now_ms + 1, forward=False)
 
-    just_after = datetime.fromtimestamp((now_ms + 1) / 1000, tz=timezone.utc)
+
+def _fire_ms(schedule: str, start_ms: int, forward: bool) -> int:
+    """The fire time of ``schedule`` after (or before) ``start_ms``."""
     try:
-        fire = croniter(schedule, start_time=just_after).get_prev(datetime)
+        fires = croniter(schedule, start_time=datetime.fromtimestamp(start_ms / 1000, tz=timezone.utc))
+        fire = fires.get_next(datetime) if forward else fires.get_prev(datetime)
     except (CroniterBadCronError, ValueError, KeyError) as exc:
         raise ConfigurationError(f"schedule {schedule!r} is not a cron expression: {exc}") from None
     return int(fire.timestamp() * 1000)
@@ -81,12 +61,10 @@ def cutoff_text(arrival_cutoff_ms: int | None) -> str:
 
 @dataclass(frozen=True)
 class ArrivalBound:
-    """What one run may plan: input that arrived by ``cutoff_ms``, cut at ``schedule``'s interval ends.
+    """What one run may plan: input that arrived by ``cutoff_ms`` (None: all), cut at ``schedule``'s interval ends (None: no cut).
 
-    ``cutoff_ms`` None means everything that has arrived; ``schedule`` None
-    means no cutting (an epoch takes up to its source's per-epoch limits).
-    ``owner`` names who plans (an Airflow run id, or :data:`CLI_OWNER`);
-    a barrier records it, and only its owner replays it unannounced.
+    ``owner`` names who plans (an Airflow run, or :data:`CLI_OWNER`); a barrier records it, and only its
+    owner replays it unannounced.
     """
 
     cutoff_ms: int | None = None

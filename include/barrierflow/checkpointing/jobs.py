@@ -1,12 +1,4 @@
-"""Entry points of the PySpark jobs in ``spark_jobs/`` (what spark-submit runs).
-
-Each job performs one lifecycle step in its own process, reading everything it
-needs from the warehouse, so an orchestrator can run the steps as separate
-tasks (the Airflow DAG submits ``process_epoch`` with SparkSubmitOperator).
-A job holds the pipeline's epoch lease while it works (waiting up to
-``--lease-wait`` seconds for another step to finish), and does nothing for a
-pipeline stopped with a savepoint.
-"""
+"""Entry points of the PySpark jobs in ``spark_jobs/``: one lifecycle step per process, under the epoch lease."""
 
 from __future__ import annotations
 
@@ -30,13 +22,9 @@ def process_epoch_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("pipeline")
     parser.add_argument("--warehouse", default=os.environ.get("BARRIERFLOW_WAREHOUSE", "./warehouse"))
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument(
-        "--lease-wait",
-        type=float,
-        default=float(os.environ.get(LEASE_WAIT_ENV) or DEFAULT_LEASE_WAIT_S),
-        metavar="SECONDS",
-        help=f"wait this long for the pipeline's epoch lease (default: ${LEASE_WAIT_ENV} or {DEFAULT_LEASE_WAIT_S:.0f})",
-    )
+    wait_s = float(os.environ.get(LEASE_WAIT_ENV) or DEFAULT_LEASE_WAIT_S)
+    wait_help = f"wait this long for the pipeline's epoch lease (default: ${LEASE_WAIT_ENV} or {DEFAULT_LEASE_WAIT_S:.0f})"
+    parser.add_argument("--lease-wait", type=float, default=wait_s, metavar="SECONDS", help=wait_help)
     args = parser.parse_args(argv)
     try:
         coordinator = CheckpointCoordinator(get_pipeline(args.pipeline), parse_assignments(args.param), args.warehouse)

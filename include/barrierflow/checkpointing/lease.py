@@ -1,39 +1,32 @@
 """The epoch lease: at most one process runs a pipeline's epochs, across machines.
 
-The lease is one document (``<pipeline>/_lease``) written only with the
-storage layer's conditional writes (put-if-absent, compare-and-swap), so it
-works wherever they do: a local directory or an ``s3://`` prefix. It never
-judges a holder by host name or pid; a holder proves it is alive by
-heart-beating, and a lease expires by time since its last heartbeat.
-
-Protocol (the code is marked with the same numbers):
+One document (``<pipeline>/_lease``) written only with conditional writes
+(put-if-absent, compare-and-swap), locally as on ``s3://``. A holder proves it
+is alive by heart-beating, never by host name or pid. Protocol (the code is
+marked with the same numbers):
 
 1. **Read** the document and its version. None: create it held by this
    process with put-if-absent; losing that race means reading again.
 2. **Released** (the last holder let go): take it with compare-and-swap
    against the version read; losing means reading again.
-3. **Held by another process**: it has expired when this process has seen
-   the same version for ``ttl_s`` of its own monotonic clock (clock skew
-   cannot matter), or when the heartbeat in it is older than
-   ``2 x ttl_s`` by this machine's clock (clocks may differ by up to
-   ``ttl_s``; this spares a new run the wait after a holder died long
-   ago). Expired: take it as in 2. Otherwise
+3. **Held by another process**: expired when this process has seen the same
+   version for ``ttl_s`` of its own monotonic clock (a: clock skew cannot
+   matter), or when its heartbeat is older than ``2 x ttl_s`` by this machine's
+   clock (b: clocks may differ by up to ``ttl_s``; spares the wait after a
+   holder died long ago). Expired: take it as in 2; else
    :class:`~barrierflow.core.errors.EpochInProgressError` names the holder and
    when its lease would expire.
-4. **Heartbeat**: a background thread swaps in a new heartbeat every
-   ``ttl_s / 4``. A swap that fails means another process took the lease
-   over: this one has lost it.
-5. **Check** before each barrier and each vote: :meth:`EpochLease.check` raises
+4. **Heartbeat**: a thread swaps in a new heartbeat every ``ttl_s / 4``; a
+   failed swap means another process took the lease over.
+5. **Check** before each barrier and vote: :meth:`EpochLease.check` raises
    :class:`~barrierflow.core.errors.LeaseLostError` once the lease is lost, or
-   when no heartbeat succeeded for ``ttl_s`` (another process may already
-   judge it expired).
-6. **Release**: swap in a released document (kept, so the next holder takes
-   it by compare-and-swap); a lost lease is left to its new holder.
+   when no heartbeat succeeded for ``ttl_s`` (another process may judge it expired).
+6. **Release**: swap in a released document (kept, so the next holder takes it
+   by compare-and-swap); a lost lease is left to its new holder.
 
-The lease keeps two of one pipeline's processes from running epochs at the
-same time; what a process that lost it may still have in flight is safe by
-the checkpoint protocol itself: the first durable vote wins, whoever commits
-it, and every commit carries the pipeline's fencing token.
+What a process that lost the lease may still have in flight is safe by the
+checkpoint protocol: the first durable vote wins, every commit carries the
+fencing token.
 """
 
 from __future__ import annotations
@@ -66,16 +59,11 @@ def lease_ttl_s() -> float:
     if raw is None or not raw.strip():
         return DEFAULT_TTL_S
     try:
-        value = float(raw)
+        if 1.0 <= (value := float(raw)) <= 3600.0:
+            return value
     except ValueError:
-        value = -1.0
-    if not 1.0 <= value <= 3600.0:
-        raise ConfigurationError(f"{TTL_ENV}={raw!r} is invalid: expected seconds between 1 and 3600")
-    return value
-
-
-def _owner() -> str:
-    return f"pid {os.getpid()} on {socket.gethostname()}"
+        pass
+    raise ConfigurationError(f"{TTL_ENV}={raw!r} is invalid: expected seconds between 1 and 3600")
 
 
 @dataclass
@@ -85,7 +73,7 @@ class EpochLease:
     uri: str
     pipeline: str
     ttl_s: float = field(default_factory=lease_ttl_s)
-    owner: str = field(default_factory=_owner)
+    owner: str = field(default_factory=lambda: f"pid {os.getpid()} on {socket.gethostname()}")
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     heartbeat: bool = True
@@ -93,12 +81,10 @@ class EpochLease:
     def __post_init__(self) -> None:
         self._token: str | None = None
         self._version: str | None = None
-        self._sequence = 0
+        self._sequence, self._last_beat = 0, 0.0
         self._lost: str | None = None
         self._beat_error: str | None = None
-        self._last_beat = 0.0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._lock, self._stop = threading.Lock(), threading.Event()
         self._thread: threading.Thread | None = None
         # The holder's version this process saw first, and when (rule 3a).
         self._seen: tuple[str, float] | None = None
@@ -107,8 +93,6 @@ class EpochLease:
     def taken(self) -> bool:
         """Whether this process took the lease (and has not released it); it may have lost it since."""
         return self._token is not None
-
-    # -- acquire ---------------------------------------------------------------
 
     def acquire(self, wait_s: float = 0.0) -> None:
         """Take the lease, trying until ``wait_s`` has passed (a crashed holder expires within ``ttl_s``)."""
@@ -167,14 +151,9 @@ class EpochLease:
 
     def _document(self, token: str, sequence: int, *, released: bool = False) -> bytes:
         doc = {
-            "pipeline": self.pipeline,
-            "token": token,
-            "owner": self.owner,
-            "sequence": sequence,
-            "heartbeat_at": self.clock(),
-            "ttl_s": self.ttl_s,
-            "released": released,
-        }
+            "pipeline": self.pipeline, "token": token, "owner": self.owner, "sequence": sequence,
+            "heartbeat_at": self.clock(), "ttl_s": self.ttl_s, "released": released,
+        }  # fmt: skip
         return json.dumps(doc, sort_keys=True).encode()
 
     def _taken(self, token: str, sequence: int, version: str | None) -> None:
@@ -191,8 +170,6 @@ class EpochLease:
             self._stop.clear()
             self._thread = threading.Thread(target=self._beat_loop, name=f"lease-{self.pipeline}", daemon=True)
             self._thread.start()
-
-    # -- hold ------------------------------------------------------------------
 
     def beat(self) -> bool:
         """One heartbeat (step 4); False once the lease is lost."""
@@ -233,8 +210,6 @@ class EpochLease:
                     f"the epoch lease of {self.pipeline} had no successful heartbeat for {silent:.0f} s (time to "
                     f"live {self.ttl_s:.0f} s): another process may hold it; nothing more is committed{cause}"
                 )
-
-    # -- release ---------------------------------------------------------------
 
     def release(self) -> None:
         """Step 6: let go (stops the heartbeat); a lost lease is left to whoever holds it now."""

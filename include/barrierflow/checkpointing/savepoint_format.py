@@ -1,15 +1,12 @@
-"""The savepoint format: a savepoint's directory and the metadata naming its files.
+"""The savepoint format: ``<warehouse>/_savepoints/<pipeline>/<name>/``, outside every table (vacuum never touches it)::
 
-A savepoint lives at ``<warehouse>/_savepoints/<pipeline>/<name>/``, outside
-every table, so vacuum and table rewrites never touch it::
-
-    _savepoint.json                                metadata (written last: the savepoint exists once it does)
+    _savepoint.json                                    metadata, written last: the savepoint exists once it does
     <attempt>/state/<operator>/<state>/part-*.parquet  compacted state: one live row per key
-    <attempt>/sinks/<name>/part-*.parquet          upsert sinks' rows at the cut (for rewinds)
+    <attempt>/sinks/<name>/part-*.parquet              upsert sinks' rows at the cut (for rewinds)
 
-Written by :mod:`barrierflow.operations.savepoint`; read by a restore
-(:mod:`barrierflow.operations.restore`) and by the coordinator when it
-finishes a restore that crashed (:mod:`barrierflow.checkpointing.restore_intent`).
+It holds all a restore needs (state with the sources' offsets, watermark, key
+groups, operator ids, state schemas), so it can be copied to another warehouse.
+The metadata's ``offsets`` copy the checkpoint record's (see ``restore`` step 2).
 """
 
 from __future__ import annotations
@@ -26,16 +23,9 @@ from barrierflow.storage import objects
 from barrierflow.storage.layout import PipelineLayout
 
 __all__ = [
-    "SavepointMetadata",
-    "StateSnapshot",
-    "SinkSnapshot",
-    "snapshot_chunks",
-    "load_savepoint",
-    "list_savepoints",
-    "check_name",
-    "FORMAT_VERSION",
-    "METADATA_FILE",
-]
+    "SavepointMetadata", "StateSnapshot", "SinkSnapshot", "snapshot_chunks", "snapshot_schema", "load_savepoint",
+    "list_savepoints", "check_name", "read_savepoint", "FORMAT_VERSION", "METADATA_FILE",
+]  # fmt: skip
 
 FORMAT_VERSION = 1
 METADATA_FILE = "_savepoint.json"
@@ -87,8 +77,7 @@ class SavepointMetadata:
     size_bytes: int
     stopped: bool = False
     format_version: int = FORMAT_VERSION
-    # The restore point's arrival cut-off: input that arrived after it is
-    # what a restore replays (None: the epoch took everything that had arrived).
+    # Input that arrived after the restore point's cut-off is what a restore replays (None: all had arrived).
     arrival_cutoff_ms: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -124,19 +113,24 @@ def snapshot_chunks(metadata: SavepointMetadata, files: tuple[str, ...]) -> Iter
             raise SavepointError(f"savepoint {metadata.name!r} is incomplete: {exc}") from exc
 
 
+def snapshot_schema(metadata: SavepointMetadata, files: tuple[str, ...]) -> pa.Schema | None:
+    """The schema of a state or sink snapshot (of its first file); None for no files."""
+    if not files:
+        return None
+    filesystem, path = objects.arrow_filesystem(objects.join_uri(metadata.uri, files[0]))
+    return pq.read_schema(path, filesystem=filesystem)
+
+
 def load_savepoint(pipeline: str, warehouse: str, savepoint: str) -> SavepointMetadata:
     """A savepoint by name (in this warehouse) or by the path of its directory."""
     layout = PipelineLayout.of(warehouse, pipeline)
     candidates = [layout.savepoint(savepoint)] if _NAME.match(savepoint) else []
     if "/" in savepoint or savepoint.startswith("file:"):
         candidates.append(objects.normalize_uri(savepoint))
-    for uri in candidates:
-        doc = objects.read_json(objects.join_uri(uri, METADATA_FILE))
-        if doc is not None:
-            metadata = SavepointMetadata.from_json(doc, uri=uri)
-            if metadata.pipeline != pipeline:
-                raise SavepointError(f"savepoint {savepoint!r} belongs to pipeline {metadata.pipeline}, not {pipeline}")
-            return metadata
+    for metadata in filter(None, map(read_savepoint, candidates)):
+        if metadata.pipeline != pipeline:
+            raise SavepointError(f"savepoint {savepoint!r} belongs to pipeline {metadata.pipeline}, not {pipeline}")
+        return metadata
     known = ", ".join(m.name for m in list_savepoints(pipeline, warehouse)) or "none"
     raise SavepointError(
         f"no savepoint {savepoint!r} for pipeline {pipeline} (give a name from {layout.savepoints} "
@@ -147,15 +141,15 @@ def load_savepoint(pipeline: str, warehouse: str, savepoint: str) -> SavepointMe
 def list_savepoints(pipeline: str, warehouse: str) -> list[SavepointMetadata]:
     """Every complete savepoint of ``pipeline`` in the warehouse, oldest first."""
     layout = PipelineLayout.of(warehouse, pipeline)
-    out = []
-    for entry in objects.list_dir(layout.savepoints):
-        if entry.startswith("."):
-            continue  # a savepoint being written, or the debris of a crashed one
-        uri = layout.savepoint(entry)
-        doc = objects.read_json(objects.join_uri(uri, METADATA_FILE))
-        if doc is not None:
-            out.append(SavepointMetadata.from_json(doc, uri=uri))
-    return sorted(out, key=lambda m: (m.created_at, m.name))
+    # A name starting with "." is a savepoint being written, or the debris of a crashed one.
+    uris = [layout.savepoint(entry) for entry in objects.list_dir(layout.savepoints) if not entry.startswith(".")]
+    return sorted(filter(None, map(read_savepoint, uris)), key=lambda m: (m.created_at, m.name))
+
+
+def read_savepoint(uri: str) -> SavepointMetadata | None:
+    """The savepoint in directory ``uri``, or None if it has no metadata (no complete savepoint)."""
+    doc = objects.read_json(objects.join_uri(uri, METADATA_FILE))
+    return SavepointMetadata.from_json(doc, uri=uri) if doc is not None else None
 
 
 def check_name(name: str) -> None:

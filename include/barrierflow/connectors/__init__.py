@@ -6,14 +6,5 @@ from barrierflow.connectors.file_source import FileSource, LateFiles, LineParser
 from barrierflow.connectors.source import FileRange, Source, Split
 
 __all__ = [
-    "DeltaSink",
-    "DeltaSource",
-    "FileRange",
-    "FileSource",
-    "LateFiles",
-    "LineParser",
-    "RecordError",
-    "SinkNode",
-    "Source",
-    "Split",
-]
+    "DeltaSink", "DeltaSource", "FileRange", "FileSource", "LateFiles", "LineParser", "RecordError", "SinkNode", "Source", "Split",
+]  # fmt: skip

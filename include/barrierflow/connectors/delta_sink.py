@@ -1,47 +1,31 @@
 """Exactly-once Delta sinks: a two-phase-commit sink per table.
 
-As Flink's ``TwoPhaseCommitSinkFunction``, per epoch:
+As Flink's ``TwoPhaseCommitSinkFunction``, per epoch: ``begin_transaction`` makes the attempt's staging directory in the
+table (:func:`plan_sink_table`, on the driver, with the schema checks); at ``pre_commit`` tasks write the epoch's rows
+there unseen (:meth:`SinkNode.run`) and the files join the manifest, the epoch's vote; ``commit`` is one idempotent
+Delta commit of them with the epoch's app transaction (``storage.delta.commit_epoch_table``); ``abort`` deletes the
+staging directory (:func:`abort`).
 
-- ``begin_transaction``: the attempt's staging directory inside the table
-  (:func:`plan_sink_table`, on the driver, with the table's schema checks);
-- ``pre_commit``: tasks write the epoch's rows there, invisible to readers
-  (:meth:`SinkNode.run`), and the files join the manifest, the epoch's vote;
-- ``commit``: one Delta commit of those files carrying the epoch's app
-  transaction (:func:`commit`; idempotent: a table already holding the
-  epoch is skipped);
-- ``abort``: the staging directory is deleted (:func:`abort`).
+``append`` adds the epoch's rows; ``upsert`` keeps one current row per key by rewriting the files holding changed keys
+(every file of a table up to ``UPSERT_WHOLE_REWRITE_ROWS`` rows). Every row carries the ``_epoch`` that wrote it. Of an
+epoch's rows for one key the last wins, as in Flink's upsert sinks: the last in arrival order (``_seq``, then a
+flat_map's sub-positions) where the stream carries it, else the last the upstream operator emitted (a keyed process
+function emits a key's rows in the order of its calls); a running aggregate's one row per key is taken as it is. A null
+key is a key like any other.
 
-Modes: ``append`` adds the epoch's rows; ``upsert`` keeps one current row per
-key by rewriting the files that hold changed keys (every file of a table up
-to ``UPSERT_WHOLE_REWRITE_ROWS`` rows). Every row carries the ``_epoch``
-that wrote it. Of the rows an epoch gives an upsert sink for one key, the
-last wins, as Flink's upsert sinks keep a key's last change: the last in
-arrival order (``_seq``, then a flat_map's sub-positions) where the stream
-carries it, else the last the upstream operator emitted (a keyed process
-function emits a key's rows in the order of its calls). A running
-aggregate's output already holds one row per key and is taken as it is. A
-null key is a key like any other: one row.
+An output widening a column (int to long, float to double; :func:`~barrierflow.core.schema_evolution.check_sink_schema`)
+widens the table, in either mode, with no Delta table feature (every reader reads it):
 
-An epoch whose output widens a column's type (int to long, float to double;
-:func:`~barrierflow.core.schema_evolution.check_sink_schema`) widens the
-table, in either mode, with no Delta table feature (every Delta reader
-reads it):
+  1. before the vote, :func:`plan_sink_table` finds the widening on the table as it is (a restore may have narrowed it
+     since this process saw it);
+  2. the stored rows (every live file) are read with the wider type and staged with the epoch's own rows;
+  3. the TableCommit in the manifest names the new schema, the live files it replaces (removes) and the rewritten files
+     (adds);
+  4. the commit is one Delta commit: metaData with the widened schema, the removes, the adds, the epoch's app
+     transaction and fencing token.
 
-  1. before the vote, :func:`plan_sink_table` finds the widening on the table
-     as it is (never on this process's memory of it: a restore may have
-     narrowed it);
-  2. the table's stored rows (every live file) are read with the wider type
-     and staged with the epoch's own rows, in the attempt's staging
-     directory like any staged file;
-  3. the TableCommit in the manifest names the table's new schema, the live
-     files it replaces (removes) and the rewritten files (adds);
-  4. the commit (:func:`~barrierflow.storage.delta.commit_epoch_table`) is
-     one Delta commit: metaData with the widened schema, the removes, the
-     adds, and the epoch's app transaction and fencing token.
-
-An output column narrower than the table's (code rolled back after a
-widening) is staged as the table's type, which holds each value exactly;
-nothing is rewritten.
+An output column narrower than the table's (code rolled back after a widening) is staged as the table's type, which
+holds each value exactly.
 """
 
 from __future__ import annotations
@@ -60,11 +44,10 @@ from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.core.schema_evolution import check_sink_schema, fitted_output_schema, widened_columns, widened_table_schema
 from barrierflow.core.settings import UPSERT_WHOLE_REWRITE_ROWS
 from barrierflow.operators.base import Exchange, Node, Task
-from barrierflow.storage.commits import Fence, TableCommit
-from barrierflow.storage.delta import add_actions, commit_epoch_table, counted_rows, open_table
+from barrierflow.storage.delta import add_actions, counted_rows, open_table
 from barrierflow.storage.objects import join_uri, remove_tree
 
-__all__ = ["DeltaSink", "SinkNode", "SinkPlan", "EPOCH_FIELD", "plan_sink_table", "commit", "abort"]
+__all__ = ["DeltaSink", "SinkNode", "SinkPlan", "EPOCH_FIELD", "plan_sink_table", "abort"]
 
 _log = logging.getLogger(__name__)
 
@@ -131,15 +114,16 @@ class SinkNode(Node):
 
     def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
         (rows,) = inputs
-        if self.sink.mode == "append":
-            task.emit(self.sink.name, rows.select(staged_rows_schema(rows.schema).names))
-            return pa.table({})
-        unique = self.parent.unique_by() if self.parent is not None else None
-        if not unique or not set(unique) <= set(self.sink.key):
-            rows = last_per_key(rows, self.sink.key)
+        if self.sink.mode == "upsert":
+            unique = self.parent.unique_by() if self.parent is not None else None
+            if not unique or not set(unique) <= set(self.sink.key):
+                rows = last_per_key(rows, self.sink.key)
         rows = rows.select(staged_rows_schema(rows.schema).names)
-        rows = rows.append_column(EPOCH_FIELD, pa.repeat(pa.scalar(task.epoch, pa.int64()), rows.num_rows))
-        task.upsert(self.sink.name, rows, self.sink.key)
+        if self.sink.mode == "append":
+            task.emit(self.sink.name, rows)
+        else:
+            epochs = pa.repeat(pa.scalar(task.epoch, pa.int64()), rows.num_rows)
+            task.upsert(self.sink.name, rows.append_column(EPOCH_FIELD, epochs), self.sink.key)
         return pa.table({})
 
     def describe(self) -> dict[str, Any]:
@@ -147,27 +131,20 @@ class SinkNode(Node):
 
 
 def last_per_key(rows: pa.Table, key: Sequence[str]) -> pa.Table:
-    """One row per key: the last in arrival order where rows carry it, else the last as given."""
+    """One row per key, kept in their order: the last in arrival order where rows carry it, else the last as given."""
     positions = position_columns(rows.column_names)
-    order = [(c, "descending") for c in positions] if positions else []
-    numbered = null_safe_keys(rows, key).append_column("_row", row_numbers(rows.num_rows))
-    if not positions:
-        order = [("_row", "descending")]
-    else:
-        for c in positions:
-            numbered = numbered.append_column(c, rows[c])
-    names = [c for c in numbered.column_names if c != "_row" and c not in positions]
-    ordered = numbered.sort_by([(c, "ascending") for c in names] + order)
+    numbered = null_safe_keys(rows, key)
+    names = numbered.column_names
+    columns = [*numbered.columns, *(rows[c] for c in positions), row_numbers(rows.num_rows)]
+    numbered = pa.table(columns, names=[*names, *positions, "_row"])
+    ordered = numbered.sort_by([(c, "ascending") for c in names] + [(c, "descending") for c in positions or ["_row"]])
     n = ordered.num_rows
-    first = np.ones(n, dtype=bool)
-    if n > 1:
-        changed = np.zeros(n - 1, dtype=bool)
-        for name in names:
-            col = ordered[name].combine_chunks()
-            changed |= pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, n - 1)), True).to_numpy(zero_copy_only=False)
-        first[1:] = changed
+    first = np.arange(n) == 0
+    for name in names:  # a row starts a new key when any key column differs from the row before
+        col = ordered[name].combine_chunks()
+        first[1:] |= pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, max(n - 1, 0))), True).to_numpy(zero_copy_only=False)
     chosen = ordered["_row"].filter(pa.array(first))
-    return rows.take(pc.take(chosen, pc.sort_indices(chosen)))  # in their order
+    return rows.take(pc.take(chosen, pc.sort_indices(chosen)))
 
 
 @dataclass(frozen=True)
@@ -182,10 +159,9 @@ class SinkPlan:
 
 
 def plan_sink_table(sink: str, uri: str, rows: pa.Schema, key: tuple[str, ...] = ()) -> SinkPlan:
-    """Check the epoch's ``rows`` (without ``_epoch``) against table ``uri`` as it is, and plan its files.
+    """Check the epoch's ``rows`` (without ``_epoch``) against table ``uri`` as it is, and plan its files (``key``: an upsert's).
 
-    ``key``: an upsert sink's key. Accepted schema changes are logged; any
-    other fails the epoch before its vote (``SchemaEvolutionError``).
+    Accepted schema changes are logged; any other fails the epoch before its vote (``SchemaEvolutionError``).
     """
     output = rows.append(EPOCH_FIELD)
     table = open_table(uri)
@@ -210,11 +186,6 @@ def plan_sink_table(sink: str, uri: str, rows: pa.Schema, key: tuple[str, ...] =
     left_out = [f.with_nullable(True) for f in stored if f.name not in schema.names]
     whole = count is not None and count <= UPSERT_WHOLE_REWRITE_ROWS
     return SinkPlan(pa.schema([*schema, *left_out]), live, whole, table.version(), None)
-
-
-def commit(table: TableCommit, app: str, epoch: int, attempt_id: str, fence: Fence | None = None) -> int:
-    """Publish the staged files (idempotent); returns the table version."""
-    return commit_epoch_table(table, app, epoch, attempt_id, fence)
 
 
 def abort(uri: str, staging_prefix: str) -> None:

@@ -1,20 +1,18 @@
-"""What every replayable source provides to the checkpoint coordinator.
+"""What every replayable source provides to the checkpoint coordinator, and what file-reading tasks share.
 
-A source plans an epoch by turning its start offsets into end offsets (the
-barrier) without reading records, and later reads exactly the records between
-two offsets, as often as needed, with the same result.
+A source plans an epoch by turning its start offsets into end offsets (the barrier) without reading records, and later
+reads exactly the records between two offsets, as often as needed, with the same result.
 """
 
 from __future__ import annotations
 
 import json
-import operator
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyarrow import fs as pafs
 
 from barrierflow.core.columns import SEQ, arrival_seq
@@ -23,21 +21,17 @@ from barrierflow.core.errors import BlockedInputError, SourceError, StorageError
 from barrierflow.storage.objects import arrow_filesystem
 
 __all__ = [
-    "Backlog", "RecordCounter", "Source", "Split", "FileRange", "checked_rows", "describe_offsets", "no_dead_letters",
-    "open_file", "packed", "planned_bytes", "whole_file_dead_letters",
+    "Backlog", "RecordCounter", "Source", "Split", "FileRange", "checked_rows", "describe_offsets", "file_dead_letters",
+    "gathered", "open_file", "packed", "planned_bytes",
 ]  # fmt: skip
 
 
 @dataclass(frozen=True)
 class FileRange:
-    """A part of one input file a task reads: lines (rows) ``[from_line, to_line)``, or those starting in a byte range.
+    """A part of one input file a task reads: lines (rows) ``from_line + 1`` to ``to_line`` (None: the end), numbered from 1.
 
-    ``file_index`` is the file's position among the source's files of the
-    epoch (its records' ``_seq``); lines are numbered from 1 in the file.
-    ``from_line``/``to_line`` are line offsets as a barrier records them:
-    the lines (rows) numbered ``from_line + 1`` to ``to_line`` (to the end
-    when None). A byte range (``byte_end`` not None) is only ever cut from a
-    whole file: it owns the lines that start in ``[byte_start, byte_end)``.
+    Or, cut from a whole file (``byte_end`` not None), the lines that start in ``[byte_start, byte_end)``.
+    ``file_index`` is the file's position among the source's files of the epoch (its records' ``_seq``).
     """
 
     name: str
@@ -46,7 +40,7 @@ class FileRange:
     file_index: int
     from_line: int = 0
     to_line: int | None = None
-    byte_start: int = 0  # a split of a whole file: the lines that start in [byte_start, byte_end)
+    byte_start: int = 0
     byte_end: int | None = None
 
     @property
@@ -62,9 +56,7 @@ class Split:
     source_index: int
     files: tuple[FileRange, ...] = ()
     late: tuple[tuple[str, int], ...] = ()  # files dead-lettered whole (name, size), never read
-    # What a source's tasks need besides the files, its own (a Delta source: the
-    # schema planned with and the data files' partition values).
-    parts: tuple[Any, ...] = ()
+    parts: tuple[Any, ...] = ()  # what the tasks need besides the files (a Delta source: the schema planned, partitions)
 
     @property
     def bytes(self) -> int:
@@ -73,12 +65,9 @@ class Split:
 
 @dataclass(frozen=True)
 class Backlog:
-    """Input that has arrived but no barrier has taken yet: how much, and since when.
+    """Input arrived that no barrier has taken yet: files (a partly read one whole; a Delta table's data files), bytes.
 
-    ``files`` are landing files (a Delta source: data files its table added);
-    a file partly read counts whole. ``oldest_arrival_ms`` is when the
-    earliest of them arrived (its modification or commit time), None when
-    there is no backlog; the input lag is the time since then.
+    ``oldest_arrival_ms``: when the earliest arrived (modification or commit time; None: no backlog), the input lag's start.
     """
 
     files: int = 0
@@ -110,22 +99,16 @@ def open_file(
 ) -> pa.NativeFile:
     """``part``'s file opened for range reads (pyarrow's file system: local and ``s3://`` alike), checked against its barrier.
 
-    A file that is gone is a :class:`BlockedInputError` naming it (no retry
-    brings it back; ``keep`` says what is expected); one whose size is not
-    the recorded one fails with a :class:`SourceError` naming it: its epoch
-    would read other lines than its barrier took.
+    Gone is a :class:`BlockedInputError` (no retry brings it back; ``keep`` says what is expected); another size than
+    recorded is a :class:`SourceError` (the epoch would read other lines than its barrier took).
     """
     filesystem, path = arrow_filesystem(part.uri)
     try:
         handle = filesystem.open_input_file(path)
-    except FileNotFoundError:
-        handle = None
     except OSError as exc:
-        if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
+        if not isinstance(exc, FileNotFoundError) and filesystem.get_file_info(path).type != pafs.FileType.NotFound:
             raise StorageError(f"source {source_id}: cannot read {what} {part.name} ({part.uri}): {exc}") from exc
-        handle = None
-    if handle is None:
-        raise BlockedInputError(f"source {source_id}: {what} {part.name} recorded in the barrier is gone; {keep}")
+        raise BlockedInputError(f"source {source_id}: {what} {part.name} recorded in the barrier is gone; {keep}") from None
     size = handle.size()
     if size != part.size:
         handle.close()
@@ -136,75 +119,54 @@ def open_file(
 
 
 def packed(parts: Sequence[FileRange], split_bytes: int | None) -> list[list[FileRange]]:
-    """``parts`` in their order, packed into groups of about ``split_bytes`` (None: one group; none without parts).
-
-    A part goes in the current group unless that would take the group past
-    ``split_bytes`` (a part larger than that gets a group of its own).
-    """
-    if not parts:
-        return []
+    """``parts`` in order, in groups of at most ``split_bytes`` unless one part is larger (None: one group; no parts, none)."""
     if split_bytes is None:
-        return [list(parts)]
+        return [list(parts)] if parts else []
     groups: list[list[FileRange]] = []
-    current: list[FileRange] = []
     held = 0
     for part in parts:
-        if current and held + part.bytes > split_bytes:
-            groups.append(current)
-            current, held = [], 0
-        current.append(part)
+        if not groups or held + part.bytes > split_bytes:
+            groups.append([])
+            held = 0
+        groups[-1].append(part)
         held += part.bytes
-    groups.append(current)
     return groups
 
 
-def no_dead_letters() -> pa.Table:
-    return pa.schema(DEAD_LETTER_COLUMNS).empty_table()
+def file_dead_letters(source_id: str, rows: Sequence[tuple[str, int | None, str | None, str]]) -> pa.Table:
+    """Dead letters of a source's files: (file name, line or None for a whole file, raw text, problem string) each."""
+    names, lines, raws, problems = (list(column) for column in zip(*rows)) if rows else ([], [], [], [])
+    return dead_letter_rows(source_id, names, lines, raws, problems)
 
 
-def whole_file_dead_letters(source_id: str, files: Sequence[tuple[str, str | None, str]]) -> pa.Table:
-    """One dead letter per file refused whole, ``(name, raw, problem string)``, without a line."""
-    return dead_letter_rows(source_id, [f[0] for f in files], [None] * len(files), [f[1] for f in files], [f[2] for f in files])
+def gathered(schema: pa.Schema, parts: Sequence[tuple[pa.Table, pa.Table]], *dead: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """A task's records (``schema``, then ``_seq``) and dead letters: its files' ``parts`` in order, and ``dead``."""
+    records = [r for r, _ in parts] or [schema.append(pa.field(SEQ, pa.int64())).empty_table()]
+    dead_letters = [*(d for _, d in parts), *dead] or [pa.schema(DEAD_LETTER_COLUMNS).empty_table()]
+    return pa.concat_tables(records), pa.concat_tables(dead_letters)
 
 
 def checked_rows(
-    source_id: str,
-    part: FileRange,
-    rows: pa.Table,
-    declared: pa.Schema,
-    keys: Mapping[str, str],
-    lines: np.ndarray,
-    source_index: int,
+    source_id: str, part: FileRange, rows: pa.Table, declared: pa.Schema, keys: Mapping[str, str], source_index: int
 ) -> tuple[pa.Table, pa.Table]:
-    """Typed rows of one file (a Parquet or Delta data file): records (with ``_seq``) and dead letters.
+    """Typed rows of one file's range (a Parquet or Delta data file): records (with ``_seq``) and dead letters.
 
-    A row is a dead letter when it fails the checks every source applies
-    (:func:`~barrierflow.core.dead_letters.record_problems` against
-    ``declared``: required fields, keys); its ``line`` is its entry of
-    ``lines`` (the row's number in its file, from 1), its ``raw`` the row as
-    JSON. Without checks to make, no row is looked at.
+    A row failing :func:`~barrierflow.core.dead_letters.record_problems` (required fields, keys) is a dead letter, its
+    ``line`` its number in the file (from 1), its ``raw`` the row as JSON.
     """
+    lines = np.arange(part.from_line + 1, part.from_line + 1 + rows.num_rows, dtype=np.int64)
     seq = arrival_seq(source_index, part.file_index, lines)
-    if not keys and all(f.nullable for f in declared):
-        return rows.append_column(SEQ, seq), no_dead_letters()
-    problems = record_problems(rows, declared, keys)
-    good = np.fromiter(map(operator.is_, problems, repeat(None)), dtype=bool, count=len(problems))
-    if good.all():
-        return rows.append_column(SEQ, seq), no_dead_letters()
-    keep = pa.array(good)
-    bad = np.flatnonzero(~good).tolist()
-    dead = dead_letter_rows(
-        source_id,
-        [part.name] * len(bad),
-        lines[bad].tolist(),
-        row_json(rows.filter(pa.array(~good))),
-        [problems[i] or "" for i in bad],
-    )
+    problems = record_problems(rows, declared, keys) if keys or not all(f.nullable for f in declared) else []
+    bad = [i for i, text in enumerate(problems) if text is not None]
+    if not bad:
+        return rows.append_column(SEQ, seq), file_dead_letters(source_id, [])
+    raws = row_json(rows.take(bad))
+    dead = file_dead_letters(source_id, [(part.name, int(lines[i]), raw, problems[i] or "") for i, raw in zip(bad, raws)])
+    keep = pc.is_null(pa.array(problems, pa.string()))
     return rows.filter(keep).append_column(SEQ, seq.filter(keep)), dead
 
 
-# (file URIs, format) -> records in each file. The checkpoint coordinator counts them
-# with executor tasks: planning itself lists and stats input files, never reads them.
+# (file URIs, format) -> records in each file, counted by executor tasks: planning never reads input.
 RecordCounter = Callable[[Sequence[str], str], Mapping[str, int]]
 
 
@@ -215,18 +177,10 @@ class Source(Protocol):
     def plan(
         self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None, counter: RecordCounter | None = None
     ) -> dict[str, Any]:
-        """End offsets for the next epoch (equal to ``start`` content when idle).
-
-        ``counter`` counts the records of input files, for a source that
-        limits an epoch's records and cannot tell them from metadata.
-        """
+        """End offsets for the next epoch (``start``'s content when idle); ``counter`` counts input files' records."""
 
     def earliest_arrival_ms(self, start: Mapping[str, Any] | None, arrival_cutoff_ms: int | None) -> int | None:
-        """When the earliest input after ``start`` that arrived by the cut-off arrived; None if none.
-
-        The checkpoint coordinator cuts epochs at the data interval holding it
-        (:mod:`barrierflow.checkpointing.intervals`).
-        """
+        """When the earliest input after ``start`` that arrived by the cut-off arrived (None: none); epochs are cut by it."""
 
     def has_records(self, end: Mapping[str, Any]) -> bool:
         """Whether the planned range holds any input."""
@@ -243,10 +197,8 @@ class Source(Protocol):
     def read(self, split: Split, keys: Mapping[str, str]) -> tuple[pa.Table, pa.Table]:
         """A task's records of ``split`` (the record schema, then ``_seq``) and its dead letters (without ``_epoch``).
 
-        ``keys`` maps the columns that keyed operators (deduplicate,
-        ``key_by``) take from this source's records to the first such
-        operator: a record whose key is null (or an empty string) is a dead
-        letter, not a record.
+        ``keys``: the columns keyed operators take from the records -> the first such operator; a record whose key is
+        null or "" is a dead letter.
         """
 
     def describe(self) -> dict[str, Any]:
@@ -254,18 +206,9 @@ class Source(Protocol):
 
 
 def planned_bytes(offsets: Mapping[str, Any]) -> int:
-    """Bytes of the files an epoch's end offsets plan to read (whole files for line ranges).
-
-    File ranges are ``[name, from_line, to_line, size]``; other sources
-    (a Delta table's versions) count nothing.
-    """
-    total = 0
-    for end in offsets.values():
-        if isinstance(end, Mapping):
-            for entry in end.get("files") or []:
-                if isinstance(entry, (list, tuple)) and len(entry) >= 4 and isinstance(entry[3], int):
-                    total += entry[3]
-    return total
+    """Bytes of the files (``[name, from_line, to_line, size]``) an epoch's end offsets plan to read; other sources count nothing."""
+    entries = [entry for end in offsets.values() if isinstance(end, Mapping) for entry in end.get("files") or []]
+    return sum(e[3] for e in entries if isinstance(e, (list, tuple)) and len(e) >= 4 and isinstance(e[3], int))
 
 
 def describe_offsets(offsets: Mapping[str, Any]) -> str:

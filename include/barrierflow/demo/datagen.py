@@ -18,6 +18,7 @@ because readers ignore names starting with ``.`` or ``_`` as "in progress".
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -29,53 +30,24 @@ from typing import Any, Iterator
 from barrierflow.storage import objects
 
 __all__ = [
-    "SensorStreamSpec",
-    "MALFORMED_KINDS",
-    "sensor_file_name",
-    "generate_sensor_lines",
-    "write_sensor_files",
-    "sensor_files",
-    "publish_file",
-    "local_directory",
-]
+    "SensorStreamSpec", "MALFORMED_KINDS", "sensor_file_name", "generate_sensor_lines", "write_sensor_files",
+    "sensor_files", "publish_file", "local_directory",
+]  # fmt: skip
 
 # Every way a line can be malformed. Files cycle through these in order (see
 # ``_malformed_offset``) so a modest stream is guaranteed to contain each kind.
 MALFORMED_KINDS: tuple[str, ...] = (
-    "not_json",
-    "json_array",
-    "json_number",
-    "json_string",
-    "missing_event_id",
-    "empty_event_id",
-    "non_string_event_id",
-    "missing_sensor_id",
-    "empty_sensor_id",
-    "non_string_sensor_id",
-    "missing_ts",
-    "naive_ts",
-    "float_ts",
-    "bool_ts",
-    "unparseable_ts",
-    "ts_out_of_range",
-    "string_temperature",
-    "bool_temperature",
-    "missing_temperature",
-    "nan_temperature",
-    "infinity_temperature",
+    "not_json", "json_array", "json_number", "json_string",
+    "missing_event_id", "empty_event_id", "non_string_event_id",
+    "missing_sensor_id", "empty_sensor_id", "non_string_sensor_id",
+    "missing_ts", "naive_ts", "float_ts", "bool_ts", "unparseable_ts", "ts_out_of_range",
+    "string_temperature", "bool_temperature", "missing_temperature", "nan_temperature", "infinity_temperature",
     "huge_temperature",
-)
+)  # fmt: skip
 
-_UTC = timezone.utc
-_EPOCH = datetime(1970, 1, 1, tzinfo=_UTC)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # (suffix, minutes east of UTC); "Z" and "+00:00" both appear on purpose.
-_OFFSETS: tuple[tuple[str, int], ...] = (
-    ("Z", 0),
-    ("+00:00", 0),
-    ("+02:00", 120),
-    ("-05:00", -300),
-    ("+05:30", 330),
-)
+_OFFSETS = (("Z", 0), ("+00:00", 0), ("+02:00", 120), ("-05:00", -300), ("+05:30", 330))
 _BLANKS: tuple[str, ...] = ("", "   ", "\t", " \t ")
 _HUGE_SENTINEL = "__barrierflow_huge_int__"
 _HUGE_LITERAL = "1" + "0" * 400  # json.loads -> int that float() cannot hold
@@ -163,28 +135,19 @@ def _malformed_offset(spec: SensorStreamSpec, file_index: int) -> int:
     return (file_index * per_file) % len(MALFORMED_KINDS)
 
 
-def _format_iso(rng: random.Random, ts_us: int) -> str:
-    """An ISO-8601 string with an explicit offset for epoch-microseconds ``ts_us``.
+def _format_ts(rng: random.Random, ts_us: int) -> str | int:
+    """Epoch-microseconds ``ts_us`` as integer epoch milliseconds, or (half the time) ISO-8601 with an explicit offset.
 
-    The precision is cut to 0, 3 or 6 fractional digits; the emitted string is
+    The ISO precision is cut to 0, 3 or 6 fractional digits; the emitted string is
     the truth, so truncation only changes which instant is meant.
     """
+    if rng.random() >= 0.5:
+        return ts_us // 1000
     suffix, minutes = rng.choice(_OFFSETS)
     local = _EPOCH + timedelta(microseconds=ts_us, minutes=minutes)
-    text = local.strftime("%Y-%m-%dT%H:%M:%S")
     digits = rng.choice((0, 3, 6))
-    if digits == 3:
-        text += f".{local.microsecond // 1000:03d}"
-    elif digits == 6:
-        text += f".{local.microsecond:06d}"
-    return text + suffix
-
-
-def _format_ts(rng: random.Random, ts_us: int) -> str | int:
-    # Half ISO strings, half integer epoch milliseconds.
-    if rng.random() < 0.5:
-        return _format_iso(rng, ts_us)
-    return ts_us // 1000
+    fraction = f".{local.microsecond:06d}"[: 1 + digits] if digits else ""
+    return local.strftime("%Y-%m-%dT%H:%M:%S") + fraction + suffix
 
 
 def _extra_fields(rng: random.Random) -> dict[str, Any]:
@@ -202,8 +165,7 @@ def _extra_fields(rng: random.Random) -> dict[str, Any]:
 
 
 def _dump(obj: Any) -> str:
-    # ensure_ascii=False so non-ASCII text is written as raw UTF-8.
-    return json.dumps(obj, ensure_ascii=False)
+    return json.dumps(obj, ensure_ascii=False)  # non-ASCII text as raw UTF-8
 
 
 def _malformed_line(kind: str, rng: random.Random, base: dict[str, Any], ts_us: int) -> str:
@@ -365,20 +327,6 @@ def generate_sensor_lines(spec: SensorStreamSpec, file_index: int) -> list[str]:
     return lines
 
 
-def _fsync_dir(directory: pathlib.Path) -> None:
-    # Make the rename itself durable; not every platform can open a directory.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_sensor_files(
     landing_dir: str | os.PathLike[str],
     spec: SensorStreamSpec,
@@ -391,12 +339,9 @@ def write_sensor_files(
     ``.``-prefixed temp name in the same directory, fsynced and ``os.replace``-d
     into place, so readers never see a partial file. Returns the final paths.
     """
-    if start_index < 0:
-        raise ValueError("start_index must be >= 0")
-    if count is None:
-        count = max(0, spec.n_files - start_index)
-    if count < 0:
-        raise ValueError("count must be >= 0")
+    count = max(0, spec.n_files - start_index) if count is None else count
+    if start_index < 0 or count < 0:
+        raise ValueError("start_index and count must be >= 0")
     directory = local_directory(landing_dir)
     directory.mkdir(parents=True, exist_ok=True)
     return [publish_file(directory, name, text) for name, text in sensor_files(spec, start_index, count)]
@@ -418,7 +363,7 @@ def local_directory(landing_dir: str | os.PathLike[str]) -> pathlib.Path:
 
 
 def publish_file(directory: pathlib.Path, name: str, text: str) -> pathlib.Path:
-    """Write ``directory/name`` atomically: a ``.``-prefixed temp name, fsynced, ``os.replace``-d into place, the rename fsynced."""
+    """Write ``directory/name`` atomically: a ``.``-prefixed temp name, fsynced, renamed into place, the rename fsynced."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / name
     tmp = directory / f".{name}.{os.getpid()}.tmp"
@@ -431,5 +376,11 @@ def publish_file(directory: pathlib.Path, name: str, text: str) -> pathlib.Path:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(directory)
+    # Make the rename itself durable; not every platform can open a directory.
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     return final

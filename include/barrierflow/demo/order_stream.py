@@ -38,27 +38,14 @@ from typing import Any, Iterator
 from barrierflow.demo.datagen import local_directory, publish_file
 
 __all__ = [
-    "OrderStreamSpec",
-    "COUNTRIES",
-    "MALFORMED_KINDS",
-    "SOURCES",
-    "generate_order_files",
-    "order_files",
+    "OrderStreamSpec", "COUNTRIES", "MALFORMED_KINDS", "SOURCES", "generate_order_files", "order_files",
     "write_order_files",
-]
+]  # fmt: skip
 
 SOURCES = ("orders", "payments", "thresholds")
 COUNTRIES = ("de", "fr", "it", "es", "nl")
-MALFORMED_KINDS = (
-    "not_json",
-    "json_array",
-    "missing_id",
-    "empty_id",
-    "null_country",
-    "string_amount",
-    "missing_ts",
-    "unparseable_ts",
-)
+MALFORMED_KINDS = ("not_json", "json_array", "missing_id", "empty_id", "null_country", "string_amount", "missing_ts",
+                   "unparseable_ts")  # fmt: skip
 _OFFSETS = ((0, "Z"), (120, "+02:00"), (-300, "-05:00"))
 _WINDOW_S = 15 * 60
 
@@ -92,10 +79,6 @@ class OrderStreamSpec:
             raise ValueError("rates must lie in [0, 1], and unpaid_rate + overdue_rate + split_rate must be <= 1")
 
 
-def _file_name(index: int) -> str:
-    return f"part-{index:06d}.jsonl"
-
-
 def _ts(spec: OrderStreamSpec, seconds: float, rng: random.Random) -> str:
     """ISO-8601 with an offset; the same instant in one of several zones."""
     minutes, suffix = rng.choice(_OFFSETS)
@@ -113,15 +96,9 @@ def _orders(spec: OrderStreamSpec, k: int) -> list[dict[str, Any]]:
         seconds = k * spec.span_s + (i + rng.random()) * spec.span_s / spec.orders_per_file
         if rng.random() < 0.3:
             seconds -= rng.uniform(0, spec.out_of_order_s)
-        out.append(
-            {
-                "order_id": f"o{k}-{i}",
-                "customer_id": f"c{rng.randrange(spec.n_customers):02d}",
-                "country": rng.choice(COUNTRIES),
-                "seconds": round(max(seconds, 0.0), 3),
-                "amount": round(rng.uniform(5, 500), 2),
-            }
-        )
+        out.append({"order_id": f"o{k}-{i}", "customer_id": f"c{rng.randrange(spec.n_customers):02d}",
+                    "country": rng.choice(COUNTRIES), "seconds": round(max(seconds, 0.0), 3),
+                    "amount": round(rng.uniform(5, 500), 2)})  # fmt: skip
     return out
 
 
@@ -211,8 +188,7 @@ def _stream_lines(spec: OrderStreamSpec, k: int, source: str, fresh: list[str], 
     rng = random.Random(f"{spec.seed}:{k}:{source}:mix")
     id_field = "order_id" if source == "orders" else "payment_id"
     lines = list(fresh)
-    count = len(fresh)
-    for _ in range(count):
+    for _ in fresh:
         u = rng.random()
         at = rng.randrange(len(lines) + 1)
         if u < spec.duplicate_rate and (previous or fresh):
@@ -226,6 +202,7 @@ def _stream_lines(spec: OrderStreamSpec, k: int, source: str, fresh: list[str], 
 
 
 def _fresh_lines(spec: OrderStreamSpec, k: int) -> dict[str, list[str]]:
+    """File k's fresh orders and payments, late ones included, as lines."""
     rng = random.Random(f"{spec.seed}:{k}:lines")
     late_orders, late_payments = _late(spec, k, rng)
     orders = [_line(spec, o, rng) for o in _orders(spec, k) + late_orders]
@@ -263,19 +240,19 @@ def order_files(spec: OrderStreamSpec, start_index: int, count: int) -> Iterator
     """The path (``<source>/<name>``) and text of every source's files ``start_index ..``, for a writer of any store."""
     for k in range(start_index, start_index + count):
         for source, lines in generate_order_files(spec, k).items():
-            yield f"{source}/{_file_name(k)}", "".join(line + "\n" for line in lines)
+            yield f"{source}/part-{k:06d}.jsonl", "".join(line + "\n" for line in lines)
 
 
 def write_order_files(
     landing_dir: str | os.PathLike[str], spec: OrderStreamSpec, start_index: int = 0, count: int | None = None
 ) -> list[pathlib.Path]:
-    """Write file indexes ``start_index ..`` (``count`` of them, default up to ``spec.n_files``) into ``landing_dir/<source>/``, atomically."""
+    """Atomically write indexes ``start_index ..`` (``count``, default up to ``spec.n_files``) to ``landing_dir/<source>``."""
     count = max(0, spec.n_files - start_index) if count is None else count
     if start_index < 0 or count < 0:
         raise ValueError("start_index and count must be >= 0")
     root = local_directory(landing_dir)
     written = []
     for path, text in order_files(spec, start_index, count):
-        source, _, name = path.partition("/")
+        source, name = path.split("/")
         written.append(publish_file(root / source, name, text))
     return written

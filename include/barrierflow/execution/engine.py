@@ -1,19 +1,17 @@
 """The warm engine: a long-lived Spark application that epochs run on, through Spark Connect.
 
 Starting a Spark application costs seconds (a JVM, a cold JIT, Python
-workers); an epoch of a few thousand records costs less than that once warm.
-So the Airflow tasks do not start Spark: they connect to one Spark Connect
-server (``sc://host:port``) that stays up between epochs. Every pipeline joins
-its own session there (:func:`barrierflow.execution.spark.get_spark`), so its Python
-UDF workers stay warm too.
+workers), more than a small epoch once warm. So the Airflow tasks connect to
+one Spark Connect server (``sc://host:port``) that stays up between epochs,
+each pipeline in its own session (:func:`barrierflow.execution.spark.get_spark`),
+so its Python workers stay warm too.
 
 ``barrierflow engine`` runs the server in the foreground (what
 ``docker-compose.yaml`` runs); ``make run`` and the tests start the same
 command through :class:`LocalEngine`. The server is PySpark's own
-(``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer
-spark-internal``); its master is ``local[*]`` unless told otherwise (a
-standalone cluster's ``spark://host:7077`` works the same way). Its Python
-workers run this interpreter, which has barrierflow and pyarrow.
+(``spark-submit --class ...SparkConnectServer spark-internal``) on
+``local[*]`` unless told otherwise (``spark://host:7077`` works the same
+way); its Python workers run this interpreter.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 
@@ -35,14 +33,9 @@ from barrierflow.execution.shipping import package_archive, ships_package
 from barrierflow.execution.spark import application_conf, worker_conf
 
 __all__ = [
-    "CONNECT_SERVER_CLASS",
-    "DEFAULT_ENGINE_PORT",
-    "EngineConfig",
-    "LocalEngine",
-    "serve",
-    "default_warm_up_epochs",
+    "CONNECT_SERVER_CLASS", "DEFAULT_ENGINE_PORT", "EngineConfig", "LocalEngine", "serve", "default_warm_up_epochs",
     "wait_until_listening",
-]
+]  # fmt: skip
 
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_ENGINE_PORT = 15002  # Spark Connect's own default
@@ -56,9 +49,6 @@ class EngineConfig:
     port: int = DEFAULT_ENGINE_PORT
     master: str = "local[*]"
     driver_memory: str = "2g"
-    # A pipeline's session outlives idle hours (a paused DAG); after this it closes and the next is used.
-    session_timeout: str = "24h"
-    extra_conf: Mapping[str, str] = field(default_factory=dict)
     # Throwaway epochs run once the engine listens (barrierflow.tools.warmup), in the
     # session of ``warm_up_session``; 0: none.
     warm_up_epochs: int = 0
@@ -74,23 +64,16 @@ class EngineConfig:
         return f"sc://{_client_host(self.host)}:{self.port}"
 
     def warm_up_command(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "barrierflow.tools.warmup",
-            self.client_address,
-            "--epochs",
-            str(self.warm_up_epochs),
-            "--session",
-            self.warm_up_session,
-        ]
+        epochs = ["--epochs", str(self.warm_up_epochs), "--session", self.warm_up_session]
+        return [sys.executable, "-m", "barrierflow.tools.warmup", self.client_address, *epochs]
 
     def conf(self) -> dict[str, str]:
         conf = {
             "spark.app.name": "barrierflow-engine",
             "spark.connect.grpc.binding.address": self.host,
             "spark.connect.grpc.binding.port": str(self.port),
-            "spark.connect.session.manager.defaultSessionTimeout": self.session_timeout,
+            # A pipeline's session outlives idle hours (a paused DAG); after this it closes and the next is used.
+            "spark.connect.session.manager.defaultSessionTimeout": "24h",
             "spark.ui.enabled": "false",
             "spark.log.level": "WARN",
             "spark.ui.showConsoleProgress": "false",
@@ -103,7 +86,6 @@ class EngineConfig:
             # A loopback engine keeps its driver's ports on loopback too.
             conf["spark.driver.host"] = "127.0.0.1"
             conf["spark.driver.bindAddress"] = "127.0.0.1"
-        conf.update(self.extra_conf)
         return conf
 
     def command(self) -> list[str]:
@@ -163,43 +145,32 @@ class LocalEngine:
 
     def start(self, wait_s: float | None = 120.0) -> "LocalEngine":
         """Launch the server; wait up to ``wait_s`` for it to listen (None: return at once, see :meth:`wait_ready`)."""
-        self.proc = subprocess.Popen(
-            self.config.command(),
-            env=self.config.environment(self._env),
-            stdout=self._log,  # None: this process's own output
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        self.proc = self._spawn(self.config.command(), self._log)  # no log: this process's own output
         if wait_s is not None:
             self.wait_ready(wait_s)
         return self
 
     def wait_ready(self, wait_s: float) -> None:
-        """Block until the server listens, then start its warm-up (if configured).
-
-        Stops the engine and raises if it exited or ``wait_s`` passed.
-        """
+        """Block until the server listens, then start its warm-up (if any); stop it and raise if it exits or ``wait_s`` passes."""
         try:
             wait_until_listening(_client_host(self.config.host), self.config.port, wait_s, self.proc)
         except BaseException:
             self.stop()
             raise
         if self.config.warm_up_epochs > 0 and self.warm_up_proc is None:
-            self.warm_up_proc = subprocess.Popen(
-                self.config.warm_up_command(),
-                env=self.config.environment(self._env),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            self.warm_up_proc = self._spawn(self.config.warm_up_command(), subprocess.PIPE)
+
+    def _spawn(self, command: list[str], stdout: IO[bytes] | int | None) -> "subprocess.Popen[bytes]":
+        """``command`` in a session of its own (one process group, stopped as one), its stderr with its stdout."""
+        env = self.config.environment(self._env)
+        return subprocess.Popen(
+            command, env=env, stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
 
     def wait_warm(self, wait_s: float, stop: Callable[[], bool] = lambda: False) -> tuple[bool, str]:
         """Wait up to ``wait_s`` for the warm-up; (whether it succeeded, what it printed last).
 
-        The warm-up is best effort: a failed or slow one leaves the engine
-        serving, only colder. No warm-up configured counts as success.
+        Best effort: a failed or slow warm-up leaves the engine serving, only colder.
         """
         proc = self.warm_up_proc
         if proc is None:

@@ -1,15 +1,12 @@
 """How rows cross from one stage's tasks to the next: partitioned by key-group range, as Arrow files.
 
-Flink sends a keyed stream's records over the network to the subtask that
-owns their key group; a task of stage s here writes, for each edge to a
-later stage, one Arrow IPC file per receiving task (the rows of that task's
-key groups for a ``KEYED`` edge, everything to task 0 for a ``GLOBAL`` one,
-everything to every task for a ``BROADCAST`` one) into the attempt's
-exchange directory, and the receiving task of stage s + 1 reads its files.
-The directory lies in the attempt's staging directory: an aborted attempt
-deletes it with its staged files, the epoch once its tables are staged.
-Tasks read and write it through pyarrow's file systems, so the same holds
-on a local disk and on an object store.
+Where Flink sends a keyed stream's records over the network to the subtask
+owning their key group, a task here writes, for each edge to a later stage,
+one Arrow IPC file per receiving task (the rows of that task's key groups
+for a ``KEYED`` edge, everything to task 0 for a ``GLOBAL`` one, to every
+task for a ``BROADCAST`` one) into the attempt's exchange directory (inside
+its staging directory: deleted with it on abort, or once the epoch's tables
+are staged), through pyarrow's file systems (local disk or object store).
 
 Task ``t`` of ``n`` owns key groups ``ceil(t * G / n)`` to
 ``floor(((t + 1) * G - 1) / n)`` of ``G``, and key group ``g`` belongs to
@@ -50,11 +47,8 @@ def partition(rows: pa.Table, edge: Edge, total: int, tasks: int) -> dict[int, p
             rows = rows.append_column(KEY_GROUP, key_groups(rows.select(list(edge.key)), total))
         owners = owner_of(rows[KEY_GROUP].to_numpy(), tasks, total)
         order = np.argsort(owners, kind="stable")
-        sorted_owners = owners[order]
-        rows = rows.take(pa.array(order))
-        starts = np.searchsorted(sorted_owners, np.arange(tasks), "left")
-        ends = np.searchsorted(sorted_owners, np.arange(tasks), "right")
-        return {t: rows.slice(int(s), int(e - s)) for t, (s, e) in enumerate(zip(starts, ends))}
+        rows, bounds = rows.take(pa.array(order)), np.searchsorted(owners[order], np.arange(tasks + 1))
+        return {t: rows.slice(int(bounds[t]), int(bounds[t + 1] - bounds[t])) for t in range(tasks)}
     if edge.exchange is Exchange.BROADCAST:
         return {t: rows for t in range(tasks)}
     return {0: rows}  # GLOBAL (and FORWARD across a stage boundary: one task)

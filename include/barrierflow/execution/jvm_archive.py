@@ -1,21 +1,17 @@
 """A class-data-sharing archive of Spark's classes for the JVMs barrierflow starts (the JDK's AppCDS).
 
-Every Spark JVM (a CLI run's or a spark-submit task's driver, the warm
-engine, executors in their own JVMs) loads and verifies the same thousands of
-classes from Spark's jars before its first job. A dynamic archive of them,
-dumped once per installation by a throwaway local session
-(``-XX:ArchiveClassesAtExit``), is mapped read-only by each JVM
-(``-XX:SharedArchiveFile``). Measured on a 2-core machine: a cold
-``barrierflow run sensor_stats`` of one epoch 17.9 s without it and 14.9 s
-with it (means of three runs each, interleaved).
+Every Spark JVM (drivers, the warm engine, executors in their own JVMs)
+loads and verifies the same thousands of classes from Spark's jars before
+its first job. A dynamic archive of them, dumped once per installation by a
+throwaway local session (``-XX:ArchiveClassesAtExit``), is mapped read-only
+by each JVM (``-XX:SharedArchiveFile``): a cold one-epoch ``barrierflow run
+sensor_stats`` took 14.9 s instead of 17.9 s on a 2-core machine.
 
-``make setup`` dumps it (``python -m barrierflow.execution.jvm_archive``, about a
-minute); so does the Docker image, whose build runs ``make setup``. The JVM
-checks the archive itself: one that is stale (other jars, another JDK) or
-whose class path differs, or a path missing on another machine (a cluster's
-executors), is not used, and the JVM starts as it would without it; the
-JVM's CDS messages are silenced. The archive is keyed by the JDK, the Spark
-version and the jars, and kept beside the virtualenv (``sys.prefix``), or in
+``make setup`` dumps it (``python -m barrierflow.execution.jvm_archive``,
+about a minute). A JVM does not use an archive that is stale (other jars,
+another JDK), whose class path differs or whose path is missing on its
+machine, and starts as without it (CDS messages silenced). The archive is
+keyed by the JDK, the Spark version and the jars, kept in ``sys.prefix`` or
 ``$BARRIERFLOW_JVM_ARCHIVE_DIR``; ``BARRIERFLOW_JVM_ARCHIVE=off`` leaves it
 out of every JVM's options.
 """
@@ -81,8 +77,7 @@ def archive_path() -> Path:
 def java_options(*, even_if_missing: bool = False) -> str:
     """JVM options that map this installation's archive; empty when it is switched off or (unless ``even_if_missing``) not dumped.
 
-    ``even_if_missing``: for JVMs that may start after a dump in progress
-    ends (a JVM finding no archive starts without one).
+    ``even_if_missing``: for JVMs that may start after a dump in progress ends.
     """
     if os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "false", "no"):
         return ""
@@ -92,12 +87,12 @@ def java_options(*, even_if_missing: bool = False) -> str:
     return f"-XX:SharedArchiveFile={archive} -Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
-def dump(archive: Path | None = None, *, timeout_s: float = 300) -> Path | None:
+def dump(*, timeout_s: float = 300) -> Path | None:
     """Write the archive unless it exists (one writer at a time); returns it, or None if the dump failed.
 
     A failed dump leaves no file behind: JVMs then start without an archive.
     """
-    archive = archive or archive_path()
+    archive = archive_path()
     archive.parent.mkdir(parents=True, exist_ok=True)
     with open(archive.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent dump finishes first; this one then finds its file

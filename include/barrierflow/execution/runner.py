@@ -1,10 +1,8 @@
 """The Spark runner of an epoch: plans its tasks, runs them as Spark jobs, and hands their staged files to the epoch.
 
-Spark is the cluster runtime: it places the tasks on executors, retries a
-lost one, and runs each in a Python worker, where :func:`~barrierflow.execution.task.run_task`
-reads the task's input, runs its kernels and stages its tables. The
-driver (:func:`run_epoch`, on behalf of the checkpoint coordinator) reads
-no record:
+Spark places the tasks on executors, retries a lost one, and runs each in a
+Python worker (:func:`~barrierflow.execution.task.run_task`). The driver
+(:func:`run_epoch`, for the checkpoint coordinator) reads no record:
 
 1. Plan: the pipeline's schemas, state tables and stages
    (:func:`~barrierflow.plan.planner.physical_plan`); each source's part of
@@ -14,18 +12,15 @@ no record:
    hold at most ``BARRIERFLOW_SINGLE_TASK_STATE_ROWS`` rows, runs its whole
    pipeline in one task; a larger one runs stage by stage, the sources'
    chain in a task per input split and each keyed chain in a task per
-   key-group range, exchanging rows through files
-   (:mod:`barrierflow.execution.exchange`).
+   key-group range, exchanging rows through files (:mod:`barrierflow.execution.exchange`).
 3. Wait for the restore point (epoch n-1 completed): the state it reads.
 4. Register every table the epoch stages, in pipeline order, before any task
    writes (an error then aborts their staging directories): each state table
-   as of epoch n-1 (:class:`~barrierflow.state.snapshots.EpochStateTables`),
-   each sink and side output after its schema checks
+   as of epoch n-1, each sink and side output after its schema checks
    (:func:`~barrierflow.connectors.delta_sink.plan_sink_table`), the dead
    letters, each source's offsets.
-5. Run the tasks: one Spark job per stage. After each stage, its tasks'
-   watermark observations advance the epoch's clock, which the next stage's
-   tasks start from.
+5. Run the tasks: one Spark job per stage; each stage's watermark
+   observations advance the epoch's clock, which the next stage starts from.
 6. Complete the registrations with the tasks' files; stage on the driver the
    few rows it holds (each source's offsets, the largest event time of each
    tracked watermark assigner).
@@ -37,6 +32,7 @@ import dataclasses
 import logging
 import re
 import time
+from collections import Counter
 from concurrent.futures import Future
 from functools import partial
 from typing import Any, Mapping, Protocol
@@ -60,18 +56,12 @@ from barrierflow.execution.exchange import key_group_ranges
 from barrierflow.execution.spark import describe_jobs
 from barrierflow.execution.task import DEAD_LETTER, RESULT_SCHEMA, OutputTable, TaskInput, TaskPlan, TaskResult, task_function
 from barrierflow.operators.base import Node, ship_user_code
-from barrierflow.operators.operator_state import source_offsets_spec, source_offsets_table
-from barrierflow.operators.watermark import (
-    MAX_EVENT_TIME_STATE,
-    WatermarkAssigner,
-    WatermarkClock,
-    max_event_time_row,
-    max_event_time_spec,
-)
+from barrierflow.operators.operator_state import source_offsets_table
+from barrierflow.operators.watermark import WatermarkAssigner, WatermarkClock, max_event_time_row, max_event_time_spec
 from barrierflow.plan.pipeline import Pipeline, SourceNode
 from barrierflow.plan.planner import PhysicalPlan, physical_plan
 from barrierflow.state.snapshots import EpochStateTables, read_small_table
-from barrierflow.state.spec import KeyGroups, StateTablePlan
+from barrierflow.state.spec import KeyGroups, StateSpec, StateTablePlan
 from barrierflow.storage.commits import StagedFile, TableKind
 from barrierflow.storage.layout import PipelineLayout
 from barrierflow.storage.objects import join_uri, remove_tree
@@ -80,7 +70,6 @@ from barrierflow.storage.staging import write_parquet
 __all__ = ["Epoch", "run_epoch", "epoch_parallelism", "task_error"]
 
 _log = logging.getLogger(__name__)
-_EXCHANGE_DIR = "_exchange"
 
 
 class Offsets(Protocol):
@@ -132,48 +121,35 @@ def run_epoch(epoch: Epoch) -> int:
     # 1. The splits first: a source refuses an epoch it cannot read (a Delta table's retyped column) before its schema is asked.
     sources = {i: n for i, n in enumerate(pipe.nodes) if isinstance(n, SourceNode)}
     ends = {i: barrier.end_offsets.get(n.operator_id) or {} for i, n in sources.items()}
-    input_bytes = sum(_planned_bytes(end) for end in ends.values())
+    input_bytes = sum(planned_bytes({"_": end}) if end else 0 for end in ends.values())
     parallelism = epoch_parallelism(pipe.parallelism, input_bytes)
+    split_bytes = max(MIN_SPLIT_BYTES, min(SPLIT_BYTES, -(-input_bytes // parallelism)))
     single = input_bytes <= SINGLE_TASK_INPUT_BYTES.value()  # 2.
-    splits = _splits(pipe, sources, ends, None if single else _split_bytes(input_bytes, parallelism))
+    splits = _splits(pipe, sources, ends, None if single else split_bytes)
     plan = physical_plan(pipe, {i: _with_seq(n, ends[i]) for i, n in sources.items()})
-    source_list = pipe.sources
     # 3.
     prior = epoch.restore_point()
-    state_tables = epoch.state_tables
-    assert state_tables is not None  # made by the restore point
+    assert epoch.state_tables is not None  # made by the restore point
     # 4.
     registry = _Registry(epoch)
     results: list[TaskResult] = []
     try:
-        registry.register(plan, state_tables)
+        registry.register(plan, epoch.state_tables)
         if single and registry.stored_rows() > SINGLE_TASK_STATE_ROWS.value():
             single = False
-            splits = _splits(pipe, sources, ends, _split_bytes(input_bytes, parallelism))
+            splits = _splits(pipe, sources, ends, split_bytes)
         clock = _watermark_clock(pipe, prior, epoch.layout)
-        source_files = {source_list.index(n): _file_names(splits[p]) for p, n in sources.items()}
-        exchange_dir = join_uri(epoch.layout.dead_letter, epoch.staging_prefix, _EXCHANGE_DIR)
+        exchange_dir = join_uri(epoch.layout.dead_letter, epoch.staging_prefix, "_exchange")
+        epoch.on_release(partial(remove_tree, exchange_dir))
         base = dict(
             epoch=epoch.epoch, processing_time_ms=epoch.processing_time_ms, key_groups=pipe.key_groups,
             parallelism=pipe.parallelism, ranges=parallelism, inputs=plan.inputs, schemas=plan.schemas, prefix=epoch.staging_prefix,
-            exchange_dir=exchange_dir,
-            source_keys=plan.source_keys, computed_keys=plan.computed_keys,
-            source_ids=tuple(n.operator_id for n in source_list), source_files=source_files, singletons=plan.singletons,
+            exchange_dir=exchange_dir, source_keys=plan.source_keys, computed_keys=plan.computed_keys,
+            source_ids=tuple(n.operator_id for n in pipe.sources), singletons=plan.singletons,
+            source_files={pipe.sources.index(n): _file_names(splits[p]) for p, n in sources.items()},
         )  # fmt: skip
-        epoch.on_release(partial(remove_tree, exchange_dir))
         _ship_user_code(pipe)
-        # 5.
-        if single:
-            task_plan = TaskPlan(
-                nodes=tuple(_detached(n) for n in pipe.nodes), members=tuple(range(len(pipe.nodes))), watermark=clock,
-                states=registry.states, tables=registry.tables, **base,  # type: ignore[arg-type]
-            )  # fmt: skip
-            inputs = [TaskInput(0, KeyGroups.all(pipe.key_groups), {p: tuple(s) for p, s in splits.items()})]
-            results = _run_job(epoch.spark, f"epoch {epoch.epoch}: every operator in one task", task_plan, inputs)
-            for result in results:
-                clock.merge(result.observations)
-        else:
-            results = _run_stages(epoch, plan, registry, clock, splits, parallelism, base)
+        results = _run_tasks(epoch, plan, registry, clock, splits, None if single else parallelism, base)  # 5.
         faults.maybe_fail("process.after_read")
         # 6.
         registry.complete(results)
@@ -183,10 +159,9 @@ def run_epoch(epoch: Epoch) -> int:
     except BaseException as exc:
         registry.fail(exc)
         raise
-    counts: dict[str, int] = {}
+    counts: Counter[str] = Counter()
     for result in results:
-        for what, n in result.counts.items():
-            counts[what] = counts.get(what, 0) + n
+        counts.update(result.counts)
     for what, n in sorted(counts.items()):  # a kernel's count: a message with {n} in it
         _log.warning("epoch %d: %s", epoch.epoch, what.format(n=n))
     rows_in = sum(r.rows_in for r in results)
@@ -202,12 +177,7 @@ _RAISED = re.compile(r"^(?:[\w.]+\.)?(\w+): (.+)$", re.M)
 
 
 def task_error(exc: BaseException) -> BarrierflowError | None:
-    """The barrierflow error a task raised (Spark wraps it in its own), so the driver sees what the kernel said.
-
-    A blocked input, a user function's failure or a schema refused in a task
-    then fail the epoch as they would on the driver (a blocked input is not
-    retried).
-    """
+    """The barrierflow error a task raised (Spark wraps it in its own): the epoch fails as it would on the driver."""
     for name, message in reversed(_RAISED.findall(str(exc))):
         cls = getattr(errors, name, None)
         if isinstance(cls, type) and issubclass(cls, BarrierflowError) and cls is not errors.IncompatibleSavepointError:
@@ -215,43 +185,40 @@ def task_error(exc: BaseException) -> BarrierflowError | None:
     return None
 
 
-def _run_stages(
+def _run_tasks(
     epoch: Epoch, plan: PhysicalPlan, registry: "_Registry", clock: WatermarkClock, splits: Mapping[int, list[Split]],
-    parallelism: int, base: dict[str, Any],
+    parallelism: int | None, base: dict[str, Any],
 ) -> list[TaskResult]:  # fmt: skip
-    """Step 5 of a parallel epoch: each stage a job, its tasks reading what the stage before wrote for them."""
+    """Step 5: each stage a job (``parallelism`` None: every node in one task), its tasks reading what earlier stages wrote."""
     pipe = epoch.pipeline
+    every = KeyGroups.all(pipe.key_groups)
+    ranges = key_group_ranges(parallelism or 1, pipe.key_groups)
     results: list[TaskResult] = []
-    previous: list[TaskResult] = []
-    ranges = key_group_ranges(parallelism, pipe.key_groups)
-    for stage, members in enumerate(plan.stages):
-        incoming, outgoing = plan.crossing(stage)
-        next_tasks = len(ranges)
-        if stage == 0:
-            parts = [(position, split) for position in members if position in splits for split in splits[position]]
-            inputs = [
-                TaskInput(i, KeyGroups.all(pipe.key_groups), {position: (split,)}) for i, (position, split) in enumerate(parts)
-            ]
-            if not inputs:
-                inputs = [TaskInput(0, KeyGroups.all(pipe.key_groups))]
+    for stage, members in enumerate(plan.stages if parallelism else [tuple(range(len(pipe.nodes)))]):
+        incoming, outgoing = plan.crossing(stage) if parallelism else ([], [])
+        names = ", ".join(pipe.nodes[i].operator_id for i in members)
+        description = f"epoch {epoch.epoch}: " + (f"stage {stage} ({names})" if parallelism else "every operator in one task")
+        if not parallelism:
+            inputs = [TaskInput(0, every, {p: tuple(s) for p, s in splits.items()})]
+        elif stage == 0:
+            parts = [(p, split) for p in members if p in splits for split in splits[p]]
+            inputs = [TaskInput(i, every, {p: (split,)}) for i, (p, split) in enumerate(parts)] or [TaskInput(0, every)]
         else:
             inputs = [
-                TaskInput(t, groups, exchanged={e.name: tuple(f for r in previous for f in r.exchange.get(e.name, {}).get(t, [])) for e in incoming})
+                TaskInput(t, groups, exchanged={e.name: tuple(f for r in results for f in r.exchange.get(e.name, {}).get(t, [])) for e in incoming})
                 for t, groups in enumerate(ranges)
             ]  # fmt: skip
-        member_set = set(members)
+        held = set(members)
         task_plan = TaskPlan(
-            nodes=tuple(_detached(n) if i in member_set else None for i, n in enumerate(pipe.nodes)), members=members,
-            watermark=clock, states={k: v for k, v in registry.states.items() if registry.owner[k] in member_set},
-            tables={k: v for k, v in registry.tables.items() if registry.owner.get(k, -1) in member_set or k == DEAD_LETTER},
-            outgoing=tuple(outgoing), incoming=tuple(incoming), receivers=next_tasks, **base,
+            nodes=tuple(_detached(n) if i in held else None for i, n in enumerate(pipe.nodes)), members=members, watermark=clock,
+            states={k: v for k, v in registry.states.items() if registry.owner[k] in held},
+            tables={k: v for k, v in registry.tables.items() if registry.owner.get(k, -1) in held or k == DEAD_LETTER},
+            outgoing=tuple(outgoing), incoming=tuple(incoming), receivers=len(ranges), **base,
         )  # fmt: skip
-        names = ", ".join(n.operator_id for n in (pipe.nodes[i] for i in members))
-        stage_results = _run_job(epoch.spark, f"epoch {epoch.epoch}: stage {stage} ({names})", task_plan, inputs)
+        stage_results = _run_job(epoch.spark, description, task_plan, inputs)
         for result in stage_results:
             clock.merge(result.observations)
         results += stage_results
-        previous = previous + stage_results
     return results
 
 
@@ -281,7 +248,7 @@ class _Registry:
         self.tables: dict[str, OutputTable] = {}
         self.owner: dict[str, int] = {}  # table -> the node writing it
         self.futures: dict[str, Future[tuple[list[StagedFile], tuple[str, ...]]]] = {}
-        self.driver_rows: list[tuple[str, Node]] = []  # tables the driver writes (offsets, watermark maxima)
+        self.driver_rows: list[tuple[StateSpec, str, Node]] = []  # tables the driver writes (offsets, watermark maxima)
 
     def register(self, plan: PhysicalPlan, state_tables: EpochStateTables) -> None:
         """Every table of the epoch, in pipeline order; a registration failing (a sink's schema refused) fails the others."""
@@ -293,21 +260,18 @@ class _Registry:
                 uri = layout.state_table(spec.operator_id, spec.name)
                 if isinstance(node, SourceNode):
                     offsets.append((spec, uri, node))
-                    continue
-                if isinstance(node, WatermarkAssigner):
-                    self.driver_rows.append((spec.table_name, node))
+                elif isinstance(node, WatermarkAssigner):
+                    self._driver_table(spec, uri, node)
+                else:
+                    # Broadcast state is read whole by every task, other state per key group.
+                    whole = spec.name in getattr(node, "broadcast_state_names", ())
+                    state, removes, version = state_tables.plan(spec, uri, whole=whole)
+                    self.states[spec.table_name] = state
+                    self.owner[spec.table_name] = position
                     self.futures[spec.table_name] = epoch.stage_files(
                         name=spec.table_name, uri=uri, kind=TableKind.STATE, schema=spec.arrow_schema(),
-                        primary_key=tuple(spec.key_columns),
+                        primary_key=tuple(spec.key_columns), base_version=version, removes=removes,
                     )  # fmt: skip
-                    continue
-                state, removes, version = state_tables.plan(spec, uri, whole=_held_whole(node, spec.name))
-                self.states[spec.table_name] = state
-                self.owner[spec.table_name] = position
-                self.futures[spec.table_name] = epoch.stage_files(
-                    name=spec.table_name, uri=uri, kind=TableKind.STATE, schema=spec.arrow_schema(),
-                    primary_key=tuple(spec.key_columns), base_version=version, removes=removes,
-                )  # fmt: skip
             for name, (owner, rows) in plan.side_outputs.items():
                 if owner != position:
                     continue
@@ -325,16 +289,14 @@ class _Registry:
         self.futures[DEAD_LETTER] = epoch.stage_files(
             name=DEAD_LETTER, uri=dead, kind=TableKind.DEAD_LETTER, schema=DEAD_LETTER_SCHEMA
         )
-        # Each source's offsets last: staged on the driver once the tasks ran.
-        for spec, uri, node in offsets:
-            self.driver_rows.append((spec.table_name, node))
-            self.futures[spec.table_name] = epoch.stage_files(
-                name=spec.table_name,
-                uri=uri,
-                kind=TableKind.STATE,
-                schema=spec.arrow_schema(),
-                primary_key=tuple(spec.key_columns),
-            )
+        for spec, uri, node in offsets:  # each source's offsets last: staged on the driver once the tasks ran
+            self._driver_table(spec, uri, node)
+
+    def _driver_table(self, spec: StateSpec, uri: str, node: Node) -> None:
+        self.driver_rows.append((spec, uri, node))
+        self.futures[spec.table_name] = self.epoch.stage_files(
+            name=spec.table_name, uri=uri, kind=TableKind.STATE, schema=spec.arrow_schema(), primary_key=tuple(spec.key_columns)
+        )
 
     def stored_rows(self) -> int:
         """Rows the epoch's state tables hold, as this process last saw them (for placement)."""
@@ -355,58 +317,43 @@ class _Registry:
                 future.set_exception(exc)
 
     def stage_driver_rows(self, clock: WatermarkClock) -> None:
-        """Step 6: each tracked assigner's largest event time, each source's offsets, written here."""
-        epoch = self.epoch
-        for name, node in self.driver_rows:
-            future = self.futures[name]
+        """Step 6: each source's offsets and each tracked assigner's largest event time, written here."""
+        epoch, barrier = self.epoch, self.epoch.barrier
+        for spec, uri, node in self.driver_rows:
+            future = self.futures[spec.table_name]
             try:
+                stored = read_small_table(uri, spec)
                 if isinstance(node, WatermarkAssigner):
-                    rows = _max_event_time_rows(node, clock, epoch)
+                    # A row only when the assigner's largest event time grew this epoch.
+                    previous = stored.column("max_event_time_us")[0].as_py() if stored.num_rows else None
+                    seen = clock.maxima.get(node.operator_id)
+                    rows = spec.arrow_schema().empty_table()
+                    if seen is not None and seen != previous:
+                        rows = max_event_time_row(spec, node.operator_id, seen, epoch.processing_time_ms, epoch.epoch)
                 else:
-                    spec = source_offsets_spec(node.operator_id)
-                    stored = read_small_table(epoch.layout.state_table(node.operator_id, spec.name), spec)
-                    barrier = epoch.barrier
                     rows = source_offsets_table(
                         stored, node.operator_id, barrier.start_offsets.get(node.operator_id), barrier.end_offsets[node.operator_id],
                         epoch.pipeline.parallelism, epoch.epoch, epoch.processing_time_ms,
                     )  # fmt: skip
-                uri = epoch.layout.state_table(node.operator_id, name.split("__", 1)[1])
-                future.set_result((write_parquet(uri, epoch.staging_prefix, rows, sort_by=()), ()))
+                future.set_result((write_parquet(uri, epoch.staging_prefix, rows), ()))
             except BaseException as exc:
                 future.set_exception(exc)
                 raise
 
 
-def _max_event_time_rows(node: WatermarkAssigner, clock: WatermarkClock, epoch: Epoch) -> pa.Table:
-    """A tracked assigner's state row when its largest event time grew this epoch (none otherwise)."""
-    spec = max_event_time_spec(node.operator_id)
-    stored = read_small_table(epoch.layout.state_table(node.operator_id, MAX_EVENT_TIME_STATE), spec)
-    previous = stored.column("max_event_time_us")[0].as_py() if stored.num_rows else None
-    seen = clock.maxima.get(node.operator_id)
-    if seen is None or seen == previous:
-        return spec.arrow_schema().empty_table()
-    return max_event_time_row(spec, node.operator_id, seen, epoch.processing_time_ms, epoch.epoch)
-
-
 def _watermark_clock(pipe: Pipeline, prior: Any, layout: PipelineLayout) -> WatermarkClock:
     """The epoch's clock from the restore point: W(n-1) and each assigner's largest event time so far."""
     assigners = [n for n in pipe.nodes if isinstance(n, WatermarkAssigner)]
-    tracked = any(a.tracked for a in assigners)
     maxima: dict[str, int | None] = {}
     for a in assigners:
         if a.tracked:
             spec = max_event_time_spec(a.operator_id)
-            rows = read_small_table(layout.state_table(a.operator_id, MAX_EVENT_TIME_STATE), spec)
+            rows = read_small_table(layout.state_table(a.operator_id, spec.name), spec)
             maxima[a.operator_id] = rows.column("max_event_time_us")[0].as_py() if rows.num_rows else None
         else:
             maxima[a.operator_id] = prior.max_event_time_us if prior is not None else None
     bounds = {a.operator_id: a.out_of_orderness_us for a in assigners}
-    return WatermarkClock(prior.watermark_us if prior is not None else None, maxima, bounds, tracked)
-
-
-def _held_whole(node: Node, state: str) -> bool:
-    """Whether a state of ``node`` is read whole by every task (broadcast state) rather than per key group."""
-    return state in getattr(node, "broadcast_state_names", ())
+    return WatermarkClock(prior.watermark_us if prior is not None else None, maxima, bounds, any(a.tracked for a in assigners))
 
 
 def _splits(
@@ -420,25 +367,14 @@ def _splits(
     return splits
 
 
-def _split_bytes(input_bytes: int, parallelism: int) -> int:
-    return max(MIN_SPLIT_BYTES, min(SPLIT_BYTES, -(-input_bytes // parallelism)))
-
-
 def _with_seq(node: SourceNode, end: Any) -> pa.Schema:
     assert node.source is not None
     return node.source.record_schema(end).append(pa.field(SEQ, pa.int64()))
 
 
-def _planned_bytes(end: Any) -> int:
-    return planned_bytes({"_": end}) if end else 0
-
-
 def _file_names(splits: list[Split]) -> tuple[str, ...]:
     """The epoch's file names of one source, by file index."""
-    names: dict[int, str] = {}
-    for split in splits:
-        for f in split.files:
-            names[f.file_index] = f.name
+    names = {f.file_index: f.name for split in splits for f in split.files}
     return tuple(names[i] for i in sorted(names))
 
 

@@ -1,12 +1,11 @@
 """The barrierflow package as an archive that executors import.
 
-On a cluster, executors run on other machines whose Python need not have
-barrierflow installed, and even ``local-cluster`` executors must not depend
-on the driver's interpreter path. Spark ships a zip listed in
-``spark.submit.pyFiles`` (or added with ``SparkContext.addPyFile``) to every
-executor and puts it first on its Python workers' path, as it does for any
-PySpark application. The archive is built once per version of the code (its
-name carries a digest of the package's files) in the temporary directory.
+Executors on other machines need not have barrierflow installed, and even
+``local-cluster`` executors must not depend on the driver's interpreter
+path. Spark ships a zip in ``spark.submit.pyFiles`` (or ``addPyFile``) to
+every executor, first on its Python workers' path. The archive is built once
+per version of the code (its name carries a digest of the package's files)
+in the temporary directory.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ def ships_package(master: str | None) -> bool:
     return not (master == "local" or master.startswith("local["))
 
 
-def package_archive(directory: str | None = None) -> str:
+def package_archive() -> str:
     """The path of a zip holding the ``barrierflow`` package (built if missing)."""
     root = Path(__file__).resolve().parents[1]  # the package's own directory
     files = sorted(
@@ -37,7 +36,7 @@ def package_archive(directory: str | None = None) -> str:
     for path in files:
         stat = path.stat()
         digest.update(f"{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
-    target = Path(directory or tempfile.gettempdir()) / f"barrierflow-{digest.hexdigest()[:16]}.zip"
+    target = Path(tempfile.gettempdir()) / f"barrierflow-{digest.hexdigest()[:16]}.zip"
     if target.exists():
         return str(target)
     partial = target.with_name(f".{target.name}.{os.getpid()}")

@@ -1,20 +1,15 @@
 """The Spark session barrierflow runs epochs in: a warm Spark Connect engine or an embedded one.
 
-Two kinds of session, one engine code:
-
-- **remote** (``sc://host:port``, Spark Connect): the epoch's plans go to a
+- **remote** (``sc://host:port``, Spark Connect): the epoch's jobs go to a
   long-lived Spark application (``barrierflow engine``, or a cluster's
-  Connect endpoint). Nothing is started per epoch, so an epoch runs warm.
-  Chosen by ``remote=``, ``$BARRIERFLOW_SPARK_REMOTE`` or PySpark's own
-  ``$SPARK_REMOTE``.
+  Connect endpoint), so an epoch runs warm. Chosen by ``remote=``,
+  ``$BARRIERFLOW_SPARK_REMOTE`` or PySpark's own ``$SPARK_REMOTE``.
 - **classic** (``local[*]``, ``local-cluster[...]``, ``spark://...``): this
-  process starts the Spark driver (a JVM) itself, or is the driver that
-  ``spark-submit`` started. Chosen by ``master=`` or ``$BARRIERFLOW_SPARK_MASTER``;
-  ``local[*]`` when nothing is given.
+  process starts the Spark driver (a JVM), or is the driver ``spark-submit``
+  started. Chosen by ``master=`` or ``$BARRIERFLOW_SPARK_MASTER``; ``local[*]``
+  when nothing is given.
 
-PySpark switches a whole process into Connect mode once a remote session
-exists (``pyspark.sql.functions`` then builds Connect expressions), so one
-process uses one kind of session only.
+PySpark's Connect mode is process-wide, so one process uses one kind only.
 """
 
 from __future__ import annotations
@@ -34,35 +29,21 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = [
-    "get_spark",
-    "describe_jobs",
-    "engine_address",
-    "engine_lost",
-    "launched_by_spark_submit",
-    "MASTER_ENV",
-    "REMOTE_ENV",
-    "DRIVER_JAVA_OPTIONS",
-    "driver_java_options",
-    "session_conf",
-    "worker_conf",
-]
+    "get_spark", "describe_jobs", "engine_address", "engine_lost", "launched_by_spark_submit", "MASTER_ENV", "REMOTE_ENV",
+    "DRIVER_JAVA_OPTIONS", "driver_java_options", "session_conf", "worker_conf",
+]  # fmt: skip
 
 MASTER_ENV = "BARRIERFLOW_SPARK_MASTER"
 REMOTE_ENV = "BARRIERFLOW_SPARK_REMOTE"
-# The driver JVM's options; apply when this process starts the JVM, and
-# $BARRIERFLOW_DRIVER_JAVA_OPTIONS replaces them. The throughput collector:
-# G1's concurrent threads took CPU from the tasks. The client compiler alone
-# (C1): a driver plans each epoch's dozens of queries anew, and C2 kept
-# compiling that code all run long; executors in JVMs of their own keep both
-# compilers. C1 alone would shrink the code cache to 48 MiB, which Spark
-# fills (then the JVM stops compiling). Figures: bench/README.md, "The
-# driver's compiler".
+# The driver JVM's options when this process starts it ($BARRIERFLOW_DRIVER_JAVA_OPTIONS replaces them).
+# The throughput collector: G1's concurrent threads took CPU from the tasks. C1 alone: C2 kept compiling
+# the driver's planning code all run long (executors in their own JVMs keep both). C1 alone would shrink
+# the code cache to 48 MiB, which Spark fills. Figures: bench/README.md, "The driver's compiler".
 DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
-# SQL settings every epoch relies on, whoever started the application: they
-# are set per session, so a shared Connect engine gets them from each client.
 def session_conf() -> dict[str, str]:
+    """SQL settings every epoch relies on, set per session: a shared Connect engine gets them from each client."""
     return {
         "spark.sql.session.timeZone": "UTC",  # all event time is UTC
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",  # never INT96
@@ -70,20 +51,13 @@ def session_conf() -> dict[str, str]:
         "spark.sql.adaptive.enabled": os.environ.get("BARRIERFLOW_SPARK_AQE", "false"),
         "spark.sql.shuffle.partitions": "2",
         "spark.sql.sources.ignoreMissingFiles": "false",
-        # An epoch's cached frames live for one epoch: choosing and applying
-        # a compression scheme per column took ~6% of the JVM's CPU (JFR,
-        # sensor_stats) and saved memory only until the epoch ends.
+        # Cached frames live for one epoch: compressing them took ~6% of the JVM's CPU (JFR, sensor_stats).
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
     }
 
 
 def driver_java_options(base: str | None = None) -> str:
-    """A driver JVM's options: ``base`` and the class archive's.
-
-    ``base`` defaults to :data:`DRIVER_JAVA_OPTIONS`, or
-    ``$BARRIERFLOW_DRIVER_JAVA_OPTIONS`` where set; the benchmarks' baselines
-    pass their own.
-    """
+    """A driver JVM's options: ``base`` (default: :data:`DRIVER_JAVA_OPTIONS`, or its environment variable) and the archive's."""
     if base is None:
         base = os.environ.get("BARRIERFLOW_DRIVER_JAVA_OPTIONS", DRIVER_JAVA_OPTIONS)
     return " ".join(filter(None, [base, jvm_archive.java_options()]))
@@ -92,10 +66,8 @@ def driver_java_options(base: str | None = None) -> str:
 def application_conf() -> dict[str, str]:
     """Settings read once, when a driver JVM starts: every way barrierflow starts one passes them."""
     conf = {
-        # Generated code is cached by its text; a steady sensor_stats epoch
-        # asks for ~200 distinct classes, which Spark's default cache (100)
-        # evicted before the next epoch asked again: 822 compilations for
-        # 215 distinct classes, ~1.3 s of CPU per epoch.
+        # A steady sensor_stats epoch asks for ~200 generated classes; Spark's default cache (100)
+        # evicted them before the next epoch: 822 compilations for 215 classes, ~1.3 s of CPU per epoch.
         "spark.sql.codegen.cache.maxEntries": "2000",
         "spark.driver.extraJavaOptions": driver_java_options(),
     }
@@ -107,13 +79,10 @@ def application_conf() -> dict[str, str]:
 
 
 def worker_conf(master: str | None) -> dict[str, str]:
-    """Settings for the Python workers of ``master``: barrierflow's worker daemon where they run on this machine.
+    """Settings for the Python workers of ``master``: forked from :mod:`.worker_daemon` where they run here (``local[...]``).
 
-    Python workers fork from :mod:`barrierflow.execution.worker_daemon`, which has
-    imported and frozen the libraries tasks use (why: its docstring), when
-    the executors run this interpreter here (``local[...]``). Not for other
-    masters (or one spark-submit chooses): their workers may not have
-    barrierflow installed, and must import the package shipped with the task.
+    Not for other masters (or one spark-submit chooses): their workers may
+    not have barrierflow installed, and import the package shipped with the task.
     """
     if master is None or ships_package(master):
         return {}
@@ -132,18 +101,10 @@ def engine_address(remote: str | None = None) -> str | None:
 
 
 def describe_jobs(spark: Any, text: str) -> None:
-    """Name the Spark jobs the calling thread starts from now on (``epoch 4: dedup``) in Spark's UI and event log.
-
-    Classic sessions only: a job description is a thread-local property of
-    the SparkContext, which a Connect client does not have.
-    """
-    sc = getattr(spark, "sparkContext", None) if not _is_remote(spark) else None
+    """Name the Spark jobs the calling thread starts from now on in Spark's UI and event log (classic sessions only)."""
+    sc = getattr(spark, "sparkContext", None) if not type(spark).__module__.startswith("pyspark.sql.connect") else None
     if sc is not None:
         sc.setJobDescription(text)
-
-
-def _is_remote(spark: Any) -> bool:
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def engine_lost(spark: Any, exc: BaseException) -> EngineUnavailableError | None:
@@ -171,19 +132,13 @@ def launched_by_spark_submit() -> bool:
 def get_spark(master: str | None = None, remote: str | None = None, session_name: str | None = None) -> "SparkSession":
     """One session per process and engine.
 
-    ``remote`` (or the environment, see :func:`engine_address`) connects to a
-    Spark Connect engine; raises :class:`EngineUnavailableError` naming the
-    address when it does not answer. Otherwise a classic session on
-    ``master``, ``$BARRIERFLOW_SPARK_MASTER`` or ``local[*]``. In a driver
-    that ``spark-submit`` started, the submitted ``--master`` (the Airflow
-    Spark connection) holds: no environment variable overrides it.
-
-    ``session_name`` (a pipeline's name) makes every process that drives
-    that pipeline join the same Connect session on the engine: the session's
-    Python UDF workers stay warm from one Airflow task to the next, and the
-    engine keeps one session per pipeline instead of one per epoch (each
-    session starts its own Python worker daemon, which Spark 4.2 keeps until
-    the application ends).
+    ``remote`` (or the environment: :func:`engine_address`) connects to a
+    Spark Connect engine (:class:`EngineUnavailableError` naming the address
+    when it does not answer); else a classic session on ``master``,
+    ``$BARRIERFLOW_SPARK_MASTER`` or ``local[*]`` (under ``spark-submit``, its
+    ``--master``). ``session_name`` (a pipeline's name) makes every process
+    driving that pipeline join one Connect session, whose Python workers stay
+    warm from one Airflow task to the next.
     """
     if master is None and remote is None and launched_by_spark_submit():
         return _classic_session(None)  # spark-submit's --master holds; no environment overrides it
@@ -194,12 +149,7 @@ def get_spark(master: str | None = None, remote: str | None = None, session_name
 
 
 def session_ids(session_name: str) -> list[str]:
-    """The Connect session ids a pipeline's processes try, in order.
-
-    The first that the engine has not closed wins; every process tries the
-    same list, so they meet in one session. A session closes only when it
-    stayed idle past the engine's session timeout; the next id serves then.
-    """
+    """The Connect session ids a pipeline's processes try, in order: the first the engine has not closed (idle too long) wins."""
     return [str(uuid.uuid5(_SESSION_NAMESPACE, f"barrierflow/{session_name}#{n}")) for n in range(_SESSION_GENERATIONS)]
 
 
@@ -221,11 +171,9 @@ def _remote_session(address: str, session_name: str | None) -> "SparkSession":
             f"engine at {address} (PySpark's Connect mode is process-wide)"
         )
     # An id in the address is the user's choice; else one session per pipeline (or a fresh one).
-    candidates = (
-        [address]
-        if session_name is None or "session_id=" in address
-        else [with_session_id(address, sid) for sid in session_ids(session_name)]
-    )
+    candidates = [address]
+    if session_name is not None and "session_id=" not in address:
+        candidates = [with_session_id(address, sid) for sid in session_ids(session_name)]
     for url in candidates:
         session = _connect(url, address)
         if session is not None:
@@ -246,8 +194,7 @@ def _connect(url: str, address: str) -> "SparkSession | None":
         session = SparkSession.builder.remote(url).create()
     except Exception as exc:  # noqa: BLE001 - e.g. a malformed address
         raise ConfigurationError(f"Spark Connect address {address!r}: {_first_line(exc)}") from exc
-    # PySpark waits up to 10 minutes for a lost engine; an epoch fails within about
-    # half a minute instead, and the task's own retry (or the next run) takes over.
+    # PySpark waits up to 10 minutes for a lost engine; an epoch fails within about half a minute instead.
     session.client.set_retry_policies(
         [DefaultPolicy(max_retries=8, backoff_multiplier=2.0, initial_backoff=200, max_backoff=5000)]
     )

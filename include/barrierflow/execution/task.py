@@ -1,12 +1,10 @@
 """One task of an epoch: reads its input, runs its operators' kernels in pipeline order, stages what they wrote.
 
-A task is what a Spark task runs on an executor, in a Python worker: the
-whole pipeline for a small epoch, or one stage of a large one (the sources'
-chain over an input split, or a keyed chain over a range of key groups).
-Everything it needs comes in its :class:`TaskPlan` (the same for every task
-of a stage) and :class:`TaskInput` (its own part); everything it did goes
-back to the driver as a :class:`TaskResult`, small documents only: the
-files it staged per table, the exchange files it wrote for the next stage,
+A Spark task, in a Python worker, runs the whole pipeline of a small epoch
+or one stage of a large one (the sources' chain over an input split, a keyed
+chain over a range of key groups). It gets a :class:`TaskPlan` (the same for
+every task of a stage) and a :class:`TaskInput` (its own part), and returns
+a :class:`TaskResult`: the files it staged, the exchange files it wrote,
 its watermark observations and counters.
 
 A task (:func:`run_task`):
@@ -15,22 +13,19 @@ A task (:func:`run_task`):
    letters), or the exchange files of its inputs from an earlier stage.
 2. Runs its nodes in pipeline order, each kernel given its inputs' rows.
    Before a keyed operator, keys computed on the way are checked
-   (:mod:`barrierflow.operators.key_check`); rows of a keyed exchange
-   carry their key group. The watermark follows :class:`WatermarkClock`:
-   the planner puts every event-time operator after every assigner, so
-   W(n) is final when one runs.
+   (:mod:`barrierflow.operators.key_check`). The watermark follows
+   :class:`WatermarkClock`: the planner puts every event-time operator
+   after every assigner, so W(n) is final when one runs.
 3. Writes its outputs that a later stage consumes as exchange files, one
    per edge and receiving task.
-4. Stages every table it wrote: state changes (or its share of a
-   compaction), sink rows, side outputs, dead letters; each file written
-   straight into the table's staging directory.
+4. Stages every table it wrote (state changes or its share of a
+   compaction, sink rows, side outputs, dead letters) into the table's
+   staging directory.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -53,7 +48,6 @@ from barrierflow.storage.staging import write_partition
 
 __all__ = ["TaskPlan", "TaskInput", "TaskResult", "OutputTable", "run_task", "TaskRuntime"]
 
-_log = logging.getLogger(__name__)
 DEAD_LETTER = "dead_letter"
 
 
@@ -61,11 +55,10 @@ DEAD_LETTER = "dead_letter"
 class OutputTable:
     """A table tasks append to or rewrite this epoch: a sink, a side output, the dead letters.
 
-    ``stored`` are the URIs of the table's live files an upsert or a
-    widening may rewrite (read in ``schema``); ``rewrite_all``: every one of
-    them is (a widening, an upsert of a small table), else an upsert
-    rewrites those holding a key it writes. The first task of the stage
-    writing the table rewrites them.
+    ``stored``: the URIs of the table's live files an upsert or a widening
+    may rewrite (read in ``schema``); ``rewrite_all``: every one is
+    rewritten (a widening, an upsert of a small table), else an upsert
+    rewrites those holding a key it writes.
     """
 
     name: str
@@ -121,10 +114,8 @@ class TaskResult:
     removes: Mapping[str, list[str]]  # table -> stored files (relative paths) its staged files replace
     exchange: Mapping[str, Mapping[int, list[str]]]  # edge name -> receiving task -> files
     rows_in: int  # records and dead letters read from sources
-    rows_out: Mapping[str, int]  # table -> rows staged (sinks, side outputs, dead letters)
     observations: list[tuple[str | None, int | None, int]]  # the watermark assigners' (id, max event time, bound)
     counts: Mapping[str, int]
-    node_ms: Mapping[str, int]
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -165,21 +156,22 @@ class TaskRuntime:
     def state(self, spec: StateSpec) -> TaskStateTable:
         name = spec.table_name
         if name not in self._states:
-            plan = self.plan.states.get(name)
-            if plan is None:
+            if name not in self.plan.states:
                 raise CheckpointError(f"state table {name} is not one this epoch planned ({sorted(self.plan.states)})")
-            self._states[name] = TaskStateTable(plan, self.task.groups, self.epoch, self.processing_time_ms)
+            self._states[name] = TaskStateTable(self.plan.states[name], self.task.groups, self.epoch, self.processing_time_ms)
         return self._states[name]
 
-    def emit(self, table: str, rows: pa.Table) -> None:
+    def _check_planned(self, table: str) -> None:
         if table not in self.plan.tables:
             raise CheckpointError(f"table {table} is not one this epoch planned ({sorted(self.plan.tables)})")
+
+    def emit(self, table: str, rows: pa.Table) -> None:
+        self._check_planned(table)
         if rows.num_rows:
             self._emitted.setdefault(table, []).append(rows)
 
     def upsert(self, table: str, rows: pa.Table, key: Sequence[str]) -> None:
-        if table not in self.plan.tables:
-            raise CheckpointError(f"table {table} is not one this epoch planned ({sorted(self.plan.tables)})")
+        self._check_planned(table)
         if table in self._upserts:
             raise CheckpointError(f"upsert sink {table} written twice in one task of epoch {self.epoch}")
         self._upserts[table] = (rows, tuple(key))
@@ -190,12 +182,9 @@ class TaskRuntime:
     def count(self, what: str, n: int) -> None:
         self.counts[what] = self.counts.get(what, 0) + n
 
-    # -- staging -----------------------------------------------------------
-
-    def stage_all(self) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int], dict[str, list[str]]]:
-        """Step 4: every table's staged files, the rows staged per output table, and the stored files rewritten."""
+    def stage_all(self) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[str]]]:
+        """Step 4: every table's staged files, and the stored files rewritten."""
         files: dict[str, list[dict[str, Any]]] = {}
-        rows_out: dict[str, int] = {}
         removes: dict[str, list[str]] = {}
         for name, plan_state in self.plan.states.items():
             if plan_state.whole and self.task.index != 0:
@@ -204,25 +193,25 @@ class TaskRuntime:
             if name in self._states or plan_state.compact:
                 files[name] = self.state(plan_state.spec).finish(self.plan.prefix, self.plan.ranges)
         for name, table in self.plan.tables.items():
-            parts = [_with_epoch(p, self.epoch, table.schema) for p in self._emitted.get(name, [])]
-            if table.rewrite_all and name not in self._upserts and self.task.index == 0:
-                # A widened append sink: its stored rows, read with the wider types, are staged again.
-                parts.insert(0, _read_stored(table.stored, table.schema))
-                removes[name] = [_relative(table.uri, u) for u in table.stored]
+            rewritten: Sequence[str] | None = None
             if name in self._upserts:
-                rows, key = self._upserts[name]
-                hit = table.stored if table.rewrite_all else _files_with_keys(table.stored, rows, key)
-                kept = rows_without_keys(_read_stored(hit, table.schema), rows, key)
-                parts = [kept, conform(rows, table.schema)]
-                removes[name] = [_relative(table.uri, u) for u in hit]
-            if not parts:
-                continue
-            rows = pa.concat_tables(parts)
-            if name in self._upserts:
-                rows = rows.sort_by([(k, "ascending") for k in self._upserts[name][1]])
-            files[name] = _write(table, self.plan.prefix, rows)
-            rows_out[name] = sum(p.num_rows for p in parts[-1:]) if name in self._upserts else rows.num_rows
-        return files, rows_out, removes
+                new, key = self._upserts[name]
+                rewritten = table.stored if table.rewrite_all else _files_with_keys(table.stored, new, key)
+                kept = rows_without_keys(_read_stored(rewritten, table.schema), new, key)
+                rows = pa.concat_tables([kept, conform(new, table.schema)]).sort_by([(k, "ascending") for k in key])
+            else:
+                parts = [_with_epoch(p, self.epoch, table.schema) for p in self._emitted.get(name, [])]
+                if table.rewrite_all and self.task.index == 0:
+                    # A widened append sink: its stored rows, read with the wider types, are staged again.
+                    rewritten = table.stored
+                    parts.insert(0, _read_stored(rewritten, table.schema))
+                if not parts:
+                    continue
+                rows = pa.concat_tables(parts)
+            if rewritten is not None:
+                removes[name] = [u[len(table.uri.rstrip("/")) + 1 :] for u in rewritten]
+            files[name] = write_partition(table.uri, self.plan.prefix, table.schema, None, rows)
+        return files, removes
 
 
 def _with_epoch(rows: pa.Table, epoch: int, schema: pa.Schema) -> pa.Table:
@@ -231,35 +220,19 @@ def _with_epoch(rows: pa.Table, epoch: int, schema: pa.Schema) -> pa.Table:
     return conform(rows, schema)
 
 
-def _relative(table_uri: str, uri: str) -> str:
-    return uri[len(table_uri.rstrip("/")) + 1 :]
+def _read(uri: str, columns: list[str] | None = None) -> pa.Table:
+    fs, path = arrow_filesystem(uri)
+    return pq.read_table(path, filesystem=fs, columns=columns)
 
 
 def _read_stored(uris: Sequence[str], schema: pa.Schema) -> pa.Table:
     """The rows of a table's stored files, in the staged files' schema (a column a file lacks reads null)."""
-    parts = []
-    for uri in uris:
-        fs, path = arrow_filesystem(uri)
-        parts.append(conform(pq.read_table(path, filesystem=fs), schema))
-    return pa.concat_tables(parts) if parts else schema.empty_table()
+    return pa.concat_tables([conform(_read(uri), schema) for uri in uris]) if uris else schema.empty_table()
 
 
 def _files_with_keys(uris: Sequence[str], rows: pa.Table, key: Sequence[str]) -> list[str]:
     """Those of ``uris`` holding a row of one of ``rows``' keys (read by their key columns only)."""
-    hit = []
-    for uri in uris:
-        fs, path = arrow_filesystem(uri)
-        keys = pq.read_table(path, filesystem=fs, columns=list(key))
-        if rows_with_keys(keys, rows, key).num_rows:
-            hit.append(uri)
-    return hit
-
-
-def _write(table: OutputTable, prefix: str, rows: pa.Table) -> list[dict[str, Any]]:
-    described: list[dict[str, Any]] = []
-    for batch in write_partition(table.uri, prefix, table.schema, None, {}, iter(rows.to_batches())):
-        described += batch.to_pylist()
-    return described
+    return [uri for uri in uris if rows_with_keys(_read(uri, list(key)), rows, key).num_rows]
 
 
 def run_task(plan: TaskPlan, task: TaskInput) -> TaskResult:
@@ -267,7 +240,6 @@ def run_task(plan: TaskPlan, task: TaskInput) -> TaskResult:
     runtime = TaskRuntime(plan, task)
     outputs: dict[int, pa.Table] = {}
     rows_in = 0
-    node_ms: dict[str, int] = {}
     incoming = {(e.consumer, e.input): e for e in plan.incoming}
     for position in plan.members:
         node = plan.nodes[position]
@@ -275,29 +247,23 @@ def run_task(plan: TaskPlan, task: TaskInput) -> TaskResult:
         if position in plan.singletons and task.index != 0:
             outputs[position] = plan.schemas[position].empty_table()
             continue
-        started = time.monotonic()
         source = getattr(node, "source", None)
         if source is not None:
             # Step 1: the source's splits.
-            parts, dead_parts = [], []
-            keys = plan.source_keys.get(position, {})
+            parts = []
             for split in task.splits.get(position, ()):
-                records, dead = source.read(split, keys)
+                records, dead = source.read(split, plan.source_keys.get(position, {}))
                 parts.append(records)
-                dead_parts.append(dead)
-                rows_in += records.num_rows + dead.num_rows
-            for dead in dead_parts:
                 runtime.emit(DEAD_LETTER, dead)
+                rows_in += records.num_rows + dead.num_rows
             out = pa.concat_tables(parts) if parts else plan.schemas[position].empty_table()
         else:
-            inputs = []
-            for i, upstream in enumerate(plan.inputs[position]):
-                edge = incoming.get((position, i))
-                if edge is not None:
-                    rows = read_exchange(task.exchanged.get(edge.name, ()), plan.schemas[upstream], edge)
-                else:
-                    rows = outputs[upstream]
-                inputs.append(rows)
+            inputs = [
+                read_exchange(task.exchanged.get(edge.name, ()), plan.schemas[upstream], edge)
+                if (edge := incoming.get((position, i))) is not None
+                else outputs[upstream]
+                for i, upstream in enumerate(plan.inputs[position])
+            ]
             # Step 2: keys computed on the way are checked before the keyed operator.
             for i, column, computed_by in plan.computed_keys.get(position, ()):
                 good, dead = split_computed_keys(
@@ -308,23 +274,18 @@ def run_task(plan: TaskPlan, task: TaskInput) -> TaskResult:
             out = node.run(runtime, inputs)
         schema = plan.schemas[position]
         outputs[position] = out.select(schema.names).cast(schema) if out.schema != schema else out
-        node_ms[node.operator_id] = int((time.monotonic() - started) * 1000)
     # Step 3.
-    exchange: dict[str, dict[int, list[str]]] = {}
-    for edge in plan.outgoing:
-        rows = outputs[edge.producer]
-        by_receiver = partition(rows, edge, plan.key_groups, plan.receivers)
-        exchange[edge.name] = {
+    exchange = {
+        edge.name: {
             receiver: [write_exchange(plan.exchange_dir, edge, task.index, receiver, part)]
-            for receiver, part in by_receiver.items()
+            for receiver, part in partition(outputs[edge.producer], edge, plan.key_groups, plan.receivers).items()
             if part.num_rows
         }
+        for edge in plan.outgoing
+    }
     # Step 4.
-    files, rows_out, removes = runtime.stage_all()
-    return TaskResult(
-        files=files, removes=removes, exchange=exchange, rows_in=rows_in, rows_out=rows_out,
-        observations=runtime.clock.observations, counts=runtime.counts, node_ms=node_ms,
-    )  # fmt: skip
+    files, removes = runtime.stage_all()
+    return TaskResult(files, removes, exchange, rows_in, runtime.clock.observations, runtime.counts)
 
 
 def task_function(plan: TaskPlan, inputs: Sequence[TaskInput]) -> Any:

@@ -1,24 +1,19 @@
 """Maintenance: compaction, checkpoint expiry and vacuum, under the epoch lease.
 
 :func:`run_maintenance`:
-  1. take the pipeline's epoch lease (waits for a running epoch; nothing
-     runs concurrently, so no running epoch can lose a file);
+  1. take the epoch lease (no running epoch can lose a file);
   2. recover, so the checkpoint log ends at a completed epoch;
-  3. compact every state table that has more than one file (one live row
-     per key, ``dataChange=false``: the content at every version is unchanged),
-     and the checkpoint log into few files (its rows unchanged), so a process
-     starting up reads a bounded number of objects, not one per epoch ever run;
-  4. expire completed checkpoints beyond the newest ``retained_checkpoints``
-     of the current lineage, and every checkpoint of earlier lineages: their
-     epoch directories go, so they can no longer be restored or queried;
-  5. vacuum every table with ``keep_versions`` = the versions of the retained
-     checkpoints: files a retained checkpoint reads are never deleted, whatever
-     the retention. Savepoints live outside every table and are never touched;
-  6. sweep barrierflow's own data directories of every table (``_staging``,
-     ``_compacted``, ``_restored``: delta-rs's vacuum never lists ``_``
-     directories): delete each file older than the retention that neither the
-     current version nor a retained checkpoint's version references. Staged
-     files of an epoch after the last completed one are never touched;
+  3. compact every state table of several files (``dataChange=false``: the
+     content at every version is unchanged) and the checkpoint log;
+  4. expire completed checkpoints beyond the newest ``retained_checkpoints`` of
+     the current lineage, and all of earlier lineages: their epoch directories
+     go, so they can no longer be restored or queried;
+  5. vacuum every table keeping the versions of the retained checkpoints,
+     whatever the retention (savepoints live outside every table);
+  6. sweep barrierflow's own data directories of every table (delta-rs's vacuum
+     never lists ``_`` directories): delete each file older than the retention
+     that neither the current nor a retained version references, except staged
+     files of an epoch after the last completed one;
   7. release the lease.
 """
 
@@ -63,13 +58,10 @@ class MaintenanceReport:
 
 
 def run_maintenance(
-    definition: PipelineDefinition,
-    warehouse: str,
-    retained_checkpoints: int = DEFAULT_RETAINED_CHECKPOINTS,
-    vacuum_retention_hours: int = DEFAULT_VACUUM_RETENTION_HOURS,
-    params: Mapping[str, Any] | None = None,
+    definition: PipelineDefinition, warehouse: str, retained_checkpoints: int = DEFAULT_RETAINED_CHECKPOINTS,
+    vacuum_retention_hours: int = DEFAULT_VACUUM_RETENTION_HOURS, params: Mapping[str, Any] | None = None,
     lease_wait_s: float = DEFAULT_LEASE_WAIT_S,
-) -> MaintenanceReport:
+) -> MaintenanceReport:  # fmt: skip
     """Steps 1-7 of the module docstring."""
     if not isinstance(retained_checkpoints, int) or retained_checkpoints < 1:
         raise ParameterError(f"retained_checkpoints must be an integer >= 1, not {retained_checkpoints!r}")
@@ -81,9 +73,7 @@ def run_maintenance(
     coordinator.acquire_lease(wait_s=lease_wait_s)  # step 1
     try:
         recovery = coordinator.recover()  # step 2
-        last = recovery.last_completed
-        lineage_id = recovery.lineage_id
-        pipe = coordinator.pipeline
+        last, lineage_id, pipe = recovery.last_completed, recovery.lineage_id, coordinator.pipeline
         compacted: list[str] = []
         if last is not None:  # step 3
             app = coordinator.app_id(lineage_id)
@@ -94,8 +84,7 @@ def run_maintenance(
         if coordinator.log.compact():
             compacted.append("_checkpoints")
         completed = sorted(
-            (r for r in coordinator.log.lineage_records(lineage_id) if r.status is EpochStatus.COMPLETED),
-            key=lambda r: r.epoch,
+            (r for r in coordinator.log.lineage_records(lineage_id) if r.status is EpochStatus.COMPLETED), key=lambda r: r.epoch
         )
         retained = completed[-retained_checkpoints:]
         retained_epochs = {r.epoch for r in retained}
@@ -128,7 +117,9 @@ def run_maintenance(
                 )
             except DeltaError as exc:
                 raise CheckpointError(f"cannot vacuum {uri}: {exc}") from exc
-            referenced = _referenced_paths(table, uri, keep.get(table_name, set()))
+            # Paths live in the current version or in a retained checkpoint's.
+            old = (open_table(uri, version) for version in keep.get(table_name, set()) - {table.version()})
+            referenced = {unquote(path) for t in [table, *filter(None, old)] for path in live_paths(t)}
             vacuumed[table_name] = len(deleted) + _sweep(uri, referenced, cutoff, in_flight)  # step 6
         return MaintenanceReport(
             pipeline=definition.name,
@@ -142,16 +133,6 @@ def run_maintenance(
         coordinator.release_lease()  # step 7
 
 
-def _referenced_paths(table: Any, uri: str, versions: set[int]) -> set[str]:
-    """Paths (relative to the table) live in ``table`` (the current version) or at any of ``versions``."""
-    referenced = set(live_paths(table))
-    for version in versions - {table.version()}:
-        old = open_table(uri, version)
-        if old is not None:
-            referenced |= live_paths(old)
-    return {unquote(path) for path in referenced}
-
-
 def _sweep(uri: str, referenced: set[str], cutoff: float, in_flight: tuple[str, int]) -> int:
     """Step 6 for one table: delete unreferenced files of its data directories modified before ``cutoff``."""
     lineage_id, last_epoch = in_flight
@@ -163,9 +144,9 @@ def _sweep(uri: str, referenced: set[str], cutoff: float, in_flight: tuple[str, 
             if path in referenced or found.modified_at > cutoff:
                 continue
             parts = found.path.split("/")
-            if directory == STAGING_DIR and len(parts) > 2 and parts[0] == lineage_id and parts[1].isdigit():
-                if int(parts[1]) > last_epoch:
-                    continue  # an epoch not completed yet: its files may still be voted on
+            staged = directory == STAGING_DIR and len(parts) > 2 and parts[0] == lineage_id and parts[1].isdigit()
+            if staged and int(parts[1]) > last_epoch:
+                continue  # an epoch not completed yet: its files may still be voted on
             objects.remove_document(objects.join_uri(root, found.path))
             deleted += 1
         objects.prune_empty_dirs(root)
@@ -176,8 +157,5 @@ def _tables(coordinator: Any) -> list[tuple[str, str]]:
     """Every Delta table of the pipeline: (name in the checkpoint cut, URI)."""
     layout = coordinator.layout
     out = [("_checkpoints", layout.checkpoint_log), ("dead_letter", layout.dead_letter)]
-    for op, st in layout.state_tables():
-        out.append((f"{op}__{st}", layout.state_table(op, st)))
-    for sink in objects.list_dir(objects.join_uri(layout.root, "sinks")):
-        out.append((sink, layout.sink_table(sink)))
-    return out
+    out += [(f"{op}__{st}", layout.state_table(op, st)) for op, st in layout.state_tables()]
+    return out + [(sink, layout.sink_table(sink)) for sink in objects.list_dir(objects.join_uri(layout.root, "sinks"))]

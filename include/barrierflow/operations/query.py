@@ -1,10 +1,7 @@
-"""SQL over a pipeline's tables as of a completed epoch (a consistent cut).
+"""SQL over a pipeline's tables as of a completed epoch (a consistent cut), on delta-rs (DataFusion).
 
-Every sink is a table by its name, plus ``dead_letter``; every state table is
-``<operator_id>__<state>`` holding the current value per key (its raw
-incremental changelog is ``<operator_id>__<state>__changelog``); the
-checkpoint log is ``checkpoints``. Queries run on delta-rs (DataFusion), so
-they need no Spark session.
+Tables: every sink by its name, ``dead_letter``, ``checkpoints`` (the log), and per state
+``<operator_id>__<state>`` (the current value per key) and ``<operator_id>__<state>__changelog``.
 """
 
 from __future__ import annotations
@@ -44,10 +41,8 @@ def table_uri(layout: PipelineLayout, name: str) -> str:
 
 def _state_view(name: str, table: DeltaTable) -> str:
     columns = [f.name for f in table.schema().fields]
-    keys = columns[: columns.index(KEY_GROUP)]
-    visible = [c for c in columns if c not in ("_deleted", "_updated_at_ms")]
-    quoted = ", ".join(f'"{c}"' for c in visible)
-    partition = ", ".join(f'"{k}"' for k in keys)
+    quoted = ", ".join(f'"{c}"' for c in columns if c not in ("_deleted", "_updated_at_ms"))
+    partition = ", ".join(f'"{k}"' for k in columns[: columns.index(KEY_GROUP)])
     return (
         f'"{name}" AS (SELECT {quoted} FROM (SELECT *, row_number() OVER (PARTITION BY {partition} '
         f'ORDER BY "_epoch" DESC) AS "__rn" FROM "{name}__changelog") AS t WHERE "__rn" = 1 AND NOT "_deleted")'
@@ -71,10 +66,8 @@ def run_query(warehouse: str, pipeline: str, sql: str, as_of_epoch: int | None =
     versions = record.versions()
     named = _named_tables(sql, [*versions, "checkpoints"])
     try:
-        for name, version in sorted(versions.items()):
-            if name not in named:
-                continue
-            table = DeltaTable(table_uri(layout, name), version=version)
+        for name in sorted(named & versions.keys()):
+            table = DeltaTable(table_uri(layout, name), version=versions[name])
             if "__" in name:
                 builder.register(f"{name}__changelog", table)
                 views.append(_state_view(name, table))
@@ -84,21 +77,15 @@ def run_query(warehouse: str, pipeline: str, sql: str, as_of_epoch: int | None =
             builder.register("checkpoints", DeltaTable(layout.checkpoint_log))
     except DeltaError as exc:
         raise QueryError(f"cannot open the tables of epoch {record.epoch}: {exc}") from exc
-    statement = _with_views(sql.strip().rstrip(";"), views)
     try:
-        return pa.table(builder.execute(statement).read_all())
+        return pa.table(builder.execute(_with_views(sql.strip().rstrip(";"), views)).read_all())
     except Exception as exc:  # DataFusion raises plain exceptions for SQL errors
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise QueryError(f"query failed: {message}") from exc
 
 
 def _named_tables(sql: str, names: list[str]) -> set[str]:
-    """The tables ``sql`` may read: each whose name (or changelog's) it contains as a word; all for catalog queries.
-
-    Opening a table reads its Delta log (a request per commit on S3), so a
-    query opens only what it names rather than the pipeline's every table.
-    A word that merely looks like a table name only opens one table too many.
-    """
+    """The tables ``sql`` names (or their changelogs), all for catalog queries: opening a table reads its Delta log."""
     if re.search(r"\b(information_schema|show)\b", sql, flags=re.IGNORECASE):
         return set(names)
 
@@ -108,14 +95,11 @@ def _named_tables(sql: str, names: list[str]) -> set[str]:
     return {n for n in names if mentioned(n) or mentioned(f"{n}__changelog")}
 
 
-_LEADING_COMMENTS = r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*"
-
-
 def _with_views(sql: str, views: list[str]) -> str:
     """Prefix the state views as CTEs, merging with the query's own WITH."""
     if not views:
         return sql
-    sql = re.sub(_LEADING_COMMENTS, "", sql, count=1, flags=re.DOTALL)
+    sql = re.sub(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", "", sql, count=1, flags=re.DOTALL)  # leading comments
     match = re.match(r"^\s*with\s+(recursive\s+)?", sql, flags=re.IGNORECASE)
     if match:
         return f"WITH {match.group(1) or ''}{', '.join(views)}, {sql[match.end() :]}"
@@ -153,8 +137,7 @@ def format_rows(table: pa.Table, fmt: str) -> str:
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
-        for row in rows:
-            writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in row.items()})
+        writer.writerows({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in row.items()} for row in rows)
         return buf.getvalue().rstrip("\n")
     cells = [[("" if r[c] is None else str(r[c])) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]

@@ -1,27 +1,18 @@
 """Reprocessing: restore, then replay every data interval after the restore point, in order.
 
-What a data engineer does after fixing a bug: go back to a savepoint (or a
-retained epoch) and run the input since then again with the current code, so
-that the sinks end up exactly as if the history had run once with it.
-:func:`reprocess` does it as one operation:
+After fixing a bug, run the input since a savepoint (or retained epoch) again,
+so the sinks end up as if the history had run once with the current code:
 
-  1. plan: from the restore point's offsets and arrival cut-off, the epochs
-     the replay will produce, one per data interval of the schedule that
-     holds input (:meth:`CheckpointCoordinator.preview_epochs`); reported
-     before anything changes;
-  2. hold the pipeline for this operation: the schedule's runs plan nothing
-     while it is held (``barrier_step`` skips them), so the replay is never
-     interleaved with them;
-  3. restore (:func:`barrierflow.operations.restore.restore`, sinks rewound by default);
-  4. replay: epochs one data interval at a time, each cut at its interval's
-     end, up to the last interval that has ended; again until nothing is
-     left, so the schedule takes over from the present;
-  5. release the hold, also when a step failed (the schedule then goes on
-     with the replay itself, interval by interval, as every run cuts its
-     epochs at interval ends).
+  1. plan: the epochs the replay will produce from the restore point, one per
+     data interval holding input; reported before anything changes;
+  2. hold the pipeline: the schedule's runs plan nothing meanwhile;
+  3. restore (sinks rewound by default);
+  4. replay epochs one interval at a time up to the last ended interval, again
+     until nothing is left, so the schedule takes over from the present;
+  5. release the hold, also on failure (the schedule then goes on with the
+     replay, as every run cuts its epochs at interval ends).
 
-``replay`` runs step 4's epochs: by default the coordinator's own loop in
-this process (``barrierflow reprocess``); the DAG passes its per-epoch steps.
+``replay`` runs step 4: the coordinator's loop in this process by default; the DAG passes its own.
 """
 
 from __future__ import annotations
@@ -36,7 +27,7 @@ from barrierflow.checkpointing.intervals import ArrivalBound, cutoff_text, previ
 from barrierflow.connectors.source import describe_offsets
 from barrierflow.core.errors import EpochInProgressError
 from barrierflow.core.settings import DEFAULT_LEASE_WAIT_S
-from barrierflow.operations.restore import RestoreResult, describe_restore_point, restore
+from barrierflow.operations.restore import RestoreResult, restore, restore_coordinator, restore_point
 from barrierflow.plan.pipeline import PipelineDefinition
 
 __all__ = ["PlannedEpoch", "ReprocessPlan", "ReprocessResult", "plan_reprocess", "reprocess"]
@@ -100,58 +91,36 @@ class ReprocessResult:
         }
 
 
-def _coordinator(
-    definition: PipelineDefinition, warehouse: str, params: Mapping[str, Any] | None, **kw: Any
-) -> CheckpointCoordinator:
-    return CheckpointCoordinator(definition, params or {}, warehouse, **kw)
-
-
 def plan_reprocess(
-    definition: PipelineDefinition,
-    warehouse: str,
-    *,
-    schedule: str | None,
-    savepoint: str | None = None,
-    epoch: int | None = None,
-    params: Mapping[str, Any] | None = None,
-    now_ms: int | None = None,
-) -> ReprocessPlan:
+    definition: PipelineDefinition, warehouse: str, *, schedule: str | None, savepoint: str | None = None,
+    epoch: int | None = None, params: Mapping[str, Any] | None = None, now_ms: int | None = None,
+) -> ReprocessPlan:  # fmt: skip
     """Step 1: the restore point and the epochs a replay from it would produce now (records nothing)."""
-    point = describe_restore_point(definition, warehouse, savepoint=savepoint, epoch=epoch, params=params)
+    coordinator, meta = restore_coordinator(definition, warehouse, savepoint, epoch, params)
+    point = restore_point(coordinator, meta, epoch)
     until = _until(schedule, now_ms)
-    coordinator = _coordinator(definition, warehouse, point.params)
-    planned = coordinator.preview_epochs(point.offsets, ArrivalBound(cutoff_ms=until, schedule=schedule))
+    planned = coordinator.preview_epochs(point["offsets"], ArrivalBound(cutoff_ms=until, schedule=schedule))
     return ReprocessPlan(
         pipeline=definition.name,
-        restore_epoch=point.epoch,
-        restored_from=point.restored_from,
-        restore_cutoff_ms=point.arrival_cutoff_ms,
+        restore_epoch=int(point["epoch"]),
+        restored_from=point["restored_from"],
+        restore_cutoff_ms=point.get("arrival_cutoff_ms"),
         until_ms=until,
         epochs=tuple(PlannedEpoch(cutoff, end) for cutoff, end in planned),
     )
 
 
 def reprocess(
-    definition: PipelineDefinition,
-    warehouse: str,
-    *,
-    schedule: str | None,
-    owner: str,
-    savepoint: str | None = None,
-    epoch: int | None = None,
-    rewind_sinks: bool = True,
-    allow_non_restored_state: bool = False,
-    parallelism: int | None = None,
-    params: Mapping[str, Any] | None = None,
-    spark_factory: Callable[[], Any] | None = None,
-    replay: Replay | None = None,
-    on_plan: Callable[[ReprocessPlan], None] = lambda plan: None,
-    lease_wait_s: float = DEFAULT_LEASE_WAIT_S,
-) -> ReprocessResult:
+    definition: PipelineDefinition, warehouse: str, *, schedule: str | None, owner: str, savepoint: str | None = None,
+    epoch: int | None = None, rewind_sinks: bool = True, allow_non_restored_state: bool = False,
+    parallelism: int | None = None, params: Mapping[str, Any] | None = None,
+    spark_factory: Callable[[], Any] | None = None, replay: Replay | None = None,
+    on_plan: Callable[[ReprocessPlan], None] = lambda plan: None, lease_wait_s: float = DEFAULT_LEASE_WAIT_S,
+) -> ReprocessResult:  # fmt: skip
     """Steps 1-5 of the module docstring; ``owner`` names this operation in the hold and its barriers."""
     plan = plan_reprocess(definition, warehouse, schedule=schedule, savepoint=savepoint, epoch=epoch, params=params)  # 1
     on_plan(plan)
-    coordinator = _coordinator(definition, warehouse, params, spark_factory=spark_factory)
+    coordinator = CheckpointCoordinator(definition, params or {}, warehouse, spark_factory=spark_factory)
     hold = coordinator.hold(owner, f"reprocessing from {plan.restored_from}")  # 2
     if hold.get("owner") != owner:
         raise EpochInProgressError(
@@ -160,25 +129,15 @@ def reprocess(
         )
     try:
         restored = restore(  # 3
-            definition,
-            warehouse,
-            savepoint=savepoint,
-            epoch=epoch,
-            allow_non_restored_state=allow_non_restored_state,
-            rewind_sinks=rewind_sinks,
-            parallelism=parallelism,
-            params=params,
-            lease_wait_s=lease_wait_s,
+            definition, warehouse, savepoint, epoch, allow_non_restored_state, rewind_sinks, parallelism, params, lease_wait_s
         )
         # The restore may fix parameters (a parallelism) for the new lineage: build anew.
-        coordinator = _coordinator(definition, warehouse, params, spark_factory=spark_factory)
-        run_epochs = replay or _run_in_process
+        coordinator = CheckpointCoordinator(definition, params or {}, warehouse, spark_factory=spark_factory)
+        run_epochs = replay or (lambda c, bound: [r.epoch for r in c.run(until_caught_up=True, bound=bound)])
         epochs: list[int] = []
-        while True:  # 4: until the last ended interval, again until nothing is left
-            done = run_epochs(coordinator, ArrivalBound(cutoff_ms=_until(schedule), schedule=schedule, owner=owner))
+        # 4: until the last ended interval, again until nothing is left.
+        while done := run_epochs(coordinator, ArrivalBound(cutoff_ms=_until(schedule), schedule=schedule, owner=owner)):
             epochs += done
-            if not done:
-                break
         records = coordinator.log.lineage_records(restored.lineage_id)
         replayed = sorted(
             (r for r in records if r.epoch in set(epochs) and r.status is EpochStatus.COMPLETED), key=lambda r: r.epoch
@@ -186,10 +145,6 @@ def reprocess(
         return ReprocessResult(plan=plan, restored=restored, replayed=tuple(replayed))
     finally:
         coordinator.release_hold(owner)  # 5
-
-
-def _run_in_process(coordinator: CheckpointCoordinator, bound: ArrivalBound) -> list[int]:
-    return [r.epoch for r in coordinator.run(until_caught_up=True, bound=bound)]
 
 
 def _until(schedule: str | None, now_ms: int | None = None) -> int:

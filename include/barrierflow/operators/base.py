@@ -1,22 +1,11 @@
 """What every operator is: a node of the pipeline graph whose semantics are one kernel over Arrow data.
 
-An operator declares, from its inputs' schemas alone (when the pipeline is
-planned, before any record is read): its output's schema
-(:meth:`Node.output_schema`), the state tables it keeps
-(:meth:`Node.state_specs`), the append tables it writes beside its output
-(:meth:`Node.side_outputs`), and how each input reaches it
-(:meth:`Node.exchanges`): in the task that produced it (``FORWARD``), by
-the key group of its key (``KEYED``), all in one task (``GLOBAL``), or to
-every task (``BROADCAST``). The planner cuts the pipeline into chains at
-those exchanges, as Flink chains operators between ``keyBy``s.
-
-Its kernel, :meth:`Node.run`, computes one epoch's output from its inputs'
-rows as Arrow tables, reading and staging state through the
-:class:`~barrierflow.state.table.StateTable` the :class:`Task` hands it.
-The same kernel runs wherever the planner places it: a small epoch's whole
-pipeline in one task, or a large epoch's chains in parallel tasks, each
-holding some key groups. A kernel therefore never assumes it sees every
-key group; it sees every record of the keys it is given.
+When the pipeline is planned, a node declares from its inputs' schemas its
+output schema, state tables, side outputs and how each input reaches it
+(:class:`Exchange`: the planner cuts chains there, as Flink between
+``keyBy``s). Its kernel, :meth:`Node.run`, computes an epoch's output through
+the :class:`Task`, in one task holding every key group or in parallel tasks
+holding some each: it sees every record of its keys, never every key group.
 """
 
 from __future__ import annotations
@@ -27,9 +16,11 @@ import sysconfig
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from barrierflow.core.columns import KEY_GROUP, position_columns, user_columns
+from barrierflow.core.columns import EPOCH, KEY_GROUP, UPDATED_AT, position_columns, user_columns
 from barrierflow.core.errors import UserFunctionError
 from barrierflow.core.keys import key_groups
 from barrierflow.core.settings import MAX_HELD_STATE_ELEMENTS
@@ -39,9 +30,11 @@ if TYPE_CHECKING:
     from barrierflow.state.table import StateTable
 
 __all__ = [
-    "Node", "Exchange", "Task", "with_key_group", "check_held_state_size", "ship_user_code",
-    "user_columns", "position_columns",
+    "Node", "Exchange", "Task", "with_key_group", "key_fields", "key_ids", "ids_in", "held_state_table", "check_held_state_size",
+    "ship_user_code", "user_columns", "position_columns",
 ]  # fmt: skip
+
+_INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})  # on every worker's path
 
 
 class Exchange(enum.Enum):
@@ -62,35 +55,21 @@ class Task(Protocol):
     parallelism: int  # the pipeline's, as the barrier fixed it (a non-keyed operator's subtasks)
     first_task: bool  # whether this is the first task of its stage (rows every task computes alike are emitted by it alone)
 
+    # W(n-1), the watermark at the epoch's start; W(n), final by the time an event-time operator runs.
     @property
-    def watermark_prev_us(self) -> int | None:
-        """W(n-1), the watermark at the epoch's start."""
-        ...
-
+    def watermark_prev_us(self) -> int | None: ...
     @property
-    def watermark_us(self) -> int | None:
-        """W(n): final by the time an event-time operator runs."""
-        ...
-
-    def state(self, spec: StateSpec) -> "StateTable":
-        """One of the operator's state tables (declared by :meth:`Node.state_specs`)."""
-        ...
-
-    def emit(self, table: str, rows: pa.Table) -> None:
-        """Rows of an append table (a side output, an append sink); ``_epoch`` is added when they are staged."""
-        ...
-
-    def upsert(self, table: str, rows: pa.Table, key: Sequence[str]) -> None:
-        """An upsert sink's rows (``_epoch`` included), one per key: they replace the stored rows of their keys."""
-        ...
-
-    def observe_event_time(self, assigner_id: str, max_us: int | None, out_of_orderness_us: int) -> None:
-        """A watermark assigner's largest event time among the task's records (None: it saw none)."""
-        ...
-
-    def count(self, what: str, n: int) -> None:
-        """Add ``n`` to the epoch's counter ``what``, a message holding ``{n}`` (``"... dropped {n} late record(s)"``) the driver logs."""
-        ...
+    def watermark_us(self) -> int | None: ...
+    # One of the operator's state tables (declared by :meth:`Node.state_specs`).
+    def state(self, spec: StateSpec) -> "StateTable": ...
+    # Rows of an append table (a side output, an append sink); ``_epoch`` is added when they are staged.
+    def emit(self, table: str, rows: pa.Table) -> None: ...
+    # An upsert sink's rows (``_epoch`` included), one per key: they replace the stored rows of their keys.
+    def upsert(self, table: str, rows: pa.Table, key: Sequence[str]) -> None: ...
+    # A watermark assigner's largest event time among the task's records (None: it saw none).
+    def observe_event_time(self, assigner_id: str, max_us: int | None, out_of_orderness_us: int) -> None: ...
+    # Add ``n`` to the epoch's counter ``what``, a message with ``{n}`` (``"dropped {n} late records"``) the driver logs.
+    def count(self, what: str, n: int) -> None: ...
 
 
 @dataclass
@@ -100,17 +79,9 @@ class Node:
     operator_id: str
     parent: "Node | None"
 
-    # Whether the operator reads its input's arrival positions (``_seq``...): an
-    # order-sensitive one (deduplication, process functions) needs them in its input.
-    needs_arrival_order = True
-    # Whether it passes arrival positions on without using them (stateless operators,
-    # unions): then whether its input needs them is up to its consumers.
-    forwards_arrival_order = False
-    # Whether the operator reads the watermark (windows, joins, timers): it
-    # must be downstream of every watermark assigner when there are several.
-    uses_watermark = False
-
-    # -- the graph ---------------------------------------------------------
+    needs_arrival_order = True  # it reads its input's arrival positions (_seq...), as dedup and process functions do
+    forwards_arrival_order = False  # it passes them on unused (stateless, unions): its consumers say if its input needs them
+    uses_watermark = False  # it reads the watermark (windows, joins, timers): it must be downstream of every assigner
 
     def inputs(self) -> tuple["Node", ...]:
         """The nodes whose output this one consumes, in order: its parent; more for a multi-input operator."""
@@ -127,10 +98,7 @@ class Node:
 
     def input_keys(self) -> tuple[tuple[str, ...], ...]:
         """Each input's key columns (for a ``KEYED`` exchange; empty otherwise)."""
-        keyed = self.keyed_inputs()
-        if not keyed:
-            return tuple(() for _ in self.inputs())
-        return tuple(key for _, key in keyed)
+        return tuple(key for _, key in self.keyed_inputs()) or tuple(() for _ in self.inputs())
 
     def passes_through(self, column: str) -> bool:
         """Whether ``column`` of its output is that of its input record, unchanged (a key checked at the source)."""
@@ -143,8 +111,6 @@ class Node:
     def unique_by(self) -> tuple[str, ...] | None:
         """Columns of which the operator's output holds at most one row per value in an epoch (None: no such promise)."""
         return None
-
-    # -- what it declares from its inputs' schemas -------------------------
 
     def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
         """The schema of its output given its inputs' (arrival-position columns included)."""
@@ -162,8 +128,6 @@ class Node:
         """Each side output's rows' schema (without ``_epoch``), given its inputs'."""
         return {}
 
-    # -- the kernel --------------------------------------------------------
-
     def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
         """One epoch's output from each input's rows (in :meth:`inputs` order), as ``output_schema`` says."""
         raise NotImplementedError(type(self).__name__)
@@ -174,9 +138,51 @@ class Node:
 
 def with_key_group(rows: pa.Table, key: Sequence[str], groups: int) -> pa.Table:
     """``rows`` with :data:`KEY_GROUP` of ``key`` appended (kept if a keyed exchange already added it)."""
-    if KEY_GROUP in rows.column_names:
-        return rows
-    return rows.append_column(KEY_GROUP, key_groups(rows.select(list(key)), groups))
+    return rows if KEY_GROUP in rows.column_names else rows.append_column(KEY_GROUP, key_groups(rows.select(list(key)), groups))
+
+
+def key_fields(key: Sequence[str], schema: pa.Schema | None) -> tuple[pa.Field, ...]:
+    """A state table's key columns ``key``, typed as the input ``schema`` types them (strings without it: the untyped default)."""
+    return tuple(pa.field(k, schema.field(k).type if schema is not None and k in schema.names else pa.string()) for k in key)
+
+
+def key_ids(parts: Sequence[pa.Table], columns: Sequence[str]) -> tuple[pa.Table, list[np.ndarray]]:
+    """The sorted distinct values of ``columns`` in ``parts`` (NaN above numbers, nulls last), each part's rows' index among them.
+
+    Nulls equal nulls and NaN equals NaN, as Spark groups keys.
+    """
+    schema = pa.schema([f.with_nullable(True) for f in parts[0].select(list(columns)).schema])
+    every = pa.concat_tables([p.select(list(columns)).cast(schema) for p in parts])
+    order = pc.sort_indices(every, sort_keys=[(c, "ascending") for c in columns]).to_numpy()
+    starts = np.arange(every.num_rows) == 0  # the sorted rows starting a value: differing from the row before
+    for column in every.take(order).combine_chunks().columns:
+        same = pc.fill_null(pc.equal(column[1:], column[:-1]), pc.and_(pc.is_null(column[1:]), pc.is_null(column[:-1])))
+        if pa.types.is_floating(column.type):
+            same = pc.or_(same, pc.fill_null(pc.and_(pc.is_nan(column[1:]), pc.is_nan(column[:-1])), False))
+        starts[1:] |= ~same.to_numpy(zero_copy_only=False)
+    ids = np.empty(every.num_rows, dtype=np.int64)
+    ids[order] = np.cumsum(starts) - 1
+    bounds = np.cumsum([0, *(p.num_rows for p in parts)])
+    return every.take(pa.array(order[starts])), [ids[bounds[i] : bounds[i + 1]] for i in range(len(parts))]
+
+
+def ids_in(keys: pa.Table, rows: pa.Table, key: Sequence[str]) -> np.ndarray:
+    """Each of ``rows``' index among ``keys`` (distinct, as :func:`key_ids` made them) by its key columns; -1 if absent."""
+    _, (of_keys, of_rows) = key_ids([keys.select(list(key)), rows.select(list(key))], key)
+    position = np.full(len(of_keys) + len(of_rows), -1, dtype=np.int64)
+    position[of_keys] = np.arange(len(of_keys))
+    return position[of_rows]
+
+
+def held_state_table(spec: StateSpec, rows: list[dict[str, Any]], epoch: int, updated_at_ms: int, misfit: str = "") -> pa.Table:
+    """Changelog ``rows`` of a state held whole (key group 0) as written by ``epoch``; ``misfit`` names a value not fitting."""
+    element = f"an element does not fit its declared type {spec.value_fields[0].type}"
+    misfit = misfit or f"operator state {spec.name!r} of {spec.operator_id!r}: {element}"
+    written = {KEY_GROUP: 0, UPDATED_AT: updated_at_ms, EPOCH: epoch}
+    try:
+        return pa.Table.from_pylist([{**row, **written} for row in rows], schema=spec.arrow_schema())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+        raise UserFunctionError(f"{misfit}: {exc}") from None
 
 
 def check_held_state_size(operator_id: str, state: str, elements: int) -> None:
@@ -190,12 +196,7 @@ def check_held_state_size(operator_id: str, state: str, elements: int) -> None:
 
 
 def ship_user_code(obj: Any) -> None:
-    """Pickle the module defining ``obj`` (a user function or class) by value, so workers need not import it.
-
-    A function defined in an application module (or a test) is not
-    necessarily on the workers' path; shipping its module with the task makes
-    local and cluster runs behave the same.
-    """
+    """Pickle the module defining ``obj`` (a user function or class) by value: workers need not have it on their path."""
     from pyspark import cloudpickle
 
     name = getattr(obj, "__module__", None) or type(obj).__module__
@@ -203,9 +204,5 @@ def ship_user_code(obj: Any) -> None:
     if module is None or module.__name__ == "__main__" or module.__name__.split(".")[0] == "barrierflow":
         return
     path = getattr(module, "__file__", None)
-    if path is None or any(path.startswith(p) for p in _INSTALLED):
-        return  # the standard library and installed packages are on every worker's path
-    cloudpickle.register_pickle_by_value(module)
-
-
-_INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+    if path is not None and not path.startswith(_INSTALLED):  # the standard library and installed packages are on workers'
+        cloudpickle.register_pickle_by_value(module)

@@ -1,25 +1,24 @@
 """Deduplication: keep the first record of each key, across all epochs.
 
-1. Within the epoch, the first record of each key by arrival position
-   (``_seq``, then a flat_map's sub-positions) is kept; its later ones drop.
+1. Within the epoch, each key's first record by arrival position is kept.
 2. A key the state table ``<operator_id>__seen`` holds (seen in an earlier
-   epoch, and not expired by ``ttl``) drops too.
-3. The keys kept are staged into the state with the epoch that first saw
-   them (``first_epoch``); the kept records go on, in arrival order.
+   epoch, not expired by ``ttl``) drops too.
+3. The keys kept are staged with the epoch that first saw them
+   (``first_epoch``); the kept records go on, in arrival order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Sequence
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from barrierflow.core.arrow import in_arrival_order, null_safe_keys, row_numbers, rows_without_keys
 from barrierflow.core.columns import DELETED, KEY_GROUP
-from barrierflow.operators.base import Node, Task, with_key_group
+from barrierflow.operators.base import Node, Task, key_fields, with_key_group
 from barrierflow.state.spec import StateSpec
 
 __all__ = ["Deduplicate"]
@@ -30,21 +29,10 @@ class Deduplicate(Node):
     key: tuple[str, ...] = ()
     ttl: timedelta | None = None
 
-    def _spec(self, types: dict[str, pa.DataType] | None = None) -> StateSpec:
-        types = types or {}
-        return StateSpec(
-            operator_id=self.operator_id,
-            name="seen",
-            key_fields=tuple(pa.field(k, types.get(k, pa.string())) for k in self.key),
-            value_fields=(pa.field("first_epoch", pa.int64()),),
-            ttl_ms=int(self.ttl.total_seconds() * 1000) if self.ttl else None,
-        )
-
     def state_specs(self, inputs: Sequence[pa.Schema] | None = None) -> list[StateSpec]:
-        if not inputs:
-            return [self._spec()]
-        (schema,) = inputs
-        return [self._spec({k: schema.field(k).type for k in self.key})]
+        ttl_ms = int(self.ttl.total_seconds() * 1000) if self.ttl else None
+        key = key_fields(self.key, inputs[0] if inputs else None)
+        return [StateSpec(self.operator_id, "seen", key, (pa.field("first_epoch", pa.int64()),), ttl_ms)]
 
     def passes_through(self, column: str) -> bool:
         return True  # it drops records, never changes one
@@ -60,22 +48,10 @@ class Deduplicate(Node):
         # 1. The first record of each key, by arrival position.
         ordered = in_arrival_order(with_key_group(records, key, task.key_groups))
         numbered = null_safe_keys(ordered, key).append_column("_row", row_numbers(ordered.num_rows))
-        firsts = numbered.group_by([c for c in numbered.column_names if c != "_row"], use_threads=False).aggregate(
-            [("_row", "min")]
-        )
-        first = firsts["_row_min"]
-        firsts_rows = ordered.take(pc.take(first, pc.sort_indices(first)))
-        # 2. Unless the state holds the key already.
+        first = numbered.group_by(numbered.column_names[:-1], use_threads=False).aggregate([("_row", "min")])["_row_min"]
+        firsts_rows = ordered.take(np.sort(first.to_numpy()))
         seen = task.state(spec).live_rows(firsts_rows.select([*key, KEY_GROUP]))
-        fresh = rows_without_keys(firsts_rows, seen, key)
-        # 3.
-        n = fresh.num_rows
-        task.state(spec).stage(
-            fresh.select([*key, KEY_GROUP])
-            .append_column("first_epoch", pa.repeat(pa.scalar(task.epoch, pa.int64()), n))
-            .append_column(DELETED, pa.repeat(pa.scalar(False), n))
-        )
+        fresh = rows_without_keys(firsts_rows, seen, key)  # 2. unless the state holds the key already
+        staged = fresh.select([*key, KEY_GROUP]).append_column("first_epoch", pa.repeat(pa.scalar(task.epoch), fresh.num_rows))
+        task.state(spec).stage(staged.append_column(DELETED, pa.repeat(pa.scalar(False), fresh.num_rows)))  # 3.
         return fresh.drop_columns([KEY_GROUP])
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "key": list(self.key)}

@@ -1,4 +1,4 @@
-"""What the two-input event-time joins share: late records, records buffered in state, joined rows.
+"""What the event-time operators share: the joins' buffers, late records and joined rows; keys, times, windows.
 
 An interval join (:mod:`barrierflow.operators.interval_join`) and a window
 join (:mod:`barrierflow.operators.window_join`) take two inputs, each KEYED
@@ -65,46 +65,31 @@ import base64
 import json
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from barrierflow.api.windows import SlidingEventTimeWindows, TumblingEventTimeWindows
 from barrierflow.core.arrow import conform
-from barrierflow.core.columns import KEY_GROUP, user_columns
+from barrierflow.core.columns import DELETED, KEY_GROUP, user_columns
 from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.operators.base import Exchange, Node, Task, with_key_group
 from barrierflow.state.spec import StateSpec
 
 __all__ = [
-    "SIDES", "BUFFER_COLUMNS", "TwoSidedJoin", "SideRecords", "buffer_spec", "output_columns", "record_json", "record_values",
-    "side_records", "send_late", "key_ids", "event_time_us", "buffered_rows", "buffer_columns", "joined_values", "greater_than", "at_most",
-    "INT64_MIN", "INT64_MAX",
+    "SIDES", "BUFFER_COLUMNS", "INT64_MIN", "INT64_MAX", "TwoSidedJoin", "SideRecords", "output_columns", "record_json",
+    "record_values", "side_records", "side_candidates", "stage_buffer", "matches", "key_ids", "ranks", "event_time_us",
+    "greater_than", "at_most", "aligned_windows", "ints", "bools",
 ]  # fmt: skip
 
 SIDES = ("left", "right")
 # The buffer's own columns beside the key columns (no key column may take these names).
 BUFFER_COLUMNS = ("record_epoch", "record_index", "event_time_us", "record")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-
-
-def buffer_spec(
-    operator_id: str, side: str, key: Sequence[str], own: Sequence[pa.Field] = (), key_types: dict[str, pa.DataType] | None = None
-) -> StateSpec:
-    """The state table ``<operator_id>__<side>`` of buffered records; ``own`` are key columns of the join's (a window's start)."""
-    types = key_types or {}
-    return StateSpec(
-        operator_id=operator_id,
-        name=side,
-        key_fields=(
-            *(pa.field(k, types.get(k, pa.string())) for k in key),
-            *own,
-            pa.field("record_epoch", pa.int64()),
-            pa.field("record_index", pa.int64()),
-        ),
-        value_fields=(pa.field("event_time_us", pa.int64()), pa.field("record", pa.string())),
-    )
+# Event times and window sizes within which window arithmetic never leaves a long (years -73,000 to 73,000).
+_SAFE = 2**61
 
 
 def output_columns(
@@ -184,12 +169,8 @@ class TwoSidedJoin(Node):
         for name, schema in zip(self.late_outputs, inputs):
             if not name:
                 continue
-            fields = [f.with_nullable(True) for f in schema if f.name in user_columns(schema.names)]
-            if name not in schemas:
-                schemas[name] = pa.schema(fields)
-                continue
-            merged = schemas[name]
-            for field in fields:
+            merged = schemas.get(name, pa.schema([]))
+            for field in (f.with_nullable(True) for f in schema if f.name in user_columns(schema.names)):
                 if field.name not in merged.names:
                     merged = merged.append(field)
                 elif merged.field(field.name).type != field.type:
@@ -200,14 +181,19 @@ class TwoSidedJoin(Node):
             schemas[name] = merged
         return schemas
 
-    def _spec(self, side: str, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
-        return buffer_spec(self.operator_id, side, self.key, self.own_fields, key_types)
-
     def state_specs(self, inputs: Sequence[pa.Schema] | None = None) -> list[StateSpec]:
-        types = None
-        if inputs:
-            types = {k: inputs[0].field(k).type for k in self.key if k in inputs[0].names}
-        return [self._spec(side, types) for side in SIDES]
+        """The buffer tables ``<operator_id>__left`` / ``__right`` (see the module docstring)."""
+        types = {k: inputs[0].field(k).type for k in self.key if k in inputs[0].names} if inputs else {}
+        keys = (*(pa.field(k, types.get(k, pa.string())) for k in self.key), *self.own_fields)
+        return [
+            StateSpec(
+                operator_id=self.operator_id,
+                name=side,
+                key_fields=(*keys, pa.field("record_epoch", pa.int64()), pa.field("record_index", pa.int64())),
+                value_fields=(pa.field("event_time_us", pa.int64()), pa.field("record", pa.string())),
+            )
+            for side in SIDES
+        ]
 
     def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
         """The key columns (the left's), the join's own columns, then both records' other columns, all nullable."""
@@ -232,14 +218,12 @@ class TwoSidedJoin(Node):
         """Refuses inputs the join cannot take: missing columns, keys of other types, event times that are not timestamps."""
         if len(inputs) != 2:
             raise PipelineDefinitionError(f"{self.what}: takes two inputs, got {len(inputs)}")
-        keys = (self.key, self.other_key)
         if len(self.key) != len(self.other_key) or not self.key:
             raise PipelineDefinitionError(
                 f"{self.what}: the inputs are keyed by {list(self.key)} and {list(self.other_key)}; two joined streams "
                 "need as many key columns, of the same types, in the same order"
             )
-        for index, (schema, key, time) in enumerate(zip(inputs, keys, self.time_columns)):
-            side = SIDES[index]
+        for side, schema, key, time in zip(SIDES, inputs, (self.key, self.other_key), self.time_columns):
             names = schema.names
             duplicated = sorted({n for n in names if names.count(n) > 1})
             if duplicated:
@@ -256,7 +240,7 @@ class TwoSidedJoin(Node):
                     f"{self.what}: the {side} input's event time {time!r} must be a timestamp, found {schema.field(time).type}"
                 )
             for field in schema:
-                if not field.name.startswith("_") and not _has_json_form(field.type):
+                if not field.name.startswith("_") and not all(map(_has_json_form, _leaves(field.type))):
                     raise PipelineDefinitionError(
                         f"{self.what}: the {side} input's column {field.name!r} is of type {field.type}, which a join cannot "
                         "buffer (records wait in state as JSON); convert it upstream (e.g. to a string or a number)"
@@ -281,12 +265,34 @@ class TwoSidedJoin(Node):
 
     # -- shared kernel steps
 
-    def late_schemas(self, inputs: Sequence[pa.Schema]) -> list[pa.Schema | None]:
+    def send_late(self, task: Task, sides: Sequence[SideRecords], inputs: Sequence[pa.Schema]) -> None:
+        """Late records to their side's late output (every epoch, empty or not), else dropped and counted."""
         schemas = self.side_output_schemas(inputs)
-        return [schemas[name] if name else None for name in self.late_outputs]
+        for label, side, name in zip(SIDES, sides, self.late_outputs):
+            if name:
+                task.emit(name, conform(side.late, schemas[name]))
+            elif side.late.num_rows:
+                task.count(f"{self.what} dropped {{n}} late {label} record(s) (no late output declared)", side.late.num_rows)
+
+    def joined(
+        self, schema: pa.Schema, inputs: Sequence[pa.Table], fresh: Sequence[tuple[np.ndarray, int]],
+        candidates: Sequence[pa.Table], pairs: tuple[np.ndarray, np.ndarray], own: Sequence[pa.Array] = (),
+    ) -> pa.Table:  # fmt: skip
+        """The output rows of ``pairs`` (candidate rows per side): the left record's key columns, the join's ``own``
+        columns, then both records' other columns. ``fresh``: per side, the input row of each of its first candidates
+        (the epoch's records) and how many those are."""
+        values = [
+            _candidate_values(records, rows, candidate, n, at)
+            for records, (rows, n), candidate, at in zip(inputs, fresh, candidates, pairs)
+        ]
+        users = [user_columns(t.column_names) for t in inputs]
+        columns = output_columns(self.key, users[0], users[1], self.other_key, reserved=[f.name for f in self.own_output_fields])
+        arrays = [candidates[0][k].take(pa.array(pairs[0], pa.int64())) for k in self.key]
+        arrays += [*own, *(values[SIDES.index(side)][column] for side, column, _ in columns[len(self.key) :])]
+        return pa.Table.from_arrays([a.cast(f.type) for a, f in zip(arrays, schema)], schema=schema)
 
 
-# -- the epoch's records of one side ------------------------------------------------------------------------------------
+# -- the epoch's records of one side, the buffered ones -----------------------------------------------------------------
 
 
 @dataclass
@@ -298,109 +304,126 @@ class SideRecords:
     late: pa.Table  # the late records' user columns
 
 
-def event_time_us(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """A timestamp column in microseconds since the Unix epoch, and whether each is not null."""
-    micros = pc.cast(column, pa.timestamp("us", tz=column.type.tz), safe=False).cast(pa.int64())
-    valid = np.asarray(pc.is_valid(micros).to_numpy(zero_copy_only=False), dtype=bool)
-    values = np.asarray(pc.fill_null(micros, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
-    return values, valid
-
-
 def side_records(
     task: Task, records: pa.Table, key: Sequence[str], theirs: Sequence[str], ts_us: np.ndarray, late: np.ndarray
 ) -> SideRecords:
-    """The side's records split into those that may join (in the buffer's form) and the late ones.
-
-    ``late`` marks records that can no longer join; a null key is late too.
-    ``record_index`` ranks a key's fresh records by event time, then by their
-    JSON's bytes, as Spark's ``row_number()`` over them did.
-    """
+    """The side's records split into those that may join (in the buffer's form) and the ``late`` ones (a null key too)."""
     late = np.array(late, dtype=bool, copy=True)
     for column in theirs:
-        late |= np.asarray(pc.is_null(records[column]).to_numpy(zero_copy_only=False), dtype=bool)
+        late |= bools(pc.is_null(records[column]))
     users = user_columns(records.column_names)
-    late_rows = records.filter(pa.array(late)).select(users)
-    rows = np.flatnonzero(~late).astype(np.int64)
-    kept = with_key_group(records, theirs, task.key_groups).take(pa.array(rows))
-    n = kept.num_rows
+    rows = np.flatnonzero(~late)
+    kept = with_key_group(records, theirs, task.key_groups).take(pa.array(rows, pa.int64()))
     columns: dict[str, Any] = {k: kept[t] for k, t in zip(key, theirs)}
     columns[KEY_GROUP] = kept[KEY_GROUP]
-    columns["record_epoch"] = pa.repeat(pa.scalar(task.epoch, pa.int64()), n)
+    columns["record_epoch"] = pa.repeat(pa.scalar(task.epoch, pa.int64()), kept.num_rows)
     columns["event_time_us"] = pa.array(ts_us[rows], pa.int64())
     columns["record"] = record_json(kept, [records.schema.field(c) for c in users])
     fresh = pa.table(columns)
-    fresh = fresh.append_column("record_index", _record_ranks(fresh, key))
-    return SideRecords(fresh, rows, late_rows)
-
-
-def _record_ranks(fresh: pa.Table, key: Sequence[str]) -> pa.Array:
-    """``record_index``: 1, 2... per key, by ``event_time_us`` then ``record`` (by bytes, as Spark compares strings)."""
-    n = fresh.num_rows
-    if not n:
-        return pa.array([], pa.int64())
-    (ids,) = key_ids([fresh], key)
+    # record_index: 1, 2... per key, by event time, then the JSON's bytes (as Spark's row_number() over them did).
+    _, ids = key_ids([fresh], key)
     order = pc.sort_indices(
         pa.table({"_id": ids, "t": fresh["event_time_us"], "r": fresh["record"]}),
         sort_keys=[("_id", "ascending"), ("t", "ascending"), ("r", "ascending")],
-    ).to_numpy()
-    sorted_ids = ids[order]
-    starts = np.ones(n, dtype=bool)
-    starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
-    positions = np.arange(n, dtype=np.int64)
-    first = np.maximum.accumulate(np.where(starts, positions, 0))
-    ranks = np.empty(n, dtype=np.int64)
-    ranks[order] = positions - first + 1
-    return pa.array(ranks)
+    )
+    fresh = fresh.append_column("record_index", pa.array(ranks(ids, ints(order))))
+    return SideRecords(fresh, rows, records.filter(pa.array(late)).select(users))
 
 
-def send_late(task: Task, node: TwoSidedJoin, sides: Sequence[SideRecords], schemas: Sequence[pa.Schema | None]) -> None:
-    """Late records to their side's late output (every epoch, empty or not), else dropped and counted."""
-    for label, side, name, schema in zip(("left", "right"), sides, node.late_outputs, schemas):
-        if name and schema is not None:
-            task.emit(name, conform(side.late, schema))
-        elif side.late.num_rows:
-            task.count(
-                f"{node.kind} {node.operator_id!r} dropped {{n}} late {label} record(s) (no late output declared)",
-                side.late.num_rows,
-            )
-
-
-def buffered_rows(task: Task, spec: StateSpec, read: bool) -> pa.Table:
-    """Every buffered row of the task's key groups (the buffer's columns), or none when ``read`` is false."""
-    columns = buffer_columns(spec)
-    if not read:
-        return columns.empty_table()
-    return task.state(spec).every_live_row().select(columns.names).cast(columns)
-
-
-def buffer_columns(spec: StateSpec) -> pa.Schema:
+def side_candidates(task: Task, spec: StateSpec, fresh: pa.Table, read: bool, keep: Callable[[pa.Table], np.ndarray]) -> pa.Table:
+    """A side's candidates in the buffer's columns: its ``fresh`` records, then those buffered in the task's key groups
+    that ``keep`` marks (none unless ``read``)."""
     schema = spec.arrow_schema()
-    return pa.schema([schema.field(c) for c in (*spec.key_columns, KEY_GROUP, *spec.value_columns)])
+    columns = pa.schema([schema.field(c) for c in (*spec.key_columns, KEY_GROUP, *spec.value_columns)])
+    stored = task.state(spec).every_live_row().select(columns.names).cast(columns) if read else columns.empty_table()
+    if stored.num_rows:
+        stored = stored.filter(pa.array(keep(stored)))
+    return pa.concat_tables([fresh.select(columns.names).cast(columns), stored])
 
 
-# -- keys, times ------------------------------------------------------------------------------------------------------
+def stage_buffer(task: Task, spec: StateSpec, candidates: pa.Table, fresh: int, leaving: np.ndarray) -> None:
+    """The buffer after the epoch: the ``fresh`` first candidates not ``leaving`` added, buffered ones leaving deleted."""
+    is_new = np.arange(candidates.num_rows) < fresh
+    changed = is_new != leaving
+    task.state(spec).stage(candidates.filter(pa.array(changed)).append_column(DELETED, pa.array(~is_new[changed])))
 
 
-def key_ids(tables: Sequence[pa.Table], key: Sequence[str]) -> list[np.ndarray]:
-    """Dense ids of each row's key across ``tables`` (the same key columns and types; no null keys).
+def matches(lefts: pa.Table, rights: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """``_l`` and ``_r`` of each pair of a row of ``lefts`` and one of ``rights`` equal in their other columns, by ``_l`` then ``_r``."""
+    on = [c for c in lefts.column_names if c != "_l"]
+    joined = lefts.join(rights, keys=on, join_type="inner", use_threads=False)
+    left, right = ints(joined["_l"]), ints(joined["_r"])
+    order = np.lexsort((right, left))
+    return left[order], right[order]
 
-    Equal ids for keys Spark's equality takes as equal: -0.0 and 0.0, any NaN and NaN.
+
+def _candidate_values(records: pa.Table, rows_of_fresh: np.ndarray, candidates: pa.Table, fresh: int, at: np.ndarray) -> pa.Table:
+    """The user columns of one side's candidates at rows ``at``: an epoch's record (a row before ``fresh``)
+    as its input row, a buffered one as its JSON reads back (once however many pairs it is in)."""
+    fields = [records.schema.field(c) for c in user_columns(records.column_names)]
+    schema = pa.schema([f.with_nullable(True) for f in fields])
+    is_new = at < fresh
+    stored, inverse = np.unique(at[~is_new], return_inverse=True)
+    parts = pa.concat_tables(
+        [
+            conform(records.select(schema.names).take(pa.array(rows_of_fresh[at[is_new]], pa.int64())), schema),
+            record_values(candidates["record"].take(pa.array(stored, pa.int64())), fields).take(pa.array(inverse.reshape(-1))),
+        ]
+    )
+    placed = np.concatenate([np.flatnonzero(is_new), np.flatnonzero(~is_new)])
+    order = np.empty(len(placed), dtype=np.int64)
+    order[placed] = np.arange(len(placed))
+    return parts.take(pa.array(order))
+
+
+# -- keys, times, windows ---------------------------------------------------------------------------------------------
+
+
+def ints(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(values.to_numpy(zero_copy_only=False), np.int64)
+
+
+def bools(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(values.to_numpy(zero_copy_only=False), bool)
+
+
+def key_ids(tables: Sequence[pa.Table], key: Sequence[str]) -> tuple[list[pa.Array], np.ndarray]:
+    """The key columns of ``tables`` one after another (typed as the last's), and each row's key id (ordered by key).
+
+    Keys are equal as Spark groups them, nulls included: -0.0 and 0.0, every
+    NaN (the returned columns hold 0.0 and one NaN for them).
     """
-    sizes = [t.num_rows for t in tables]
-    total = sum(sizes)
-    ids = np.zeros(total, dtype=np.int64)
-    if total:
-        for name in key:
-            column = pa.chunked_array([c for t in tables for c in t[name].chunks], type=tables[0].schema.field(name).type)
-            array = column.combine_chunks()
-            if pa.types.is_floating(array.type):
-                zero = pa.scalar(0, array.type)
-                array = pc.if_else(pc.equal(array, zero), zero, array)  # -0.0 as 0.0
-                array = pc.if_else(pc.is_nan(array), pa.scalar(float("nan"), array.type), array)
-            codes = np.asarray(pc.dictionary_encode(array).indices.to_numpy(zero_copy_only=False), dtype=np.int64)
-            ids = np.unique(ids * (int(codes.max()) + 1) + codes, return_inverse=True)[1].astype(np.int64).reshape(-1)
-    bounds = np.cumsum([0, *sizes])
-    return [ids[bounds[i] : bounds[i + 1]] for i in range(len(tables))]
+    columns = []
+    ids = np.zeros(sum(t.num_rows for t in tables), np.int64)
+    for name in key:
+        type_ = tables[-1].schema.field(name).type
+        column = pa.chunked_array([c for t in tables for c in t[name].cast(type_).chunks], type=type_).combine_chunks()
+        if pa.types.is_floating(type_):
+            zero, nan = pa.scalar(0.0, type_), pa.scalar(float("nan"), type_)
+            column = pc.if_else(pc.is_nan(column), nan, pc.if_else(pc.equal(column, zero), zero, column))
+        columns.append(column)
+        codes = ints(pc.dictionary_encode(column, null_encoding="encode").indices)
+        if len(codes):
+            ids = np.unique(ids * (int(codes.max()) + 1) + codes, return_inverse=True)[1].reshape(-1)
+    return columns, ids
+
+
+def ranks(ids: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Each row's rank (from 1) among the rows of its id, in ``order`` (a permutation sorting the rows by id first)."""
+    n = len(order)
+    sorted_ids, heads = ids[order], np.ones(n, bool)
+    heads[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    positions = np.arange(n, dtype=np.int64)
+    ranked = np.empty(n, np.int64)
+    ranked[order] = positions - np.maximum.accumulate(np.where(heads, positions, 0)) + 1
+    return ranked
+
+
+def event_time_us(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A timestamp (or int64) column in microseconds since the Unix epoch (a null as 0), and whether each is not null."""
+    if pa.types.is_timestamp(column.type):
+        column = pc.cast(column, pa.timestamp("us", tz=column.type.tz), safe=False).cast(pa.int64())
+    return ints(pc.fill_null(column, 0)), bools(pc.is_valid(column))
 
 
 def greater_than(values: np.ndarray, bound: int) -> np.ndarray:
@@ -416,31 +439,34 @@ def at_most(values: np.ndarray, bound: int) -> np.ndarray:
     return ~greater_than(values, bound)
 
 
-# -- joined rows ------------------------------------------------------------------------------------------------------
+def aligned_windows(
+    assigner: TumblingEventTimeWindows | SlidingEventTimeWindows, ts: np.ndarray, valid: np.ndarray, after: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The windows of each valid record starting after ``after`` (None: all), as (row, start) pairs by row, then start.
 
-
-def joined_values(
-    records: pa.Table, rows_of_fresh: np.ndarray, candidates: pa.Table, fresh_count: int, at: np.ndarray
-) -> pa.Table:
-    """The user columns of one side's candidates at rows ``at``: an epoch's record (a row before ``fresh_count``)
-    as its input row, a buffered one as its JSON reads back (once however many pairs it is in)."""
-    fields = [records.schema.field(c) for c in user_columns(records.column_names)]
-    schema = pa.schema([f.with_nullable(True) for f in fields])
-    is_new = at < fresh_count
-    new_rows = rows_of_fresh[at[is_new]]
-    stored, inverse = np.unique(at[~is_new], return_inverse=True)
-    parts = pa.concat_tables(
-        [
-            conform(records.select(schema.names).take(pa.array(new_rows, pa.int64())), schema),
-            record_values(candidates["record"].take(pa.array(stored, pa.int64())), fields).take(
-                pa.array(inverse.reshape(-1).astype(np.int64))
-            ),
-        ]
-    )
-    placed = np.concatenate([np.flatnonzero(is_new), np.flatnonzero(~is_new)])
-    order = np.empty(len(placed), dtype=np.int64)
-    order[placed] = np.arange(len(placed), dtype=np.int64)
-    return parts.take(pa.array(order))
+    Exact whatever the timestamps: a window that would begin before the
+    earliest microsecond a long holds is left out.
+    """
+    size, slide = assigner.size_us, assigner.slide_us
+    safe = valid & (ts >= -_SAFE) & (ts <= _SAFE) if size <= _SAFE else np.zeros(len(ts), dtype=bool)
+    at = np.flatnonzero(safe)
+    t = ts[at]
+    last = t - np.mod(t, slide)  # the latest window's start (a floor modulo, as Spark's pmod)
+    rows, starts = [], []
+    for j in range(-(-size // slide)):
+        start = last - j * slide
+        holds = start > t - size  # a window holds t while its start is after t - size
+        if after is not None:
+            holds &= greater_than(start, after)
+        rows.append(at[holds])
+        starts.append(start[holds])
+    for i in np.flatnonzero(valid & ~safe):  # event times near a long's ends: exact, in Python integers
+        exact = [s for s, _ in assigner.windows(int(ts[i])) if s >= INT64_MIN and (after is None or s > after)]
+        rows.append(np.full(len(exact), i, dtype=np.int64))
+        starts.append(np.array(exact, dtype=np.int64))
+    row, begins = np.concatenate(rows), np.concatenate(starts)
+    order = np.lexsort((begins, row))
+    return row[order], begins[order]
 
 
 # -- a record as JSON (see the module docstring) -----------------------------------------------------------------------
@@ -449,32 +475,30 @@ _JSON_ESCAPES = {
     **{c: f"\\u{c:04X}" for c in range(0x20)}, 0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r",
     0x22: '\\"', 0x5C: "\\\\",
 }  # fmt: skip
-_CONTROL = r"[\x00-\x1f]"
 # Java prints a double or float in [1e-3, 1e7) in plain notation, others as d.dddE<n>.
 _PLAIN = (1e-3, 1e7)
 
 
-def _has_json_form(type_: pa.DataType) -> bool:
-    """Whether a column of this type can be buffered as JSON (see the module docstring)."""
+def _leaves(type_: pa.DataType) -> list[pa.DataType]:
+    """The types of a column's values, dictionaries, lists, maps and structs unwrapped."""
     if pa.types.is_dictionary(type_):
-        return _has_json_form(type_.value_type)
+        return _leaves(type_.value_type)
     if pa.types.is_map(type_):
-        return _has_json_form(type_.key_type) and _has_json_form(type_.item_type)
-    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
-        return _has_json_form(type_.value_type)
+        return [*_leaves(type_.key_type), *_leaves(type_.item_type)]
+    if _is_list(type_):
+        return _leaves(type_.value_type)
     if pa.types.is_struct(type_):
-        return all(_has_json_form(type_.field(i).type) for i in range(type_.num_fields))
+        return [t for f in type_ for t in _leaves(f.type)]
+    return [type_]
+
+
+def _has_json_form(type_: pa.DataType) -> bool:
+    """Whether values of this (unwrapped) type can be buffered as JSON (see the module docstring)."""
     return (
-        pa.types.is_null(type_)
-        or pa.types.is_boolean(type_)
-        or pa.types.is_integer(type_)
-        or pa.types.is_floating(type_)
-        or pa.types.is_decimal(type_)
-        or _is_string(type_)
-        or _is_binary(type_)
-        or pa.types.is_date(type_)
+        pa.types.is_null(type_) or pa.types.is_boolean(type_) or pa.types.is_integer(type_) or pa.types.is_floating(type_)
+        or pa.types.is_decimal(type_) or _is_string(type_) or _is_binary(type_) or pa.types.is_date(type_)
         or pa.types.is_timestamp(type_)
-    )
+    )  # fmt: skip
 
 
 def _is_string(type_: pa.DataType) -> bool:
@@ -488,10 +512,12 @@ def _is_binary(type_: pa.DataType) -> bool:
     )  # fmt: skip
 
 
+def _is_list(type_: pa.DataType) -> bool:
+    return pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_)
+
+
 def _array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
-    if isinstance(column, pa.ChunkedArray):
-        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    return column
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
 def record_json(records: pa.Table, fields: Sequence[pa.Field]) -> pa.Array:
@@ -505,21 +531,17 @@ def _object_json(columns: Sequence[pa.Array | pa.ChunkedArray], names: Sequence[
     # Each field as ',"name":value', or nothing when null; the first comma then dropped. (Arrow's join
     # skipping nulls would drop the rows whose fields are all null.)
     parts = [
-        pc.fill_null(pc.binary_join_element_wise(f",{_json_string(name)}:", _json(_array(c)), ""), "")
+        pc.fill_null(pc.binary_join_element_wise(f',"{name.translate(_JSON_ESCAPES)}":', _json(_array(c)), ""), "")
         for c, name in zip(columns, names)
     ]
     body = pc.utf8_slice_codeunits(pc.binary_join_element_wise(*parts, ""), 1)
     return pc.binary_join_element_wise("{", body, "}", "")
 
 
-def _json_string(value: str) -> str:
-    return f'"{value.translate(_JSON_ESCAPES)}"'
-
-
 def _json_strings(column: pa.Array) -> pa.Array:
     """Strings as JSON string literals (Jackson's escapes)."""
     escaped = pc.replace_substring(pc.replace_substring(column, "\\", "\\\\"), '"', '\\"')
-    if pc.any(pc.match_substring_regex(column, _CONTROL)).as_py():
+    if pc.any(pc.match_substring_regex(column, r"[\x00-\x1f]")).as_py():
         for code in range(0x20):
             escaped = pc.replace_substring(escaped, chr(code), _JSON_ESCAPES[code])
     return pc.binary_join_element_wise('"', escaped, '"', "")
@@ -528,11 +550,10 @@ def _json_strings(column: pa.Array) -> pa.Array:
 def _json(column: pa.Array) -> pa.Array:
     """One column's values as JSON text (null where the value is null)."""
     type_ = column.type
-    n = len(column)
     if pa.types.is_dictionary(type_):
         return _json(column.cast(type_.value_type))
     if pa.types.is_null(type_):
-        return pa.nulls(n, pa.string())
+        return pa.nulls(len(column), pa.string())
     if _is_string(type_):
         return _json_strings(column.cast(pa.string()))
     if pa.types.is_boolean(type_) or pa.types.is_integer(type_) or pa.types.is_decimal(type_):
@@ -543,34 +564,33 @@ def _json(column: pa.Array) -> pa.Array:
         texts = [None if v is None else f'"{base64.b64encode(v).decode("ascii")}"' for v in column.to_pylist()]
         return pa.array(texts, pa.string())
     if pa.types.is_date(type_):
-        days = np.asarray(pc.fill_null(column.cast(pa.date32()).cast(pa.int32()), 0).to_numpy(zero_copy_only=False))
-        text = _iso(np.datetime_as_string(days.astype("datetime64[D]"), unit="D"))
-        return _quoted(text, "", column)
+        days = ints(pc.fill_null(column.cast(pa.date32()).cast(pa.int32()), 0))
+        return _quoted(np.datetime_as_string(days.astype("datetime64[D]"), unit="D"), "", column)
     if pa.types.is_timestamp(type_):
         micros, _ = event_time_us(column)
-        text = _iso(np.datetime_as_string(micros.astype("datetime64[us]"), unit="us"))
-        return _quoted(text, "Z" if type_.tz is not None else "", column)
+        return _quoted(
+            np.datetime_as_string(micros.astype("datetime64[us]"), unit="us"), "Z" if type_.tz is not None else "", column
+        )
     if pa.types.is_map(type_):
-        return _json_map(column)
-    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
-        values = pc.fill_null(_json(_array(pc.list_flatten(column))), "null")
-        return _joined_lists(column, values, "[", "]")
+        entries = column.cast(pa.list_(pa.struct([type_.key_field, type_.item_field])))
+        flat = _array(pc.list_flatten(entries))
+        keys, items = _array(pc.struct_field(flat, [0])), _array(pc.struct_field(flat, [1]))
+        pairs = pc.binary_join_element_wise(_json_strings(_key_text(keys)), pc.fill_null(_json(items), "null"), ":")
+        return _joined_lists(entries, pairs, "{", "}")
+    if _is_list(type_):
+        return _joined_lists(column, pc.fill_null(_json(_array(pc.list_flatten(column))), "null"), "[", "]")
     if pa.types.is_struct(type_):
         children = [pc.struct_field(column, [i]) for i in range(type_.num_fields)]
-        body = _object_json(children, [type_.field(i).name for i in range(type_.num_fields)], n)
+        body = _object_json(children, [f.name for f in type_], len(column))
         return pc.if_else(column.is_valid(), body, pa.scalar(None, pa.string()))
     raise PipelineDefinitionError(f"a column of type {type_} has no JSON form")
 
 
-def _iso(text: np.ndarray) -> np.ndarray:
-    """NumPy's ISO dates as Java's ``yyyy`` prints them: a year after 9999 with a plus sign."""
-    long_year = np.char.find(text.astype(str), "-", 1) > 4
-    return np.where(long_year & (np.char.find(text.astype(str), "-") != 0), np.char.add("+", text), text)
-
-
 def _quoted(text: np.ndarray, suffix: str, column: pa.Array) -> pa.Array:
-    values = pa.array(text.astype(str), pa.string())
-    quoted = pc.binary_join_element_wise('"', values, f'{suffix}"', "")
+    """NumPy's ISO dates and times as a JSON string, a year after 9999 with a plus sign (Java's ``yyyy``)."""
+    text = text.astype(str)
+    text = np.where((np.char.find(text, "-", 1) > 4) & (np.char.find(text, "-") != 0), np.char.add("+", text), text)
+    quoted = pc.binary_join_element_wise('"', pa.array(text, pa.string()), f'{suffix}"', "")
     return pc.if_else(column.is_valid(), quoted, pa.scalar(None, pa.string()))
 
 
@@ -583,15 +603,12 @@ def _json_floats(column: pa.Array) -> pa.Array:
     text = column.cast(pa.string())  # shortest digits that read back exactly (plain in Java's plain range)
     text = pc.if_else(pc.match_substring(text, "."), text, pc.binary_join_element_wise(text, ".0", ""))
     size = np.abs(values)
-    finite = np.isfinite(values)
     plain = (values == 0) | ((size >= _PLAIN[0]) & (size < _PLAIN[1]))
-    other = np.flatnonzero(~(plain & finite) & np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=bool))
-    if not len(other):
+    other = ~(plain & np.isfinite(values)) & bools(column.is_valid())
+    if not other.any():
         return text
-    mask = np.zeros(len(values), dtype=bool)
-    mask[other] = True
     fixed = pa.array([_java_float(float(v), single) for v in values[other]], pa.string())  # only values outside the plain range
-    return pc.replace_with_mask(text, pa.array(mask), fixed)
+    return pc.replace_with_mask(text, pa.array(other), fixed)
 
 
 def _java_float(value: float, single: bool) -> str:
@@ -609,26 +626,10 @@ def _java_float(value: float, single: bool) -> str:
 
 def _joined_lists(column: pa.Array, values: pa.Array, opening: str, closing: str) -> pa.Array:
     """Each list's (or map's) element texts ``values`` joined by commas between ``opening`` and ``closing``."""
-    lengths = np.asarray(pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(ints(pc.fill_null(pc.list_value_length(column), 0)))])
     lists = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values)
     joined = pc.binary_join_element_wise(opening, pc.binary_join(lists, ","), closing, "")
     return pc.if_else(column.is_valid(), joined, pa.scalar(None, pa.string()))
-
-
-def _entries(column: pa.Array) -> pa.Array:
-    """A map column as a list of (key, value) structs."""
-    type_ = column.type
-    return column.cast(pa.list_(pa.struct([type_.key_field, type_.item_field])))
-
-
-def _json_map(column: pa.Array) -> pa.Array:
-    entries = _entries(column)
-    flat = _array(pc.list_flatten(entries))
-    keys, items = _array(pc.struct_field(flat, [0])), _array(pc.struct_field(flat, [1]))
-    names = _json_strings(_key_text(keys))
-    pairs = pc.binary_join_element_wise(names, pc.fill_null(_json(items), "null"), ":")
-    return _joined_lists(entries, pairs, "{", "}")
 
 
 def _key_text(keys: pa.Array) -> pa.Array:
@@ -652,41 +653,24 @@ def _key_text(keys: pa.Array) -> pa.Array:
 def record_values(records: pa.Array | pa.ChunkedArray, fields: Sequence[pa.Field]) -> pa.Table:
     """Buffered records' fields (nullable), each read by name from its JSON as Spark's ``from_json`` reads it."""
     texts = records.to_pylist()
-    decimals = any(_has_decimal(f.type) for f in fields)
-    objects = _parse(texts, decimals)
-    schema = pa.schema([f.with_nullable(True) for f in fields])
-    columns = [_from_json([None if o is None else o.get(f.name) for o in objects], f.type) for f in fields]
-    return pa.Table.from_arrays(columns, schema=schema)
-
-
-def _parse(texts: list[str | None], decimals: bool) -> list[dict[str, Any] | None]:
-    parse_float = Decimal if decimals else None
+    parse_float = Decimal if any(pa.types.is_decimal(t) for f in fields for t in _leaves(f.type)) else None
     try:  # one parse for all: each record is one JSON object, so the array has one element per record
         parsed = json.loads(f"[{','.join('null' if t is None else t for t in texts)}]", parse_float=parse_float)
         if len(parsed) != len(texts):
             raise ValueError("not one value per record")
     except ValueError:
-        parsed = []
-        for text in texts:
-            try:
-                parsed.append(None if text is None else json.loads(text, parse_float=parse_float))
-            except ValueError:
-                parsed.append(None)
-    return [p if isinstance(p, dict) else None for p in parsed]
+        parsed = [_loads(t, parse_float) for t in texts]
+    objects = [p if isinstance(p, dict) else None for p in parsed]
+    schema = pa.schema([f.with_nullable(True) for f in fields])
+    columns = [_from_json([None if o is None else o.get(f.name) for o in objects], f.type) for f in fields]
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _has_decimal(type_: pa.DataType) -> bool:
-    if pa.types.is_decimal(type_):
-        return True
-    if pa.types.is_dictionary(type_):
-        return _has_decimal(type_.value_type)
-    if pa.types.is_map(type_):
-        return _has_decimal(type_.key_type) or _has_decimal(type_.item_type)
-    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
-        return _has_decimal(type_.value_type)
-    if pa.types.is_struct(type_):
-        return any(_has_decimal(type_.field(i).type) for i in range(type_.num_fields))
-    return False
+def _loads(text: str | None, parse_float: Any) -> Any:
+    try:
+        return None if text is None else json.loads(text, parse_float=parse_float)
+    except ValueError:
+        return None
 
 
 _NON_NUMBERS = {"NaN": float("nan"), "Infinity": float("inf"), "+Infinity": float("inf"), "-Infinity": float("-inf"),
@@ -714,41 +698,30 @@ def _from_json(values: list[Any], type_: pa.DataType) -> pa.Array:
     if _is_binary(type_):
         return pa.array([_binary(v) for v in values], pa.binary()).cast(type_)
     if pa.types.is_date(type_):
-        texts = [v if isinstance(v, str) else None for v in values]
-        return _cast_texts(texts, pa.date32()).cast(type_)
+        return _cast_texts([v if isinstance(v, str) else None for v in values], pa.date32()).cast(type_)
     if pa.types.is_timestamp(type_):
         return _timestamps(values, type_)
     if pa.types.is_map(type_):
-        offsets, keys, items, mask = [0], [], [], []
-        for v in values:
-            if isinstance(v, dict):
-                keys += list(v)
-                items += list(v.values())
-            offsets.append(len(keys))
-            mask.append(not isinstance(v, dict))
-        key_array = _key_values(keys, type_.key_type)
+        dicts = [v if isinstance(v, dict) else None for v in values]
+        keys = [k for v in dicts if v for k in v]
+        offsets = np.concatenate([[0], np.cumsum([len(v) if v else 0 for v in dicts], dtype=np.int64)])
         return pa.MapArray.from_arrays(
             pa.array(offsets, pa.int32()),
-            key_array,
-            _from_json(items, type_.item_type),
+            _key_values(keys, type_.key_type),
+            _from_json([i for v in dicts if v for i in v.values()], type_.item_type),
             type=type_,
-            mask=pa.array(mask, pa.bool_()),
+            mask=pa.array([v is None for v in dicts], pa.bool_()),
         )
-    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
-        offsets, flat, mask = [0], [], []
-        for v in values:
-            if isinstance(v, list):
-                flat += v
-            offsets.append(len(flat))
-            mask.append(not isinstance(v, list))
-        inner = _from_json(flat, type_.value_type)
-        lists = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), inner, mask=pa.array(mask, pa.bool_()))
-        return lists.cast(type_)
+    if _is_list(type_):
+        lists = [v if isinstance(v, list) else None for v in values]
+        offsets = np.concatenate([[0], np.cumsum([len(v) if v else 0 for v in lists], dtype=np.int64)])
+        inner = _from_json([x for v in lists if v for x in v], type_.value_type)
+        mask = pa.array([v is None for v in lists], pa.bool_())
+        return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), inner, mask=mask).cast(type_)
     if pa.types.is_struct(type_):
-        fields = [type_.field(i) for i in range(type_.num_fields)]
-        children = [_from_json([v.get(f.name) if isinstance(v, dict) else None for v in values], f.type) for f in fields]
+        children = [_from_json([v.get(f.name) if isinstance(v, dict) else None for v in values], f.type) for f in type_]
         return pa.StructArray.from_arrays(
-            children, fields=fields, mask=pa.array([not isinstance(v, dict) for v in values], pa.bool_())
+            children, fields=list(type_), mask=pa.array([not isinstance(v, dict) for v in values], pa.bool_())
         )
     raise PipelineDefinitionError(f"a column of type {type_} has no JSON form")
 
@@ -768,9 +741,7 @@ def _float(value: Any) -> float | None:
         return None
     if isinstance(value, (int, float, Decimal)):
         return float(value)
-    if isinstance(value, str):
-        return _NON_NUMBERS.get(value)
-    return None
+    return _NON_NUMBERS.get(value) if isinstance(value, str) else None
 
 
 def _decimal(value: Any, type_: pa.DataType) -> Decimal | None:
@@ -794,15 +765,10 @@ def _binary(value: Any) -> bytes | None:
 
 def _cast_texts(texts: list[str | None], type_: pa.DataType) -> pa.Array:
     """ISO texts as ``type_`` (a date, or a timestamp in microseconds); one that does not read reads null."""
-    array = pa.array(texts, pa.string())
     try:
-        return array.cast(type_)
+        return pa.array(texts, pa.string()).cast(type_)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        pass
-    values = []
-    for text in texts:
-        values.append(None if text is None else _iso_value(text, type_))
-    return pa.array(values, type_)
+        return pa.array([None if text is None else _iso_value(text, type_) for text in texts], type_)
 
 
 def _iso_value(text: str, type_: pa.DataType) -> Any:
@@ -810,18 +776,14 @@ def _iso_value(text: str, type_: pa.DataType) -> Any:
     body = text[1:] if text.startswith("+") else text
     body = body[:-1] if body.endswith("Z") else body
     try:
-        if pa.types.is_date(type_):
-            return int(np.datetime64(body, "D").astype(np.int64))
-        return int(np.datetime64(body, "us").astype(np.int64))
+        return int(np.datetime64(body, "D" if pa.types.is_date(type_) else "us").astype(np.int64))
     except ValueError:
         return None
 
 
 def _timestamps(values: list[Any], type_: pa.DataType) -> pa.Array:
-    zoned = type_.tz is not None
-    target = pa.timestamp("us", tz="UTC") if zoned else pa.timestamp("us")
-    texts = [v if isinstance(v, str) else None for v in values]
-    parsed = _cast_texts(texts, target)
+    target = pa.timestamp("us", tz="UTC") if type_.tz is not None else pa.timestamp("us")
+    parsed = _cast_texts([v if isinstance(v, str) else None for v in values], target)
     # A number: seconds since the Unix epoch, as Spark reads one.
     numbers = [int(v * 1_000_000) if isinstance(v, (int, float, Decimal)) and not isinstance(v, bool) else None for v in values]
     if any(n is not None for n in numbers):

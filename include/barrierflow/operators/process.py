@@ -1,72 +1,49 @@
 """Keyed process functions: user Python with per-key state and timers, over the epoch's Arrow records.
 
-``stream.key_by(k).process(id, fn)`` runs a
-:class:`~barrierflow.api.functions.KeyedProcessFunction`. Within epoch n, in
-every task (each holding some key groups, and every record of their keys):
+``stream.key_by(k).process(id, fn)`` runs a ``KeyedProcessFunction``. In
+epoch n, every task (holding some key groups, and every record of their keys):
 
-1. Keys. The keys run are those of the task's records (a key of any type
-   that has a key group, null included) and those holding a timer due this
-   epoch (:mod:`barrierflow.operators.timers` 2.-3.), with or without a
-   record; by key group, then by key.
-2. State. Each declared state is the table ``<operator_id>__<name>`` (the
-   key columns, ``value`` of the descriptor's type as declared, its TTL);
-   the live rows of the keys run are read once, the stored timers of those
-   keys too, and handed to the function as handles scoped to the current
-   key, as Flink does.
+1. Keys: those of its records (any key type with a key group, null
+   included) and those with a timer due (timers 2.-3.); by key group, then key.
+2. State: each declared state is the table ``<operator_id>__<name>`` (the
+   key columns, ``value`` of the declared type, its TTL); the keys' live rows
+   and timers are read once, handed to the function scoped to the current key.
 3. Per key: its records in arrival order (``_seq``, then sub-positions; an
-   input without positions: by its columns), then its due timers: steps
-   1.-4. of :mod:`barrierflow.operators.timers`.
-4. Changes. The handles a key changed are staged (one cleared, or emptied:
-   a tombstone), and its timers added and removed; what the function
-   emitted is the output, in its ``output_schema``.
-5. Errors. An exception of the function, a state value or emitted row that
-   does not fit its declared type, or a null emitted in a column declared
-   not null fails the epoch with a :class:`~barrierflow.core.errors.UserFunctionError`
-   naming the operator (and the key); a retry replays the same barrier.
-
-The same per-key loop runs a co-process function's two inputs
-(:mod:`barrierflow.operators.co_process`) and a broadcast process
-function's keyed side (:mod:`barrierflow.operators.broadcast`).
+   input without positions: by its columns), then its due timers (timers 1.-4.).
+4. The handles a key changed are staged (cleared or emptied: a tombstone),
+   its timers added and removed; the rows emitted are the output.
+5. An exception of the function, or a state value or emitted row that does
+   not fit its declared type (a null in a not-null column included) fails
+   the epoch with a ``UserFunctionError`` naming the operator and key.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 from zoneinfo import ZoneInfo
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.api.functions import Emit, KeyedContext, KeyedFunction, KeyedProcessFunction, declared_states
+from barrierflow.api.functions import KeyedContext, KeyedFunction, KeyedProcessFunction
 from barrierflow.api.keyed_state import state_for
-from barrierflow.api.state import EVEN_SPLIT, ListStateDescriptor, StateDescriptor
-from barrierflow.core.columns import DELETED, KEY_GROUP, position_columns, user_columns
+from barrierflow.api.state import EVEN_SPLIT, ListStateDescriptor
+from barrierflow.api.timers import TimeDomain, TimerService, from_micros
+from barrierflow.core.arrow import row_numbers
+from barrierflow.core.columns import DELETED, KEY_GROUP, is_engine_column, position_columns, user_columns
 from barrierflow.core.errors import PipelineDefinitionError, UserFunctionError
-from barrierflow.operators.base import Node, Task, with_key_group
-from barrierflow.operators.timers import (
-    TIMER_DOMAIN,
-    TIMER_STATE,
-    TIMER_TIMESTAMP,
-    EpochClocks,
-    TimeDomain,
-    TimerService,
-    due_timer_mask,
-    from_micros,
-    timer_spec,
-)
+from barrierflow.operators.base import Node, Task, ids_in, key_fields, key_ids, with_key_group
+from barrierflow.operators.timers import TIMER_DOMAIN, TIMER_STATE, TIMER_TIMESTAMP, EpochClocks, due_timer_mask, timer_spec
 from barrierflow.state.spec import StateSpec
 
-# Importable from here as before (barrierflow/__init__.py, plan/pipeline.py).
-__all__ = [
-    "KeyedFunction", "KeyedProcessFunction", "KeyedContext", "KeyedProcess", "Element", "declared_states",
-    "python_values", "rows_table", "key_ids",
-]  # fmt: skip
+# KeyedProcessFunction and KeyedContext stay importable from here (plan/pipeline.py).
+__all__ = ["KeyedProcessFunction", "KeyedProcess", "python_values", "python_rows", "rows_table"]
 
-# A function's method for one record: (record, ctx, out).
-Element = Callable[[dict[str, Any], KeyedContext, Emit], None]
+_UTC_EPOCH = datetime(1970, 1, 1, tzinfo=ZoneInfo("UTC"))
 
 
 @dataclass
@@ -74,12 +51,10 @@ class KeyedProcess(Node):
     key: tuple[str, ...] = ()
     function: KeyedFunction | None = None
 
-    # The kind of function this operator runs, and how to get one to run it otherwise.
+    # The function it runs, how to get one to run otherwise, the methods each keyed input's records go to, its name in errors.
     function_type: ClassVar[type[KeyedFunction]] = KeyedProcessFunction
-    other_use: ClassVar[str] = (
-        "a KeyedCoProcessFunction runs on two connected keyed streams: a.key_by(k).connect(b.key_by(k)).process(...)"
-    )
-    # How its errors name it.
+    other_use: ClassVar[str] = "a KeyedCoProcessFunction runs on two keyed streams: a.key_by(k).connect(b.key_by(k)).process(...)"
+    element_methods: ClassVar[tuple[str, ...]] = ("process_element",)
     what: ClassVar[str] = "process"
 
     def __post_init__(self) -> None:
@@ -89,21 +64,15 @@ class KeyedProcess(Node):
                 f"process {self.operator_id}: a {self.function_type.__name__} (an instance of a subclass) is required, "
                 f"got {got}; {self.other_use}"
             )
-        names = [d.name for d in self.function.state_descriptors]
-        union = [
-            d.name
-            for d in self.function.state_descriptors
-            if isinstance(d, ListStateDescriptor) and d.redistribution != EVEN_SPLIT
-        ]
+        descriptors = self.function.state_descriptors
+        union = [d.name for d in descriptors if isinstance(d, ListStateDescriptor) and d.redistribution != EVEN_SPLIT]
         if union:
             raise PipelineDefinitionError(
                 f"process {self.operator_id}: list state(s) {union} declare redistribution, which only operator "
                 "state has (a non-keyed bf.ProcessFunction's, redistributed among subtasks); keyed state moves "
                 "with its key group: drop redistribution=..."
             )
-        if len(names) != len(set(names)):
-            raise PipelineDefinitionError(f"process {self.operator_id}: duplicate state names {names}")
-        if self.function.uses_timers() and TIMER_STATE in names:
+        if self.function.uses_timers() and TIMER_STATE in [d.name for d in descriptors]:
             raise PipelineDefinitionError(
                 f"process {self.operator_id}: state name {TIMER_STATE!r} is the table of the function's timers "
                 "(it implements on_timer): give the state another name"
@@ -113,182 +82,113 @@ class KeyedProcess(Node):
     def uses_watermark(self) -> bool:  # type: ignore[override]
         return self.function is not None and self.function.uses_timers()
 
-    # -- what it declares ----------------------------------------------------
-
-    def _key_types(self, inputs: Sequence[pa.Schema] | None) -> dict[str, pa.DataType]:
-        """The key columns' types: the (first) keyed input's; strings without inputs (the untyped default)."""
-        if not inputs:
-            return {}
-        schema = inputs[0]
-        return {k: schema.field(k).type for k in self.key if k in schema.names}
-
-    def _spec(self, descriptor: StateDescriptor, key_types: Mapping[str, pa.DataType] | None = None) -> StateSpec:
-        """(2.) A declared state's table."""
-        types = key_types or {}
-        ttl = descriptor.ttl
-        return StateSpec(
-            operator_id=self.operator_id,
-            name=descriptor.name,
-            key_fields=tuple(pa.field(k, types.get(k, pa.string())) for k in self.key),
-            value_fields=(pa.field("value", descriptor.value_type),),
-            ttl_ms=ttl.ttl_ms if ttl else None,
-        )
-
-    def _timer_spec(self, key_types: Mapping[str, pa.DataType] | None = None) -> StateSpec | None:
-        assert self.function is not None
-        if not self.function.uses_timers():
-            return None
-        types = key_types or {}
-        return timer_spec(self.operator_id, tuple(pa.field(k, types.get(k, pa.string())) for k in self.key))
-
-    def keyed_state_specs(self, inputs: Sequence[pa.Schema] | None = None) -> list[StateSpec]:
-        """The declared states' tables, then the timers' (if the function implements ``on_timer``)."""
-        assert self.function is not None
-        types = self._key_types(inputs)
-        timers = self._timer_spec(types)
-        return [self._spec(d, types) for d in self.function.state_descriptors] + ([timers] if timers else [])
-
     def state_specs(self, inputs: Sequence[pa.Schema] | None = None) -> list[StateSpec]:
-        return self.keyed_state_specs(inputs)
+        """(2.) The declared states' tables, then the timers' (with ``on_timer``), keys typed by the first input's."""
+        assert self.function is not None
+        key = key_fields(self.key, inputs[0] if inputs else None)
+        states = [
+            StateSpec(self.operator_id, d.name, key, (pa.field("value", d.value_type),), d.ttl.ttl_ms if d.ttl else None)
+            for d in self.function.state_descriptors
+        ]
+        return states + ([timer_spec(self.operator_id, key)] if self.function.uses_timers() else [])
 
     def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
         assert self.function is not None
         return self.function.output_schema
 
-    # -- the kernel ------------------------------------------------------------
-
     def side_keys(self) -> tuple[tuple[str, ...], ...]:
         """Each keyed input's key columns (the first input's name the state's key columns)."""
         return (self.key,)
 
-    def elements(self, fn: KeyedFunction) -> list[Element]:
-        """The method each keyed input's records are handed to."""
-        assert isinstance(fn, KeyedProcessFunction)
-        return [fn.process_element]
-
     def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
-        (records,) = inputs
-        return self.run_keyed(task, [records], {})
+        return self.run_keyed(task, inputs, {})
 
     def run_keyed(self, task: Task, sides: Sequence[pa.Table], broadcast: Mapping[str, Any]) -> pa.Table:
         """Steps 1-5 over the records of each keyed input (``sides``), the keyed side reading ``broadcast``."""
         fn = self.function
         assert fn is not None
+        label = f"{self.what} {self.operator_id!r}"
         key = list(self.key)
-        key_types = {k: sides[0].schema.field(k).type for k in key}
         descriptors = fn.state_descriptors
-        specs = [self._spec(d, key_types) for d in descriptors]
-        timers = self._timer_spec(key_types)
-        keyed = [with_key_group(rows, names, task.key_groups) for rows, names in zip(sides, self.side_keys())]
+        states = KeyedProcess.state_specs(self, [sides[0].schema])  # the keyed states, not a subclass's
+        timers = states.pop() if fn.uses_timers() else None
+        side_keys = self.side_keys()
+        keyed = [with_key_group(rows, names, task.key_groups) for rows, names in zip(sides, side_keys)]
         # 1. The keys of the records (named as the first input's), and those holding a due timer.
-        key_parts = [
-            rows.select([*names, KEY_GROUP]).rename_columns([*key, KEY_GROUP]) for rows, names in zip(keyed, self.side_keys())
-        ]
-        every_timer = None
-        if timers is not None:
-            every_timer = task.state(timers).every_live_row()
-            key_parts.append(
-                every_timer.filter(due_timer_mask(every_timer, task.watermark_us, task.processing_time_ms)).select(
-                    [*key, KEY_GROUP]
-                )
-            )
+        key_parts = [rows.select([*names, KEY_GROUP]).rename_columns([*key, KEY_GROUP]) for rows, names in zip(keyed, side_keys)]
+        every_timer = task.state(timers).every_live_row() if timers else None
+        if every_timer is not None:
+            due = every_timer.filter(due_timer_mask(every_timer, task.watermark_us, task.processing_time_ms))
+            key_parts.append(due.select([*key, KEY_GROUP]))
         keys, part_ids = key_ids(key_parts, [KEY_GROUP, *key])
-        record_ids = part_ids[: len(keyed)]
         count = keys.num_rows
         # 2. The state of those keys: each state's value per key, each key's stored timers.
         stored: dict[str, list[Any]] = {}
-        for d, spec in zip(descriptors, specs):
+        for d, spec in zip(descriptors, states):
             live = task.state(spec).live_rows(keys)
-            values: list[Any] = [None] * count
-            for i, value in zip(_ids_in(keys, live, key), python_values(live.column("value"))):
-                if i >= 0:
-                    values[i] = value
-            stored[d.name] = values
-        stored_timers: list[set[tuple[TimeDomain, int]]] = [set() for _ in range(count)]
+            stored[d.name] = values = [None] * count
+            for i, value in zip(ids_in(keys, live, key), python_values(live.column("value"))):
+                values[i] = value
+        stored_timers: defaultdict[int, set[tuple[TimeDomain, int]]] = defaultdict(set)  # by key (-1: keys not run)
         if every_timer is not None:
             stamps = pc.cast(every_timer.column(TIMER_TIMESTAMP), pa.int64()).to_pylist()
-            for i, domain, ts in zip(_ids_in(keys, every_timer, key), every_timer.column(TIMER_DOMAIN).to_pylist(), stamps):
-                if i >= 0:  # a timer of a key run
-                    stored_timers[i].add((TimeDomain(domain), ts))
+            for i, domain, ts in zip(ids_in(keys, every_timer, key), every_timer.column(TIMER_DOMAIN).to_pylist(), stamps):
+                stored_timers[i].add((TimeDomain(domain), ts))
         # 3. Each key's records in arrival order: their input and row, as one run per key.
-        sides_of, rows_of, starts = _processing_order(keyed, record_ids, count)
-        records = [_records(rows) for rows in keyed]
-        elements = self.elements(fn)
+        sides_of, rows_of, starts = _processing_order(keyed, part_ids[: len(keyed)], count)
+        records = [python_rows(rows) for rows in keyed]
+        elements = [getattr(fn, name) for name in self.element_methods]
         clocks = EpochClocks(task.epoch, task.processing_time_ms, task.watermark_prev_us, task.watermark_us)
-        key_values = list(zip(*(python_values(keys.column(k)) for k in key))) if count else []
         emitted: list[dict[str, Any]] = []
         changed: dict[str, tuple[list[int], list[Any]]] = {d.name: ([], []) for d in descriptors}
         timer_changes: list[tuple[int, str, int, bool]] = []
-        current: tuple[Any, ...] | None = None
         try:
-            for i in range(count):
-                current = key_values[i]
+            for i, current in enumerate(zip(*(python_values(keys.column(k)) for k in key))):
                 handles = {d.name: state_for(d, stored[d.name][i]) for d in descriptors}
                 before = stored_timers[i]
-                service = TimerService(
-                    clocks.watermark_prev_us, clocks.processing_time_ms, set(before), enabled=timers is not None
-                )
-                ctx = KeyedContext(current, clocks.epoch, clocks.processing_time_ms, handles, service, broadcast)
+                service = TimerService(task.watermark_prev_us, task.processing_time_ms, set(before), enabled=timers is not None)
+                ctx = KeyedContext(current, task.epoch, task.processing_time_ms, handles, service, broadcast)
                 for j in range(starts[i], starts[i + 1]):  # timers 1.: records, at W(n-1)
-                    side = sides_of[j]
-                    elements[side](records[side][rows_of[j]], ctx, emitted.append)
+                    elements[sides_of[j]](records[sides_of[j]][rows_of[j]], ctx, emitted.append)
                 if timers is not None:  # timers 2.-3.: due timers, at W(n)
-                    service.watermark_us = clocks.watermark_us
+                    service.watermark_us = task.watermark_us
                     while (timer := clocks.next_due(service.timers)) is not None:
                         service.timers.discard(timer)
                         ctx.time_domain = timer[0]
                         fn.on_timer(from_micros(timer[1]), ctx, emitted.append)
-                    ctx.time_domain = None
                 # 4. Changed handles; timers 4.: the key's timers registered and removed.
                 for name, handle in handles.items():
                     if handle.dirty:
                         changed[name][0].append(i)
                         changed[name][1].append(handle.stored)
-                for (domain, ts), deleted in sorted(
-                    [*((t, False) for t in service.timers - before), *((t, True) for t in before - service.timers)],
-                    key=lambda change: (change[0][0].value, change[0][1]),
-                ):
-                    timer_changes.append((i, domain.value, ts, deleted))
+                timer_changes += sorted(
+                    [(i, d.value, ts, False) for d, ts in service.timers - before]
+                    + [(i, d.value, ts, True) for d, ts in before - service.timers]
+                )
         except (PipelineDefinitionError, UserFunctionError) as exc:  # 5. the API's own errors, with where they happened
-            raise type(exc)(f"{self.what} {self.operator_id!r} (key {current!r}): {exc}") from exc
+            raise type(exc)(f"{label} (key {current!r}): {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - 5. the user's function failed: the epoch fails, naming it
-            raise UserFunctionError(
-                f"{self.what} {self.operator_id!r}: the function raised {type(exc).__name__}: {exc} (key {current!r})"
-            ) from exc
+            raise UserFunctionError(f"{label}: the function raised {type(exc).__name__}: {exc} (key {current!r})") from exc
         # 4. Staged: every state's changed keys, the timers' changes; the output.
-        for d, spec in zip(descriptors, specs):
+        for d, spec in zip(descriptors, states):
             ids, values = changed[d.name]
-            rows = keys.take(pa.array(ids, pa.int64()))
-            value = _typed(values, d.value_type, f"{self.what} {self.operator_id!r}: state {d.name!r}")
-            task.state(spec).stage(
-                rows.append_column("value", value).append_column(DELETED, pa.array([v is None for v in values], pa.bool_()))
-            )
+            try:
+                value = pa.array(values, d.value_type)
+            except Exception as exc:  # noqa: BLE001 - the values came from the user's function
+                what = f"state {d.name!r}: a value does not fit its declared type {d.value_type}"
+                raise UserFunctionError(f"{label}: {what}: {type(exc).__name__}: {exc}") from None
+            rows = keys.take(pa.array(ids, pa.int64())).append_column("value", value)
+            task.state(spec).stage(rows.append_column(DELETED, pa.array([v is None for v in values], pa.bool_())))
         if timers is not None:
-            rows = keys.take(pa.array([c[0] for c in timer_changes], pa.int64()))
-            rows = rows.append_column(TIMER_DOMAIN, pa.array([c[1] for c in timer_changes], pa.string()))
-            rows = rows.append_column(
-                TIMER_TIMESTAMP, pa.array([c[2] for c in timer_changes], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
-            )
-            task.state(timers).stage(rows.append_column(DELETED, pa.array([c[3] for c in timer_changes], pa.bool_())))
-        return rows_table(f"{self.what} {self.operator_id!r}", emitted, fn.output_schema)
-
-    def describe(self) -> dict[str, Any]:
-        assert self.function is not None
-        return {
-            **super().describe(),
-            "key": list(self.key),
-            "function": type(self.function).__qualname__,
-            "states": {d.name: d.signature() for d in self.function.state_descriptors},
-            "timers": self.function.uses_timers(),
-        }
+            of_key, domains, stamps, deleted = zip(*timer_changes) if timer_changes else ((), (), (), ())
+            rows = keys.take(pa.array(of_key, pa.int64())).append_column(TIMER_DOMAIN, pa.array(domains, pa.string()))
+            rows = rows.append_column(TIMER_TIMESTAMP, pa.array(stamps, pa.timestamp("us", tz="UTC")))
+            task.state(timers).stage(rows.append_column(DELETED, pa.array(deleted, pa.bool_())))
+        return rows_table(label, emitted, fn.output_schema)
 
 
 def rows_table(label: str, rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    """Emitted ``rows`` (dicts; a column missing reads null, one not declared is left out) as a table of ``schema``.
-
-    A value of the wrong type, or a null in a column declared not null, is
-    the function's error: :class:`UserFunctionError` naming the column.
-    """
+    """Emitted ``rows`` (dicts: a column missing reads null, one not declared is left out) as a table of ``schema`` (5.)."""
     try:
         table = pa.Table.from_pylist(rows, schema=schema)
     except Exception as exc:  # noqa: BLE001 - whatever Arrow says of the values, it is the function's row
@@ -301,21 +201,8 @@ def rows_table(label: str, rows: list[dict[str, Any]], schema: pa.Schema) -> pa.
     return table
 
 
-def _typed(values: list[Any], type_: pa.DataType, label: str) -> pa.Array:
-    """State values as an array of their declared type, or the function's error."""
-    try:
-        return pa.array(values, type_)
-    except Exception as exc:  # noqa: BLE001 - the values came from the user's function
-        raise UserFunctionError(f"{label}: a value does not fit its declared type {type_}: {type(exc).__name__}: {exc}") from None
-
-
 def python_values(column: "pa.ChunkedArray | pa.Array") -> list[Any]:
-    """``column.to_pylist()``, faster for UTC microsecond timestamps (event times).
-
-    pyarrow builds each zone-aware datetime through the zone database, about
-    ten times slower than adding the offset to the epoch; the objects are the
-    same (``tzinfo`` is ``zoneinfo.ZoneInfo("UTC")`` either way).
-    """
+    """``column.to_pylist()``, ten times faster for UTC microsecond timestamps (no zone database per value; the same objects)."""
     kind = column.type
     if pa.types.is_timestamp(kind) and kind.unit == "us" and kind.tz == "UTC":
         epoch, delta = _UTC_EPOCH, timedelta
@@ -323,91 +210,23 @@ def python_values(column: "pa.ChunkedArray | pa.Array") -> list[Any]:
     return column.to_pylist()
 
 
-_UTC_EPOCH = datetime(1970, 1, 1, tzinfo=ZoneInfo("UTC"))
-
-
-def _records(rows: pa.Table) -> list[dict[str, Any]]:
-    """Each row as the function gets it: a dict of its user columns (converted column by column)."""
+def python_rows(rows: pa.Table) -> list[dict[str, Any]]:
+    """Each row as a function gets it: a dict of its user columns (converted column by column)."""
     names = user_columns(rows.column_names)
-    return (
-        [dict(zip(names, values)) for values in zip(*(python_values(rows.column(n)) for n in names))]
-        if names
-        else [{} for _ in range(rows.num_rows)]
-    )
-
-
-def _comparable(rows: pa.Table, columns: Sequence[str]) -> pa.Table:
-    """``columns`` made comparable as keys: a null flag, then a NaN flag, before a column holding any (filled)."""
-    names, arrays = [], []
-    for name in columns:
-        column = rows.column(name)
-        if column.null_count:
-            valid = pc.drop_null(column)
-            names.append(f"_null_{name}")
-            arrays.append(pc.is_null(column))
-            # Filled with one of its own values (any type has one), or dropped when all null: the flag says all.
-            if not len(valid):
-                continue
-            column = pc.fill_null(column, valid[0])
-        if pa.types.is_floating(column.type):
-            nan = pc.is_nan(column)
-            if pc.any(nan).as_py():
-                names.append(f"_nan_{name}")
-                arrays.append(nan)
-                column = pc.if_else(nan, pa.scalar(0, column.type), column)
-        names.append(name)
-        arrays.append(column)
-    return pa.table(arrays, names=names)
-
-
-def key_ids(parts: Sequence[pa.Table], columns: Sequence[str]) -> tuple[pa.Table, list[np.ndarray]]:
-    """The distinct values of ``columns`` among ``parts``' rows, sorted (nulls last), and each part's rows' index among them.
-
-    Nulls equal nulls and NaN equals NaN, as Spark groups keys.
-    """
-    schema = pa.schema([f.with_nullable(True) for f in parts[0].select(list(columns)).schema])
-    every = pa.concat_tables([p.select(list(columns)).cast(schema) for p in parts])
-    n = every.num_rows
-    offsets = np.cumsum([0, *(p.num_rows for p in parts)])
-    if not n:
-        return every, [np.zeros(0, np.int64) for _ in parts]
-    comparable = _comparable(every, columns)
-    order = pc.sort_indices(comparable, sort_keys=[(c, "ascending") for c in comparable.column_names]).to_numpy()
-    ordered = comparable.take(pa.array(order))
-    first = np.ones(n, dtype=bool)
-    if n > 1:
-        changed = np.zeros(n - 1, dtype=bool)
-        for name in ordered.column_names:  # a row starts a new value when any column differs from the row before
-            col = ordered.column(name).combine_chunks()
-            changed |= pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, n - 1)), True).to_numpy(zero_copy_only=False)
-        first[1:] = changed
-    ids = np.empty(n, dtype=np.int64)
-    ids[order] = np.cumsum(first) - 1
-    distinct = every.take(pa.array(order[first]))
-    return distinct, [ids[offsets[i] : offsets[i + 1]] for i in range(len(parts))]
-
-
-def _ids_in(keys: pa.Table, rows: pa.Table, key: Sequence[str]) -> np.ndarray:
-    """Each of ``rows``' index among ``keys`` (distinct, as :func:`key_ids` made them) by its key columns; -1 if absent."""
-    if not rows.num_rows:
-        return np.zeros(0, np.int64)
-    _, (of_keys, of_rows) = key_ids([keys.select(list(key)), rows.select(list(key))], key)
-    position = np.full(int(max(of_keys.max(initial=-1), of_rows.max(initial=-1))) + 1, -1, dtype=np.int64)
-    position[of_keys] = np.arange(len(of_keys))
-    return position[of_rows]
+    columns = [python_values(rows.column(n)) for n in names]
+    return [dict(zip(names, values)) for values in zip(*columns)] if names else [{} for _ in range(rows.num_rows)]
 
 
 def _processing_order(sides: Sequence[pa.Table], ids: Sequence[np.ndarray], count: int) -> tuple[list[int], list[int], list[int]]:
     """(3.) The records of every input, by key then arrival: each one's input and row, and where each key's run starts.
 
-    Arrival: the positions any input carries (one it lacks is 0), then the
-    input's index (a record reaching both inputs runs on the first first).
-    Without any position, a single input's records order by their columns.
+    Arrival: the positions any input carries (0 where it lacks one), then the input (a record reaching both: the
+    first first); without positions, a single input's records order by their columns.
     """
-    carried = position_columns(list(dict.fromkeys(c for rows in sides for c in rows.column_names)))
-    fallback: list[str] = []
-    if not carried and len(sides) == 1:
-        fallback = [f.name for f in sides[0].schema if f.name in user_columns(sides[0].column_names) and _sortable(f.type)]
+    carried = position_columns(list({c for rows in sides for c in rows.column_names}))
+    unsorted = (pa.types.is_nested, pa.types.is_dictionary, pa.types.is_null)  # types Arrow does not sort by
+    users = [] if carried or len(sides) > 1 else [f for f in sides[0].schema if not is_engine_column(f.name)]
+    fallback = [f.name for f in users if not any(is_type(f.type) for is_type in unsorted)]
     parts = []
     for side, (rows, of_rows) in enumerate(zip(sides, ids)):
         n = rows.num_rows
@@ -416,14 +235,8 @@ def _processing_order(sides: Sequence[pa.Table], ids: Sequence[np.ndarray], coun
             columns[c] = rows.column(c).cast(pa.int64()) if c in rows.column_names else pa.repeat(pa.scalar(0, pa.int64()), n)
         columns["_side"] = pa.repeat(pa.scalar(side, pa.int32()), n)
         columns.update({f"_by_{c}": rows.column(c) for c in fallback})
-        columns["_row"] = pa.array(np.arange(n, dtype=np.int64))
+        columns["_row"] = row_numbers(n)
         parts.append(pa.table(columns))
-    table = pa.concat_tables(parts)
-    table = table.sort_by([(c, "ascending") for c in ["_id", *carried, "_side", *(f"_by_{c}" for c in fallback), "_row"]])
-    key_of = table.column("_id").to_numpy()
-    starts = np.searchsorted(key_of, np.arange(count + 1), side="left").tolist()
+    table = pa.concat_tables(parts).sort_by([(c, "ascending") for c in parts[0].column_names])  # in the order they were added
+    starts = np.searchsorted(table.column("_id").to_numpy(), np.arange(count + 1), side="left").tolist()
     return table.column("_side").to_pylist(), table.column("_row").to_pylist(), starts
-
-
-def _sortable(type_: pa.DataType) -> bool:
-    return not (pa.types.is_nested(type_) or pa.types.is_dictionary(type_) or pa.types.is_null(type_))

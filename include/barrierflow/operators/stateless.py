@@ -1,52 +1,39 @@
 """Stateless record operators: filter, select, map and flat_map, each one kernel over an epoch's rows as Arrow.
 
-1. Expressions. Given column expressions (Spark SQL strings: ``"amount >
-   0"``, ``"amount * 100 AS cents"``) they evaluate them with
-   :mod:`barrierflow.operators.expressions`: checked when the pipeline is
-   declared (an unsupported function fails there, naming the operator),
-   typed when it is planned (a missing column, a type no function takes),
-   computed on Arrow columns in the task. A ``pyspark.sql.Column`` is
-   refused at declaration: it has no Arrow form; the SQL string says the same.
-2. Python functions. Given a function they call it once per Arrow record
-   batch (up to :data:`BATCH_ROWS` records) of the records' user columns,
-   never once per record: a filter's function returns one boolean per
-   record, a map's one row per record, a flat_map's one list of rows per
-   record, in the declared ``schema``; anything else fails the epoch with a
-   :class:`~barrierflow.core.errors.UserFunctionError` naming the operator.
-3. Engine columns. A function or expression sees only the record's user
-   columns; the engine's columns (those starting with ``_``: the arrival
-   position ``_seq``, provenance) ride along beside it and come out
-   unchanged, after the user columns, so operators downstream still order
-   and deduplicate by arrival.
-4. ``filter`` keeps the records whose condition is true; false and null drop
-   them (SQL's ``WHERE``).
-5. ``select`` projects each record onto its expressions (``"*"``: every user
-   column, in order); a plain column keeps its name (as the input spells
-   it), a computed one needs a name (``AS``). Output names are distinct and
-   never start with ``_``.
-6. ``map(name=expression, ...)`` adds or replaces columns (Spark's
-   ``withColumns``: every expression reads the input record; a replaced
-   column keeps its place, new ones follow the record's columns).
-   ``map(function, schema=...)`` replaces the user columns by the
-   function's row; each record keeps its position.
-7. ``flat_map(name=array expression)`` gives one record per element of the
-   array, as column ``name`` (after the record's other user columns); a
-   null or empty array gives none. ``flat_map(function, schema=...)`` gives
-   the function's rows. Each output keeps its record's position plus its
-   index among that record's outputs (``_seq_1``, ``_seq_2`` for a flat_map
-   after a flat_map: :func:`~barrierflow.operators.base.position_columns`),
-   which depends on the records alone, never on how they were batched; when
-   the input carries no position (no consumer needs arrival order), neither
-   does the output.
+1. Expressions. Given column expressions (Spark SQL strings: ``"amount > 0"``, ``"amount * 100 AS cents"``) they
+   evaluate them with :mod:`barrierflow.operators.expressions`: checked when the pipeline is declared (an unsupported
+   function fails there, naming the operator), typed when it is planned (a missing column, a type no function takes),
+   computed on Arrow columns in the task. A ``pyspark.sql.Column`` is refused at declaration: it has no Arrow form; the
+   SQL string says the same.
+2. Python functions. Given a function they call it once per Arrow record batch (up to :data:`BATCH_ROWS` records) of
+   the records' user columns, never once per record: a filter's function returns one boolean per record, a map's one
+   row per record, a flat_map's one list of rows per record, in the declared ``schema``; anything else fails the epoch
+   with a :class:`~barrierflow.core.errors.UserFunctionError` naming the operator.
+3. Engine columns. A function or expression sees only the record's user columns; the engine's columns (those starting
+   with ``_``: the arrival position ``_seq``, provenance) ride along beside it and come out unchanged, after the user
+   columns, so operators downstream still order and deduplicate by arrival.
+4. ``filter`` keeps the records whose condition is true; false and null drop them (SQL's ``WHERE``).
+5. ``select`` projects each record onto its expressions (``"*"``: every user column, in order); a plain column keeps
+   its name (as the input spells it), a computed one needs a name (``AS``). Output names are distinct and never start
+   with ``_``.
+6. ``map(name=expression, ...)`` adds or replaces columns (Spark's ``withColumns``: every expression reads the input
+   record; a replaced column keeps its place, new ones follow the record's columns). ``map(function, schema=...)``
+   replaces the user columns by the function's row; each record keeps its position.
+7. ``flat_map(name=array expression)`` gives one record per element of the array, as column ``name`` (after the
+   record's other user columns); a null or empty array gives none. ``flat_map(function, schema=...)`` gives the
+   function's rows. Each output keeps its record's position plus its index among that record's outputs (``_seq_1``,
+   ``_seq_2`` for a flat_map after a flat_map: :func:`~barrierflow.operators.base.position_columns`), which depends on
+   the records alone, never on how they were batched; when the input carries no position (no consumer needs arrival
+   order), neither does the output.
 
-Stateless operators keep no state, so they need no operator id (Flink's
-``uid`` is optional for them): the builder names them ``<kind>-<n>``, a form
-no user-given id can take, so adding one never changes a stateful
-operator's identity (its state tables are named by its own id).
+Stateless operators keep no state, so they need no operator id (Flink's ``uid`` is optional for them): the builder
+names them ``<kind>-<n>``, a form no user-given id can take, so adding one never changes a stateful operator's identity
+(its state tables are named by its own id).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -113,9 +100,6 @@ class _Stateless(Node):
 
     forwards_arrival_order = True
 
-    def passes_through(self, column: str) -> bool:
-        return False
-
 
 def _engine_fields(schema: pa.Schema) -> list[pa.Field]:
     return [f for f in schema if f.name.startswith("_")]
@@ -125,15 +109,9 @@ def _user_fields(schema: pa.Schema) -> list[pa.Field]:
     return [f for f in schema if not f.name.startswith("_")]
 
 
-def _output_field(compiled: Compiled, schema: pa.Schema, name: str) -> pa.Field:
-    """A plain column keeps its input field (type and nullability); a computed one is nullable."""
-    if compiled.column is not None:
-        return schema.field(compiled.column).with_name(name)
-    return pa.field(name, compiled.type)
-
-
-def _table(columns: Sequence[pa.Array | pa.ChunkedArray], schema: pa.Schema) -> pa.Table:
-    return pa.Table.from_arrays([c.cast(f.type) if c.type != f.type else c for c, f in zip(columns, schema)], schema=schema)
+def _table(columns: Mapping[str, pa.Array | pa.ChunkedArray], schema: pa.Schema) -> pa.Table:
+    """``schema``'s columns, taken by name from ``columns``."""
+    return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
 
 
 @dataclass
@@ -171,12 +149,37 @@ class Filter(_Stateless):
         kept = [filter_batch(b, function=self.function, users=users, label=label) for b in _batches(records)]  # (2.)
         return _from_batches(kept, records.schema)
 
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), **_what(self.condition, self.function)}
+
+@dataclass
+class _Projection(_Stateless):
+    """An operator whose every output user column is an input column or an expression on the input record (5., 6.)."""
+
+    def projection(self, schema: pa.Schema) -> list[tuple[str, Compiled | None]]:
+        """Each output user column: its name, and its compiled expression (None: the input column of that name)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _schema(schema: pa.Schema, projection: list[tuple[str, Compiled | None]]) -> pa.Schema:
+        # A plain column keeps its input field (type and nullability); a computed one is nullable.
+        fields = [
+            pa.field(n, c.type) if c is not None and c.column is None else schema.field(c.column if c else n).with_name(n)
+            for n, c in projection
+        ]
+        return pa.schema([*fields, *_engine_fields(schema)])
+
+    def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
+        (schema,) = inputs
+        return self._schema(schema, self.projection(schema))
+
+    def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
+        (records,) = inputs
+        projection = self.projection(records.schema)  # every expression reads the input record
+        computed = {n: c.evaluate(records) for n, c in projection if c is not None}
+        return _table({**dict(zip(records.column_names, records.columns)), **computed}, self._schema(records.schema, projection))
 
 
 @dataclass
-class Select(_Stateless):
+class Select(_Projection):
     """Project the records onto ``columns`` (expressions; ``"*"`` is every user column) (5.)."""
 
     columns: tuple[Expression, ...] = ()
@@ -195,53 +198,28 @@ class Select(_Stateless):
             names.append(name)
         _check_outputs(self.operator_id, names)
 
-    def _projection(self, schema: pa.Schema) -> list[tuple[str, Compiled | None]]:
-        """Each output column: its name, and its compiled expression (None: the input column of that name, from ``*``)."""
+    def projection(self, schema: pa.Schema) -> list[tuple[str, Compiled | None]]:
         out: list[tuple[str, Compiled | None]] = []
         for text in self.columns:
             if is_star(text):  # the record's columns, not the engine's (those follow anyway)
                 out += [(f.name, None) for f in _user_fields(schema)]
-                continue
-            compiled = compile_expression(self.operator_id, text, schema)
-            assert compiled.name is not None  # checked when declared
-            out.append((compiled.name, compiled))
+            else:
+                compiled = compile_expression(self.operator_id, text, schema)
+                assert compiled.name is not None  # checked when declared
+                out.append((compiled.name, compiled))
         _check_outputs(self.operator_id, [name for name, _ in out])
         return out
 
     def passes_through(self, column: str) -> bool:
-        star, sources = False, []
-        for text in self.columns:
-            if isinstance(text, str) and is_star(text):
-                star = True
-            elif isinstance(text, str):
-                name, source = declared_name(self.operator_id, text)
-                if name == column:
-                    sources.append(source)
+        star = any(isinstance(t, str) and is_star(t) for t in self.columns)
+        named = [declared_name(self.operator_id, t) for t in self.columns if isinstance(t, str) and not is_star(t)]
+        sources = [source for name, source in named if name == column]
         # The output column is the input's if it is that column under its own name (or comes from *).
         return all(source == column for source in sources) if sources else star
 
-    @staticmethod
-    def _schema(schema: pa.Schema, projection: list[tuple[str, Compiled | None]]) -> pa.Schema:
-        fields = [schema.field(n) if c is None else _output_field(c, schema, n) for n, c in projection]
-        return pa.schema([*fields, *_engine_fields(schema)])
-
-    def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
-        (schema,) = inputs
-        return self._schema(schema, self._projection(schema))
-
-    def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
-        (records,) = inputs
-        projection = self._projection(records.schema)
-        selected = [records.column(n) if c is None else c.evaluate(records) for n, c in projection]
-        engine = [records.column(f.name) for f in _engine_fields(records.schema)]
-        return _table([*selected, *engine], self._schema(records.schema, projection))
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "columns": [str(c) for c in self.columns]}
-
 
 @dataclass
-class MapColumns(_Stateless):
+class MapColumns(_Projection):
     """Add or replace columns of each record (``withColumns``); the record keeps its other columns (6.)."""
 
     columns: Mapping[str, Expression] | None = None
@@ -249,40 +227,15 @@ class MapColumns(_Stateless):
     def passes_through(self, column: str) -> bool:
         return column.lower() not in {n.lower() for n in (self.columns or {})}
 
-    def _compiled(self, schema: pa.Schema) -> dict[str, Compiled]:
-        return {name: compile_expression(self.operator_id, text, schema) for name, text in (self.columns or {}).items()}
-
-    def _layout(self, schema: pa.Schema, compiled: Mapping[str, Compiled]) -> list[tuple[str, str | None]]:
-        """Each user column of the output: its name and the input column it is (None: computed, by its name)."""
+    def projection(self, schema: pa.Schema) -> list[tuple[str, Compiled | None]]:
+        compiled = {name: compile_expression(self.operator_id, text, schema) for name, text in (self.columns or {}).items()}
         replaced = {name.lower(): name for name in compiled}
-        out = [
-            (replaced.get(f.name.lower(), f.name), None if f.name.lower() in replaced else f.name) for f in _user_fields(schema)
+        out: list[tuple[str, Compiled | None]] = [
+            (replaced[f.name.lower()], compiled[replaced[f.name.lower()]]) if f.name.lower() in replaced else (f.name, None)
+            for f in _user_fields(schema)
         ]
         present = {name.lower() for name, _ in out}
-        return out + [(name, None) for name in compiled if name.lower() not in present]
-
-    def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
-        (schema,) = inputs
-        compiled = self._compiled(schema)
-        fields = [
-            schema.field(source) if source is not None else _output_field(compiled[name], schema, name)
-            for name, source in self._layout(schema, compiled)
-        ]
-        return pa.schema([*fields, *_engine_fields(schema)])
-
-    def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
-        (records,) = inputs
-        compiled = self._compiled(records.schema)
-        schema = self.output_schema([records.schema])
-        values = {name: c.evaluate(records) for name, c in compiled.items()}  # every expression reads the input record
-        columns = [
-            records.column(source) if source is not None else values[name]
-            for name, source in self._layout(records.schema, compiled)
-        ]
-        return _table([*columns, *(records.column(f.name) for f in _engine_fields(records.schema))], schema)
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "columns": {n: str(c) for n, c in (self.columns or {}).items()}}
+        return out + [(name, c) for name, c in compiled.items() if name.lower() not in present]
 
 
 @dataclass
@@ -298,33 +251,27 @@ class _FunctionOperator(_Stateless):
     def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
         (schema,) = inputs
         assert self.schema is not None
-        position = _next_position(schema.names) if self.adds_position else None
-        extra = [pa.field(position, pa.int64(), nullable=False)] if position is not None else []
-        return pa.schema([*self.schema, *_engine_fields(schema), *extra])
-
-    def _transform(self, users: list[str], engine: list[str], position: str | None) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
-        raise NotImplementedError
+        return pa.schema([*self.schema, *_engine_fields(schema), *(_position_field(schema.names) if self.adds_position else [])])
 
     def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
         (records,) = inputs
+        assert self.function is not None and self.schema is not None
         users = user_columns(records.column_names)
         engine = [c for c in records.column_names if c not in users]
-        position = _next_position(records.column_names) if self.adds_position else None
-        transform = self._transform(users, engine, position)
-        return _from_batches([transform(b) for b in _batches(records)], self.output_schema([records.schema]))
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), **_what(None, self.function), "schema": str(self.schema)}
+        through = (
+            functools.partial(flat_map_batch, position=_next_position(records.column_names)) if self.adds_position else map_batch
+        )
+        label = _label(self, self.function)
+        batches = [
+            through(b, function=self.function, schema=self.schema, users=users, engine=engine, label=label)
+            for b in _batches(records)
+        ]
+        return _from_batches(batches, self.output_schema([records.schema]))
 
 
 @dataclass
 class MapFunction(_FunctionOperator):
     """Each record becomes the row ``function`` returns for it (one per record), of ``schema`` (6.)."""
-
-    def _transform(self, users: list[str], engine: list[str], position: str | None) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
-        assert self.function is not None and self.schema is not None
-        function, schema, label = self.function, self.schema, _label(self, self.function)
-        return lambda batch: map_batch(batch, function=function, schema=schema, users=users, engine=engine, label=label)
 
 
 @dataclass
@@ -337,48 +284,39 @@ class FlatMapColumn(_Stateless):
     def passes_through(self, column: str) -> bool:
         return column.lower() != self.name.lower()
 
-    def _array(self, schema: pa.Schema) -> tuple[Compiled, pa.DataType]:
+    def _array(self, schema: pa.Schema) -> tuple[Compiled, pa.Schema]:
+        """The compiled array expression and the output schema."""
         assert self.expression is not None
         compiled = compile_expression(self.operator_id, self.expression, schema)
         t = compiled.type
-        if pa.types.is_null(t):
-            return compiled, pa.null()
-        if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        if not (pa.types.is_null(t) or pa.types.is_list(t) or pa.types.is_large_list(t)):
             raise PipelineDefinitionError(
                 f"{self.operator_id}: flat_map's {self.name}={self.expression!r} is a {spark_type_name(t)}, not an array "
                 "(e.g. split(text, ' '))"
             )
-        return compiled, t.value_type
+        element = pa.field(self.name, pa.null() if pa.types.is_null(t) else t.value_type)
+        return compiled, pa.schema([*self._kept(schema), element, *_engine_fields(schema), *_position_field(schema.names)])
 
     def _kept(self, schema: pa.Schema) -> list[pa.Field]:
         return [f for f in _user_fields(schema) if f.name.lower() != self.name.lower()]
 
     def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
-        (schema,) = inputs
-        _, element = self._array(schema)
-        position = _next_position(schema.names)
-        extra = [pa.field(position, pa.int64(), nullable=False)] if position is not None else []
-        return pa.schema([*self._kept(schema), pa.field(self.name, element), *_engine_fields(schema), *extra])
+        return self._array(inputs[0])[1]
 
     def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
         (records,) = inputs
-        schema = self.output_schema([records.schema])
-        compiled, element = self._array(records.schema)
+        compiled, schema = self._array(records.schema)
         lists = compiled.evaluate(records)
         lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
         if pa.types.is_null(lists.type):  # no record has an array
             return schema.empty_table()
         parents = pc.list_parent_indices(lists)  # (7.) null and empty arrays have no element, hence no output
-        elements = pc.list_flatten(lists)
         kept = records.take(parents)
-        columns = [kept.column(f.name) for f in self._kept(records.schema)]
-        columns += [elements, *(kept.column(f.name) for f in _engine_fields(records.schema))]
-        if _next_position(records.column_names) is not None:
-            columns.append(_sub_positions(parents))
+        columns = {**dict(zip(kept.column_names, kept.columns)), self.name: pc.list_flatten(lists)}
+        position = _next_position(records.column_names)
+        if position is not None:
+            columns[position] = _sub_positions(parents)
         return _table(columns, schema)
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "column": self.name, "expression": str(self.expression)}
 
 
 @dataclass
@@ -386,13 +324,6 @@ class FlatMapFunction(_FunctionOperator):
     """Each record becomes the rows ``function`` returns for it: one list of rows per record, of ``schema`` (7.)."""
 
     adds_position = True
-
-    def _transform(self, users: list[str], engine: list[str], position: str | None) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
-        assert self.function is not None and self.schema is not None
-        function, schema, label = self.function, self.schema, _label(self, self.function)
-        return lambda batch: flat_map_batch(
-            batch, function=function, schema=schema, users=users, engine=engine, position=position, label=label
-        )
 
 
 # -- a batch through a user function --------------------------------------------------------------
@@ -436,8 +367,7 @@ def flat_map_batch(
     lists = _row_lists(_call(function, batch.select(users), label), schema, label, batch.num_rows)
     parents = pc.list_parent_indices(lists)
     rows = conform(pa.Table.from_struct_array(pc.list_flatten(lists)), schema, label)
-    arrays = [*rows, *batch.select(engine).take(parents).columns]
-    names = [*schema.names, *engine]
+    arrays, names = [*rows, *batch.select(engine).take(parents).columns], [*schema.names, *engine]
     if position is not None:
         arrays.append(_sub_positions(parents))
         names.append(position)
@@ -462,25 +392,19 @@ def _call(function: BatchFunction, batch: pa.RecordBatch, label: str) -> Any:
 def conform(result: Any, schema: pa.Schema, label: str, rows: int | None = None) -> list[pa.Array]:
     """The columns of a function's ``result`` as its declared ``schema`` says, or a :class:`UserFunctionError` saying why not.
 
-    ``result`` is a ``pyarrow.RecordBatch``, ``pyarrow.Table`` or a mapping of
-    column name to values; it must hold exactly the schema's columns (in any
-    order), each convertible to its declared type without loss, no null in a
+    ``result`` is a ``pyarrow.RecordBatch``, ``pyarrow.Table`` or a mapping of column name to values; it must hold
+    exactly the schema's columns (in any order), each convertible to its declared type without loss, no null in a
     non-nullable one, and ``rows`` rows if given.
     """
-    if isinstance(result, pa.RecordBatch):
-        table = pa.Table.from_batches([result])
-    elif isinstance(result, pa.Table):
-        table = result
-    elif isinstance(result, Mapping):
-        try:
-            table = pa.table(dict(result))
-        except (pa.ArrowException, TypeError, ValueError) as exc:
-            raise UserFunctionError(f"{label} returned a mapping that is not columns of equal length: {exc}") from None
-    else:
+    if not isinstance(result, (pa.RecordBatch, pa.Table, Mapping)):
         raise UserFunctionError(
             f"{label} returned {type(result).__name__}; it must return a pyarrow.RecordBatch, a pyarrow.Table "
             "or a mapping of column name to values"
         )
+    try:
+        table = pa.table(dict(result) if isinstance(result, Mapping) else result)
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise UserFunctionError(f"{label} returned a mapping that is not columns of equal length: {exc}") from None
     if rows is not None and table.num_rows != rows:
         raise UserFunctionError(
             f"{label} returned {table.num_rows} rows for {rows} records; map returns exactly one row per record "
@@ -496,12 +420,12 @@ def conform(result: Any, schema: pa.Schema, label: str, rows: int | None = None)
         )
     arrays = []
     for field in schema:
-        column = table.column(field.name)
         try:
-            column = column.cast(field.type)
+            column = table.column(field.name).cast(field.type)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             raise UserFunctionError(
-                f"{label}: column {field.name} is {column.type}, which does not convert to its declared {field.type}: {exc}"
+                f"{label}: column {field.name} is {table.column(field.name).type}, which does not convert to its declared "
+                f"{field.type}: {exc}"
             ) from None
         if not field.nullable and column.null_count:
             raise UserFunctionError(
@@ -511,27 +435,22 @@ def conform(result: Any, schema: pa.Schema, label: str, rows: int | None = None)
     return arrays
 
 
-def _check_row_columns(lists: list[Any] | tuple[Any, ...], schema: pa.Schema, label: str) -> None:
-    """Every dict row names exactly the declared columns: Arrow would drop a misspelled key and read the column as null."""
-    declared = set(schema.names)
-    for record, rows in enumerate(lists):
-        for row in rows if isinstance(rows, (list, tuple)) else ():
-            if isinstance(row, Mapping) and row.keys() != declared:
-                unexpected, missing = sorted(set(row) - declared), sorted(declared - set(row))
-                raise UserFunctionError(
-                    f"{label} returned a row with columns {sorted(row)} for record {record} of its batch, not those of "
-                    f"its declared schema {schema.names} (missing {missing}, unexpected {unexpected}); give every "
-                    "column, None for a null"
-                )
-
-
 def _row_lists(result: Any, schema: pa.Schema, label: str, rows: int) -> pa.Array:
     """A flat_map function's result as one list of rows per record (``list<struct>``)."""
     if isinstance(result, pa.ChunkedArray):
         result = result.combine_chunks()
+    if isinstance(result, (list, tuple)):
+        # Every dict row names exactly the declared columns: Arrow would drop a misspelled key and read the column as null.
+        declared = set(schema.names)
+        for record, record_rows in enumerate(result):
+            for row in record_rows if isinstance(record_rows, (list, tuple)) else ():
+                if isinstance(row, Mapping) and row.keys() != declared:
+                    raise UserFunctionError(
+                        f"{label} returned a row with columns {sorted(row)} for record {record} of its batch, not those of "
+                        f"its declared schema {schema.names} (missing {sorted(declared - set(row))}, unexpected "
+                        f"{sorted(set(row) - declared)}); give every column, None for a null"
+                    )
     if not isinstance(result, pa.Array):
-        if isinstance(result, (list, tuple)):
-            _check_row_columns(result, schema, label)
         try:
             result = pa.array(result, pa.list_(pa.struct(list(schema))))
         except (pa.ArrowException, TypeError, ValueError) as exc:
@@ -539,9 +458,8 @@ def _row_lists(result: Any, schema: pa.Schema, label: str, rows: int) -> pa.Arra
                 f"{label} returned {type(result).__name__} that is not one list of rows (dicts of {schema.names}) "
                 f"per record: {exc}"
             ) from None
-    if not (pa.types.is_list(result.type) or pa.types.is_large_list(result.type)) or not pa.types.is_struct(
-        result.type.value_type
-    ):
+    t = result.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not pa.types.is_struct(t.value_type):
         raise UserFunctionError(f"{label} returned an array of {result.type}; flat_map returns one list of rows per record")
     if len(result) != rows:
         raise UserFunctionError(
@@ -570,19 +488,14 @@ def _label(node: Node, function: Any) -> str:
     return f"{type(node).__name__} {node.operator_id} ({name})"
 
 
-def _what(condition: Expression | None, function: Any) -> dict[str, str]:
-    if function is not None:
-        return {
-            "function": f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', type(function).__qualname__)}"
-        }
-    return {"condition": str(condition)}
-
-
 def _next_position(columns: Sequence[str]) -> str | None:
     """The sub-position column a flat_map adds (None when its input carries no arrival position)."""
-    if "_seq" not in columns:
-        return None
-    return f"_seq_{len(position_columns(columns))}"
+    return f"_seq_{len(position_columns(columns))}" if "_seq" in columns else None
+
+
+def _position_field(columns: Sequence[str]) -> list[pa.Field]:
+    position = _next_position(columns)
+    return [] if position is None else [pa.field(position, pa.int64(), nullable=False)]
 
 
 def _check_outputs(operator_id: str, names: list[str]) -> None:

@@ -1,33 +1,20 @@
 """Timers of keyed process functions: Flink's ``TimerService``, checkpointed as keyed state.
 
-A process function that implements ``on_timer`` registers timers for the
-current key (``ctx.timer_service().register_event_time_timer(ts)``). Within
-an epoch, as in Flink where the barrier's watermark follows the records
-before it:
+A process function implementing ``on_timer`` registers timers for the
+current key (``ctx.timer_service().register_event_time_timer(ts)``). In an
+epoch, as in Flink where the barrier's watermark follows the records before it:
 
-1. each key's records are processed in arrival order; the watermark a
-   function sees meanwhile is W(n-1), the one at the start of the epoch;
-2. then the epoch's watermark W(n) arrives: every event-time timer with a
-   timestamp at or below W(n) fires, in timestamp order, including timers
-   that earlier firings of this epoch registered;
-3. then every processing-time timer at or below the epoch's processing time
-   P(n) (the barrier's, so a retry fires the same timers) fires, in
-   timestamp order; an event-time timer such a firing registers at or
-   below W(n) fires right after it, before later processing-time timers;
-4. the timers left (registered, not fired, not deleted) are the key's timer
-   state: rows of the state table ``state/<operator_id>/timers`` (key
-   columns, ``timer_domain``, ``timer_timestamp``), staged with the
-   epoch's other state, so timers are checkpointed, restored by savepoints,
-   redistributed by key group on rescale and exactly-once like any state.
+1. each key's records are processed in arrival order, seeing W(n-1);
+2. then its event-time timers at or below W(n) fire, in timestamp order,
+   with those earlier firings registered;
+3. then its processing-time timers at or below the barrier's time P(n), in
+   timestamp order, each followed by the event-time timers it registered at
+   or below W(n);
+4. the timers left are its rows of ``<operator_id>__timers`` (key columns,
+   ``timer_domain``, ``timer_timestamp``), keyed state like any.
 
-A key with a timer due this epoch runs even if none of its records arrived
-(its stored timers are read from the timer table of the task's key groups).
-A timer is unique per key, domain and timestamp (registering it twice
-keeps one). Without a watermark (no ``assign_timestamps_and_watermarks``
-upstream) event-time timers never fire.
-
-The user-facing :class:`TimeDomain` and :class:`TimerService` are
-:mod:`barrierflow.api.timers`'; this module holds what the operator keeps.
+A key with a due timer runs without records. A timer is unique per key,
+domain and timestamp. Without a watermark, event-time timers never fire.
 """
 
 from __future__ import annotations
@@ -37,19 +24,15 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.api.timers import TimeDomain, TimerService, from_micros, to_micros
+from barrierflow.api.timers import TimeDomain, to_micros
 from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.state.spec import StateSpec
 
 __all__ = [
-    "TimeDomain", "TimerService", "TIMER_STATE", "TIMER_DOMAIN", "TIMER_TIMESTAMP", "timer_spec", "due_timer_mask",
-    "EpochClocks", "to_micros", "from_micros",
+    "TimeDomain", "TIMER_STATE", "TIMER_DOMAIN", "TIMER_TIMESTAMP", "timer_spec", "due_timer_mask", "EpochClocks", "to_micros",
 ]  # fmt: skip
 
-# (4.) The timer state table's name and its two key columns besides the user's key.
-TIMER_STATE = "timers"
-TIMER_DOMAIN = "timer_domain"
-TIMER_TIMESTAMP = "timer_timestamp"
+TIMER_STATE, TIMER_DOMAIN, TIMER_TIMESTAMP = "timers", "timer_domain", "timer_timestamp"  # (4.) its name, its key columns
 
 
 def timer_spec(operator_id: str, key_fields: tuple[pa.Field, ...]) -> StateSpec:
@@ -60,12 +43,8 @@ def timer_spec(operator_id: str, key_fields: tuple[pa.Field, ...]) -> StateSpec:
             f"process {operator_id}: key column(s) {clash} clash with the timer table's own columns "
             f"{TIMER_DOMAIN!r} and {TIMER_TIMESTAMP!r}: rename the key"
         )
-    return StateSpec(
-        operator_id=operator_id,
-        name=TIMER_STATE,
-        key_fields=(*key_fields, pa.field(TIMER_DOMAIN, pa.string()), pa.field(TIMER_TIMESTAMP, pa.timestamp("us", tz="UTC"))),
-        value_fields=(),
-    )
+    timer = (pa.field(TIMER_DOMAIN, pa.string()), pa.field(TIMER_TIMESTAMP, pa.timestamp("us", tz="UTC")))
+    return StateSpec(operator_id, TIMER_STATE, (*key_fields, *timer), ())
 
 
 def due_timer_mask(timers: pa.Table, watermark_us: int | None, processing_time_ms: int) -> pa.ChunkedArray:
@@ -87,19 +66,8 @@ class EpochClocks:
     watermark_prev_us: int | None = None
     watermark_us: int | None = None
 
-    def limit_us(self, domain: TimeDomain) -> int | None:
-        """The latest timestamp of ``domain`` that fires this epoch: W(n) or P(n) (None: none fires)."""
-        return self.watermark_us if domain is TimeDomain.EVENT_TIME else self.processing_time_ms * 1000
-
     def next_due(self, timers: set[tuple[TimeDomain, int]]) -> tuple[TimeDomain, int] | None:
-        """The next timer to fire (steps 2 and 3): the earliest due event-time timer, else the earliest due processing-time one.
-
-        Asked again after every firing, so timers the firing registered or
-        deleted take part.
-        """
-        for domain in (TimeDomain.EVENT_TIME, TimeDomain.PROCESSING_TIME):
-            limit = self.limit_us(domain)
-            due = [ts for d, ts in timers if d is domain and limit is not None and ts <= limit]
-            if due:
-                return domain, min(due)
-        return None
+        """The next timer to fire (2., 3.): the earliest due event-time one, else processing-time one (asked per firing)."""
+        limits = {TimeDomain.EVENT_TIME: self.watermark_us, TimeDomain.PROCESSING_TIME: self.processing_time_ms * 1000}
+        due = [(d, ts) for d, ts in timers if (limit := limits[d]) is not None and ts <= limit]
+        return min(due, key=lambda timer: (timer[0] is TimeDomain.PROCESSING_TIME, timer[1]), default=None)

@@ -1,40 +1,21 @@
 """Union: one stream of the records of several streams of the same schema, as Flink's ``DataStream.union``.
 
-``a.union(b, c)`` has no state; what it must get right is which records an
-epoch holds, their order, and the watermark:
-
-1. Alignment. Epoch n's output is the union of every input's records up to
-   barrier n: the runtime applies the operator once each input's epoch-n
-   output is computed (a barrier records every source's offsets, so two
-   sources are cut at one consistent point).
-2. Schema. Every input has the same user columns, by name in any order,
-   with the same types (nullability may differ); the output has the first
-   input's column order (a column is nullable if it is on any input).
-   Otherwise the pipeline fails when it is planned, before any epoch runs,
-   with a :class:`~barrierflow.core.errors.PipelineDefinitionError` naming
-   the missing, extra and differently typed columns of the input that differs.
-3. Order. A record keeps its arrival position (``_seq``: source index, file,
-   line; a flat_map's sub-positions ``_seq_1``...; one an input lacks is 0),
-   refined by a new sub-position, the input's index in the union. Positions
-   stay unique and come from the records alone, so downstream results never
-   depend on parallelism or on how the inputs interleave: records of two
-   sources order by source, in declaration order (its index is ``_seq``'s
-   top bits), whatever the union's input order; one record
-   reaching the union twice (a stream unioned with a branch of itself)
-   orders by input. When no consumer needs arrival order some inputs may
-   carry no position (unordered reads); the output then carries none.
-4. Watermark. A multi-input operator's watermark is the minimum of its
-   inputs'; an input without an assigner upstream has none (-infinity), so
-   the declaration requires that every input or none has an assigner
-   upstream. The pipeline's watermark is the minimum over its assigners
-   (:mod:`barrierflow.operators.watermark`), which event-time operators
-   downstream of all of them see. An assigner after the union watermarks
-   the union's records, as in Flink.
-5. Keys. Every column passes through unchanged from each input, so a key
-   taken by a keyed operator downstream is checked (null or empty: a dead
-   letter) at every source upstream of the union.
-6. Exactly-once. No state: replaying the sources from the last completed
-   barrier reproduces the epoch.
+1. Alignment. Epoch n's output is every input's records up to barrier n.
+2. Schema. Every input has the same user columns (by name, in any order) of
+   the same types; the output has the first input's order, a column
+   nullable if it is on any input. Otherwise planning fails, naming the
+   missing, extra and differently typed columns of the input that differs.
+3. Order. A record keeps its arrival position (``_seq``, ``_seq_1``...; one
+   an input lacks is 0) refined by its input's index, a new sub-position:
+   unique, from the records alone, so results never depend on parallelism
+   or interleaving (two sources order by source, one record reaching the
+   union twice by input). When some input carries no position (no consumer
+   needs arrival order), the output carries none.
+4. Watermark. The minimum of the inputs'; one without an assigner upstream
+   has none, so every input or none must have one upstream.
+5. Keys. Columns pass through unchanged: a key taken downstream is checked
+   at every source upstream.
+6. Exactly-once. No state: replaying the sources reproduces the epoch.
 """
 
 from __future__ import annotations
@@ -57,8 +38,7 @@ class Union(Node):
 
     others: tuple[Node, ...] = ()
 
-    # It passes arrival order on without using it: its inputs need positions when its consumers do (3.).
-    forwards_arrival_order = True
+    forwards_arrival_order = True  # (3.) its inputs need positions when its consumers do
 
     def inputs(self) -> tuple[Node, ...]:
         assert self.parent is not None
@@ -68,7 +48,6 @@ class Union(Node):
         return True  # (5.)
 
     def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
-        first = inputs[0]
         # (2.) Types as Arrow names them; nullability is not part of the check.
         typed = [{f.name: str(f.type) for f in schema if not is_engine_column(f.name)} for schema in inputs]
         for number, other in enumerate(typed[1:], start=2):
@@ -79,28 +58,21 @@ class Union(Node):
                     "every input of a union must have the same columns (by name, in any order) with the same types"
                 )
         positions = union_positions([schema.names for schema in inputs])  # (3.)
-        users = [f.with_nullable(any(s.field(f.name).nullable for s in inputs)) for f in first if not is_engine_column(f.name)]
-        shared = [
-            f.with_nullable(any(s.field(f.name).nullable for s in inputs))
-            for f in first
-            if is_engine_column(f.name) and f.name not in positions and all(f.name in s.names for s in inputs)
-        ]
-        return pa.schema([*users, *shared, *(pa.field(p, pa.int64()) for p in positions)])
+        kept = [f for f in inputs[0] if f.name not in positions and all(f.name in s.names for s in inputs)]  # every user column
+        fields = [f.with_nullable(any(s.field(f.name).nullable for s in inputs)) for f in kept]
+        fields.sort(key=lambda f: is_engine_column(f.name))  # the user columns, then the engine's the inputs share
+        return pa.schema([*fields, *(pa.field(p, pa.int64()) for p in positions)])
 
     def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
         schema = self.output_schema([table.schema for table in inputs])
         positions = union_positions([table.column_names for table in inputs])  # (3.)
         parts = []
         for index, table in enumerate(inputs):
-            n = table.num_rows
             columns = {f.name: table.column(f.name) for f in schema if f.name not in positions}
+            zero = pa.repeat(pa.scalar(0, pa.int64()), table.num_rows)  # a position the input lacks
+            columns.update({c: table.column(c).cast(pa.int64()) if c in table.column_names else zero for c in positions[:-1]})
             if positions:
-                *carried, own = positions
-                for c in carried:  # a position the input lacks is 0
-                    columns[c] = (
-                        table.column(c).cast(pa.int64()) if c in table.column_names else pa.repeat(pa.scalar(0, pa.int64()), n)
-                    )
-                columns[own] = pa.repeat(pa.scalar(index, pa.int64()), n)  # refined by the input's index
+                columns[positions[-1]] = pa.repeat(pa.scalar(index, pa.int64()), table.num_rows)  # refined by the input's index
             parts.append(pa.table(columns).select(schema.names).cast(schema))
         return pa.concat_tables(parts)
 
@@ -112,22 +84,12 @@ def column_differences(first: Mapping[str, str], other: Mapping[str, str]) -> li
     """How the columns (name -> type) of ``other`` differ from ``first``'s, one phrase per kind; empty if they agree."""
     missing = [c for c in first if c not in other]
     extra = [c for c in other if c not in first]
-    retyped = [f"{c} is {other[c]}, not {first[c]}" for c in first if c in other and other[c] != first[c]]
-    problems = []
-    if missing:
-        problems.append(f"missing {missing}")
-    if extra:
-        problems.append(f"extra {extra}")
-    if retyped:
-        problems.append(", ".join(retyped))
-    return problems
+    retyped = ", ".join(f"{c} is {other[c]}, not {first[c]}" for c in first if c in other and other[c] != first[c])
+    return [p for p in (f"missing {missing}" if missing else "", f"extra {extra}" if extra else "", retyped) if p]
 
 
 def union_positions(inputs: Sequence[Sequence[str]]) -> list[str]:
-    """The output's position columns (3.): each input's ones, most significant first, then one for the input index.
-
-    Empty when some input carries no ``_seq`` (no consumer needs arrival order).
-    """
+    """The output's position columns (3.): the inputs', most significant first, then the input's index; none if one lacks _seq."""
     if not inputs or any(SEQ not in columns for columns in inputs):
         return []
     carried = position_columns(list(dict.fromkeys(c for columns in inputs for c in columns)))

@@ -1,20 +1,10 @@
 """Event-time windows (tumbling, sliding, session) that fire when the watermark passes their end.
 
-Window assigners, all in event time (microseconds since the Unix epoch, in UTC):
-
-- :class:`TumblingEventTimeWindows` ``.of(size)``: the window
-  ``[k * size, (k + 1) * size)`` holding the record's timestamp.
-- :class:`SlidingEventTimeWindows` ``.of(size, slide)``: every window
-  ``[k * slide, k * slide + size)`` holding it (``ceil(size / slide)`` of
-  them at most; aligned to the Unix epoch, as Flink's with offset 0). A
-  slide larger than the size is refused: records between two windows would
-  belong to none and vanish.
-- :class:`EventTimeSessionWindows` ``.with_gap(gap)``: per key, records
-  at most ``gap`` apart form one session ``[first ts, last ts + gap)``.
-  Each record opens its own window ``[ts, ts + gap)``; windows that overlap
-  or touch merge, as Flink's (``TimeWindow.intersects``: two records exactly
-  ``gap`` apart are one session), also across epochs: a record may bridge
-  two stored sessions into one.
+The window assigners are :mod:`barrierflow.api.windows`' (importable from
+here too). A session record opens its own window ``[ts, ts + gap)``;
+windows that overlap or touch merge, as Flink's (``TimeWindow.intersects``:
+two records exactly ``gap`` apart are one session), also across epochs: a
+record may bridge two stored sessions into one.
 
 With W(n-1) the watermark at the start of epoch n, W(n) the one at its end
 and L the allowed lateness (a ``timedelta``, default 0, as Flink's
@@ -24,11 +14,11 @@ and L the allowed lateness (a ``timedelta``, default 0, as Flink's
 2. Late records. A window is late when ``end + L <= W(n-1)``: its state was
    cleared, or would have been. A record all of whose windows are late (for
    a session: its own window) goes to the side output ``late_output`` if the
-   window declares one, else it is dropped and the number dropped is logged
-   (the epoch's counter ``late records dropped by window <operator id>``).
-   A record that is not late joins only its windows that are not late
-   (sliding windows). Unlike Flink, a session record's lateness depends on
-   its own window alone, not on the stored session it would merge with.
+   window declares one, else it is dropped and counted (``late records
+   dropped by window <operator id>``). A record that is not late joins only
+   its windows that are not late (sliding windows). Unlike Flink, a session
+   record's lateness depends on its own window alone, not on the stored
+   session it would merge with.
 3. Fold the epoch's other records into the pending windows of their key.
    Every window keeps its values in arrival order: earlier epochs first,
    then by arrival position within the epoch. So every aggregate (floating
@@ -46,8 +36,7 @@ and L the allowed lateness (a ``timedelta``, default 0, as Flink's
    epoch, with every record the epoch added to it.
 5. Purge a window's state once ``end + L <= W(n)``; with L = 0 that is when
    it fires, so each window fires once and the state holds unfired windows
-   only (the behaviour, state table and output columns of windows before
-   allowed lateness existed).
+   only (the state table and output columns of windows without lateness).
 6. With L > 0, rows carry ``is_update``: whether a row for this key and
    ``window_start`` was emitted before (this one replaces it).
    ``DeltaSink.upsert(name, key=(*key, "window_start"))`` then keeps the
@@ -91,7 +80,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -109,25 +98,19 @@ from barrierflow.core.arrow import as_double, conform
 from barrierflow.core.columns import DELETED, EPOCH, KEY_GROUP, UPDATED_AT, position_columns, user_columns
 from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, Task, with_key_group
+from barrierflow.operators.join_buffer import INT64_MAX, aligned_windows, at_most, bools, event_time_us, ints, key_ids, ranks
 from barrierflow.state.spec import StateSpec
 
 __all__ = [
-    "TumblingEventTimeWindows",
-    "SlidingEventTimeWindows",
-    "EventTimeSessionWindows",
-    "WindowAssigner",
-    "AlignedWindow",
-    "TumblingWindow",
-    "SessionWindow",
-    "window_node",
-]
+    "TumblingEventTimeWindows", "SlidingEventTimeWindows", "EventTimeSessionWindows", "WindowAssigner", "AlignedWindow",
+    "TumblingWindow", "SessionWindow", "window_node",
+]  # fmt: skip
 
 _ONE_US = timedelta(microseconds=1)
 # The value one session element keeps: its arrival and the aggregated column.
 _SESSION_VALUE = pa.struct([pa.field("epoch", pa.int64()), pa.field("position", pa.int64()), pa.field("value", pa.float64())])
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _AGGREGATIONS = (Count, Sum, Min, Max, Avg, Percentile)
-_LONG = np.iinfo(np.int64)
 # Sums fold a window's values column by column for windows up to this many values, one window at a time beyond.
 _FOLD_COLUMNS = 32
 
@@ -146,16 +129,33 @@ class _Records:
         return pa.array(self.values[rows], pa.float64(), mask=~self.valid[rows])
 
 
+@dataclass(frozen=True)
+class _Pending:
+    """The windows after step 3, one element of each array per window."""
+
+    head: np.ndarray  # a row of the window (of the stored rows, then the epoch's): its key and key group
+    start: np.ndarray
+    end: np.ndarray
+    touched: np.ndarray  # whether the epoch added values to it
+    fired: np.ndarray  # whether it fired before (with L > 0)
+    kept: np.ndarray  # whether a stored row holds it under its start
+    of_row: np.ndarray  # the window of each stored row, then of each of the epoch's
+
+
 @dataclass
 class _Window(Node):
-    """What every window operator shares: aggregations, lateness, the late side output, output columns."""
+    """What every window operator shares: aggregations, lateness, the late side output, output columns, steps 3-7."""
 
     key: tuple[str, ...] = ()
     aggregations: tuple[Aggregation, ...] = ()
     late_output: str | None = None
     allowed_lateness: timedelta = timedelta(0)
+    assigner: WindowAssigner = TumblingEventTimeWindows(timedelta(minutes=1))
 
     uses_watermark = True
+    table: ClassVar[str]  # the state table's name, and its columns beside the key, window_start and fired
+    window_fields: ClassVar[tuple[pa.Field, ...]]
+    update_columns: ClassVar[tuple[str, ...]] = ("is_update",)  # step 6's columns
 
     def key_output(self) -> tuple[str, ...]:
         return self.key
@@ -182,39 +182,20 @@ class _Window(Node):
     def value_column(self) -> str | None:
         return next((a.value_column for a in self.aggregations if a.value_column is not None), None)
 
-    @property
-    def time_column(self) -> str:
-        raise NotImplementedError
-
     def extra_output_columns(self) -> tuple[str, ...]:
         """Columns beyond key, window bounds and aggregates (step 6): none with L = 0, so outputs stay as they were."""
-        return ("is_update",) if self.lateness_us > 0 else ()
+        return self.update_columns if self.lateness_us > 0 else ()
 
     # -- what it declares from its input's schema
 
-    def _spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
-        raise NotImplementedError
-
     def state_specs(self, inputs: Sequence[pa.Schema] | None = None) -> list[StateSpec]:
-        if not inputs:
-            return [self._spec()]
-        (schema,) = inputs
-        return [self._spec({k: schema.field(k).type for k in self.key if k in schema.names})]
-
-    def _state_spec(self, name: str, values: list[pa.Field], key_types: dict[str, pa.DataType] | None) -> StateSpec:
-        """The window table: the key, ``window_start``, then ``values`` (and ``fired`` with lateness, step 5)."""
-        types = key_types or {}
-        if self.lateness_us > 0:  # windows that fired stay until purged
-            values = [*values, pa.field("fired", pa.bool_())]
-        return StateSpec(
-            operator_id=self.operator_id,
-            name=name,
-            key_fields=(
-                *(pa.field(k, types.get(k, pa.string())) for k in self.key),
-                pa.field("window_start", _TIMESTAMP),
-            ),
-            value_fields=tuple(values),
-        )
+        """The window table: the key, ``window_start``, then the window's values (and ``fired`` with lateness, step 5)."""
+        types = {k: inputs[0].field(k).type for k in self.key if k in inputs[0].names} if inputs else {}
+        fired = (pa.field("fired", pa.bool_()),) if self.lateness_us > 0 else ()  # windows that fired stay until purged
+        keys = (*(pa.field(k, types.get(k, pa.string())) for k in self.key), pa.field("window_start", _TIMESTAMP))
+        return [
+            StateSpec(operator_id=self.operator_id, name=self.table, key_fields=keys, value_fields=(*self.window_fields, *fired))
+        ]
 
     def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
         (schema,) = inputs
@@ -223,7 +204,7 @@ class _Window(Node):
             raise PipelineDefinitionError(
                 f"window {self.operator_id}: its key column {missing[0]!r} is not among its input's columns {user_columns(schema.names)}"
             )
-        time = self.time_column
+        time = self.assigner.time_column
         if time not in schema.names or not pa.types.is_timestamp(schema.field(time).type):
             found = schema.field(time).type if time in schema.names else "no such column"
             raise PipelineDefinitionError(
@@ -267,53 +248,81 @@ class _Window(Node):
         """
         records = with_key_group(records, self.key, task.key_groups)
         # Step 1. A record without an event time has no window (Spark's unix_micros(null) is null: every test on it fails).
-        timed = pc.is_valid(records[self.time_column])
-        untimed = records.num_rows - pc.sum(timed).as_py() if records.num_rows else 0
-        if untimed:
-            task.count(f"window {self.operator_id} dropped {{n}} record(s) without an event time", untimed)
-            records = records.filter(timed)
-        ts = _micros(records[self.time_column])
+        ts, timed = event_time_us(records[self.assigner.time_column])
+        if not timed.all():
+            task.count(f"window {self.operator_id} dropped {{n}} record(s) without an event time", int((~timed).sum()))
+            records, ts = records.filter(pa.array(timed)), ts[timed]
         # Step 2. A record is late when its latest window is: its end + L at or before W(n-1).
         wm_prev = task.watermark_prev_us
-        late = np.zeros(len(ts), bool) if wm_prev is None else _at_most(latest_start(ts), wm_prev - span - self.lateness_us)
+        late = np.zeros(len(ts), bool) if wm_prev is None else at_most(latest_start(ts), wm_prev - span - self.lateness_us)
         if self.late_output:  # emitted every epoch, empty or not: the side output's table exists from the first
             task.emit(self.late_output, records.filter(pa.array(late)).select(user_columns(records.column_names)))
         elif late.any():
             task.count(f"window {self.operator_id} dropped {{n}} late record(s) (no late_output declared)", int(late.sum()))
         on_time = records.filter(pa.array(~late))
-        column = on_time[self.value_column] if self.value_column is not None else None
-        values, valid = _doubles(column, on_time.num_rows)
-        return _Records(
-            rows=on_time.select([*self.key, KEY_GROUP]),
-            ts=ts[~late],
-            values=values,
-            valid=valid,
-            arrival=_arrival_ranks(on_time, values, valid),
-        )
+        # The aggregated column as Spark's cast(... as double) (as_double), 0.0 per record without one; a null as 0.0.
+        column = self.value_column
+        doubles = as_double(on_time[column]) if column is not None else pa.array(np.zeros(on_time.num_rows))
+        values = np.asarray(pc.fill_null(doubles, 0.0).to_numpy(zero_copy_only=False), np.float64)
+        valid = bools(pc.is_valid(doubles))
+        return _Records(on_time.select([*self.key, KEY_GROUP]), ts[~late], values, valid, _arrival_ranks(on_time, values, valid))
 
-    def _firing(
-        self, task: Task, reach: np.ndarray, span: int, touched: np.ndarray, fired: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Steps 4-5: whether each window (ending at ``reach + span``) fires, whether its state is purged."""
-        wm = task.watermark_us
-        if wm is None:
-            return np.zeros(len(touched), bool), np.zeros(len(touched), bool)
-        fires = _at_most(reach, wm - span) & (touched | ~fired)
-        return fires, _at_most(reach, wm - span - self.lateness_us)
+    def _rows(self, key_columns: list[pa.Array], rows: np.ndarray, start: np.ndarray, **columns: Any) -> dict[str, Any]:
+        """Windows' columns: the key of ``rows`` (of the stored rows, then the epoch's), ``window_start``, then ``columns``."""
+        keys = {k: c.take(pa.array(rows, pa.int64())) for k, c in zip(self.key, key_columns)}
+        return {**keys, "window_start": _timestamps(start), **columns}
 
-    def _outputs(self, columns: dict[str, Any], lists: pa.ListArray, firing: np.ndarray, schema: pa.Schema) -> pa.Table:
-        """Steps 4 and 6: the fired windows' rows, each aggregate computed from ``lists`` (their values in arrival order)."""
-        columns.update(zip((a.name for a in self.aggregations), _results(self.aggregations, lists, firing)))
-        return conform(pa.table(columns), schema)
+    def _emit(
+        self, task: Task, spec: StateSpec, schema: pa.Schema, stored: pa.Table, key_columns: list[pa.Array],
+        groups: np.ndarray, windows: _Pending, reach: tuple[np.ndarray, int], new_values: pa.Array, new_order: np.ndarray,
+        tombstones: dict[str, Any] | None = None,
+    ) -> pa.Table:  # fmt: skip
+        """Steps 3-7 for the pending windows: the fired windows' rows; their state changes (and ``tombstones``) staged.
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            **super().describe(),
-            "key": list(self.key),
-            "aggregations": [a.name for a in self.aggregations],
-            "late_output": self.late_output,
-            "allowed_lateness_us": self.lateness_us,
-        }
+        ``reach``: the bound that with W(n) and L decides a window's firing
+        and purge (its start and its size, or its end and 0); ``new_values``:
+        the value each of the epoch's rows adds (``new_order``: its arrival).
+        """
+        w, m, lateness = windows, stored.num_rows, self.lateness_us
+        # Steps 4-5.
+        fires, purged = np.zeros(len(w.start), bool), np.zeros(len(w.start), bool)
+        if task.watermark_us is not None:
+            fires = at_most(reach[0], task.watermark_us - reach[1]) & (w.touched | ~w.fired)
+            purged = at_most(reach[0], task.watermark_us - reach[1] - lateness)
+        # Step 7's changes: new values, a first firing (kept, with L > 0) or a purge (a tombstone),
+        # never a window never stored and purged.
+        changed = (w.touched | fires | purged) & (w.kept | ~purged)
+        # Step 3's values of the windows that change or fire, in arrival order.
+        needed = np.flatnonzero(changed | fires)
+        slot = np.full(len(w.start), -1, np.int64)
+        slot[needed] = np.arange(len(needed))
+        old_rows = np.flatnonzero(slot[w.of_row[:m]] >= 0)
+        old_lists = stored["window_values"].combine_chunks().take(pa.array(old_rows, pa.int64()))
+        old = pc.list_flatten(old_lists).cast(new_values.type)
+        new = np.flatnonzero(slot[w.of_row[m:]] >= 0)
+        parents = np.concatenate([slot[w.of_row[old_rows]][ints(pc.list_parent_indices(old_lists))], slot[w.of_row[m + new]]])
+        elements = pa.concat_arrays([old, new_values.take(pa.array(new, pa.int64()))])
+        if pa.types.is_struct(elements.type):  # sessions: by (epoch, position), unique per key
+            arrival = [ints(pc.fill_null(elements.field(f), 0)) for f in ("epoch", "position")]
+        else:  # a window's stored values, then the epoch's by arrival
+            arrival = [np.arange(len(elements)) >= len(old), np.concatenate([np.arange(len(old)), new_order[new]])]
+        elements = elements.take(pa.array(np.lexsort((*reversed(arrival), parents)), pa.int64()))
+        offsets = np.concatenate([[0], np.cumsum(np.bincount(parents, minlength=len(needed)))])
+        lists = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), elements)
+        # Step 7.
+        staged = np.flatnonzero(changed)
+        state = self._rows(key_columns, w.head[staged], w.start[staged], window_end=_timestamps(w.end[staged]))
+        state.update({KEY_GROUP: groups[w.head[staged]], "window_values": lists.take(pa.array(slot[staged]))})
+        state.update({"fired": (w.fired | fires)[staged], DELETED: purged[staged]})
+        task.state(spec).stage(pa.concat_tables([_changes(spec, c) for c in (state, tombstones) if c is not None]))
+        # Steps 4 and 6.
+        firing = np.flatnonzero(fires)
+        out = self._rows(key_columns, w.head[firing], w.start[firing], window_end=_timestamps(w.end[firing]))
+        out.update(is_update=w.fired[firing], retracted=np.zeros(len(firing), bool))
+        values = elements.field("value") if pa.types.is_struct(elements.type) else elements
+        value_lists = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+        out.update(zip((a.name for a in self.aggregations), _results(self.aggregations, value_lists, slot[firing])))
+        return conform(pa.table(out), schema)
 
 
 @dataclass
@@ -322,104 +331,42 @@ class AlignedWindow(_Window):
 
     assigner: TumblingEventTimeWindows | SlidingEventTimeWindows = TumblingEventTimeWindows(timedelta(minutes=1))
 
-    @property
-    def time_column(self) -> str:
-        return self.assigner.time_column
-
-    def _spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
-        return self._state_spec("pending_windows", [pa.field("window_values", pa.list_(pa.float64()))], key_types)
+    table: ClassVar[str] = "pending_windows"
+    window_fields: ClassVar[tuple[pa.Field, ...]] = (pa.field("window_values", pa.list_(pa.float64())),)
 
     def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
         """Steps 1-7 of the module docstring; returns the fired windows' rows."""
         (records,) = inputs
-        schema = self.output_schema([records.schema])
-        [spec] = self.state_specs([records.schema])
-        key = list(self.key)
-        size, slide, lateness = self.assigner.size_us, self.assigner.slide_us, self.lateness_us
-        # Steps 1-2. A record's latest window starts at ts - pmod(ts, slide) (numpy's % is a floor modulo).
+        schema, [spec] = self.output_schema([records.schema]), self.state_specs([records.schema])
+        size, slide, wp = self.assigner.size_us, self.assigner.slide_us, task.watermark_prev_us
+        # Steps 1-2. A record's latest window starts at ts - pmod(ts, slide) (numpy's % is a floor modulo); it
+        # belongs to every window holding ts that is not late itself.
         epoch = self._on_time(task, records, lambda ts: ts - ts % slide, size)
-        ts = epoch.ts
-        last = ts - ts % slide
-        n = len(ts)
-        if slide != size:  # step 1: every window holding ts (start > ts - size) and (step 2) not late itself
-            count = -(-size // slide)
-            floor = ts - size
-            if task.watermark_prev_us is not None:
-                floor = np.maximum(floor, _clamped(task.watermark_prev_us - size - lateness))
-            rows = np.repeat(np.arange(n), count)
-            starts = np.repeat(last, count) - np.tile(np.arange(count, dtype=np.int64) * slide, n)
-            keep = starts > floor[rows]
-            rows, starts = rows[keep], starts[keep]
-        else:
-            rows, starts = np.arange(n), last
+        after = None if wp is None else wp - size - self.lateness_us
+        rows, starts = aligned_windows(self.assigner, epoch.ts, np.ones(len(epoch.ts), bool), after)
         # Step 3. The stored windows (every live one of the task's key groups) and the epoch's elements,
         # sorted by window, a window's stored row first, then its new values by arrival.
         stored = task.state(spec).every_live_row()
-        m, e = stored.num_rows, len(rows)
-        key_columns, codes = _keys(stored, epoch.rows.take(_indices(rows)), key)
-        start = np.concatenate([_micros(stored["window_start"]), starts])
-        from_epoch = np.arange(m + e) >= m
+        m = stored.num_rows
+        key_columns, ids = key_ids([stored, epoch.rows.take(pa.array(rows, pa.int64()))], self.key)
+        start = np.concatenate([event_time_us(stored["window_start"])[0], starts])
         arrival = np.concatenate([np.zeros(m, np.int64), epoch.arrival[rows]])
-        order = np.lexsort((arrival, from_epoch, start, *reversed(codes)))
-        heads = _heads([*(c[order] for c in codes), start[order]], m + e)
-        window = np.empty(m + e, np.int64)
+        order = np.lexsort((arrival, np.arange(len(start)) >= m, start, ids))
+        heads = _heads([ids[order], start[order]])
+        window = np.empty(len(start), np.int64)
         window[order] = np.cumsum(heads) - 1
         first = order[heads]  # each window's first row: its stored one if any
-        w = len(first)
-        has_old, touched = np.zeros(w, bool), np.zeros(w, bool)
+        has_old, touched, fired = (np.zeros(len(first), bool) for _ in range(3))
         has_old[window[:m]] = True
         touched[window[m:]] = True
+        if self.lateness_us > 0:
+            fired[window[:m]] = bools(pc.fill_null(stored["fired"], False))
         window_start = start[first]
-        groups = np.concatenate([_ints(stored[KEY_GROUP]), _ints(epoch.rows[KEY_GROUP])[rows]])[first]
-        fired = np.zeros(w, bool)
-        if lateness > 0:
-            fired[window[:m]] = _bools(pc.fill_null(stored["fired"], False))
-        # Steps 4-5.
-        fires, purged = self._firing(task, window_start, size, touched, fired)
-        # Step 7's changes: new values, a first firing (kept, with L > 0) or a purge (a tombstone),
-        # never a window never stored and purged.
-        changed = (touched | fires | purged) & (has_old | ~purged)
-        # Step 3's values of the windows that change or fire: the stored ones, then the epoch's by arrival.
-        needed = np.flatnonzero(changed | fires)
-        slot = np.full(w, -1, np.int64)
-        slot[needed] = np.arange(len(needed))
-        old_rows = np.flatnonzero(slot[window[:m]] >= 0)
-        old_lists = _array(stored["window_values"]).take(_indices(old_rows))
-        old_values = pc.list_flatten(old_lists)
-        old_parents = slot[window[old_rows]][_ints(pc.list_parent_indices(old_lists))]
-        new = np.flatnonzero(slot[window[m:]] >= 0)
-        parents = np.concatenate([old_parents, slot[window[m + new]]])
-        part = np.concatenate([np.zeros(len(old_parents), np.int64), np.ones(len(new), np.int64)])
-        within = np.concatenate([np.arange(len(old_parents), dtype=np.int64), epoch.arrival[rows[new]]])
-        elements = pa.concat_arrays([old_values.cast(pa.float64()), epoch.value_array(rows[new])])
-        offsets, values = _lists(len(needed), parents, [part, within], elements)
-        window_values = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
-        # Step 7.
-        staged = np.flatnonzero(changed)
-        state: dict[str, Any] = {k: key_columns[i].take(_indices(first[staged])) for i, k in enumerate(key)}
-        state["window_start"] = _timestamps(window_start[staged])
-        state[KEY_GROUP] = pa.array(groups[staged], pa.int32())
-        state["window_values"] = window_values.take(_indices(slot[staged]))
-        if lateness > 0:
-            state["fired"] = pa.array((fired | fires)[staged], pa.bool_())
-        state[DELETED] = pa.array(purged[staged], pa.bool_())
-        task.state(spec).stage(_changes(spec, state))
-        # Steps 4 and 6.
-        firing = np.flatnonzero(fires)
-        out: dict[str, Any] = {k: key_columns[i].take(_indices(first[firing])) for i, k in enumerate(key)}
-        out["window_start"] = _timestamps(window_start[firing])
-        out["window_end"] = _timestamps(_plus(window_start[firing], size, self.operator_id))
-        if lateness > 0:
-            out["is_update"] = pa.array(fired[firing], pa.bool_())
-        return self._outputs(out, window_values, slot[firing], schema)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            **super().describe(),
-            "assigner": self.assigner.kind,
-            "size_us": self.assigner.size_us,
-            "slide_us": self.assigner.slide_us,
-        }
+        pending = _Pending(first, window_start, window_start + size, touched, fired, has_old, window)
+        groups = np.concatenate([ints(stored[KEY_GROUP]), ints(epoch.rows[KEY_GROUP])[rows]])
+        return self._emit(
+            task, spec, schema, stored, key_columns, groups, pending, (window_start, size), epoch.value_array(rows), arrival[m:]
+        )
 
 
 # The operator tumbling windows always had (kept for imports of it).
@@ -432,114 +379,63 @@ class SessionWindow(_Window):
 
     assigner: EventTimeSessionWindows = EventTimeSessionWindows(timedelta(minutes=1))
 
-    @property
-    def time_column(self) -> str:
-        return self.assigner.time_column
-
-    def extra_output_columns(self) -> tuple[str, ...]:
-        return ("is_update", "retracted") if self.lateness_us > 0 else ()
-
-    def _spec(self, key_types: dict[str, pa.DataType] | None = None) -> StateSpec:
-        values = [pa.field("window_end", _TIMESTAMP), pa.field("window_values", pa.list_(_SESSION_VALUE))]
-        return self._state_spec("sessions", values, key_types)
+    table: ClassVar[str] = "sessions"
+    window_fields: ClassVar[tuple[pa.Field, ...]] = (
+        pa.field("window_end", _TIMESTAMP),
+        pa.field("window_values", pa.list_(_SESSION_VALUE)),
+    )
+    update_columns: ClassVar[tuple[str, ...]] = ("is_update", "retracted")
 
     def run(self, task: Task, inputs: Sequence[pa.Table]) -> pa.Table:
         """Steps 1-7 of the module docstring for sessions; returns fired sessions and retractions."""
         (records,) = inputs
-        schema = self.output_schema([records.schema])
-        [spec] = self.state_specs([records.schema])
-        key = list(self.key)
-        gap, lateness = self.assigner.gap_us, self.lateness_us
+        schema, [spec] = self.output_schema([records.schema]), self.state_specs([records.schema])
+        gap = self.assigner.gap_us
         # Steps 1-2. Each record's own window [ts, ts + gap) decides its lateness.
         epoch = self._on_time(task, records, lambda ts: ts, gap)
-        ts = epoch.ts
-        n = len(ts)
+        n = len(epoch.ts)
         stored = task.state(spec).every_live_row()
         m = stored.num_rows
-        key_columns, codes = _keys(stored, epoch.rows, key)
+        key_columns, ids = key_ids([stored, epoch.rows], self.key)
         # Step 3. Each record a one-value window, tagged with its arrival: its
         # rank (from 1) among its key's on-time records of the epoch by arrival.
-        by_arrival = np.lexsort((epoch.arrival, *reversed([c[m:] for c in codes])))
-        new_key = _heads([c[m:][by_arrival] for c in codes], n)
-        rank = np.empty(n, np.int64)
-        rank[by_arrival] = np.arange(n) - np.maximum.accumulate(np.where(new_key, np.arange(n), 0)) + 1
+        rank = ranks(ids[m:], np.lexsort((epoch.arrival, ids[m:])))
         # Gaps and islands: the stored sessions and the epoch's windows of a key sorted by (start, end, rank).
-        start = np.concatenate([_micros(stored["window_start"]), ts])
-        end = np.concatenate([_micros(stored["window_end"]), _plus(ts, gap, self.operator_id)])
-        tie = np.concatenate([np.zeros(m, np.int64), rank])
+        start = np.concatenate([event_time_us(stored["window_start"])[0], epoch.ts])
+        end = np.concatenate([event_time_us(stored["window_end"])[0], _plus(epoch.ts, gap, self.operator_id)])
         was_fired = np.zeros(m + n, bool)
-        if lateness > 0:
-            was_fired[:m] = _bools(pc.fill_null(stored["fired"], False))
-        order = np.lexsort((tie, end, start, *reversed(codes)))
+        if self.lateness_us > 0:
+            was_fired[:m] = bools(pc.fill_null(stored["fired"], False))
+        order = np.lexsort((np.concatenate([np.zeros(m, np.int64), rank]), end, start, ids))
         sorted_start, sorted_end, is_stored = start[order], end[order], order < m
-        island, heads = _islands(_heads([c[order] for c in codes], m + n), sorted_start, sorted_end)
+        island, heads = _islands(_heads([ids[order]]), sorted_start, sorted_end)
         session_start = sorted_start[heads]
         session_end = np.maximum.reduceat(sorted_end, heads) if len(heads) else sorted_end[heads]
-        touched = _any_of(~is_stored, heads)
         # The stored session of the island's start, if any, is overwritten; the others merged into it are tombstoned.
         own = is_stored & (sorted_start == session_start[island])
-        kept, fired = _any_of(own, heads), _any_of(own & was_fired[order], heads)
         merged = order[is_stored & ~own]
-        # Steps 4-5.
-        fires, purged = self._firing(task, session_end, 0, touched, fired)
-        changed = (touched | fires | purged) & (kept | ~purged)
-        # The values of the sessions that change or fire, in arrival order ((epoch, position) is unique per key).
-        needed = np.flatnonzero(changed | fires)
-        slot = np.full(len(heads), -1, np.int64)
-        slot[needed] = np.arange(len(needed))
-        row_island = np.empty(m + n, np.int64)
-        row_island[order] = island
-        old_rows = np.flatnonzero(slot[row_island[:m]] >= 0)
-        old_lists = _array(stored["window_values"]).take(_indices(old_rows))
-        old_parents = slot[row_island[old_rows]][_ints(pc.list_parent_indices(old_lists))]
-        new = np.flatnonzero(slot[row_island[m:]] >= 0)
-        new_values = pa.StructArray.from_arrays(
-            [pa.array(np.full(len(new), task.epoch, np.int64)), pa.array(rank[new], pa.int64()), epoch.value_array(new)],
-            fields=list(_SESSION_VALUE),
+        of_row = np.empty(m + n, np.int64)
+        of_row[order] = island
+        fired = _any_of(own & was_fired[order], heads)
+        pending = _Pending(
+            order[heads], session_start, session_end, _any_of(~is_stored, heads), fired, _any_of(own, heads), of_row
         )
-        elements = pa.concat_arrays([pc.list_flatten(old_lists).cast(_SESSION_VALUE), new_values])
-        parents = np.concatenate([old_parents, slot[row_island[m + new]]])
-        arrivals = [_ints(pc.fill_null(elements.field(f), 0)) for f in ("epoch", "position")]
-        offsets, values = _lists(len(needed), parents, arrivals, elements)
-        window_values = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
-        head_rows = order[heads]
-        groups = np.concatenate([_ints(stored[KEY_GROUP]), _ints(epoch.rows[KEY_GROUP])])
-        # Step 7. The changed sessions, and the tombstones of those merged into another.
-        staged = np.flatnonzero(changed)
-        updates: dict[str, Any] = {k: key_columns[i].take(_indices(head_rows[staged])) for i, k in enumerate(key)}
-        updates["window_start"] = _timestamps(session_start[staged])
-        updates[KEY_GROUP] = pa.array(groups[head_rows[staged]], pa.int32())
-        updates["window_end"] = _timestamps(session_end[staged])
-        updates["window_values"] = window_values.take(_indices(slot[staged]))
-        if lateness > 0:
-            updates["fired"] = pa.array((fired | fires)[staged], pa.bool_())
-        updates[DELETED] = pa.array(purged[staged], pa.bool_())
-        tombstones: dict[str, Any] = {k: key_columns[i].take(_indices(merged)) for i, k in enumerate(key)}
-        tombstones["window_start"] = _timestamps(start[merged])
-        tombstones[KEY_GROUP] = pa.array(groups[merged], pa.int32())
-        tombstones.update((f.name, pa.nulls(len(merged), f.type)) for f in spec.value_fields)
-        tombstones[DELETED] = pa.array(np.ones(len(merged), bool))
-        task.state(spec).stage(pa.concat_tables([_changes(spec, updates), _changes(spec, tombstones)]))
-        # Steps 4 and 6: the fired sessions, then (with L > 0) the retractions of fired sessions merged into another.
-        firing = np.flatnonzero(fires)
-        out: dict[str, Any] = {k: key_columns[i].take(_indices(head_rows[firing])) for i, k in enumerate(key)}
-        out["window_start"] = _timestamps(session_start[firing])
-        out["window_end"] = _timestamps(session_end[firing])
-        if lateness > 0:
-            out["is_update"] = pa.array(fired[firing], pa.bool_())
-            out["retracted"] = pa.array(np.zeros(len(firing), bool))
-        value_lists = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values.field("value"))
-        emitted = self._outputs(out, value_lists, slot[firing], schema)
-        if lateness == 0:
+        groups = np.concatenate([ints(stored[KEY_GROUP]), ints(epoch.rows[KEY_GROUP])])
+        arrivals = [pa.array(np.full(n, task.epoch, np.int64)), pa.array(rank), epoch.value_array(np.arange(n))]
+        new_values = pa.StructArray.from_arrays(arrivals, fields=list(_SESSION_VALUE))
+        tombstones = self._rows(
+            key_columns, merged, start[merged], **{KEY_GROUP: groups[merged], DELETED: np.ones(len(merged), bool)}
+        )
+        emitted = self._emit(
+            task, spec, schema, stored, key_columns, groups, pending, (session_end, 0), new_values, rank, tombstones
+        )
+        if self.lateness_us == 0:
             return emitted
+        # Step 6: the retractions of fired sessions merged into another.
         retracted = merged[was_fired[merged]]
-        retractions: dict[str, Any] = {k: key_columns[i].take(_indices(retracted)) for i, k in enumerate(key)}
-        retractions["window_start"], retractions["window_end"] = _timestamps(start[retracted]), _timestamps(end[retracted])
-        retractions["is_update"] = retractions["retracted"] = pa.array(np.ones(len(retracted), bool))
-        return pa.concat_tables([emitted, conform(pa.table(retractions), schema)])
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "assigner": self.assigner.kind, "gap_us": self.assigner.gap_us}
+        yes = np.ones(len(retracted), bool)
+        retractions = self._rows(key_columns, retracted, start[retracted], window_end=_timestamps(end[retracted]))
+        return pa.concat_tables([emitted, conform(pa.table({**retractions, "is_update": yes, "retracted": yes}), schema)])
 
 
 def window_node(
@@ -552,18 +448,10 @@ def window_node(
     allowed_lateness: timedelta,
 ) -> _Window:
     """The window operator for ``assigner``."""
-    common: dict[str, Any] = {
-        "operator_id": operator_id,
-        "parent": parent,
-        "key": key,
-        "aggregations": aggregations,
-        "late_output": late_output,
-        "allowed_lateness": allowed_lateness,
-    }
     if isinstance(assigner, (TumblingEventTimeWindows, SlidingEventTimeWindows)):
-        return AlignedWindow(**common, assigner=assigner)
+        return AlignedWindow(operator_id, parent, key, aggregations, late_output, allowed_lateness, assigner)
     if isinstance(assigner, EventTimeSessionWindows):
-        return SessionWindow(**common, assigner=assigner)
+        return SessionWindow(operator_id, parent, key, aggregations, late_output, allowed_lateness, assigner)
     raise PipelineDefinitionError(
         f"window {operator_id!r}: {assigner!r} is not a window assigner; give TumblingEventTimeWindows.of(size), "
         "SlidingEventTimeWindows.of(size, slide) or EventTimeSessionWindows.with_gap(gap)"
@@ -577,20 +465,6 @@ def _numeric(type_: pa.DataType) -> bool:
     return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_)
 
 
-def _doubles(column: pa.ChunkedArray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Spark's ``cast(column as double)`` (0.0 per record without a column): the values (a null as 0.0), and which are not null.
-
-    A long rounds to the nearest double (Java's ``(double)``); a decimal is
-    correctly rounded, as ``BigDecimal.doubleValue`` (Arrow's direct cast is
-    not: it goes through its exact decimal text instead).
-    """
-    if column is None:
-        return np.zeros(n), np.ones(n, bool)
-    doubles = as_double(column)
-    valid = _bools(pc.is_valid(doubles))
-    return np.asarray(pc.fill_null(doubles, 0.0).to_numpy(zero_copy_only=False), np.float64), valid
-
-
 def _arrival_ranks(rows: pa.Table, values: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """Each record's rank in arrival order: by its positions (a null first), then (equal positions) by value.
 
@@ -600,56 +474,18 @@ def _arrival_ranks(rows: pa.Table, values: np.ndarray, valid: np.ndarray) -> np.
     """
     keys: list[np.ndarray] = []  # most significant first
     for name in position_columns(rows.column_names):
-        keys += [_bools(pc.is_valid(rows[name])), _ints(pc.fill_null(rows[name], 0))]
+        keys += [bools(pc.is_valid(rows[name])), ints(pc.fill_null(rows[name], 0))]
     nan = np.isnan(values)
     keys += [valid, nan, np.where(nan, 0.0, values), values.view(np.int64)]
     order = np.lexsort(keys[::-1])
-    ranks = np.empty(len(order), np.int64)
-    ranks[order] = np.arange(len(order))
-    return ranks
-
-
-def _keys(stored: pa.Table, epoch: pa.Table, key: list[str]) -> tuple[list[pa.Array], list[np.ndarray]]:
-    """The key columns of the stored rows then the epoch's, and each one's codes (equal values, nulls included, equal codes).
-
-    Floats as Spark groups them (``NormalizeFloatingNumbers``): -0.0 as 0.0, every NaN the same NaN.
-    """
-    columns, codes = [], []
-    for name in key:
-        type_ = epoch.schema.field(name).type
-        column = pa.chunked_array([*stored[name].cast(type_).chunks, *epoch[name].chunks], type=type_).combine_chunks()
-        if pa.types.is_floating(type_):
-            zero, nan = pa.scalar(0.0, type_), pa.scalar(float("nan"), type_)
-            column = pc.if_else(pc.is_nan(column), nan, pc.if_else(pc.equal(column, zero), zero, column))
-        columns.append(column)
-        codes.append(_ints(pc.dictionary_encode(column, null_encoding="encode").indices))
-    return columns, codes
-
-
-def _micros(column: pa.ChunkedArray) -> np.ndarray:
-    """A timestamp column (not null) in microseconds since the Unix epoch (``unix_micros``)."""
-    us = pc.cast(column, pa.timestamp("us", tz=column.type.tz), safe=False)
-    return _ints(pc.cast(us, pa.int64()))
-
-
-def _at_most(values: np.ndarray, bound: int) -> np.ndarray:
-    """``values <= bound``, the bound computed in Python's unbounded integers (beyond a long: every value or none)."""
-    if bound >= _LONG.max:
-        return np.ones(len(values), bool)
-    if bound < _LONG.min:
-        return np.zeros(len(values), bool)
-    return values <= bound
-
-
-def _clamped(value: int) -> int:
-    return max(min(value, int(_LONG.max)), int(_LONG.min))
+    ranked = np.empty(len(order), np.int64)
+    ranked[order] = np.arange(len(order))
+    return ranked
 
 
 def _plus(values: np.ndarray, span: int, operator_id: str) -> np.ndarray:
     """Window ends: ``values + span``, refusing one past the largest timestamp (where Spark's arithmetic overflows too)."""
-    if not len(values):
-        return values.copy()
-    if int(values.max()) > int(_LONG.max) - span:
+    if len(values) and int(values.max()) > INT64_MAX - span:
         raise PipelineDefinitionError(
             f"window {operator_id}: a window starting at {int(values.max())} us would end past the largest timestamp; "
             "give a smaller size or gap"
@@ -657,17 +493,15 @@ def _plus(values: np.ndarray, span: int, operator_id: str) -> np.ndarray:
     return values + np.int64(span)
 
 
-# -- gaps and islands, lists ----------------------------------------------------------------------------
+# -- gaps and islands ---------------------------------------------------------------------------------
 
 
-def _heads(columns: list[np.ndarray], n: int) -> np.ndarray:
-    """Whether each of ``n`` sorted rows starts a new value of ``columns`` (the first row always does)."""
-    heads = np.ones(n, bool)
-    if n > 1:
-        differs = np.zeros(n - 1, bool)
-        for column in columns:
-            differs |= column[1:] != column[:-1]
-        heads[1:] = differs
+def _heads(columns: list[np.ndarray]) -> np.ndarray:
+    """Whether each of the sorted rows starts a new value of ``columns`` (the first row always does)."""
+    heads = np.zeros(len(columns[0]), bool)
+    heads[:1] = True
+    for column in columns:
+        heads[1:] |= column[1:] != column[:-1]
     return heads
 
 
@@ -693,24 +527,16 @@ def _any_of(mask: np.ndarray, heads: np.ndarray) -> np.ndarray:
     return np.logical_or.reduceat(mask, heads) if len(heads) else np.zeros(0, bool)
 
 
-def _lists(n: int, parents: np.ndarray, order: list[np.ndarray], elements: pa.Array) -> tuple[np.ndarray, pa.Array]:
-    """``n`` lists, element ``i`` of ``elements`` in list ``parents[i]``, each list sorted by ``order`` (keys,
-    most significant first, that tell every two elements of a list apart): the lists' offsets and their elements."""
-    sort = np.lexsort((*reversed(order), parents)) if len(parents) else np.zeros(0, np.int64)
-    counts = np.bincount(parents, minlength=n) if len(parents) else np.zeros(n, np.int64)
-    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), elements.take(pa.array(sort, pa.int64()))
-
-
 # -- the aggregates ---------------------------------------------------------------------------------------
 
 
 def _results(aggregations: Sequence[Aggregation], lists: pa.ListArray, windows: np.ndarray) -> list[pa.Array]:
     """Each aggregation of the lists at ``windows`` (each a window's values in arrival order), as the module docstring defines it."""
-    taken = lists.take(_indices(windows))
-    counts = _ints(pc.fill_null(pc.list_value_length(taken), 0))
+    taken = lists.take(pa.array(windows, pa.int64()))
+    counts = ints(pc.fill_null(pc.list_value_length(taken), 0))
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     flat = pc.list_flatten(taken)
-    valid = _bools(pc.is_valid(flat))
+    valid = bools(pc.is_valid(flat))
     values = np.asarray(pc.fill_null(flat, 0.0).to_numpy(zero_copy_only=False), np.float64)
     nulls = np.concatenate([[0], np.cumsum(~valid)])
     has_null = (nulls[offsets[1:]] - nulls[offsets[:-1]]) > 0
@@ -741,8 +567,8 @@ def _results(aggregations: Sequence[Aggregation], lists: pa.ListArray, windows: 
             else:
                 assert isinstance(agg, Percentile)
                 distinct, inverse = np.unique(counts, return_inverse=True)
-                ranks = np.array([agg.rank(int(c)) for c in distinct], np.int64)[inverse.reshape(-1)]
-                results.append(_picked(values, valid, ascending, offsets[:-1] + ranks - 1, ~empty))
+                ranked = np.array([agg.rank(int(c)) for c in distinct], np.int64)[inverse.reshape(-1)]
+                results.append(_picked(values, valid, ascending, offsets[:-1] + ranked - 1, ~empty))
     return results
 
 
@@ -775,30 +601,13 @@ def _folded_sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
     return sums
 
 
-# -- Arrow and NumPy ------------------------------------------------------------------------------------------
+# -- Arrow ----------------------------------------------------------------------------------------------------
 
 
 def _changes(spec: StateSpec, columns: dict[str, Any]) -> pa.Table:
-    """State changes in the table's columns (key columns, key group, values, ``_deleted``)."""
-    schema = pa.schema([f for f in spec.arrow_schema() if f.name not in (UPDATED_AT, EPOCH)])
-    return pa.table({f.name: columns[f.name] for f in schema}).cast(schema)
-
-
-def _array(column: pa.ChunkedArray) -> pa.Array:
-    return column.combine_chunks()
+    """State changes in the table's columns (key columns, key group, values, ``_deleted``); a value not given is null."""
+    return conform(pa.table(columns), pa.schema([f for f in spec.arrow_schema() if f.name not in (UPDATED_AT, EPOCH)]))
 
 
 def _timestamps(us: np.ndarray) -> pa.Array:
     return pa.array(us, pa.int64()).cast(_TIMESTAMP)
-
-
-def _indices(rows: np.ndarray) -> pa.Array:
-    return pa.array(rows, pa.int64())
-
-
-def _ints(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    return np.asarray(values.to_numpy(zero_copy_only=False), np.int64)
-
-
-def _bools(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    return np.asarray(values.to_numpy(zero_copy_only=False), bool)

@@ -11,22 +11,12 @@ A pipeline is declared by a build function that receives a
                  .aggregate("totals", count=bf.Count(), total=bf.Sum("temperature"))
                  .sink_to(bf.DeltaSink.upsert(...)))
 
-Declarative operators (deduplicate, running aggregates, event-time windows)
-and stateless operators given column expressions compile to native Spark
-expressions; stateless operators given Python functions run them over Arrow
-batches on the executors (:mod:`barrierflow.operators.stateless`);
-:meth:`KeyedStream.process` runs a
-:class:`~barrierflow.operators.process.KeyedProcessFunction` over whole key
-groups with Arrow; :meth:`DataStream.process` a non-keyed
-:class:`~barrierflow.operators.operator_state.ProcessFunction` with operator
-list state, as parallel subtasks.
-
-Operators with several inputs: :meth:`DataStream.union`,
-:meth:`KeyedStream.connect` (a
-:class:`~barrierflow.operators.co_process.KeyedCoProcessFunction`),
-:meth:`KeyedStream.interval_join` and :meth:`DataStream.join` (window joins).
-Each runs in epoch n once every input's epoch-n output is computed, and its
-watermark is the minimum of its inputs'.
+Every method adds one operator (:mod:`barrierflow.operators`), run as a
+kernel over Arrow tables in the epoch's tasks. Operators with several
+inputs (:meth:`DataStream.union`, :meth:`KeyedStream.connect`,
+:meth:`KeyedStream.interval_join`, :meth:`DataStream.join`) run in epoch n
+once every input's epoch-n output is computed; their watermark is the
+minimum of their inputs'.
 """
 
 from __future__ import annotations
@@ -74,17 +64,9 @@ from barrierflow.operators.window_join import WindowJoin
 from barrierflow.state.spec import StateSpec
 
 __all__ = [
-    "PipelineDefinition",
-    "PipelineBuilder",
-    "DataStream",
-    "KeyedStream",
-    "ConnectedKeyedStreams",
-    "IntervalJoinedStreams",
-    "JoinedStreams",
-    "Pipeline",
-    "pipeline",
-    "DEFAULT_KEY_GROUPS",
-]
+    "PipelineDefinition", "PipelineBuilder", "DataStream", "KeyedStream", "ConnectedKeyedStreams", "IntervalJoinedStreams",
+    "JoinedStreams", "Pipeline", "pipeline", "DEFAULT_KEY_GROUPS",
+]  # fmt: skip
 
 # Where operators merge keyed state with an epoch's changes (see ``pipeline()``).
 STATE_BACKENDS = ("delta", "heap")
@@ -127,10 +109,9 @@ class Pipeline:
     def source_keys(self, source: SourceNode) -> dict[str, str]:
         """The key columns keyed operators take straight from ``source``'s records, each with the first such operator.
 
-        A key passes unchanged through watermarks, deduplication, unions and
-        stateless operators that do not compute it (``Node.passes_through``)
-        to the operator keyed by it (through a union, from each input). Keys computed on the way (a map,
-        select or flat_map) are checked before the operator instead (:meth:`computed_keys`).
+        A key passes unchanged through operators that do not compute it
+        (``Node.passes_through``; through a union, from each input). Keys
+        computed on the way are checked before the operator (:meth:`computed_keys`).
         """
         keys: dict[str, str] = {}
         for node in self.nodes:
@@ -144,11 +125,11 @@ class Pipeline:
         """The key columns ``node`` takes from an input that no source checked: ``(input index, column, computed by)``.
 
         A key is checked when on every path it reaches ``node`` unchanged
-        from a source (which checks it: :meth:`source_keys`) or from the key
-        columns of an earlier keyed operator's output (checked before that
-        operator). Any other, e.g. one a map, select or flat_map computes,
-        is checked before ``node`` consumes it (:mod:`barrierflow.operators.key_check`);
-        ``computed by`` names the first operator found computing it.
+        from a source (:meth:`source_keys`) or from the key columns of an
+        earlier keyed operator's output. Any other (a map, select or flat_map
+        computes it) is checked before ``node`` consumes it
+        (:mod:`barrierflow.operators.key_check`); ``computed by`` names the
+        first operator found computing it.
         """
         inputs, taken, found = node.inputs(), set(), []
         for upstream, key in node.keyed_inputs():
@@ -160,11 +141,6 @@ class Pipeline:
                 if computing is not None:
                     found.append((index, column, computing.operator_id))
         return found
-
-    def upstream_sources(self, node: Node) -> list[SourceNode]:
-        """The sources ``node``'s records come from, in declaration order."""
-        upstream = _upstream(node)
-        return [n for n in self.sources if any(n is u for u in upstream)]
 
     def needs_arrival_order(self, node: Node) -> bool:
         """Whether ``node`` reads the arrival positions of its input (a stateless operator: if a consumer does)."""
@@ -225,9 +201,8 @@ def _check_watermarks(what: str, inputs: tuple[Node, ...], advice: str) -> None:
 def _check_assigners(nodes: list[Node]) -> None:
     """With several watermark assigners, each keeps its maximum in state, and every event-time operator is downstream of all.
 
-    The pipeline's watermark is the minimum over its assigners
-    (:mod:`barrierflow.operators.watermark`); it is an operator's own, the
-    minimum over its inputs, only if all of them are upstream of it.
+    The pipeline's watermark, the minimum over its assigners, is an
+    operator's own (the minimum over its inputs) only if all are upstream of it.
     """
     assigners = [n for n in nodes if isinstance(n, WatermarkAssigner)]
     if len(assigners) < 2:
@@ -246,16 +221,19 @@ def _check_assigners(nodes: list[Node]) -> None:
                 )
 
 
-def _event_time_column(what: str, node: Node, number: int) -> str:
-    """The event-time column of ``node``'s records: that of the watermark assigner upstream of it."""
-    columns = sorted({n.column for n in _upstream(node) if isinstance(n, WatermarkAssigner)})
-    if len(columns) != 1:
-        raise PipelineDefinitionError(
-            f"{what}: input {number} has {'no watermark assigner' if not columns else f'assigners of columns {columns}'} "
-            "upstream; each input of an event-time join needs exactly one event-time column: "
-            "with_watermark(column, out_of_orderness) on it (e.g. after its source)"
-        )
-    return columns[0]
+def _event_time_columns(what: str, *inputs: Node) -> tuple[str, str]:
+    """The event-time column of each input's records: that of the watermark assigner upstream of it."""
+    found = []
+    for number, node in enumerate(inputs, 1):
+        columns = sorted({n.column for n in _upstream(node) if isinstance(n, WatermarkAssigner)})
+        if len(columns) != 1:
+            raise PipelineDefinitionError(
+                f"{what}: input {number} has {'no watermark assigner' if not columns else f'assigners of columns {columns}'} "
+                "upstream; each input of an event-time join needs exactly one event-time column: "
+                "with_watermark(column, out_of_orderness) on it (e.g. after its source)"
+            )
+        found.append(columns[0])
+    return found[0], found[1]
 
 
 def _upstream(node: Node) -> list[Node]:
@@ -278,24 +256,23 @@ class PipelineBuilder:
         self.key_groups = key_groups
         self.nodes: list[Node] = []
 
-    def _add(self, node: Node, generated: bool = False) -> Node:
+    def _add(self, node: Node, generated: bool = False) -> "DataStream":
+        """``node`` added to the pipeline; its output as a stream."""
         if not generated and not _ID.match(node.operator_id):
             raise PipelineDefinitionError(f"operator id {node.operator_id!r} must be lower_snake_case (letters, digits, _)")
         if any(n.operator_id == node.operator_id for n in self.nodes):
             raise PipelineDefinitionError(f"duplicate operator id {node.operator_id!r} in {self.name}")
         self.nodes.append(node)
-        return node
+        return DataStream(self, node)
 
     def source(self, source: Source) -> "DataStream":
-        node = self._add(SourceNode(operator_id=source.source_id, parent=None, source=source))
-        return DataStream(self, node)
+        return self._add(SourceNode(operator_id=source.source_id, parent=None, source=source))
 
     def stateless_id(self, kind: str, operator_id: str | None) -> tuple[str, bool]:
         """The id of a stateless operator: the one given, else ``<kind>-<n>`` (the n-th of its kind).
 
-        A generated id holds a ``-``, which no given id may, so it never takes
-        an id a stateful operator declared later wants; it depends only on
-        how many operators of its kind were declared before it.
+        A generated id holds a ``-``, which no given id may: it never takes
+        an id a later operator wants.
         """
         if operator_id is not None:
             return operator_id, False
@@ -307,44 +284,39 @@ class DataStream:
     builder: PipelineBuilder
     node: Node
 
-    def _then(self, node: Node) -> "DataStream":
-        return DataStream(self.builder, self.builder._add(node))
-
-    def _stateless(self, kind: str, operator_id: str | None, make: Callable[[str], Node]) -> "DataStream":
+    def _stateless(self, kind: str, operator_id: str | None, make: Callable[..., Node], **fields: Any) -> "DataStream":
+        """A ``make`` node (a stateless operator) of ``fields`` after this stream."""
         node_id, generated = self.builder.stateless_id(kind, operator_id)
-        return DataStream(self.builder, self.builder._add(make(node_id), generated))
+        return self.builder._add(make(operator_id=node_id, parent=self.node, **fields), generated)
 
     def filter(self, condition: "Expression | BatchFunction", *, operator_id: str | None = None) -> "DataStream":
         """Keep the records for which ``condition`` holds.
 
-        ``condition`` is a SQL expression (``"amount > 0"``) or a
-        ``pyspark.sql.Column`` (run as Spark's ``where``), or a Python function
-        taking a ``pyarrow.RecordBatch`` of the user columns and returning one
-        boolean per record (run batched on the executors; null drops the record).
+        ``condition`` is a SQL expression (``"amount > 0"``) or a Python
+        function of a ``pyarrow.RecordBatch`` of the user columns returning one
+        boolean per record (:mod:`barrierflow.operators.stateless`); null drops the record.
         """
         if isinstance(condition, str) or is_column(condition):
             check_expression(operator_id or "filter", condition)
-            expression = condition
-            return self._stateless("filter", operator_id, lambda i: Filter(operator_id=i, parent=self.node, condition=expression))
+            return self._stateless("filter", operator_id, Filter, condition=condition)
         if not callable(condition):
             raise PipelineDefinitionError(
                 f"{operator_id or 'filter'}: {condition!r} is neither a column expression (a SQL string or a pyspark "
                 "Column) nor a function of a pyarrow.RecordBatch"
             )
-        function = condition  # a callable that is neither a string nor a Column
-        return self._stateless("filter", operator_id, lambda i: Filter(operator_id=i, parent=self.node, function=function))
+        return self._stateless("filter", operator_id, Filter, function=condition)
 
     def select(self, *columns: "Expression", operator_id: str | None = None) -> "DataStream":
-        """Project each record onto ``columns``: column names, SQL expressions (``"amount * 100 AS cents"``) or Columns.
+        """Project each record onto ``columns``: column names or SQL expressions (``"amount * 100 AS cents"``).
 
-        ``"*"`` stands for every user column. The engine's columns (``_seq``
-        and others starting with ``_``) are kept whatever is selected.
+        ``"*"`` stands for every user column. The engine's columns (starting
+        with ``_``) are kept whatever is selected.
         """
         if not columns:
             raise PipelineDefinitionError("select needs at least one column")
         for column in columns:
             check_expression(operator_id or "select", column)
-        return self._stateless("select", operator_id, lambda i: Select(operator_id=i, parent=self.node, columns=tuple(columns)))
+        return self._stateless("select", operator_id, Select, columns=tuple(columns))
 
     def map(
         self,
@@ -360,16 +332,13 @@ class DataStream:
           those columns (Spark's ``withColumns``); the record keeps its others.
         - ``map(function, schema=...)``: ``function`` takes a
           ``pyarrow.RecordBatch`` of the user columns and returns one row per
-          record (a ``RecordBatch``, ``Table`` or mapping of column to values)
-          of the declared ``schema``, which replaces the record's user
-          columns. Runs batched on the executors; a wrong row count or schema
-          fails the epoch with an error naming the operator.
+          record (a ``RecordBatch``, ``Table`` or mapping of column to
+          values) of ``schema``, which replaces the record's user columns; a
+          wrong row count or schema fails the epoch naming the operator.
         """
         if function is not None:
             declared = check_function("map", operator_id, function, schema, columns)
-            return self._stateless(
-                "map", operator_id, lambda i: MapFunction(operator_id=i, parent=self.node, function=function, schema=declared)
-            )
+            return self._stateless("map", operator_id, MapFunction, function=function, schema=declared)
         if not columns:
             raise PipelineDefinitionError("map needs a function and schema=, or columns as keywords (map(cents='amount * 100'))")
         if schema is not None:
@@ -377,7 +346,7 @@ class DataStream:
         for name, value in columns.items():
             check_column_name(operator_id or "map", name)
             check_expression(operator_id or "map", value)
-        return self._stateless("map", operator_id, lambda i: MapColumns(operator_id=i, parent=self.node, columns=dict(columns)))
+        return self._stateless("map", operator_id, MapColumns, columns=dict(columns))
 
     def flat_map(
         self,
@@ -390,24 +359,19 @@ class DataStream:
         """Turn each record into zero or more records.
 
         - ``flat_map(word="split(text, ' ')")``: one record per element of
-          the array expression, as that column; the record's other columns
-          are repeated (Spark's ``explode``); a null or empty array gives none.
+          the array expression, as that column, the others repeated (Spark's
+          ``explode``); a null or empty array gives none.
         - ``flat_map(function, schema=...)``: ``function`` takes a
           ``pyarrow.RecordBatch`` of the user columns and returns one list of
-          rows per record (e.g. a list of lists of dicts, or a
-          ``pyarrow.ListArray`` of structs) of the declared ``schema``, which
-          replaces the record's user columns. Runs batched on the executors.
+          rows per record (a list of lists of dicts, a ``pyarrow.ListArray``
+          of structs) of ``schema``, which replaces the record's user columns.
 
         Outputs keep their record's arrival position, refined by their index
         among its outputs, so downstream results never depend on parallelism.
         """
         if function is not None:
             declared = check_function("flat_map", operator_id, function, schema, column)
-            return self._stateless(
-                "flat_map",
-                operator_id,
-                lambda i: FlatMapFunction(operator_id=i, parent=self.node, function=function, schema=declared),
-            )
+            return self._stateless("flat_map", operator_id, FlatMapFunction, function=function, schema=declared)
         if len(column) != 1 or schema is not None:
             raise PipelineDefinitionError(
                 "flat_map needs a function and schema=, or exactly one column as a keyword (flat_map(word=\"split(text, ' ')\"))"
@@ -415,12 +379,10 @@ class DataStream:
         ((name, value),) = column.items()
         check_column_name(operator_id or "flat_map", name)
         check_expression(operator_id or "flat_map", value)
-        return self._stateless(
-            "flat_map", operator_id, lambda i: FlatMapColumn(operator_id=i, parent=self.node, name=name, expression=value)
-        )
+        return self._stateless("flat_map", operator_id, FlatMapColumn, name=name, expression=value)
 
     def broadcast(self, *descriptors: MapStateDescriptor) -> "BroadcastStream":
-        """This (low-volume) stream, to fill the broadcast map states ``descriptors`` for a keyed stream it is connected to.
+        """This (low-volume) stream, to fill the broadcast map states ``descriptors``.
 
         ``keyed.connect(rules.broadcast(RULES)).process(id, fn)`` runs a
         :class:`KeyedBroadcastProcessFunction` (:mod:`barrierflow.operators.broadcast`).
@@ -430,11 +392,10 @@ class DataStream:
     def union(self, *others: "DataStream", operator_id: str | None = None) -> "DataStream":
         """The records of this stream and of ``others``, which must have the same columns and types (:mod:`barrierflow.operators.union`).
 
-        Epoch n holds every input's records up to barrier n; a record keeps
-        its arrival position, refined by its input's index in the union.
-        Every input or none must have a watermark assigner upstream (the
-        union's watermark is the minimum of its inputs'); assign one after
-        the union to watermark the union's records.
+        A record keeps its arrival position, refined by its input's index in
+        the union. Every input or none must have a watermark assigner
+        upstream (the union's watermark is the minimum of its inputs'), or
+        assign one after the union.
         """
         if not others:
             raise PipelineDefinitionError("union needs at least one other stream: a.union(b) or a.union(b, c)")
@@ -447,9 +408,7 @@ class DataStream:
         node_id, generated = self.builder.stateless_id("union", operator_id)
         inputs = (self.node, *(o.node for o in others))
         _check_watermarks(f"union {node_id!r}", inputs, "assign the watermark after the union, or one upstream of every input")
-        return DataStream(
-            self.builder, self.builder._add(Union(operator_id=node_id, parent=self.node, others=inputs[1:]), generated)
-        )
+        return self.builder._add(Union(operator_id=node_id, parent=self.node, others=inputs[1:]), generated)
 
     def process(self, operator_id: str, function: ProcessFunction) -> "DataStream":
         """Run a non-keyed process function with operator list state, as ``parallelism`` subtasks.
@@ -458,20 +417,20 @@ class DataStream:
         ``k % parallelism``; list states are redistributed, evenly or as a
         union, when the parallelism changes (:mod:`barrierflow.operators.operator_state`).
         """
-        return self._then(OperatorProcess(operator_id=operator_id, parent=self.node, function=function))
+        return self.builder._add(OperatorProcess(operator_id=operator_id, parent=self.node, function=function))
 
     def deduplicate(self, operator_id: str, key: str | tuple[str, ...], ttl: timedelta | None = None) -> "DataStream":
         """Drop records whose key was seen before (in this or an earlier epoch)."""
         keys = (key,) if isinstance(key, str) else tuple(key)
-        return self._then(Deduplicate(operator_id=operator_id, parent=self.node, key=keys, ttl=ttl))
+        return self.builder._add(Deduplicate(operator_id=operator_id, parent=self.node, key=keys, ttl=ttl))
 
     def with_watermark(self, column: str, out_of_orderness: timedelta, *, operator_id: str | None = None) -> "DataStream":
         """W = max(column) seen up to epoch n minus ``out_of_orderness`` (:mod:`barrierflow.operators.watermark`).
 
-        A pipeline may have several assigners (one per source of a join): its
-        watermark is then the minimum of theirs, each keeps its maximum in
-        state under its operator id (``watermark_<column>`` by default), and
-        every event-time operator must be downstream of all of them.
+        With several assigners (one per source of a join) the pipeline's
+        watermark is the minimum of theirs, each keeps its maximum in state
+        under its operator id (``watermark_<column>`` by default), and every
+        event-time operator must be downstream of all of them.
         """
         node_id = operator_id or f"watermark_{column}"
         if any(isinstance(n, WatermarkAssigner) and n.column == column for n in self.builder.nodes) and operator_id is None:
@@ -479,13 +438,9 @@ class DataStream:
                 f"with_watermark({column!r}): a watermark assigner of column {column!r} exists; give this one an "
                 "operator_id (its state, the largest event time seen, is named by it)"
             )
-        return self._then(
-            WatermarkAssigner(
-                operator_id=node_id,
-                parent=self.node,
-                column=column,
-                out_of_orderness_us=int(out_of_orderness.total_seconds() * 1_000_000),
-            )
+        micros = int(out_of_orderness.total_seconds() * 1_000_000)
+        return self.builder._add(
+            WatermarkAssigner(operator_id=node_id, parent=self.node, column=column, out_of_orderness_us=micros)
         )
 
     def join(self, other: "DataStream") -> "JoinedStreams":
@@ -503,7 +458,7 @@ class DataStream:
         return KeyedStream(self.builder, self.node, tuple(columns))
 
     def sink_to(self, sink: DeltaSink) -> None:
-        self._then(SinkNode(operator_id=f"sink_{sink.name}", parent=self.node, sink=sink))
+        self.builder._add(SinkNode(operator_id=f"sink_{sink.name}", parent=self.node, sink=sink))
 
 
 @dataclass(frozen=True)
@@ -512,9 +467,6 @@ class KeyedStream:
     node: Node
     key: tuple[str, ...]
 
-    def _then(self, node: Node) -> DataStream:
-        return DataStream(self.builder, self.builder._add(node))
-
     def aggregate(self, operator_id: str, *aggregations: Aggregation, **named: Aggregation) -> DataStream:
         """Running aggregates per key over all records so far (emits changed keys).
 
@@ -522,7 +474,7 @@ class KeyedStream:
         positional aggregations keep their own names (``Sum("amount", "total")``).
         """
         chosen = named_aggregations(operator_id, aggregations, named, reserved=self.key)
-        return self._then(RunningAggregate(operator_id=operator_id, parent=self.node, key=self.key, aggregations=chosen))
+        return self.builder._add(RunningAggregate(operator_id=operator_id, parent=self.node, key=self.key, aggregations=chosen))
 
     def window(
         self,
@@ -551,11 +503,11 @@ class KeyedStream:
         if lateness:
             reserved += ("is_update", "retracted")
         chosen = named_aggregations(operator_id, aggregations, named, reserved=reserved)
-        return self._then(window_node(operator_id, self.node, self.key, assigner, chosen, late_output, allowed_lateness))
+        return self.builder._add(window_node(operator_id, self.node, self.key, assigner, chosen, late_output, allowed_lateness))
 
     def process(self, operator_id: str, function: KeyedProcessFunction) -> DataStream:
         """Run a keyed process function with per-key state over whole key groups."""
-        return self._then(KeyedProcess(operator_id=operator_id, parent=self.node, key=self.key, function=function))
+        return self.builder._add(KeyedProcess(operator_id=operator_id, parent=self.node, key=self.key, function=function))
 
     def interval_join(self, other: "KeyedStream") -> "IntervalJoinedStreams":
         """This keyed stream (left) and ``other`` (right), to join on event time within an interval: ``.between(lower, upper, ...)``."""
@@ -628,19 +580,13 @@ class JoinedStreams:
             )
         first, second = self.first.key_by(*self.key), self.second.key_by(*self.other_key)
         first._check_other("join", second)
-        inputs = (first.node, second.node)
-        times = tuple(_event_time_column(f"window join {operator_id!r}", n, i + 1) for i, n in enumerate(inputs))
+        times = _event_time_columns(f"window join {operator_id!r}", first.node, second.node)
         node = WindowJoin(
-            operator_id=operator_id,
-            parent=first.node,
-            key=first.key,
-            other=second.node,
-            other_key=second.key,
+            operator_id=operator_id, parent=first.node, key=first.key, other=second.node, other_key=second.key,
             assigner=assigner,  # type: ignore[arg-type]  # checked by the node: tumbling or sliding
-            time_columns=(times[0], times[1]),
-            late_outputs=(left_late_output, right_late_output),
-        )
-        return DataStream(first.builder, first.builder._add(node))
+            time_columns=times, late_outputs=(left_late_output, right_late_output),
+        )  # fmt: skip
+        return first.builder._add(node)
 
 
 @dataclass(frozen=True)
@@ -670,19 +616,12 @@ class IntervalJoinedStreams:
         both sides becomes ``left_<name>`` / ``right_<name>``.
         """
         bounds = IntervalBounds.of(lower, upper, lower_inclusive, upper_inclusive)
-        inputs = (self.first.node, self.second.node)
-        times = tuple(_event_time_column(f"interval join {operator_id!r}", n, i + 1) for i, n in enumerate(inputs))
+        times = _event_time_columns(f"interval join {operator_id!r}", self.first.node, self.second.node)
         node = IntervalJoin(
-            operator_id=operator_id,
-            parent=self.first.node,
-            key=self.first.key,
-            other=self.second.node,
-            other_key=self.second.key,
-            bounds=bounds,
-            time_columns=(times[0], times[1]),
-            late_outputs=(left_late_output, right_late_output),
-        )
-        return DataStream(self.first.builder, self.first.builder._add(node))
+            operator_id=operator_id, parent=self.first.node, key=self.first.key, other=self.second.node,
+            other_key=self.second.key, bounds=bounds, time_columns=times, late_outputs=(left_late_output, right_late_output),
+        )  # fmt: skip
+        return self.first.builder._add(node)
 
 
 @dataclass(frozen=True)
@@ -699,14 +638,10 @@ class ConnectedKeyedStreams:
             f"co-process {operator_id!r}", inputs, "assign one upstream of each input (with_watermark on each source), or none"
         )
         node = KeyedCoProcess(
-            operator_id=operator_id,
-            parent=self.first.node,
-            key=self.first.key,
-            function=function,
-            other=self.second.node,
-            other_key=self.second.key,
-        )
-        return DataStream(self.first.builder, self.first.builder._add(node))
+            operator_id=operator_id, parent=self.first.node, key=self.first.key, function=function,
+            other=self.second.node, other_key=self.second.key,
+        )  # fmt: skip
+        return self.first.builder._add(node)
 
 
 @dataclass(frozen=True)
@@ -730,7 +665,7 @@ class BroadcastConnectedStream:
             operator_id=operator_id, parent=self.keyed.node, key=self.keyed.key, function=function,
             broadcast=self.broadcast.stream.node, descriptors=self.broadcast.descriptors,
         )  # fmt: skip
-        return DataStream(self.keyed.builder, self.keyed.builder._add(node))
+        return self.keyed.builder._add(node)
 
 
 def _window_lateness(operator_id: str, allowed_lateness: Any) -> bool:
@@ -790,25 +725,15 @@ def pipeline(
     """Decorator turning a build function into a :class:`PipelineDefinition`.
 
     ``state_backend`` is where keyed state meets an epoch's changes, as
-    Flink's choice between RocksDB and the heap:
+    Flink's choice between RocksDB and the heap (:mod:`barrierflow.state.table`):
 
-    - ``"delta"`` (default): every stateful operator joins its changes with
-      the stored state on the executors, reading only the key groups the
-      epoch touches; state size is bounded by the cluster, not the driver.
-      A running aggregate whose whole live state fits
-      ``BARRIERFLOW_CACHED_STATE_ROWS`` rows (default 1,000,000) keeps it on
-      the executors between the epochs of one ``run`` loop instead. Reads of
-      an epoch's keys from big state are served from the executors' Python
-      workers, which keep the state files' rows they have read
-      (``BARRIERFLOW_WORKER_STATE_CACHE_MB`` per worker and per host's
-      temporary directory, default 2048;
-      :mod:`barrierflow.state.worker_cache`).
-    - ``"heap"``: running aggregates keep their live state resident in the
-      driver between epochs and merge there (fastest for small epochs on one
-      machine). Bounded by ``BARRIERFLOW_RESIDENT_STATE_ROWS`` rows in all
-      (default 5,000,000, about 250 bytes each); beyond that the touched key
-      groups are read from Delta into the driver every epoch. Other
-      operators behave as with ``"delta"``.
+    - ``"delta"`` (default): a task reads the live rows of its keys from the
+      state table's files every epoch, through the Python workers' cache
+      (:mod:`barrierflow.state.files`, ``BARRIERFLOW_WORKER_STATE_CACHE_MB``).
+    - ``"heap"``: a task also keeps every live row of its key groups on its
+      host between epochs and uses them while they are exactly the table's
+      committed files (:mod:`barrierflow.state.heap`,
+      ``BARRIERFLOW_RESIDENT_STATE_ROWS`` live rows per key-group range).
     """
     if not _ID.match(name):
         raise PipelineDefinitionError(f"pipeline name {name!r} must be lower_snake_case")
@@ -819,12 +744,7 @@ def pipeline(
 
     def wrap(fn: Callable[[PipelineBuilder, dict[str, Any]], None]) -> PipelineDefinition:
         return PipelineDefinition(
-            name=name,
-            build_fn=fn,
-            params=tuple(params),
-            description=description or (fn.__doc__ or ""),
-            key_groups=key_groups,
-            state_backend=state_backend,
+            name, fn, tuple(params), description or fn.__doc__ or "", key_groups, state_backend=state_backend
         )
 
     return wrap

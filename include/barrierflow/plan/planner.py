@@ -20,9 +20,8 @@ tasks, as Flink chains operators between ``keyBy``s:
    stage (a *singleton*: an upsert sink, a non-keyed process function).
 
 The stages matter only when an epoch runs in parallel tasks; a small epoch
-runs every node in one task, in pipeline order, and its exchanges are
-in-memory hand-overs. Which happens is a size decision, never a semantic one:
-every kernel sees all records of the keys it is given either way.
+runs every node in one task: a size decision, never a semantic one (every
+kernel sees all records of the keys it is given either way).
 """
 
 from __future__ import annotations
@@ -103,22 +102,17 @@ def physical_plan(pipe: Pipeline, source_schemas: Mapping[int, pa.Schema]) -> Ph
             _check_key(node, key, schema)
         schemas.append(node.output_schema(given))
         specs[position] = tuple(node.state_specs(given))
-        for name, schema in node.side_output_schemas(given).items():
-            side[name] = (position, schema)
-        for i, (exchange, key) in enumerate(zip(node.exchanges(), node.input_keys())):
-            edges.append(Edge(inputs[position][i], position, i, exchange, key))
+        side.update((name, (position, schema)) for name, schema in node.side_output_schemas(given).items())
+        edges += [
+            Edge(inputs[position][i], position, i, x, key) for i, (x, key) in enumerate(zip(node.exchanges(), node.input_keys()))
+        ]
     stage_of, singletons = _stages(nodes, inputs, edges)
+    computed = {i: tuple(pipe.computed_keys(n)) for i, n in enumerate(nodes)}
     return PhysicalPlan(
-        schemas=tuple(schemas),
-        inputs=inputs,
-        state_specs=specs,
-        side_outputs=side,
-        edges=tuple(edges),
-        stage_of=tuple(stage_of),
-        singletons=frozenset(singletons),
+        schemas=tuple(schemas), inputs=inputs, state_specs=specs, side_outputs=side, edges=tuple(edges),
+        stage_of=tuple(stage_of), singletons=frozenset(singletons), computed_keys={i: c for i, c in computed.items() if c},
         source_keys={i: pipe.source_keys(n) for i, n in enumerate(nodes) if i in source_schemas and isinstance(n, SourceNode)},
-        computed_keys={i: tuple(pipe.computed_keys(n)) for i, n in enumerate(nodes) if pipe.computed_keys(n)},
-    )
+    )  # fmt: skip
 
 
 def _check_key(node: Node, key: tuple[str, ...], schema: pa.Schema) -> None:
@@ -139,12 +133,9 @@ def _stages(nodes: list[Node], inputs: tuple[tuple[int, ...], ...], edges: list[
     """Steps 1-4 of the module docstring: each node's stage, and the singletons."""
     stage_of: list[int] = []
     singletons: set[int] = set()
-    by_consumer: dict[int, list[Edge]] = {}
-    for edge in edges:
-        by_consumer.setdefault(edge.consumer, []).append(edge)
     assigners = [i for i, n in enumerate(nodes) if isinstance(n, WatermarkAssigner)]
     for position, node in enumerate(nodes):
-        incoming = by_consumer.get(position, [])
+        incoming = [e for e in edges if e.consumer == position]
         if not inputs[position]:
             stage_of.append(0)  # 1.
             continue

@@ -1,22 +1,12 @@
 """Reading a state table's files in a task: the rows of each file cached per key group by the Python worker.
 
-Structured Streaming and Flink keep keyed state in a store local to the task
-(RocksDB) and look an epoch's keys up in it; the durable copy is the
-checkpoint. Here the durable copy is the state table's Delta files, and a
-Python worker (reused between tasks: ``spark.python.worker.reuse``) keeps the
-rows of the files it has read in memory as Arrow, per key group. An epoch's
-read of its keys then reads only the files that worker has not read yet (the
-small changelog files of the epochs since) and matches the keys in memory
-(a hash table on the epoch's keys, probed by the cached rows), instead of
-every task scanning and decoding the whole table.
-
-Correct by construction: Delta data files are immutable (a path is written
-once, and its size is part of the cache key), so rows cached for a file are
-that file's rows for good. The driver passes the files of the snapshot to
-read; files a snapshot no longer holds (compacted, restored away) are never
-asked for again and age out. Nothing here decides what is live: the same
-rule as the scan (latest ``_epoch`` per key, tombstones and expired rows
-dropped) runs over the same files' rows.
+As Flink's RocksDB serves reads from files local to the task, a Python
+worker (reused between tasks) keeps the rows of the state files it has read
+in memory as Arrow, per key group: an epoch's read of its keys reads only
+the files that worker has not read yet (the changelog files of the epochs
+since) and matches the keys in memory. Correct by construction: Delta data
+files are immutable (a path is written once; its size is part of the cache
+key), and the rule of what is live is the scan's, over the same rows.
 
 A task's read of its keys' live rows (:func:`live_rows_of`; every live row
 of some key groups: :func:`every_live_row`):
@@ -31,14 +21,11 @@ of some key groups: :func:`every_live_row`):
    past their TTL at the epoch's processing time.
 
 Spark does not send a key-group range to the same worker every epoch, so a
-big read (a bulk file, a compacted table) is also saved for the host's other
-workers as an Arrow IPC file in a per-user temporary directory and memory-
-mapped: each big file is read from the warehouse once per host, and its pages
-are shared rather than copied into every worker.
-
-Bounded by ``BARRIERFLOW_WORKER_STATE_CACHE_MB`` (default 2048; ``0`` reads
-the files every time and caches nothing): per Python worker in memory, and
-for the host's directory on disk; the least recently used go first.
+big read is also saved for the host's other workers as a memory-mapped
+Arrow IPC file in a per-user temporary directory (read once per host, pages
+shared). Bounded by ``BARRIERFLOW_WORKER_STATE_CACHE_MB`` (default 2048;
+``0`` caches nothing) per worker in memory and for the host's directory;
+the least recently used go first.
 """
 
 from __future__ import annotations
@@ -62,15 +49,8 @@ from barrierflow.core.settings import HOST_CACHE_MIN_ROWS, WORKER_STATE_CACHE_MB
 from barrierflow.storage.objects import arrow_filesystem
 
 __all__ = [
-    "StateFile",
-    "live_rows_of",
-    "every_live_row",
-    "save_on_host",
-    "take_from_host",
-    "unexpired",
-    "cache_limit_bytes",
-    "clear",
-]
+    "StateFile", "live_rows_of", "every_live_row", "save_on_host", "take_from_host", "unexpired", "cache_limit_bytes", "clear",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -107,11 +87,10 @@ def clear() -> None:
 
 def _remember(key: tuple[str, int, int], rows: pa.Table, limit: int) -> None:
     global _held_bytes
-    size = rows.nbytes
-    if size > limit:
+    if rows.nbytes > limit:
         return
     _cache[key] = rows
-    _held_bytes += size
+    _held_bytes += rows.nbytes
     while _held_bytes > limit and _cache:
         _, evicted = _cache.popitem(last=False)
         _held_bytes -= evicted.nbytes
@@ -197,13 +176,10 @@ def _read_host_entry(path: str, schema: pa.Schema) -> pa.Table | None:
 def _write_host_entry(path: str, rows: pa.Table, limit: int) -> pa.Table:
     """Save ``rows`` for the other workers of this host and return them memory-mapped (pages shared, not copied).
 
-    Big reads only (:data:`~barrierflow.core.settings.HOST_CACHE_MIN_ROWS`): each Python worker has
-    its own memory, and Spark does not send a key-group range to the same
-    worker every epoch, so without this every worker would read every big
-    file once. Written to a temporary name, then renamed (readers never see
-    a partial entry); the directory is kept under ``limit`` bytes by
-    deleting the least recently used entries (a worker that has one mapped
-    keeps its pages). Best effort: any failure keeps the rows in memory.
+    Written to a temporary name, then renamed (readers never see a partial
+    entry); the directory is kept under ``limit`` bytes by deleting the
+    least recently used entries (a worker that has one mapped keeps its
+    pages). Best effort: any failure keeps the rows in memory.
     """
     directory = _host_dir()
     try:
@@ -231,8 +207,7 @@ def _write_host_entry(path: str, rows: pa.Table, limit: int) -> pa.Table:
 def save_on_host(name: str, rows: pa.Table) -> bool:
     """Save ``rows`` under ``name`` for a later task on this host (:func:`take_from_host`); whether it was saved.
 
-    In the directory of the host-shared entries, so a saved table no task
-    takes is evicted with them (least recently used first).
+    Among the host-shared entries: a saved table no task takes is evicted with them.
     """
     return _write_host_entry(os.path.join(_host_dir(), f"{name}.arrow"), rows, cache_limit_bytes()) is not rows
 
@@ -266,20 +241,9 @@ def live_rows_of(
     matched_columns = [c for c in key_columns if c in keys.column_names]
     names = [*matched_columns, KEY_GROUP]
     keys = conform(keys.select(names), pa.schema([schema.field(n) for n in names]))
-    groups = set(pc.unique(keys[KEY_GROUP]).to_pylist())
-    limit = cache_limit_bytes()
-    # Step 2.
-    stored: list[pa.Table] = []
-    for file in files:
-        wanted = file.holds(groups)
-        if wanted:
-            stored += _file_rows(file, schema, wanted, limit)
-    if not stored:
-        return schema.empty_table()
-    # Step 3.
-    matched = rows_with_keys(pa.concat_tables(stored), keys, matched_columns)
-    # Step 4.
-    return unexpired(latest_rows(matched, key_columns), ttl_ms, processing_time_ms)
+    stored = _stored_rows(files, schema, set(pc.unique(keys[KEY_GROUP]).to_pylist()))  # 2.
+    matched = rows_with_keys(stored, keys, matched_columns)  # 3.
+    return unexpired(latest_rows(matched, key_columns), ttl_ms, processing_time_ms)  # 4.
 
 
 def every_live_row(
@@ -291,12 +255,17 @@ def every_live_row(
     groups: Sequence[int],
 ) -> pa.Table:
     """Every live row of ``groups`` in ``files`` (steps 2 and 4)."""
-    wanted = set(groups)
+    return unexpired(latest_rows(_stored_rows(files, schema, set(groups)), key_columns), ttl_ms, processing_time_ms)
+
+
+def _stored_rows(files: Sequence[StateFile], schema: pa.Schema, groups: set[int]) -> pa.Table:
+    """Step 2: every stored row of ``groups`` in ``files``."""
     limit = cache_limit_bytes()
-    stored = [part for file in files for part in _file_rows(file, schema, file.holds(wanted), limit)]
-    if not stored:
-        return schema.empty_table()
-    return unexpired(latest_rows(pa.concat_tables(stored), key_columns), ttl_ms, processing_time_ms)
+    stored: list[pa.Table] = []
+    for file in files:
+        if wanted := file.holds(groups):
+            stored += _file_rows(file, schema, wanted, limit)
+    return pa.concat_tables(stored) if stored else schema.empty_table()
 
 
 def unexpired(rows: pa.Table, ttl_ms: int | None, processing_time_ms: int) -> pa.Table:

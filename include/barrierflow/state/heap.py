@@ -1,22 +1,18 @@
 """The ``heap`` state backend: every live row of a task's key groups kept on its host between epochs.
 
 As Flink's HashMap backend holds working state in the task's memory, a
-task of the ``heap`` backend keeps the live rows of its key groups after
-the epoch (every key, not only the changed ones), named by the state files
-they are exactly equal to: the snapshot's files that may hold its key
-groups (by their key-group statistics) plus the files it staged (only its
-staged files, after a compaction); other tasks' files hold other key groups. The next
-epoch's task for the same key groups uses them when the state table's
-snapshot is exactly those files, which it is once the epoch committed and
-nothing else wrote the table; otherwise (a failed commit, a restore, a
-rescale, another host) it reads the files as the ``delta`` backend does.
-Correct by construction: Delta data files never change, so equal file sets
-are equal rows.
+task keeps every live row of its key groups after the epoch, named by the
+state files they equal: the snapshot's files that may hold its key groups
+(by their statistics) plus the files it staged (only those, after a
+compaction). The next epoch's task for the same key groups uses them when
+the table's snapshot is exactly those files (the epoch committed, nothing
+else wrote the table); otherwise (a failed commit, a restore, a rescale,
+another host) it reads the files as ``delta`` does. Correct by construction:
+Delta data files never change, so equal file sets are equal rows.
 
-The copy is kept in the Python worker's memory and, since Spark does not
-send a key-group range to the same worker every epoch, saved for the
-host's other workers (memory-mapped Arrow, :func:`barrierflow.state.files.save_on_host`).
-Bounded by ``BARRIERFLOW_RESIDENT_STATE_ROWS`` live rows per copy.
+The copy is kept in the Python worker's memory and saved for the host's
+other workers (:func:`barrierflow.state.files.save_on_host`). Bounded by
+``BARRIERFLOW_RESIDENT_STATE_ROWS`` live rows per copy.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """State tables on the driver: planning an epoch's reads, and passes over whole tables.
 
-Keyed state is kept in Delta tables, one per (operator, state name).
-Incremental checkpoints: an epoch appends only the keys it changed, one row
-per key with the epoch that wrote it (a tombstone for a cleared key); the
-current value of a key is its row with the highest ``_epoch``. Files are
-clustered by key group, so a task reads only the files of the key groups
-it holds. A table whose changelog outgrew its base is compacted by the
-epoch that notices (:func:`_needs_compaction`), in the same commit; between
-epochs :func:`compact` rewrites one (maintenance). Savepoints, restores and
-maintenance pass over whole tables one range of key groups at a time
-(:func:`live_row_chunks`), so their memory does not grow with the state.
+Keyed state is kept in Delta tables, one per (operator, state name). An
+epoch appends only the keys it changed, one row per key with the epoch that
+wrote it (a tombstone for a cleared key); a key's value is its row with the
+highest ``_epoch``. Files are clustered by key group. A table whose
+changelog outgrew its base is compacted by the epoch that notices
+(:func:`_needs_compaction`), in the same commit; :func:`compact` rewrites
+one between epochs. Passes over whole tables (savepoints, restores,
+maintenance) read one range of key groups at a time (:func:`live_row_chunks`).
 """
 
 from __future__ import annotations
@@ -35,15 +33,7 @@ from barrierflow.storage.layout import COMPACTED_DIR
 from barrierflow.storage.objects import join_uri
 from barrierflow.storage.staging import write_parquet
 
-__all__ = [
-    "EpochStateTables",
-    "state_files",
-    "read_small_table",
-    "live_row_chunks",
-    "stored_batches",
-    "needs_compaction",
-    "compact",
-]
+__all__ = ["EpochStateTables", "state_files", "read_small_table", "live_row_chunks", "stored_batches", "compact"]
 
 # Rows a driver-side pass over a whole table (savepoint, restore, maintenance
 # compaction) holds at once: its memory stays bounded whatever the state's size.
@@ -54,13 +44,11 @@ class EpochStateTables:
     """The state tables of one epoch on the driver: each one's plan, and its snapshot until the tasks staged.
 
     A table is read as of the last completed epoch: its snapshot is borrowed
-    from the process (:func:`~barrierflow.storage.delta.borrow_snapshot`,
-    brought up to date by one listing) and given back by :meth:`release`.
-    A table holding a newer epoch than the last completed one means recovery
-    has not run: refused. The plan says whether the epoch compacts the table
-    (:func:`_needs_compaction`); then the commit removes every file of the
-    snapshot (``removes``, at ``base_version``) and adds the tasks' share of
-    every live row.
+    (:func:`~barrierflow.storage.delta.borrow_snapshot`) and given back by
+    :meth:`release`. A table holding a newer epoch than the last completed
+    one means recovery has not run: refused. When the epoch compacts the
+    table (:func:`_needs_compaction`), its commit removes every file of the
+    snapshot (at its version) and adds the tasks' share of every live row.
     """
 
     def __init__(self, app_id: str, last_completed_epoch: int | None, backend: str) -> None:
@@ -82,11 +70,10 @@ class EpochStateTables:
                 "run recovery first"
             )
         actions = add_actions(table)
-        files = tuple(state_files(uri, actions))
-        if not _needs_compaction(actions):
-            return StateTablePlan(spec, uri, files, False, self.backend, whole), (), None
-        removes = tuple(sorted(actions.column("path").to_pylist()))
-        return StateTablePlan(spec, uri, files, True, self.backend, whole), removes, table.version()
+        plan = StateTablePlan(spec, uri, tuple(state_files(uri, actions)), _needs_compaction(actions), self.backend, whole)
+        if not plan.compact:
+            return plan, (), None
+        return plan, tuple(sorted(actions.column("path").to_pylist())), table.version()
 
     def stored_rows(self, uri: str) -> int | None:
         """Rows of the table as this process last saw it, without asking the store (an estimate for placement)."""
@@ -108,12 +95,15 @@ class EpochStateTables:
 
 def state_files(uri: str, actions: pa.Table) -> list[StateFile]:
     """A snapshot's files as tasks read them: URI, size and key-group range (statistics)."""
-    paths = actions.column("path").to_pylist()
-    sizes = actions.column("size_bytes").to_pylist()
-    with_stats = f"min.{KEY_GROUP}" in actions.column_names
-    lows = actions.column(f"min.{KEY_GROUP}").to_pylist() if with_stats else [None] * len(paths)
-    highs = actions.column(f"max.{KEY_GROUP}").to_pylist() if with_stats else [None] * len(paths)
+    paths, sizes = actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist()
+    lows, highs = _group_bounds(actions, "min"), _group_bounds(actions, "max")
     return [StateFile(join_uri(uri, p), size, low, high) for p, size, low, high in zip(paths, sizes, lows, highs)]
+
+
+def _group_bounds(actions: pa.Table, bound: str) -> list[Any]:
+    """Each file's ``min`` or ``max`` key group by its statistics (None: none)."""
+    column = f"{bound}.{KEY_GROUP}"
+    return actions.column(column).to_pylist() if column in actions.column_names else [None] * actions.num_rows
 
 
 def read_small_table(uri: str, spec: StateSpec) -> pa.Table:
@@ -125,20 +115,16 @@ def read_small_table(uri: str, spec: StateSpec) -> pa.Table:
 
 
 def live_row_chunks(table: Any, key_columns: list[str], *, max_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
-    """The live rows of a state table snapshot, one range of key groups at a time.
+    """The live rows of a state table snapshot, one range of key groups at a time (ascending; empty ones skipped).
 
-    For passes over a whole table outside an epoch (savepoint, restore,
-    maintenance compaction): every key lies in one key group, so the latest
-    row per key is found within its range, and the driver holds about
-    ``max_rows`` stored rows at once (files are clustered by key group, so a
-    range's read skips the other files and row groups on their statistics).
-    Ranges come in ascending key-group order; empty ones are skipped.
+    Every key lies in one key group, so its latest row is found within its
+    range, and the driver holds about ``max_rows`` stored rows at once (a
+    range's read skips other files and row groups on their statistics).
     """
     actions = add_actions(table)
     stored = sum(n or 0 for n in actions.column("num_records").to_pylist())
     dataset = table.to_pyarrow_dataset()
-    lows = actions.column(f"min.{KEY_GROUP}").to_pylist() if f"min.{KEY_GROUP}" in actions.column_names else []
-    highs = actions.column(f"max.{KEY_GROUP}").to_pylist() if f"max.{KEY_GROUP}" in actions.column_names else []
+    lows, highs = _group_bounds(actions, "min"), _group_bounds(actions, "max")
     if stored <= max_rows or not lows or None in lows or None in highs:
         yield latest_rows(dataset.to_table(), key_columns)
         return
@@ -166,32 +152,20 @@ def stored_batches(table: Any, *, max_rows: int = CHUNK_ROWS) -> Iterator[pa.Tab
         yield pa.Table.from_batches(pending)
 
 
-def needs_compaction(uri: str) -> bool:
-    """Whether the state table at ``uri`` should be compacted (:func:`_needs_compaction`).
-
-    Through this process's latest snapshot: called right after the epoch's
-    commit, which left it one listing away from current.
-    """
-    with latest_snapshot(uri) as table:
-        return table is not None and _needs_compaction(add_actions(table))
-
-
 def _needs_compaction(actions: pa.Table) -> bool:
     """Size-tiered policy: compact once the changelog outgrows the compacted base.
 
-    Files written together (one epoch's changes, or one compaction) share a
-    directory: a generation. The base is the largest generation (the last
-    compaction, or the first epoch's bulk load); later epochs add small
-    ones. Reads stay within ~2x the live rows, and compaction's full rewrite
-    is amortised over many epochs when few keys change. More than
-    :data:`~barrierflow.core.settings.COMPACTION_MAX_FILES` files are compacted whatever their row counts.
+    Files written together (one epoch's changes, one compaction) share a
+    directory: a generation. The base is the largest one. Reads stay within
+    ~2x the live rows, and a full rewrite is amortised over many epochs when
+    few keys change. More than :data:`~barrierflow.core.settings.COMPACTION_MAX_FILES`
+    files are compacted whatever their row counts.
     """
     paths = actions.column("path").to_pylist()
     rows = [n or 0 for n in actions.column("num_records").to_pylist()]
     generations: dict[str, int] = {}
     for path, n in zip(paths, rows):
-        directory = path.rsplit("/", 1)[0] if "/" in path else ""
-        generations[directory] = generations.get(directory, 0) + n
+        generations[path.rpartition("/")[0]] = generations.get(path.rpartition("/")[0], 0) + n
     if len(generations) <= 1:
         return False
     return len(paths) > COMPACTION_MAX_FILES or sum(rows) > 2 * max(generations.values())
@@ -205,36 +179,26 @@ def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) ->
     unaffected. Called between epochs, under the pipeline's epoch lease.
     """
     with latest_snapshot(uri) as table:
-        return None if table is None else _compact(spec, uri, table, epoch, attempt_id)
-
-
-def _compact(spec: StateSpec, uri: str, table: Any, epoch: int, attempt_id: str) -> int | None:
-    """:func:`compact` on ``table``, the latest snapshot of the table at ``uri``."""
-    paths = sorted(live_paths(table))
-    if len(paths) <= 1:
-        return None
-    chunks = live_row_chunks(table, spec.key_columns)
-    staged = []
-    for chunk in chunks:  # ascending key-group ranges: the files stay clustered
-        compacted = chunk.select(spec.arrow_schema().names).cast(spec.arrow_schema())
-        staged += write_parquet(uri, f"{COMPACTED_DIR}/{epoch:010d}-{attempt_id}", compacted, sort_by=(KEY_GROUP,))
-    now = time.time_ns() // 1_000_000
-    actions: list[Any] = [
-        AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now, data_change=False, stats=f.stats)
-        for f in staged
-    ]
-    actions += [RemoveAction(path=p, data_change=False, deletion_timestamp=now) for p in paths]
-    try:
-        table.create_write_transaction(
-            actions,
-            mode="append",
-            schema=table.schema(),
-            commit_properties=CommitProperties(
-                custom_metadata={"barrierflow.operation": "compact", "barrierflow.after_epoch": epoch},
-                max_commit_retries=0,
-            ),
+        paths = sorted(live_paths(table)) if table is not None else []
+        if table is None or len(paths) <= 1:
+            return None
+        schema = spec.arrow_schema()
+        staged = []
+        for chunk in live_row_chunks(table, spec.key_columns):  # ascending key-group ranges: the files stay clustered
+            rows = chunk.select(schema.names).cast(schema)
+            staged += write_parquet(uri, f"{COMPACTED_DIR}/{epoch:010d}-{attempt_id}", rows, sort_by=(KEY_GROUP,))
+        now = time.time_ns() // 1_000_000
+        actions: list[Any] = [
+            AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now, data_change=False, stats=f.stats)
+            for f in staged
+        ]
+        actions += [RemoveAction(path=p, data_change=False, deletion_timestamp=now) for p in paths]
+        properties = CommitProperties(
+            custom_metadata={"barrierflow.operation": "compact", "barrierflow.after_epoch": epoch}, max_commit_retries=0
         )
-    except CommitFailedError:
-        return None  # someone else moved the table; compaction is best effort
-    # No retries (``max_commit_retries=0``): the commit is the version after the snapshot's.
-    return int(table.version()) + 1
+        try:
+            table.create_write_transaction(actions, mode="append", schema=table.schema(), commit_properties=properties)
+        except CommitFailedError:
+            return None  # someone else moved the table; compaction is best effort
+        # No retries (``max_commit_retries=0``): the commit is the version after the snapshot's.
+        return int(table.version()) + 1

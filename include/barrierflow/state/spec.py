@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.core.columns import KEY_GROUP
+from barrierflow.core.columns import DELETED, EPOCH, KEY_GROUP, UPDATED_AT
 from barrierflow.state.files import StateFile
 
 __all__ = ["StateSpec", "KEY_GROUP", "KeyGroups", "StateTablePlan"]
@@ -48,16 +48,8 @@ class StateSpec:
         return f"{self.operator_id}__{self.name}"
 
     def arrow_schema(self) -> pa.Schema:
-        return pa.schema(
-            [
-                *self.key_fields,
-                pa.field(KEY_GROUP, pa.int32()),
-                *self.value_fields,
-                pa.field("_updated_at_ms", pa.int64()),
-                pa.field("_deleted", pa.bool_()),
-                pa.field("_epoch", pa.int64()),
-            ]
-        )
+        engine = [pa.field(UPDATED_AT, pa.int64()), pa.field(DELETED, pa.bool_()), pa.field(EPOCH, pa.int64())]
+        return pa.schema([*self.key_fields, pa.field(KEY_GROUP, pa.int32()), *self.value_fields, *engine])
 
     def signature(self) -> dict[str, Any]:
         return {

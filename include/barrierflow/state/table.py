@@ -1,24 +1,20 @@
 """A state table as a task's kernel sees it: the live rows of its keys as of epoch n-1, and the changes it stages.
 
 The driver plans each state table for an epoch (:class:`StateTablePlan`):
-the files of its snapshot as of the last completed epoch, and whether the
-epoch compacts it. A task holds some key groups (all of them when the whole
-pipeline runs in one task); its :class:`TaskStateTable` reads only those,
-through the state backend the pipeline chose:
+its snapshot's files as of the last completed epoch, and whether the epoch
+compacts it. A task's :class:`TaskStateTable` reads only the task's key
+groups, through the pipeline's state backend (results are the same):
 
-- ``delta``: the rows of the snapshot's files, read per key group through
-  the Python worker's cache of state files
-  (:mod:`barrierflow.state.files`), the current row per key taken each
-  time, as RocksDB serves reads of its files;
+- ``delta``: the snapshot's files, read per key group through the Python
+  worker's cache (:mod:`barrierflow.state.files`), as RocksDB serves reads;
 - ``heap``: every live row of the task's key groups kept on its host
   between epochs (:mod:`barrierflow.state.heap`), used while it is exactly
   the snapshot's (the same files), else read as ``delta`` reads them.
 
-Results are the same either way. After the kernels ran, :meth:`TaskStateTable.finish`
-writes the task's changes as staged files clustered by key group, or, when
-the epoch compacts the table, every live row of the task's key groups after
-the epoch in the compaction's directory: the commit then removes every
-file of the snapshot, so every task holding key groups writes its share.
+:meth:`TaskStateTable.finish` writes the task's changes as staged files
+clustered by key group or, when the epoch compacts the table (its commit
+removes every file of the snapshot), every live row of the task's key
+groups after the epoch.
 """
 
 from __future__ import annotations
@@ -110,13 +106,7 @@ class TaskStateTable:
             after = after_changes(self.every_live_row(), changes, self.spec.key_columns)
             if self.plan.compact:
                 rows, prefix = after, f"{prefix}/{COMPACTED_DIR}"
-        described: list[dict[str, Any]] = []
-        if rows.num_rows:
-            rows = rows.sort_by(KEY_GROUP)
-            for batch in write_partition(
-                self.plan.uri, prefix, self.schema, (ranges, self.groups.total), {}, iter(rows.to_batches())
-            ):
-                described += batch.to_pylist()
+        described = write_partition(self.plan.uri, prefix, self.schema, (ranges, self.groups.total), rows.sort_by(KEY_GROUP))
         if self.plan.backend == "heap" and after is not None:
             heap.keep(self.plan, self.groups, after, described)
         return described

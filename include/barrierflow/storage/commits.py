@@ -9,7 +9,7 @@ epoch's app transaction and the pipeline's :class:`Fence`.
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 __all__ = ["TableKind", "Fence", "StagedFile", "TableCommit"]
@@ -69,9 +69,6 @@ class StagedFile:
     stats: str  # Delta add-action stats JSON
     partition_values: Mapping[str, str | None] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class TableCommit:
@@ -106,16 +103,9 @@ class TableCommit:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> "TableCommit":
-        return cls(
-            name=doc["name"],
-            uri=doc["uri"],
-            kind=TableKind(doc["kind"]),
-            schema_json=doc["schema_json"],
-            partition_by=tuple(doc["partition_by"]),
-            adds=tuple(StagedFile(**f) for f in doc["adds"]),
-            removes=tuple(doc["removes"]),
-            base_version=doc["base_version"],
-            data_change=doc["data_change"],
-            primary_key=tuple(doc.get("primary_key", ())),
-            table_schema_json=doc.get("table_schema_json"),
-        )
+        """The commit :meth:`to_json` wrote (``primary_key`` and ``table_schema_json`` may be missing)."""
+        known = {k: v for k, v in doc.items() if k in {f.name for f in fields(cls)}}
+        return cls(**{
+            **known, "kind": TableKind(doc["kind"]), "partition_by": tuple(doc["partition_by"]), "removes": tuple(doc["removes"]),
+            "adds": tuple(StagedFile(**f) for f in doc["adds"]), "primary_key": tuple(doc.get("primary_key", ())),
+        })  # fmt: skip

@@ -20,32 +20,17 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 
 from barrierflow.core import faults
 from barrierflow.core.errors import CommitConflictError, FencedError, StorageError
-from barrierflow.storage.commits import Fence, StagedFile, TableCommit
+from barrierflow.storage.commits import Fence, TableCommit
 
 __all__ = [
-    "commit_epoch_table",
-    "check_fence",
-    "fence_transaction",
-    "raise_fence",
-    "committed_version",
-    "open_table",
-    "latest_snapshot",
-    "borrow_snapshot",
-    "give_back",
-    "live_paths",
-    "add_actions",
-    "stored_rows",
-    "counted_rows",
-    "schema_json_of",
-    "arrow_schema_of",
-    "TABLE_CONFIGURATION",
-]
+    "commit_epoch_table", "check_fence", "fence_transaction", "raise_fence", "committed_version", "open_table",
+    "latest_snapshot", "borrow_snapshot", "give_back", "live_paths", "add_actions", "stored_rows", "counted_rows",
+    "schema_json_of", "TABLE_CONFIGURATION",
+]  # fmt: skip
 
 _MAX_COMMIT_ATTEMPTS = 5
-# Properties of every table barrierflow creates. Opening a table replays the
-# commits since its last checkpoint: with one commit per epoch (three for the
-# checkpoint log), Delta's default interval of 100 made opens and appends
-# grow from ~11 to ~50 ms before each checkpoint.
+# Properties of every table barrierflow creates. Opening a table replays the commits since its last
+# checkpoint: with Delta's default interval of 100, opens and appends grew from ~11 to ~50 ms.
 TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
 
 
@@ -59,9 +44,7 @@ def open_table(uri: str, version: int | None = None) -> DeltaTable | None:
         raise StorageError(f"cannot open Delta table {uri}: {exc}") from exc
 
 
-# Snapshots of tables this process committed to, each lent to one caller at
-# a time (:func:`latest_snapshot`). Bounded: a process commits to the tables
-# of a few pipelines.
+# Snapshots of tables this process read, each lent to one caller at a time (:func:`borrow_snapshot`).
 _SNAPSHOTS: "OrderedDict[str, DeltaTable]" = OrderedDict()
 _SNAPSHOTS_LOCK = threading.Lock()
 _MAX_SNAPSHOTS = 64
@@ -71,10 +54,9 @@ def borrow_snapshot(uri: str, *, current: bool = True) -> DeltaTable | None:
     """The latest snapshot of the table at ``uri`` (None if it does not exist), this caller's alone until :func:`give_back`.
 
     Opening a table reads its log from the last checkpoint on (on S3, a
-    dozen requests or more); a snapshot this process read before is instead
-    brought up to date from its own version (one listing, plus any new
-    commits). ``current=False``: that snapshot as it is, perhaps some
-    commits behind, without asking the store (for estimates).
+    dozen requests or more); a snapshot read before is brought up to date
+    instead (one listing, plus any new commits). ``current=False``: that
+    snapshot as it is, without asking the store (for estimates).
     """
     with _SNAPSHOTS_LOCK:
         table = _SNAPSHOTS.pop(uri, None)
@@ -107,10 +89,6 @@ def schema_json_of(schema: pa.Schema) -> str:
     return Schema.from_arrow(schema).to_json()
 
 
-def arrow_schema_of(schema_json: str) -> pa.Schema:
-    return pa.schema(Schema.from_json(schema_json).to_arrow())
-
-
 def add_actions(table: DeltaTable) -> pa.Table:
     """The live files of a Delta snapshot, with flattened statistics."""
     return pa.table(table.get_add_actions(flatten=True))
@@ -131,11 +109,7 @@ def counted_rows(num_records: Sequence[int | None]) -> int | None:
 
 
 def committed_version(uri: str, app: str, epoch: int, table: DeltaTable | None = None) -> int | None:
-    """The table version holding the commit of ``epoch`` for ``app``, if any.
-
-    ``table``: the table at ``uri``, already opened at its latest version
-    (each open reads the log again: on S3, a dozen requests).
-    """
+    """The table version holding the commit of ``epoch`` for ``app``, if any (``table``: the table at ``uri``, already open)."""
     table = table or open_table(uri)
     if table is None:
         return None
@@ -159,29 +133,26 @@ def committed_version(uri: str, app: str, epoch: int, table: DeltaTable | None =
 
 
 def commit_epoch_table(commit: TableCommit, app: str, epoch: int, attempt_id: str, fence: Fence | None = None) -> int:
-    """Commit one table's share of epoch ``epoch``; idempotent. Returns its version.
-
-    ``fence`` is the pipeline-level fencing token this commit carries
-    (:class:`~barrierflow.checkpointing.checkpoint.Fence`).
+    """Commit one table's share of epoch ``epoch`` with the fencing token ``fence``; idempotent. Returns its version.
 
     Protocol (each step safe to retry):
-      1. Open the latest snapshot. If its app transaction for ``app`` is already
-         >= ``epoch``, the epoch is committed (by us or a concurrent attempt):
-         return the version that holds it, commit nothing. If the table holds
-         a fencing token above ``fence``'s (a restore, a newer epoch), refuse.
-      2. Check that every file the manifest removes is still live; if not, the
-         table moved under the epoch (a zombie of an older epoch): fence it.
-         A sink widening (``table_schema_json``) rewrote every live file, so
-         its removes must be exactly the live files.
+      1. Open the latest snapshot. If its app transaction for ``app`` is
+         already >= ``epoch``, the epoch is committed (by us or a concurrent
+         attempt): return the version holding it. If the table holds a
+         fencing token above ``fence`` (a restore, a newer epoch), refuse.
+      2. Check that every file the manifest removes is still live; if not,
+         the table moved under the epoch (a zombie of an older epoch): fence
+         it. A sink widening (``table_schema_json``) rewrote every live file,
+         so its removes must be exactly the live files.
       3. Commit adds + removes in one Delta transaction carrying the app
          transactions ``(app, epoch)`` and ``fence``, and commit metadata
          tracing the epoch. A sink widening is an overwrite (the write mode
          that may change the schema): it removes every live file (step 2:
          the rewritten ones) and writes the widened schema as the commit's
-         metaData, in this same commit. No automatic retry: a commit that lands first
-         makes this one fail, so two attempts can never both commit, and no
-         token can be raised between step 1's check and this commit. The
-         commit that returns is the version after the snapshot read (or 0).
+         metaData. No automatic retry: a commit landing first makes this one
+         fail, so two attempts never both commit, and no token can be raised
+         between step 1's check and this commit. The commit that returns is
+         the version after the snapshot read (or 0).
       4. On any commit error, go back to step 1: re-read before deciding.
     """
     metadata = {
@@ -190,9 +161,7 @@ def commit_epoch_table(commit: TableCommit, app: str, epoch: int, attempt_id: st
         "barrierflow.attempt_id": attempt_id,
         "barrierflow.table": commit.name,
     }
-    transactions = [Transaction(app, epoch)]
-    if fence is not None:
-        transactions.append(fence_transaction(fence))
+    transactions = [Transaction(app, epoch), *([fence_transaction(fence)] if fence is not None else [])]
     properties = CommitProperties(custom_metadata=metadata, app_transactions=transactions, max_commit_retries=0)
     last_error: Exception | None = None
     for _ in range(_MAX_COMMIT_ATTEMPTS):
@@ -227,7 +196,11 @@ def _committed_before(commit: TableCommit, table: DeltaTable | None, app: str, e
 
 def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, properties: CommitProperties) -> int:
     """Steps 2-3 of :func:`commit_epoch_table` on the snapshot step 1 read; returns the new version."""
-    adds = [_add_action(f, commit.data_change) for f in commit.adds]
+    adds = [
+        AddAction(path=f.path, size=f.size, partition_values=dict(f.partition_values), modification_time=_now_ms(),
+                  data_change=commit.data_change, stats=f.stats)
+        for f in commit.adds
+    ]  # fmt: skip
     schema = Schema.from_json(commit.schema_json)
     widened = Schema.from_json(commit.table_schema_json) if commit.table_schema_json is not None else None
     if table is None:
@@ -235,14 +208,9 @@ def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, prop
             raise FencedError(f"table {commit.name} does not exist but epoch {epoch} removes files from it")
         faults.maybe_fail("commit.before_delta_commit")
         create_table_with_add_actions(
-            commit.uri,
-            widened or schema,
-            adds,
-            mode="error",
-            partition_by=list(commit.partition_by) or None,
-            configuration=TABLE_CONFIGURATION,
-            commit_properties=properties,
-        )
+            commit.uri, widened or schema, adds, mode="error", partition_by=list(commit.partition_by) or None,
+            configuration=TABLE_CONFIGURATION, commit_properties=properties,
+        )  # fmt: skip
     else:
         # Step 2.
         if commit.removes or widened is not None:
@@ -265,14 +233,10 @@ def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, prop
             removes = [RemoveAction(path=p, data_change=commit.data_change, deletion_timestamp=_now_ms()) for p in commit.removes]
         else:
             removes = []  # the overwrite removes every live file itself: the rewritten ones (step 2)
-        # Step 3. A sink widening is an overwrite, the write mode that may change the schema.
-        table.create_write_transaction(
-            [*adds, *removes],
-            mode="append" if widened is None else "overwrite",
-            schema=schema if widened is None else widened,
-            partition_by=list(commit.partition_by) or None,
-            commit_properties=properties,
-        )
+        table.create_write_transaction(  # step 3
+            [*adds, *removes], mode="append" if widened is None else "overwrite", schema=widened or schema,
+            partition_by=list(commit.partition_by) or None, commit_properties=properties,
+        )  # fmt: skip
     faults.maybe_fail("commit.after_delta_commit")
     # No retries (``max_commit_retries=0``): a commit that returns is the
     # version after the one read, or the table's first.
@@ -282,10 +246,9 @@ def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, prop
 def _add_new_columns(table: DeltaTable, name: str, schema: Schema) -> None:
     """Give a table the columns its new files carry (a commit of its own), nullable: earlier rows have none.
 
-    An append's schema does not change the table's (delta-rs keeps the
-    table's metadata), so e.g. ``dead_letter.detail`` or a column the code
-    added to a sink's output would stay invisible. What may change is
-    checked before the vote (:func:`~barrierflow.core.schema_evolution.check_sink_schema`).
+    An append keeps the table's schema (delta-rs keeps its metadata), so a
+    new column would stay invisible. What may change is checked before the
+    vote (:func:`~barrierflow.core.schema_evolution.check_sink_schema`).
     """
     existing = {f.name for f in table.schema().fields}
     missing = [Field(f.name, f.type, nullable=True, metadata=f.metadata) for f in schema.fields if f.name not in existing]
@@ -328,17 +291,6 @@ def raise_fence(uri: str, fence: Fence, attempts: int = _MAX_COMMIT_ATTEMPTS) ->
                 last = exc
         time.sleep(0.05)
     raise CommitConflictError(f"cannot raise the fencing token of table {uri} to {fence}: {last}")
-
-
-def _add_action(f: StagedFile, data_change: bool) -> AddAction:
-    return AddAction(
-        path=f.path,
-        size=f.size,
-        partition_values=dict(f.partition_values),
-        modification_time=_now_ms(),
-        data_change=data_change,
-        stats=f.stats,
-    )
 
 
 def _now_ms() -> int:

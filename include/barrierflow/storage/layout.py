@@ -39,10 +39,31 @@ RESTORED_DIR = "_restored"
 DATA_DIRS = (STAGING_DIR, COMPACTED_DIR, RESTORED_DIR)
 
 
+class _Under:
+    """A location in the pipeline's directory, as an attribute of :class:`PipelineLayout`."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    def __get__(self, layout: "PipelineLayout", owner: type) -> str:
+        return join_uri(layout.root, *self.parts)
+
+
 @dataclass(frozen=True)
 class PipelineLayout:
     warehouse: str
     pipeline: str
+
+    pipeline_meta = _Under("_pipeline.json")
+    lineages = _Under("_lineages")
+    checkpoint_log = _Under("_checkpoints")
+    lease = _Under("_lease")
+    stopped = _Under("_stopped.json")
+    restoring = _Under("_restoring.json")
+    # Why the pipeline cannot go on (a :class:`~barrierflow.core.errors.BlockedInputError`), until an epoch completes.
+    blocked = _Under("_blocked.json")
+    held = _Under("_held.json")
+    dead_letter = _Under("dead_letter")
 
     @classmethod
     def of(cls, warehouse: str, pipeline: str) -> "PipelineLayout":
@@ -51,39 +72,6 @@ class PipelineLayout:
     @property
     def root(self) -> str:
         return join_uri(self.warehouse, self.pipeline)
-
-    @property
-    def pipeline_meta(self) -> str:
-        return join_uri(self.root, "_pipeline.json")
-
-    @property
-    def lineages(self) -> str:
-        return join_uri(self.root, "_lineages")
-
-    @property
-    def checkpoint_log(self) -> str:
-        return join_uri(self.root, "_checkpoints")
-
-    @property
-    def lease(self) -> str:
-        return join_uri(self.root, "_lease")
-
-    @property
-    def stopped(self) -> str:
-        return join_uri(self.root, "_stopped.json")
-
-    @property
-    def restoring(self) -> str:
-        return join_uri(self.root, "_restoring.json")
-
-    @property
-    def blocked(self) -> str:
-        """Why the pipeline cannot go on (a :class:`~barrierflow.core.errors.BlockedInputError`), until an epoch completes."""
-        return join_uri(self.root, "_blocked.json")
-
-    @property
-    def held(self) -> str:
-        return join_uri(self.root, "_held.json")
 
     @property
     def savepoints(self) -> str:
@@ -112,10 +100,6 @@ class PipelineLayout:
 
     def sink_table(self, name: str) -> str:
         return join_uri(self.root, "sinks", name)
-
-    @property
-    def dead_letter(self) -> str:
-        return join_uri(self.root, "dead_letter")
 
     @staticmethod
     def staging_prefix(lineage_id: str, epoch: int, attempt_id: str) -> str:

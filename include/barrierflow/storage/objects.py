@@ -1,7 +1,6 @@
 """Warehouse storage by URI scheme: put-if-absent, compare-and-swap, small documents.
 
-Every location is a URI string so that nothing above this module assumes a
-local path. Two schemes are wired up:
+Every location is a URI string, so nothing above this module assumes a local path:
 
 - local paths and ``file://`` URIs: put-if-absent is an fsynced temporary
   file hard-linked to its name (the link fails if the name is taken);
@@ -16,19 +15,16 @@ local path. Two schemes are wired up:
 
 A conditional PUT whose answer is lost (a reset connection, a 5xx after the
 write) is retried; if the retry meets 412, the object is read back and the
-write counts as this call's own when it holds exactly this call's bytes.
-Documents of the protocol carry unique tokens, so equal bytes mean the same
-write.
+write counts as this call's own when it holds exactly its bytes (documents
+of the protocol carry unique tokens, so equal bytes mean the same write).
 
-Every durable location accepts ``s3://``: warehouse, landing directories,
-savepoints. Spark here has no S3 connector, so executors do their object-store
-I/O through pyarrow inside Python tasks (:func:`arrow_filesystem`,
-:func:`open_input`),
-and Delta commits go through delta-rs, which reads the same AWS environment.
+Executors do their object-store I/O through pyarrow (:func:`arrow_filesystem`,
+:func:`open_input`); Delta commits go through delta-rs (same AWS environment).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import json
@@ -44,29 +40,10 @@ from urllib.parse import urlparse
 from barrierflow.core.errors import ConfigurationError, StorageError
 
 __all__ = [
-    "join_uri",
-    "local_path",
-    "is_local",
-    "normalize_uri",
-    "put_if_absent",
-    "read_bytes",
-    "read_versioned",
-    "compare_and_swap",
-    "read_json",
-    "write_json_if_absent",
-    "exists",
-    "remove_tree",
-    "remove_document",
-    "list_dir",
-    "walk",
-    "list_files",
-    "open_input",
-    "prune_empty_dirs",
-    "sync_file",
-    "StoredFile",
-    "file_size",
-    "arrow_filesystem",
-]
+    "join_uri", "local_path", "is_local", "normalize_uri", "put_if_absent", "read_bytes", "read_versioned",
+    "compare_and_swap", "read_json", "write_json_if_absent", "exists", "remove_tree", "remove_document", "list_dir",
+    "walk", "list_files", "open_input", "prune_empty_dirs", "sync_file", "StoredFile", "file_size", "arrow_filesystem",
+]  # fmt: skip
 
 _T = TypeVar("_T")
 # Attempts of one conditional PUT whose outcome was unknown (transport error, 5xx).
@@ -101,13 +78,7 @@ def local_path(uri: str) -> str:
 
 def join_uri(base: str, *parts: str) -> str:
     """Join URI segments with '/' regardless of the platform."""
-    out = base.rstrip("/")
-    for part in parts:
-        out = f"{out}/{part.strip('/')}"
-    return out
-
-
-# -- reading and listing -------------------------------------------------------
+    return "/".join([base.rstrip("/"), *(part.strip("/") for part in parts)])
 
 
 def exists(uri: str) -> bool:
@@ -139,17 +110,8 @@ def list_dir(uri: str) -> list[str]:
             return sorted(os.listdir(local_path(uri)))
         except FileNotFoundError:
             return []
-    bucket, key = _s3_location(uri)
-    prefix = f"{key}/" if key else ""
-    names: set[str] = set()
-
-    def pages(client: Any) -> None:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
-            names.update(item["Key"][len(prefix) :] for item in page.get("Contents", []))
-            names.update(item["Prefix"][len(prefix) :].rstrip("/") for item in page.get("CommonPrefixes", []))
-
-    _s3_call(uri, "list", pages)
-    return sorted(name for name in names if name)
+    found, directories = _s3_list(uri, one_level=True)
+    return sorted(({item["Key"] for item in found} | set(directories)) - {""})
 
 
 @dataclass(frozen=True)
@@ -162,8 +124,12 @@ class StoredFile:
 
     @property
     def modified_at(self) -> float:
-        """The modification time in seconds."""
         return self.modified_ns / 1e9
+
+    @classmethod
+    def of_s3(cls, item: dict[str, Any]) -> "StoredFile":
+        """An entry of :func:`_s3_list`."""
+        return cls(item["Key"], int(item["Size"]), int(item["LastModified"].timestamp()) * 10**9)
 
 
 def list_files(uri: str) -> list[StoredFile]:
@@ -181,20 +147,9 @@ def list_files(uri: str) -> list[StoredFile]:
                     found.append(StoredFile(entry.name, stat.st_size, stat.st_mtime_ns))
             except FileNotFoundError:  # removed meanwhile
                 continue
-        return sorted(found, key=lambda f: f.path)
-    bucket, key = _s3_location(uri)
-    prefix = f"{key}/" if key else ""
-
-    def listing(client: Any) -> list[StoredFile]:
-        found = []
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
-            for item in page.get("Contents", []):
-                name = item["Key"][len(prefix) :]
-                if name:
-                    found.append(StoredFile(name, int(item["Size"]), int(item["LastModified"].timestamp()) * 10**9))
-        return found
-
-    return sorted(_s3_call(uri, "list", listing), key=lambda f: f.path)
+    else:
+        found = [StoredFile.of_s3(item) for item in _s3_list(uri, one_level=True)[0] if item["Key"]]
+    return sorted(found, key=lambda f: f.path)
 
 
 def open_input(uri: str) -> BinaryIO:
@@ -221,20 +176,9 @@ def walk(uri: str) -> Iterator[StoredFile]:
                     continue
                 yield StoredFile(os.path.relpath(full, root).replace(os.sep, "/"), stat.st_size, stat.st_mtime_ns)
         return
-    bucket, key = _s3_location(uri)
-    prefix = f"{key}/" if key else ""
-
-    def listing(client: Any) -> list[StoredFile]:
-        found = []
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for item in page.get("Contents", []):
-                if item["Key"].endswith("/"):
-                    continue  # a directory marker some S3 clients write, not a file
-                modified_ns = int(item["LastModified"].timestamp()) * 10**9
-                found.append(StoredFile(item["Key"][len(prefix) :], int(item["Size"]), modified_ns))
-        return found
-
-    yield from _s3_call(uri, "list", listing)
+    for item in _s3_list(uri, one_level=False)[0]:
+        if item["Key"] and not item["Key"].endswith("/"):  # not a directory marker some S3 clients write
+            yield StoredFile.of_s3(item)
 
 
 def prune_empty_dirs(uri: str) -> None:
@@ -243,10 +187,8 @@ def prune_empty_dirs(uri: str) -> None:
         return
     root = local_path(uri)
     for directory, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
-        try:
+        with contextlib.suppress(OSError):
             os.rmdir(directory)  # only succeeds when empty
-        except OSError:
-            pass
 
 
 def sync_file(uri: str) -> None:
@@ -299,38 +241,26 @@ def read_json(uri: str) -> Any | None:
         raise StorageError(f"cannot read {uri}: {exc}") from exc
 
 
-# -- conditional writes --------------------------------------------------------
-
-
 def put_if_absent(uri: str, data: bytes) -> bool:
-    """Atomically create ``uri`` with ``data`` unless it already exists.
+    """Atomically create ``uri`` with ``data`` unless it exists: True when this call created it, False when another writer did.
 
-    Returns True when this call created the object, False when another writer
-    got there first. Locally the content is fully durable before it becomes
-    visible: written and fsynced under a unique temporary name, then
-    hard-linked to its final name, which fails if the name is taken. On S3:
-    a PUT with ``If-None-Match: *``.
+    Locally the content is durable before it is visible: written and fsynced
+    under a temporary name, then hard-linked to its name (which fails if the
+    name is taken). On S3: a PUT with ``If-None-Match: *``.
     """
     if not is_local(uri):
-        bucket, key = _s3_location(uri)
-        return _s3_conditional_put(uri, bucket, key, data, {"IfNoneMatch": "*"}) is not None
+        return _s3_conditional_put(uri, data, {"IfNoneMatch": "*"}) is not None
     path = local_path(uri)
     directory = os.path.dirname(path)
     try:
         os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
         try:
-            _write_synced(tmp, data)
-            os.link(tmp, path)
-            created = True
+            with _synced_copy(directory, data) as tmp:
+                os.link(tmp, path)
         except FileExistsError:
-            created = False
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        if created:
-            _fsync_dir(directory)
-        return created
+            return False
+        _fsync_dir(directory)
+        return True
     except OSError as exc:
         raise StorageError(f"cannot write {uri}: {_describe(exc)}") from exc
 
@@ -338,16 +268,14 @@ def put_if_absent(uri: str, data: bytes) -> bool:
 def compare_and_swap(uri: str, data: bytes, version: str) -> str | None:
     """Replace the object at ``uri`` with ``data`` if it is still at ``version`` (from :func:`read_versioned`).
 
-    Returns the new version, or None when another writer replaced or
-    removed it since. On S3: a PUT with ``If-Match: <ETag>``. A version
-    returned is always this call's write, applied once on top of
-    ``version``; None is conservative: after a lost acknowledgement, this
-    call's write may have landed and been replaced already, which callers
-    (the lease) treat as having lost.
+    Returns the new version, or None when another writer replaced or removed
+    it since. On S3: a PUT with ``If-Match: <ETag>``. A version returned is
+    always this call's write, applied once on ``version``; None is
+    conservative: after a lost acknowledgement this call's write may have
+    landed and been replaced, which callers (the lease) treat as lost.
     """
     if not is_local(uri):
-        bucket, key = _s3_location(uri)
-        return _s3_conditional_put(uri, bucket, key, data, {"IfMatch": version})
+        return _s3_conditional_put(uri, data, {"IfMatch": version})
     path = local_path(uri)
     directory, name = os.path.split(path)
     if not os.path.exists(path):
@@ -363,13 +291,8 @@ def compare_and_swap(uri: str, data: bytes, version: str) -> str | None:
                 return None
             if current != version:
                 return None
-            tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
-            try:
-                _write_synced(tmp, data)
+            with _synced_copy(directory, data) as tmp:
                 os.replace(tmp, path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
             _fsync_dir(directory)
             return _local_version(os.stat(path))
     except OSError as exc:
@@ -378,9 +301,6 @@ def compare_and_swap(uri: str, data: bytes, version: str) -> str | None:
 
 def write_json_if_absent(uri: str, document: Any) -> bool:
     return put_if_absent(uri, json.dumps(document, sort_keys=True, indent=1).encode())
-
-
-# -- deleting ------------------------------------------------------------------
 
 
 def remove_document(uri: str) -> None:
@@ -403,18 +323,13 @@ def remove_tree(uri: str) -> None:
         shutil.rmtree(local_path(uri), ignore_errors=True)
         return
     bucket, key = _s3_location(uri)
-    prefix = f"{key}/" if key else ""
+    keys = [{"Key": f"{key}/{item['Key']}" if key else item["Key"]} for item in _s3_list(uri, one_level=False)[0]]
 
-    def delete_all(client: Any) -> None:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
-            if keys:
-                client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+    def delete(client: Any) -> None:
+        for start in range(0, len(keys), 1000):  # at most 1000 keys a request
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys[start : start + 1000], "Quiet": True})
 
-    _s3_call(uri, "delete", delete_all)
-
-
-_ARROW_ATTEMPTS = 10
+    _s3_call(uri, "delete", delete)
 
 
 def arrow_filesystem(uri: str) -> "tuple[Any, str]":
@@ -430,7 +345,7 @@ def arrow_filesystem(uri: str) -> "tuple[Any, str]":
         # Executors' reads and writes are idempotent (whole objects under unique
         # names), so transient errors are retried here, with backoff; bounded
         # timeouts turn a stalled connection into one of them.
-        "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=_ARROW_ATTEMPTS),
+        "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=10),
         "connect_timeout": 10,
         "request_timeout": 60,
         # A file written whole under a new name needs no multipart upload until
@@ -443,14 +358,19 @@ def arrow_filesystem(uri: str) -> "tuple[Any, str]":
     return fs.S3FileSystem(**options), f"{bucket}/{key}".rstrip("/")
 
 
-# -- local helpers -------------------------------------------------------------
-
-
-def _write_synced(path: str, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+@contextlib.contextmanager
+def _synced_copy(directory: str, data: bytes) -> Iterator[str]:
+    """``data`` written and fsynced under a unique temporary name in ``directory``, removed after the block."""
+    tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        yield tmp
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def _local_version(stat: os.stat_result) -> str:
@@ -485,15 +405,8 @@ def _s3_region() -> str:
 
 def _s3_client() -> Any:
     """A boto3 S3 client for the current AWS environment; one per distinct environment, shared by threads."""
-    names = (
-        "AWS_ENDPOINT_URL",
-        "AWS_ENDPOINT_URL_S3",
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-    )
-    key = (*(os.environ.get(name) for name in names), _s3_region())
+    names = ("ENDPOINT_URL", "ENDPOINT_URL_S3", "ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "SESSION_TOKEN", "PROFILE")
+    key = (*(os.environ.get(f"AWS_{name}") for name in names), _s3_region())
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
@@ -515,6 +428,23 @@ def _s3_client() -> Any:
             client = boto3.session.Session().client("s3", config=config)
             _clients[key] = client
     return client
+
+
+def _s3_list(uri: str, *, one_level: bool) -> tuple[list[dict[str, Any]], list[str]]:
+    """The objects under the prefix ``uri`` (``Key`` relative to it) and, ``one_level``, the prefixes right under it."""
+    bucket, key = _s3_location(uri)
+    prefix = f"{key}/" if key else ""
+
+    def listing(client: Any) -> tuple[list[dict[str, Any]], list[str]]:
+        found: list[dict[str, Any]] = []
+        directories: list[str] = []
+        delimiter = {"Delimiter": "/"} if one_level else {}
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, **delimiter):
+            found += [{**item, "Key": item["Key"][len(prefix) :]} for item in page.get("Contents", [])]
+            directories += [item["Prefix"][len(prefix) :].rstrip("/") for item in page.get("CommonPrefixes", [])]
+        return found, directories
+
+    return _s3_call(uri, "list", listing)
 
 
 def _s3_head(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
@@ -570,7 +500,7 @@ def _s3_call(uri: str, action: str, call: Callable[[Any], _T]) -> _T:
     raise AssertionError("unreachable")
 
 
-def _s3_conditional_put(uri: str, bucket: str, key: str, data: bytes, condition: dict[str, str]) -> str | None:
+def _s3_conditional_put(uri: str, data: bytes, condition: dict[str, str]) -> str | None:
     """A PUT under ``condition``: the new ETag when it took effect, None when another writer won.
 
     1. PUT with the condition. 412 means another writer won: None (also
@@ -583,6 +513,7 @@ def _s3_conditional_put(uri: str, bucket: str, key: str, data: bytes, condition:
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
+    bucket, key = _s3_location(uri)
     uncertain = False
     for attempt in range(_CONDITIONAL_ATTEMPTS):
         try:

@@ -6,7 +6,9 @@ import argparse
 import dataclasses
 import json
 import os
+import socket
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 from barrierflow.airflow.dags.environment import repo_root
@@ -34,7 +36,6 @@ from barrierflow.plan.pipeline import STATE_BACKENDS
 from barrierflow.plan.registry import get_pipeline, pipeline_names
 from barrierflow.storage import objects
 from barrierflow.storage.layout import PipelineLayout
-from barrierflow.storage.objects import exists, join_uri, list_dir, read_json
 from barrierflow.tools.devserver.environment import STACK_FILE
 
 __all__ = ["main", "build_parser"]
@@ -51,28 +52,26 @@ def _pipeline_name(ref: str) -> str:
 
     A plain name is not loaded, so a pipeline whose code is gone can still be inspected.
     """
-    if ":" not in ref:
-        return ref
-
-    return get_pipeline(ref).name
+    return get_pipeline(ref).name if ":" in ref else ref
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _params(args: argparse.Namespace, definition: Any) -> dict[str, Any]:
+    """Given parameters over those the pipeline's last epoch ran with."""
+    return {**recorded_params(definition.name, _warehouse(args)), **parse_assignments(args.param)}
+
+
+def _pipeline_command(sub: Any, name: str, help: str, json: str = "", **kw: Any) -> argparse.ArgumentParser:
+    """A command about one pipeline: its name, --warehouse, and --json when ``json`` says what it prints."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help, **kw)
     p.add_argument("pipeline", help="pipeline name (e.g. sensor_stats) or package.module:attribute")
-    p.add_argument(
-        "--warehouse",
-        help=f"warehouse directory or URI (default: ${WAREHOUSE_ENV} or ./warehouse)",
-    )
+    p.add_argument("--warehouse", help=f"warehouse directory or URI (default: ${WAREHOUSE_ENV} or ./warehouse)")
+    if json:
+        p.add_argument("--json", action="store_true", help=json)
+    return p
 
 
-def _add_param(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--param",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="pipeline parameter (repeatable; default: the parameters of the last epoch)",
-    )
+def _add_param(p: argparse.ArgumentParser, help: str = "pipeline parameter (repeatable; default: the last epoch's)") -> None:
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help=help)
 
 
 def _add_engine(p: argparse.ArgumentParser) -> None:
@@ -87,25 +86,33 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _params(args: argparse.Namespace, definition: Any) -> dict[str, Any]:
-    """Given parameters over those the pipeline's last epoch ran with."""
-
-    return {**recorded_params(definition.name, _warehouse(args)), **parse_assignments(args.param)}
+def _add_restore_point(p: argparse.ArgumentParser, release_hold: bool = False) -> None:
+    """Where a new lineage starts (--savepoint or --epoch) and how."""
+    point = p.add_mutually_exclusive_group(required=True)
+    point.add_argument("--savepoint", metavar="NAME|PATH", help="a savepoint name, or the path of a savepoint directory")
+    point.add_argument("--epoch", type=int, metavar="N", help="a retained completed epoch of the current lineage")
+    if release_hold:
+        point.add_argument(
+            "--release-hold", action="store_true", help="release the hold of a reprocessing command that died, and exit"
+        )
+    p.add_argument(
+        "--allow-non-restored-state",
+        action="store_true",
+        help="restore even if state would be dropped or start empty (operators removed, added or changed)",
+    )
+    p.add_argument("--parallelism", type=int, metavar="N", help="parallelism of the new lineage's epochs")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="barrierflow",
-        description=(
-            "Exactly-once, checkpointed, stateful stream processing as barrier-delimited epochs: "
-            "PySpark computes each epoch, Delta Lake tables hold state and output, committed in two phases."
-        ),
+        description="Exactly-once, checkpointed, stateful stream processing as barrier-delimited epochs: "
+        "PySpark computes each epoch, Delta Lake tables hold state and output, committed in two phases.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="recover, then run epochs (safe to re-run after any crash)")
-    _add_common(run)
-    run.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter (repeatable)")
+    run = _pipeline_command(sub, "run", "recover, then run epochs (safe to re-run after any crash)")
+    _add_param(run, "pipeline parameter (repeatable)")
     group = run.add_mutually_exclusive_group(required=True)
     group.add_argument("--epochs", type=int, metavar="N", help="run at most N epochs")
     group.add_argument("--until-caught-up", action="store_true", help="run epochs until no source has new input")
@@ -125,24 +132,17 @@ def build_parser() -> argparse.ArgumentParser:
         "heap (running aggregates merged on the driver, state resident there); see README",
     )
 
-    status = sub.add_parser("status", help="last completed epoch, pending work, lineage, table versions")
-    _add_common(status)
-    status.add_argument("--json", action="store_true", help="print JSON")
+    _pipeline_command(sub, "status", "last completed epoch, pending work, lineage, table versions", json="print JSON")
+    _pipeline_command(sub, "checkpoints", "the checkpoint log: one line per epoch", json="print a JSON array")
 
-    checkpoints = sub.add_parser("checkpoints", help="the checkpoint log: one line per epoch")
-    _add_common(checkpoints)
-    checkpoints.add_argument("--json", action="store_true", help="print a JSON array")
-
-    query = sub.add_parser(
+    query = _pipeline_command(
+        sub,
         "query",
-        help="SQL over sinks, dead_letter and state tables as of a completed epoch",
-        description=(
-            "Tables: every sink by its name, dead_letter, every state table as <operator_id>__<state> "
-            "(current value per key; raw incremental rows in <operator_id>__<state>__changelog), "
-            "and checkpoints. All tables are read as of the same completed epoch."
-        ),
+        "SQL over sinks, dead_letter and state tables as of a completed epoch",
+        description="Tables: every sink by its name, dead_letter, every state table as <operator_id>__<state> "
+        "(current value per key; raw incremental rows in <operator_id>__<state>__changelog), and checkpoints, "
+        "all read as of the same completed epoch.",
     )
-    _add_common(query)
     query.add_argument("sql", help="the SQL statement")
     query.add_argument("--as-of-epoch", type=int, metavar="N", help="read every table as of completed epoch N")
     query.add_argument("--format", choices=("table", "json", "csv"), default="table")
@@ -150,76 +150,49 @@ def build_parser() -> argparse.ArgumentParser:
     savepoint = sub.add_parser(
         "savepoint",
         help="create, list, restore or dispose of savepoints",
-        description=(
-            "A savepoint is a self-contained copy of a pipeline's state at its last completed epoch "
-            "(compacted state, source offsets, watermark, operator ids and state schemas) under "
-            "<warehouse>/_savepoints/<pipeline>/<name>. It survives vacuum and can be copied to another "
-            "warehouse. Restoring starts a new lineage from a savepoint or a retained completed epoch."
-        ),
+        description="A savepoint is a self-contained copy of a pipeline's state at its last completed epoch "
+        "(compacted state, source offsets, watermark, operator ids and state schemas) under "
+        "<warehouse>/_savepoints/<pipeline>/<name>. It survives vacuum and can be copied to another "
+        "warehouse. Restoring starts a new lineage from a savepoint or a retained completed epoch.",
     )
     sp_sub = savepoint.add_subparsers(dest="action", required=True, metavar="ACTION")
-    sp_create = sp_sub.add_parser("create", help="take a savepoint at the last completed epoch")
-    _add_common(sp_create)
+    sp_create = _pipeline_command(sp_sub, "create", "take a savepoint at the last completed epoch")
     sp_create.add_argument("--name", help="savepoint name (default: sp-<UTC time>-<random>)")
     sp_create.add_argument("--description", default="", help="free text kept with the savepoint")
     sp_create.add_argument("--stop", action="store_true", help="stop with savepoint: no epoch runs until a restore")
     _add_param(sp_create)
-    sp_list = sp_sub.add_parser("list", help="list the pipeline's savepoints")
-    _add_common(sp_list)
-    sp_list.add_argument("--json", action="store_true", help="print a JSON array")
-    sp_restore = sp_sub.add_parser("restore", help="start a new lineage from a savepoint or a retained completed epoch")
-    _add_common(sp_restore)
-    point = sp_restore.add_mutually_exclusive_group(required=True)
-    point.add_argument("--savepoint", metavar="NAME|PATH", help="a savepoint name, or the path of a savepoint directory")
-    point.add_argument("--epoch", type=int, metavar="N", help="a retained completed epoch of the current lineage")
-    sp_restore.add_argument(
-        "--allow-non-restored-state",
-        action="store_true",
-        help="restore even if state would be dropped or start empty (operators removed, added or changed)",
-    )
+    _pipeline_command(sp_sub, "list", "list the pipeline's savepoints", json="print a JSON array")
+    sp_restore = _pipeline_command(sp_sub, "restore", "start a new lineage from a savepoint or a retained completed epoch")
+    _add_restore_point(sp_restore)
     sp_restore.add_argument(
         "--rewind-sinks", action="store_true", help="remove sink rows written after the restore point (exactly-once replay)"
     )
-    sp_restore.add_argument("--parallelism", type=int, metavar="N", help="parallelism of the new lineage's epochs")
     _add_param(sp_restore)
-    sp_dispose = sp_sub.add_parser("dispose", help="delete a savepoint")
-    _add_common(sp_dispose)
-    sp_dispose.add_argument("name", help="the savepoint's name")
+    _pipeline_command(sp_sub, "dispose", "delete a savepoint").add_argument("name", help="the savepoint's name")
 
-    reprocess = sub.add_parser(
+    rp = _pipeline_command(
+        sub,
         "reprocess",
-        help="restore, then replay every data interval after the restore point in order",
-        description=(
-            "Restores a savepoint or a retained epoch (sinks rewound unless --keep-sinks), then replays the "
-            "input that arrived after the restore point's arrival cut-off, one epoch per data interval of "
-            "--schedule that holds input, up to the last interval that has ended. The pipeline is held "
-            "meanwhile: the DAG's scheduled runs plan nothing until the replay is done. Prints the plan "
-            "first (--plan-only stops there) and what was replayed."
-        ),
+        "restore, then replay every data interval after the restore point in order",
+        description="Restores a savepoint or a retained epoch (sinks rewound unless --keep-sinks), then replays the input "
+        "that arrived after the restore point's arrival cut-off, one epoch per data interval of --schedule that holds input, "
+        "up to the last interval that has ended. The pipeline is held meanwhile: the DAG's scheduled runs plan nothing "
+        "until the replay is done. Prints the plan first (--plan-only stops there) and what was replayed.",
     )
-    _add_common(reprocess)
-    rp_point = reprocess.add_mutually_exclusive_group(required=True)
-    rp_point.add_argument("--savepoint", metavar="NAME|PATH", help="a savepoint name, or the path of a savepoint directory")
-    rp_point.add_argument("--epoch", type=int, metavar="N", help="a retained completed epoch of the current lineage")
-    rp_point.add_argument(
-        "--release-hold", action="store_true", help="release the hold of a reprocessing command that died, and exit"
-    )
-    reprocess.add_argument(
+    _add_restore_point(rp, release_hold=True)
+    rp.add_argument(
         "--schedule",
         default=os.environ.get("BARRIERFLOW_SCHEDULE", "* * * * *"),
         help="cron of the data intervals (default $BARRIERFLOW_SCHEDULE or every minute, as the DAGs)",
     )
-    reprocess.add_argument("--plan-only", action="store_true", help="print the epochs a replay would produce; change nothing")
-    reprocess.add_argument("--keep-sinks", action="store_true", help="do not rewind the sinks (they are rewound by default)")
-    reprocess.add_argument("--allow-non-restored-state", action="store_true", help="as for savepoint restore")
-    reprocess.add_argument("--parallelism", type=int, metavar="N", help="parallelism of the new lineage's epochs")
-    _add_engine(reprocess)
-    _add_param(reprocess)
+    rp.add_argument("--plan-only", action="store_true", help="print the epochs a replay would produce; change nothing")
+    rp.add_argument("--keep-sinks", action="store_true", help="do not rewind the sinks (they are rewound by default)")
+    _add_engine(rp)
+    _add_param(rp)
 
-    maintenance = sub.add_parser(
-        "maintenance", help="compact state, expire old checkpoints, vacuum (savepoints are never touched)"
+    maintenance = _pipeline_command(
+        sub, "maintenance", "compact state, expire old checkpoints, vacuum (savepoints are never touched)"
     )
-    _add_common(maintenance)
     maintenance.add_argument(
         "--retained-checkpoints", type=int, default=10, metavar="N", help="completed checkpoints to keep (default 10)"
     )
@@ -284,7 +257,6 @@ def _select_engine(args: argparse.Namespace) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-
     if args.epochs is not None and args.epochs < 1:
         raise ParameterError("--epochs must be >= 1")
     _select_engine(args)
@@ -314,8 +286,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_reprocess(args: argparse.Namespace) -> int:
-    import socket
-
     definition = get_pipeline(args.pipeline)
     warehouse = _warehouse(args)
     params = _params(args, definition)
@@ -330,8 +300,7 @@ def _cmd_reprocess(args: argparse.Namespace) -> int:
         return 0
     point = dict(savepoint=args.savepoint, epoch=args.epoch)
     if args.plan_only:
-        plan = plan_reprocess(definition, warehouse, schedule=args.schedule, params=params, **point)
-        print("\n".join(plan.describe()))
+        print("\n".join(plan_reprocess(definition, warehouse, schedule=args.schedule, params=params, **point).describe()))
         return 0
     _select_engine(args)
     result = reprocess(
@@ -351,8 +320,6 @@ def _cmd_reprocess(args: argparse.Namespace) -> int:
 
 
 def _cmd_airflow(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     home = Path(args.home) if args.home else repo_root() / ".airflow"
     stack = home / STACK_FILE
     try:
@@ -368,7 +335,6 @@ def _cmd_airflow(args: argparse.Namespace) -> int:
 
 
 def _cmd_engine(args: argparse.Namespace) -> int:
-
     warm_up = default_warm_up_epochs(args.master) if args.warm_up_epochs is None else args.warm_up_epochs
     if warm_up < 0:
         raise ConfigurationError(f"--warm-up-epochs is {warm_up}: give 0 (no warm-up) or more")
@@ -377,19 +343,26 @@ def _cmd_engine(args: argparse.Namespace) -> int:
     )
 
 
-def _cmd_status(args: argparse.Namespace) -> int:
-
+def _ran(args: argparse.Namespace) -> PipelineLayout:
+    """The layout of the pipeline ``args`` names, which must have run in the warehouse."""
     layout = PipelineLayout.of(_warehouse(args), _pipeline_name(args.pipeline))
-    if not exists(layout.pipeline_meta):
+    if not objects.exists(layout.pipeline_meta):
         raise BarrierflowError(f"pipeline {args.pipeline!r} has never run in warehouse {layout.warehouse}")
-    meta = read_json(layout.pipeline_meta) or {}
-    lineages = [n for n in list_dir(layout.lineages) if n.endswith(".json")]
-    lineage = (read_json(join_uri(layout.lineages, lineages[-1])) or {}) if lineages else {}
+    return layout
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    layout = _ran(args)
+    meta = objects.read_json(layout.pipeline_meta) or {}
+    lineages = [n for n in objects.list_dir(layout.lineages) if n.endswith(".json")]
+    lineage = (objects.read_json(objects.join_uri(layout.lineages, lineages[-1])) or {}) if lineages else {}
     records = CheckpointLog(layout).lineage_records(lineage.get("lineage_id", ""))
     last = CheckpointLog.last_completed(records)
-    pending_epochs = {
-        epoch: r.status.value for (_, epoch), r in CheckpointLog.current_status(records).items() if not last or epoch > last.epoch
-    }
+    pending = sorted(
+        (epoch, r.status.value)
+        for (_, epoch), r in CheckpointLog.current_status(records).items()
+        if not last or epoch > last.epoch
+    )
     doc: dict[str, Any] = {
         "pipeline": args.pipeline,
         "warehouse": layout.warehouse,
@@ -398,7 +371,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         "last_completed_epoch": last.epoch if last else None,
         "watermark": iso_us(last.watermark_us) if last else None,
         "offsets": last.offsets_json() if last else {},
-        "pending": [{"epoch": e, "status": s} for e, s in sorted(pending_epochs.items())],
+        "pending": [{"epoch": e, "status": s} for e, s in pending],
         "tables": last.versions() if last else {},
         "blocked": blocked_state(layout.warehouse, layout.pipeline),
         "backlog": backlog_report(layout.warehouse, layout.pipeline),
@@ -410,10 +383,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     print(f"lineage:              {doc['lineage_id']}")
     print(f"last completed epoch: {doc['last_completed_epoch']}")
     print(f"watermark:            {doc['watermark']}")
-    pending_text = ", ".join(f"{p['epoch']} {p['status']}" for p in doc["pending"]) or "none"
-    print(f"pending:              {pending_text}")
-    if doc["blocked"]:
-        blocked = doc["blocked"]
+    print(f"pending:              {', '.join(f'{e} {s}' for e, s in pending) or 'none'}")
+    if blocked := doc["blocked"]:
         print(f"blocked:              epoch {blocked.get('epoch')} ({blocked.get('step')}) since {blocked.get('since')}")
         print(f"  {blocked.get('message')}")
     backlog = doc["backlog"]
@@ -428,12 +399,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_checkpoints(args: argparse.Namespace) -> int:
+def _cutoff(ms: int | None) -> str:
+    """An arrival cut-off for people: ISO UTC, or "-" when the epoch took everything that had arrived."""
+    return iso_us(ms * 1000) if ms is not None else "-"
 
-    layout = PipelineLayout.of(_warehouse(args), _pipeline_name(args.pipeline))
-    if not exists(layout.pipeline_meta):
-        raise BarrierflowError(f"pipeline {args.pipeline!r} has never run in warehouse {layout.warehouse}")
-    latest = CheckpointLog.current_status(CheckpointLog(layout).records())
+
+def _cmd_checkpoints(args: argparse.Namespace) -> int:
+    latest = CheckpointLog.current_status(CheckpointLog(_ran(args)).records())
     rows = [
         {
             "epoch": r.epoch,
@@ -473,45 +445,29 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cutoff(ms: int | None) -> str:
-    """An arrival cut-off for people: ISO UTC, or "-" when the epoch took everything that had arrived."""
-
-    return iso_us(ms * 1000) if ms is not None else "-"
-
-
 def _cmd_query(args: argparse.Namespace) -> int:
-
-    table = run_query(_warehouse(args), args.pipeline, args.sql, args.as_of_epoch)
-    print(format_rows(table, args.format))
+    print(format_rows(run_query(_warehouse(args), args.pipeline, args.sql, args.as_of_epoch), args.format))
     return 0
 
 
 def _cmd_pipelines(args: argparse.Namespace) -> int:
-
     for name in pipeline_names():
-        definition = get_pipeline(name)
         print(name)
-        for p in definition.params:
+        for p in get_pipeline(name).params:
             default = "required" if p.required else f"default {p.default!r}"
             print(f"  --param {p.name}=<{p.json_type}>  ({default}) {p.description}")
     return 0
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-
     if args.files < 1 or args.records_per_file < 1 or args.start_index < 0:
         raise ParameterError("--files and --records-per-file must be >= 1, --start-index >= 0")
     landing = objects.normalize_uri(args.landing_dir)  # a local path, file:// or s3://; anything else is refused
     n_files = args.start_index + args.files
     if args.pipeline == "orders_payments":
-        orders = OrderStreamSpec(n_files=n_files, orders_per_file=args.records_per_file, seed=args.seed)
-        files = order_files(orders, args.start_index, args.files)
+        files = order_files(OrderStreamSpec(n_files, args.records_per_file, args.seed), args.start_index, args.files)
     else:
-        files = sensor_files(
-            SensorStreamSpec(n_files=n_files, records_per_file=args.records_per_file, seed=args.seed),
-            args.start_index,
-            args.files,
-        )
+        files = sensor_files(SensorStreamSpec(n_files, args.records_per_file, seed=args.seed), args.start_index, args.files)
     # Each file lands whole under its final name with put-if-absent, on either store: readers never see part of
     # a file, and a file that already landed is never changed.
     names = []
@@ -528,7 +484,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_savepoint(args: argparse.Namespace) -> int:
-
     warehouse = _warehouse(args)
     if args.action == "list":
         savepoints = list_savepoints(_pipeline_name(args.pipeline), warehouse)
@@ -556,7 +511,6 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
         if m.stopped:
             print(f"{m.pipeline} is stopped: no epoch runs until it is restored")
         return 0
-
     if args.parallelism is not None and args.parallelism < 1:
         raise ParameterError("--parallelism must be >= 1")
     result = restore(
@@ -584,7 +538,6 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
 
 
 def _cmd_maintenance(args: argparse.Namespace) -> int:
-
     definition = get_pipeline(args.pipeline)
     report = run_maintenance(
         definition,

@@ -7,7 +7,7 @@ conditional write atomically, and the checkpoint protocol depends on it
 (first barrier wins, one lease holder). This server therefore runs moto's
 application one request at a time. A request's body (chunked or not) is
 read before it waits for its turn, and its answer is written after, so a
-slow or stalled client holds nobody up. Run it as ``python -m barrierflow.tools.local_s3 --port 9000``.
+slow or stalled client holds nobody up.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def serialized(app: WsgiApp) -> WsgiApp:
 
 
 def serve(host: str, port: int, *, access_log: bool = False) -> None:
-    """Serve moto's S3 (and its other services) on ``host:port`` until interrupted; ``access_log``: a line per request on stderr."""
+    """Serve moto's S3 (and its other services) on ``host:port`` until interrupted; ``access_log``: a line per request."""
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
         MotoRequestHandler,

@@ -1,22 +1,21 @@
 """The embedded Airflow metadata database of ``make run``: a PostgreSQL server on loopback.
 
-Airflow's scheduler, API server, triggerer, DAG processor, task processes and
-the ``airflow`` CLI all write the metadata database at once. SQLite locks the
-whole file per writer and answers ``database is locked`` when a writer waits
-too long (or at once, in WAL mode, when a reader's snapshot went stale), so
-``make run`` keeps its metadata in Debian's PostgreSQL instead: ``initdb``
-into ``<AIRFLOW_HOME>/postgres`` the first time, then ``postgres`` on
-127.0.0.1 on its own port, as a child of ``make run`` that stops with it.
+Airflow's scheduler, API server, triggerer, DAG processor, task processes and the ``airflow``
+CLI all write the metadata database at once. SQLite locks the whole file per writer and answers
+``database is locked`` when a writer waits too long (or at once, in WAL mode, when a reader's
+snapshot went stale), so ``make run`` keeps its metadata in Debian's PostgreSQL: ``initdb`` into
+``<AIRFLOW_HOME>/postgres`` the first time, then ``postgres`` on 127.0.0.1 on its own port, as a
+child of ``make run`` that stops with it.
 
-PostgreSQL refuses to run as root: started by root, the server and its data
-directory belong to the ``postgres`` system user that Debian's package
-creates (and the directories above the data directory get the
-search-only permission that user needs to reach it). Connections are trusted, which is safe only because the server
-listens on loopback alone and its socket directory is private.
+PostgreSQL refuses to run as root: started by root, the server and its data directory belong to
+the ``postgres`` system user of Debian's package (and the directories above the data directory
+get the search-only permission that user needs to reach it). Connections are trusted, which is
+safe only because the server listens on loopback alone and its socket directory is private.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import shutil
@@ -24,6 +23,7 @@ import signal
 import socket
 import stat
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,14 +32,14 @@ from typing import IO, Callable
 from barrierflow.core.errors import ConfigurationError
 from barrierflow.execution.process_group import stop_group
 
-__all__ = ["EmbeddedPostgres", "postgres_bin_dir", "DATABASE", "ROLE"]
+__all__ = ["EmbeddedPostgres", "DATABASE", "ROLE"]
 
 DATABASE = "airflow"
 ROLE = "airflow"
 _HOST = "127.0.0.1"
 
 
-def postgres_bin_dir() -> Path:
+def _bin_dir() -> Path:
     """Where Debian's PostgreSQL server programs are (the newest installed major version)."""
     root = Path("/usr/lib/postgresql")
     versions = sorted((p for p in root.glob("*/bin") if (p / "postgres").exists()), key=lambda p: int(p.parent.name))
@@ -72,9 +72,6 @@ class EmbeddedPostgres:
         if len(f"{beside}/.s.PGSQL.{self.port}") <= 100:
             return beside
         # A Unix socket path is limited to 107 bytes: a deep data directory gets a short private one.
-        import hashlib
-        import tempfile
-
         digest = hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:16]
         return Path(tempfile.gettempdir()) / f"barrierflow-pg-{digest}"
 
@@ -106,57 +103,27 @@ class EmbeddedPostgres:
             if not mode & stat.S_IXOTH:
                 os.chmod(parent, mode | stat.S_IXOTH)
 
-    def initialized(self) -> bool:
-        return (self.data_dir / "PG_VERSION").exists()
-
     def init(self) -> None:
-        """``initdb`` with a trusted loopback role ``airflow`` and its database (once)."""
-        if self.initialized():
+        """``initdb`` with a trusted loopback role ``airflow`` (once)."""
+        if (self.data_dir / "PG_VERSION").exists():
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._own(self.data_dir)
-        bin_dir = postgres_bin_dir()
-        subprocess.run(
-            [
-                str(bin_dir / "initdb"),
-                "-D",
-                str(self.data_dir),
-                "-U",
-                ROLE,
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                "--no-instructions",
-            ],
-            check=True,
-            capture_output=True,
-            preexec_fn=self._run_as(),
-            cwd="/",
-        )
+        options = ["-U", ROLE, "--auth=trust", "-E", "UTF8", "--locale=C", "--no-instructions"]
+        initdb = [str(_bin_dir() / "initdb"), "-D", str(self.data_dir), *options]
+        subprocess.run(initdb, check=True, capture_output=True, preexec_fn=self._run_as(), cwd="/")
 
     def start(self, log: IO[bytes] | int | None = None, wait_s: float = 60.0) -> "EmbeddedPostgres":
         """Start the server (initializing it first) and create the database; returns once it accepts connections."""
         self.init()
         self._socket_dir.mkdir(mode=0o700, exist_ok=True)
         self._own(self._socket_dir)
-        bin_dir = postgres_bin_dir()
+        bin_dir = _bin_dir()
+        command = [str(bin_dir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port), "-k", str(self._socket_dir)]
+        for setting in (f"listen_addresses={_HOST}", "max_connections=200", "fsync=on"):
+            command += ["-c", setting]
         self.proc = subprocess.Popen(
-            [
-                str(bin_dir / "postgres"),
-                "-D",
-                str(self.data_dir),
-                "-p",
-                str(self.port),
-                "-k",
-                str(self._socket_dir),
-                "-c",
-                f"listen_addresses={_HOST}",
-                "-c",
-                "max_connections=200",
-                "-c",
-                "fsync=on",
-            ],
+            command,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

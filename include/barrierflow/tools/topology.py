@@ -13,15 +13,14 @@ Services, in start order:
 ``api-server``, ``scheduler``, ``dag-processor``, ``triggerer``: Airflow
 ============== ==============================================================
 
-``docker-compose.yaml`` runs each service in its own container as
-``python -m barrierflow.tools.topology serve <service>``; with no Docker engine,
-``python -m barrierflow.tools.topology up`` (and the test of this topology) starts
-the very same commands as child processes. Both share host networking, so
-every address is ``127.0.0.1`` and the settings are identical: ports, the
-state directory and the bucket come from ``BARRIERFLOW_TOPOLOGY_*``
-variables (:meth:`TopologyConfig.from_env`), the warehouse is
-``s3://<bucket>/warehouse``, and the landing directory of ``sensor_stats``
-is ``<home>/landing`` (a volume shared by the containers).
+``docker-compose.yaml`` runs each service in its own container as ``python -m
+barrierflow.tools.topology serve <service>``; with no Docker engine, ``python -m
+barrierflow.tools.topology up`` (and the test of this topology) starts the very same
+commands as child processes. Both share host networking, so every address is
+``127.0.0.1``: ports, the state directory and the bucket come from
+``BARRIERFLOW_TOPOLOGY_*`` variables (:meth:`TopologyConfig.from_env`), the warehouse
+is ``s3://<bucket>/warehouse``, and the landing directory of ``sensor_stats`` is
+``<home>/landing`` (a volume shared by the containers).
 """
 
 from __future__ import annotations
@@ -34,10 +33,11 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
+from barrierflow.airflow.dags.environment import repo_root
 from barrierflow.core.errors import ConfigurationError
 from barrierflow.execution.process_group import stop_group
 from barrierflow.execution.spark import MASTER_ENV
@@ -45,27 +45,26 @@ from barrierflow.tools.devserver.client import ApiClient
 from barrierflow.tools.devserver.environment import (
     DEFAULT_PASSWORD,
     DEFAULT_USER,
+    HOST,
     DevServerConfig,
-    _repo_root,
     devserver_environment,
     port_in_use,
     write_password_file,
 )
 from barrierflow.tools.devserver.processes import AirflowProcesses
 
-if TYPE_CHECKING:
-    from barrierflow.tools.devserver.environment import DevServerConfig
-
 __all__ = ["SERVICES", "TopologyConfig", "service_command", "service_environment", "serve", "running_topology", "main"]
 
-HOST = "127.0.0.1"
 SERVICES = (
     "postgres", "s3", "spark-master", "spark-worker-1", "spark-worker-2", "engine",
     "airflow-init", "api-server", "scheduler", "dag-processor", "triggerer",
 )  # fmt: skip
-_ONE_SHOT = ("airflow-init",)
-_ENV_PREFIX = "BARRIERFLOW_TOPOLOGY_"
+_PORTS = ("postgres_port", "s3_port", "master_port", "master_ui_port", "engine_port", "api_port")
 _CREDENTIALS = {"AWS_ACCESS_KEY_ID": "barrierflow", "AWS_SECRET_ACCESS_KEY": "barrierflow", "AWS_REGION": "us-east-1"}
+
+
+def _variable(field: str) -> str:
+    return f"BARRIERFLOW_TOPOLOGY_{field.upper()}"
 
 
 @dataclass(frozen=True)
@@ -82,41 +81,28 @@ class TopologyConfig:
     api_port: int = 8080
     bucket: str = "barrierflow"
     worker_memory: str = "1536m"  # an executor takes Spark's default 1g of it
-    extra_env: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "TopologyConfig":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> TopologyConfig:
         """``BARRIERFLOW_TOPOLOGY_HOME`` (default ``./topology``) and ``BARRIERFLOW_TOPOLOGY_<FIELD>`` for the rest."""
         env = os.environ if environ is None else environ
-        config = cls(home=Path(env.get(f"{_ENV_PREFIX}HOME") or "topology").resolve())
-        values: dict[str, object] = {}
-        for name in ("postgres_port", "s3_port", "master_port", "master_ui_port", "engine_port", "api_port"):
-            raw = env.get(f"{_ENV_PREFIX}{name.upper()}")
-            if raw:
+        values: dict[str, Any] = {}
+        for name in _PORTS:
+            if raw := env.get(_variable(name)):
                 try:
                     values[name] = int(raw)
                 except ValueError:
-                    raise ConfigurationError(f"{_ENV_PREFIX}{name.upper()} must be a port number, not {raw!r}") from None
-        raw = env.get(f"{_ENV_PREFIX}WORKER_UI_PORTS")
-        if raw:
+                    raise ConfigurationError(f"{_variable(name)} must be a port number, not {raw!r}") from None
+        if raw := env.get(_variable("worker_ui_ports")):
             values["worker_ui_ports"] = tuple(int(p) for p in raw.split(","))
-        if env.get(f"{_ENV_PREFIX}BUCKET"):
-            values["bucket"] = env[f"{_ENV_PREFIX}BUCKET"]
-        return replace(config, **values)  # type: ignore[arg-type]
+        if bucket := env.get(_variable("bucket")):
+            values["bucket"] = bucket
+        return cls(home=Path(env.get(_variable("home")) or "topology").resolve(), **values)
 
     def to_env(self) -> dict[str, str]:
         """The variables :meth:`from_env` reads back into this config."""
-        return {
-            f"{_ENV_PREFIX}HOME": str(self.home),
-            f"{_ENV_PREFIX}POSTGRES_PORT": str(self.postgres_port),
-            f"{_ENV_PREFIX}S3_PORT": str(self.s3_port),
-            f"{_ENV_PREFIX}MASTER_PORT": str(self.master_port),
-            f"{_ENV_PREFIX}MASTER_UI_PORT": str(self.master_ui_port),
-            f"{_ENV_PREFIX}WORKER_UI_PORTS": ",".join(map(str, self.worker_ui_ports)),
-            f"{_ENV_PREFIX}ENGINE_PORT": str(self.engine_port),
-            f"{_ENV_PREFIX}API_PORT": str(self.api_port),
-            f"{_ENV_PREFIX}BUCKET": self.bucket,
-        }
+        env = {_variable(name): str(getattr(self, name)) for name in ("home", *_PORTS, "bucket")}
+        return {**env, _variable("worker_ui_ports"): ",".join(map(str, self.worker_ui_ports))}
 
     @property
     def s3_endpoint(self) -> str:
@@ -142,9 +128,9 @@ class TopologyConfig:
         """What every process that touches the warehouse needs: the endpoint and its credentials."""
         return {**_CREDENTIALS, "AWS_ENDPOINT_URL": self.s3_endpoint, "AWS_ALLOW_HTTP": "true"}
 
-    def devserver(self) -> "DevServerConfig":
+    def devserver(self) -> DevServerConfig:
         return DevServerConfig(
-            root=_repo_root(), home=self.home / "airflow", warehouse=self.warehouse,
+            root=repo_root(), home=self.home / "airflow", warehouse=self.warehouse,
             landing=self.landing, port=self.api_port, engine_port=self.engine_port, warm_up_epochs=0,
             metadata_db="postgres", db_port=self.postgres_port, generate_every_s=0,
         )  # fmt: skip
@@ -152,16 +138,11 @@ class TopologyConfig:
 
 def service_environment(service: str, config: TopologyConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment ``service`` runs with (Airflow's settings for the Airflow services, AWS for all)."""
-
-    env = dict(os.environ if base is None else base)
-    env.update(config.to_env())
-    env.update(config.aws_environment())
-    env["PYSPARK_PYTHON"] = sys.executable
-    env["PYTHONUNBUFFERED"] = "1"
+    env = {**(os.environ if base is None else base), **config.to_env(), **config.aws_environment()}
+    env.update(PYSPARK_PYTHON=sys.executable, PYTHONUNBUFFERED="1")
     if service in ("airflow-init", "api-server", "scheduler", "dag-processor", "triggerer"):
         env = devserver_environment(config.devserver(), env)
         env[MASTER_ENV] = config.master_url  # for a Spark a task starts itself; spark-submit takes the Airflow connection's
-    env.update(config.extra_env)
     return env
 
 
@@ -196,7 +177,6 @@ def service_command(service: str, config: TopologyConfig) -> list[str]:
 
 def serve(service: str, config: TopologyConfig) -> int:
     """Run ``service`` in the foreground (a container's command); its exit code."""
-
     env = service_environment(service, config)
     config.home.mkdir(parents=True, exist_ok=True)
     if service == "postgres":
@@ -247,7 +227,9 @@ def _init(config: TopologyConfig, env: Mapping[str, str]) -> int:
     return 0
 
 
-def _ready(service: str, config: TopologyConfig) -> bool:
+def _ready(service: str, config: TopologyConfig, proc: subprocess.Popen[bytes]) -> bool:
+    if service == "airflow-init":  # one-shot
+        return proc.poll() == 0
     ports = {
         "postgres": config.postgres_port, "s3": config.s3_port, "spark-master": config.master_port,
         "spark-worker-1": config.worker_ui_ports[0], "spark-worker-2": config.worker_ui_ports[1],
@@ -281,12 +263,7 @@ def running_topology(
                 )  # fmt: skip
             procs[service] = proc
             deadline = time.monotonic() + ready_timeout_s
-            if service in _ONE_SHOT:
-                code = proc.wait(timeout=ready_timeout_s)
-                if code != 0:
-                    raise ConfigurationError(f"{service} exited with code {code}; see {log_dir / service}.log")
-                continue
-            while not _ready(service, config):
+            while not _ready(service, config, proc):
                 if proc.poll() is not None:
                     raise ConfigurationError(f"{service} exited with code {proc.returncode}; see {log_dir / service}.log")
                 if time.monotonic() > deadline:

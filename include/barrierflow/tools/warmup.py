@@ -14,16 +14,16 @@ in a temporary warehouse (deleted afterwards), through Spark Connect like any
 client, in the session of ``session_name`` (the pipeline whose Python workers
 should be warm). Its input is local files, so it suits an engine whose
 executors share this machine's file system (a ``local[*]`` master); a cluster
-engine is warmed by its first epochs. Run as ``python -m barrierflow.tools.warmup
-sc://HOST:PORT``: in its own process, because a Spark Connect client switches
-its whole process into Connect mode.
+engine is warmed by its first epochs. It runs in a process of its own
+(``python -m barrierflow.tools.warmup sc://HOST:PORT``): a Spark Connect
+client switches its whole process into Connect mode.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -42,16 +42,13 @@ _RECORDS_PER_FILE = 40
 
 def warm_up(address: str, epochs: int = DEFAULT_WARM_UP_EPOCHS, session_name: str = "sensor_stats") -> list[float]:
     """Run ``epochs`` throwaway epochs on the engine at ``address``; their durations in seconds."""
-
     work = Path(tempfile.mkdtemp(prefix="barrierflow-warm-up-"))
     try:
         landing = work / "landing"
-        spec = SensorStreamSpec(n_files=epochs * _FILES_PER_EPOCH, records_per_file=_RECORDS_PER_FILE)
-        write_sensor_files(landing, spec)
-        definition = get_pipeline("sensor_stats")
+        write_sensor_files(landing, SensorStreamSpec(n_files=epochs * _FILES_PER_EPOCH, records_per_file=_RECORDS_PER_FILE))
         params = {"landing_dir": str(landing), "max_files_per_epoch": _FILES_PER_EPOCH}
         coordinator = CheckpointCoordinator(
-            definition,
+            get_pipeline("sensor_stats"),
             params,
             str(work / "warehouse"),
             spark_factory=lambda: get_spark(remote=address, session_name=session_name),
@@ -74,13 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"records: {', '.join(f'{d:.1f}' for d in durations)} s",
         flush=True,
     )
-    sys.stdout.flush()
     return 0
 
 
 if __name__ == "__main__":
-    import os
-
-    code = main()
     # delta-rs' runtime threads can abort the interpreter at exit; leave at once.
-    os._exit(code)
+    os._exit(main())

@@ -1,15 +1,8 @@
 """How barrierflow configures Airflow: one function for ``make run``, the tests and the UI tests.
 
-Call :func:`configure_airflow` **before anything imports airflow**: Airflow
-reads its configuration (home, metadata database, DAGs folder) when
-``airflow`` is first imported. This module never imports airflow at import time.
-
-The configuration is plain environment variables (``AIRFLOW__SECTION__KEY``),
-so subprocesses (``airflow`` CLI, api-server, scheduler, spark-submit) inherit it::
-
-    from barrierflow.airflow.dags.environment import configure_airflow, migrate_metadata_db
-    configure_airflow("/tmp/airflow-home")      # AIRFLOW_HOME, SQLite, dags/, plugins/
-    migrate_metadata_db()                       # create the metadata tables once
+Call :func:`configure_airflow` **before anything imports airflow**: Airflow reads its configuration (home, metadata
+database, DAGs folder) when ``airflow`` is first imported. The configuration is plain environment variables
+(``AIRFLOW__SECTION__KEY``), so subprocesses (``airflow`` CLI, api-server, scheduler, spark-submit) inherit it.
 """
 
 from __future__ import annotations
@@ -18,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Mapping, MutableMapping
+from typing import Mapping
 
 from barrierflow.core.errors import ConfigurationError
 from barrierflow.storage.objects import normalize_uri
@@ -26,8 +19,8 @@ from barrierflow.storage.objects import normalize_uri
 __all__ = [
     "LOCAL_SPARK_CONNECTION",
     "SPARK_CONN_ENV",
-    "ENGINE_CONN_ENV",
     "engine_connection",
+    "python_env",
     "airflow_environment",
     "configure_airflow",
     "migrate_metadata_db",
@@ -37,20 +30,25 @@ __all__ = [
 # The default Spark connection (``spark_default``): Spark embedded in the worker, local[*].
 LOCAL_SPARK_CONNECTION = json.dumps({"conn_type": "spark", "host": "local[*]"})
 SPARK_CONN_ENV = "AIRFLOW_CONN_SPARK_DEFAULT"
-# The warm engine's connection (``spark_connect_default``), the Apache Spark provider's Spark Connect type.
-ENGINE_CONN_ENV = "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"
 
 
 def engine_connection(address: str) -> str:
-    """``spark_connect_default`` as an ``AIRFLOW_CONN_*`` value for the engine at ``sc://host:port``."""
-    netloc = address.removeprefix("sc://").split("/", 1)[0]
-    host, _, port = netloc.rpartition(":")
+    """``spark_connect_default`` (the Spark provider's ``spark_connect`` type) for the engine at ``sc://host:port``."""
+    host, _, port = address.removeprefix("sc://").split("/", 1)[0].rpartition(":")
     return json.dumps({"conn_type": "spark_connect", "host": f"sc://{host}", "port": int(port)})
 
 
 def repo_root() -> Path:
     """The project checkout this library runs from (``include/barrierflow`` lives in it)."""
     return Path(__file__).resolve().parents[4]
+
+
+def python_env() -> dict[str, str]:
+    """The venv's Python for Spark's driver and workers, and its ``bin`` first on ``PATH`` (the project's ``spark-submit``)."""
+    bin_dir, path = str(Path(sys.executable).parent), os.environ.get("PATH", "")
+    if bin_dir not in path.split(os.pathsep):
+        path = f"{bin_dir}{os.pathsep}{path}" if path else bin_dir
+    return {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "PATH": path}
 
 
 def airflow_environment(
@@ -63,20 +61,13 @@ def airflow_environment(
 ) -> dict[str, str]:
     """The environment variables that configure Airflow for barrierflow.
 
-    ``home`` becomes ``AIRFLOW_HOME`` with its SQLite metadata database;
-    the DAGs and plugins folders are the project's ``dags/`` and ``plugins/``;
-    example DAGs are off. ``warehouse`` (a local path made absolute, or ``s3://...``) sets
-    ``BARRIERFLOW_WAREHOUSE``; ``spark_master`` sets the default Spark
-    connection (``local[*]`` when not given); ``engine_address`` (``sc://host:port``)
-    sets the warm engine's ``spark_connect_default``. The venv's ``bin`` goes first on
-    ``PATH`` so that ``spark-submit`` and ``airflow`` are the project's own.
+    ``home`` becomes ``AIRFLOW_HOME`` with its SQLite metadata database; the DAGs and plugins folders are the
+    project's ``dags/`` and ``plugins/``; example DAGs are off. ``warehouse`` (a local path made absolute, or
+    ``s3://...``) sets ``BARRIERFLOW_WAREHOUSE``; ``spark_master`` sets the default Spark connection (``local[*]``
+    when not given); ``engine_address`` (``sc://host:port``) sets the warm engine's ``spark_connect_default``.
     """
     home_path = Path(home).resolve()
     base = Path(root).resolve() if root is not None else repo_root()
-    bin_dir = str(Path(sys.executable).parent)
-    path = os.environ.get("PATH", "")
-    if bin_dir not in path.split(os.pathsep):
-        path = f"{bin_dir}{os.pathsep}{path}" if path else bin_dir
     env = {
         "AIRFLOW_HOME": str(home_path),
         "AIRFLOW__CORE__DAGS_FOLDER": str(base / "dags"),
@@ -89,43 +80,32 @@ def airflow_environment(
         # A DAG file of this project imports pyarrow and the pipeline registry: allow for it.
         "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
         SPARK_CONN_ENV: json.dumps({"conn_type": "spark", "host": spark_master}) if spark_master else LOCAL_SPARK_CONNECTION,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "PATH": path,
+        **python_env(),
     }
     if warehouse is not None:
-        env["BARRIERFLOW_WAREHOUSE"] = normalize_uri(os.fspath(warehouse))  # a local path made absolute, or s3://
+        env["BARRIERFLOW_WAREHOUSE"] = normalize_uri(os.fspath(warehouse))
     if engine_address is not None:
-        env[ENGINE_CONN_ENV] = engine_connection(engine_address)
+        env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = engine_connection(engine_address)
     return env
 
 
 def configure_airflow(
     home: str | os.PathLike[str],
     *,
-    root: str | os.PathLike[str] | None = None,
     warehouse: str | os.PathLike[str] | None = None,
     spark_master: str | None = None,
     engine_address: str | None = None,
-    environ: MutableMapping[str, str] | None = None,
 ) -> Mapping[str, str]:
-    """Apply :func:`airflow_environment` to ``environ`` (``os.environ`` by default).
-
-    Must run before ``airflow`` is imported in this process; raises
-    :class:`~barrierflow.core.errors.ConfigurationError` when it is too late.
-    """
-
-    target = os.environ if environ is None else environ
-    if target is os.environ and "airflow.settings" in sys.modules:
-        current = os.environ.get("AIRFLOW_HOME")
-        if current != str(Path(home).resolve()):
-            raise ConfigurationError(
-                "configure_airflow() must run before airflow is imported: this process already "
-                f"configured Airflow with AIRFLOW_HOME={current!r}"
-            )
-    env = airflow_environment(home, root=root, warehouse=warehouse, spark_master=spark_master, engine_address=engine_address)
+    """Apply :func:`airflow_environment` to ``os.environ``; ConfigurationError when ``airflow`` is already imported."""
+    current = os.environ.get("AIRFLOW_HOME")
+    if "airflow.settings" in sys.modules and current != str(Path(home).resolve()):
+        raise ConfigurationError(
+            "configure_airflow() must run before airflow is imported: this process already "
+            f"configured Airflow with AIRFLOW_HOME={current!r}"
+        )
+    env = airflow_environment(home, warehouse=warehouse, spark_master=spark_master, engine_address=engine_address)
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
-    target.update(env)
+    os.environ.update(env)
     return env
 
 

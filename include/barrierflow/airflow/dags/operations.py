@@ -1,44 +1,43 @@
-"""What the savepoint, restore and maintenance DAGs share.
-
-:func:`operation_dag` is their common DAG header (one run at a time, the
-settings' start date and retries, no catch-up); :func:`fail_without_retry`
-turns an error a retry cannot fix into an immediate failure; :func:`xcom_json`
-is the plain-JSON form of a result returned as XCom.
-"""
+"""What every DAG builder shares (one shape, :class:`PipelineDag`; one header, :func:`barrierflow_dag`), and how tasks fail."""
 
 from __future__ import annotations
 
 import json
 import logging
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
-from barrierflow.airflow.dags.settings import DagSettings
+from barrierflow.airflow.dags.params import operational_params
+from barrierflow.airflow.dags.settings import CONNECT_MODE, DEFAULT_CONN_IDS, DagSettings
+from barrierflow.core.errors import ConfigurationError
+from barrierflow.execution.engine import DEFAULT_ENGINE_PORT
+from barrierflow.execution.spark import get_spark
+from barrierflow.plan.pipeline import PipelineDefinition
+from barrierflow.plan.registry import get_pipeline
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG
 
-__all__ = ["operation_dag", "fail_without_retry", "xcom_json"]
+__all__ = ["PipelineDag", "PipelineRef", "Environ", "barrierflow_dag", "engine_address", "fail_without_retry", "xcom_json"]
 
 _log = logging.getLogger("barrierflow.airflow.dags")
+# A DAG builder's arguments: a registered pipeline's name or its definition; the environment its params' defaults come from.
+PipelineRef = str | PipelineDefinition
+Environ = Mapping[str, str] | None
+_LOCAL_ENGINE_ADDRESS = f"sc://127.0.0.1:{DEFAULT_ENGINE_PORT}"
 
 
-def operation_dag(
-    *,
-    dag_id: str,
-    description: str,
-    settings: DagSettings,
-    params: Mapping[str, Any],
-    doc_md: str,
-    tag: str,
-    schedule: str | None = None,
+def barrierflow_dag(
+    settings: DagSettings, dag_id: str, tag: str, description: str, params: Mapping[str, Any], doc_md: str, schedule: Any = None
 ) -> "DAG":
-    """A DAG for one barrierflow operation, tagged ``barrierflow`` and ``tag`` (manual when no schedule)."""
+    """A DAG tagged ``barrierflow`` and ``tag``: one run at a time, no catch-up, the settings' retries; manual by default."""
     from airflow.sdk import DAG
 
     return DAG(
         dag_id=dag_id,
-        description=description,
+        description=description[:200],
         schedule=schedule,
         start_date=settings.start_date,
         catchup=False,
@@ -50,24 +49,86 @@ def operation_dag(
     )
 
 
+@dataclass(frozen=True)
+class PipelineDag:
+    """The pipeline a DAG is built for, the settings, and the environment its parameters' defaults come from."""
+
+    definition: PipelineDefinition
+    settings: DagSettings
+    environ: Environ = None
+
+    @classmethod
+    def of(cls, pipeline: PipelineRef, settings: DagSettings | None, environ: Environ) -> "PipelineDag":
+        definition = pipeline if isinstance(pipeline, PipelineDefinition) else get_pipeline(pipeline)
+        return cls(definition, settings or DagSettings.from_env(environ), environ)
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+    @property
+    def warehouse(self) -> str:
+        return self.settings.warehouse
+
+    def params(self) -> dict[str, Any]:
+        """The pipeline's parameters for an operation, at task run time (:func:`~.params.operational_params`)."""
+        return operational_params(self.definition, self.warehouse, self.environ)
+
+    def spark_factory(self) -> Callable[[], Any] | None:
+        """The pipeline's session on the warm engine of the settings' connection (None in spark-submit mode).
+
+        The connection is looked up when Spark is first needed, never when the DAG is parsed.
+        """
+        return partial(_engine_spark, self.settings.conn_id, self.name) if self.settings.process_mode == CONNECT_MODE else None
+
+    def call(self, operation: Callable[..., Any], **kwargs: Any) -> Any:
+        """``operation(definition, warehouse, **kwargs)`` with :meth:`params` and the settings' lease wait."""
+        return operation(self.definition, self.warehouse, params=self.params(), lease_wait_s=self.settings.lease_wait_s, **kwargs)
+
+
+def engine_address(conn_id: str) -> str:
+    """``sc://host:port/...`` of the Spark Connect connection ``conn_id``.
+
+    A deployment points the DAGs at a cluster's Connect endpoint by editing one connection. When nobody defined
+    ``spark_connect_default``, it means the engine that ``barrierflow engine`` and ``make run`` start on this machine,
+    as ``spark_default`` means ``local[*]`` for spark-submit.
+    """
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        return SparkConnectHook(conn_id).get_connection_url()
+    except AirflowNotFoundException:
+        if conn_id != DEFAULT_CONN_IDS[CONNECT_MODE]:
+            raise ConfigurationError(
+                f"no Airflow connection {conn_id!r}: define it with type spark_connect (host sc://HOST, port), "
+                "or unset BARRIERFLOW_SPARK_CONN_ID to use the local engine"
+            ) from None
+        _log.info("no connection %s defined: using the local engine at %s", conn_id, _LOCAL_ENGINE_ADDRESS)
+        return _LOCAL_ENGINE_ADDRESS
+    except ValueError as exc:  # the hook's own check of the address
+        raise ConfigurationError(f"Airflow connection {conn_id!r}: {exc}") from None
+
+
+def _engine_spark(conn_id: str, pipeline: str) -> Any:
+    return get_spark(remote=engine_address(conn_id), session_name=pipeline)
+
+
 @contextmanager
 def fail_without_retry(what: str | None, *errors: type[BaseException]) -> Iterator[None]:
-    """Fail the task at once on ``errors``: a retry of the same request cannot fix them.
+    """Fail the task at once on ``errors``: a retry of the same request cannot fix them (also a task decorator).
 
-    The message is ``"<what>: <error>"`` (just the error when ``what`` is None),
-    followed by the ``dropped`` and ``missing`` lists an error may carry
-    (an incompatible restore point).
+    The message is ``"<what>: <error>"`` (just the error when ``what`` is None), followed by the ``dropped`` and
+    ``missing`` lists an error may carry (an incompatible restore point).
     """
     from airflow.sdk.exceptions import AirflowFailException
 
     try:
         yield
     except errors as exc:
-        details = ""
-        for label in ("dropped", "missing"):
-            items = getattr(exc, label, None)
-            if items:
-                details += f"\n  {label}: {', '.join(items)}"
+        details = "".join(
+            f"\n  {label}: {', '.join(items)}" for label in ("dropped", "missing") if (items := getattr(exc, label, None))
+        )
         message = f"{what}: {exc}{details}" if what else f"{exc}{details}"
         _log.error("%s", message)
         raise AirflowFailException(message) from exc

@@ -1,141 +1,101 @@
-"""``barrierflow_<pipeline>_reprocess``: restore, then replay every data interval since, as one manual run.
+"""``barrierflow_<pipeline>_reprocess``: restore, then replay every data interval since, as one manual run (``_DOC``).
 
-``plan >> reprocess`` call :mod:`barrierflow.operations.reprocess`: ``plan`` reports
-the restore point and the epochs the replay will produce (one per data
-interval of the pipeline DAG's schedule holding input) without changing
-anything; ``reprocess`` holds the pipeline (the epoch DAG's runs plan
-nothing meanwhile), restores with the sinks rewound (by default), replays
-the intervals in order up to the last one that has ended, and releases the
-hold. ``process`` work runs as the epoch DAG's does: on the warm engine, or
-as one spark-submit per epoch.
+``process`` work runs as the epoch DAG's does: on the warm engine, or as one spark-submit per epoch.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
-from barrierflow.airflow.dags.docs import reprocess_doc
-from barrierflow.airflow.dags.lifecycle import run_epoch_steps
-from barrierflow.airflow.dags.operations import fail_without_retry, operation_dag, xcom_json
-from barrierflow.airflow.dags.params import operational_params
-from barrierflow.airflow.dags.restore_dag import restore_point, restore_point_params
-from barrierflow.airflow.dags.settings import CONNECT_MODE, DagSettings, reprocess_dag_id
-from barrierflow.airflow.dags.spark_connect import engine_spark_factory
+from barrierflow.airflow.dags.lifecycle import run_epochs
+from barrierflow.airflow.dags.operations import Environ, PipelineDag, PipelineRef, barrierflow_dag, fail_without_retry, xcom_json
+from barrierflow.airflow.dags.params import form_doc
+from barrierflow.airflow.dags.restore_dag import restore_form, restore_options, restore_point
+from barrierflow.airflow.dags.settings import CONNECT_MODE, DagSettings, pipeline_dag_id, reprocess_dag_id
 from barrierflow.airflow.dags.spark_submit import submit_process_job
 from barrierflow.checkpointing.intervals import airflow_owner
 from barrierflow.core.errors import ParameterError, SavepointError
 from barrierflow.operations.reprocess import plan_reprocess
 from barrierflow.operations.reprocess import reprocess as reprocess_pipeline
-from barrierflow.plan.pipeline import PipelineDefinition
-from barrierflow.plan.registry import get_pipeline
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG
 
     from barrierflow.checkpointing.coordinator import CheckpointCoordinator
     from barrierflow.checkpointing.intervals import ArrivalBound
-    from barrierflow.operations.reprocess import ReprocessPlan
 
 __all__ = ["build_reprocess_dag"]
 
 _log = logging.getLogger("barrierflow.airflow.dags")
+_DOC = """\
+# Reprocess `{name}`
+
+Restore a savepoint (by name) **or** a retained completed epoch, then replay the input that arrived after it, **one
+epoch per data interval** of the pipeline's schedule ({schedule}) that holds input, in order, up to the last interval
+that has ended (`barrierflow.operations.reprocess`). The sinks end up as if the history had run once with the current
+code.
+
+- `plan` reports the restore point and the epochs the replay will produce; nothing changes.
+- `reprocess` **holds** `{pipeline_dag}` (its runs plan nothing meanwhile and say so), restores (the sinks rewound by
+  default), replays, and releases the hold (also when it fails; the schedule then continues the replay interval by
+  interval).
+
+{form}
+"""
 
 
-def _log_plan(plan: ReprocessPlan) -> None:
-    for line in plan.describe():
+def _log_lines(result: Any) -> None:
+    for line in result.describe():
         _log.info("%s", line)
 
 
-def build_reprocess_dag(
-    pipeline: str | PipelineDefinition,
-    settings: DagSettings | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> "DAG":
+def build_reprocess_dag(pipeline: PipelineRef, settings: DagSettings | None = None, environ: Environ = None) -> "DAG":
     from airflow.sdk import get_current_context, task
 
-    definition = pipeline if isinstance(pipeline, PipelineDefinition) else get_pipeline(pipeline)
-    settings = settings or DagSettings.from_env(environ)
-    warehouse = settings.warehouse
-    name = definition.name
-    refused = (SavepointError, ParameterError)
-
-    def point(params: Mapping[str, Any]) -> dict[str, Any]:
-        savepoint, epoch = restore_point(params.get("savepoint"), params.get("epoch"))
-        return {"savepoint": savepoint, "epoch": epoch}
-
-    with operation_dag(
-        dag_id=reprocess_dag_id(name),
-        description=f"reprocess barrierflow pipeline {name}: restore, then replay every data interval since",
-        settings=settings,
-        params=restore_point_params(rewind_default=True),
-        doc_md=reprocess_doc(definition, settings),
-        tag="reprocess",
-    ) as dag:
+    op = PipelineDag.of(pipeline, settings, environ)
+    settings, name = op.settings, op.name
+    on_engine = settings.process_mode == CONNECT_MODE
+    refused = fail_without_retry(f"reprocessing of {name} refused", SavepointError, ParameterError)
+    form = restore_form(rewind_default=True)
+    description = f"reprocess barrierflow pipeline {name}: restore, then replay every data interval since"
+    schedule = f"`{settings.schedule}`" if settings.schedule else "none (manual runs): epochs are not cut by interval"
+    doc_md = _DOC.format(name=name, schedule=schedule, pipeline_dag=pipeline_dag_id(name), form=form_doc(form))
+    with barrierflow_dag(settings, reprocess_dag_id(name), "reprocess", description, form, doc_md) as dag:
 
         @task(task_id="plan")
+        @refused
         def plan() -> dict[str, Any]:
             """The restore point and the epochs the replay will produce (nothing changes)."""
-
             params = get_current_context()["params"]
-            with fail_without_retry(f"reprocessing of {name} refused", *refused):
-                result = plan_reprocess(
-                    definition,
-                    warehouse,
-                    schedule=settings.schedule,
-                    params=operational_params(definition, warehouse, environ),
-                    **point(params),
-                )
-            for line in result.describe():
-                _log.info("%s", line)
+            savepoint, epoch = restore_point(params.get("savepoint"), params.get("epoch"))
+            result = plan_reprocess(
+                op.definition, op.warehouse, schedule=settings.schedule, params=op.params(), savepoint=savepoint, epoch=epoch
+            )
+            _log_lines(result)
             return xcom_json({"restore_epoch": result.restore_epoch, "epochs": [e.describe() for e in result.epochs]})
 
+        def replay(coordinator: "CheckpointCoordinator", bound: "ArrivalBound") -> list[int]:
+            """One spark-submit per epoch, as the epoch DAG's catch_up."""
+            process = partial(submit_process_job, settings, coordinator)
+            return [int(r.epoch or 0) for r in run_epochs(coordinator, bound, settings.lease_wait_s, process)]
+
         @task(task_id="reprocess")
+        @refused
         def reprocess() -> dict[str, Any]:
             """Hold the pipeline, restore, replay its intervals in order, release the hold."""
-
             context = get_current_context()
-            params = context["params"]
-            replay = None
-            if settings.process_mode != CONNECT_MODE:
-
-                def replay(coordinator: "CheckpointCoordinator", bound: "ArrivalBound") -> list[int]:
-                    """One spark-submit per epoch, as the epoch DAG's catch_up."""
-
-                    def submit() -> None:
-                        submit_process_job(
-                            pipeline=name,
-                            warehouse=warehouse,
-                            application=settings.process_application,
-                            params=coordinator.params,
-                            lease_wait_s=settings.lease_wait_s,
-                            conn_id=settings.conn_id,
-                            driver_memory=settings.driver_memory,
-                        )
-
-                    epochs = []
-                    while (done := run_epoch_steps(coordinator, bound, settings.lease_wait_s, submit)) is not None:
-                        epochs.append(int(done.epoch or 0))
-                    return epochs
-
-            with fail_without_retry(f"reprocessing of {name} refused", *refused):
-                result = reprocess_pipeline(
-                    definition,
-                    warehouse,
-                    schedule=settings.schedule,
-                    owner=airflow_owner(dag.dag_id, context["run_id"]),
-                    rewind_sinks=bool(params.get("rewind_sinks")),
-                    allow_non_restored_state=bool(params.get("allow_non_restored_state")),
-                    parallelism=params.get("parallelism"),
-                    params=operational_params(definition, warehouse, environ),
-                    spark_factory=engine_spark_factory(settings.conn_id, name) if settings.process_mode == CONNECT_MODE else None,
-                    replay=replay,
-                    on_plan=_log_plan,
-                    lease_wait_s=settings.lease_wait_s,
-                    **point(params),
-                )
-            for line in result.describe():
-                _log.info("%s", line)
+            result = op.call(
+                reprocess_pipeline,
+                schedule=settings.schedule,
+                owner=airflow_owner(dag.dag_id, context["run_id"]),
+                spark_factory=op.spark_factory(),
+                replay=None if on_engine else replay,
+                on_plan=_log_lines,
+                **restore_options(context["params"]),
+            )
+            _log_lines(result)
             return xcom_json(result.to_json())
 
         plan() >> reprocess()

@@ -1,24 +1,15 @@
-"""``barrierflow_<pipeline>_savepoint``: a savepoint (optionally stop-with-savepoint) as a manual run.
-
-One task calls :func:`barrierflow.operations.savepoint.create_savepoint`, which takes the
-pipeline's epoch lease (so it waits for a running epoch and never races one)
-and snapshots the last completed epoch. The form's ``stop_pipeline`` stops the
-pipeline: its epoch DAG then skips every run, saying why, until a restore.
-"""
+"""``barrierflow_<pipeline>_savepoint``: a savepoint (optionally stop-with-savepoint) as a manual run (see ``_DOC``)."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
-from barrierflow.airflow.dags.docs import savepoint_doc
-from barrierflow.airflow.dags.operations import fail_without_retry, operation_dag, xcom_json
-from barrierflow.airflow.dags.params import operational_params
-from barrierflow.airflow.dags.settings import DagSettings, savepoint_dag_id
+from barrierflow.airflow.dags.operations import Environ, PipelineDag, PipelineRef, barrierflow_dag, fail_without_retry, xcom_json
+from barrierflow.airflow.dags.params import form_doc, form_field
+from barrierflow.airflow.dags.settings import DagSettings, restore_dag_id, savepoint_dag_id
 from barrierflow.core.errors import ParameterError, SavepointError
 from barrierflow.operations.savepoint import create_savepoint
-from barrierflow.plan.pipeline import PipelineDefinition
-from barrierflow.plan.registry import get_pipeline
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG
@@ -26,69 +17,45 @@ if TYPE_CHECKING:
 __all__ = ["build_savepoint_dag"]
 
 _log = logging.getLogger("barrierflow.airflow.dags")
+_DOC = """\
+# Savepoint of `{name}`
+
+Trigger with the form to write a self-contained savepoint of the last completed epoch to
+`{warehouse}/_savepoints/{name}/<name>/` (`barrierflow.operations.savepoint.create_savepoint`). The task takes the
+pipeline's epoch lease, so it waits for a running epoch and never races one. Stopping the pipeline makes its epoch DAG
+skip every run, saying why, until a restore.
+
+{form}
+
+Restore it with `{restore_dag}`.
+"""
 
 
-def build_savepoint_dag(
-    pipeline: str | PipelineDefinition,
-    settings: DagSettings | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> "DAG":
-    from airflow.sdk import Param, get_current_context, task
+def build_savepoint_dag(pipeline: PipelineRef, settings: DagSettings | None = None, environ: Environ = None) -> "DAG":
+    from airflow.sdk import get_current_context, task
 
-    definition = pipeline if isinstance(pipeline, PipelineDefinition) else get_pipeline(pipeline)
-    settings = settings or DagSettings.from_env(environ)
-    warehouse = settings.warehouse
-
-    with operation_dag(
-        dag_id=savepoint_dag_id(definition.name),
-        description=f"savepoint (or stop with savepoint) of barrierflow pipeline {definition.name}",
-        settings=settings,
-        params={
-            "savepoint_name": Param(
-                "",
-                type=["null", "string"],
-                title="savepoint_name",
-                description="name of the savepoint (letters, digits, _ . -); empty: generated (sp-<time>-<id>)",
-            ),
-            "description": Param(
-                "", type=["null", "string"], title="description", description="kept in the savepoint's metadata"
-            ),
-            "stop_pipeline": Param(
-                False,
-                type="boolean",
-                title="stop_pipeline",
-                description="stop with savepoint: no epoch runs after it until the pipeline is restored",
-            ),
-        },
-        doc_md=savepoint_doc(definition, settings),
-        tag="savepoint",
-    ) as dag:
+    op = PipelineDag.of(pipeline, settings, environ)
+    form = (
+        form_field("savepoint_name", "", ["null", "string"], "name (letters, digits, _ . -); empty: generated (sp-<time>-<id>)")
+        | form_field("description", "", ["null", "string"], "free text kept in the savepoint's metadata")
+        | form_field("stop_pipeline", False, "boolean", "**stop with savepoint**: no epoch runs after it until a restore")
+    )
+    description = f"savepoint (or stop with savepoint) of barrierflow pipeline {op.name}"
+    doc_md = _DOC.format(name=op.name, warehouse=op.warehouse, form=form_doc(form), restore_dag=restore_dag_id(op.name))
+    with barrierflow_dag(op.settings, savepoint_dag_id(op.name), "savepoint", description, form, doc_md) as dag:
 
         @task(task_id="savepoint")
+        @fail_without_retry(f"savepoint of {op.name} failed", SavepointError, ParameterError)  # a bad or taken name, no epoch
         def savepoint() -> dict[str, Any]:
             """Snapshot the last completed epoch (waits for a running epoch through the lease)."""
-
             params = get_current_context()["params"]
-            # A bad name, an existing savepoint, no completed epoch: a retry cannot help.
-            with fail_without_retry(f"savepoint of {definition.name} failed", SavepointError, ParameterError):
-                metadata = create_savepoint(
-                    definition,
-                    warehouse,
-                    name=(params.get("savepoint_name") or "").strip() or None,
-                    description=params.get("description") or "",
-                    stop=bool(params.get("stop_pipeline")),
-                    params=operational_params(definition, warehouse, environ),
-                    lease_wait_s=settings.lease_wait_s,
-                )
-            doc = xcom_json(metadata.to_json())
-            _log.info(
-                "savepoint %r of %s at epoch %s written to %s%s",
-                doc["name"],
-                definition.name,
-                doc["epoch"],
-                doc["uri"],
-                "; the pipeline is STOPPED until it is restored" if doc.get("stopped") else "",
+            name = (params.get("savepoint_name") or "").strip() or None
+            stop = bool(params.get("stop_pipeline"))
+            doc = xcom_json(
+                op.call(create_savepoint, name=name, description=params.get("description") or "", stop=stop).to_json()
             )
+            stopped = "; the pipeline is STOPPED until it is restored" if doc.get("stopped") else ""
+            _log.info("savepoint %r of %s at epoch %s written to %s%s", doc["name"], op.name, doc["epoch"], doc["uri"], stopped)
             return doc
 
         savepoint()

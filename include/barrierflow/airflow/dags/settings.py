@@ -1,56 +1,52 @@
 """Deployment settings of the barrierflow DAGs, read from the environment once per DAG file parse.
 
-Every value has a default that runs out of the box (Spark ``local[*]``, a
-``./warehouse`` next to where Airflow runs); each is overridable by an
-environment variable, which every Airflow component (DAG processor,
-scheduler, workers) should see alike:
+Every value has a default that runs out of the box; each is overridable by an environment variable, which every
+Airflow component (DAG processor, scheduler, workers) should see alike:
 
-=====================================  ==========================================  ===================
-variable                               meaning                                     default
-=====================================  ==========================================  ===================
-``BARRIERFLOW_WAREHOUSE``              warehouse: a directory (made absolute) or   ``./warehouse``
-                                       ``s3://bucket/prefix``
-``BARRIERFLOW_SCHEDULE``               cron or preset of the pipeline DAGs,        ``* * * * *``
-                                       ``none`` for manual runs only
-``BARRIERFLOW_MAINTENANCE_SCHEDULE``   cron or preset of ``barrierflow_maintenance``  ``@daily``
-``BARRIERFLOW_PROCESS_MODE``           how ``process`` runs: ``connect`` (on the   ``connect``
-                                       warm engine) or ``spark-submit`` (a new
-                                       Spark application per epoch)
-``BARRIERFLOW_SPARK_CONN_ID``          Airflow connection of ``process``           ``spark_connect_default``
-                                       (``spark_connect`` type in connect mode,    (``spark_default`` in
-                                       ``spark`` type in spark-submit mode)        spark-submit mode)
-``BARRIERFLOW_AWS_CONN_ID``            Airflow connection (type ``aws``) whose     ``aws_default``
-                                       credentials, region and endpoint every      (none defined: the
-                                       task uses for ``s3://`` (aws_connection.py)  AWS environment)
-``BARRIERFLOW_DRIVER_MEMORY``          spark-submit ``--driver-memory``            ``2g``
-``BARRIERFLOW_TASK_RETRIES``           retries of every task                       ``3``
-``BARRIERFLOW_RETRY_DELAY_SECONDS``    first retry delay (doubles each retry)      ``30``
-``BARRIERFLOW_MAX_RETRY_DELAY_SECONDS``  cap of the retry delay                    ``600``
-``BARRIERFLOW_LEASE_WAIT_SECONDS``     how long a step waits for the epoch lease   ``600``
-``BARRIERFLOW_SPARK_JOBS_DIR``         directory holding ``process_epoch.py``      ``<repo>/spark_jobs``
-=====================================  ==========================================  ===================
+=======================================  ==============================================================  =========================
+variable                                 meaning                                                         default
+=======================================  ==============================================================  =========================
+``BARRIERFLOW_WAREHOUSE``                a directory (made absolute) or ``s3://bucket/prefix``           ``./warehouse``
+``BARRIERFLOW_SCHEDULE``                 cron or preset of the pipeline DAGs, ``none``: manual only      ``* * * * *``
+``BARRIERFLOW_MAINTENANCE_SCHEDULE``     cron or preset of ``barrierflow_maintenance``                   ``@daily``
+``BARRIERFLOW_PROCESS_MODE``             ``connect`` (warm engine) or ``spark-submit`` (app per epoch)   ``connect``
+``BARRIERFLOW_SPARK_CONN_ID``            ``process``'s connection; spark-submit: ``spark_default``       ``spark_connect_default``
+``BARRIERFLOW_AWS_CONN_ID``              connection (type ``aws``) of every task for ``s3://``           ``aws_default``
+``BARRIERFLOW_DRIVER_MEMORY``            spark-submit ``--driver-memory``                                ``2g``
+``BARRIERFLOW_TASK_RETRIES``             retries of every task                                           ``3``
+``BARRIERFLOW_RETRY_DELAY_SECONDS``      first retry delay (doubles each retry)                          ``30``
+``BARRIERFLOW_MAX_RETRY_DELAY_SECONDS``  cap of the retry delay                                          ``600``
+``BARRIERFLOW_LEASE_WAIT_SECONDS``       how long a step waits for the epoch lease                       ``600``
+``BARRIERFLOW_SPARK_JOBS_DIR``           directory holding ``process_epoch.py``                          ``<repo>/spark_jobs``
+=======================================  ==============================================================  =========================
 
-Pipeline parameters get their DAG-param defaults from
-``BARRIERFLOW_<PIPELINE>__<PARAM>`` (see :func:`param_env_var`).
+Pipeline parameters get their DAG-param defaults from ``BARRIERFLOW_<PIPELINE>__<PARAM>`` (see :func:`param_env_var`).
+
+S3 is reached through the standard ``AWS_*`` environment variables. In Airflow they come from the ``aws`` connection
+as the Amazon provider lays it out (login: access key id, password: secret key, extra ``region_name``,
+``endpoint_url``, ``aws_session_token``), applied by every task to its own process before it runs (its
+``pre_execute``), so the driver side, the Delta commits and a spark-submit child all see it; executors of an engine or
+cluster keep their own deployment's environment. Without the default connection the environment is used as it is; a
+missing named connection fails the task.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
+from functools import partial
 from typing import Any, Mapping
 
-from barrierflow.airflow.dags.aws_connection import AWS_CONN_ID_ENV, DEFAULT_AWS_CONN_ID, aws_pre_execute
+from barrierflow.airflow.dags.environment import repo_root
 from barrierflow.core.errors import ConfigurationError
 from barrierflow.core.settings import DEFAULT_LEASE_WAIT_S, LEASE_WAIT_ENV
 
 __all__ = [
     "DagSettings",
-    "START_DATE",
     "WAREHOUSE_ENV",
-    "SCHEDULE_ENV",
+    "PROCESS_MODE_ENV",
     "pipeline_dag_id",
     "savepoint_dag_id",
     "restore_dag_id",
@@ -60,27 +56,21 @@ __all__ = [
     "CONNECT_MODE",
     "SPARK_SUBMIT_MODE",
     "DEFAULT_CONN_IDS",
+    "aws_environment",
+    "use_aws_connection",
 ]
 
 WAREHOUSE_ENV = "BARRIERFLOW_WAREHOUSE"
-SCHEDULE_ENV = "BARRIERFLOW_SCHEDULE"
-MAINTENANCE_SCHEDULE_ENV = "BARRIERFLOW_MAINTENANCE_SCHEDULE"
-SPARK_CONN_ID_ENV = "BARRIERFLOW_SPARK_CONN_ID"
 PROCESS_MODE_ENV = "BARRIERFLOW_PROCESS_MODE"
+RETRIES_ENV = "BARRIERFLOW_TASK_RETRIES"
 CONNECT_MODE = "connect"
 SPARK_SUBMIT_MODE = "spark-submit"
 # The connection each mode uses unless BARRIERFLOW_SPARK_CONN_ID names another.
 DEFAULT_CONN_IDS = {CONNECT_MODE: "spark_connect_default", SPARK_SUBMIT_MODE: "spark_default"}
-DRIVER_MEMORY_ENV = "BARRIERFLOW_DRIVER_MEMORY"
-RETRIES_ENV = "BARRIERFLOW_TASK_RETRIES"
-RETRY_DELAY_ENV = "BARRIERFLOW_RETRY_DELAY_SECONDS"
-MAX_RETRY_DELAY_ENV = "BARRIERFLOW_MAX_RETRY_DELAY_SECONDS"
-SPARK_JOBS_DIR_ENV = "BARRIERFLOW_SPARK_JOBS_DIR"
-
-# A fixed start date: with catchup=False only the latest interval is scheduled.
-START_DATE = datetime(2024, 1, 1, tzinfo=timezone.utc)
 MAINTENANCE_DAG_ID = "barrierflow_maintenance"
-_MANUAL = ("", "none", "manual", "null")
+AWS_CONN_ID_ENV = "BARRIERFLOW_AWS_CONN_ID"
+DEFAULT_AWS_CONN_ID = "aws_default"
+_log = logging.getLogger("barrierflow.airflow.dags")
 
 
 def pipeline_dag_id(pipeline: str) -> str:
@@ -104,10 +94,6 @@ def param_env_var(pipeline: str, param: str) -> str:
     return f"BARRIERFLOW_{pipeline.upper()}__{param.upper()}"
 
 
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[4]
-
-
 @dataclass(frozen=True)
 class DagSettings:
     """Where and how the DAGs run; :meth:`from_env` reads the variables of the module docstring."""
@@ -123,8 +109,9 @@ class DagSettings:
     retry_delay: timedelta = timedelta(seconds=30)
     max_retry_delay: timedelta = timedelta(minutes=10)
     lease_wait_s: float = DEFAULT_LEASE_WAIT_S
-    spark_jobs_dir: str = str(_repo_root() / "spark_jobs")
-    start_date: datetime = START_DATE
+    spark_jobs_dir: str = str(repo_root() / "spark_jobs")
+    # A fixed start date: with catchup=False only the latest interval is scheduled.
+    start_date: datetime = datetime(2024, 1, 1, tzinfo=timezone.utc)
 
     def __post_init__(self) -> None:
         if not os.path.isabs(self.warehouse) and "://" not in self.warehouse:
@@ -142,20 +129,19 @@ class DagSettings:
         warehouse = env.get(WAREHOUSE_ENV) or "./warehouse"
         if "://" not in warehouse or warehouse.startswith("file://"):
             warehouse = os.path.abspath(os.path.expanduser(warehouse.removeprefix("file://")))
-        mode = (env.get(PROCESS_MODE_ENV) or CONNECT_MODE).strip().lower()
         return cls(
             warehouse=warehouse,
-            schedule=_schedule(env.get(SCHEDULE_ENV, "* * * * *")),
-            maintenance_schedule=_schedule(env.get(MAINTENANCE_SCHEDULE_ENV, "@daily")),
-            process_mode=mode,
-            spark_conn_id=env.get(SPARK_CONN_ID_ENV) or None,
+            schedule=_schedule(env.get("BARRIERFLOW_SCHEDULE", cls.schedule)),
+            maintenance_schedule=_schedule(env.get("BARRIERFLOW_MAINTENANCE_SCHEDULE", cls.maintenance_schedule)),
+            process_mode=(env.get(PROCESS_MODE_ENV) or CONNECT_MODE).strip().lower(),
+            spark_conn_id=env.get("BARRIERFLOW_SPARK_CONN_ID") or None,
             aws_conn_id=env.get(AWS_CONN_ID_ENV) or DEFAULT_AWS_CONN_ID,
-            driver_memory=env.get(DRIVER_MEMORY_ENV) or "2g",
-            retries=_number(env, RETRIES_ENV, 3, int),
-            retry_delay=timedelta(seconds=_number(env, RETRY_DELAY_ENV, 30.0, float)),
-            max_retry_delay=timedelta(seconds=_number(env, MAX_RETRY_DELAY_ENV, 600.0, float)),
+            driver_memory=env.get("BARRIERFLOW_DRIVER_MEMORY") or cls.driver_memory,
+            retries=_number(env, RETRIES_ENV, cls.retries, int),
+            retry_delay=timedelta(seconds=_number(env, "BARRIERFLOW_RETRY_DELAY_SECONDS", 30.0, float)),
+            max_retry_delay=timedelta(seconds=_number(env, "BARRIERFLOW_MAX_RETRY_DELAY_SECONDS", 600.0, float)),
             lease_wait_s=_number(env, LEASE_WAIT_ENV, DEFAULT_LEASE_WAIT_S, float),
-            spark_jobs_dir=env.get(SPARK_JOBS_DIR_ENV) or str(_repo_root() / "spark_jobs"),
+            spark_jobs_dir=env.get("BARRIERFLOW_SPARK_JOBS_DIR") or cls.spark_jobs_dir,
         )
 
     @property
@@ -172,7 +158,7 @@ class DagSettings:
         """Retries with exponential backoff on every task; each applies the AWS connection first."""
         return {
             "owner": "barrierflow",
-            "pre_execute": aws_pre_execute(self.aws_conn_id),
+            "pre_execute": partial(use_aws_connection, self.aws_conn_id),
             "retries": self.retries,
             "retry_delay": self.retry_delay,
             "retry_exponential_backoff": 2.0,
@@ -180,9 +166,9 @@ class DagSettings:
         }
 
 
-def _schedule(value: str) -> str | None:
-    value = value.strip()
-    return None if value.lower() in _MANUAL else value
+def _schedule(value: str | None) -> str | None:
+    value = (value or "").strip()
+    return None if value.lower() in ("", "none", "manual", "null") else value
 
 
 def _number(env: Mapping[str, str], name: str, default: Any, kind: type) -> Any:
@@ -193,3 +179,48 @@ def _number(env: Mapping[str, str], name: str, default: Any, kind: type) -> Any:
         return kind(raw)
     except ValueError:
         raise ConfigurationError(f"{name} must be a number, got {raw!r}") from None
+
+
+def aws_environment(login: str | None, password: str | None, extra: Mapping[str, Any]) -> dict[str, str]:
+    """The AWS variables a connection's fields stand for (only those it sets)."""
+    env: dict[str, str] = {}
+    if login:
+        env["AWS_ACCESS_KEY_ID"] = login
+    if password:
+        env["AWS_SECRET_ACCESS_KEY"] = password
+    if extra.get("aws_session_token"):
+        env["AWS_SESSION_TOKEN"] = str(extra["aws_session_token"])
+    if extra.get("region_name"):
+        env["AWS_REGION"] = str(extra["region_name"])
+    endpoint = extra.get("endpoint_url") or (extra.get("service_config") or {}).get("s3", {}).get("endpoint_url")
+    if endpoint:
+        endpoint = str(endpoint)
+        if not endpoint.startswith(("http://", "https://")):
+            raise ConfigurationError(f"endpoint_url {endpoint!r} of the AWS connection must start with http:// or https://")
+        env["AWS_ENDPOINT_URL"] = endpoint
+        env["AWS_ALLOW_HTTP"] = "true" if endpoint.startswith("http://") else "false"
+    return env
+
+
+def use_aws_connection(conn_id: str, context: Any = None) -> dict[str, str]:
+    """Set the AWS variables of connection ``conn_id`` in this process (``os.environ``); returns them.
+
+    Every task's ``pre_execute`` (``context`` is the task's, unused).
+    """
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = Connection.get(conn_id)
+    except AirflowNotFoundException:
+        if conn_id != DEFAULT_AWS_CONN_ID:
+            raise ConfigurationError(
+                f"no Airflow connection {conn_id!r} (named by {AWS_CONN_ID_ENV}): define it with type aws "
+                "(login: access key id, password: secret key, extra: region_name, endpoint_url), or unset "
+                f"{AWS_CONN_ID_ENV} to use {DEFAULT_AWS_CONN_ID} or the process's AWS environment"
+            ) from None
+        return {}
+    env = aws_environment(conn.login, conn.password, conn.extra_dejson)
+    os.environ.update(env)
+    _log.info("S3 access from Airflow connection %s: %s", conn_id, ", ".join(sorted(env)) or "no fields set")
+    return env

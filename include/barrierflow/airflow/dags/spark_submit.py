@@ -1,16 +1,9 @@
 """Step 3 (process + pre-commit) as a spark-submit of ``spark_jobs/process_epoch.py``.
 
-:class:`ProcessEpochOperator` is a ``SparkSubmitOperator`` that, when it runs,
-fills in what only the worker knows: the DAG run's pipeline parameters as
-job arguments, the worker's Python for the driver and the executors
-(``spark.pyspark.python``, ``PYSPARK_PYTHON``), the venv's ``bin`` first on
-``PATH`` so ``spark-submit`` is the project's own, and the default Spark
-connection (``spark_default`` = ``local[*]``) when none is defined.
-
-The job reads the pending barrier from the warehouse, so a retry replays
-exactly the same barrier; it takes the epoch lease itself. A job that failed
-because its input blocks the pipeline (it recorded a
-:class:`~barrierflow.core.errors.BlockedInputError`) fails the task without retry.
+:class:`ProcessEpochOperator` fills in, when it runs, what only the worker knows: the run's pipeline parameters,
+the venv's Python (:func:`~barrierflow.airflow.dags.environment.python_env`), and ``spark_default`` = ``local[*]``
+when nobody defined it. The job replays the pending barrier from the warehouse and takes the epoch lease itself; one
+that failed because its input blocks the pipeline (a recorded ``BlockedInputError``) fails the task without retry.
 """
 
 from __future__ import annotations
@@ -18,15 +11,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from airflow.exceptions import AirflowException
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from barrierflow.airflow.dags.environment import LOCAL_SPARK_CONNECTION, SPARK_CONN_ENV
+from barrierflow.airflow.dags.environment import LOCAL_SPARK_CONNECTION, SPARK_CONN_ENV, python_env
+from barrierflow.airflow.dags.operations import fail_without_retry
 from barrierflow.airflow.dags.params import resolve_pipeline_params
+from barrierflow.airflow.dags.settings import DEFAULT_CONN_IDS, SPARK_SUBMIT_MODE, DagSettings
 from barrierflow.checkpointing.checkpoint_log import iso_now
 from barrierflow.checkpointing.coordinator import blocked_state
 from barrierflow.core.errors import BlockedInputError
@@ -36,21 +31,16 @@ from barrierflow.plan.registry import get_pipeline
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = [
-    "ProcessEpochOperator",
-    "process_job_arguments",
-    "submit_process_job",
-    "ensure_spark_connection",
-    "DEFAULT_SPARK_CONN_ID",
-]
+    from barrierflow.checkpointing.coordinator import CheckpointCoordinator
 
-DEFAULT_SPARK_CONN_ID = "spark_default"
+__all__ = ["ProcessEpochOperator", "process_job_arguments", "submit_process_job", "ensure_spark_connection"]
+
 _log = logging.getLogger("barrierflow.airflow.dags")
 
 
 def ensure_spark_connection(conn_id: str) -> None:
     """Let ``spark_default`` mean ``local[*]`` when nobody defined it (a defined one wins)."""
-    if conn_id != DEFAULT_SPARK_CONN_ID or os.environ.get(SPARK_CONN_ENV):
+    if conn_id != DEFAULT_CONN_IDS[SPARK_SUBMIT_MODE] or os.environ.get(SPARK_CONN_ENV):
         return
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
@@ -72,26 +62,26 @@ def process_job_arguments(pipeline: str, warehouse: str, params: Mapping[str, An
 
 
 def _python_conf() -> dict[str, str]:
-    return {
-        "spark.pyspark.python": sys.executable,
-        "spark.pyspark.driver.python": sys.executable,
-        "spark.log.level": "WARN",
-        **application_conf(),
-    }
+    python = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
+    return {**python, "spark.log.level": "WARN", **application_conf()}
 
 
 def _job_env(warehouse: str) -> dict[str, str]:
     """Added to the worker's environment, which spark-submit inherits (in client mode)."""
-    bin_dir = str(Path(sys.executable).parent)
-    path = os.environ.get("PATH", "")
-    if bin_dir not in path.split(os.pathsep):
-        path = f"{bin_dir}{os.pathsep}{path}" if path else bin_dir
-    return {
-        "PATH": path,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "BARRIERFLOW_WAREHOUSE": warehouse,
-    }
+    return {**python_env(), "BARRIERFLOW_WAREHOUSE": warehouse}
+
+
+@contextmanager
+def _blocked_input(warehouse: str, pipeline: str) -> Iterator[None]:
+    """Turn a failed job that recorded a :class:`BlockedInputError` (since it started) into that error."""
+    started = iso_now()
+    try:
+        yield
+    except AirflowException:
+        doc = blocked_state(warehouse, pipeline)
+        if doc is None or doc.get("step") != "process" or str(doc.get("since", "")) < started:
+            raise
+        raise BlockedInputError(f"epoch {doc.get('epoch')} is blocked: {doc.get('message')}") from None
 
 
 class ProcessEpochOperator(SparkSubmitOperator):
@@ -101,24 +91,9 @@ class ProcessEpochOperator(SparkSubmitOperator):
     conf: dict[Any, Any] | None
     env_vars: dict[str, Any] | None
 
-    def __init__(
-        self,
-        *,
-        pipeline: str,
-        warehouse: str,
-        application: str,
-        lease_wait_s: float,
-        conn_id: str = DEFAULT_SPARK_CONN_ID,
-        driver_memory: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            application=application,
-            conn_id=conn_id,
-            driver_memory=driver_memory,
-            name=f"barrierflow-{pipeline}-process",
-            **kwargs,
-        )
+    def __init__(self, *, pipeline: str, warehouse: str, lease_wait_s: float, **kwargs: Any) -> None:
+        """``kwargs`` are the ``SparkSubmitOperator``'s (``application``, ``conn_id``, ``driver_memory``, ...)."""
+        super().__init__(name=f"barrierflow-{pipeline}-process", **kwargs)
         self.pipeline = pipeline
         self.warehouse = warehouse
         self.lease_wait_s = lease_wait_s
@@ -131,52 +106,21 @@ class ProcessEpochOperator(SparkSubmitOperator):
         ensure_spark_connection(self._conn_id)
         self._hook = None  # a hook built now sees the arguments above
         self.log.info("process: spark-submit %s %s", self.application, " ".join(self.application_args))
-        started = iso_now()
-        try:
+        with fail_without_retry(None, BlockedInputError), _blocked_input(self.warehouse, self.pipeline):
             super().execute(context)
-        except AirflowException:
-            blocked = _blocked_since(self.warehouse, self.pipeline, started)
-            if blocked is not None:
-                from airflow.sdk.exceptions import AirflowFailException
-
-                self.log.error("%s", blocked)
-                raise AirflowFailException(str(blocked)) from None
-            raise
 
 
-def _blocked_since(warehouse: str, pipeline: str, started: str) -> BlockedInputError | None:
-    """The error a process job recorded as blocking the pipeline since ``started`` (ISO time), if any."""
-    doc = blocked_state(warehouse, pipeline)
-    if doc is None or doc.get("step") != "process" or str(doc.get("since", "")) < started:
-        return None
-    return BlockedInputError(f"epoch {doc.get('epoch')} is blocked: {doc.get('message')}")
-
-
-def submit_process_job(
-    *,
-    pipeline: str,
-    warehouse: str,
-    application: str,
-    params: Mapping[str, Any],
-    lease_wait_s: float,
-    conn_id: str = DEFAULT_SPARK_CONN_ID,
-    driver_memory: str | None = None,
-) -> None:
-    """The same spark-submit as :class:`ProcessEpochOperator`, from inside another task."""
-    ensure_spark_connection(conn_id)
+def submit_process_job(settings: DagSettings, coordinator: "CheckpointCoordinator") -> None:
+    """The same spark-submit as :class:`ProcessEpochOperator`, of the coordinator's planned epoch from inside another task."""
+    pipeline = coordinator.definition.name
+    ensure_spark_connection(settings.conn_id)
     hook = SparkSubmitHook(
         conf=_python_conf(),
-        conn_id=conn_id,
-        driver_memory=driver_memory,
+        conn_id=settings.conn_id,
+        driver_memory=settings.driver_memory,
         name=f"barrierflow-{pipeline}-process",
-        application_args=process_job_arguments(pipeline, warehouse, params, lease_wait_s),
-        env_vars=_job_env(warehouse),
+        application_args=process_job_arguments(pipeline, settings.warehouse, coordinator.params, settings.lease_wait_s),
+        env_vars=_job_env(settings.warehouse),
     )
-    started = iso_now()
-    try:
-        hook.submit(application)
-    except AirflowException:
-        blocked = _blocked_since(warehouse, pipeline, started)
-        if blocked is not None:
-            raise blocked from None
-        raise
+    with _blocked_input(settings.warehouse, pipeline):
+        hook.submit(settings.process_application)

@@ -5,19 +5,14 @@ Routes (relative to the mount point, ``/barrierflow`` in Airflow):
 * ``GET /``                      the HTML page (``?pipeline=NAME`` repeatable, ``?limit=N`` epoch rows);
 * ``GET /api/pipelines``         the same data as JSON, every readable pipeline;
 * ``GET /api/pipelines/{name}``  one pipeline as JSON;
-* ``GET /run?dag_id=D&run_id=R``  the epochs one Airflow DAG run planned (the run page's
-  "Checkpoint" tab); ``GET /api/run?...`` the same as JSON.
+* ``GET /run?dag_id=D&run_id=R``  the epochs one Airflow DAG run planned (the run page's "Checkpoint" tab);
+  ``GET /api/run?...`` the same as JSON.
 
-**Authentication.** Airflow mounts a plugin's FastAPI app with ``app.mount``;
-the core API's authentication dependency does not reach mounted apps and no
-middleware authenticates them, so this app checks itself: the caller must
-present Airflow's own credentials (the ``_token`` session cookie the UI sets at
-login, or an ``Authorization: Bearer`` JWT), resolved by Airflow's
-``get_user``. A pipeline is shown only to users who may read its DAG's runs
-(``is_authorized_dag(GET, RUN, barrierflow_<pipeline>)``). A browser without a
-session is redirected to Airflow's login page; API calls get 401/403.
-Airflow modules are imported only when a request is authenticated, so merely
-loading the plugin (scheduler, DAG processor, workers) stays cheap.
+**Authentication.** No authentication of Airflow's reaches a plugin's app mounted with ``app.mount``, so this app
+checks itself: the caller presents Airflow's own credentials (the UI's ``_token`` cookie, or a ``Bearer`` JWT),
+resolved by Airflow's ``get_user``; a pipeline is shown only to users who may read its DAG's runs
+(``is_authorized_dag``). A browser without a session is redirected to Airflow's login page; API calls get 401/403.
+Airflow is imported only when a request is authenticated, so loading the plugin stays cheap.
 """
 
 from __future__ import annotations
@@ -28,27 +23,25 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.security import HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
+from barrierflow.airflow.dags.settings import pipeline_dag_id
 from barrierflow.airflow.ui.history import (
     STATE_SIZE_METHOD,
     PipelineHistory,
-    dag_id_for,
+    RunView,
     discover_pipelines,
+    find_pipeline,
     pipeline_history,
     resolve_warehouse,
+    run_view,
 )
 from barrierflow.airflow.ui.render import DEFAULT_EPOCH_ROWS, render_page, render_run
-from barrierflow.airflow.ui.run_view import RunView, find_pipeline, run_view
 
-__all__ = [
-    "Viewer",
-    "NotAuthenticated",
-    "Authenticator",
-    "AirflowViewer",
-    "airflow_authenticator",
-    "create_app",
-]
+__all__ = ["Viewer", "NotAuthenticated", "Authenticator", "AirflowViewer", "airflow_authenticator", "create_app"]
+
+_NO_STORE = {"Cache-Control": "no-store"}
 
 
 class Viewer(Protocol):
@@ -60,13 +53,11 @@ class Viewer(Protocol):
     def can_read(self, pipeline: str) -> bool: ...
 
 
-class NotAuthenticated(Exception):
-    """No valid Airflow credentials (401) or not allowed (403)."""
+class NotAuthenticated(HTTPException):
+    """No valid Airflow credentials (401) or not allowed (403); a browser is sent to ``login_url`` when there is one."""
 
     def __init__(self, status_code: int, detail: str, login_url: str | None = None) -> None:
-        super().__init__(detail)
-        self.status_code = status_code
-        self.detail = detail
+        super().__init__(status_code, detail)
         self.login_url = login_url
 
 
@@ -90,13 +81,9 @@ class AirflowViewer:
     def can_read(self, pipeline: str) -> bool:
         from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 
+        dag = DagDetails(id=pipeline_dag_id(pipeline))
         return bool(
-            self.auth_manager.is_authorized_dag(
-                method="GET",
-                access_entity=DagAccessEntity.RUN,
-                details=DagDetails(id=dag_id_for(pipeline)),
-                user=self.user,
-            )
+            self.auth_manager.is_authorized_dag(method="GET", access_entity=DagAccessEntity.RUN, details=dag, user=self.user)
         )
 
 
@@ -114,7 +101,6 @@ async def airflow_authenticator(request: Request) -> Viewer:
     """Resolve the caller with Airflow's own ``get_user`` (cookie or bearer JWT)."""
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.core_api.security import get_user
-    from fastapi.security import HTTPBearer
 
     bearer = await HTTPBearer(auto_error=False)(request)
     try:
@@ -124,8 +110,8 @@ async def airflow_authenticator(request: Request) -> Viewer:
     return AirflowViewer(user=user, auth_manager=get_auth_manager())
 
 
-def _readable(viewer: Viewer, names: list[str]) -> list[str]:
-    return [n for n in names if viewer.can_read(n)]
+def _forbidden(pipeline: str) -> HTTPException:
+    return HTTPException(status_code=403, detail=f"not allowed to read the runs of DAG {pipeline_dag_id(pipeline)}")
 
 
 def create_app(
@@ -134,61 +120,41 @@ def create_app(
     authenticator: Authenticator | None = None,
     savepoint_lister: Callable[[str, str], Any] | None = None,
 ) -> FastAPI:
-    """The checkpoints app.
-
-    ``warehouse`` defaults to ``$BARRIERFLOW_WAREHOUSE`` (else ``./warehouse``),
-    read at each request. ``authenticator`` defaults to Airflow's
-    (:func:`airflow_authenticator`); tests pass their own.
-    """
-    authenticator_: Authenticator = authenticator or airflow_authenticator
-
-    async def authenticate(request: Request) -> Viewer:
-        return await authenticator_(request)
-
-    app = FastAPI(
-        title="barrierflow checkpoints",
-        description="Epoch history, lineages and savepoints of barrierflow pipelines.",
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
+    """The checkpoints app; ``warehouse`` defaults to ``$BARRIERFLOW_WAREHOUSE`` (else ``./warehouse``)
+    read at each request, ``authenticator`` to Airflow's (:func:`airflow_authenticator`)."""
+    authenticate = authenticator or airflow_authenticator
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)  # no OpenAPI pages: every route needs a login
 
     @app.exception_handler(NotAuthenticated)
     async def _not_authenticated(request: Request, exc: NotAuthenticated) -> Response:
-        wants_html = "/api/" not in request.url.path
-        if exc.status_code == 401 and wants_html and exc.login_url:
+        if "/api/" in request.url.path:
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+        if exc.status_code == 401 and exc.login_url:
             return RedirectResponse(exc.login_url, status_code=303)
-        if wants_html:
-            return HTMLResponse(
-                f"<!doctype html><title>barrierflow</title><p>{exc.status_code}: {exc.detail}</p>",
-                status_code=exc.status_code,
-            )
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+        body = f"<!doctype html><title>barrierflow</title><p>{exc.status_code}: {exc.detail}</p>"
+        return HTMLResponse(body, status_code=exc.status_code)
 
-    def _histories(names: list[str], state_size: bool) -> tuple[str, list[PipelineHistory]]:
+    def histories(viewer: Viewer, only: list[str] | None, state_size: bool) -> tuple[str, list[PipelineHistory]]:
+        """The warehouse and the history of each pipeline in it the viewer may read (of ``only``, when given)."""
         root = resolve_warehouse(warehouse)
+        names = [n for n in discover_pipelines(root) if (not only or n in only) and viewer.can_read(n)]
         return root, [pipeline_history(root, n, state_size=state_size, savepoint_lister=savepoint_lister) for n in names]
 
     @app.get("/", response_class=HTMLResponse)
     async def page(
         request: Request,
         viewer: Viewer = Depends(authenticate),
-        pipeline: list[str] | None = Query(default=None, description="only these pipelines"),
-        limit: int = Query(default=DEFAULT_EPOCH_ROWS, ge=1, le=100_000, description="epoch rows per pipeline"),
-        state_size: bool = Query(default=True, description="compute the live state size per epoch"),
-        refresh: int | None = Query(default=None, ge=5, le=3600, description="reload the page every N seconds"),
+        pipeline: list[str] | None = Query(default=None),  # only these pipelines
+        limit: int = Query(default=DEFAULT_EPOCH_ROWS, ge=1, le=100_000),  # epoch rows per pipeline
+        state_size: bool = True,  # compute the live state size per epoch
+        refresh: int | None = Query(default=None, ge=5, le=3600),  # reload the page every N seconds
     ) -> Response:
         if not request.url.path.endswith("/"):
             # Relative links (api/pipelines) need the trailing slash.
             return RedirectResponse(str(request.url.replace(path=request.url.path + "/")), status_code=307)
-        root = resolve_warehouse(warehouse)
-        names = await run_in_threadpool(discover_pipelines, root)
-        if pipeline:
-            names = [n for n in names if n in set(pipeline)]
-        names = await run_in_threadpool(_readable, viewer, names)
-        root, histories = await run_in_threadpool(_histories, names, state_size)
+        root, found = await run_in_threadpool(histories, viewer, pipeline, state_size)
         html = render_page(
-            histories,
+            found,
             warehouse=root,
             generated_at_us=time.time_ns() // 1000,
             epoch_rows=limit,
@@ -196,69 +162,43 @@ def create_app(
             json_href="api/pipelines" + (f"?{request.url.query}" if request.url.query else ""),
             refresh_s=refresh,
         )
-        return HTMLResponse(html, headers={"Cache-Control": "no-store"})
+        return HTMLResponse(html, headers=_NO_STORE)
 
     @app.get("/api/pipelines")
     async def pipelines_json(
-        viewer: Viewer = Depends(authenticate),
-        pipeline: list[str] | None = Query(default=None),
-        state_size: bool = Query(default=True),
+        viewer: Viewer = Depends(authenticate), pipeline: list[str] | None = Query(default=None), state_size: bool = True
     ) -> JSONResponse:
-        root = resolve_warehouse(warehouse)
-        names = await run_in_threadpool(discover_pipelines, root)
-        if pipeline:
-            names = [n for n in names if n in set(pipeline)]
-        names = await run_in_threadpool(_readable, viewer, names)
-        root, histories = await run_in_threadpool(_histories, names, state_size)
-        return JSONResponse(
-            {
-                "warehouse": root,
-                "state_size_method": STATE_SIZE_METHOD,
-                "pipelines": [h.to_json() for h in histories],
-            },
-            headers={"Cache-Control": "no-store"},
-        )
+        root, found = await run_in_threadpool(histories, viewer, pipeline, state_size)
+        doc = {"warehouse": root, "state_size_method": STATE_SIZE_METHOD, "pipelines": [h.to_json() for h in found]}
+        return JSONResponse(doc, headers=_NO_STORE)
 
     @app.get("/api/pipelines/{name}")
-    async def pipeline_json(
-        name: str,
-        viewer: Viewer = Depends(authenticate),
-        state_size: bool = Query(default=True),
-    ) -> JSONResponse:
+    async def pipeline_json(name: str, viewer: Viewer = Depends(authenticate), state_size: bool = True) -> JSONResponse:
         root = resolve_warehouse(warehouse)
-        names = await run_in_threadpool(discover_pipelines, root)
-        if name not in names:
+        if name not in await run_in_threadpool(discover_pipelines, root):
             raise HTTPException(status_code=404, detail=f"no pipeline {name!r} in warehouse {root}")
         if not await run_in_threadpool(viewer.can_read, name):
-            raise HTTPException(status_code=403, detail=f"not allowed to read the runs of DAG {dag_id_for(name)}")
-        root, histories = await run_in_threadpool(_histories, [name], state_size)
-        return JSONResponse(histories[0].to_json(), headers={"Cache-Control": "no-store"})
+            raise _forbidden(name)
+        history = await run_in_threadpool(pipeline_history, root, name, state_size=state_size, savepoint_lister=savepoint_lister)
+        return JSONResponse(history.to_json(), headers=_NO_STORE)
 
     def _run_view(viewer: Viewer, dag_id: str, run_id: str) -> tuple[str, RunView]:
         root = resolve_warehouse(warehouse)
         found = find_pipeline(dag_id, discover_pipelines(root))
         if found and not viewer.can_read(found[0]):
-            raise HTTPException(status_code=403, detail=f"not allowed to read the runs of DAG {dag_id_for(found[0])}")
+            raise _forbidden(found[0])
         # The tab shows the run's epochs: no state sizes, backlog or savepoints to measure or list.
         history = pipeline_history(root, found[0], state_size=False, backlog=False, savepoints=False) if found else None
         return root, run_view(dag_id, run_id, found, history)
 
     @app.get("/run", response_class=HTMLResponse)
-    async def run_page(
-        viewer: Viewer = Depends(authenticate),
-        dag_id: str = Query(description="the DAG of the run"),
-        run_id: str = Query(description="the run"),
-    ) -> Response:
+    async def run_page(dag_id: str, run_id: str, viewer: Viewer = Depends(authenticate)) -> Response:
         root, view = await run_in_threadpool(_run_view, viewer, dag_id, run_id)
-        return HTMLResponse(render_run(view, warehouse=root), headers={"Cache-Control": "no-store"})
+        return HTMLResponse(render_run(view, warehouse=root), headers=_NO_STORE)
 
     @app.get("/api/run")
-    async def run_json(
-        viewer: Viewer = Depends(authenticate),
-        dag_id: str = Query(description="the DAG of the run"),
-        run_id: str = Query(description="the run"),
-    ) -> JSONResponse:
+    async def run_json(dag_id: str, run_id: str, viewer: Viewer = Depends(authenticate)) -> JSONResponse:
         _, view = await run_in_threadpool(_run_view, viewer, dag_id, run_id)
-        return JSONResponse(view.to_json(), headers={"Cache-Control": "no-store"})
+        return JSONResponse(view.to_json(), headers=_NO_STORE)
 
     return app

@@ -1,9 +1,7 @@
 """An inline SVG chart of epoch durations and state size, rendered in Python.
 
-No JavaScript and no external assets: the page works offline and inside
-Airflow's sandboxed iframe. Bars are epoch durations (left axis, seconds); the
-line is the state size (right axis, bytes) at each completed epoch. Dashed
-vertical rules mark where a new lineage (a restore) begins.
+No JavaScript, no external assets (it works offline and in Airflow's sandboxed iframe). Bars: epoch durations (left
+axis, s); line: state size (right axis, bytes) per completed epoch; dashed rules: where a lineage (a restore) begins.
 """
 
 from __future__ import annotations
@@ -15,18 +13,11 @@ from typing import Sequence
 
 from barrierflow.airflow.ui.history import EpochRow
 
-__all__ = [
-    "ChartPoint",
-    "chart_points",
-    "render_epoch_chart",
-    "format_bytes",
-    "format_ms",
-    "nice_ceiling",
-    "nice_bytes_ceiling",
-]
+__all__ = ["ChartPoint", "chart_points", "render_epoch_chart", "format_bytes", "format_ms", "nice_ceiling", "nice_bytes_ceiling"]
 
 _W, _H = 960, 300
 _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 80, 34, 44
+_PLOT_W, _PLOT_H = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
 _BAR = "#4c78a8"
 _LINE = "#e45756"
 _RULE = "#9aa0a6"
@@ -47,9 +38,9 @@ def format_bytes(n: int | float | None) -> str:
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+            break
         value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover - loop always returns
+    return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
 def format_ms(ms: int | float | None) -> str:
@@ -75,11 +66,7 @@ def nice_ceiling(value: float) -> float:
     if value <= 0:
         return 1.0
     exp = math.floor(math.log10(value))
-    for m in (1, 2, 2.5, 5, 10):
-        candidate = m * 10**exp
-        if candidate >= value * (1 - 1e-12):
-            return float(candidate)
-    return float(10 ** (exp + 1))  # pragma: no cover
+    return float(next(m * 10**exp for m in (1, 2, 2.5, 5, 10) if m * 10**exp >= value * (1 - 1e-12)))
 
 
 def nice_bytes_ceiling(value: float) -> float:
@@ -95,13 +82,10 @@ def nice_bytes_ceiling(value: float) -> float:
 def chart_points(epochs: Sequence[EpochRow], limit: int = 200) -> tuple[list[ChartPoint], str]:
     """The completed epochs in commit order (the last ``limit`` of them), and the size series' name.
 
-    The size series is the live state size; when no epoch has one (state sizes
-    were not computed) it is the cumulative state bytes written instead, never
-    a mix of both.
+    The size series is the live state size; when no epoch has one (state sizes were not computed) it is the cumulative
+    state bytes written instead, never a mix of both.
     """
-    done = [e for e in epochs if e.completed]
-    done.sort(key=lambda e: e.recorded_at_us)
-    done = done[-limit:]
+    done = sorted((e for e in epochs if e.completed), key=lambda e: e.recorded_at_us)[-limit:]
     live = any(e.state_bytes is not None for e in done)
     points = [
         ChartPoint(str(e.epoch), e.lineage_id, e.duration_ms, e.state_bytes if live else e.state_bytes_cumulative) for e in done
@@ -109,8 +93,17 @@ def chart_points(epochs: Sequence[EpochRow], limit: int = 200) -> tuple[list[Cha
     return points, ("state size" if live else "state bytes written (cumulative)")
 
 
-def _fmt_seconds(v: float) -> str:
-    return f"{v:g} s"
+def _svg(chart_id: str, label: str, cls: str, height: int) -> str:
+    return (
+        f'<svg id="{escape(chart_id)}" class="{cls}" role="img" aria-label="{escape(label)}" '
+        f'xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_W} {height}" width="100%" preserveAspectRatio="xMinYMin meet">'
+    )
+
+
+def _text(x: object, y: object, text: str, anchor: str = "") -> str:
+    """An axis label; ``x`` and ``y`` as they are written."""
+    anchored = f' text-anchor="{anchor}"' if anchor else ""
+    return f'<text x="{x}" y="{y}"{anchored} class="bf-axis">{escape(text)}</text>'
 
 
 def render_epoch_chart(
@@ -120,16 +113,13 @@ def render_epoch_chart(
     label = title or "Epoch durations and state size"
     if not points:
         return (
-            f'<svg id="{escape(chart_id)}" class="bf-chart bf-chart-empty" role="img" aria-label="{escape(label)}" '
-            f'xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_W} 60" width="100%" preserveAspectRatio="xMinYMin meet">'
-            f'<text x="{_W // 2}" y="34" text-anchor="middle" class="bf-axis">no completed epoch yet</text></svg>'
+            _svg(chart_id, label, "bf-chart bf-chart-empty", 60)
+            + _text(_W // 2, 34, "no completed epoch yet", "middle")
+            + "</svg>"
         )
-    plot_w = _W - _LEFT - _RIGHT
-    plot_h = _H - _TOP - _BOTTOM
-    n = len(points)
-    slot = plot_w / n
+    n, base = len(points), _TOP + _PLOT_H
+    slot = _PLOT_W / n
     bar_w = max(1.0, min(36.0, slot * 0.7))
-
     durations_s = [(p.duration_ms or 0) / 1000 for p in points]
     dmax = nice_ceiling(max(durations_s) or 1.0)
     sizes = [p.state_bytes for p in points if p.state_bytes is not None]
@@ -138,85 +128,52 @@ def render_epoch_chart(
     def x_of(i: int) -> float:
         return _LEFT + slot * (i + 0.5)
 
-    def y_dur(v: float) -> float:
-        return _TOP + plot_h * (1 - v / dmax)
+    def y_of(v: float, vmax: float) -> float:
+        return _TOP + _PLOT_H * (1 - v / vmax)
 
-    def y_size(v: float) -> float:
-        return _TOP + plot_h * (1 - v / smax)
-
-    out: list[str] = [
-        f'<svg id="{escape(chart_id)}" class="bf-chart" role="img" aria-label="{escape(label)}" '
-        f'xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_W} {_H}" width="100%" preserveAspectRatio="xMinYMin meet">',
-        f"<title>{escape(label)}</title>",
-    ]
-    # Grid and both axes (5 ticks).
-    for k in range(6):
-        frac = k / 5
-        y = _TOP + plot_h * (1 - frac)
+    out = [_svg(chart_id, label, "bf-chart", _H), f"<title>{escape(label)}</title>"]
+    for k in range(6):  # grid and both axes, 5 ticks
+        y = y_of(k / 5, 1)
         out.append(f'<line x1="{_LEFT}" y1="{y:.1f}" x2="{_W - _RIGHT}" y2="{y:.1f}" class="bf-grid"/>')
-        out.append(
-            f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" class="bf-axis">{escape(_fmt_seconds(dmax * frac))}</text>'
-        )
+        out.append(_text(_LEFT - 6, f"{y + 4:.1f}", f"{dmax * (k / 5):g} s", "end"))
         if sizes:
-            out.append(
-                f'<text x="{_W - _RIGHT + 6}" y="{y + 4:.1f}" text-anchor="start" class="bf-axis">'
-                f"{escape(format_bytes(smax * frac))}</text>"
-            )
-    out.append(f'<line x1="{_LEFT}" y1="{_TOP + plot_h}" x2="{_W - _RIGHT}" y2="{_TOP + plot_h}" class="bf-baseline"/>')
-    # Lineage boundaries.
-    for i in range(1, n):
+            out.append(_text(_W - _RIGHT + 6, f"{y + 4:.1f}", format_bytes(smax * (k / 5)), "start"))
+    out.append(f'<line x1="{_LEFT}" y1="{base}" x2="{_W - _RIGHT}" y2="{base}" class="bf-baseline"/>')
+    for i in range(1, n):  # lineage boundaries
         if points[i].lineage_id != points[i - 1].lineage_id:
             x = _LEFT + slot * i
             out.append(
-                f'<line x1="{x:.1f}" y1="{_TOP}" x2="{x:.1f}" y2="{_TOP + plot_h}" stroke="{_RULE}" '
+                f'<line x1="{x:.1f}" y1="{_TOP}" x2="{x:.1f}" y2="{base}" stroke="{_RULE}" '
                 f'stroke-dasharray="4 3" class="bf-lineage-rule"/>'
             )
-            out.append(f'<text x="{x + 3:.1f}" y="{_TOP + 10}" class="bf-axis">lineage {escape(points[i].lineage_id[:8])}</text>')
-    # Duration bars.
-    for i, (p, d) in enumerate(zip(points, durations_s)):
-        y = y_dur(d)
+            out.append(_text(f"{x + 3:.1f}", _TOP + 10, f"lineage {points[i].lineage_id[:8]}"))
+    for i, (p, d) in enumerate(zip(points, durations_s)):  # duration bars
+        y = y_of(d, dmax)
         tip = f"epoch {p.label} ({p.lineage_id}): {format_ms(p.duration_ms)}"
-        if p.state_bytes is not None:
-            tip += f", {size_label} {format_bytes(p.state_bytes)}"
+        tip += f", {size_label} {format_bytes(p.state_bytes)}" if p.state_bytes is not None else ""
         out.append(
             f'<rect class="bf-bar" x="{x_of(i) - bar_w / 2:.1f}" y="{y:.1f}" width="{bar_w:.1f}" '
-            f'height="{max(0.0, _TOP + plot_h - y):.1f}" fill="{_BAR}" data-epoch="{escape(p.label)}">'
-            f"<title>{escape(tip)}</title></rect>"
+            f'height="{max(0.0, base - y):.1f}" fill="{_BAR}" data-epoch="{escape(p.label)}"><title>{escape(tip)}</title></rect>'
         )
     # State size line (broken where a point has no size, and at lineage changes).
-    segment: list[str] = []
-    segments: list[list[str]] = []
+    segments: list[list[str]] = [[]]
     for i, p in enumerate(points):
         if p.state_bytes is None or (i and points[i - 1].lineage_id != p.lineage_id):
-            if segment:
-                segments.append(segment)
-            segment = []
+            segments.append([])
         if p.state_bytes is not None:
-            segment.append(f"{x_of(i):.1f},{y_size(p.state_bytes):.1f}")
-    if segment:
-        segments.append(segment)
-    for seg in segments:
+            segments[-1].append(f"{x_of(i):.1f},{y_of(p.state_bytes, smax):.1f}")
+    for seg in filter(None, segments):
         out.append(f'<polyline class="bf-line" points="{" ".join(seg)}" fill="none" stroke="{_LINE}" stroke-width="2"/>')
-    if n <= 120:
-        for i, p in enumerate(points):
-            if p.state_bytes is not None:
-                out.append(
-                    f'<circle class="bf-dot" cx="{x_of(i):.1f}" cy="{y_size(p.state_bytes):.1f}" r="3" fill="{_LINE}">'
-                    f"<title>{escape(f'epoch {p.label}: {size_label} {format_bytes(p.state_bytes)}')}</title></circle>"
-                )
-    # X labels, thinned to at most ~16.
-    step = max(1, math.ceil(n / 16))
-    for i in range(0, n, step):
-        out.append(
-            f'<text x="{x_of(i):.1f}" y="{_TOP + plot_h + 16}" text-anchor="middle" class="bf-axis">{escape(points[i].label)}</text>'
-        )
-    out.append(
-        f'<text x="{_LEFT + plot_w / 2:.1f}" y="{_H - 6}" text-anchor="middle" class="bf-axis">epoch (completed, in commit order)</text>'
-    )
+    for i, p in enumerate(points if n <= 120 else []):
+        if p.state_bytes is not None:
+            out.append(
+                f'<circle class="bf-dot" cx="{x_of(i):.1f}" cy="{y_of(p.state_bytes, smax):.1f}" r="3" fill="{_LINE}">'
+                f"<title>{escape(f'epoch {p.label}: {size_label} {format_bytes(p.state_bytes)}')}</title></circle>"
+            )
+    out += [_text(f"{x_of(i):.1f}", base + 16, points[i].label, "middle") for i in range(0, n, max(1, math.ceil(n / 16)))]
+    out.append(_text(f"{_LEFT + _PLOT_W / 2:.1f}", _H - 6, "epoch (completed, in commit order)", "middle"))
     # Legend.
-    out.append(f'<rect x="{_LEFT}" y="8" width="12" height="12" fill="{_BAR}"/>')
-    out.append(f'<text x="{_LEFT + 18}" y="18" class="bf-axis">duration (left axis)</text>')
+    out.append(f'<rect x="{_LEFT}" y="8" width="12" height="12" fill="{_BAR}"/>{_text(_LEFT + 18, 18, "duration (left axis)")}')
     out.append(f'<line x1="{_LEFT + 180}" y1="14" x2="{_LEFT + 204}" y2="14" stroke="{_LINE}" stroke-width="2"/>')
-    out.append(f'<text x="{_LEFT + 210}" y="18" class="bf-axis">{escape(size_label)} (right axis)</text>')
-    out.append("</svg>")
+    out.append(_text(_LEFT + 210, 18, f"{size_label} (right axis)") + "</svg>")
     return "".join(out)

@@ -1,31 +1,18 @@
 """What the checkpoints page shows, gathered from the warehouse (no web framework here).
 
-For every pipeline in a warehouse (a subdirectory holding ``_pipeline.json``):
+Per pipeline of a warehouse (a subdirectory holding ``_pipeline.json``): one row per ``(lineage, epoch)`` of the
+checkpoint log at its furthest status, with its manifest's metrics; the lineages; the savepoints; and per completed
+epoch the **state size**, the live bytes of every state table at the Delta versions its checkpoint recorded (what a
+restore from it reads). Watermark lags per epoch, in ms: ``event_time_lag_ms`` = max event time seen - watermark (the
+out-of-orderness waited for); ``processing_lag_ms`` = commit time - watermark (the end-to-end delay). Read-only and
+tolerant: a pipeline whose log cannot be read is reported with an ``error`` rather than failing the page.
 
-* the epoch history from the checkpoint log, one row per ``(lineage, epoch)``
-  at its furthest status, with the metrics of its manifest;
-* the lineages (``_lineages/<seq>.json``) and how many epochs each completed;
-* the savepoints, from :func:`barrierflow.operations.savepoint.list_savepoints` when that
-  module is installed (it is optional: the page says so when it is missing);
-* per completed epoch, the **state size**: the total bytes of the live files of
-  every state table at the Delta versions that epoch's checkpoint recorded (the
-  consistent cut), i.e. what a restore from that epoch reads. The cumulative
-  ``state_bytes_written`` is reported alongside.
-
-Two watermark lags are given per epoch, both in milliseconds:
-
-* ``event_time_lag_ms`` = max event time seen - watermark (how far the
-  watermark trails the newest data: the out-of-orderness being waited for);
-* ``processing_lag_ms`` = commit time of the epoch - watermark (how far event
-  time trails the wall clock: the stream's end-to-end delay).
-
-Everything is read-only and tolerant: a pipeline whose log cannot be read is
-reported with an ``error`` rather than failing the whole page.
+A DAG run's "Checkpoint" tab (:func:`run_view`) shows the epochs that run planned (barriers record ``planned_by`` =
+``<dag_id>:<run_id>``), their failed attempts and the pipeline's state now, which a run's failure may cause or show.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import threading
@@ -33,55 +20,33 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from barrierflow.airflow.dags.settings import pipeline_dag_id, savepoint_dag_id
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from barrierflow.airflow.dags.operations import xcom_json
+from barrierflow.airflow.dags.settings import WAREHOUSE_ENV, pipeline_dag_id, reprocess_dag_id, restore_dag_id, savepoint_dag_id
 from barrierflow.checkpointing.checkpoint import RESTORE_ATTEMPT_PREFIX, CheckpointRecord, EpochStatus
 from barrierflow.checkpointing.checkpoint_log import CheckpointLog, iso_us
 from barrierflow.checkpointing.coordinator import backlog_report
+from barrierflow.checkpointing.intervals import airflow_owner
 from barrierflow.operations.query import table_uri
+from barrierflow.operations.savepoint import list_savepoints
 from barrierflow.storage import objects
+from barrierflow.storage.delta import add_actions
 from barrierflow.storage.layout import PipelineLayout
 
-__all__ = [
-    "WAREHOUSE_ENV",
-    "STATE_SIZE_METHOD",
-    "EpochRow",
-    "LineageInfo",
-    "PipelineHistory",
-    "resolve_warehouse",
-    "discover_pipelines",
-    "pipeline_history",
-    "warehouse_history",
-    "dag_id_for",
-    "savepoint_dag_id_for",
-    "iso_us",
-]
+__all__ = ["EpochRow", "PipelineHistory", "RunView", "resolve_warehouse", "discover_pipelines", "pipeline_history", "run_view"]
 
 _log = logging.getLogger(__name__)
-
-WAREHOUSE_ENV = "BARRIERFLOW_WAREHOUSE"
 
 STATE_SIZE_METHOD = (
     "live bytes: sum of the sizes of the files of every state table at the Delta versions recorded in the epoch's checkpoint"
 )
 
-_SAVEPOINT_MODULE = "barrierflow.operations.savepoint"
-
 
 def resolve_warehouse(warehouse: str | None = None) -> str:
     """The warehouse to show: ``warehouse``, else ``$BARRIERFLOW_WAREHOUSE``, else ``./warehouse``."""
     return objects.normalize_uri(warehouse or os.environ.get(WAREHOUSE_ENV) or "./warehouse")
-
-
-def dag_id_for(pipeline: str) -> str:
-    """The Airflow DAG id that runs a pipeline's epochs (``barrierflow_<pipeline>``)."""
-
-    return pipeline_dag_id(pipeline)
-
-
-def savepoint_dag_id_for(pipeline: str) -> str:
-    """The Airflow DAG id that takes a pipeline's savepoints."""
-
-    return savepoint_dag_id(pipeline)
 
 
 @dataclass(frozen=True)
@@ -128,13 +93,6 @@ class EpochRow:
         """A completed epoch that the engine computed (not a restore point)."""
         return self.completed and not self.restore_point
 
-    def to_json(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["table_versions"] = dict(self.table_versions)
-        doc["input_files"] = list(self.input_files)
-        doc["phase_ms"] = dict(self.phase_ms)
-        return doc
-
 
 @dataclass(frozen=True)
 class Failure:
@@ -160,11 +118,6 @@ class LineageInfo:
     last_completed_epoch: int | None
     document: Mapping[str, Any] = field(default_factory=dict)  # the whole lineage document
 
-    def to_json(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["document"] = dict(self.document)
-        return doc
-
 
 @dataclass(frozen=True)
 class PipelineHistory:
@@ -181,7 +134,7 @@ class PipelineHistory:
     lineages: tuple[LineageInfo, ...]
     epochs: tuple[EpochRow, ...]  # in the order they were first recorded
     savepoints: tuple[Mapping[str, Any], ...]  # SavepointMetadata.to_json(), newest first
-    savepoints_available: bool
+    savepoints_available: bool  # False: not listed (not asked for)
     savepoints_error: str | None
     error: str | None
     stopped: Mapping[str, Any] | None = None  # the stop marker while stopped with a savepoint
@@ -214,87 +167,43 @@ class PipelineHistory:
         }
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "pipeline": self.pipeline,
-            "warehouse": self.warehouse,
-            "dag_id": self.dag_id,
-            "savepoint_dag_id": self.savepoint_dag_id,
-            "key_groups": self.key_groups,
-            "created_at": self.created_at,
-            "current_lineage_id": self.current_lineage_id,
-            "last_completed_epoch": self.last_completed_epoch,
-            "lineages": [lin.to_json() for lin in self.lineages],
-            "epochs": [e.to_json() for e in self.epochs],
-            "savepoints": [dict(s) for s in self.savepoints],
-            "savepoints_available": self.savepoints_available,
-            "savepoints_error": self.savepoints_error,
-            "error": self.error,
-            "stopped": dict(self.stopped) if self.stopped is not None else None,
-            "blocked": dict(self.blocked) if self.blocked is not None else None,
-            "backlog": dict(self.backlog) if self.backlog is not None else None,
-            "failures": [asdict(f) for f in self.failures],
-            "summary": self.summary(),
-            "state_size_method": self.state_size_method,
-            "watermark_lag": {
-                "event_time_lag_ms": "max event time seen - watermark",
-                "processing_lag_ms": "commit time of the epoch - watermark",
-            },
-            "generated_at": self.generated_at,
+        watermark_lag = {
+            "event_time_lag_ms": "max event time seen - watermark",
+            "processing_lag_ms": "commit time of the epoch - watermark",
         }
-
-
-# -- discovery -----------------------------------------------------------------
+        return {**xcom_json(asdict(self)), "summary": self.summary(), "watermark_lag": watermark_lag}
 
 
 def discover_pipelines(warehouse: str) -> list[str]:
     """Names of the pipelines in ``warehouse``: subdirectories holding ``_pipeline.json``."""
     root = objects.normalize_uri(warehouse)
-    names = []
-    for name in objects.list_dir(root):
-        if name.startswith((".", "_")):
-            continue
-        if objects.exists(PipelineLayout.of(root, name).pipeline_meta):
-            names.append(name)
-    return names
+    names = [name for name in objects.list_dir(root) if not name.startswith((".", "_"))]
+    return [name for name in names if objects.exists(PipelineLayout.of(root, name).pipeline_meta)]
 
 
-# -- state size ----------------------------------------------------------------
-
-# (table uri, version) -> live bytes. Committed versions never change, so the
-# cache is only ever extended; it is bounded to keep a long-lived server small.
+# (table uri, version) -> live bytes. Committed versions never change: the cache only grows, bounded for a long-lived server.
 _SIZE_CACHE: dict[tuple[str, int], int] = {}
 _SIZE_CACHE_MAX = 200_000
 _SIZE_LOCK = threading.Lock()
 
 
 def _live_bytes(uri: str, versions: Sequence[int]) -> dict[int, int]:
-    """Live-file bytes of the Delta table at ``uri`` at each of ``versions``.
+    """Live-file bytes of the Delta table at ``uri`` at each of ``versions`` (left out: versions retention removed).
 
-    Opens the table once at the smallest missing version and moves forward
-    (delta-rs applies only the new commits), so the cost is one log replay per
-    table rather than one per epoch. Versions that cannot be loaded (log
-    cleaned up by retention) are left out.
+    Opens the table once at the smallest missing version and moves forward (delta-rs applies only the new commits):
+    one log replay per table, not one per epoch.
     """
-    out: dict[int, int] = {}
     with _SIZE_LOCK:
-        missing = sorted({v for v in versions if (uri, v) not in _SIZE_CACHE})
-        out.update({v: _SIZE_CACHE[(uri, v)] for v in versions if (uri, v) in _SIZE_CACHE})
-    if not missing:
-        return out
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    from deltalake import DeltaTable
-
+        out = {v: _SIZE_CACHE[(uri, v)] for v in versions if (uri, v) in _SIZE_CACHE}
     table: Any = None
     computed: dict[int, int] = {}
-    for version in missing:
+    for version in sorted(set(versions) - set(out)):
         try:
             if table is None:
                 table = DeltaTable(uri, version=version)
             else:
                 table.load_as_version(version)
-            adds = pa.table(table.get_add_actions(flatten=False))
-            computed[version] = int(pc.sum(adds.column("size_bytes")).as_py() or 0)
+            computed[version] = int(pc.sum(add_actions(table).column("size_bytes")).as_py() or 0)
         except Exception as exc:  # noqa: BLE001 - a missing version must not break the page
             _log.debug("cannot size %s at version %s: %s", uri, version, exc)
             table = None
@@ -302,89 +211,92 @@ def _live_bytes(uri: str, versions: Sequence[int]) -> dict[int, int]:
         if len(_SIZE_CACHE) + len(computed) > _SIZE_CACHE_MAX:
             _SIZE_CACHE.clear()
         _SIZE_CACHE.update({(uri, v): n for v, n in computed.items()})
-    out.update(computed)
-    return out
+    return out | computed
 
 
-def _state_sizes(layout: PipelineLayout, rows: Iterable[tuple[Any, Mapping[str, int]]]) -> dict[Any, int]:
-    """Live state bytes per key of ``rows`` ((key, table_versions) of completed epochs)."""
-
-    rows = list(rows)
-    per_table: dict[str, set[int]] = {}
-    for _, versions in rows:
-        for name, version in versions.items():
-            if "__" in name:  # state tables are <operator>__<state>; sinks and dead_letter are not
-                per_table.setdefault(name, set()).add(int(version))
-    sizes = {name: _live_bytes(table_uri(layout, name), sorted(vs)) for name, vs in per_table.items()}
-    out: dict[Any, int] = {}
-    for key, versions in rows:
-        state = {n: int(v) for n, v in versions.items() if "__" in n}
-        if not state or any(v not in sizes[n] for n, v in state.items()):
-            continue
-        out[key] = sum(sizes[n][v] for n, v in state.items())
-    return out
+def _state_sizes(layout: PipelineLayout, completed: Sequence[CheckpointRecord]) -> dict[tuple[str, int], int]:
+    """Live state bytes per (lineage, epoch) of ``completed`` epochs; state tables are ``<operator>__<state>``."""
+    states = {(r.lineage_id, r.epoch): {n: int(v) for n, v in r.versions().items() if "__" in n} for r in completed}
+    tables = {name for state in states.values() for name in state}
+    sizes = {n: _live_bytes(table_uri(layout, n), sorted({s[n] for s in states.values() if n in s})) for n in tables}
+    return {
+        key: sum(sizes[n][v] for n, v in state.items())
+        for key, state in states.items()
+        if state and all(v in sizes[n] for n, v in state.items())
+    }
 
 
-# -- the history ---------------------------------------------------------------
-
-
-def _furthest(records: Iterable[CheckpointRecord]) -> list[tuple[CheckpointRecord, int]]:
-    """Per (lineage, epoch): the record of where it stands (:meth:`CheckpointLog.current_status`), and when it first appeared."""
-    records = list(records)
-    first_seen: dict[tuple[str, int], int] = {}
-    for r in records:
-        ident = (r.lineage_id, r.epoch)
-        first_seen[ident] = min(first_seen.get(ident, r.recorded_at_us), r.recorded_at_us)
+def _furthest(records: list[CheckpointRecord]) -> list[CheckpointRecord]:
+    """Per (lineage, epoch) in the order they first appeared: the record of where it stands (``CheckpointLog.current_status``)."""
+    first_seen = {(r.lineage_id, r.epoch): r.recorded_at_us for r in sorted(records, key=lambda r: -r.recorded_at_us)}
     ordered = sorted(CheckpointLog.current_status(records).items(), key=lambda kv: (first_seen[kv[0]], kv[0][1]))
-    return [(rec, first_seen[ident]) for ident, rec in ordered]
+    return [rec for _, rec in ordered]
 
 
 def _lag(later_us: int | None, watermark_us: int | None) -> int | None:
-    if later_us is None or watermark_us is None:
-        return None
-    return (later_us - watermark_us) // 1000
+    return None if later_us is None or watermark_us is None else (later_us - watermark_us) // 1000
 
 
 def _input_files(offsets: Mapping[str, Any]) -> tuple[str, ...]:
     """The files an epoch's end offsets took, over its file sources (late files set aside included)."""
-    names: list[str] = []
-    for end in offsets.values():
-        if isinstance(end, Mapping):
-            names += [f[0] for f in end.get("files") or [] if isinstance(f, (list, tuple)) and f]
-            names += [f[0] for f in end.get("late") or [] if isinstance(f, (list, tuple)) and f]
-    return tuple(names)
+    ends = [end for end in offsets.values() if isinstance(end, Mapping)]
+    return tuple(
+        f[0] for end in ends for key in ("files", "late") for f in end.get(key) or [] if isinstance(f, (list, tuple)) and f
+    )
 
 
 def _read_lineages(layout: PipelineLayout) -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for name in objects.list_dir(layout.lineages):
-        if not name.endswith(".json") or name.startswith((".", "_")):
-            continue
-        doc = objects.read_json(objects.join_uri(layout.lineages, name)) or {}
-        out.append((name[: -len(".json")], doc))
-    return out
+    names = [n for n in objects.list_dir(layout.lineages) if n.endswith(".json") and not n.startswith((".", "_"))]
+    return [(name.removesuffix(".json"), objects.read_json(objects.join_uri(layout.lineages, name)) or {}) for name in names]
 
 
 def _load_savepoints(
-    pipeline: str, warehouse: str, lister: Callable[[str, str], Sequence[Any]] | None
-) -> tuple[tuple[Mapping[str, Any], ...], bool, str | None]:
-    """(savepoints as JSON, whether savepoint support is installed, error)."""
-    if lister is None:
-        try:
-            module = importlib.import_module(_SAVEPOINT_MODULE)
-        except ImportError:
-            return (), False, None
-        lister = getattr(module, "list_savepoints", None)
-        if lister is None:
-            return (), False, None
+    pipeline: str, warehouse: str, lister: Callable[[str, str], Sequence[Any]]
+) -> tuple[tuple[Mapping[str, Any], ...], str | None]:
+    """(savepoints as JSON, newest first; error)."""
     try:
         found = list(lister(pipeline, warehouse))
     except Exception as exc:  # noqa: BLE001 - one broken savepoint must not break the page
         _log.warning("cannot list savepoints of %s: %s", pipeline, exc)
-        return (), True, f"{type(exc).__name__}: {exc}"
+        return (), f"{type(exc).__name__}: {exc}"
     docs = [dict(sp.to_json()) if hasattr(sp, "to_json") else dict(sp) for sp in found]
-    docs.sort(key=lambda d: str(d.get("created_at") or ""), reverse=True)
-    return tuple(docs), True, None
+    return tuple(sorted(docs, key=lambda d: str(d.get("created_at") or ""), reverse=True)), None
+
+
+def _backlog(warehouse: str, pipeline: str) -> dict[str, Any]:
+    try:
+        return backlog_report(warehouse, pipeline)
+    except Exception as exc:  # noqa: BLE001 - show what is wrong instead of a 500
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+# The EpochRow fields a checkpoint record holds as they are.
+_AS_RECORDED = (
+    "lineage_id epoch attempt_id recorded_at_us duration_ms rows_in rows_out dead_letters bytes_written"
+    " state_bytes_written watermark_us backlog_files backlog_bytes input_lag_ms planned_by"
+).split()
+
+
+def _epoch_row(r: CheckpointRecord, state_bytes: int | None, cumulative: int | None, rewound_after: int | None) -> EpochRow:
+    done = r.status is EpochStatus.COMPLETED
+    return EpochRow(
+        **{name: getattr(r, name) for name in _AS_RECORDED},
+        status=r.status.value,
+        recorded_at=iso_us(r.recorded_at_us),
+        watermark=iso_us(r.watermark_us),
+        max_event_time=iso_us(r.max_event_time_us),
+        event_time_lag_ms=_lag(r.max_event_time_us, r.watermark_us),
+        processing_lag_ms=_lag(r.recorded_at_us, r.watermark_us) if done else None,
+        state_bytes=state_bytes,
+        state_bytes_cumulative=cumulative,
+        table_versions=r.versions() if done else {},
+        message=r.message or "",
+        arrival_cutoff=iso_us(r.arrival_cutoff_ms * 1000) if r.arrival_cutoff_ms is not None else None,
+        input_files=_input_files(r.offsets_json()),
+        restore_point=r.attempt_id.startswith(RESTORE_ATTEMPT_PREFIX),
+        rewound=done and rewound_after is not None and r.epoch > rewound_after,
+        phase_ms=r.phases(),
+    )
 
 
 def pipeline_history(
@@ -398,16 +310,14 @@ def pipeline_history(
 ) -> PipelineHistory:
     """The checkpoint history, lineages and savepoints of one pipeline.
 
-    ``state_size=False`` skips opening the state tables (only the cumulative
-    bytes written are reported). ``savepoint_lister`` replaces
-    ``barrierflow.operations.savepoint.list_savepoints`` (tests). ``backlog`` measures
-    the input waiting now (it lists the sources' input; it needs the
-    pipeline's code). ``savepoints=False`` skips listing the savepoints.
+    ``state_size=False`` skips opening the state tables (only the cumulative bytes written are reported);
+    ``savepoint_lister`` replaces ``list_savepoints`` (tests); ``backlog`` measures the input waiting now (it needs
+    the pipeline's code); ``savepoints=False`` skips listing the savepoints.
     """
     warehouse = objects.normalize_uri(warehouse)
     layout = PipelineLayout.of(warehouse, pipeline)
     generated_at = iso_us(int(datetime.now(timezone.utc).timestamp() * 1e6)) or ""
-    listed, available, sp_error = _load_savepoints(pipeline, warehouse, savepoint_lister) if savepoints else ((), False, None)
+    listed, sp_error = _load_savepoints(pipeline, warehouse, savepoint_lister or list_savepoints) if savepoints else ((), None)
     error: str | None = None
     meta: dict[str, Any] = {}
     records: list[CheckpointRecord] = []
@@ -424,125 +334,108 @@ def pipeline_history(
         error = f"{type(exc).__name__}: {exc}"
 
     furthest = _furthest(records)
-    completed_keys = [((r.lineage_id, r.epoch), r.versions()) for r, _ in furthest if r.status is EpochStatus.COMPLETED]
-    sizes: dict[Any, int] = {}
-    if state_size and completed_keys:
+    sizes: dict[tuple[str, int], int] = {}
+    if state_size:
         try:
-            sizes = _state_sizes(layout, completed_keys)
+            sizes = _state_sizes(layout, [r for r in furthest if r.status is EpochStatus.COMPLETED])
         except Exception as exc:  # noqa: BLE001
             _log.warning("cannot compute state sizes of %s: %s", pipeline, exc)
 
     # A lineage's completed epochs after the point the next lineage was restored to are rewound.
-    rewound_after: dict[str, int] = {}
-    for (_, older), (_, newer) in zip(lineage_docs, lineage_docs[1:]):
-        if newer.get("start_epoch") is not None and older.get("lineage_id"):
-            rewound_after[older["lineage_id"]] = int(newer["start_epoch"])
-    failures = tuple(
-        Failure(r.lineage_id, r.epoch, iso_us(r.recorded_at_us), r.message)
-        for r in sorted(records, key=lambda r: r.recorded_at_us, reverse=True)
-        if r.status is EpochStatus.ABORTED
-    )
+    rewound_after = {
+        older["lineage_id"]: int(newer["start_epoch"])
+        for (_, older), (_, newer) in zip(lineage_docs, lineage_docs[1:])
+        if newer.get("start_epoch") is not None and older.get("lineage_id")
+    }
     cumulative: dict[str, int] = {}
     rows: list[EpochRow] = []
-    for r, first_us in furthest:
-        done = r.status is EpochStatus.COMPLETED
-        cum = None
-        if done:
+    for r in furthest:
+        if r.status is EpochStatus.COMPLETED:
             cumulative[r.lineage_id] = cumulative.get(r.lineage_id, 0) + (r.state_bytes_written or 0)
-            cum = cumulative[r.lineage_id]
-        rows.append(
-            EpochRow(
-                lineage_id=r.lineage_id,
-                epoch=r.epoch,
-                status=r.status.value,
-                attempt_id=r.attempt_id,
-                recorded_at=iso_us(r.recorded_at_us),
-                recorded_at_us=r.recorded_at_us,
-                duration_ms=r.duration_ms,
-                rows_in=r.rows_in,
-                rows_out=r.rows_out,
-                dead_letters=r.dead_letters,
-                bytes_written=r.bytes_written,
-                state_bytes_written=r.state_bytes_written,
-                watermark=iso_us(r.watermark_us),
-                watermark_us=r.watermark_us,
-                max_event_time=iso_us(r.max_event_time_us),
-                event_time_lag_ms=_lag(r.max_event_time_us, r.watermark_us),
-                processing_lag_ms=_lag(r.recorded_at_us, r.watermark_us) if done else None,
-                state_bytes=sizes.get((r.lineage_id, r.epoch)),
-                state_bytes_cumulative=cum,
-                table_versions=r.versions() if done else {},
-                message=r.message or "",
-                arrival_cutoff=iso_us(r.arrival_cutoff_ms * 1000) if r.arrival_cutoff_ms is not None else None,
-                backlog_files=r.backlog_files,
-                backlog_bytes=r.backlog_bytes,
-                input_lag_ms=r.input_lag_ms,
-                input_files=_input_files(r.offsets_json()),
-                restore_point=r.attempt_id.startswith(RESTORE_ATTEMPT_PREFIX),
-                rewound=done and r.epoch > rewound_after.get(r.lineage_id, r.epoch),
-                planned_by=r.planned_by,
-                phase_ms=r.phases(),
-            )
-        )
+        cum = cumulative[r.lineage_id] if r.status is EpochStatus.COMPLETED else None
+        rows.append(_epoch_row(r, sizes.get((r.lineage_id, r.epoch)), cum, rewound_after.get(r.lineage_id)))
+
+    def completed_in(lineage_id: str | None) -> list[int]:
+        return [row.epoch for row in rows if row.lineage_id == lineage_id and row.completed]
 
     current_lineage = lineage_docs[-1][1].get("lineage_id") if lineage_docs else None
-    lineages = []
-    for seq, doc in lineage_docs:
-        lid = doc.get("lineage_id", "")
-        done_epochs = [row.epoch for row in rows if row.lineage_id == lid and row.completed]
-        lineages.append(
-            LineageInfo(
-                lineage_id=lid,
-                seq=seq,
-                start_epoch=doc.get("start_epoch"),
-                started_at=doc.get("started_at"),
-                reason=doc.get("reason"),
-                current=lid == current_lineage,
-                epochs_completed=len(done_epochs),
-                last_completed_epoch=max(done_epochs) if done_epochs else None,
-                document=doc,
-            )
+    lineages = tuple(
+        LineageInfo(
+            lineage_id=doc.get("lineage_id", ""),
+            seq=seq,
+            start_epoch=doc.get("start_epoch"),
+            started_at=doc.get("started_at"),
+            reason=doc.get("reason"),
+            current=doc.get("lineage_id", "") == current_lineage,
+            epochs_completed=len(completed_in(doc.get("lineage_id", ""))),
+            last_completed_epoch=max(completed_in(doc.get("lineage_id", "")), default=None),
+            document=doc,
         )
-    current_done = [row.epoch for row in rows if row.lineage_id == current_lineage and row.completed]
+        for seq, doc in lineage_docs
+    )
     return PipelineHistory(
         pipeline=pipeline,
         warehouse=warehouse,
-        dag_id=dag_id_for(pipeline),
-        savepoint_dag_id=savepoint_dag_id_for(pipeline),
+        dag_id=pipeline_dag_id(pipeline),
+        savepoint_dag_id=savepoint_dag_id(pipeline),
         key_groups=meta.get("key_groups"),
         created_at=meta.get("created_at"),
         current_lineage_id=current_lineage,
-        last_completed_epoch=max(current_done) if current_done else None,
-        lineages=tuple(lineages),
+        last_completed_epoch=max(completed_in(current_lineage), default=None),
+        lineages=lineages,
         epochs=tuple(rows),
         savepoints=listed,
-        savepoints_available=available,
+        savepoints_available=savepoints,
         savepoints_error=sp_error,
         error=error,
         stopped=stopped,
         blocked=blocked,
         backlog=_backlog(warehouse, pipeline) if backlog and meta else None,
-        failures=failures,
+        failures=tuple(
+            Failure(r.lineage_id, r.epoch, iso_us(r.recorded_at_us), r.message)
+            for r in sorted(records, key=lambda r: r.recorded_at_us, reverse=True)
+            if r.status is EpochStatus.ABORTED
+        ),
         generated_at=generated_at,
     )
 
 
-def _backlog(warehouse: str, pipeline: str) -> dict[str, Any]:
-
-    try:
-        return backlog_report(warehouse, pipeline)
-    except Exception as exc:  # noqa: BLE001 - show what is wrong instead of a 500
-        return {"error": f"{type(exc).__name__}: {exc}"}
+# What each barrierflow DAG does for its pipeline: role -> its DAG id.
+ROLES = {"pipeline": pipeline_dag_id, "savepoint": savepoint_dag_id, "restore": restore_dag_id, "reprocess": reprocess_dag_id}
 
 
-def warehouse_history(
-    warehouse: str | None = None,
-    *,
-    pipelines: Iterable[str] | None = None,
-    state_size: bool = True,
-    savepoint_lister: Callable[[str, str], Sequence[Any]] | None = None,
-) -> list[PipelineHistory]:
-    """:func:`pipeline_history` of every pipeline in the warehouse (or of ``pipelines``)."""
-    root = resolve_warehouse(warehouse)
-    names = list(pipelines) if pipelines is not None else discover_pipelines(root)
-    return [pipeline_history(root, name, state_size=state_size, savepoint_lister=savepoint_lister) for name in names]
+def find_pipeline(dag_id: str, pipelines: Iterable[str]) -> tuple[str, str] | None:
+    """(pipeline, role) of the barrierflow DAG ``dag_id`` among ``pipelines``; None for any other DAG."""
+    return next(((name, role) for name in pipelines for role, dag_id_of in ROLES.items() if dag_id_of(name) == dag_id), None)
+
+
+@dataclass(frozen=True)
+class RunView:
+    """The epochs one DAG run planned, at their furthest status."""
+
+    dag_id: str
+    run_id: str
+    pipeline: str | None  # None: not a DAG of a pipeline in this warehouse
+    role: str | None
+    epochs: tuple[EpochRow, ...] = ()  # by lineage order of recording, then epoch
+    failures: tuple[Failure, ...] = ()  # failed attempts of those epochs, newest first
+    blocked: Mapping[str, Any] | None = None  # the pipeline's blocked state now (coordinator.blocked_state)
+    stopped: Mapping[str, Any] | None = None  # the stop marker now, while stopped with a savepoint
+    current_lineage_id: str | None = None
+    error: str | None = None  # the pipeline's history could not be read
+
+    def to_json(self) -> dict[str, Any]:
+        return xcom_json(asdict(self))
+
+
+def run_view(dag_id: str, run_id: str, found: tuple[str, str] | None, history: PipelineHistory | None) -> RunView:
+    """What run ``run_id`` of ``dag_id`` did to its pipeline (``found`` by :func:`find_pipeline`)."""
+    if found is None or history is None:
+        return RunView(dag_id, run_id, None, None)
+    owner = airflow_owner(dag_id, run_id)
+    epochs = tuple(sorted((e for e in history.epochs if e.planned_by == owner), key=lambda e: e.recorded_at_us))
+    planned = {(e.lineage_id, e.epoch) for e in epochs}
+    failures = tuple(f for f in history.failures if (f.lineage_id, f.epoch) in planned)
+    return RunView(
+        dag_id, run_id, *found, epochs, failures, history.blocked, history.stopped, history.current_lineage_id, history.error
+    )

@@ -1,13 +1,8 @@
 """The parts of barrierflow's Airflow plugin (``plugins/barrierflow_plugin.py`` registers them).
 
-* :func:`fastapi_app_spec`: the checkpoints app mounted at ``/barrierflow`` in
-  Airflow's API server (``AirflowPlugin.fastapi_apps``);
-* :func:`external_view_spec`: the "Checkpoints" entry of Airflow's navigation
-  (Browse menu), which shows ``/barrierflow/`` in the UI's page frame
-  (``AirflowPlugin.external_views``);
-* :func:`run_view_spec`: a "Checkpoint" tab on every DAG run's page, showing
-  the epochs that run planned (``/barrierflow/run``), the way back from a run
-  to the epochs the checkpoints page links to it.
+:func:`fastapi_app_spec` mounts the checkpoints app at ``/barrierflow`` in Airflow's API server; :func:`external_view_spec`
+is the "Checkpoints" page under Browse; :func:`run_view_spec` is a "Checkpoint" tab on every DAG run's page, the way back
+from a run to its epochs. Each ``href`` is relative, so the UI resolves it against its base URL (behind a path prefix too).
 """
 
 from __future__ import annotations
@@ -17,15 +12,7 @@ from urllib.parse import quote
 
 from barrierflow.airflow.ui.app import create_app
 
-__all__ = [
-    "PLUGIN_NAME",
-    "URL_PREFIX",
-    "VIEW_ROUTE",
-    "RUN_VIEW_ROUTE",
-    "fastapi_app_spec",
-    "external_view_spec",
-    "run_view_spec",
-]
+__all__ = ["PLUGIN_NAME", "URL_PREFIX", "VIEW_ROUTE", "RUN_VIEW_ROUTE", "fastapi_app_spec", "external_view_spec", "run_view_spec"]
 
 PLUGIN_NAME = "barrierflow"
 URL_PREFIX = "/barrierflow"
@@ -39,45 +26,30 @@ _ICON_SVG = (
 )
 
 
-def _icon(color: str) -> str:
-    return "data:image/svg+xml;utf8," + quote(_ICON_SVG.format(c=color))
+def _view(name: str, path: str, url_route: str, destination: str, **extra: str) -> dict[str, Any]:
+    """An ``external_views`` entry under the app's prefix, with the glyph for light and dark mode."""
+    icons = {
+        key: "data:image/svg+xml;utf8," + quote(_ICON_SVG.format(c=c))
+        for key, c in (("icon", "#4a5568"), ("icon_dark_mode", "#e2e8f0"))
+    }
+    href = URL_PREFIX.lstrip("/") + path
+    return {"name": name, "href": href, "url_route": url_route, "destination": destination, **extra, **icons}
 
 
 def fastapi_app_spec(**create_app_kwargs: Any) -> dict[str, Any]:
     """The ``fastapi_apps`` entry: ``{"app", "url_prefix", "name"}``."""
-
     return {"app": create_app(**create_app_kwargs), "url_prefix": URL_PREFIX, "name": "barrierflow checkpoints"}
 
 
 def external_view_spec() -> dict[str, Any]:
-    """The ``external_views`` entry: a "Checkpoints" page under Browse.
-
-    ``href`` is relative (no leading slash) so the UI resolves it against
-    Airflow's base URL, which keeps it working behind a path prefix.
-    """
-    return {
-        "name": "Checkpoints",
-        "href": URL_PREFIX.lstrip("/") + "/",
-        "url_route": VIEW_ROUTE,
-        "destination": "nav",
-        "category": "browse",
-        "icon": _icon("#4a5568"),
-        "icon_dark_mode": _icon("#e2e8f0"),
-    }
+    """The ``external_views`` entry: a "Checkpoints" page under Browse."""
+    return _view("Checkpoints", "/", VIEW_ROUTE, "nav", category="browse")
 
 
 def run_view_spec() -> dict[str, Any]:
     """The ``external_views`` entry of a DAG run's "Checkpoint" tab.
 
-    The UI fills ``{DAG_ID}`` and ``{RUN_ID}`` in ``href`` (URL-encoded) for
-    views whose destination is ``dag_run``; it shows the tab on the runs of
-    every DAG, and the page says when a run is not one of a pipeline's.
+    The UI fills ``{DAG_ID}`` and ``{RUN_ID}`` in ``href`` (URL-encoded) for views whose destination is ``dag_run``;
+    it shows the tab on the runs of every DAG, and the page says when a run is not one of a pipeline's.
     """
-    return {
-        "name": "Checkpoint",
-        "href": URL_PREFIX.lstrip("/") + "/run?dag_id={DAG_ID}&run_id={RUN_ID}",
-        "url_route": RUN_VIEW_ROUTE,
-        "destination": "dag_run",
-        "icon": _icon("#4a5568"),
-        "icon_dark_mode": _icon("#e2e8f0"),
-    }
+    return _view("Checkpoint", "/run?dag_id={DAG_ID}&run_id={RUN_ID}", RUN_VIEW_ROUTE, "dag_run")

@@ -58,39 +58,22 @@ from barrierflow import (
     ValueStateDescriptor,
     pipeline,
 )
+from barrierflow.demo.pipelines.sensor_stats import LATE_FILES, PARALLELISM
 
 __all__ = [
-    "orders_payments",
-    "ORDER_SCHEMA",
-    "PAYMENT_SCHEMA",
-    "THRESHOLD_SCHEMA",
-    "FRAUD_LIMITS",
-    "PAYMENT_WINDOW",
-    "SESSION_GAP",
-    "UnpaidOrders",
-    "FlagLargePayments",
-]
+    "orders_payments", "ORDER_SCHEMA", "PAYMENT_SCHEMA", "THRESHOLD_SCHEMA", "FRAUD_LIMITS", "PAYMENT_WINDOW",
+    "SESSION_GAP", "UnpaidOrders", "FlagLargePayments",
+]  # fmt: skip
 
 TS = pa.timestamp("us", tz="UTC")
-ORDER_SCHEMA = pa.schema(
-    [
-        pa.field("order_id", pa.string()),
-        pa.field("customer_id", pa.string()),
-        pa.field("country", pa.string()),
-        pa.field("ts", TS, nullable=False),
-        pa.field("amount", pa.float64(), nullable=False),
-    ]
-)
-PAYMENT_SCHEMA = pa.schema(
-    [
-        pa.field("payment_id", pa.string()),
-        pa.field("order_id", pa.string()),
-        pa.field("customer_id", pa.string()),
-        pa.field("country", pa.string()),
-        pa.field("ts", TS, nullable=False),
-        pa.field("amount", pa.float64(), nullable=False),
-    ]
-)
+ORDER_SCHEMA = pa.schema([
+    ("order_id", pa.string()), ("customer_id", pa.string()), ("country", pa.string()),
+    pa.field("ts", TS, nullable=False), pa.field("amount", pa.float64(), nullable=False),
+])  # fmt: skip
+PAYMENT_SCHEMA = pa.schema([
+    ("payment_id", pa.string()), ("order_id", pa.string()), ("customer_id", pa.string()), ("country", pa.string()),
+    pa.field("ts", TS, nullable=False), pa.field("amount", pa.float64(), nullable=False),
+])  # fmt: skip
 # A threshold without a country is a dead letter (missing_field): a broadcast map state has no null key.
 THRESHOLD_SCHEMA = pa.schema([pa.field("country", pa.string(), nullable=False), pa.field("limit", pa.float64())])
 FRAUD_LIMITS = MapStateDescriptor("fraud_limits", pa.string(), pa.float64())
@@ -119,16 +102,10 @@ class UnpaidOrders(KeyedCoProcessFunction):
     country = ValueStateDescriptor("country", pa.string())
     amount = ValueStateDescriptor("amount", pa.float64())
     payment_times = ListStateDescriptor("payment_times", TS)
-    output_schema = pa.schema(
-        [
-            pa.field("order_id", pa.string()),
-            pa.field("customer_id", pa.string()),
-            pa.field("country", pa.string()),
-            pa.field("ordered_at", TS),
-            pa.field("amount", pa.float64()),
-            pa.field("deadline", TS),
-        ]
-    )
+    output_schema = pa.schema([
+        ("order_id", pa.string()), ("customer_id", pa.string()), ("country", pa.string()),
+        ("ordered_at", TS), ("amount", pa.float64()), ("deadline", TS),
+    ])  # fmt: skip
 
     def process_element1(self, order: dict[str, Any], ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
         if ctx.get_state(self.ordered_at).value() is not None:
@@ -174,16 +151,10 @@ class FlagLargePayments(KeyedBroadcastProcessFunction):
     """Keyed by ``country``: a payment above its country's broadcast limit is flagged, with the country's running count."""
 
     flagged = ValueStateDescriptor("flagged", pa.int64())
-    output_schema = pa.schema(
-        [
-            pa.field("payment_id", pa.string()),
-            pa.field("order_id", pa.string()),
-            pa.field("country", pa.string()),
-            pa.field("amount", pa.float64()),
-            pa.field("limit", pa.float64()),
-            pa.field("flagged", pa.int64()),
-        ]
-    )
+    output_schema = pa.schema([
+        ("payment_id", pa.string()), ("order_id", pa.string()), ("country", pa.string()),
+        ("amount", pa.float64()), ("limit", pa.float64()), ("flagged", pa.int64()),
+    ])  # fmt: skip
 
     def process_broadcast_element(
         self, rule: dict[str, Any], ctx: BroadcastContext, out: Callable[[dict[str, Any]], None]
@@ -218,15 +189,9 @@ class FlagLargePayments(KeyedBroadcastProcessFunction):
     params=[
         Param("landing_dir", str, description="directory with orders/, payments/ and thresholds/ of *.jsonl files"),
         Param("max_files_per_epoch", int, 20, "files per epoch and source at most (bounds an epoch after a backlog)", minimum=1),
-        Param("parallelism", int, 2, "Spark shuffle partitions for this epoch", minimum=1),
+        PARALLELISM,
         Param("out_of_orderness_seconds", int, 60, "watermark bound of each stream", minimum=0),
-        Param(
-            "late_files",
-            str,
-            LateFiles.NEXT_EPOCH.value,
-            "a file landing behind the stream position: read it next epoch, dead-letter it, or refuse (block)",
-            choices=tuple(p.value for p in LateFiles),
-        ),
+        LATE_FILES,
     ],
     description=__doc__ or "",
 )

@@ -37,45 +37,44 @@ from barrierflow import (
     pipeline,
 )
 
-__all__ = ["sensor_stats", "parse_reading", "RisingTemperatureAlert", "READING_SCHEMA"]
+__all__ = ["sensor_stats", "parse_reading", "RisingTemperatureAlert", "READING_SCHEMA", "PARALLELISM", "LATE_FILES"]
 
-READING_SCHEMA = pa.schema(
-    [
-        pa.field("event_id", pa.string()),
-        pa.field("sensor_id", pa.string()),
-        pa.field("ts", pa.timestamp("us", tz="UTC")),
-        pa.field("temperature", pa.float64()),
-    ]
-)
+TS = pa.timestamp("us", tz="UTC")
+READING_SCHEMA = pa.schema([("event_id", pa.string()), ("sensor_id", pa.string()), ("ts", TS), ("temperature", pa.float64())])
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 WRONG_TYPE = DeadLetterReason.WRONG_TYPE
+# Parameters orders_payments takes too.
+PARALLELISM = Param("parallelism", int, 2, "Spark shuffle partitions for this epoch", minimum=1)
+LATE_FILES = Param(
+    "late_files",
+    str,
+    LateFiles.NEXT_EPOCH.value,
+    "a file landing behind the stream position: read it next epoch, dead-letter it, or refuse (block)",
+    choices=tuple(p.value for p in LateFiles),
+)
 
 
 def _parse_ts(value: Any) -> datetime:
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        kind = "a boolean" if isinstance(value, bool) else type(value).__name__
         raise RecordError(
-            "ts must be an ISO-8601 string with a UTC offset or integer epoch milliseconds, not a boolean", WRONG_TYPE
+            f"ts must be an ISO-8601 string with a UTC offset or integer epoch milliseconds, not {kind}", WRONG_TYPE
         )
     if isinstance(value, int):
         try:
             return _EPOCH + timedelta(milliseconds=value)
         except OverflowError:
             raise RecordError(f"ts {value} epoch milliseconds is out of range", WRONG_TYPE) from None
-    if isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError:
-            raise RecordError(f"ts {value!r} is not an ISO-8601 timestamp", WRONG_TYPE) from None
-        if parsed.utcoffset() is None:
-            raise RecordError(f"ts {value!r} has no UTC offset", WRONG_TYPE)
-        try:
-            return parsed.astimezone(timezone.utc)
-        except OverflowError:
-            raise RecordError(f"ts {value!r} is out of range in UTC", WRONG_TYPE) from None
-    raise RecordError(
-        f"ts must be an ISO-8601 string with a UTC offset or integer epoch milliseconds, not {type(value).__name__}",
-        WRONG_TYPE,
-    )
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise RecordError(f"ts {value!r} is not an ISO-8601 timestamp", WRONG_TYPE) from None
+    if parsed.utcoffset() is None:
+        raise RecordError(f"ts {value!r} has no UTC offset", WRONG_TYPE)
+    try:
+        return parsed.astimezone(timezone.utc)
+    except OverflowError:
+        raise RecordError(f"ts {value!r} is out of range in UTC", WRONG_TYPE) from None
 
 
 def parse_reading(line: str) -> dict[str, Any]:
@@ -116,14 +115,7 @@ class RisingTemperatureAlert(KeyedProcessFunction):
     """Alert on a reading strictly above the previous one, itself above the one before."""
 
     last_two = ListStateDescriptor("last_two", pa.float64())
-    output_schema = pa.schema(
-        [
-            pa.field("sensor_id", pa.string()),
-            pa.field("event_id", pa.string()),
-            pa.field("ts", pa.timestamp("us", tz="UTC")),
-            pa.field("temperature", pa.float64()),
-        ]
-    )
+    output_schema = pa.schema([("sensor_id", pa.string()), ("event_id", pa.string()), ("ts", TS), ("temperature", pa.float64())])
 
     def process_element(self, record: dict[str, Any], ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
         state = ctx.get_state(self.last_two)
@@ -139,15 +131,9 @@ class RisingTemperatureAlert(KeyedProcessFunction):
     params=[
         Param("landing_dir", str, description="directory where *.jsonl reading files land"),
         Param("max_files_per_epoch", int, 20, "files per epoch at most (bounds an epoch after a backlog)", minimum=1),
-        Param("parallelism", int, 2, "Spark shuffle partitions for this epoch", minimum=1),
+        PARALLELISM,
         Param("out_of_orderness_seconds", int, 30, "watermark bound", minimum=0),
-        Param(
-            "late_files",
-            str,
-            LateFiles.NEXT_EPOCH.value,
-            "a file landing behind the stream position: read it next epoch, dead-letter it, or refuse (block)",
-            choices=tuple(p.value for p in LateFiles),
-        ),
+        LATE_FILES,
     ],
     description=__doc__ or "",
 )

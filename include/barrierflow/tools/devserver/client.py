@@ -1,15 +1,13 @@
 """A tiny client of Airflow's public REST API on :mod:`httpx` (health check, login, DAGs).
 
-Every call answers ``(status, document)``: the HTTP status and the response
-body decoded as JSON (``None`` when empty, the text when it is not JSON),
-whatever the status. A request that gets no answer (connection refused, a
-timeout, a dropped connection) raises :class:`ApiConnectionError`, an
-:class:`OSError`, as the earlier ``urllib`` client did.
+Every call answers ``(status, document)``: the HTTP status and the response body decoded as JSON
+(``None`` when empty, the text when it is not JSON), whatever the status. A request that gets no
+answer (connection refused, a timeout, a dropped connection) raises :class:`ApiConnectionError`,
+an :class:`OSError`.
 """
 
 from __future__ import annotations
 
-import json
 import ssl
 from functools import lru_cache
 from typing import Any
@@ -25,16 +23,14 @@ class ApiConnectionError(OSError):
 
 @lru_cache(maxsize=1)
 def _ssl_context() -> ssl.SSLContext:
-    # The system's CA store, as urllib uses; built once (httpx builds a new one per client otherwise).
+    # The system's CA store, built once (httpx builds a new one per client otherwise).
     return ssl.create_default_context()
 
 
 class ApiClient:
-    """A tiny client of Airflow's public REST API, authenticated with a JWT from ``/auth/token``.
+    """Authenticated with a JWT from ``/auth/token``, fetched on the first authenticated call and kept.
 
-    The token is fetched on the first authenticated call and kept for the
-    client's lifetime. Each call is one short-lived connection (nothing to
-    close; safe to share between threads).
+    Each call is one short-lived connection (nothing to close; safe to share between threads).
     """
 
     def __init__(self, base_url: str, user: str, password: str, timeout_s: float = 10.0) -> None:
@@ -46,15 +42,12 @@ class ApiClient:
 
     def _request(self, method: str, path: str, body: Any = None, auth: bool = True) -> tuple[int, Any]:
         headers = {"Accept": "application/json"}
-        content = json.dumps(body).encode() if body is not None else None
-        if content is not None:
-            headers["Content-Type"] = "application/json"
         if auth:
             headers["Authorization"] = f"Bearer {self.token()}"
         url = f"{self.base_url}{path}"
         try:
             with httpx.Client(verify=_ssl_context(), timeout=self.timeout_s, follow_redirects=True) as http:
-                response = http.request(method, url, content=content, headers=headers)
+                response = http.request(method, url, json=body, headers=headers)
         except httpx.TransportError as exc:
             raise ApiConnectionError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
         if not response.content:
@@ -67,10 +60,9 @@ class ApiClient:
     def healthy(self) -> bool:
         """Whether the API server answers its health check with 200 (False when it cannot be reached)."""
         try:
-            status, _ = self._request("GET", "/api/v2/monitor/health", auth=False)
+            return self._request("GET", "/api/v2/monitor/health", auth=False)[0] == 200
         except OSError:
             return False
-        return status == 200
 
     def token(self) -> str:
         """The JWT for ``user`` (logged in once, then cached); RuntimeError when the login is refused."""
@@ -99,5 +91,4 @@ class ApiClient:
         return doc if status == 200 and isinstance(doc, dict) else None
 
     def set_paused(self, dag_id: str, paused: bool) -> bool:
-        status, _ = self.patch(f"/api/v2/dags/{dag_id}", {"is_paused": paused})
-        return status == 200
+        return self.patch(f"/api/v2/dags/{dag_id}", {"is_paused": paused})[0] == 200

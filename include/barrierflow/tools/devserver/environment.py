@@ -1,45 +1,30 @@
-"""Where ``make run``'s stack lives and the environment its Airflow runs with.
+"""Where ``make run``'s stack lives and the environment its Airflow runs with (steps 1, 2 and 7 of the package).
 
-The constants (loopback address, default ports and login, the pipeline fed
-by the input generator), :class:`DevServerConfig`, the Airflow environment
-(:func:`devserver_environment`), the files the stack writes (login, JWT
-secret, ``barrierflow-stack.json``) and the loopback port helpers.
+The constants, :class:`DevServerConfig`, the Airflow environment (:func:`devserver_environment`),
+the files the stack writes (login, JWT secret, ``barrierflow-stack.json``) and the loopback port helpers.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from barrierflow.airflow.dags.environment import airflow_environment, repo_root
+from barrierflow.airflow.dags.environment import airflow_environment
 from barrierflow.airflow.dags.settings import param_env_var, pipeline_dag_id
+from barrierflow.core.settings import DEFAULT_WARM_UP_EPOCHS
 from barrierflow.execution.engine import DEFAULT_ENGINE_PORT, EngineConfig
 from barrierflow.tools.metadata_db import EmbeddedPostgres
-from barrierflow.tools.warmup import DEFAULT_WARM_UP_EPOCHS
 
 __all__ = [
-    "HOST",
-    "DEFAULT_PORT",
-    "DEFAULT_USER",
-    "DEFAULT_PASSWORD",
-    "PASSWORD_ENV",
-    "PIPELINE",
-    "DEFAULT_DAG_ID",
-    "LANDING_ENV",
-    "SIMPLE_AUTH_MANAGER",
-    "STACK_FILE",
-    "DevServerConfig",
-    "devserver_environment",
-    "write_stack_file",
-    "jwt_secret",
-    "write_password_file",
-    "free_port",
-    "port_in_use",
-]
+    "HOST", "DEFAULT_PORT", "DEFAULT_USER", "DEFAULT_PASSWORD", "PASSWORD_ENV", "PIPELINE", "DEFAULT_DAG_ID",
+    "LANDING_ENV", "STACK_FILE", "DevServerConfig", "devserver_environment", "write_stack_file", "jwt_secret",
+    "write_password_file", "free_port", "port_in_use",
+]  # fmt: skip
 
 HOST = "127.0.0.1"  # never anything but loopback: this is a development server
 DEFAULT_PORT = 8080
@@ -49,21 +34,16 @@ PASSWORD_ENV = "BARRIERFLOW_DEV_PASSWORD"
 PIPELINE = "sensor_stats"  # the pipeline whose input the generator writes
 DEFAULT_DAG_ID = pipeline_dag_id(PIPELINE)
 LANDING_ENV = param_env_var(PIPELINE, "landing_dir")  # BARRIERFLOW_SENSOR_STATS__LANDING_DIR
-SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
 STACK_FILE = "barrierflow-stack.json"
-# Defaults that a caller's environment may override.
+# Sized for a laptop, unless the caller's environment says otherwise.
 _TUNING = {
+    # LocalExecutor pre-forks one worker per parallelism slot (32 by default).
     "AIRFLOW__CORE__PARALLELISM": "8",
     # Airflow re-parses every DAG file each 30 s by default, in a fresh process
     # that imports barrierflow (~1 s of CPU per file, ~15% of a core for the five
     # files). A file that changes is re-parsed at once whatever this says.
     "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "300",
 }
-
-
-def _repo_root() -> Path:
-
-    return repo_root()
 
 
 @dataclass(frozen=True)
@@ -84,7 +64,6 @@ class DevServerConfig:
     db_port: int = 0  # the embedded PostgreSQL's loopback port (0: any free port)
     records_per_file: int = 200
     dag_id: str = DEFAULT_DAG_ID
-    extra_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -104,18 +83,13 @@ class DevServerConfig:
         return self.home / STACK_FILE
 
     @property
-    def checkpoints_url(self) -> str:
-        return f"{self.url}/barrierflow/"
-
-    @property
     def password_file(self) -> Path:
         return self.home / "simple_auth_manager_passwords.json"
 
 
 def devserver_environment(config: DevServerConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of every Airflow component for ``config`` (``base`` defaults to ``os.environ``)."""
-
-    env = dict(os.environ if base is None else base)
+    env = {**_TUNING, **(os.environ if base is None else base)}
     env.update(
         airflow_environment(config.home, root=config.root, warehouse=config.warehouse, engine_address=config.engine.address)
     )
@@ -126,70 +100,57 @@ def devserver_environment(config: DevServerConfig, base: Mapping[str, str] | Non
             "AIRFLOW__API__BASE_URL": config.url,
             "AIRFLOW__API__WORKERS": "1",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{config.url}/execution/",
-            "AIRFLOW__CORE__AUTH_MANAGER": SIMPLE_AUTH_MANAGER,
+            "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{config.user}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(config.password_file),
             "AIRFLOW__API_AUTH__JWT_SECRET": jwt_secret(config.home),
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             LANDING_ENV: str(config.landing),
             "PYTHONUNBUFFERED": "1",
         }
     )
     if config.metadata_db == "postgres":
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = config.postgres.url
-    # Sized for a laptop: LocalExecutor pre-forks one worker per parallelism slot (32 by default).
-    for key, value in _TUNING.items():
-        env[key] = (base if base is not None else os.environ).get(key, value)
-    env.update(config.extra_env)
     return env
+
+
+def _replace_private(path: Path, text: str) -> None:
+    """Write ``path`` readable by its owner alone, all at once (a temporary file renamed over it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
 
 
 def write_stack_file(config: DevServerConfig, env: Mapping[str, str]) -> None:
     """Record the running stack's Airflow settings, so that the Airflow CLI can be pointed at it."""
-    keep = {k: v for k, v in env.items() if k.startswith(("AIRFLOW", "BARRIERFLOW_")) or k == LANDING_ENV}
-    doc = {"url": config.url, "pid": os.getpid(), "environment": keep}
-    tmp = config.stack_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-    os.replace(tmp, config.stack_file)
+    keep = {k: v for k, v in env.items() if k.startswith(("AIRFLOW", "BARRIERFLOW_"))}
+    _replace_private(
+        config.stack_file, json.dumps({"url": config.url, "pid": os.getpid(), "environment": keep}, indent=1, sort_keys=True)
+    )
 
 
 def jwt_secret(home: Path) -> str:
     """A 64-byte JWT signing secret kept in ``home`` (created once; every component must share it).
 
-    Airflow's generated default is 16 bytes, which PyJWT warns about on every
-    token for HS512.
+    Airflow's generated default is 16 bytes, which PyJWT warns about on every token for HS512.
     """
-    import secrets
-
     path = home / "jwt_secret"
-    try:
-        value = path.read_text().strip()
-    except FileNotFoundError:
-        value = ""
+    value = path.read_text().strip() if path.exists() else ""
     if len(value) < 64:
-        home.mkdir(parents=True, exist_ok=True)
         value = secrets.token_urlsafe(64)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(value + "\n")
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
+        _replace_private(path, value + "\n")
     return value
 
 
 def write_password_file(path: Path, user: str, password: str) -> None:
     """Set ``user``'s password in the simple auth manager's passwords file (JSON ``{user: password}``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         current = json.loads(path.read_text() or "{}")
     except (OSError, ValueError):
         current = {}
-    current[user] = password
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(current) + "\n")
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    _replace_private(path, json.dumps({**current, user: password}) + "\n")
 
 
 def free_port() -> int:

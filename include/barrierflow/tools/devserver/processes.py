@@ -1,17 +1,12 @@
 """The processes of ``make run``: Airflow's components as children, and the one routine that stops processes.
 
-:func:`stop_process_tree` is the only place that stops anything here: SIGTERM
-(or another first signal), a grace period, SIGKILL for what is left, for a
-list of processes and, by default, every other process this one started.
-:meth:`AirflowProcesses.stop` calls it twice, to stop the components in
-order (scheduler first, API server last). With this process a *child
-subreaper* (:func:`become_subreaper`, Linux), processes that left their
-process group or lost their parent stay its descendants, so the stop finds
-them too.
+With this process a *child subreaper* (:func:`become_subreaper`, Linux), processes that left their
+process group or lost their parent stay its descendants, so :func:`stop_process_tree` finds them too.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -21,19 +16,14 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import psutil
+
 from barrierflow.tools.devserver.console import pump
 from barrierflow.tools.devserver.environment import HOST
 
-__all__ = [
-    "PR_SET_CHILD_SUBREAPER",
-    "AirflowProcesses",
-    "become_subreaper",
-    "descendant_pids",
-    "reap_orphans",
-    "stop_process_tree",
-]
+__all__ = ["AirflowProcesses", "become_subreaper", "descendant_pids", "reap_orphans", "stop_process_tree"]
 
-PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def become_subreaper() -> bool:
@@ -41,17 +31,12 @@ def become_subreaper() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
 
-def _descendants(pid: int) -> list[Any]:
-    import psutil
-
+def _descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
@@ -71,11 +56,8 @@ def descendant_pids() -> set[int]:
 def reap_orphans(keep: set[int] | frozenset[int] = frozenset()) -> None:
     """Wait for exited children of this process (orphans re-parented to this subreaper), except ``keep``.
 
-    ``keep`` holds the pids whose exit status belongs to someone else (the
-    ``Popen`` objects that started them): reaping those would lose it.
+    ``keep`` holds the pids whose exit status belongs to the ``Popen`` objects that started them.
     """
-    import psutil
-
     try:
         children = psutil.Process().children()
     except psutil.Error:
@@ -84,54 +66,49 @@ def reap_orphans(keep: set[int] | frozenset[int] = frozenset()) -> None:
         try:
             if child.pid not in keep and child.status() == psutil.STATUS_ZOMBIE:
                 os.waitpid(child.pid, os.WNOHANG)
-        except (psutil.Error, ChildProcessError, OSError):
+        except (psutil.Error, OSError):
             pass
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def stop_process_tree(
     procs: Sequence[subprocess.Popen[Any]] = (),
     *,
-    tree: bool = True,
     baseline: set[int] | frozenset[int] = frozenset(),
     spared: Sequence[int] = (),
     grace_s: float = 25.0,
     term_s: float = 10.0,
     first_signal: int = signal.SIGTERM,
 ) -> list[int]:
-    """Stop ``procs`` and, with ``tree``, every other process this one started. Returns the pids that needed SIGKILL.
+    """Stop ``procs`` and every other process this one started. Returns the pids that needed SIGKILL.
 
-    1. ``first_signal`` (SIGTERM: every Airflow component shuts down
-       gracefully on it) to each of ``procs``, in their order, then up to
-       ``grace_s`` in all for them to exit;
-    2. SIGTERM to the targets still alive. With ``tree`` the targets are
-       every descendant of this process except those in ``baseline`` (the
-       descendants that existed before ``procs`` started) and the processes
-       ``spared`` with their descendants (the metadata database, stopped
-       after everything else; the API server while the rest stops before
-       it); those alive at the start are tracked even if they leave the tree.
-       Without ``tree`` the targets are ``procs`` alone;
-    3. SIGKILL, after ``term_s``, to the targets still alive (with ``tree``,
-       also those that appeared meanwhile); then ``procs`` and, with
-       ``tree``, the exited orphans are reaped.
+    1. ``first_signal`` (SIGTERM: every Airflow component shuts down gracefully on it) to each of
+       ``procs``, in their order, then up to ``grace_s`` in all for them to exit;
+    2. SIGTERM to every descendant of this process still alive except those in ``baseline`` (the
+       descendants that existed before ``procs`` started) and the processes ``spared`` with their
+       descendants (the metadata database, stopped after everything else; the API server while the
+       rest stops before it); those alive at the start are tracked even if they leave the tree;
+    3. SIGKILL, after ``term_s``, to those still alive, and to those that appeared meanwhile; then
+       ``procs`` and the exited orphans are reaped.
     """
-    import psutil
 
-    me = os.getpid()
+    def targets() -> dict[int, psutil.Process]:
+        keep = set(baseline) | _tree_pids(spared)  # again each time: the database forks a process per connection
+        return {p.pid: p for p in _descendants(os.getpid()) if p.pid not in keep}
 
-    def targets() -> dict[int, Any]:
-        if tree:
-            keep = set(baseline) | _tree_pids(spared)
-            return {p.pid: p for p in _descendants(me) if p.pid not in keep}
-        found = {}
-        for proc in procs:
-            if proc.poll() is None:
-                try:
-                    found[proc.pid] = psutil.Process(proc.pid)
-                except psutil.Error:
-                    pass
-        return found
+    def alive() -> list[psutil.Process]:
+        tracked.update(targets())
+        return [p for p in tracked.values() if _running(p)]
 
     tracked = targets()
+
+    # 1.
     for proc in procs:
         if proc.poll() is None:
             try:
@@ -144,24 +121,14 @@ def stop_process_tree(
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-
-    def alive() -> list[Any]:
-        tracked.update(targets())
-        out = []
-        for p in tracked.values():
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    out.append(p)
-            except psutil.Error:
-                pass
-        return out
-
+    # 2.
     rest = alive()
     for p in rest:
         try:
             p.terminate()
         except psutil.Error:
             pass
+    # 3.
     _, still = psutil.wait_procs(rest, timeout=term_s)
     killed = []
     for p in {q.pid: q for q in [*still, *alive()]}.values():
@@ -178,21 +145,16 @@ def stop_process_tree(
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-    if tree:
-        reap_orphans(keep=set(baseline) | _tree_pids(spared))
+    reap_orphans(keep=set(baseline) | _tree_pids(spared))
     return killed
 
 
 class AirflowProcesses:
     """The Airflow components as child processes (each in its own session), output prefixed by name.
 
-    Equivalent to ``airflow standalone`` (metadata DB migration, API server,
-    DAG processor, scheduler, triggerer), with two differences that matter
-    here: nothing listens beyond 127.0.0.1 (standalone's scheduler and
-    triggerer also start the log server on every interface, port 8793/8794;
-    here ``--skip-serve-logs``: the API server reads the local task logs
-    directly), and the API server is up before the scheduler starts tasks
-    (their first call is to its execution API).
+    What ``airflow standalone`` runs, with two differences: nothing listens beyond 127.0.0.1
+    (``--skip-serve-logs``: the API server reads the local task logs directly), and the API
+    server is up before the scheduler starts tasks (their first call is to its execution API).
     """
 
     COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -241,11 +203,10 @@ class AirflowProcesses:
             self._pump(name, proc)
 
     def migrate(self, timeout_s: float = 600.0) -> int:
-        """``airflow db migrate`` (creates the SQLite database the first time); its exit code."""
-        proc = self._spawn("db", ("db", "migrate"))
-        self.procs["db"] = proc
+        """``airflow db migrate`` (creates the database the first time); its exit code."""
+        self.procs["db"] = self._spawn("db", ("db", "migrate"))
         try:
-            return proc.wait(timeout=timeout_s)
+            return self.procs["db"].wait(timeout=timeout_s)
         finally:
             del self.procs["db"]
 
@@ -253,18 +214,14 @@ class AirflowProcesses:
         self.procs["api-server"] = self._spawn("api-server", ("api-server", "--host", HOST, "--port", str(self.port)))
 
     def start_components(self, *names: str) -> None:
-        """Start the named components (all when none is named)."""
+        """Start the named components."""
         for name, args in self.COMPONENTS:
-            if not names or name in names:
+            if name in names:
                 self.procs[name] = self._spawn(name, args)
 
     def exited(self) -> tuple[str, int] | None:
         """The first component that exited, with its exit code."""
-        for name, proc in self.procs.items():
-            code = proc.poll()
-            if code is not None:
-                return name, code
-        return None
+        return next(((name, code) for name, proc in self.procs.items() if (code := proc.poll()) is not None), None)
 
     def reap_orphans(self) -> None:
         """Wait for exited orphans re-parented to this process (never for the components: their Popen waits)."""
@@ -275,16 +232,14 @@ class AirflowProcesses:
 
         Two calls of :func:`stop_process_tree`:
 
-        1. SIGTERM to the scheduler, DAG processor and triggerer (then to the
-           other components but the API server: the Spark engine), up to
-           ``grace_s`` for them to exit; then SIGTERM to every other process
-           except the API server and its descendants (executor workers, task
-           supervisors, spark-submit and its JVM): a task supervisor forwards
-           it to its task, which reports the interruption through the still
-           running API server (an epoch cut short is recovered exactly once by
-           the next run); SIGKILL after 10 s;
-        2. SIGTERM to the API server, up to ``grace_s``, then SIGTERM and, after
-           5 s, SIGKILL to whatever is left of the process tree.
+        1. SIGTERM to the scheduler, DAG processor and triggerer (then to the other components but the
+           API server: the Spark engine), up to ``grace_s`` for them to exit; then SIGTERM to every
+           other process except the API server and its descendants (executor workers, task
+           supervisors, spark-submit and its JVM): a task supervisor forwards it to its task, which
+           reports the interruption through the still running API server (an epoch cut short is
+           recovered exactly once by the next run); SIGKILL after 10 s;
+        2. SIGTERM to the API server, up to ``grace_s``, then SIGTERM and, after 5 s, SIGKILL to
+           whatever is left of the process tree.
 
         The ``spared`` trees (the metadata database) and ``baseline`` are left alone.
         """

@@ -1,10 +1,4 @@
-"""``make run``'s orchestration: start the stack in the order of the protocol in :mod:`barrierflow.tools.devserver`, run, stop.
-
-:func:`run` carries out steps 1 to 7 with the other modules of the package
-(:mod:`~barrierflow.tools.devserver.environment`, :mod:`~barrierflow.tools.devserver.client`,
-:mod:`~barrierflow.tools.devserver.processes`, :mod:`~barrierflow.tools.devserver.generator`);
-:func:`main` is ``python -m barrierflow.tools.devserver``.
-"""
+"""``make run``'s order of things: :func:`run` carries out steps 1 to 7 of :mod:`barrierflow.tools.devserver`."""
 
 from __future__ import annotations
 
@@ -18,8 +12,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from barrierflow.airflow.dags.environment import repo_root
 from barrierflow.airflow.dags.settings import PROCESS_MODE_ENV, SPARK_SUBMIT_MODE, DagSettings
 from barrierflow.core.errors import ConfigurationError, EngineUnavailableError
+from barrierflow.core.settings import DEFAULT_WARM_UP_EPOCHS
 from barrierflow.execution.engine import DEFAULT_ENGINE_PORT, LocalEngine
 from barrierflow.storage.objects import is_local, normalize_uri
 from barrierflow.tools.devserver.client import ApiClient
@@ -31,7 +27,6 @@ from barrierflow.tools.devserver.environment import (
     HOST,
     PASSWORD_ENV,
     DevServerConfig,
-    _repo_root,
     devserver_environment,
     free_port,
     port_in_use,
@@ -40,49 +35,35 @@ from barrierflow.tools.devserver.environment import (
 )
 from barrierflow.tools.devserver.generator import InputGenerator
 from barrierflow.tools.devserver.processes import AirflowProcesses, become_subreaper, descendant_pids
-from barrierflow.tools.warmup import DEFAULT_WARM_UP_EPOCHS
 
-__all__ = ["run", "main", "build_parser", "config_from_args", "first_interval_end", "wait_until"]
+__all__ = ["run", "main", "build_parser", "config_from_args", "first_interval_end"]
 
 
-def wait_until(
-    predicate: Callable[[], bool],
-    timeout_s: float,
-    interval_s: float = 1.0,
-    stop: threading.Event | None = None,
-) -> bool:
+def _wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float, stop: threading.Event) -> bool:
     """Poll ``predicate`` until it holds (True), ``timeout_s`` passes or ``stop`` is set (False)."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if stop is not None and stop.is_set():
-            return False
+    while time.monotonic() < deadline and not stop.is_set():
         if predicate():
             return True
-        if stop is not None:
-            stop.wait(interval_s)
-        else:
-            time.sleep(interval_s)
-    return predicate()
+        stop.wait(interval_s)
+    return not stop.is_set() and predicate()
 
 
 def _banner(config: DevServerConfig) -> str:
+    every = f"   (a new file every {config.generate_every_s:g} s)" if config.generate_every_s > 0 else ""
     lines = [
-        "",
-        "=" * 66,
-        f"  Airflow UI:        {config.url}/",
-        f"  login:             {config.user} / {config.password}",
-        f"  checkpoints page:  {config.checkpoints_url}   (Browse > Checkpoints)",
-        f"  DAG:               {config.url}/dags/{config.dag_id}",
-        f"  Spark engine:      {config.engine.address}   (Spark Connect; connection spark_connect_default)",
-        f"  warehouse:         {config.warehouse}",
-        f"  landing dir:       {config.landing}"
-        + (f"   (a new file every {config.generate_every_s:g} s)" if config.generate_every_s > 0 else ""),
-        f"  AIRFLOW_HOME:      {config.home}",
-        "  stop with Ctrl-C",
-        "=" * 66,
-        "",
+        f"Airflow UI:        {config.url}/",
+        f"login:             {config.user} / {config.password}",
+        f"checkpoints page:  {config.url}/barrierflow/   (Browse > Checkpoints)",
+        f"DAG:               {config.url}/dags/{config.dag_id}",
+        f"Spark engine:      {config.engine.address}   (Spark Connect; connection spark_connect_default)",
+        f"warehouse:         {config.warehouse}",
+        f"landing dir:       {config.landing}{every}",
+        f"AIRFLOW_HOME:      {config.home}",
+        "stop with Ctrl-C",
     ]
-    return "\n".join(lines)
+    rule = "=" * 66
+    return "\n".join(["", rule, *(f"  {line}" for line in lines), rule, ""])
 
 
 class _Stop(Exception):
@@ -141,7 +122,7 @@ def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
         say(f"starting the Airflow API server on {config.url}")
         airflow.start_api_server()
         client = ApiClient(config.url, config.user, config.password)
-        if not wait_until(lambda: airflow.exited() is not None or client.healthy(), ready_timeout_s, 1.0):
+        if not _wait_until(lambda: airflow.exited() is not None or client.healthy(), ready_timeout_s, 1.0, stopping):
             say(f"error: the Airflow API server did not answer on {config.url} within {ready_timeout_s:.0f} s")
             return 1
         if (gone := airflow.exited()) is not None:
@@ -154,7 +135,7 @@ def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
         say(_banner(config))
         if generator is not None:
             # Step 5: the first interval the DAG processor sees must hold input.
-            wait_until(lambda: generator.first_written_at is not None, 60.0, 0.2, stopping)
+            _wait_until(lambda: generator.first_written_at is not None, 60.0, 0.2, stopping)
             ready_at = first_interval_end(generator.first_written_at or time.time())
             if ready_at > time.time():
                 say(
@@ -210,23 +191,12 @@ def first_interval_end(first_input_at: float, interval_s: float = 60.0) -> float
 def _ensure_unpaused(client: ApiClient, dag_id: str, stop: threading.Event, timeout_s: float = 600.0) -> None:
     """Unpause ``dag_id`` once the DAG processor has registered it (no-op when already unpaused)."""
     try:
-        found: dict[str, Any] = {}
-
-        def registered() -> bool:
-            doc = client.dag(dag_id)
-            if doc is not None:
-                found.update(doc)
-            return doc is not None
-
-        if not wait_until(registered, timeout_s, 2.0, stop):
+        if not _wait_until(lambda: client.dag(dag_id) is not None, timeout_s, 2.0, stop):
             if not stop.is_set():
                 say(f"note: DAG {dag_id} did not appear within {timeout_s:.0f} s (see the DAG import errors in the UI)")
             return
-        if found.get("is_paused"):
-            if client.set_paused(dag_id, False):
-                say(f"unpaused {dag_id}")
-            else:
-                say(f"note: could not unpause {dag_id}")
+        if (client.dag(dag_id) or {}).get("is_paused"):
+            say(f"unpaused {dag_id}" if client.set_paused(dag_id, False) else f"note: could not unpause {dag_id}")
     except Exception as exc:  # noqa: BLE001 - a helper thread must never take the server down
         if not stop.is_set():
             say(f"note: cannot check whether {dag_id} is paused: {exc}")
@@ -301,28 +271,26 @@ def _local_dir_arg(value: str) -> Path:
     return location
 
 
-def _default_warm_up() -> int:
-    """Warm the engine only when the DAG's ``process`` runs on it."""
-    return 0 if DagSettings.from_env(os.environ).process_mode == SPARK_SUBMIT_MODE else DEFAULT_WARM_UP_EPOCHS
-
-
 def config_from_args(args: argparse.Namespace) -> DevServerConfig:
-    root = _repo_root()
-    port = args.port if args.port else free_port()
+    root = repo_root()
+    if args.warm_up_epochs is not None:
+        warm_up = max(0, args.warm_up_epochs)
+    else:  # warm the engine only when the DAG's ``process`` runs on it
+        warm_up = 0 if DagSettings.from_env(os.environ).process_mode == SPARK_SUBMIT_MODE else DEFAULT_WARM_UP_EPOCHS
     return DevServerConfig(
         root=root,
         home=(args.home or root / ".airflow").resolve(),
         warehouse=args.warehouse or root / "warehouse",
         landing=args.landing or root / "landing",
-        port=port,
-        engine_port=args.engine_port if args.engine_port else free_port(),
+        port=args.port or free_port(),
+        engine_port=args.engine_port or free_port(),
         user=args.user,
         password=args.password,
         generate_every_s=max(0.0, args.interval),
         records_per_file=args.records_per_file,
-        warm_up_epochs=max(0, args.warm_up_epochs) if args.warm_up_epochs is not None else _default_warm_up(),
+        warm_up_epochs=warm_up,
         metadata_db=args.metadata_db,
-        db_port=args.db_port or free_port(),
+        db_port=args.db_port,  # 0: run() picks a free one
     )
 
 
