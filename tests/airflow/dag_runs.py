@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from barrierflow.airflow.dags.settings import DagSettings
+from barrierflow.checkpointing.checkpoint import EpochStatus
+from barrierflow.checkpointing.coordinator import CheckpointCoordinator
 
 __all__ = [
     "RunOutcome",
@@ -38,6 +40,7 @@ __all__ = [
     "minute",
     "task_logs",
     "running_dag_run",
+    "completed_epochs",
 ]
 
 
@@ -53,6 +56,12 @@ def dag_settings(warehouse: Path | str, **overrides: Any) -> DagSettings:
     )
     values.update(overrides)
     return DagSettings(**values)
+
+
+def completed_epochs(coordinator: CheckpointCoordinator) -> list[int]:
+    """Completed epochs of the current lineage."""
+    lineage_id = coordinator.current_lineage()["lineage_id"]
+    return sorted({r.epoch for r in coordinator.log.lineage_records(lineage_id) if r.status is EpochStatus.COMPLETED})
 
 
 @dataclass(frozen=True)

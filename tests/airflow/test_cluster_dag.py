@@ -17,12 +17,11 @@ import pytest
 
 from barrierflow.airflow.dags import build_pipeline_dag
 from barrierflow.airflow.dags.environment import SPARK_CONN_ENV
-from barrierflow.airflow.dags.lifecycle import completed_epochs
 from barrierflow.checkpointing.coordinator import CheckpointCoordinator
 from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
 from barrierflow.execution.spark import MASTER_ENV
 from barrierflow.plan.registry import get_pipeline
-from dag_runs import dag_settings, minute, run_dag
+from dag_runs import completed_epochs, dag_settings, minute, run_dag
 from sensor_check import (
     assert_matches_reference,
     assert_nothing_staged_visible,

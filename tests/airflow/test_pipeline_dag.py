@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from barrierflow.airflow.dags import build_pipeline_dag
-from barrierflow.airflow.dags.lifecycle import completed_epochs
 from barrierflow.checkpointing.coordinator import CheckpointCoordinator
 from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
 from barrierflow.plan.registry import get_pipeline
@@ -25,6 +24,7 @@ from barrierflow.storage import objects
 from dag_runs import (
     RunOutcome,
     asset_events,
+    completed_epochs,
     dag_settings,
     fault_plan,
     minute,

@@ -9,13 +9,12 @@ from typing import Any
 import pytest
 
 from barrierflow.airflow.dags import build_pipeline_dag, build_restore_dag, build_savepoint_dag
-from barrierflow.airflow.dags.lifecycle import completed_epochs
 from barrierflow.airflow.dags.restore_dag import restore_point
 from barrierflow.checkpointing.coordinator import CheckpointCoordinator
 from barrierflow.core.errors import ParameterError
 from barrierflow.plan.pipeline import PipelineBuilder, PipelineDefinition
 from barrierflow.plan.registry import get_pipeline
-from dag_runs import asset_events, dag_settings, minute, run_dag, task_logs, xcom
+from dag_runs import asset_events, completed_epochs, dag_settings, minute, run_dag, task_logs, xcom
 from operations import LANDING_ENV, run_epochs_in_process, write_landing
 from sensor_check import assert_matches_reference, reference_for
 

@@ -15,9 +15,9 @@ PACKAGE = Path(bf.__file__).resolve().parent
 
 def test_every_public_name_resolves_and_is_listed_once() -> None:
     assert bf.__all__ == sorted(set(bf.__all__))
-    assert set(bf.__all__) == set(bf._EXPORTS)
+    assert set(bf.__all__) == set(bf._exports())
     for name in bf.__all__:
-        assert getattr(bf, name) is getattr(sys.modules[bf._EXPORTS[name]], name)
+        assert getattr(bf, name) is getattr(sys.modules[bf._exports()[name]], name)
     assert set(bf.__all__) <= set(dir(bf))
 
 
@@ -27,7 +27,7 @@ def test_type_checkers_see_the_same_names() -> None:
     block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", None) == "TYPE_CHECKING")
     imported = {(alias.name, node.module) for node in ast.walk(block) if isinstance(node, ast.ImportFrom) for alias in node.names}
     assert {name for name, _ in imported} == set(bf.__all__)
-    assert {name: module for name, module in imported} == bf._EXPORTS
+    assert {name: module for name, module in imported} == bf._exports()
 
 
 def test_the_public_errors_are_the_error_hierarchy() -> None:

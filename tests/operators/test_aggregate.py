@@ -61,6 +61,8 @@ def test_epoch_sums_are_exact_over_decimal_forms_whatever_the_order() -> None:
         assert sums[g] == _exact(values[group_of == g].tolist())
     shuffled = rng.permutation(5000)
     assert epoch_sums(pa.array(values[shuffled]), group_of[shuffled], groups).to_pylist() == sums
+    tie = [2.2890886271259453e18, -7.140037111863804e17, -1.5120810368510164e18, 1e-18]  # needs 35 digits, not 28
+    assert epoch_sums(pa.array(tie), np.zeros(4, dtype=np.int64), 1).to_pylist() == [_exact(tie)]
 
 
 def test_values_outside_the_decimal_range_are_folded_sorted_ascending() -> None:
@@ -69,6 +71,9 @@ def test_values_outside_the_decimal_range_are_folded_sorted_ascending() -> None:
     assert total == ((((0.0 + -3e30) + 1e-25) + 1.0) + 2.0) + 3e30
     [with_nan] = epoch_sums(pa.array(values), np.zeros(6, dtype=np.int64), 1).to_pylist()
     assert math.isnan(with_nan)
+    many = [1e16, *[1.0] * 70, 1e-25]  # a long slice; descending, each 1.0 would be lost
+    [folded] = epoch_sums(pa.array(many), np.zeros(len(many), dtype=np.int64), 1).to_pylist()
+    assert folded == 1e16 + 70
 
 
 def test_min_and_max_skip_nulls_and_put_nan_above_every_number() -> None:

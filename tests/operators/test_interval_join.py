@@ -17,6 +17,7 @@ import pytest
 from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.core.keys import key_groups
 from barrierflow.operators.interval_join import IntervalBounds, IntervalJoin
+from barrierflow.operators.join_buffer import record_values
 from harness import KernelRun, canonical, live_state, node_specs, run_both, run_kernel, upstream
 
 S = 1_000_000
@@ -287,37 +288,50 @@ RECORD = pa.schema([
 ])  # fmt: skip
 
 
-def test_a_buffered_record_is_written_as_sparks_to_json_writes_it() -> None:
+# Records as Spark's to_json wrote them in earlier releases (warehouses and savepoints hold them): they must still read back.
+SPARK_WRITTEN = [
+    '{"k":"a","n":1,"ts":"2024-05-01T00:00:00.123456Z","v":12.5,"s":"quote \\" and \\\\ back","flag":true}',
+    '{"k":"a","n":1,"ts":"2024-05-01T00:00:01.000000Z","v":1234567.25,"s":"tab\\tnew\\nline\\r\\b\\f"}',
+    '{"k":"a","n":1,"ts":"2024-05-01T00:00:02.000000Z","v":-0.0,"s":"\\u0001\\u001F ctl","flag":false}',
+    '{"k":"q\\"\\\\","n":7,"ts":"2024-05-01T00:00:03.000000Z","v":0.001,"s":"é ü \u2028 😀"}',
+    '{"k":"b","n":2,"ts":"2024-05-01T00:00:04.000000Z","v":1.0E7,"s":""}',
+    '{"k":"b","n":2,"ts":"2024-05-01T00:00:05.000000Z","v":1.0E-5}',
+    '{"k":"b","n":2,"ts":"2024-05-01T00:00:06.000000Z","v":1.0E23}',
+    '{"k":"b","n":2,"ts":"2024-05-01T00:00:07.000000Z","v":"NaN"}',
+    '{"k":"b","n":2,"ts":"2024-05-01T00:00:08.000000Z","v":"-Infinity"}',
+    '{"k":"b","n":2,"ts":"2024-05-01T00:00:09.000000Z","v":100.0}',
+    '{"k":"b","n":2,"ts":"2024-05-01T00:00:10.000000Z"}',
+]
+SPARK_RECORDS = [
+    {"k": "a", "n": 1, "ts": _at(0.123456), "v": 12.5, "s": 'quote " and \\ back', "flag": True},
+    {"k": "a", "n": 1, "ts": _at(1), "v": 1234567.25, "s": "tab\tnew\nline\r\x08\x0c", "flag": None},
+    {"k": "a", "n": 1, "ts": _at(2), "v": -0.0, "s": "\x01\x1f ctl", "flag": False},
+    {"k": 'q"\\', "n": 7, "ts": _at(3), "v": 0.001, "s": "é ü \u2028 😀", "flag": None},
+    {"k": "b", "n": 2, "ts": _at(4), "v": 1e7, "s": "", "flag": None},
+    {"k": "b", "n": 2, "ts": _at(5), "v": 1e-5, "s": None, "flag": None},
+    {"k": "b", "n": 2, "ts": _at(6), "v": 1e23, "s": None, "flag": None},
+    {"k": "b", "n": 2, "ts": _at(7), "v": float("nan"), "s": None, "flag": None},
+    {"k": "b", "n": 2, "ts": _at(8), "v": float("-inf"), "s": None, "flag": None},
+    {"k": "b", "n": 2, "ts": _at(9), "v": 100.0, "s": None, "flag": None},
+    {"k": "b", "n": 2, "ts": _at(10), "v": None, "s": None, "flag": None},
+]
+
+
+def _exact(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows to compare exactly: a float by its text (NaN equal to NaN, -0.0 unequal to 0.0)."""
+    return [{k: repr(v) if isinstance(v, float) else v for k, v in r.items()} for r in rows]
+
+
+def test_a_buffered_record_reads_back_as_written_and_as_sparks_to_json_wrote_it() -> None:
     node = _join(0, 10, key=("k", "n"), other_key=("k", "n"), time_columns=("ts", "ts"))
-    rows = [
-        {"k": "a", "n": 1, "ts": _at(0.123456), "v": 12.5, "s": 'quote " and \\ back', "flag": True},
-        {"k": "a", "n": 1, "ts": _at(1), "v": 1234567.25, "s": "tab\tnew\nline\r\x08\x0c", "flag": None},
-        {"k": "a", "n": 1, "ts": _at(2), "v": -0.0, "s": "\x01\x1f ctl", "flag": False},
-        {"k": 'q"\\', "n": 7, "ts": _at(3), "v": 0.001, "s": "é ü \u2028 😀", "flag": None},
-        {"k": "b", "n": 2, "ts": _at(4), "v": 1e7, "s": "", "flag": None},
-        {"k": "b", "n": 2, "ts": _at(5), "v": 1e-5, "s": None, "flag": None},
-        {"k": "b", "n": 2, "ts": _at(6), "v": 1e23, "s": None, "flag": None},
-        {"k": "b", "n": 2, "ts": _at(7), "v": float("nan"), "s": None, "flag": None},
-        {"k": "b", "n": 2, "ts": _at(8), "v": float("-inf"), "s": None, "flag": None},
-        {"k": "b", "n": 2, "ts": _at(9), "v": 100.0, "s": None, "flag": None},
-        {"k": "b", "n": 2, "ts": _at(10), "v": None, "s": None, "flag": None},
-    ]
-    run = run_both(node, [_table(RECORD, rows), RECORD.empty_table()])
-    by_time = {r["event_time_us"]: r["record"] for r in run.changes["j__left"].to_pylist()}
-    day = "2024-05-01T00:00:"
-    assert [by_time[T0_US + int(s * S)] for s in (0.123456, *range(1, 11))] == [
-        '{"k":"a","n":1,"ts":"' + day + '00.123456Z","v":12.5,"s":"quote \\" and \\\\ back","flag":true}',
-        '{"k":"a","n":1,"ts":"' + day + '01.000000Z","v":1234567.25,"s":"tab\\tnew\\nline\\r\\b\\f"}',
-        '{"k":"a","n":1,"ts":"' + day + '02.000000Z","v":-0.0,"s":"\\u0001\\u001F ctl","flag":false}',
-        '{"k":"q\\"\\\\","n":7,"ts":"' + day + '03.000000Z","v":0.001,"s":"é ü \u2028 😀"}',
-        '{"k":"b","n":2,"ts":"' + day + '04.000000Z","v":1.0E7,"s":""}',
-        '{"k":"b","n":2,"ts":"' + day + '05.000000Z","v":1.0E-5}',
-        '{"k":"b","n":2,"ts":"' + day + '06.000000Z","v":1.0E23}',
-        '{"k":"b","n":2,"ts":"' + day + '07.000000Z","v":"NaN"}',
-        '{"k":"b","n":2,"ts":"' + day + '08.000000Z","v":"-Infinity"}',
-        '{"k":"b","n":2,"ts":"' + day + '09.000000Z","v":100.0}',
-        '{"k":"b","n":2,"ts":"' + day + '10.000000Z"}',
-    ]
+    run = run_both(node, [_table(RECORD, SPARK_RECORDS), RECORD.empty_table()])
+    buffered = sorted(run.changes["j__left"].to_pylist(), key=lambda r: r["event_time_us"])
+    assert [r["event_time_us"] for r in buffered] == [T0_US + int(s * S) for s in (0.123456, *range(1, 11))]
+    # What the buffer holds reads back as it was written (tests/operators/test_join_buffer.py: for every type) ...
+    written = record_values(pa.array([r["record"] for r in buffered]), list(RECORD))
+    assert _exact(written.to_pylist()) == _exact(SPARK_RECORDS)
+    # ... and so does what Spark's to_json wrote.
+    assert _exact(record_values(pa.array(SPARK_WRITTEN), list(RECORD)).to_pylist()) == _exact(SPARK_RECORDS)
 
 
 def test_record_index_ranks_a_keys_records_by_time_then_by_their_jsons_bytes() -> None:
@@ -362,13 +376,16 @@ def test_records_of_any_column_types_are_buffered_and_read_back_unchanged() -> N
     empty = {**{n: None for n in NESTED.names}, "k": "a", "ts": _at(1)}
     epochs = Epochs(node)
     first = epochs.run([_table(NESTED, [record, empty]), NESTED.empty_table()])
-    texts = sorted(r["record"] for r in first.changes["j__left"].to_pylist())
-    assert texts == [
+    assert first.changes["j__left"].num_rows == 2
+    # As Spark's to_json wrote them in earlier releases, they read back too.
+    spark_written = [
         '{"k":"a","ts":"2024-05-01T00:00:00.000000Z","f":0.1,"dec":12.30,"tiny":1E-8,"day":"2024-05-01",'
         '"local":"2024-05-01T12:00:00.000001","raw":"AP8=","ints":[1,null,3],"point":{"x":1},"tags":{"x":1,"y":null},'
         '"i8":-5,"far":"9999-12-31T23:59:59.999999Z"}',
         '{"k":"a","ts":"2024-05-01T00:00:01.000000Z"}',
     ]
+    read = record_values(pa.array(spark_written), list(NESTED)).to_pylist()
+    assert read == [{**record, "f": pytest.approx(0.1, rel=1e-7)}, {**{n: None for n in NESTED.names}, "k": "a", "ts": _at(1)}]
     # Read back in a later epoch, when a right record pairs with them.
     second = epochs.run([NESTED.empty_table(), _table(NESTED, [{**empty, "ts": _at(2)}])])
     rows = sorted(second.output.to_pylist(), key=lambda r: r["left_ts"])

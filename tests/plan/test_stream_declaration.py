@@ -148,16 +148,6 @@ def test_computed_key_problems_name_the_key_the_operator_and_what_computed_it() 
     assert good.to_pylist() == [{"topic": "b", "n": 0}]
 
 
-def test_arrival_order_is_needed_through_stateless_operators_only_if_a_consumer_needs_it() -> None:
-    def body(s: bf.DataStream) -> None:
-        s.filter("v > 0").flat_map(part="split(k, '-')").key_by("part").aggregate("totals", n=bf.Count())
-        s.map(x="v").deduplicate("dedup", key="k")
-
-    pipe = build(body)
-    needs = {n.operator_id: pipe.needs_arrival_order(n) for n in pipe.nodes}
-    assert needs == {"events": True, "filter-1": False, "flat_map-1": False, "totals": False, "map-1": True, "dedup": True}
-
-
 # -- keyword aggregations -------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
@@ -104,7 +105,9 @@ class Table:
         plan = plan or self.plan(compact=compact)
         task = TaskStateTable(plan, groups, self.epoch + 1, NOW)
         changes = _changes(values)
-        changes = changes.filter(groups.contains(changes[KEY_GROUP]))
+        changes = changes.filter(
+            pc.and_(pc.greater_equal(changes[KEY_GROUP], groups.low), pc.less_equal(changes[KEY_GROUP], groups.high))
+        )
         assert _values(task.live_rows(changes.select(["k", KEY_GROUP]))) == {
             k: self.committed[k] for k in changes["k"].to_pylist() if k in self.committed
         }, "the task read its keys as committed"

@@ -15,8 +15,9 @@ from barrierflow.core.columns import KEY_GROUP
 from barrierflow.core.errors import ConfigurationError
 from barrierflow.core.settings import WORKER_STATE_CACHE_MB
 from barrierflow.state import files as worker_cache
-from barrierflow.state.files import StateFile, cache_limit_bytes, live_rows_of, save_on_host, take_from_host
-from barrierflow.state.spec import StateSpec
+from barrierflow.state.files import StateFile, cache_limit_bytes, save_on_host, take_from_host
+from barrierflow.state.spec import KeyGroups, StateSpec, StateTablePlan
+from barrierflow.state.table import TaskStateTable
 
 CACHE_ENV = WORKER_STATE_CACHE_MB.env
 
@@ -62,12 +63,17 @@ def _reference(files: list[list[dict[str, Any]]], keys: set[str], now: int) -> d
     return {k: r["count"] for k, r in latest.items() if not r["_deleted"] and r["_updated_at_ms"] + 1_000 > now}
 
 
+def _live_rows(files: list[StateFile], keys: pa.Table, now: int) -> pa.Table:
+    """A task's read of ``keys`` through the ``delta`` backend (the worker's cache)."""
+    return TaskStateTable(StateTablePlan(SPEC, "unused", tuple(files), False), KeyGroups.all(8), 1, now).live_rows(keys)
+
+
 def _lookup(files: list[StateFile], keys: set[str], now: int = 10_500) -> dict[str, int]:
     wanted = pa.Table.from_pylist(
         [{"sensor_id": k, KEY_GROUP: int(k[1:]) % 8} for k in sorted(keys)],
         schema=pa.schema([pa.field("sensor_id", pa.large_string()), pa.field(KEY_GROUP, pa.int64())]),
     )
-    out = live_rows_of(files, SCHEMA, SPEC.key_columns, SPEC.ttl_ms, now, wanted)
+    out = _live_rows(files, wanted, now)
     assert out.schema == SCHEMA
     result = dict(zip(out["sensor_id"].to_pylist(), out["count"].to_pylist()))
     assert len(result) == out.num_rows  # one row per key
@@ -114,12 +120,7 @@ def test_records_without_a_live_key_are_kept_in_their_order(tmp_path: Path) -> N
     )
     # A deduplication's anti-join, batch by batch: the live rows of a batch's keys, then its records without them.
     batches = [pa.Table.from_batches([b]) for b in (records.slice(0, 70), records.slice(70))]
-    out = pa.concat_tables(
-        [
-            rows_without_keys(b, live_rows_of(files, SCHEMA, SPEC.key_columns, SPEC.ttl_ms, 10_500, b), SPEC.key_columns)
-            for b in batches
-        ]
-    )
+    out = pa.concat_tables([rows_without_keys(b, _live_rows(files, b, 10_500), SPEC.key_columns) for b in batches])
     live = _reference(contents, set(keys), 10_500)
     assert out.to_pylist() == [r for r in records.to_pylist() if r["sensor_id"] not in live]
     assert 0 < out.num_rows < records.num_rows  # both cases occur

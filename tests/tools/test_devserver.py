@@ -26,7 +26,7 @@ from barrierflow.tools.devserver.environment import (
     port_in_use,
     write_password_file,
 )
-from barrierflow.tools.devserver.generator import InputGenerator
+from barrierflow.tools.devserver.server import InputGenerator
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = str(Path(processes.__file__).resolve().parents[2])  # the include/ directory this barrierflow comes from

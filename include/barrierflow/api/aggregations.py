@@ -1,14 +1,7 @@
-"""Aggregations a pipeline declares: what to compute over a key's records (running) or a window's values.
+"""Aggregations a pipeline declares, over a key's records (running) or a window's values.
 
-``Count()``, ``Sum(column)``, ``Min(column)``, ``Max(column)``, ``Avg(column)``
-and ``Percentile(column, q=...)`` (nearest rank: sorted ascending, the value
-at 1-based position ``ceil(q * n)``; windows only: a running percentile
-would need every value ever seen). Each names its output column: by keyword
-(``aggregate("totals", total=Sum("amount"))``) or its own ``name``.
-
-How a running aggregate keeps and merges them is
-:mod:`barrierflow.operators.aggregate`'s; how a window computes them from its
-values, :mod:`barrierflow.operators.window`'s.
+Each names its output column: by keyword (``aggregate("totals", total=Sum("amount"))``) or its own ``name``.
+How they are kept and computed: :mod:`barrierflow.operators.aggregate` and :mod:`barrierflow.operators.window`.
 """
 
 from __future__ import annotations
@@ -67,7 +60,7 @@ class Avg(Aggregation):
 
 @dataclass(frozen=True)
 class Percentile(Aggregation):
-    """Nearest-rank percentile: sorted ascending, 1-based position ceil(q x n)."""
+    """Nearest-rank percentile, windows only (a running one would need every value): the value at 1-based ceil(q x n), ascending."""
 
     q: float = 0.5
     name: str = "p50"

@@ -1,21 +1,8 @@
 """The process functions a pipeline author subclasses, and the contexts they are called with.
 
-- :class:`KeyedProcessFunction` (``stream.key_by(k).process(id, fn)``):
-  ``process_element`` per record, keyed state, timers (``on_timer``);
-  run by :mod:`barrierflow.operators.process`.
-- :class:`KeyedCoProcessFunction` (``a.key_by(k).connect(b.key_by(k))``):
-  ``process_element1`` / ``process_element2``, state and timers shared by
-  both sides; :mod:`barrierflow.operators.co_process`.
-- :class:`KeyedBroadcastProcessFunction` (``keyed.connect(rules.broadcast(D))``):
-  ``process_broadcast_element`` fills broadcast map states that
-  ``process_element`` reads; :mod:`barrierflow.operators.broadcast`.
-- :class:`ProcessFunction` (``stream.process(id, fn)`` on a stream that is
-  not keyed): ``process_element`` per record with operator list state;
-  :mod:`barrierflow.operators.operator_state`.
-
-Each declares its state as class attributes (state descriptors) and its
-emitted rows' ``output_schema`` (a pyarrow schema); ``out(row)`` emits a
-row, a dict of the schema's columns.
+Each declares its state as class attributes (state descriptors) and its emitted rows' ``output_schema`` (a pyarrow
+schema); ``out(row)`` emits a row, a dict of the schema's columns. README "Connected streams", "Broadcast state",
+"Operator state" and "Timers" show each in use; :mod:`barrierflow.operators.process` and its siblings run them.
 """
 
 from __future__ import annotations
@@ -41,21 +28,17 @@ Emit = Callable[[dict[str, Any]], None]
 
 
 def declared_states(cls: type) -> tuple[StateDescriptor, ...]:
-    """The state descriptors of a function class: its ``state_descriptors`` tuple, then its attributes'.
+    """The state descriptors of a function class: its ``state_descriptors`` tuple, then its attributes', then its bases'.
 
-    One descriptor per state name: the same name declared twice with
-    different definitions (two attributes, or an attribute and the tuple)
-    is an error, since both would be one state table.
+    The state's name (its table) is the descriptor's, not the attribute's. One
+    name declared twice differently is an error: both would be one state table.
     """
     listed = tuple(cls.__dict__.get("state_descriptors", ()))
-    attributes: dict[str, StateDescriptor] = {}
-    for klass in reversed(cls.__mro__):  # bases first; a subclass's attribute overrides its base's
-        for attr, value in vars(klass).items():
-            if isinstance(value, StateDescriptor):
-                attributes[attr] = value
     wrong = [d for d in listed if not isinstance(d, StateDescriptor)]
     if wrong:
         raise PipelineDefinitionError(f"{cls.__qualname__}.state_descriptors holds {wrong!r}: give StateDescriptor objects")
+    # Bases first: a subclass's attribute overrides its base's.
+    attributes = {a: v for klass in reversed(cls.__mro__) for a, v in vars(klass).items() if isinstance(v, StateDescriptor)}
     inherited = [d for base in cls.__mro__[1:] for d in getattr(base, "state_descriptors", ())]
     by_name: dict[str, tuple[str, StateDescriptor]] = {}
     for where, descriptor in [
@@ -73,12 +56,19 @@ def declared_states(cls: type) -> tuple[StateDescriptor, ...]:
     return tuple(d for _, d in by_name.values())
 
 
-class KeyedContext:
-    """What a keyed process function sees for the current key.
+class _Function:
+    """What every process function shares: ``output_schema`` and its state (:func:`declared_states`, collected for you)."""
 
-    In ``on_timer``, ``time_domain`` is the firing timer's domain (None in
-    ``process_element``).
-    """
+    state_descriptors: ClassVar[tuple[StateDescriptor, ...]] = ()
+    output_schema: pa.Schema = pa.schema([])
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.state_descriptors = declared_states(cls)
+
+
+class KeyedContext:
+    """What a keyed process function sees for the current key; ``time_domain``: the firing timer's (None outside ``on_timer``)."""
 
     def __init__(
         self,
@@ -122,28 +112,13 @@ class KeyedContext:
             ) from None
 
 
-class KeyedFunction:
-    """What keyed process functions share: declared state, the output schema, ``on_timer``.
+class KeyedFunction(_Function):
+    """What keyed process functions share: ``output_schema``, ``on_timer`` and per-key state, its
+    :class:`StateDescriptor` class attributes (``total = ValueStateDescriptor("total", pa.int64())``).
 
-    The per-key state it uses is every :class:`StateDescriptor` among its
-    class attributes (``total = ValueStateDescriptor("total", pa.int64())``),
-    inherited ones included; the state's name (its table) is the
-    descriptor's, not the attribute's. ``state_descriptors`` is then
-    collected for you; a tuple given there is still read, and must agree.
-    ``output_schema`` is a pyarrow schema of the emitted rows.
-
-    Implement :meth:`on_timer` to use timers: it is called for each timer
-    that fires (see :mod:`barrierflow.operators.timers` for when), with the
-    timer's timestamp as a UTC datetime, and may emit, use state and
-    register or delete timers like the element methods.
+    Implement :meth:`on_timer` to use timers: it is called for each timer that fires (README "Timers") with its
+    timestamp as a UTC datetime, and may emit, use state and (un)register timers.
     """
-
-    state_descriptors: ClassVar[tuple[StateDescriptor, ...]] = ()
-    output_schema: pa.Schema = pa.schema([])
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.state_descriptors = declared_states(cls)
 
     def on_timer(self, timestamp: datetime, ctx: KeyedContext, out: Emit) -> None:
         raise NotImplementedError
@@ -162,11 +137,7 @@ class KeyedProcessFunction(KeyedFunction):
 
 
 class KeyedCoProcessFunction(KeyedFunction):
-    """Subclass and implement :meth:`process_element1` and :meth:`process_element2`; emit rows with ``out``.
-
-    State descriptors, ``output_schema`` and ``on_timer`` are as for a
-    :class:`KeyedProcessFunction`; ``ctx`` is the same :class:`KeyedContext`.
-    """
+    """Subclass and implement :meth:`process_element1` and :meth:`process_element2`, as a :class:`KeyedProcessFunction`."""
 
     def process_element1(self, record: dict[str, Any], ctx: KeyedContext, out: Emit) -> None:
         raise NotImplementedError
@@ -197,22 +168,20 @@ class ReadOnlyBroadcastState:
 class BroadcastState(ReadOnlyBroadcastState):
     """A broadcast map state as the broadcast side sees it: ``put``, ``remove``, ``clear``."""
 
-    def __init__(self, values: dict[Any, Any]) -> None:
-        super().__init__(values)
-        self._writable = values
+    _values: dict[Any, Any]
 
     def put(self, key: Any, value: Any) -> None:
-        self._writable[key] = value
+        self._values[key] = value
 
     def remove(self, key: Any) -> None:
-        self._writable.pop(key, None)
+        self._values.pop(key, None)
 
     def clear(self) -> None:
-        self._writable.clear()
+        self._values.clear()
 
     def snapshot(self) -> dict[Any, Any]:
         """Its entries now (a copy)."""
-        return dict(self._writable)
+        return dict(self._values)
 
 
 class BroadcastContext:
@@ -244,13 +213,9 @@ class BroadcastContext:
 
 
 class KeyedBroadcastProcessFunction(KeyedFunction):
-    """Subclass and implement :meth:`process_element` and :meth:`process_broadcast_element`.
+    """Subclass and implement :meth:`process_element` (as a :class:`KeyedProcessFunction`'s) and :meth:`process_broadcast_element`.
 
-    ``process_element`` is a :class:`KeyedProcessFunction`'s (keyed state,
-    timers, ``on_timer``), and ``ctx.get_broadcast_state(descriptor)`` gives
-    a read-only view of a broadcast state. ``process_broadcast_element``
-    gets a :class:`BroadcastContext`, whose broadcast states it may change.
-    Both emit rows of ``output_schema`` with ``out``.
+    ``ctx.get_broadcast_state(descriptor)`` is read-only in the first, writable in the second (a :class:`BroadcastContext`).
     """
 
     def process_element(self, record: dict[str, Any], ctx: KeyedContext, out: Emit) -> None:
@@ -298,21 +263,8 @@ class OperatorContext:
         return state
 
 
-class ProcessFunction:
-    """Subclass and implement :meth:`process_element`; emit rows of ``output_schema`` with ``out``.
-
-    Its operator state is every :class:`ListStateDescriptor` among its class
-    attributes (``pending = bf.ListStateDescriptor("pending", pa.string())``,
-    ``redistribution="union"`` for union state), collected as a
-    :class:`KeyedProcessFunction`'s are.
-    """
-
-    state_descriptors: ClassVar[tuple[StateDescriptor, ...]] = ()
-    output_schema: pa.Schema = pa.schema([])
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.state_descriptors = declared_states(cls)
+class ProcessFunction(_Function):
+    """Subclass and implement :meth:`process_element`; its state: the :class:`ListStateDescriptor` class attributes."""
 
     def process_element(self, record: dict[str, Any], ctx: OperatorContext, out: Emit) -> None:
         raise NotImplementedError

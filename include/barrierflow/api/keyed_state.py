@@ -1,8 +1,4 @@
-"""Per-key state handles handed to a keyed process function.
-
-The runtime scopes every handle to the current key; a handle records whether
-it changed so that only changed keys are written (incremental checkpoint).
-"""
+"""Per-key state handles, scoped by the runtime to the current key; a handle records whether it changed (only changed keys are written)."""
 
 from __future__ import annotations
 
@@ -17,15 +13,7 @@ from barrierflow.api.state import (
     ValueStateDescriptor,
 )
 
-__all__ = [
-    "State",
-    "ValueState",
-    "ListState",
-    "MapState",
-    "ReducingState",
-    "AggregatingState",
-    "state_for",
-]
+__all__ = ["State", "ValueState", "ListState", "MapState", "ReducingState", "AggregatingState", "state_for"]
 
 
 class State:
@@ -97,29 +85,27 @@ class MapState(State):
 
 
 class ReducingState(State):
+    descriptor: ReducingStateDescriptor
+
     def get(self) -> Any:
         return self._stored
 
     def add(self, value: Any) -> None:
-        assert isinstance(self.descriptor, ReducingStateDescriptor)
         self._stored = value if self._stored is None else self.descriptor.reduce_function(self._stored, value)
         self.dirty = True
 
 
 class AggregatingState(State):
+    descriptor: AggregatingStateDescriptor
+
     def get(self) -> Any:
-        assert isinstance(self.descriptor, AggregatingStateDescriptor)
-        if self._stored is None:
-            return None
-        assert self.descriptor.aggregate_function is not None
-        return self.descriptor.aggregate_function.get_result(self._stored)
+        fn = self.descriptor.aggregate_function
+        return None if self._stored is None or fn is None else fn.get_result(self._stored)
 
     def add(self, value: Any) -> None:
-        assert isinstance(self.descriptor, AggregatingStateDescriptor)
         fn = self.descriptor.aggregate_function
-        assert fn is not None
-        acc = fn.create_accumulator() if self._stored is None else self._stored
-        self._stored = fn.add(value, acc)
+        assert fn is not None, f"aggregating state {self.descriptor.name!r} declares no aggregate_function"
+        self._stored = fn.add(value, fn.create_accumulator() if self._stored is None else self._stored)
         self.dirty = True
 
 

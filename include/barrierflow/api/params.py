@@ -18,6 +18,7 @@ class _Required:
 
 REQUIRED: Any = _Required()
 _TYPES: dict[type, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 @dataclass(frozen=True)
@@ -49,19 +50,12 @@ class Param:
         """Convert a CLI string (or a typed value) into this parameter's type."""
         try:
             if self.type is bool:
-                if isinstance(value, bool):
-                    out: Any = value
-                elif str(value).lower() in ("1", "true", "yes", "on"):
-                    out = True
-                elif str(value).lower() in ("0", "false", "no", "off"):
-                    out = False
-                else:
-                    raise ValueError(value)
+                out: Any = value if isinstance(value, bool) else _BOOLS[str(value).lower()]
             elif self.type is int and isinstance(value, (float, bool)):
                 raise ValueError(value)
             else:
                 out = self.type(value)
-        except (TypeError, ValueError):
+        except (KeyError, TypeError, ValueError):
             raise ParameterError(f"parameter {self.name!r} expects {self.json_type}, got {value!r}") from None
         if self.type is float and out != out:
             raise ParameterError(f"parameter {self.name!r} must be a number, got NaN")
@@ -95,11 +89,7 @@ def resolve_params(declared: tuple[Param, ...], given: Mapping[str, Any]) -> dic
 
 
 def placeholder(param: Param) -> Any:
-    """A stand-in value for a required parameter when a pipeline is only *built* (never run).
-
-    Building declares operators, sinks and tables and reads no input, so a
-    placeholder path such as ``<landing_dir>`` is harmless there.
-    """
+    """A stand-in value for a required parameter when a pipeline is only *built* (declared, never run: no input read)."""
     if param.type is str:
         return f"<{param.name}>"
     if param.type is bool:

@@ -1,38 +1,24 @@
-"""State descriptors, named as in Flink.
+"""State descriptors, named as in Flink: each names a piece of per-key state (or operator state) and fixes its stored type.
 
-A descriptor names a piece of per-key state (or, a list state of a
-non-keyed :class:`~barrierflow.operators.operator_state.ProcessFunction`,
-operator state) and fixes its stored type; the engine creates one Delta
-state table per descriptor (``state/<operator_id>/<name>``) with readable,
-typed columns.
+The engine keeps one Delta state table per descriptor (``state/<operator_id>/<name>``) with readable, typed columns.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, ClassVar, Protocol
 
 import pyarrow as pa
 
 from barrierflow.core.errors import PipelineDefinitionError
 
 __all__ = [
-    "StateDescriptor",
-    "ValueStateDescriptor",
-    "ListStateDescriptor",
-    "MapStateDescriptor",
-    "ReducingStateDescriptor",
-    "AggregatingStateDescriptor",
-    "AggregateFunction",
-    "StateTtlConfig",
-    "EVEN_SPLIT",
-    "UNION",
-    "REDISTRIBUTIONS",
-]
+    "StateDescriptor", "ValueStateDescriptor", "ListStateDescriptor", "MapStateDescriptor", "ReducingStateDescriptor",
+    "AggregatingStateDescriptor", "AggregateFunction", "StateTtlConfig", "EVEN_SPLIT", "UNION", "REDISTRIBUTIONS",
+]  # fmt: skip
 
-# How an operator list state is redistributed when the parallelism changes
-# (:mod:`barrierflow.operators.operator_state`): Flink's getListState and getUnionListState.
+# How an operator list state is redistributed when the parallelism changes: Flink's getListState and getUnionListState.
 EVEN_SPLIT = "even_split"
 UNION = "union"
 REDISTRIBUTIONS = (EVEN_SPLIT, UNION)
@@ -52,10 +38,11 @@ class StateTtlConfig:
 @dataclass(frozen=True)
 class StateDescriptor:
     name: str
+    _kind: ClassVar[str]
 
     @property
     def kind(self) -> str:
-        raise NotImplementedError
+        return self._kind
 
     @property
     def value_type(self) -> pa.DataType:
@@ -75,10 +62,7 @@ class StateDescriptor:
 class ValueStateDescriptor(StateDescriptor):
     type: pa.DataType = pa.float64()
     ttl_config: StateTtlConfig | None = None
-
-    @property
-    def kind(self) -> str:
-        return "value"
+    _kind: ClassVar[str] = "value"
 
     @property
     def value_type(self) -> pa.DataType:
@@ -90,10 +74,8 @@ class ListStateDescriptor(StateDescriptor):
     """A list per key; or, in a non-keyed ``ProcessFunction``, a list per parallel subtask (operator state).
 
     ``redistribution`` (operator state only) is what a subtask gets when the
-    parallelism changes: ``"even_split"`` (Flink's ``getListState``: a
-    contiguous slice of all subtasks' lists) or ``"union"`` (Flink's
-    ``getUnionListState``: all of them); see
-    :mod:`barrierflow.operators.operator_state`.
+    parallelism changes (README "Operator state"): ``"even_split"`` (Flink's
+    ``getListState``) or ``"union"`` (Flink's ``getUnionListState``).
     """
 
     element_type: pa.DataType = pa.float64()
@@ -121,10 +103,7 @@ class MapStateDescriptor(StateDescriptor):
     key_type: pa.DataType = pa.string()
     map_value_type: pa.DataType = pa.float64()
     ttl_config: StateTtlConfig | None = None
-
-    @property
-    def kind(self) -> str:
-        return "map"
+    _kind: ClassVar[str] = "map"
 
     @property
     def value_type(self) -> pa.DataType:
@@ -136,10 +115,7 @@ class ReducingStateDescriptor(StateDescriptor):
     reduce_function: Callable[[Any, Any], Any] = lambda a, b: a  # noqa: E731
     type: pa.DataType = pa.float64()
     ttl_config: StateTtlConfig | None = None
-
-    @property
-    def kind(self) -> str:
-        return "reducing"
+    _kind: ClassVar[str] = "reducing"
 
     @property
     def value_type(self) -> pa.DataType:
@@ -161,10 +137,7 @@ class AggregatingStateDescriptor(StateDescriptor):
     aggregate_function: AggregateFunction | None = None
     accumulator_type: pa.DataType = pa.float64()
     ttl_config: StateTtlConfig | None = None
-
-    @property
-    def kind(self) -> str:
-        return "aggregating"
+    _kind: ClassVar[str] = "aggregating"
 
     @property
     def value_type(self) -> pa.DataType:

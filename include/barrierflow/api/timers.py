@@ -1,12 +1,7 @@
-"""The timer service a keyed process function uses: Flink's ``TimerService`` and ``TimeDomain``.
+"""The timer service a keyed process function uses: Flink's ``TimerService`` and ``TimeDomain`` (README "Timers").
 
-``ctx.timer_service()`` gives the current key's timers and the epoch's
-clocks. Which timers fire, when, and how they are checkpointed is the
-operator's (:mod:`barrierflow.operators.timers`).
-
-A timestamp is a zone-aware :class:`~datetime.datetime` or an ``int`` of
-milliseconds since the Unix epoch (Flink's unit); timers are kept in
-microseconds.
+``ctx.timer_service()`` gives the current key's timers and the epoch's clocks; which timers fire, and when, is
+:mod:`barrierflow.operators.timers`'. Timers are kept in microseconds.
 """
 
 from __future__ import annotations
@@ -31,12 +26,6 @@ class TimeDomain(enum.Enum):
 
 def to_micros(timestamp: datetime | int, what: str) -> int:
     """A timer timestamp as microseconds since the epoch: a zone-aware datetime, or an int of milliseconds (Flink's unit)."""
-    if isinstance(timestamp, bool):
-        raise UserFunctionError(
-            f"{what}: timestamp {timestamp!r} is a bool; give a zone-aware datetime or int milliseconds since the epoch"
-        )
-    if isinstance(timestamp, int):
-        return timestamp * 1000
     if isinstance(timestamp, datetime):
         if timestamp.tzinfo is None:
             raise UserFunctionError(
@@ -44,6 +33,8 @@ def to_micros(timestamp: datetime | int, what: str) -> int:
                 "(record timestamps are UTC) or int milliseconds since the epoch"
             )
         return (timestamp - _UTC_EPOCH) // timedelta(microseconds=1)
+    if isinstance(timestamp, int) and not isinstance(timestamp, bool):
+        return timestamp * 1000
     raise UserFunctionError(
         f"{what}: timestamp {timestamp!r} is a {type(timestamp).__name__}; give a zone-aware datetime or int milliseconds since the epoch"
     )
@@ -56,12 +47,9 @@ def from_micros(us: int) -> datetime:
 
 @dataclass
 class TimerService:
-    """The current key's timers and clocks, as a process function sees them.
+    """The current key's timers and clocks; a timer is unique per domain and timestamp (registered twice, kept once).
 
-    ``watermark_us`` is the watermark the function sees now: W(n-1) while
-    records are processed, W(n) while timers fire (see
-    :mod:`barrierflow.operators.timers`). A timer is unique per domain and
-    timestamp: registering it twice keeps one.
+    ``watermark_us`` is the watermark the function sees now: W(n-1) while records are processed, W(n) while timers fire.
     """
 
     watermark_us: int | None
@@ -95,7 +83,4 @@ class TimerService:
                 "timers could never fire; implement on_timer(self, timestamp, ctx, out) to use timers"
             )
         timer = (domain, to_micros(timestamp, f"{verb}_{domain.value}_timer"))
-        if add:
-            self.timers.add(timer)
-        else:
-            self.timers.discard(timer)
+        (self.timers.add if add else self.timers.discard)(timer)

@@ -1,24 +1,18 @@
-"""Event-time window assigners: which windows a record belongs to.
+"""Event-time window assigners: which windows a record belongs to (README "Windows"); times in microseconds (UTC).
 
-All in event time (microseconds since the Unix epoch, in UTC):
+- :class:`TumblingEventTimeWindows` ``.of(size)``: the window ``[k * size, (k + 1) * size)`` holding the record.
+- :class:`SlidingEventTimeWindows` ``.of(size, slide)``: every window ``[k * slide, k * slide + size)`` holding it
+  (aligned to the Unix epoch, as Flink's with offset 0). A slide larger than the size is refused: records between
+  two windows would belong to none and vanish.
+- :class:`EventTimeSessionWindows` ``.with_gap(gap)``: per key, records at most ``gap`` apart form one session
+  ``[first ts, last ts + gap)``.
 
-- :class:`TumblingEventTimeWindows` ``.of(size)``: the window
-  ``[k * size, (k + 1) * size)`` holding the record's timestamp.
-- :class:`SlidingEventTimeWindows` ``.of(size, slide)``: every window
-  ``[k * slide, k * slide + size)`` holding it (``ceil(size / slide)`` of
-  them at most; aligned to the Unix epoch, as Flink's with offset 0). A
-  slide larger than the size is refused: records between two windows would
-  belong to none and vanish.
-- :class:`EventTimeSessionWindows` ``.with_gap(gap)``: per key, records
-  at most ``gap`` apart form one session ``[first ts, last ts + gap)``.
-
-Each takes the column holding the event time (``time_column``, ``"ts"``
-unless given). How windows fire and what they emit is the window
-operator's (:mod:`barrierflow.operators.window`).
+Each reads the event time from ``time_column`` (``"ts"`` unless given); :mod:`barrierflow.operators.window` fires them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from datetime import timedelta
@@ -43,16 +37,18 @@ def micros(what: str, value: Any, *, positive: bool) -> int:
     return us
 
 
-def _check_time_column(what: str, column: Any) -> None:
-    if not isinstance(column, str) or not column:
-        raise PipelineDefinitionError(f"{what}: time_column must be a column name, got {column!r}")
-
-
 class WindowAssigner:
-    """Which event-time windows a record belongs to (step 1 of the module docstring)."""
+    """Which event-time windows a record belongs to; a subclass is a dataclass of timedeltas and ``time_column``."""
 
     time_column: str
     kind: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            if f.name != "time_column":
+                micros(f"{self.kind} window {f.name}", getattr(self, f.name), positive=True)
+        if not isinstance(self.time_column, str) or not self.time_column:
+            raise PipelineDefinitionError(f"{self.kind} window: time_column must be a column name, got {self.time_column!r}")
 
     def windows(self, ts_us: int) -> list[tuple[int, int]]:
         """The ``(start_us, end_us)`` windows of a record at ``ts_us`` (before any merge), latest start first."""
@@ -63,12 +59,7 @@ class WindowAssigner:
 class TumblingEventTimeWindows(WindowAssigner):
     size: timedelta
     time_column: str = "ts"
-
     kind: ClassVar[str] = "tumbling"
-
-    def __post_init__(self) -> None:
-        micros("tumbling window size", self.size, positive=True)
-        _check_time_column("tumbling window", self.time_column)
 
     @classmethod
     def of(cls, size: timedelta, time_column: str = "ts") -> "TumblingEventTimeWindows":
@@ -92,18 +83,15 @@ class SlidingEventTimeWindows(WindowAssigner):
     size: timedelta
     slide: timedelta
     time_column: str = "ts"
-
     kind: ClassVar[str] = "sliding"
 
     def __post_init__(self) -> None:
-        size = micros("sliding window size", self.size, positive=True)
-        slide = micros("sliding window slide", self.slide, positive=True)
-        if slide > size:
+        super().__post_init__()
+        if self.slide > self.size:
             raise PipelineDefinitionError(
                 f"sliding window slide {self.slide} is larger than its size {self.size}: records between two windows "
                 "would belong to none; give a slide at most the size (equal: tumbling windows)"
             )
-        _check_time_column("sliding window", self.time_column)
 
     @classmethod
     def of(cls, size: timedelta, slide: timedelta, time_column: str = "ts") -> "SlidingEventTimeWindows":
@@ -117,13 +105,9 @@ class SlidingEventTimeWindows(WindowAssigner):
     def slide_us(self) -> int:
         return self.slide // _ONE_US
 
-    @property
-    def windows_per_record(self) -> int:
-        return math.ceil(self.size_us / self.slide_us)
-
     def windows(self, ts_us: int) -> list[tuple[int, int]]:
         last = ts_us - ts_us % self.slide_us
-        starts = [last - k * self.slide_us for k in range(self.windows_per_record)]
+        starts = [last - k * self.slide_us for k in range(math.ceil(self.size_us / self.slide_us))]
         return [(s, s + self.size_us) for s in starts if s + self.size_us > ts_us]
 
 
@@ -131,12 +115,7 @@ class SlidingEventTimeWindows(WindowAssigner):
 class EventTimeSessionWindows(WindowAssigner):
     gap: timedelta
     time_column: str = "ts"
-
     kind: ClassVar[str] = "session"
-
-    def __post_init__(self) -> None:
-        micros("session window gap", self.gap, positive=True)
-        _check_time_column("session window", self.time_column)
 
     @classmethod
     def with_gap(cls, gap: timedelta, time_column: str = "ts") -> "EventTimeSessionWindows":

@@ -2,33 +2,20 @@
 
 For epoch n of pipeline P (every step idempotent and safe to retry):
 
-  1. recover: roll forward an epoch whose manifest is durable (commit is
-     idempotent); the last COMPLETED epoch in the checkpoint log is the restore point.
-  2. barrier: fix every source's end offsets for epoch n, written put-if-absent
-     before any processing; a retry reuses them.
-  3. process: the Spark job reads exactly the records between barriers n-1 and
-     n, stages outputs and state (each source's offsets state gets barrier n's
-     end offsets), and votes: the first manifest written put-if-absent wins.
-  4. commit: one Delta commit per table carrying the app transaction (P +
-     lineage, n) and the fencing token (lineage sequence, n), skipped where
-     done, refused where a table holds a higher token; then the log records n
-     COMPLETED with every table's Delta version (the consistent cut).
-  5. notify: remove staged files of attempts that lost the vote; compact the
-     checkpoint log once it has many files.
+  1. recover: roll forward an epoch whose manifest is durable (commit is idempotent); the last COMPLETED epoch in the
+     checkpoint log is the restore point.
+  2. barrier: fix every source's end offsets for epoch n, written put-if-absent before any processing; a retry reuses them.
+  3. process: the Spark job reads exactly the records between barriers n-1 and n, stages outputs and state (each source's
+     offsets state gets barrier n's end offsets), and votes: the first manifest written put-if-absent wins.
+  4. commit: one Delta commit per table carrying the app transaction (P + lineage, n) and the fencing token (lineage
+     sequence, n), skipped where done, refused where a table holds a higher token; then the log records n COMPLETED
+     with every table's Delta version (the consistent cut).
+  5. notify: remove staged files of attempts that lost the vote; compact the checkpoint log once it has many files.
 
-With two concurrent checkpoints (``run(max_concurrent_checkpoints=2)``),
-barrier n+1 is injected (its offsets follow from barrier n alone) once epoch n
-starts its state-dependent work, and epoch n+1 reads its input while n
-commits. Epoch n+1 touches state, sinks, the previous watermark and its vote
-only after n completed (``EpochContext.restore_point``), so the output is that
-of running them one after the other; if n fails, n+1 stops before its vote and
-its barrier is reused.
-
-A restore starts a new lineage whose first COMPLETED record is the restore
-point; a pipeline stopped with a savepoint plans no barrier until restored.
-One process at a time drives these steps, holding the epoch lease, checked
-before each barrier and vote. A crash anywhere leaves a state from which the
-next attempt produces exactly the output of a failure-free run.
+Two checkpoints in flight (``run(max_concurrent_checkpoints=2)``, README "How an epoch flows"): barrier n+1 follows
+from barrier n alone; epoch n+1 touches state, sinks, the previous watermark and its vote only after n completed
+(``EpochContext.restore_point``). A restore starts a new lineage; a pipeline stopped with a savepoint plans no barrier
+until restored. The epoch lease is checked before each barrier and vote.
 """
 
 from __future__ import annotations
@@ -133,7 +120,7 @@ class CheckpointCoordinator:
         objects.write_json_if_absent(self.layout.pipeline_meta, meta)
         lineage = {"lineage_id": uuid.uuid4().hex[:12], "start_epoch": 0, "started_at": iso_now(), "reason": "created"}
         objects.write_json_if_absent(objects.join_uri(self.layout.lineages, "0000000000.json"), lineage)
-        existing = _read_doc(self.layout.pipeline_meta)
+        existing = objects.read_json(self.layout.pipeline_meta)
         assert existing is not None
         if existing["key_groups"] != self.definition.key_groups:
             raise CheckpointError(
@@ -173,7 +160,7 @@ class CheckpointCoordinator:
 
     def held_by(self) -> dict[str, Any] | None:
         """The hold in force (owner, reason, since), or None."""
-        return _read_doc(self.layout.held)
+        return objects.read_json(self.layout.held)
 
     def release_hold(self, owner: str) -> bool:
         """Release ``owner``'s hold (only its own); whether there was one."""
@@ -220,7 +207,7 @@ class CheckpointCoordinator:
 
     def stopped(self) -> dict[str, Any] | None:
         """The stop marker written by a stop-with-savepoint, or None when running."""
-        return _read_doc(self.layout.stopped)
+        return objects.read_json(self.layout.stopped)
 
     def recover(self) -> Recovery:
         faults.maybe_fail("recover.start")
@@ -312,7 +299,10 @@ class CheckpointCoordinator:
             if not waiting:
                 return None, cutoff_ms
             cutoff_ms = bound.epoch_cutoff_ms(min(waiting))
-        end = {s.source_id: s.plan(start.get(s.source_id), cutoff_ms, self._count_records) for s in sources}
+        def counter(uris: Sequence[str], fmt: str) -> Mapping[str, int]:  # by executor tasks: planning never reads input
+            return count_records_on_executors(self._spark(), uris, fmt)
+
+        end = {s.source_id: s.plan(start.get(s.source_id), cutoff_ms, counter) for s in sources}
         has_input = any(s.has_records(end[s.source_id]) for s in sources)
         return (end if has_input else None), cutoff_ms
 
@@ -388,18 +378,13 @@ class CheckpointCoordinator:
                     raise lost from exc
                 raise
 
-    def _count_records(self, uris: Sequence[str], fmt: str) -> Mapping[str, int]:
-        """Records in input files, for planning (a source's record limit): counted by executor tasks, never here."""
-        return count_records_on_executors(self._spark(), uris, fmt)
-
     def _spark(self) -> Any:
         return self._spark_factory() if self._spark_factory is not None else get_spark(session_name=self.definition.name)
 
     # -- step 4: commit --------------------------------------------------
 
     def commit(self, barrier: Barrier, manifest: Manifest, epoch_started: float | None = None) -> CheckpointRecord:
-        """Step 4; ``epoch_started`` (time.monotonic at recover) makes the recorded
-        duration cover the whole epoch, else it is processing plus commit time."""
+        """Step 4; the duration recorded runs from ``epoch_started`` (time.monotonic), else is processing plus commit time."""
         started = time.monotonic()
         records = self.log.lineage_records(manifest.lineage_id)
         done = [r for r in records if r.epoch == manifest.epoch and r.status is EpochStatus.COMPLETED]
@@ -576,12 +561,7 @@ class CheckpointCoordinator:
 
 def blocked_state(warehouse: str, pipeline: str) -> dict[str, Any] | None:
     """What blocks ``pipeline`` (``step``, ``lineage_id``, ``epoch``, ``message``, ``since``), or None."""
-    return _read_doc(PipelineLayout.of(warehouse, pipeline).blocked)
-
-
-def _read_doc(uri: str) -> dict[str, Any] | None:
-    doc = objects.read_json(uri)
-    return dict(doc) if doc else None
+    return objects.read_json(PipelineLayout.of(warehouse, pipeline).blocked)
 
 
 def backlog_report(warehouse: str, pipeline: str) -> dict[str, Any]:

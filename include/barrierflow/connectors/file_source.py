@@ -1,10 +1,8 @@
-"""A landing-directory file source with per-file line positions as offsets.
+"""A landing-directory file source with per-file line positions as offsets (README "Run a pipeline from the command line").
 
-Files are taken in name order; names starting with ``.`` or ``_`` are still being written and are ignored. Offsets are
-the position after the last record consumed (``{"file": name, "line": lines consumed in it, None when all}``); a barrier
-also lists its epoch's exact file ranges, so replay never lists the directory again. Planning lists and stats files,
-never reads them. Python tasks on the executors each read a :class:`~barrierflow.connectors.source.Split` of the
-barrier's files through pyarrow's file systems (local and ``s3://``):
+Offsets are the position after the last record consumed (``{"file": name, "line": lines consumed in it, None when
+all}``); a barrier also lists its epoch's exact file ranges, so replay never lists the directory again. Planning lists
+and stats files, never reads them. Tasks on the executors each read a :class:`~barrierflow.connectors.source.Split`:
 
 1. Each file is opened and checked against its barrier: gone is a :class:`BlockedInputError`; another size fails the
    epoch.
@@ -75,13 +73,8 @@ class LateFiles(str, enum.Enum):
 
 @dataclass(frozen=True)
 class FileSource:
-    """Replayable source over files landing in a directory.
-
-    JSON Lines are parsed against ``schema`` or by ``parser`` (a Python function validating one line; ``parser_schema``:
-    what it returns); Parquet is read as ``schema``. ``max_records_per_epoch`` cuts epochs inside files: the checkpoint
-    coordinator has executor tasks count the records of the files planning may take (:func:`count_records_on_executors`;
-    in the Airflow DAG's spark-submit mode, a Spark application at ``$BARRIERFLOW_SPARK_MASTER`` or ``local[*]``).
-    """
+    """Replayable source over files landing in a directory: JSON Lines parsed against ``schema`` or by ``parser`` (one
+    line to a mapping of ``parser_schema``), or Parquet read as ``schema``."""
 
     source_id: str
     path: str
@@ -142,10 +135,10 @@ class FileSource:
         return {f.path: f.modified_ns for f in self._listing() if cutoff is None or f.modified_ns <= cutoff}
 
     def _late_files(self, start: Mapping[str, Any] | None, arrivals: Mapping[str, int]) -> tuple[list[str], int]:
-        """Files sorting at or before the position that were not read, so landed late: (the ones named, how many in all).
+        """Files sorting at or before the position that were not read: (the ones named, how many in all).
 
-        The offsets count the files read (``consumed``) and keep the :attr:`late_file_window` largest names read
-        (``recent``): a late file within that window is named; one further behind is only counted.
+        The offsets count the files read (``consumed``) and keep the ``late_file_window`` largest names read (``recent``):
+        a late file within that window is named; one further behind is only counted.
         """
         if not start or start.get("file") is None:
             return [], 0
@@ -216,18 +209,12 @@ class FileSource:
                 ranges.append([name, from_line, None, objects.file_size(uri)])
                 continue
             if uri not in counts:
-                batch = [join_uri(base, n) for n, _ in candidates[i : i + _COUNT_BATCH_FILES]]
                 if counter is None:
                     raise SourceError(
                         f"source {self.source_id}: max_records_per_epoch needs the records of the files counted by executors: "
                         "plan epochs through the checkpoint coordinator (or pass plan() a counter)"
                     )
-                counted = counter(batch, self.format)
-                if set(counted) != set(batch):
-                    raise SourceError(
-                        f"source {self.source_id}: records counted for {sorted(counted)}, asked for {sorted(batch)}"
-                    )
-                counts.update(counted)
+                counts.update(counter([join_uri(base, n) for n, _ in candidates[i : i + _COUNT_BATCH_FILES]], self.format))
             available = counts[uri] - from_line
             ranges.append([name, from_line, None if available <= budget else from_line + budget, objects.file_size(uri)])
             budget -= min(available, budget)
@@ -263,11 +250,9 @@ class FileSource:
 
     def record_schema(self, end: Mapping[str, Any] | None = None) -> pa.Schema:
         """The declared schema (``parser_schema`` with a parser) nullable: a line or row missing a required field is a dead letter."""
-        if self.format == "jsonl" and self.schema is not None:
-            return jsonl.record_schema(self.schema)
         declared = self.parser_schema if self.parser is not None else self.schema
         assert declared is not None
-        return pa.schema([f.with_nullable(True) for f in declared])
+        return jsonl.record_schema(declared)
 
     def splits(self, end: Mapping[str, Any], source_index: int, split_bytes: int | None) -> list[Split]:
         """The barrier's files (``[name, from_line, to_line, size]``, ``file_index`` their position) as splits, unopened.

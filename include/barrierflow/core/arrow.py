@@ -1,14 +1,4 @@
-"""The small rules on Arrow tables that many parts share, each in one place.
-
-- :func:`conform`: a table in a schema's columns, order and types (a column
-  it lacks reads null, as a reader of an older file reads it);
-- :func:`rows_with_keys` / :func:`rows_without_keys`: rows whose key is (not)
-  among another table's keys, in their order, null keys matching each other;
-- :func:`latest_rows`: the current row per key of a changelog;
-- :func:`after_changes`: the live rows after an epoch's changes;
-- :func:`in_arrival_order`: rows sorted by their arrival positions;
-- :func:`as_double`: a numeric column as doubles, as Spark casts one.
-"""
+"""The small rules on Arrow tables that many parts share, each in one place (conforming, key matching, changelogs, order)."""
 
 from __future__ import annotations
 
@@ -21,16 +11,9 @@ import pyarrow.compute as pc
 from barrierflow.core.columns import DELETED, EPOCH, position_columns
 
 __all__ = [
-    "as_double",
-    "conform",
-    "null_safe_keys",
-    "rows_with_keys",
-    "rows_without_keys",
-    "latest_rows",
-    "after_changes",
-    "in_arrival_order",
-    "row_numbers",
-]
+    "as_double", "conform", "null_safe_keys", "rows_with_keys", "rows_without_keys", "latest_rows", "after_changes",
+    "in_arrival_order", "row_numbers",
+]  # fmt: skip
 
 
 def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -43,24 +26,23 @@ def row_numbers(n: int) -> pa.Array:
     return pa.array(np.arange(n, dtype=np.int64))
 
 
-def null_safe_keys(table: pa.Table, key_columns: Sequence[str]) -> pa.Table:
+def null_safe_keys(table: pa.Table, key_columns: Sequence[str], all_flags: bool = False) -> pa.Table:
     """The key columns as keys compare: null-safe for Arrow's join (which never matches nulls), -0.0 as 0.0.
 
-    Each column with nulls gets a null flag and its nulls filled; a float
-    column's -0.0 becomes 0.0 (one key, as its key group says).
+    Each column with nulls (every column, with ``all_flags``) gets a null flag
+    ``_null_<name>`` and its nulls filled; a float column's -0.0 becomes 0.0
+    (one key, as its key group says).
     """
-    columns, names = [], []
+    columns = {}
     for name in key_columns:
         column = table[name]
         if pa.types.is_floating(column.type):
             column = pc.if_else(pc.equal(column, 0), pa.scalar(0.0, column.type), column)
-        if column.null_count:
-            columns.append(pc.is_null(column))
-            names.append(f"_null_{name}")
+        if column.null_count or all_flags:
+            columns[f"_null_{name}"] = pc.is_null(column)
             column = pc.fill_null(column, _filler(column.type))
-        columns.append(column)
-        names.append(name)
-    return pa.table(columns, names=names)
+        columns[name] = column
+    return pa.table(columns)
 
 
 def _filler(type_: pa.DataType) -> pa.Scalar:
@@ -85,14 +67,8 @@ def _matched(rows: pa.Table, keys: pa.Table, key_columns: Sequence[str]) -> np.n
     found = np.zeros(rows.num_rows, dtype=bool)
     if not rows.num_rows or not keys.num_rows:
         return found
-    left = null_safe_keys(rows, key_columns)
-    right = null_safe_keys(keys, key_columns)
-    # A null flag one side has and the other lacks: that side has no null there.
-    for name in set(left.column_names) ^ set(right.column_names):
-        if name in left.column_names:
-            right = right.append_column(name, pa.repeat(pa.scalar(False), right.num_rows))
-        else:
-            left = left.append_column(name, pa.repeat(pa.scalar(False), left.num_rows))
+    left = null_safe_keys(rows, key_columns, all_flags=True)
+    right = null_safe_keys(keys, key_columns, all_flags=True)
     names = left.column_names
     right = right.select(names).group_by(names, use_threads=False).aggregate([])
     # Joined on the keys and a row number, then taken: Arrow's join carries no nested columns.
@@ -115,25 +91,15 @@ def rows_without_keys(rows: pa.Table, keys: pa.Table, key_columns: Sequence[str]
 
 
 def latest_rows(changelog: pa.Table, key_columns: Sequence[str]) -> pa.Table:
-    """One row per key of a changelog, the one with the highest ``_epoch``; tombstones dropped."""
-    if changelog.num_rows == 0:
-        return changelog
-    numbered = null_safe_keys(changelog, key_columns)
-    numbered = numbered.append_column("_epoch_desc", pc.negate(changelog[EPOCH])).append_column(
-        "_row", row_numbers(changelog.num_rows)
-    )
-    order = [(c, "ascending") for c in numbered.column_names if c != "_row"]
-    ordered = numbered.sort_by(order)
-    names = [c for c in ordered.column_names if c not in ("_epoch_desc", "_row")]
-    n = ordered.num_rows
-    first = np.ones(n, dtype=bool)
-    if n > 1:
-        changed = np.zeros(n - 1, dtype=bool)
-        for name in names:  # a row starts a new key when any key column differs from the row before
-            col = ordered[name].combine_chunks()
-            changed |= pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, n - 1)), True).to_numpy(zero_copy_only=False)
-        first[1:] = changed
-    kept = changelog.take(ordered["_row"].filter(pa.array(first)))
+    """One row per key of a changelog, the one with the highest ``_epoch``, in key order; tombstones dropped."""
+    n = changelog.num_rows
+    keys = null_safe_keys(changelog, key_columns)
+    numbered = keys.append_column("_epoch_desc", pc.negate(changelog[EPOCH]))
+    ordered = numbered.append_column("_row", row_numbers(n)).sort_by([(c, "ascending") for c in numbered.column_names])
+    ordered = ordered.append_column("_at", row_numbers(n))
+    # Each key's first row in that order, taken in that order (Arrow's groups come in an order of their own).
+    firsts = ordered.group_by(keys.column_names, use_threads=False).aggregate([("_at", "min")])["_at_min"]
+    kept = changelog.take(ordered["_row"].take(np.sort(firsts.to_numpy())))
     return kept.filter(pc.invert(kept[DELETED]))
 
 

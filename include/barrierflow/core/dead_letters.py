@@ -1,12 +1,8 @@
 """Why an input line or row is not a record: a stable reason code plus a readable detail.
 
-Every source sends what is not a record of the pipeline to the pipeline's
-``dead_letter`` table, one row per line (or row) with its source, file,
-line, raw text, ``reason`` (one of :class:`DeadLetterReason`, so ``GROUP BY
-reason`` gives a short list) and ``detail`` (what exactly was wrong, for a
-person). Inside a source, a line's problem travels as one string,
-``"<reason>: <detail>"`` (:func:`problem`), split into the two columns
-when the dead letters are made (:func:`dead_letter_rows`).
+Every source sends what is not a record to the pipeline's ``dead_letter`` table, one row per line (or row):
+``reason`` is a :class:`DeadLetterReason` (``GROUP BY reason`` gives a short list), ``detail`` says what exactly
+was wrong. Inside a source a problem travels as one string, ``"<reason>: <detail>"`` (:func:`problem`).
 """
 
 from __future__ import annotations
@@ -26,17 +22,10 @@ __all__ = [
     "dead_letter_rows", "row_json",
 ]  # fmt: skip
 
-DEAD_LETTER_SCHEMA = pa.schema(
-    [
-        ("source", pa.string()),
-        ("source_file", pa.string()),
-        ("line", pa.int64()),
-        ("raw", pa.string()),
-        ("reason", pa.string()),  # a DeadLetterReason code
-        ("detail", pa.string()),  # what exactly was wrong, for a person
-        ("_epoch", pa.int64()),  # set when the epoch stages the table
-    ]
-)
+DEAD_LETTER_SCHEMA = pa.schema([
+    ("source", pa.string()), ("source_file", pa.string()), ("line", pa.int64()), ("raw", pa.string()),
+    ("reason", pa.string()), ("detail", pa.string()), ("_epoch", pa.int64()),  # _epoch: set when the epoch stages the table
+])  # fmt: skip
 # The columns a source or a check produces (``_epoch`` is added when the table is staged).
 DEAD_LETTER_COLUMNS = tuple(f for f in DEAD_LETTER_SCHEMA if f.name != "_epoch")
 
@@ -76,29 +65,23 @@ def record_problems(records: pa.Table, schema: pa.Schema, keys: Mapping[str, str
     each key of ``keys`` (column -> the operator keyed by it, in name order)
     must not be null (``null_key``) nor, for a string key, empty (``empty_key``).
     """
-    found: list[str | None] = [None] * records.num_rows
-    checks: list[tuple[pa.ChunkedArray | pa.Array, str]] = []
-    for f in schema:
-        if not f.nullable and f.name in records.column_names:
-            checks.append(
-                (
-                    pc.is_null(records[f.name]),
-                    problem(DeadLetterReason.MISSING_FIELD, f"required field {f.name} is missing or null"),
-                )
-            )
+    missing = DeadLetterReason.MISSING_FIELD
+    checks = [
+        (pc.is_null(records[f.name]), problem(missing, f"required field {f.name} is missing or null"))
+        for f in schema
+        if not f.nullable and f.name in records.column_names
+    ]
     for name, operator_id in sorted(keys.items()):
-        if name not in records.column_names:
-            continue
-        column = records[name]
-        checks.append((pc.is_null(column), key_problem(DeadLetterReason.NULL_KEY, name, operator_id)))
-        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            checks.append((pc.fill_null(pc.equal(column, ""), False), key_problem(DeadLetterReason.EMPTY_KEY, name, operator_id)))
+        if name in records.column_names:
+            column = records[name]
+            checks.append((pc.is_null(column), key_problem(DeadLetterReason.NULL_KEY, name, operator_id)))
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                empty = pc.fill_null(pc.equal(column, ""), False)
+                checks.append((empty, key_problem(DeadLetterReason.EMPTY_KEY, name, operator_id)))
+    found: list[str | None] = [None] * records.num_rows
     for failed, text in checks:
-        if not pc.any(failed).as_py():
-            continue
-        for i, hit in enumerate(failed.to_pylist()):
-            if hit and found[i] is None:
-                found[i] = text
+        if pc.any(failed).as_py():
+            found = [text if hit and now is None else now for now, hit in zip(found, failed.to_pylist())]
     return found
 
 
@@ -122,13 +105,8 @@ def dead_letter_rows(
 
 def row_json(rows: pa.Table) -> list[str]:
     """Each row as compact JSON: its raw text when a typed row is a dead letter (a Parquet row, a computed key)."""
-    return [
-        json.dumps(row, separators=(",", ":"), default=_json_value, ensure_ascii=False) for row in map(_plain, rows.to_pylist())
-    ]
-
-
-def _plain(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if v is not None}
+    plain = ({k: v for k, v in row.items() if v is not None} for row in rows.to_pylist())
+    return [json.dumps(row, separators=(",", ":"), default=_json_value, ensure_ascii=False) for row in plain]
 
 
 def _json_value(value: Any) -> Any:

@@ -1,35 +1,16 @@
-"""The one error hierarchy of barrierflow.
+"""The one error hierarchy: every error a user can meet derives from :class:`BarrierflowError`.
 
-Every error a user can meet derives from :class:`BarrierflowError`; library
-errors (delta-rs, Spark, the file system) are wrapped so that messages say what
-was wrong and what is allowed.
+Library errors (delta-rs, Spark, the file system) are wrapped so that messages say what was wrong and what is allowed.
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "BarrierflowError",
-    "ConfigurationError",
-    "EngineUnavailableError",
-    "PipelineDefinitionError",
-    "SchemaEvolutionError",
-    "UserFunctionError",
-    "UnknownPipelineError",
-    "ParameterError",
-    "StorageError",
-    "CheckpointError",
-    "EpochInProgressError",
-    "CommitConflictError",
-    "FencedError",
-    "LeaseLostError",
-    "PipelineStoppedError",
-    "SavepointError",
-    "IncompatibleSavepointError",
-    "QueryError",
-    "SourceError",
-    "BlockedInputError",
-    "InjectedFault",
-]
+    "BarrierflowError", "ConfigurationError", "EngineUnavailableError", "PipelineDefinitionError", "SchemaEvolutionError",
+    "UserFunctionError", "UnknownPipelineError", "ParameterError", "StorageError", "CheckpointError", "EpochInProgressError",
+    "CommitConflictError", "FencedError", "LeaseLostError", "PipelineStoppedError", "SavepointError",
+    "IncompatibleSavepointError", "QueryError", "SourceError", "BlockedInputError", "InjectedFault",
+]  # fmt: skip
 
 
 class BarrierflowError(Exception):
@@ -49,18 +30,13 @@ class PipelineDefinitionError(BarrierflowError):
 
 
 class SchemaEvolutionError(PipelineDefinitionError):
-    """The code's output no longer fits a table's stored schema (a sink column changed type other than by widening).
-
-    Raised before the epoch votes, so nothing is committed; see
-    :mod:`barrierflow.core.schema_evolution` for what may change.
-    """
+    """The code's output no longer fits a table's stored schema (:mod:`barrierflow.core.schema_evolution`); raised before the vote."""
 
 
 class UserFunctionError(BarrierflowError):
-    """A user's Python function (of map, flat_map or filter) raised, or returned rows that do not fit its declaration.
+    """A user's Python function raised, or returned rows that do not fit its declaration.
 
-    Raised on the executors, naming the operator; the epoch fails before its
-    vote and a retry replays the same barrier, so fix the function and run again.
+    Raised on the executors, naming the operator; the epoch fails before its vote and a retry replays the same barrier.
     """
 
 
@@ -107,9 +83,8 @@ class SavepointError(CheckpointError):
 class IncompatibleSavepointError(SavepointError):
     """A restore point does not match the pipeline's current operators and state.
 
-    ``dropped`` lists state in the restore point that the code no longer has
-    (or has with another schema); ``missing`` lists state the code declares
-    that the restore point lacks. Both are ``operator_id/state`` names.
+    ``dropped``: state (``operator_id/state``) the restore point has and the code has not (or with another
+    schema); ``missing``: state the code declares and the restore point lacks.
     """
 
     def __init__(self, message: str, dropped: list[str], missing: list[str]) -> None:
@@ -127,11 +102,9 @@ class SourceError(BarrierflowError):
 
 
 class BlockedInputError(SourceError):
-    """Input no retry can read as it is: a file landed behind the stream position and is refused,
-    a file recorded in a barrier is gone, a Delta source table changed incompatibly.
+    """Input no retry can read as it is (a late file refused, a barrier's file gone, a Delta source changed incompatibly).
 
-    The pipeline is blocked until someone acts; Airflow fails the task at
-    once instead of retrying, and the checkpoints page shows the message.
+    The pipeline is blocked until someone acts: Airflow fails the task at once instead of retrying.
     """
 
 

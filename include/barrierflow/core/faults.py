@@ -1,16 +1,12 @@
 """Deterministic fault injection for crash-and-resume tests.
 
-``BARRIERFLOW_FAULT="<point>:<n>[:<mode>]"`` (comma-separated for several)
-ends the process at the n-th time it crosses ``<point>``. Modes: ``kill``
-(default: SIGKILL to itself, as abrupt as a power cut) and ``raise`` (an
-:class:`InjectedFault`, which lets Airflow's retries handle it). Points are
-named ``<phase>.<where>``; :data:`FAULT_POINTS` lists them.
+``BARRIERFLOW_FAULT="<point>:<n>[:<mode>]"`` (comma-separated for several) ends the process at the n-th time it
+crosses ``<point>`` (one of :data:`FAULT_POINTS`). Modes: ``kill`` (default: SIGKILL to itself, as abrupt as a power
+cut) and ``raise`` (an :class:`InjectedFault`, which lets Airflow's retries handle it).
 
-Crossings are counted per process unless ``BARRIERFLOW_FAULT_STATE=<dir>``
-names a directory: then the count of each point lives in a file there, shared
-by every process that sets the same directory (under a file lock). A fault
-then fires once across retries: an orchestrator's retry of a killed task, a
-fresh process, sees the crossings of the attempts before it and passes.
+Crossings are counted per process unless ``BARRIERFLOW_FAULT_STATE=<dir>`` names a directory: then each point's count
+lives in a file there, shared by every process that sets it (under a file lock), so a fault fires once across
+retries: an orchestrator's retry of a killed task, a fresh process, sees the crossings before it and passes.
 """
 
 from __future__ import annotations
@@ -72,12 +68,13 @@ def maybe_fail(point: str) -> None:
     plan = _parse(spec)
     if point not in plan:
         return
-    with _crossings_lock:
-        _crossings[point] += 1
-        crossing = _crossings[point]
     state_dir = os.environ.get(STATE_ENV_VAR)
     if state_dir:
         crossing = _persistent_crossing(state_dir, point)
+    else:
+        with _crossings_lock:
+            _crossings[point] += 1
+            crossing = _crossings[point]
     target, mode = plan[point]
     if crossing != target:
         return
@@ -87,11 +84,7 @@ def maybe_fail(point: str) -> None:
 
 
 def _persistent_crossing(state_dir: str, point: str) -> int:
-    """Count one crossing of ``point`` in ``state_dir`` and return the total so far.
-
-    The new count is durable before this returns, so a process killed right
-    after still counts as having crossed.
-    """
+    """Count one crossing of ``point`` in ``state_dir`` and return the total so far, durable before it returns."""
     path = os.path.join(state_dir, f"{point}.count")
     try:
         os.makedirs(state_dir, exist_ok=True)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 __all__ = ["SEED", "hashable_key_type", "key_groups", "xxhash64"]
 
@@ -36,18 +37,15 @@ _P4 = np.uint64(0x85EBCA77C2B2AE63)
 _P5 = np.uint64(0x27D4EB2F165667C5)
 
 
+_INT_TYPES = (pa.bool_(), pa.int8(), pa.int16(), pa.int32(), pa.uint8(), pa.uint16(), pa.uint32(), pa.date32())  # as Spark's int
+_BYTES_TYPES = (pa.string(), pa.large_string(), pa.binary(), pa.large_binary())
+
+
 def hashable_key_type(type_: pa.DataType) -> bool:
     """Whether a key column of this type has a key group (see the module docstring)."""
-    return (
-        pa.types.is_boolean(type_)
+    return bool(
+        type_ in _INT_TYPES + _BYTES_TYPES + (pa.float32(), pa.float64())
         or pa.types.is_integer(type_)
-        or pa.types.is_floating(type_)
-        and not pa.types.is_float16(type_)
-        or pa.types.is_string(type_)
-        or pa.types.is_large_string(type_)
-        or pa.types.is_binary(type_)
-        or pa.types.is_large_binary(type_)
-        or pa.types.is_date32(type_)
         or pa.types.is_timestamp(type_)
         or pa.types.is_decimal(type_)
         and type_.precision <= 18
@@ -66,48 +64,34 @@ def xxhash64(column: "pa.Array | pa.ChunkedArray", seeds: np.ndarray) -> np.ndar
     """Spark's xxhash64 of each value of ``column``, each with its seed; a null keeps its seed."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
     type_ = column.type
-    if pa.types.is_dictionary(type_):
-        column = column.cast(type_.value_type)
-        type_ = column.type
     valid = column.is_valid().to_numpy(zero_copy_only=False)
-    if (
-        pa.types.is_string(type_)
-        or pa.types.is_large_string(type_)
-        or pa.types.is_binary(type_)
-        or pa.types.is_large_binary(type_)
-    ):
+    if type_ in _BYTES_TYPES:
         hashed = _hash_bytes(column, seeds)
-    elif pa.types.is_boolean(type_):
-        hashed = _hash_int(_filled(column.cast(pa.int32()), np.int32), seeds)
-    elif pa.types.is_integer(type_) and type_.bit_width <= 32 or pa.types.is_date32(type_):
+    elif type_ in _INT_TYPES:
         hashed = _hash_int(_filled(column.cast(pa.int32()), np.int32), seeds)
     elif pa.types.is_integer(type_):
         hashed = _hash_long(_filled(column.cast(pa.int64()), np.int64), seeds)
     elif pa.types.is_timestamp(type_):
         micros = column.cast(pa.timestamp("us", tz=type_.tz)).cast(pa.int64())
         hashed = _hash_long(_filled(micros, np.int64), seeds)
-    elif pa.types.is_float32(type_):
-        values = _filled(column, np.float32)
-        values = np.where(values == 0, np.float32(0.0), values)  # -0.0 hashes as 0.0
-        bits = values.view(np.int32)
-        bits = np.where(np.isnan(values), np.int32(0x7FC00000), bits)
-        hashed = _hash_int(bits, seeds)
-    elif pa.types.is_float64(type_):
-        values = _filled(column, np.float64)
-        values = np.where(values == 0, 0.0, values)
-        bits = values.view(np.int64)
-        bits = np.where(np.isnan(values), np.int64(0x7FF8000000000000), bits)
-        hashed = _hash_long(bits, seeds)
+    elif pa.types.is_float32(type_) or pa.types.is_float64(type_):
+        wide = pa.types.is_float64(type_)
+        values = _filled(column, np.float64 if wide else np.float32)
+        values = np.where(values == 0, values.dtype.type(0.0), values)  # -0.0 hashes as 0.0
+        bits = np.where(np.isnan(values), 0x7FF8000000000000 if wide else 0x7FC00000, values.view(np.int64 if wide else np.int32))
+        hashed = (_hash_long if wide else _hash_int)(bits, seeds)
     elif pa.types.is_decimal(type_) and type_.precision <= 18:
         unscaled = [0 if v is None else int(v.scaleb(type_.scale)) for v in column.to_pylist()]
         hashed = _hash_long(np.array(unscaled, dtype=np.int64), seeds)
     else:
-        raise TypeError(f"a key column of type {type_} has no key group; key columns may be {_KEY_TYPES}")
+        raise TypeError(
+            f"a key column of type {type_} has no key group; key columns may be booleans, integers, floats, strings, "
+            "binaries, dates, timestamps or decimals of precision 18 at most"
+        )
     return np.where(valid, hashed, seeds)
-
-
-_KEY_TYPES = "booleans, integers, floats, strings, binaries, dates, timestamps or decimals of precision 18 at most"
 
 
 def _filled(column: pa.Array, dtype: Any) -> np.ndarray:
@@ -149,8 +133,6 @@ def _hash_long(values: np.ndarray, seeds: np.ndarray) -> np.ndarray:
 
 def _hash_bytes(column: pa.Array, seeds: np.ndarray) -> np.ndarray:
     """XXH64 of each value's bytes: once per distinct (value, seed)."""
-    import xxhash
-
     if len(seeds) and (seeds == seeds[0]).all():
         # One seed (a first key column): hash the distinct values, then take.
         encoded = pc.dictionary_encode(column)
@@ -158,17 +140,9 @@ def _hash_bytes(column: pa.Array, seeds: np.ndarray) -> np.ndarray:
         distinct = [xxhash.xxh64_intdigest(v.encode() if isinstance(v, str) else v, seed) for v in encoded.dictionary.to_pylist()]
         indices = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
         return np.array(distinct, dtype=np.uint64)[indices] if distinct else np.full(len(column), seed, dtype=np.uint64)
-    values = column.to_pylist()
-    out = np.empty(len(values), dtype=np.uint64)
+    values, seed_list = column.to_pylist(), seeds.tolist()
     memo: dict[tuple[Any, int], int] = {}
-    digest = xxhash.xxh64_intdigest
-    for i, (value, seed) in enumerate(zip(values, seeds.tolist())):
-        if value is None:
-            out[i] = seed
-            continue
-        key = (value, seed)
-        h = memo.get(key)
-        if h is None:
-            h = memo[key] = digest(value.encode() if isinstance(value, str) else value, seed)
-        out[i] = h
-    return out
+    for value, seed in zip(values, seed_list):
+        if value is not None and (value, seed) not in memo:
+            memo[value, seed] = xxhash.xxh64_intdigest(value.encode() if isinstance(value, str) else value, seed)
+    return np.array([seed if value is None else memo[value, seed] for value, seed in zip(values, seed_list)], dtype=np.uint64)

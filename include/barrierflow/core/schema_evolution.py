@@ -1,36 +1,19 @@
-"""Schema evolution on restore: what changed between a stored table and the code, and the rows converted.
+"""Schema evolution: what changed between a stored table and the code, and the rows converted (README "Schema evolution
+on restore"). :func:`compare_schemas` lists each change, field by field (into structs, list elements and map values):
 
-A restore point's state (and an upsert sink seeded from it) was written with
-the schema the code declared then. When the code's schema differs,
-:func:`compare_schemas` lists each change, field by field (into structs, list
-elements and map values):
+  1. a field only the code declares is ADDED: restorable when it is nullable (old rows get null) or declares a
+     default (:func:`field_with_default`); a non-nullable field without one is INCOMPATIBLE;
+  2. a field whose type only widened is WIDENED (an integer to a wider signed integer, a float to a wider float:
+     every stored value converts exactly);
+  3. a field only the restore point has is REMOVED: its values would be lost, so the restore refuses it unless
+     told to drop non-restored state;
+  4. any other type change (or any change of a column the caller fixes, such as a key column, whose values place
+     rows in key groups) is INCOMPATIBLE.
 
-  1. a field only the code declares is ADDED: restorable when it is nullable
-     (old rows get null) or declares a default (:func:`field_with_default`,
-     old rows get the default); a non-nullable field without one is
-     INCOMPATIBLE;
-  2. a field whose type only widened is WIDENED (a signed or unsigned integer
-     to a wider signed integer, a float to a wider float: every stored value
-     converts exactly);
-  3. a field only the restore point has is REMOVED: its values would be lost,
-     so the restore refuses it unless told to drop non-restored state;
-  4. any other type change (or any change of a column the caller fixes, such
-     as a key column, whose values place rows in key groups) is INCOMPATIBLE:
-     never converted.
-
-A sink table is checked against each epoch's output by
-:func:`check_sink_schema`, before the epoch votes: the output may add columns
-(earlier rows read null), leave out nullable ones (its rows read null) and
-widen a column's type (step 2, also inside structs, list elements and map
-values): the epoch then rewrites the table's stored rows with the wider type
-and commits them, its own rows and the widened schema as one Delta commit
-(:mod:`barrierflow.connectors.delta_sink`), so every reader of the table, old
-ones included, reads one type. Any other change is refused, naming the
-columns.
-
-:func:`evolve` converts rows of the stored schema into the code's: it drops
-removed fields, casts widened ones and fills added ones (steps 1-3); it never
-runs on an incompatible change.
+:func:`evolve` converts stored rows into the code's schema (steps 1-3). :func:`check_sink_schema` checks an epoch's
+output against its sink table before the vote: added, nullable left-out, widened (the table's rows are then
+rewritten in the epoch's commit, :mod:`barrierflow.connectors.delta_sink`) and narrower columns pass; any other
+change is refused, naming the columns.
 """
 
 from __future__ import annotations
@@ -46,26 +29,12 @@ import pyarrow.compute as pc
 from barrierflow.core.errors import PipelineDefinitionError, SchemaEvolutionError
 
 __all__ = [
-    "state_signature",
-    "ChangeKind",
-    "SchemaChange",
-    "SchemaEvolution",
-    "compare_schemas",
-    "evolve",
-    "field_with_default",
-    "check_sink_schema",
-    "widened_columns",
-    "widened_table_schema",
-    "narrower_columns",
-    "fitted_output_schema",
+    "state_signature", "ChangeKind", "SchemaChange", "SchemaEvolution", "compare_schemas", "evolve", "field_with_default",
+    "check_sink_schema", "widened_columns", "widened_table_schema", "narrower_columns", "fitted_output_schema",
     "DEFAULT_METADATA_KEY",
-]
+]  # fmt: skip
 
 DEFAULT_METADATA_KEY = b"barrierflow.default"
-
-_INTEGER_WIDTHS = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
-_UNSIGNED_WIDTHS = {pa.uint8(): 8, pa.uint16(): 16, pa.uint32(): 32, pa.uint64(): 64}
-_FLOAT_WIDTHS = {pa.float16(): 16, pa.float32(): 32, pa.float64(): 64}
 
 
 class ChangeKind(Enum):
@@ -87,13 +56,10 @@ class SchemaChange:
 
     def __str__(self) -> str:
         if self.kind is ChangeKind.ADDED:
-            text = f"{self.path} added ({self.declared}{', ' + self.detail if self.detail else ''})"
-        elif self.kind is ChangeKind.REMOVED:
-            text = f"{self.path} removed (was {self.stored})"
-        else:
-            text = f"{self.path} {self.kind.value}: {self.stored} -> {self.declared}"
-            text += f" ({self.detail})" if self.detail else ""
-        return text
+            return f"{self.path} added ({self.declared}{', ' + self.detail if self.detail else ''})"
+        if self.kind is ChangeKind.REMOVED:
+            return f"{self.path} removed (was {self.stored})"
+        return f"{self.path} {self.kind.value}: {self.stored} -> {self.declared}" + (f" ({self.detail})" if self.detail else "")
 
 
 @dataclass(frozen=True)
@@ -118,11 +84,7 @@ class SchemaEvolution:
 
 
 def field_with_default(name: str, type: pa.DataType, default: Any, nullable: bool = True) -> pa.Field:
-    """A field whose rows restored from before it existed get ``default`` (step 1).
-
-    Use it in a state descriptor's struct type, or as a value field, when
-    adding a field to state that a savepoint must restore into.
-    """
+    """A field (of state a savepoint restores into) whose rows from before it existed get ``default`` (step 1)."""
     try:
         pa.array([default], type=type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
@@ -132,25 +94,19 @@ def field_with_default(name: str, type: pa.DataType, default: Any, nullable: boo
 
 def _default_of(field: pa.Field) -> tuple[bool, Any]:
     meta = field.metadata or {}
-    if DEFAULT_METADATA_KEY not in meta:
-        return False, None
-    return True, json.loads(meta[DEFAULT_METADATA_KEY])
+    return (True, json.loads(meta[DEFAULT_METADATA_KEY])) if DEFAULT_METADATA_KEY in meta else (False, None)
 
 
 def _widens(stored: pa.DataType, declared: pa.DataType) -> bool:
     """Step 2: every value of ``stored`` is exactly a value of ``declared``."""
-    if stored in _INTEGER_WIDTHS and declared in _INTEGER_WIDTHS:
-        return _INTEGER_WIDTHS[declared] > _INTEGER_WIDTHS[stored]
-    if stored in _UNSIGNED_WIDTHS and declared in _INTEGER_WIDTHS:
-        return _INTEGER_WIDTHS[declared] > _UNSIGNED_WIDTHS[stored]
-    if stored in _FLOAT_WIDTHS and declared in _FLOAT_WIDTHS:
-        return _FLOAT_WIDTHS[declared] > _FLOAT_WIDTHS[stored]
-    return False
+    integers = pa.types.is_integer(stored) and pa.types.is_signed_integer(declared)
+    floats = pa.types.is_floating(stored) and pa.types.is_floating(declared)
+    return (integers or floats) and declared.bit_width > stored.bit_width
 
 
 def _same(stored: pa.DataType, declared: pa.DataType) -> bool:
     """Equal up to string/binary/list width (which stores the same values)."""
-    return state_signature(pa.schema([("x", stored)])) == state_signature(pa.schema([("x", declared)]))
+    return _normal_type(stored) == _normal_type(declared)
 
 
 def _compare_fields(
@@ -160,21 +116,19 @@ def _compare_fields(
     new = {f.name: f for f in declared}
     changes: list[SchemaChange] = []
     for name, field in new.items():
-        path = f"{prefix}{name}"
-        if name not in old:  # 1
-            has_default, default = _default_of(field)
-            if name in fixed:
-                changes.append(SchemaChange(path, ChangeKind.INCOMPATIBLE, None, str(field.type), "a key column cannot change"))
-            elif has_default:
-                changes.append(SchemaChange(path, ChangeKind.ADDED, None, str(field.type), f"default {default!r}"))
-            elif field.nullable:
-                changes.append(SchemaChange(path, ChangeKind.ADDED, None, str(field.type), "null in restored rows"))
-            else:
-                changes.append(
-                    SchemaChange(path, ChangeKind.INCOMPATIBLE, None, str(field.type), "not nullable and no default declared")
-                )
+        if name in old:
+            changes += _compare_types(f"{prefix}{name}", old[name].type, field.type, name in fixed)
+            continue
+        has_default, default = _default_of(field)  # 1
+        if name in fixed:
+            kind, detail = ChangeKind.INCOMPATIBLE, "a key column cannot change"
+        elif has_default:
+            kind, detail = ChangeKind.ADDED, f"default {default!r}"
+        elif field.nullable:
+            kind, detail = ChangeKind.ADDED, "null in restored rows"
         else:
-            changes += _compare_types(path, old[name].type, field.type, name in fixed)
+            kind, detail = ChangeKind.INCOMPATIBLE, "not nullable and no default declared"
+        changes.append(SchemaChange(f"{prefix}{name}", kind, None, str(field.type), detail))
     for name, field in old.items():
         if name not in new:  # 3
             kind = ChangeKind.INCOMPATIBLE if name in fixed else ChangeKind.REMOVED
@@ -208,10 +162,7 @@ def compare_schemas(stored: pa.Schema, declared: pa.Schema, fixed: Iterable[str]
 
 
 def evolve(table: pa.Table, declared: pa.Schema) -> pa.Table:
-    """Rows of a stored schema as rows of ``declared`` (removed fields dropped, widened cast, added filled).
-
-    Call it only when :func:`compare_schemas` found no incompatible change.
-    """
+    """Rows of a stored schema as rows of ``declared`` (steps 1-3); only when :func:`compare_schemas` found nothing incompatible."""
     columns = [
         _evolve_array(table.column(f.name), f) if f.name in table.column_names else _filled(f, len(table)) for f in declared
     ]
@@ -261,20 +212,16 @@ def _declares_defaults(t: pa.DataType) -> bool:
 
 
 def check_sink_schema(sink: str, table: pa.Schema, output: pa.Schema, rows: int | None = None) -> list[str]:
-    """The changes an epoch's ``output`` makes to sink table ``sink`` (added, left-out, widened or narrower columns), or SchemaEvolutionError.
+    """The changes an epoch's ``output`` makes to sink table ``sink``, said for a warning, or SchemaEvolutionError.
 
-    Columns are compared by name. A column whose type widens (step 2, at any
-    depth) has its stored rows rewritten: ``rows``, the table's row count,
-    goes into the message. A column of a narrower type than the table's
-    (code rolled back after a widening) is written with the table's type,
-    which holds each of its values exactly (:func:`fitted_output_schema`).
-    Nothing else inside a column may change.
+    Columns are compared by name. A widened column (step 2, at any depth) has
+    the table's ``rows`` rewritten; a narrower one (code rolled back after a
+    widening) is written with the table's type (:func:`fitted_output_schema`).
     """
     accepted, refused = [], []
-    changes = compare_schemas(table, output).changes
     widened = set(widened_columns(table, output))
     narrower = set(narrower_columns(table, output))
-    for change in changes:
+    for change in compare_schemas(table, output).changes:
         top = _top(change.path)
         if top in narrower:
             text = (
@@ -282,10 +229,9 @@ def check_sink_schema(sink: str, table: pa.Schema, output: pa.Schema, rows: int 
             )
             if text not in accepted:
                 accepted.append(text)
-        elif change.kind is ChangeKind.ADDED and top == change.path:
-            accepted.append(f"{change.path} added ({change.declared}; earlier rows read null)")
-        elif change.kind is ChangeKind.INCOMPATIBLE and change.stored is None and top == change.path:
-            accepted.append(f"{change.path} added ({change.declared}, nullable in the table; earlier rows read null)")
+        elif change.stored is None and top == change.path:  # a column added (nullable in the table, whatever the output says)
+            nullable = "" if change.kind is ChangeKind.ADDED else ", nullable in the table"
+            accepted.append(f"{change.path} added ({change.declared}{nullable}; earlier rows read null)")
         elif change.kind is ChangeKind.REMOVED and top == change.path and table.field(top).nullable:
             accepted.append(f"{change.path} no longer written ({change.stored}; this epoch's rows read null)")
         elif change.kind is ChangeKind.WIDENED and top in widened:
@@ -331,12 +277,7 @@ def fitted_output_schema(table: pa.Schema, output: pa.Schema) -> pa.Schema:
 
 
 def widened_table_schema(table: pa.Schema, output: pa.Schema) -> pa.Schema:
-    """Sink table ``table``'s schema once ``output`` is committed to it with its widened columns.
-
-    Every column of the table, in its order and nullability, a widened one
-    with the output's type; then the output's new columns, nullable (the
-    table's earlier rows have none).
-    """
+    """Sink table ``table``'s schema after ``output``'s commit: its columns (widened ones retyped), then new ones, nullable."""
     widened = set(widened_columns(table, output))
     fields = [output.field(f.name).with_nullable(f.nullable) if f.name in widened else f for f in table]
     fields += [f.with_nullable(True) for f in output if f.name not in table.names]
@@ -358,9 +299,7 @@ def _normal_type(t: pa.DataType) -> str:
         return str(pa.string())
     if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
         return str(pa.binary())
-    if pa.types.is_large_list(t) or pa.types.is_list_view(t):
-        return f"list<{_normal_type(t.value_type)}>"
-    if pa.types.is_list(t):
+    if _is_list(t) or pa.types.is_list_view(t):
         return f"list<{_normal_type(t.value_type)}>"
     if pa.types.is_struct(t):
         return "struct<" + ", ".join(f"{f.name}: {_normal_type(f.type)}" for f in t) + ">"

@@ -1,10 +1,7 @@
 """Every threshold and switch of the engine, each with its meaning, in one place.
 
-Constants are limits of the design (changing one is a code change);
-:class:`Setting` values come from the environment of the process that reads
-them (a driver, an Airflow task, a Python worker on an executor), each
-under its ``BARRIERFLOW_*`` name. The reference documentation lists both
-from this module (:data:`SETTINGS`).
+Constants are limits of the design (changing one is a code change); a :class:`Setting` comes from the
+environment of the process that reads it (a driver, an Airflow task, a Python worker) under its name.
 """
 
 from __future__ import annotations
@@ -15,10 +12,10 @@ from dataclasses import dataclass
 from barrierflow.core.errors import ConfigurationError
 
 __all__ = [
-    "Setting", "SETTINGS", "DEFAULT_KEY_GROUPS", "MAX_HELD_STATE_ELEMENTS", "MAX_BROADCAST_RECORDS",
+    "Setting", "DEFAULT_KEY_GROUPS", "MAX_HELD_STATE_ELEMENTS", "MAX_BROADCAST_RECORDS",
     "SINGLE_TASK_INPUT_BYTES", "SINGLE_TASK_STATE_ROWS", "SPLIT_BYTES", "MIN_SPLIT_BYTES", "INPUT_BYTES_PER_PARTITION",
     "UPSERT_WHOLE_REWRITE_ROWS", "COMPACTION_MAX_FILES", "WORKER_STATE_CACHE_MB", "HOST_CACHE_MIN_ROWS",
-    "HEAP_STATE_ROWS", "TASK_THREADS", "DEFAULT_WARM_UP_EPOCHS", "LEASE_WAIT_ENV", "DEFAULT_LEASE_WAIT_S",
+    "HEAP_STATE_ROWS", "DEFAULT_WARM_UP_EPOCHS", "LEASE_WAIT_ENV", "DEFAULT_LEASE_WAIT_S",
 ]  # fmt: skip
 
 
@@ -45,7 +42,6 @@ class Setting:
 
 
 # -- the pipeline ---------------------------------------------------------
-
 # Key groups (Flink's max parallelism) of a pipeline that declares none; fixed when it is created.
 DEFAULT_KEY_GROUPS = 128
 # Operator list state and broadcast state are held whole by every task that reads them (Flink keeps them
@@ -60,18 +56,13 @@ LEASE_WAIT_ENV = "BARRIERFLOW_LEASE_WAIT_SECONDS"
 DEFAULT_LEASE_WAIT_S = 600.0
 
 # -- where an epoch runs (a size decision, never a semantic one) ----------
-
 # An epoch reading at most this many bytes of input, whose state tables hold at most SINGLE_TASK_STATE_ROWS
 # rows, runs its whole pipeline in one task; a larger one in parallel tasks, split at the key exchanges.
 SINGLE_TASK_INPUT_BYTES = Setting(
-    "BARRIERFLOW_SINGLE_TASK_INPUT_BYTES",
-    16 * 1024 * 1024,
-    "input bytes up to which an epoch runs its whole pipeline in one task",
+    "BARRIERFLOW_SINGLE_TASK_INPUT_BYTES", 16 * 2**20, "input bytes up to which an epoch runs its whole pipeline in one task"
 )
 SINGLE_TASK_STATE_ROWS = Setting(
-    "BARRIERFLOW_SINGLE_TASK_STATE_ROWS",
-    2_000_000,
-    "stored state rows up to which an epoch may run its whole pipeline in one task",
+    "BARRIERFLOW_SINGLE_TASK_STATE_ROWS", 2_000_000, "state rows up to which an epoch may run its whole pipeline in one task"
 )
 # A parallel epoch reads its input in splits of about total / parallelism bytes, between these bounds.
 SPLIT_BYTES = 16 * 1024 * 1024
@@ -81,11 +72,8 @@ MIN_SPLIT_BYTES = 1024 * 1024
 INPUT_BYTES_PER_PARTITION = 32 * 1024 * 1024
 # Throwaway epochs a new warm engine on a local master runs before serving (barrierflow.tools.warmup).
 DEFAULT_WARM_UP_EPOCHS = 4
-# Threads a task's kernels may use (Arrow's compute): a Spark task holds one core.
-TASK_THREADS = 1
 
 # -- state and sinks ---------------------------------------------------------
-
 # An upsert sink up to this many rows is rewritten whole each epoch; a larger one rewrites the files
 # that hold a changed key.
 UPSERT_WHOLE_REWRITE_ROWS = 100_000
@@ -103,5 +91,3 @@ HEAP_STATE_ROWS = Setting(
     5_000_000,
     "live rows of a state table the heap backend keeps resident on its host between epochs (0: never)",
 )
-
-SETTINGS: tuple[Setting, ...] = (SINGLE_TASK_INPUT_BYTES, SINGLE_TASK_STATE_ROWS, WORKER_STATE_CACHE_MB, HEAP_STATE_ROWS)

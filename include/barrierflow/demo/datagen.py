@@ -12,8 +12,9 @@ A valid reading looks like::
      "ts": "2023-11-14T22:13:20.125+02:00" | 1699999999125,
      "temperature": 21.37}
 
-Files are published atomically (temp name starting with ``.`` + ``os.replace``)
-because readers ignore names starting with ``.`` or ``_`` as "in progress".
+Files are published atomically, so that readers never see part of one: written
+under a temporary name starting with ``.`` (readers skip those as "in progress"),
+then renamed into place.
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ import pathlib
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from barrierflow.storage import objects
 
 __all__ = [
-    "SensorStreamSpec", "MALFORMED_KINDS", "sensor_file_name", "generate_sensor_lines", "write_sensor_files",
-    "sensor_files", "publish_file", "local_directory",
+    "SensorStreamSpec", "MALFORMED_KINDS", "generate_sensor_lines", "write_sensor_files", "sensor_files", "file_count",
+    "publish_files",
 ]  # fmt: skip
 
 # Every way a line can be malformed. Files cycle through these in order (see
@@ -58,11 +59,8 @@ _VALID, _DUP, _BAD, _BLANK = "valid", "duplicate", "malformed", "blank"
 
 @dataclass(frozen=True)
 class SensorStreamSpec:
-    """Shape of a generated sensor stream.
-
-    ``records_per_file`` counts lines (slots) per file; each slot becomes a
-    blank, malformed, duplicate or fresh valid reading according to the rates.
-    """
+    """Shape of a generated sensor stream: ``records_per_file`` lines (slots) per file, each a blank, malformed,
+    duplicate or fresh valid reading according to the rates."""
 
     n_files: int
     records_per_file: int
@@ -93,22 +91,14 @@ class SensorStreamSpec:
             raise ValueError("file_prefix must be non-empty, not start with '.'/'_', and hold no '/'")
 
 
-def sensor_file_name(spec: SensorStreamSpec, file_index: int) -> str:
-    """Base name of landing file ``file_index``; zero-padded so names sort in index order."""
-    return f"{spec.file_prefix}-{file_index:06d}.jsonl"
-
-
 def _event_id(file_index: int, slot: int) -> str:
     # Globally unique per slot; only duplicate slots reuse an earlier one.
     return f"{file_index}-{slot}"
 
 
 def _plan(spec: SensorStreamSpec, file_index: int) -> list[str]:
-    """Kind of every slot of a file, from its own RNG stream.
-
-    Kept separate from the value stream so that a later file can learn which
-    event ids an earlier file emitted validly without generating its content.
-    """
+    """Kind of every slot of a file, from its own RNG stream: a later file learns which event ids an earlier
+    one emitted validly without generating its content."""
     rng = random.Random(f"{spec.seed}:{file_index}:plan")
     kinds: list[str] = []
     for _ in range(spec.records_per_file):
@@ -136,11 +126,8 @@ def _malformed_offset(spec: SensorStreamSpec, file_index: int) -> int:
 
 
 def _format_ts(rng: random.Random, ts_us: int) -> str | int:
-    """Epoch-microseconds ``ts_us`` as integer epoch milliseconds, or (half the time) ISO-8601 with an explicit offset.
-
-    The ISO precision is cut to 0, 3 or 6 fractional digits; the emitted string is
-    the truth, so truncation only changes which instant is meant.
-    """
+    """``ts_us`` as integer epoch milliseconds or (half the time) ISO-8601 with an offset, cut to 0, 3 or 6
+    fractional digits (the emitted string is the truth)."""
     if rng.random() >= 0.5:
         return ts_us // 1000
     suffix, minutes = rng.choice(_OFFSETS)
@@ -234,12 +221,8 @@ def _malformed_line(kind: str, rng: random.Random, base: dict[str, Any], ts_us: 
 
 
 def generate_sensor_lines(spec: SensorStreamSpec, file_index: int) -> list[str]:
-    """Lines (without newlines) of landing file ``file_index``.
-
-    Deterministic in ``(spec, file_index)`` alone. Fresh event ids are
-    ``f"{file_index}-{slot}"``; duplicate slots reuse an id validly emitted
-    earlier in this file or in one of the three previous files.
-    """
+    """Lines (without newlines) of landing file ``file_index``, deterministic in ``(spec, file_index)`` alone;
+    a duplicate reuses an id validly emitted earlier in this file or in one of the three previous files."""
     if file_index < 0:
         raise ValueError("file_index must be >= 0")
     rng = random.Random(f"{spec.seed}:{file_index}")
@@ -328,45 +311,41 @@ def generate_sensor_lines(spec: SensorStreamSpec, file_index: int) -> list[str]:
 
 
 def write_sensor_files(
-    landing_dir: str | os.PathLike[str],
-    spec: SensorStreamSpec,
-    start_index: int = 0,
-    count: int | None = None,
+    landing_dir: str | os.PathLike[str], spec: SensorStreamSpec, start_index: int = 0, count: int | None = None
 ) -> list[pathlib.Path]:
-    """Write files ``start_index .. start_index+count-1`` atomically into ``landing_dir``.
-
-    ``count=None`` writes up to ``spec.n_files - 1``. Each file is written under a
-    ``.``-prefixed temp name in the same directory, fsynced and ``os.replace``-d
-    into place, so readers never see a partial file. Returns the final paths.
-    """
-    count = max(0, spec.n_files - start_index) if count is None else count
-    if start_index < 0 or count < 0:
-        raise ValueError("start_index and count must be >= 0")
-    directory = local_directory(landing_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    return [publish_file(directory, name, text) for name, text in sensor_files(spec, start_index, count)]
+    """Publish files ``start_index ..`` (``count`` of them, default up to ``spec.n_files``) into ``landing_dir``."""
+    return publish_files(landing_dir, sensor_files(spec, start_index, file_count(spec.n_files, start_index, count)))
 
 
 def sensor_files(spec: SensorStreamSpec, start_index: int, count: int) -> Iterator[tuple[str, str]]:
     """The name and text of files ``start_index .. start_index+count-1``, for a writer of any store."""
     for index in range(start_index, start_index + count):
-        yield sensor_file_name(spec, index), "".join(line + "\n" for line in generate_sensor_lines(spec, index))
+        lines = generate_sensor_lines(spec, index)
+        yield f"{spec.file_prefix}-{index:06d}.jsonl", "".join(line + "\n" for line in lines)  # names sort in index order
 
 
-def local_directory(landing_dir: str | os.PathLike[str]) -> pathlib.Path:
-    """``landing_dir`` as a local directory (a path or ``file://`` URI); a StorageError names an object-store URI,
-    which ``pathlib`` would otherwise turn into a local directory called ``s3:``."""
-    text = os.fspath(landing_dir)
-    if objects.is_local(text) and not text.startswith("file:"):
-        return pathlib.Path(text)  # as given: a relative path stays relative
-    return pathlib.Path(objects.local_path(text))
+def file_count(n_files: int, start_index: int, count: int | None) -> int:
+    """``count``, by default the files from ``start_index`` up to ``n_files``; ValueError when negative."""
+    count = max(0, n_files - start_index) if count is None else count
+    if start_index < 0 or count < 0:
+        raise ValueError("start_index and count must be >= 0")
+    return count
 
 
-def publish_file(directory: pathlib.Path, name: str, text: str) -> pathlib.Path:
-    """Write ``directory/name`` atomically: a ``.``-prefixed temp name, fsynced, renamed into place, the rename fsynced."""
-    directory.mkdir(parents=True, exist_ok=True)
-    final = directory / name
-    tmp = directory / f".{name}.{os.getpid()}.tmp"
+def publish_files(landing_dir: str | os.PathLike[str], files: Iterable[tuple[str, str]]) -> list[pathlib.Path]:
+    """Write each ``(path, text)`` under the local ``landing_dir`` (a path or ``file://`` URI) as described above;
+    a StorageError refuses an object-store URI, never taken for a local directory called ``s3:``."""
+    given = os.fspath(landing_dir)
+    # A plain path stays as given (relative stays relative).
+    root = pathlib.Path(given if objects.is_local(given) and not given.startswith("file:") else objects.local_path(given))
+    root.mkdir(parents=True, exist_ok=True)
+    return [_publish(root / path, text) for path, text in files]
+
+
+def _publish(final: pathlib.Path, text: str) -> pathlib.Path:
+    """A ``.``-prefixed temporary name, fsynced, renamed to ``final``, the rename fsynced."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as fh:
             fh.write(text.encode("utf-8"))
@@ -378,7 +357,7 @@ def publish_file(directory: pathlib.Path, name: str, text: str) -> pathlib.Path:
         raise
     # Make the rename itself durable; not every platform can open a directory.
     with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
+        fd = os.open(final.parent, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:

@@ -1,28 +1,20 @@
 """Deterministic, messy order and payment streams for ``orders_payments``: tests, demos and benchmarks.
 
-File index ``k`` is three files, ``orders/``, ``payments/`` and
-``thresholds/`` ``part-<k:06d>.jsonl``, covering event times
-``[start + k·span, start + (k+1)·span)``. As for :mod:`barrierflow.demo.datagen`,
-file ``k`` depends only on ``(seed, k)`` and the spec, never on how many
-files are generated.
+File index ``k`` is ``part-<k:06d>.jsonl`` in ``orders/``, ``payments/`` and ``thresholds/``, covering
+event times ``[start + k·span, start + (k+1)·span)``; as in :mod:`barrierflow.demo.datagen`, it depends
+only on ``(seed, k)`` and the spec. A stream exercises every rule of the pipeline:
 
-What a stream holds, so that every rule of the pipeline is exercised:
-
-1. Orders a few seconds to ``out_of_order_s`` out of order, over
-   ``n_customers`` customers and ``COUNTRIES``.
-2. Per order, from its own random stream: no payment (``unpaid_rate``), one
-   too late (16-25 minutes after the order, ``overdue_rate``), two halves
-   (``split_rate``), or one within 15 minutes, sometimes exactly at 0 or 15
-   minutes (the join's inclusive bounds). A payment lands in the file of its
-   event time, or one file before its order (``early_rate``: it arrives
-   first).
-3. Late records: an order 40 minutes behind its file (``late_rate``), and a
-   payment of an order four files back.
-4. Duplicates of the previous file's lines (``duplicate_rate``), blank lines,
-   and malformed lines cycling through ``MALFORMED_KINDS``.
-5. Thresholds: file 0 sets every country's limit; later files sometimes
-   change one or remove it (``"limit": null``), and sometimes hold a
-   malformed limit or no country.
+1. Orders up to ``out_of_order_s`` out of order, over ``n_customers`` customers and ``COUNTRIES``.
+2. Per order, from its own random stream: no payment (``unpaid_rate``), one 16-25 minutes late
+   (``overdue_rate``), two halves (``split_rate``), or one within 15 minutes, sometimes exactly at 0
+   or 15 (the join's inclusive bounds). A payment lands in the file of its event time, or one file
+   before its order (``early_rate``).
+3. Late records: an order 40 minutes behind its file (``late_rate``), and a payment of an order four
+   files back.
+4. Duplicates of the previous file's lines (``duplicate_rate``), blank lines, and malformed lines
+   of random ``MALFORMED_KINDS``.
+5. Thresholds: file 0 sets every country's limit; later files sometimes change or remove one
+   (``"limit": null``), or hold a malformed limit or no country.
 """
 
 from __future__ import annotations
@@ -35,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
 
-from barrierflow.demo.datagen import local_directory, publish_file
+from barrierflow.demo.datagen import file_count, publish_files
 
 __all__ = [
     "OrderStreamSpec", "COUNTRIES", "MALFORMED_KINDS", "SOURCES", "generate_order_files", "order_files",
@@ -246,13 +238,5 @@ def order_files(spec: OrderStreamSpec, start_index: int, count: int) -> Iterator
 def write_order_files(
     landing_dir: str | os.PathLike[str], spec: OrderStreamSpec, start_index: int = 0, count: int | None = None
 ) -> list[pathlib.Path]:
-    """Atomically write indexes ``start_index ..`` (``count``, default up to ``spec.n_files``) to ``landing_dir/<source>``."""
-    count = max(0, spec.n_files - start_index) if count is None else count
-    if start_index < 0 or count < 0:
-        raise ValueError("start_index and count must be >= 0")
-    root = local_directory(landing_dir)
-    written = []
-    for path, text in order_files(spec, start_index, count):
-        source, name = path.split("/")
-        written.append(publish_file(root / source, name, text))
-    return written
+    """Publish indexes ``start_index ..`` (``count``, default up to ``spec.n_files``) to ``landing_dir/<source>``."""
+    return publish_files(landing_dir, order_files(spec, start_index, file_count(spec.n_files, start_index, count)))

@@ -1,17 +1,11 @@
 """The warm engine: a long-lived Spark application that epochs run on, through Spark Connect.
 
-Starting a Spark application costs seconds (a JVM, a cold JIT, Python
-workers), more than a small epoch once warm. So the Airflow tasks connect to
-one Spark Connect server (``sc://host:port``) that stays up between epochs,
-each pipeline in its own session (:func:`barrierflow.execution.spark.get_spark`),
-so its Python workers stay warm too.
-
-``barrierflow engine`` runs the server in the foreground (what
+Starting a Spark application costs more than a small epoch once warm, so
+the Airflow tasks connect to one Spark Connect server that stays up between
+epochs, each pipeline in its own session (:func:`barrierflow.execution.spark.get_spark`).
+``barrierflow engine`` runs PySpark's own server in the foreground (what
 ``docker-compose.yaml`` runs); ``make run`` and the tests start the same
-command through :class:`LocalEngine`. The server is PySpark's own
-(``spark-submit --class ...SparkConnectServer spark-internal``) on
-``local[*]`` unless told otherwise (``spark://host:7077`` works the same
-way); its Python workers run this interpreter.
+command through :class:`LocalEngine`. Its Python workers run this interpreter.
 """
 
 from __future__ import annotations
@@ -49,8 +43,7 @@ class EngineConfig:
     port: int = DEFAULT_ENGINE_PORT
     master: str = "local[*]"
     driver_memory: str = "2g"
-    # Throwaway epochs run once the engine listens (barrierflow.tools.warmup), in the
-    # session of ``warm_up_session``; 0: none.
+    # Throwaway epochs run once the engine listens (barrierflow.tools.warmup) in session ``warm_up_session``; 0: none.
     warm_up_epochs: int = 0
     warm_up_session: str = "sensor_stats"
 
@@ -103,8 +96,7 @@ class EngineConfig:
         env = dict(os.environ if base is None else base)
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = os.pathsep.join([bin_dir, *[p for p in env.get("PATH", "").split(os.pathsep) if p and p != bin_dir]])
-        env["PYSPARK_PYTHON"] = sys.executable
-        env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
         # The engine is a server, not a client of another one.
         for key in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "BARRIERFLOW_SPARK_REMOTE"):
             env.pop(key, None)
@@ -168,10 +160,7 @@ class LocalEngine:
         )
 
     def wait_warm(self, wait_s: float, stop: Callable[[], bool] = lambda: False) -> tuple[bool, str]:
-        """Wait up to ``wait_s`` for the warm-up; (whether it succeeded, what it printed last).
-
-        Best effort: a failed or slow warm-up leaves the engine serving, only colder.
-        """
+        """Wait up to ``wait_s`` for the warm-up (best effort: the engine serves anyway); whether it succeeded, what it printed last."""
         proc = self.warm_up_proc
         if proc is None:
             return True, "no warm-up"

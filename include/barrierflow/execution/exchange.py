@@ -1,17 +1,13 @@
 """How rows cross from one stage's tasks to the next: partitioned by key-group range, as Arrow files.
 
-Where Flink sends a keyed stream's records over the network to the subtask
-owning their key group, a task here writes, for each edge to a later stage,
-one Arrow IPC file per receiving task (the rows of that task's key groups
-for a ``KEYED`` edge, everything to task 0 for a ``GLOBAL`` one, to every
-task for a ``BROADCAST`` one) into the attempt's exchange directory (inside
-its staging directory: deleted with it on abort, or once the epoch's tables
-are staged), through pyarrow's file systems (local disk or object store).
+Where Flink sends a keyed stream's records over the network, a task here
+writes, for each edge to a later stage, one Arrow IPC file per receiving task
+into the attempt's exchange directory (inside its staging directory: deleted
+with it on abort, or once the epoch's tables are staged).
 
 Task ``t`` of ``n`` owns key groups ``ceil(t * G / n)`` to
 ``floor(((t + 1) * G - 1) / n)`` of ``G``, and key group ``g`` belongs to
-task ``g * n // G``, as Flink's ``KeyGroupRangeAssignment``
-(:func:`key_group_ranges`, :func:`owner_of`).
+task ``g * n // G``, as Flink's ``KeyGroupRangeAssignment``.
 """
 
 from __future__ import annotations
@@ -41,7 +37,7 @@ def owner_of(groups: np.ndarray, tasks: int, total: int) -> np.ndarray:
 
 
 def partition(rows: pa.Table, edge: Edge, total: int, tasks: int) -> dict[int, pa.Table]:
-    """``rows`` split by receiving task; a ``KEYED`` edge's rows carry :data:`KEY_GROUP` of its key."""
+    """``rows`` split by receiving task: by key group (``KEYED``, carrying :data:`KEY_GROUP`), all to task 0 or to every task."""
     if edge.exchange is Exchange.KEYED:
         if KEY_GROUP not in rows.column_names:
             rows = rows.append_column(KEY_GROUP, key_groups(rows.select(list(edge.key)), total))
@@ -60,10 +56,8 @@ def write_exchange(directory: str, edge: Edge, sender: int, receiver: int, rows:
     fs, path = arrow_filesystem(uri)
     if is_local(uri):  # an object store has no directories
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    with (
-        fs.open_output_stream(path) as sink,
-        ipc.new_file(sink, rows.schema, options=ipc.IpcWriteOptions(compression="lz4")) as writer,
-    ):
+    options = ipc.IpcWriteOptions(compression="lz4")
+    with fs.open_output_stream(path) as sink, ipc.new_file(sink, rows.schema, options=options) as writer:
         writer.write_table(rows)
     return uri
 

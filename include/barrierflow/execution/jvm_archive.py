@@ -1,19 +1,13 @@
 """A class-data-sharing archive of Spark's classes for the JVMs barrierflow starts (the JDK's AppCDS).
 
-Every Spark JVM (drivers, the warm engine, executors in their own JVMs)
-loads and verifies the same thousands of classes from Spark's jars before
-its first job. A dynamic archive of them, dumped once per installation by a
-throwaway local session (``-XX:ArchiveClassesAtExit``), is mapped read-only
-by each JVM (``-XX:SharedArchiveFile``): a cold one-epoch ``barrierflow run
-sensor_stats`` took 14.9 s instead of 17.9 s on a 2-core machine.
-
-``make setup`` dumps it (``python -m barrierflow.execution.jvm_archive``,
-about a minute). A JVM does not use an archive that is stale (other jars,
-another JDK), whose class path differs or whose path is missing on its
-machine, and starts as without it (CDS messages silenced). The archive is
-keyed by the JDK, the Spark version and the jars, kept in ``sys.prefix`` or
-``$BARRIERFLOW_JVM_ARCHIVE_DIR``; ``BARRIERFLOW_JVM_ARCHIVE=off`` leaves it
-out of every JVM's options.
+Every Spark JVM loads and verifies the same thousands of classes before its
+first job. A dynamic archive of them, dumped once per installation by a
+throwaway local session (``-XX:ArchiveClassesAtExit``; ``make setup``), is
+mapped read-only by each JVM (``-XX:SharedArchiveFile``; README "Run a
+pipeline from the command line"). A JVM starts as without it (CDS messages
+silenced) when it is stale or missing. It is keyed by the JDK, the Spark
+version and the jars, kept in ``sys.prefix`` or ``$BARRIERFLOW_JVM_ARCHIVE_DIR``;
+``BARRIERFLOW_JVM_ARCHIVE=off`` leaves it out.
 """
 
 from __future__ import annotations
@@ -26,7 +20,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,24 +28,20 @@ __all__ = ["archive_path", "java_options", "dump"]
 SWITCH_ENV = "BARRIERFLOW_JVM_ARCHIVE"
 DIR_ENV = "BARRIERFLOW_JVM_ARCHIVE_DIR"
 
-# Driven in a child process: a local session doing what epochs do (JSON and Parquet I/O, an
-# aggregate, a window, a join, a cached frame, an Arrow UDF), then an orderly exit, at which the
-# driver JVM writes the archive. It prints the JVM's pid, which the parent waits for.
+# Driven in a child process: a local session running the jobs epochs run (Python tasks over Arrow:
+# the runner's over a range, the file counter's over a few strings), then an orderly exit, at which
+# the driver JVM writes the archive. It prints the JVM's pid, which the parent waits for.
 _DUMP = r"""
 import sys
-from pyspark.sql import SparkSession, Window, functions as F
+import pyarrow as pa
+from pyspark.sql import SparkSession
 spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
          .config("spark.driver.extraJavaOptions", "-XX:ArchiveClassesAtExit=" + sys.argv[1]).getOrCreate())
-work = sys.argv[2]
-df = spark.createDataFrame([(i % 7, float(i), str(i)) for i in range(2000)], "k int, v double, s string").persist()
-df.write.json(work + "/j")
-j = spark.read.schema("k int, v double, s string").json(work + "/j")
-def same(batches):
-    yield from batches
-j.mapInArrow(same, j.schema).repartition(2, "k").write.parquet(work + "/p")
-p = spark.read.parquet(work + "/p")
-p.groupBy("k").agg(F.sum("v"), F.count("*"), F.max("s")).join(df.select("k").distinct(), "k").collect()
-p.withColumn("r", F.row_number().over(Window.partitionBy("k").orderBy("v"))).where("r = 1").toArrow()
+def task(batches):
+    for batch in batches:
+        yield pa.RecordBatch.from_pydict({"result": [str(i) for i in batch.column(0).to_pylist()]})
+spark.range(2, numPartitions=2).mapInArrow(task, "result string").collect()
+spark.createDataFrame([("a",), ("b",)], "uri string").repartition(2).mapInArrow(lambda b: b, "uri string").collect()
 print("driver JVM pid", spark.sparkContext._jvm.ProcessHandle.current().pid(), flush=True)
 spark.stop()
 """
@@ -102,20 +91,19 @@ def dump(*, timeout_s: float = 300) -> Path | None:
         partial.unlink(missing_ok=True)
         # The dumping JVM runs with the options it is given, but never maps an older archive.
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, SWITCH_ENV: "off"}
-        with tempfile.TemporaryDirectory(prefix="barrierflow-cds-") as work:
-            run = subprocess.run(
-                [sys.executable, "-c", _DUMP, str(partial), work], env=env, capture_output=True, text=True, timeout=timeout_s
-            )
-            # The JVM writes to the same stdout (its CDS messages as it dumps): find the line.
-            pids = re.findall(r"^driver JVM pid (\d+)$", run.stdout, re.MULTILINE)
-            pid = pids[-1] if run.returncode == 0 and pids else ""
-            # The driver JVM writes the archive as it exits, after the Python side has.
-            deadline = time.monotonic() + timeout_s
-            while pid.isdigit() and Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            if pid.isdigit() and partial.exists() and not Path(f"/proc/{pid}").exists():
-                os.replace(partial, archive)
-                return archive
+        run = subprocess.run(
+            [sys.executable, "-c", _DUMP, str(partial)], env=env, capture_output=True, text=True, timeout=timeout_s
+        )
+        # The JVM writes to the same stdout (its CDS messages as it dumps): find the line.
+        pids = re.findall(r"^driver JVM pid (\d+)$", run.stdout, re.MULTILINE)
+        pid = pids[-1] if run.returncode == 0 and pids else ""
+        # The driver JVM writes the archive as it exits, after the Python side has.
+        deadline = time.monotonic() + timeout_s
+        while pid.isdigit() and Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if pid.isdigit() and partial.exists() and not Path(f"/proc/{pid}").exists():
+            os.replace(partial, archive)
+            return archive
         partial.unlink(missing_ok=True)
         print(f"barrierflow: no JVM class archive ({run.stderr[-300:]!r}); JVMs start without one", file=sys.stderr)
         return None

@@ -1,8 +1,7 @@
 """Stopping a child started in its own session: signal its whole process group, wait, then SIGKILL.
 
 Every long-running child barrierflow starts (the engine, PostgreSQL, the
-services of the topology) runs in a new session, so its process group holds
-whatever it started (Python workers, executors) and one signal reaches all.
+topology's services) runs in a new session: one signal reaches all it started.
 """
 
 from __future__ import annotations

@@ -7,12 +7,9 @@ Python worker (:func:`~barrierflow.execution.task.run_task`). The driver
 1. Plan: the pipeline's schemas, state tables and stages
    (:func:`~barrierflow.plan.planner.physical_plan`); each source's part of
    the barrier as splits.
-2. Placement, a size decision (never a semantic one): an epoch reading at
-   most ``BARRIERFLOW_SINGLE_TASK_INPUT_BYTES`` of input, whose state tables
-   hold at most ``BARRIERFLOW_SINGLE_TASK_STATE_ROWS`` rows, runs its whole
-   pipeline in one task; a larger one runs stage by stage, the sources'
-   chain in a task per input split and each keyed chain in a task per
-   key-group range, exchanging rows through files (:mod:`barrierflow.execution.exchange`).
+2. Placement, a size decision (never a semantic one; README "Where the work
+   runs"): a small epoch runs its whole pipeline in one task; a larger one
+   runs stage by stage, exchanging rows through files (:mod:`barrierflow.execution.exchange`).
 3. Wait for the restore point (epoch n-1 completed): the state it reads.
 4. Register every table the epoch stages, in pipeline order, before any task
    writes (an error then aborts their staging directories): each state table
@@ -54,7 +51,7 @@ from barrierflow.core.settings import (
 )
 from barrierflow.execution.exchange import key_group_ranges
 from barrierflow.execution.spark import describe_jobs
-from barrierflow.execution.task import DEAD_LETTER, RESULT_SCHEMA, OutputTable, TaskInput, TaskPlan, TaskResult, task_function
+from barrierflow.execution.task import DEAD_LETTER, OutputTable, TaskInput, TaskPlan, TaskResult, task_function
 from barrierflow.operators.base import Node, ship_user_code
 from barrierflow.operators.operator_state import source_offsets_table
 from barrierflow.operators.watermark import WatermarkAssigner, WatermarkClock, max_event_time_row, max_event_time_spec
@@ -119,14 +116,19 @@ def run_epoch(epoch: Epoch) -> int:
     pipe, barrier = epoch.pipeline, epoch.barrier
     started = time.monotonic()
     # 1. The splits first: a source refuses an epoch it cannot read (a Delta table's retyped column) before its schema is asked.
-    sources = {i: n for i, n in enumerate(pipe.nodes) if isinstance(n, SourceNode)}
-    ends = {i: barrier.end_offsets.get(n.operator_id) or {} for i, n in sources.items()}
+    sources = {i: n.source for i, n in enumerate(pipe.nodes) if isinstance(n, SourceNode) and n.source is not None}
+    ends = {i: barrier.end_offsets.get(s.source_id) or {} for i, s in sources.items()}
     input_bytes = sum(planned_bytes({"_": end}) if end else 0 for end in ends.values())
     parallelism = epoch_parallelism(pipe.parallelism, input_bytes)
     split_bytes = max(MIN_SPLIT_BYTES, min(SPLIT_BYTES, -(-input_bytes // parallelism)))
+
+    def split(size: int | None) -> dict[int, list[Split]]:
+        """Each source's part of the barrier as splits of about ``size`` bytes (None: one)."""
+        return {p: s.splits(ends[p], k, size) for k, (p, s) in enumerate(sources.items())}
+
     single = input_bytes <= SINGLE_TASK_INPUT_BYTES.value()  # 2.
-    splits = _splits(pipe, sources, ends, None if single else split_bytes)
-    plan = physical_plan(pipe, {i: _with_seq(n, ends[i]) for i, n in sources.items()})
+    splits = split(None if single else split_bytes)
+    plan = physical_plan(pipe, {i: s.record_schema(ends[i]).append(pa.field(SEQ, pa.int64())) for i, s in sources.items()})
     # 3.
     prior = epoch.restore_point()
     assert epoch.state_tables is not None  # made by the restore point
@@ -135,9 +137,10 @@ def run_epoch(epoch: Epoch) -> int:
     results: list[TaskResult] = []
     try:
         registry.register(plan, epoch.state_tables)
-        if single and registry.stored_rows() > SINGLE_TASK_STATE_ROWS.value():
+        stored_rows = sum(epoch.state_tables.stored_rows(p.uri) or 0 for p in registry.states.values())
+        if single and stored_rows > SINGLE_TASK_STATE_ROWS.value():
             single = False
-            splits = _splits(pipe, sources, ends, split_bytes)
+            splits = split(split_bytes)
         clock = _watermark_clock(pipe, prior, epoch.layout)
         exchange_dir = join_uri(epoch.layout.dead_letter, epoch.staging_prefix, "_exchange")
         epoch.on_release(partial(remove_tree, exchange_dir))
@@ -146,7 +149,7 @@ def run_epoch(epoch: Epoch) -> int:
             parallelism=pipe.parallelism, ranges=parallelism, inputs=plan.inputs, schemas=plan.schemas, prefix=epoch.staging_prefix,
             exchange_dir=exchange_dir, source_keys=plan.source_keys, computed_keys=plan.computed_keys,
             source_ids=tuple(n.operator_id for n in pipe.sources), singletons=plan.singletons,
-            source_files={pipe.sources.index(n): _file_names(splits[p]) for p, n in sources.items()},
+            source_files={k: _file_names(splits[p]) for k, p in enumerate(sources)},
         )  # fmt: skip
         _ship_user_code(pipe)
         results = _run_tasks(epoch, plan, registry, clock, splits, None if single else parallelism, base)  # 5.
@@ -224,12 +227,9 @@ def _run_tasks(
 
 def _run_job(spark: Any, description: str, plan: TaskPlan, inputs: list[TaskInput]) -> list[TaskResult]:
     """One Spark job running a task per input; their results, in task order."""
-    from pyspark.sql.types import StringType, StructField, StructType  # pyspark loads when a job first runs
-
     describe_jobs(spark, description)
     started = time.monotonic()
-    result_type = StructType([StructField(f.name, StringType()) for f in RESULT_SCHEMA])
-    job = spark.range(len(inputs), numPartitions=len(inputs)).mapInArrow(task_function(plan, inputs), result_type)
+    job = spark.range(len(inputs), numPartitions=len(inputs)).mapInArrow(task_function(plan, inputs), "result string")
     try:
         # collect(), not first(): a task whose output is not read to the end loses its Python worker.
         rows = job.collect()
@@ -252,8 +252,7 @@ class _Registry:
 
     def register(self, plan: PhysicalPlan, state_tables: EpochStateTables) -> None:
         """Every table of the epoch, in pipeline order; a registration failing (a sink's schema refused) fails the others."""
-        epoch = self.epoch
-        pipe, layout = epoch.pipeline, epoch.layout
+        epoch, pipe, layout = self.epoch, self.epoch.pipeline, self.epoch.layout
         offsets = []
         for position, node in enumerate(pipe.nodes):
             for spec in plan.state_specs[position]:
@@ -297,12 +296,6 @@ class _Registry:
         self.futures[spec.table_name] = self.epoch.stage_files(
             name=spec.table_name, uri=uri, kind=TableKind.STATE, schema=spec.arrow_schema(), primary_key=tuple(spec.key_columns)
         )
-
-    def stored_rows(self) -> int:
-        """Rows the epoch's state tables hold, as this process last saw them (for placement)."""
-        tables = self.epoch.state_tables
-        assert tables is not None
-        return sum(tables.stored_rows(p.uri) or 0 for p in self.states.values())
 
     def complete(self, results: list[TaskResult]) -> None:
         for name, future in self.futures.items():
@@ -354,22 +347,6 @@ def _watermark_clock(pipe: Pipeline, prior: Any, layout: PipelineLayout) -> Wate
             maxima[a.operator_id] = prior.max_event_time_us if prior is not None else None
     bounds = {a.operator_id: a.out_of_orderness_us for a in assigners}
     return WatermarkClock(prior.watermark_us if prior is not None else None, maxima, bounds, any(a.tracked for a in assigners))
-
-
-def _splits(
-    pipe: Pipeline, sources: Mapping[int, SourceNode], ends: Mapping[int, Any], split_bytes: int | None
-) -> dict[int, list[Split]]:
-    """Each source's part of the barrier as splits of about ``split_bytes`` (None: one)."""
-    splits = {}
-    for position, node in sources.items():
-        assert node.source is not None
-        splits[position] = node.source.splits(ends[position], pipe.sources.index(node), split_bytes)
-    return splits
-
-
-def _with_seq(node: SourceNode, end: Any) -> pa.Schema:
-    assert node.source is not None
-    return node.source.record_schema(end).append(pa.field(SEQ, pa.int64()))
 
 
 def _file_names(splits: list[Split]) -> tuple[str, ...]:

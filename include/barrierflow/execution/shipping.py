@@ -1,11 +1,9 @@
 """The barrierflow package as an archive that executors import.
 
-Executors on other machines need not have barrierflow installed, and even
-``local-cluster`` executors must not depend on the driver's interpreter
-path. Spark ships a zip in ``spark.submit.pyFiles`` (or ``addPyFile``) to
-every executor, first on its Python workers' path. The archive is built once
-per version of the code (its name carries a digest of the package's files)
-in the temporary directory.
+Executors need not have barrierflow installed (nor use the driver's
+interpreter path): Spark ships a zip (``spark.submit.pyFiles``, ``addPyFile``)
+first on their Python workers' path. It is built once per version of the
+code (its name carries a digest of the package's files).
 """
 
 from __future__ import annotations
@@ -21,9 +19,7 @@ __all__ = ["package_archive", "ships_package"]
 
 def ships_package(master: str | None) -> bool:
     """Whether executors of ``master`` may run outside this process (everything but ``local[...]``)."""
-    if not master:
-        return False
-    return not (master == "local" or master.startswith("local["))
+    return master is not None and master != "" and master != "local" and not master.startswith("local[")
 
 
 def package_archive() -> str:

@@ -2,12 +2,10 @@
 
 - **remote** (``sc://host:port``, Spark Connect): the epoch's jobs go to a
   long-lived Spark application (``barrierflow engine``, or a cluster's
-  Connect endpoint), so an epoch runs warm. Chosen by ``remote=``,
-  ``$BARRIERFLOW_SPARK_REMOTE`` or PySpark's own ``$SPARK_REMOTE``.
-- **classic** (``local[*]``, ``local-cluster[...]``, ``spark://...``): this
-  process starts the Spark driver (a JVM), or is the driver ``spark-submit``
-  started. Chosen by ``master=`` or ``$BARRIERFLOW_SPARK_MASTER``; ``local[*]``
-  when nothing is given.
+  Connect endpoint). Chosen by ``remote=``, ``$BARRIERFLOW_SPARK_REMOTE`` or ``$SPARK_REMOTE``.
+- **classic**: this process starts the Spark driver (a JVM), or is the driver
+  ``spark-submit`` started. Chosen by ``master=`` or ``$BARRIERFLOW_SPARK_MASTER``
+  (default ``local[*]``).
 
 PySpark's Connect mode is process-wide, so one process uses one kind only.
 """
@@ -43,17 +41,13 @@ DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC -XX:TieredStopAtLevel=1 -XX:ReservedCo
 
 
 def session_conf() -> dict[str, str]:
-    """SQL settings every epoch relies on, set per session: a shared Connect engine gets them from each client."""
-    return {
-        "spark.sql.session.timeZone": "UTC",  # all event time is UTC
-        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",  # never INT96
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.sql.adaptive.enabled": os.environ.get("BARRIERFLOW_SPARK_AQE", "false"),
-        "spark.sql.shuffle.partitions": "2",
-        "spark.sql.sources.ignoreMissingFiles": "false",
-        # Cached frames live for one epoch: compressing them took ~6% of the JVM's CPU (JFR, sensor_stats).
-        "spark.sql.inMemoryColumnarStorage.compressed": "false",
-    }
+    """SQL settings, set per session: a shared Connect engine gets them from each client.
+
+    Spark runs only jobs of Python tasks over Arrow (``mapInArrow`` over a
+    range or a few strings, with their partition counts given): no Spark
+    file I/O, timestamps, cache, pandas conversion or default-sized shuffle.
+    """
+    return {"spark.sql.adaptive.enabled": os.environ.get("BARRIERFLOW_SPARK_AQE", "false")}
 
 
 def driver_java_options(base: str | None = None) -> str:
@@ -65,12 +59,7 @@ def driver_java_options(base: str | None = None) -> str:
 
 def application_conf() -> dict[str, str]:
     """Settings read once, when a driver JVM starts: every way barrierflow starts one passes them."""
-    conf = {
-        # A steady sensor_stats epoch asks for ~200 generated classes; Spark's default cache (100)
-        # evicted them before the next epoch: 822 compilations for 215 classes, ~1.3 s of CPU per epoch.
-        "spark.sql.codegen.cache.maxEntries": "2000",
-        "spark.driver.extraJavaOptions": driver_java_options(),
-    }
+    conf = {"spark.driver.extraJavaOptions": driver_java_options()}
     # Executors in JVMs of their own map the same archive (where its path exists).
     archive = jvm_archive.java_options()
     if archive:
@@ -81,8 +70,7 @@ def application_conf() -> dict[str, str]:
 def worker_conf(master: str | None) -> dict[str, str]:
     """Settings for the Python workers of ``master``: forked from :mod:`.worker_daemon` where they run here (``local[...]``).
 
-    Not for other masters (or one spark-submit chooses): their workers may
-    not have barrierflow installed, and import the package shipped with the task.
+    Not elsewhere: those workers may not have barrierflow installed (they import the package shipped with the task).
     """
     if master is None or ships_package(master):
         return {}
@@ -130,15 +118,11 @@ def launched_by_spark_submit() -> bool:
 
 
 def get_spark(master: str | None = None, remote: str | None = None, session_name: str | None = None) -> "SparkSession":
-    """One session per process and engine.
+    """One session per process and engine: remote or classic (the module docstring; under ``spark-submit``, its ``--master``).
 
-    ``remote`` (or the environment: :func:`engine_address`) connects to a
-    Spark Connect engine (:class:`EngineUnavailableError` naming the address
-    when it does not answer); else a classic session on ``master``,
-    ``$BARRIERFLOW_SPARK_MASTER`` or ``local[*]`` (under ``spark-submit``, its
-    ``--master``). ``session_name`` (a pipeline's name) makes every process
-    driving that pipeline join one Connect session, whose Python workers stay
-    warm from one Airflow task to the next.
+    ``session_name`` (a pipeline's name) makes every process driving that
+    pipeline join one Connect session, whose Python workers stay warm from
+    one Airflow task to the next.
     """
     if master is None and remote is None and launched_by_spark_submit():
         return _classic_session(None)  # spark-submit's --master holds; no environment overrides it
@@ -162,8 +146,7 @@ def _remote_session(address: str, session_name: str | None) -> "SparkSession":
     if not address.startswith("sc://"):
         raise ConfigurationError(f"Spark Connect address {address!r}: expected sc://host:port")
     key = f"{address}#{session_name}"
-    session = _sessions.get(key)
-    if session is not None:
+    if (session := _sessions.get(key)) is not None:
         return session
     if "classic" in _sessions:
         raise ConfigurationError(
@@ -240,8 +223,7 @@ def _discard(session: Any) -> None:
 
 
 def _classic_session(master: str | None) -> "SparkSession":
-    session = _sessions.get("classic")
-    if session is not None:
+    if (session := _sessions.get("classic")) is not None:
         return session
     from pyspark.sql import SparkSession
 

@@ -1,26 +1,19 @@
 """One task of an epoch: reads its input, runs its operators' kernels in pipeline order, stages what they wrote.
 
-A Spark task, in a Python worker, runs the whole pipeline of a small epoch
-or one stage of a large one (the sources' chain over an input split, a keyed
-chain over a range of key groups). It gets a :class:`TaskPlan` (the same for
-every task of a stage) and a :class:`TaskInput` (its own part), and returns
-a :class:`TaskResult`: the files it staged, the exchange files it wrote,
-its watermark observations and counters.
-
-A task (:func:`run_task`):
+A Spark task runs the whole pipeline of a small epoch or one stage of a
+large one, given a :class:`TaskPlan` (the same for every task of a stage)
+and a :class:`TaskInput` (its own part). A task (:func:`run_task`):
 
 1. Reads each source split it was given (records with ``_seq``, dead
    letters), or the exchange files of its inputs from an earlier stage.
-2. Runs its nodes in pipeline order, each kernel given its inputs' rows.
-   Before a keyed operator, keys computed on the way are checked
-   (:mod:`barrierflow.operators.key_check`). The watermark follows
-   :class:`WatermarkClock`: the planner puts every event-time operator
-   after every assigner, so W(n) is final when one runs.
+2. Runs its nodes in pipeline order, each kernel given its inputs' rows;
+   keys computed on the way are checked before a keyed operator
+   (:mod:`barrierflow.operators.key_check`). W(n) is final when an
+   event-time operator runs (the planner's step 3).
 3. Writes its outputs that a later stage consumes as exchange files, one
    per edge and receiving task.
 4. Stages every table it wrote (state changes or its share of a
-   compaction, sink rows, side outputs, dead letters) into the table's
-   staging directory.
+   compaction, sink rows, side outputs, dead letters).
 """
 
 from __future__ import annotations
@@ -55,10 +48,9 @@ DEAD_LETTER = "dead_letter"
 class OutputTable:
     """A table tasks append to or rewrite this epoch: a sink, a side output, the dead letters.
 
-    ``stored``: the URIs of the table's live files an upsert or a widening
-    may rewrite (read in ``schema``); ``rewrite_all``: every one is
-    rewritten (a widening, an upsert of a small table), else an upsert
-    rewrites those holding a key it writes.
+    ``stored``: the table's live files an upsert or a widening may rewrite;
+    ``rewrite_all``: every one is (a widening, an upsert of a small table),
+    else an upsert rewrites those holding a key it writes.
     """
 
     name: str
@@ -289,15 +281,12 @@ def run_task(plan: TaskPlan, task: TaskInput) -> TaskResult:
 
 
 def task_function(plan: TaskPlan, inputs: Sequence[TaskInput]) -> Any:
-    """The ``mapInArrow`` function of a stage: each partition holds task indices; yields one JSON result per task."""
+    """The ``mapInArrow`` function of a stage: each partition holds task indices; yields one JSON ``result`` string per task."""
 
     def run(batches: Any) -> Any:
         for batch in batches:
             for index in batch.column(0).to_pylist():
                 result = run_task(plan, inputs[index])
-                yield pa.RecordBatch.from_pylist([{"result": result.to_json()}], schema=RESULT_SCHEMA)
+                yield pa.RecordBatch.from_pydict({"result": [result.to_json()]})
 
     return run
-
-
-RESULT_SCHEMA = pa.schema([("result", pa.string())])

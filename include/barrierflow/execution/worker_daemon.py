@@ -1,20 +1,12 @@
 """PySpark's Python worker daemon, with the libraries barrierflow's tasks use imported and frozen before it forks.
 
 An executor forks its Python workers from one daemon process
-(``spark.python.daemon.module``; barrierflow names this module on a
-``local[...]`` master: ``barrierflow.execution.spark.worker_conf``). Two costs
-followed every worker:
-
-1. Its first task imported PySpark's worker, pyarrow, pandas and deltalake,
-   about half a second per worker.
-2. After every task a reused worker runs a full ``gc.collect()``, which
-   walked the ~80,000 objects those imports made: some 40 ms a task (over a
-   third of a ``sensor_stats`` epoch's worker samples, by py-spy).
-
-So this daemon imports those libraries once and calls ``gc.freeze()`` (the
-collector skips what was frozen), then runs PySpark's daemon unchanged.
-barrierflow's own modules are not preloaded: a worker imports them from the
-path its task gives. A library that does not import is left to the worker.
+(``spark.python.daemon.module``: :func:`barrierflow.execution.spark.worker_conf`
+on a ``local[...]`` master). Without this one, each worker's first task
+imported those libraries (about half a second), and the full ``gc.collect()``
+after every task walked the ~80,000 objects they made (some 40 ms a task).
+Frozen (``gc.freeze()``), they are skipped. barrierflow's own modules are not
+preloaded: a worker imports them from the path its task gives.
 """
 
 from __future__ import annotations

@@ -1,34 +1,27 @@
 """Running aggregates per key: count, sum, min, max and average over all records so far.
 
-Each key keeps one row of accumulators in ``<operator_id>__accumulators``:
-``count``, then ``sum_<c>``, ``min_<c>``, ``max_<c>`` as the aggregations
-need them (``Sum("v")`` and ``Avg("v")`` share ``sum_v``). Epoch n:
+Each key keeps one row of accumulators in ``<operator_id>__accumulators``: ``count``, then ``sum_<c>``, ``min_<c>``,
+``max_<c>`` as the aggregations need them (``Sum("v")`` and ``Avg("v")`` share ``sum_v``). Epoch n:
 
-1. Aggregates its records per key, as doubles: how many, each summed
-   column's exact sum (below), each min/max column's least and greatest
-   value (nulls skipped; NaN above every number; -0.0 below 0.0).
+1. Aggregates its records per key, as doubles: how many, each summed column's exact sum (below), each min/max column's
+   least and greatest value (nulls skipped; NaN above every number; -0.0 below 0.0).
 2. Reads the touched keys' accumulators as of epoch n-1.
-3. Merges: ``count + n``; ``sum + epoch sum`` (one IEEE addition); the
-   least/greatest of the stored value and the epoch's, the stored on a tie.
-4. Stages them and emits one row per touched key: the key, then each
-   aggregation's running result (``Avg`` = sum / count).
+3. Merges: ``count + n``; ``sum + epoch sum`` (one IEEE addition); the least/greatest of the stored value and the
+   epoch's, the stored on a tie.
+4. Stages them and emits one row per touched key: the key, then each aggregation's running result (``Avg`` = sum /
+   count).
 
-Results never depend on record order or parallelism: a key's epoch sum is
-the exact sum of its values' decimal forms (the shortest reading back as the
-double), rounded once, by the first method that applies:
+Results never depend on record order or parallelism: a key's epoch sum is the exact sum of its values' decimal forms
+(the shortest reading back as the double), rounded once, by the first method that applies:
 
 a. all whole millionths below 1e9: their integer sum (exact below 2**53) / 1e6;
-b. all of at most 18 decimals below 1e20, the largest times the count below
-   1e19: their exact ``decimal(38,18)`` sum;
-c. otherwise (NaN, infinities, out of range): the values sorted ascending
-   (NaN last), folded from 0.0.
+b. all of at most 18 decimals, the largest times the count below 1e19: their exact ``decimal(38,18)`` sum;
+c. otherwise (NaN, infinities, out of range): the values sorted ascending (NaN last), folded from 0.0.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from decimal import Context, Decimal
 from typing import Any, Sequence
 
 import numpy as np
@@ -39,7 +32,7 @@ from barrierflow.api.aggregations import Aggregation, Avg, Count, Max, Min, Sum
 from barrierflow.core.arrow import as_double
 from barrierflow.core.columns import DELETED, KEY_GROUP
 from barrierflow.core.errors import PipelineDefinitionError
-from barrierflow.operators.base import Node, Task, ids_in, key_fields, key_ids, with_key_group
+from barrierflow.operators.base import Node, Task, folded_sums, ids_in, key_fields, key_ids, with_key_group
 from barrierflow.state.spec import StateSpec
 
 __all__ = ["RunningAggregate", "accumulator_columns", "epoch_sums"]
@@ -48,9 +41,7 @@ MICRO = 1e6
 MICRO_VALUE_BOUND = 1e9
 MICRO_SUM_BOUND = 2**53
 LONG_BOUND = 9e18
-_DECIMAL_VALUE_BOUND = Decimal(10) ** 20
-_DECIMAL_SUM_BOUND = 1e19
-_EXACT = Context(prec=60)
+DECIMAL_SUM_BOUND = 1e19
 _SIGN = np.int64(0x7FFFFFFFFFFFFFFF)
 
 
@@ -69,8 +60,6 @@ def accumulator_columns(aggregations: Sequence[Aggregation]) -> list[tuple[str, 
 class RunningAggregate(Node):
     key: tuple[str, ...] = ()
     aggregations: tuple[Aggregation, ...] = ()
-
-    needs_arrival_order = False  # sums are exact: order never matters
 
     def __post_init__(self) -> None:
         for agg in self.aggregations:
@@ -144,37 +133,46 @@ def _doubles(values: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray
     return np.asarray(filled, dtype=np.float64), np.asarray(pc.is_valid(values).to_numpy(zero_copy_only=False), dtype=bool)
 
 
+@np.errstate(invalid="ignore", over="ignore")  # NaN and infinities are values (method c)
 def epoch_sums(values: pa.ChunkedArray | pa.Array, group_of: np.ndarray, groups: int) -> pa.Array:
-    """Each group's exact sum of its non-null ``values`` (methods a-c of the module docstring), as doubles."""
+    """Each group's exact sum of its non-null ``values`` (methods a-c of the module docstring), as doubles.
+
+    Vector operations, no Python call per group or value: the values sorted by group, ascending within one (NaN
+    last), each method reducing the slices of the groups it applies to.
+    """
     v, valid = _doubles(values)
-    with np.errstate(invalid="ignore", over="ignore"):
-        scaled = np.rint(v * MICRO)
-        exact = valid & np.isfinite(v) & (np.abs(v) < MICRO_VALUE_BOUND) & (scaled / MICRO == v)
-    units = np.where(exact, scaled, 0).astype(np.int64)
-    # a. Micro-units: per group the integer sum, the largest magnitude, and whether every value was exact.
-    total = np.zeros(groups, dtype=np.int64)
-    np.add.at(total, group_of, units)
-    largest = np.zeros(groups, dtype=np.int64)
-    np.maximum.at(largest, group_of, np.abs(units))
-    inexact = np.bincount(group_of, weights=valid & ~exact, minlength=groups) > 0
-    inexact |= largest.astype(np.float64) * np.bincount(group_of, minlength=groups) >= LONG_BOUND
-    inexact |= np.abs(total) >= MICRO_SUM_BOUND
-    sums = total.astype(np.float64) / MICRO
-    for g in np.flatnonzero(inexact):
-        sums[g] = _fallback_sum(v[(group_of == g) & valid].tolist())
+    order = np.lexsort((v[valid], group_of[valid]))
+    v, of = v[valid][order], group_of[valid][order]
+    starts = np.flatnonzero(np.diff(of, prepend=-1))
+    counts = np.diff(starts, append=len(v))
+    sums = np.zeros(groups)
+    # a. Micro-units.
+    scaled = np.rint(v * MICRO)
+    micro = np.isfinite(v) & (np.abs(v) < MICRO_VALUE_BOUND) & (scaled / MICRO == v)
+    units = np.where(micro, scaled, 0).astype(np.int64)
+    total = np.add.reduceat(units, starts)
+    a = np.logical_and.reduceat(micro, starts) & (np.abs(total) < MICRO_SUM_BOUND)
+    a &= np.maximum.reduceat(np.abs(units), starts).astype(np.float64) * counts < LONG_BOUND
+    sums[of[starts[a]]] = total[a] / MICRO
+    # b. Arrow's text of a double is its shortest decimal form (repr's digits), Arrow's decimal sum exact.
+    b = ~a & np.logical_and.reduceat(np.isfinite(v), starts)
+    b &= np.maximum.reduceat(np.abs(v), starts) * counts < DECIMAL_SUM_BOUND  # so each value below 1e19
+    in_b = np.repeat(b, counts)
+    text = pc.cast(pa.array(v[in_b]), pa.string())
+    form = pc.extract_regex(text, r"^-?\d*(?:\.(?P<fraction>\d+))?(?:e\+?(?P<exponent>-?\d+))?$")
+    decimals = pc.subtract(
+        pc.utf8_length(form.field("fraction")), pc.cast(pc.replace_substring_regex(form.field("exponent"), "^$", "0"), pa.int32())
+    )
+    fits = np.ones(len(v), dtype=bool)
+    fits[in_b] = pc.less_equal(decimals, 18).to_numpy(zero_copy_only=False)
+    b &= np.logical_and.reduceat(fits, starts)
+    kept = np.repeat(b, counts)
+    forms = pa.table({"of": of[kept], "form": pc.cast(text.filter(kept[in_b]), pa.decimal128(38, 18))})
+    exact = forms.group_by("of").aggregate([("form", "sum")])
+    sums[exact["of"].to_numpy()] = as_double(exact["form_sum"]).to_numpy()  # rounded once
+    c = ~a & ~b  # c.
+    sums[of[starts[c]]] = folded_sums(np.concatenate([[0], np.cumsum(counts[c])]), v[np.repeat(c, counts)])
     return pa.array(sums, pa.float64())
-
-
-def _fallback_sum(values: list[float]) -> float:
-    """Methods b and c for one key's values."""
-    if all(math.isfinite(v) for v in values) and max(map(abs, values), default=0.0) * len(values) < _DECIMAL_SUM_BOUND:
-        decimals = [Decimal(repr(v)) for v in values]
-        if all(d.as_tuple().exponent >= -18 and abs(d) < _DECIMAL_VALUE_BOUND for d in decimals):  # type: ignore[operator]
-            return float(_EXACT.create_decimal(sum(decimals, Decimal(0))))  # b.
-    total = 0.0  # c.
-    for value in sorted(values, key=lambda x: (x != x, x)):  # NaN last
-        total += value
-    return total
 
 
 def _extremes(values: pa.ChunkedArray | pa.Array, group_of: np.ndarray, groups: int, least: bool) -> pa.Array:

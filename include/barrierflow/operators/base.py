@@ -1,11 +1,9 @@
 """What every operator is: a node of the pipeline graph whose semantics are one kernel over Arrow data.
 
-When the pipeline is planned, a node declares from its inputs' schemas its
-output schema, state tables, side outputs and how each input reaches it
-(:class:`Exchange`: the planner cuts chains there, as Flink between
-``keyBy``s). Its kernel, :meth:`Node.run`, computes an epoch's output through
-the :class:`Task`, in one task holding every key group or in parallel tasks
-holding some each: it sees every record of its keys, never every key group.
+When the pipeline is planned, a node declares from its inputs' schemas its output schema, state tables, side outputs
+and how each input reaches it (:class:`Exchange`: the planner cuts chains there, as Flink between ``keyBy``s). Its
+kernel, :meth:`Node.run`, computes an epoch's output through the :class:`Task`, in one task holding every key group or
+in parallel tasks holding some each: it sees every record of its keys, never every key group.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Node", "Exchange", "Task", "with_key_group", "key_fields", "key_ids", "ids_in", "held_state_table", "check_held_state_size",
-    "ship_user_code", "user_columns", "position_columns",
+    "ship_user_code", "folded_sums", "user_columns", "position_columns",
 ]  # fmt: skip
 
 _INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})  # on every worker's path
@@ -79,8 +77,6 @@ class Node:
     operator_id: str
     parent: "Node | None"
 
-    needs_arrival_order = True  # it reads its input's arrival positions (_seq...), as dedup and process functions do
-    forwards_arrival_order = False  # it passes them on unused (stateless, unions): its consumers say if its input needs them
     uses_watermark = False  # it reads the watermark (windows, joins, timers): it must be downstream of every assigner
 
     def inputs(self) -> tuple["Node", ...]:
@@ -206,3 +202,27 @@ def ship_user_code(obj: Any) -> None:
     path = getattr(module, "__file__", None)
     if path is not None and not path.startswith(_INSTALLED):  # the standard library and installed packages are on workers'
         cloudpickle.register_pickle_by_value(module)
+
+
+FOLD_COLUMNS = 32  # windows this short fold column by column; longer ones alone
+
+
+def folded_sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Each window's left fold ``((0.0 + v1) + v2) + ...`` in IEEE doubles (``aggregate(values, 0.0, (a, x) -> a + x)``).
+
+    Windows of up to :data:`FOLD_COLUMNS` values add their j-th value all at
+    once, column by column; a longer window folds alone (``cumsum`` adds in
+    order, never pairwise).
+    """
+    counts = np.diff(offsets)
+    sums = np.zeros(len(counts))
+    starts = offsets[:-1]
+    short = np.flatnonzero(counts <= FOLD_COLUMNS)
+    short = short[np.argsort(-counts[short], kind="stable")]  # longest first: those with a j-th value are a prefix
+    lengths = counts[short]
+    for j in range(int(lengths[0]) if len(short) else 0):
+        active = short[: int(np.count_nonzero(lengths > j))]
+        sums[active] = sums[active] + values[starts[active] + j]
+    for w in np.flatnonzero(counts > FOLD_COLUMNS):
+        sums[w] = np.cumsum(np.concatenate([[0.0], values[starts[w] : offsets[w + 1]]]))[-1]
+    return sums

@@ -1,22 +1,18 @@
 """The broadcast state pattern, as Flink's ``KeyedBroadcastProcessFunction``.
 
-A low-volume stream broadcast with the map states it fills is connected to
-a keyed stream: ``payments.key_by("c").connect(rules.broadcast(D)).process("flag", fn)``;
-``fn.process_broadcast_element`` updates the broadcast state,
-``fn.process_element`` reads it beside its keyed state and timers. Epoch n:
+A low-volume stream broadcast with the map states it fills is connected to a keyed stream:
+``payments.key_by("c").connect(rules.broadcast(D)).process("flag", fn)``; ``fn.process_broadcast_element`` updates the
+broadcast state, ``fn.process_element`` reads it beside its keyed state and timers. Epoch n:
 
 1. Alignment: both inputs' records up to barrier n are processed in epoch n.
-2. Broadcast side first: every task runs ``process_broadcast_element`` on
-   all the epoch's broadcast records (at most :data:`MAX_BROADCAST_RECORDS`)
-   in arrival order, alike, from the state epoch n-1 committed; rows it
-   emits come once, in the first task's output.
-3. Then the keyed side, as a :class:`KeyedProcessFunction`, every key reading
-   the state step 2 left: results never depend on parallelism or on how the
-   inputs interleave (unlike Flink's).
-4. Each map state is a table ``<operator>__<name>`` (``map_key``,
-   ``map_value``, key group 0) every task reads whole, as every Flink
-   instance holds a copy; the first task's changes are staged, and rescaling
-   moves nothing. More than ``MAX_HELD_STATE_ELEMENTS`` entries fail the epoch.
+2. Broadcast side first: every task runs ``process_broadcast_element`` on all the epoch's broadcast records (at most
+   :data:`MAX_BROADCAST_RECORDS`) in arrival order, alike, from the state epoch n-1 committed; rows it emits come
+   once, in the first task's output.
+3. Then the keyed side, as a :class:`KeyedProcessFunction`, every key reading the state step 2 left: results never
+   depend on parallelism or on how the inputs interleave (unlike Flink's).
+4. Each map state is a table ``<operator>__<name>`` (``map_key``, ``map_value``, key group 0) every task reads whole,
+   as every Flink instance holds a copy; the first task's changes are staged, and rescaling moves nothing. More than
+   ``MAX_HELD_STATE_ELEMENTS`` entries fail the epoch.
 5. Watermark: the keyed side's (a broadcast stream usually has none).
 """
 

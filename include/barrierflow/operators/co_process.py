@@ -1,21 +1,18 @@
 """Connected keyed streams and keyed co-process functions, as Flink's ``KeyedCoProcessFunction``.
 
-``a.key_by("k").connect(b.key_by("k")).process("op", fn)``: a
-:class:`~barrierflow.operators.process.KeyedProcess` with two keyed inputs,
-``fn.process_element1`` for ``a``'s records and ``process_element2`` for
-``b``'s, sharing keyed state and timers. Within epoch n:
+``a.key_by("k").connect(b.key_by("k")).process("op", fn)``: a :class:`~barrierflow.operators.process.KeyedProcess`
+with two keyed inputs, ``fn.process_element1`` for ``a``'s records and ``process_element2`` for ``b``'s, sharing keyed
+state and timers. Within epoch n:
 
 1. Alignment: both inputs' records up to barrier n are processed.
-2. Keys: both sides have as many key columns, of the same types pairwise
-   (checked when planned); the first side's names key the shared state and
-   timer tables.
-3. Order: per key, both sides' records by arrival position, side 1 first at
-   a tie, as a union orders them; a record is a dict of its side's columns.
+2. Keys: both sides have as many key columns, of the same types pairwise (checked when planned); the first side's
+   names key the shared state and timer tables.
+3. Order: per key, both sides' records by arrival position, side 1 first at a tie, as a union orders them; a record is
+   a dict of its side's columns.
 4. Then the key's due timers fire (timers 2.-4.).
 5. Watermark: the minimum of the inputs', as for a union (4.).
 6. State and timers are keyed state tables, as for any keyed process function.
-7. Each side's key is checked at its sources; an input without arrival
-   positions fails when planned.
+7. Each side's key is checked at its sources; an input without arrival positions fails when planned.
 """
 
 from __future__ import annotations

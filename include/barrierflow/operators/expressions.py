@@ -1,31 +1,28 @@
-"""Column expressions: the Spark SQL that filter, select, map and flat_map take, evaluated on Arrow.
+"""Column expressions: the Spark SQL strings filter, select, map and flat_map take, evaluated on Arrow.
 
-An expression is a Spark SQL string (``"amount >= 0"``, ``"cast(round(amount * 100) as long)"``, ``"split(text,
-'[.]')"``), parsed with sqlglot (dialect ``spark``) when the pipeline is declared and compiled to ``pyarrow.compute``
-over the operator's input rows: the same rows give the same values, whatever the epoch's size or placement.
+An expression (``"amount >= 0"``, ``"cast(round(amount * 100) as long)"``, ``"split(text, '[.]')"``) is parsed with
+sqlglot (dialect ``spark``) when the pipeline is declared and compiled to ``pyarrow.compute`` over the operator's input
+rows: the same rows give the same values, whatever the epoch's size or placement. Anything not listed below (another
+function, a subquery, an aggregate or window function) is refused at declaration with a
+:class:`~barrierflow.core.errors.PipelineDefinitionError` naming the operator and the construct; so is a
+``pyspark.sql.Column``, which has no form outside a Spark session (``F.col("amount") > 0`` is ``"amount > 0"``).
 
 Supported expressions
 ---------------------
 
-Anything else (another function, a subquery, an aggregate or window function) is refused when the pipeline is declared
-with a :class:`~barrierflow.core.errors.PipelineDefinitionError` naming the operator and the construct. So is a
-``pyspark.sql.Column``, which has no form outside a Spark session: write it as SQL (``F.col("amount") > 0`` is
-``"amount > 0"``).
-
-- **Columns** by name, resolved case-insensitively as Spark does (backticks quote odd names). Columns starting with
-  ``_`` are the engine's and cannot be read.
+- **Columns** by name, case-insensitively as in Spark (backticks quote odd names); those starting with ``_`` are the
+  engine's and cannot be read.
 - **Literals**: integers (``int`` if they fit 32 bits, else ``bigint``; ``100L`` is a ``bigint``), numbers with a point
   or exponent (``1.5``, ``1e3``: ``double``, where Spark types ``1.5`` as a decimal), ``'strings'`` or ``"strings"``,
   ``true``/``false``, ``null``, ``date'2024-01-31'``, ``timestamp'2024-01-31 12:00:00'``.
-- **Arithmetic** ``+ - * %`` and unary ``-`` in the wider of the operands' types (``int`` < ``bigint`` < ``float`` <
-  ``double``); ``/`` gives a ``double``; ``a div b`` (integers) a ``bigint`` truncated toward zero; ``%`` has the
-  dividend's sign.
+- **Arithmetic** ``+ - * %`` and unary ``-`` in the wider operand type (``int`` < ``bigint`` < ``float`` < ``double``);
+  ``/`` gives a ``double``; ``a div b`` (integers) a ``bigint`` truncated toward zero; ``%`` has the dividend's sign.
 - **Comparisons** ``= == <> != < <= > >=`` and null-safe ``<=>``; a string literal compared with a number, date or
-  timestamp is read as one (``day = '2024-01-31'``). As in Spark, ``NaN = NaN`` and ``NaN`` is above every other number.
-- **Logic** ``AND``, ``OR``, ``NOT`` with three-valued logic (``null AND false`` is false, ``null OR true`` true,
-  otherwise null stays null); ``IS [NOT] NULL``, ``IS [NOT] TRUE|FALSE``, ``isnull(x)``, ``isnotnull(x)``; ``x [NOT] IN
-  (v, ...)`` (null when nothing matches and ``x`` or a value is null); ``x [NOT] BETWEEN a AND b``; ``[NOT] LIKE
-  'pattern' [ESCAPE 'c']`` (``%``, ``_``; backslash escapes by default), ``ILIKE``, ``RLIKE``/``regexp``/``regexp_like``.
+  timestamp is read as one (``day = '2024-01-31'``). As in Spark, ``NaN = NaN`` and ``NaN`` is above every number.
+- **Logic** ``AND``, ``OR``, ``NOT`` with three-valued logic (``null AND false`` is false, ``null OR true`` true, else
+  null stays null); ``IS [NOT] NULL``, ``IS [NOT] TRUE|FALSE``, ``isnull(x)``, ``isnotnull(x)``; ``x [NOT] IN (v, ...)``
+  (null when nothing matches and ``x`` or a value is null); ``x [NOT] BETWEEN a AND b``; ``[NOT] LIKE 'pattern'
+  [ESCAPE 'c']`` (``%``, ``_``; backslash escapes by default), ``ILIKE``, ``RLIKE``/``regexp``/``regexp_like``.
 - **Conditionals** ``CASE WHEN ... THEN ... [ELSE ...] END``, ``CASE x WHEN v THEN ...``, ``if(c, a, b)``,
   ``coalesce(...)``/``nvl``/``ifnull``, ``nullif(a, b)``. As in Spark, a branch is evaluated only for the records that
   take it, and the right side of ``AND``/``OR`` only where the left does not decide (``d <> 0 AND n / d > 1`` never
@@ -53,15 +50,14 @@ with a :class:`~barrierflow.core.errors.PipelineDefinitionError` naming the oper
   ``timestamp_millis``, ``timestamp_micros``, ``unix_seconds``, ``unix_millis``, ``unix_micros``, ``to_date(x)``,
   ``year``, ``month``, ``day``/``dayofmonth``, ``hour``, ``minute``, ``second`` (``int``).
 
-Not accepted: non-deterministic functions (``current_date``, ``current_timestamp``, ``now``, ``rand``, ``uuid``,
-``monotonically_increasing_id``...), since a replayed epoch must compute the same rows. In ``select``, a computed
-expression needs a name (``"amount * 100 AS cents"``).
+Not accepted: non-deterministic functions (``current_date``, ``now``, ``rand``, ``uuid``...): a replayed epoch must
+compute the same rows. In ``select``, a computed expression needs a name (``"amount * 100 AS cents"``).
 
-Errors at run time, as in Spark 4's default ANSI mode: an integer overflow (``+ - * abs``, a cast out of range), a
-division or remainder by zero (``/``, ``%``, ``div``; a null operand gives null), an ``element_at`` index out of bounds
-and a string no cast can read fail the epoch with a :class:`~barrierflow.core.errors.UserFunctionError` naming the
-operator and the expression. A retry replays the same records, so change the expression (``CASE WHEN d <> 0 THEN n / d
-END``) and run again. Floating-point results never fail (``sqrt(-1)`` is NaN, ``pow(0, -1)`` infinity).
+Run-time errors, as in Spark 4's default ANSI mode: an integer overflow (``+ - * abs``, a cast out of range), a division
+or remainder by zero (``/``, ``%``, ``div``; a null operand gives null), an ``element_at`` index out of bounds and a
+string no cast can read fail the epoch with a :class:`~barrierflow.core.errors.UserFunctionError` naming the operator
+and the expression; a retry replays the same records, so change the expression (``CASE WHEN d <> 0 THEN n / d END``).
+Floating-point results never fail (``sqrt(-1)`` is NaN, ``pow(0, -1)`` infinity).
 
 Differences from Spark: regular expressions are RE2's (Java's without lookaround, backreferences and possessive
 quantifiers; a pattern RE2 cannot compile is refused at declaration); decimals (columns and literals with a point)

@@ -1,42 +1,33 @@
-"""Interval join of two keyed streams on event time, as Flink's ``IntervalJoin``.
+"""Interval join of two keyed streams on event time, as Flink's ``IntervalJoin`` (README "Interval join").
 
 ``a.key_by("k").interval_join(b.key_by("k")).between(lower, upper, operator_id="j")``
 joins a record ``l`` of ``a`` with a record ``r`` of ``b`` of the same key when
-``l.ts + lower <= r.ts <= l.ts + upper`` (each bound inclusive unless
-declared exclusive; an exclusive bound moves by one microsecond, the
-timestamps' unit, as Flink's moves by one millisecond). Each side's event
-time is the column of the watermark assigner upstream of it. Within epoch n,
-with W(n-1) the watermark at its start and W(n) the one at its end:
+``l.ts + lower <= r.ts <= l.ts + upper`` (an exclusive bound moves by one
+microsecond, the timestamps' unit, as Flink's by one millisecond). Each
+side's event time is its watermark assigner's column. Buffers, late records
+and joined rows are :mod:`barrierflow.operators.join_buffer`'s. Within
+epoch n, with W(n-1) the watermark at its start and W(n) the one at its end:
 
-1. Alignment: both inputs' records up to barrier n are joined in epoch n;
-   each input is keyed by its own key columns
-   (:mod:`barrierflow.operators.join_buffer`).
+1. Alignment: both inputs' records up to barrier n are joined in epoch n.
 2. Late records: a record whose event time is before W(n-1) can no longer
-   join, as Flink drops an element older than the watermark; it is late (as
-   is one with a null key or event time) and goes to its side's late output
-   or is dropped and counted.
+   join, as Flink drops an element older than the watermark: it is late.
 3. Join: every other record of the epoch is paired with the other side's
    records of this epoch and with those kept in state; each pair is emitted
    once, in the epoch in which the later of its two records arrives. Which
    pairs join never depends on the order of records within an epoch, nor on
-   parallelism: records of one epoch all see the watermark W(n-1). Keys are
-   equal as Spark compares them (-0.0 and 0.0 are one key, so are NaNs);
-   the interval is compared exactly, whatever the timestamps.
+   parallelism: records of one epoch all see W(n-1). Keys are equal as
+   Spark compares them (-0.0 and 0.0 are one key, so are NaNs); the
+   interval is compared exactly, whatever the timestamps.
 4. State cleanup: a left record can join no record arriving later once
    W >= l.ts + upper (if upper > 0, else l.ts), a right record once
    W >= r.ts - lower (if lower < 0, else r.ts), Flink's cleanup times. At
-   the end of the epoch, records whose cleanup time is at or below W(n) are
-   deleted from state (or never stored), whether or not their key had
-   records this epoch; the others wait in the buffers ``<operator_id>__left``
-   and ``<operator_id>__right``: keyed state, staged with the epoch, kept by
-   savepoints and redistributed by key group on rescale.
-5. Watermark: the join's watermark is the minimum of its inputs': both
-   inputs need a watermark assigner upstream, and with several assigners
-   the pipeline's watermark is the minimum of theirs
-   (:mod:`barrierflow.operators.watermark`).
-6. Output: the first side's key columns, then the left record's other
-   columns and the right's (a name on both sides becoming ``left_<name>``
-   and ``right_<name>``); no arrival position.
+   the end of the epoch, records whose cleanup time is at or below W(n)
+   leave state (or are never stored), whether or not their key had records
+   this epoch; the others wait in the buffers.
+5. Watermark: the minimum of the inputs' (both need an assigner upstream;
+   :mod:`barrierflow.operators.watermark`).
+6. Output: the key columns, then the left record's other columns and the
+   right's; no arrival position.
 """
 
 from __future__ import annotations
@@ -50,16 +41,14 @@ import pyarrow as pa
 
 from barrierflow.core.columns import KEY_GROUP
 from barrierflow.core.errors import PipelineDefinitionError
-from barrierflow.operators.base import Task
+from barrierflow.operators.base import Task, key_ids
 from barrierflow.operators.join_buffer import (
-    INT64_MAX,
-    INT64_MIN,
     SIDES,
     TwoSidedJoin,
     at_most,
     event_time_us,
+    greater_than,
     ints,
-    key_ids,
     matches,
     side_candidates,
     side_records,
@@ -110,23 +99,14 @@ class IntervalBounds:
 
     def cleanup_shift(self, side: str) -> int:
         """(4.) How far after its event time a record of ``side`` leaves state."""
-        if side == "left":
-            return max(self.high, 0)
-        return max(-self.low, 0)
-
-    def cleanup_us(self, side: str, ts_us: int) -> int:
-        """(4.) The watermark at which a record of ``side`` at ``ts_us`` leaves state."""
-        return ts_us + self.cleanup_shift(side)
+        return max(self.high, 0) if side == "left" else max(-self.low, 0)
 
     def pairs(self, left_us: np.ndarray, right_us: np.ndarray) -> np.ndarray:
         """(3.) :meth:`joins` of each pair of event times (int64), exact (no long overflows)."""
         with np.errstate(over="ignore"):
             gap = right_us - left_us  # wraps where the true gap is beyond a long
         overflow = ((right_us ^ left_us) & (right_us ^ gap)) < 0
-        if self.low > INT64_MAX or self.high < INT64_MIN:
-            joined = np.zeros(len(gap), dtype=bool)
-        else:  # bounds beyond a long clamped: exact for every gap a long holds
-            joined = (gap >= np.int64(max(self.low, INT64_MIN))) & (gap <= np.int64(min(self.high, INT64_MAX)))
+        joined = greater_than(gap, self.low - 1) & at_most(gap, self.high)  # exact for every gap a long holds
         for i in np.flatnonzero(overflow):  # event times more than 292,000 years apart
             joined[i] = self.joins(int(left_us[i]), int(right_us[i]))
         return joined
@@ -182,12 +162,11 @@ class IntervalJoin(TwoSidedJoin):
         stored ones: a pair has the same key, ``low <= r.ts - l.ts <= high``,
         and at least one record of this epoch (stored pairs joined before).
         """
-        left, right = (c.num_rows for c in candidates)
-        _, ids = key_ids(candidates, self.key)
+        _, (left, right) = key_ids(candidates, self.key)
 
         def same_key(lefts: slice, rights: slice) -> tuple[np.ndarray, np.ndarray]:
-            ls = pa.table({"_id": ids[:left][lefts], "_l": np.arange(left)[lefts]})
-            return matches(ls, pa.table({"_id": ids[left:][rights], "_r": np.arange(right)[rights]}))
+            ls = pa.table({"_id": left[lefts], "_l": np.arange(len(left))[lefts]})
+            return matches(ls, pa.table({"_id": right[rights], "_r": np.arange(len(right))[rights]}))
 
         # New left x every right, stored left x new right (never two stored records); sorted as the halves are.
         halves = [same_key(slice(0, news[0]), slice(None)), same_key(slice(news[0], None), slice(0, news[1]))]

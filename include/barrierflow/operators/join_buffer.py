@@ -4,7 +4,9 @@ An interval join (:mod:`barrierflow.operators.interval_join`) and a window
 join (:mod:`barrierflow.operators.window_join`) take two inputs, each KEYED
 by its own key columns (as many, of the same types pairwise): the kernel
 sees every record of its keys from both sides. Each side's records wait in a
-state table until the watermark passes the last time they can join:
+state table until the watermark passes the last time they can join (keyed
+state: staged with the epoch, kept by savepoints, redistributed by key
+group on rescale):
 
 - ``<operator_id>__left`` / ``<operator_id>__right``: the key columns (named
   as the left side's, typed as its), any columns of the join's own (a
@@ -25,38 +27,21 @@ letter) can join nothing: it counts as late. Late records go to the side's
 late output if declared (the side's user columns), else they are dropped
 and counted (``late records dropped by <operator_id>``).
 
-**The buffered record's JSON** is the text Spark's
-``to_json(struct(<user columns>), {timestampFormat: "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
-timestampNTZFormat: "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"})`` wrote in earlier
-releases (warehouses and savepoints hold it), byte for byte for the types a
-record of those releases could hold:
-
-- one object, the fields in column order, a null field left out (also in
-  nested structs); no whitespace;
-- strings: UTF-8 as is, with Jackson's escapes: ``\\"``, ``\\\\``, ``\\b``,
-  ``\\t``, ``\\n``, ``\\f``, ``\\r``, other characters below U+0020 as
-  ``\\u00XX`` (uppercase hex);
-- integers as digits; booleans ``true`` / ``false``;
-- doubles and floats as Java's ``Double.toString`` / ``Float.toString``
-  (shortest digits that read back exactly: ``12.5``, ``1.0``, ``-0.0``,
-  ``1.0E7``, ``1.5E-5``), NaN and infinities as the strings ``"NaN"``,
-  ``"Infinity"``, ``"-Infinity"``. Outside ``[1e-3, 1e7)`` a JDK before 19
-  may have printed a longer digit string for a few values; both read back
-  as the same number;
-- decimals as Java's ``BigDecimal.toString`` (``123.45``, ``1E-8``);
-- timestamps with a time zone as UTC ``"2024-05-01T12:00:00.123456Z"``,
-  without one ``"2024-05-01T12:00:00.123456"`` (always six decimals; a year
-  after 9999 with a plus sign, ``+10000``, as Java's ``yyyy``; years before 1
-  in NumPy's astronomical form, ``0000``, ``-001``, which Spark never held);
-  dates ``"2024-05-01"``;
-- binaries as base64 strings (with padding);
-- lists ``[...]`` (a null element as ``null``), structs as objects, maps as
-  objects whose names are the keys as text (a null value as ``null``).
-
-Other Arrow types (times, durations, intervals, unions) have no such form:
-a join refuses them when the pipeline is planned. Reading a buffered record
-takes each field by name, as Spark's ``from_json``: a field the JSON lacks
-or holds as another type reads null.
+**The buffered record's JSON** is one object, the fields in column order, a
+null field left out: strings, numbers and booleans as JSON writes them (a
+float as the shortest digits reading back as it, NaN and infinities as the
+strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; a decimal as its digits),
+timestamps as ISO text with six decimals (in UTC, ``Z``, for one with a time
+zone) and dates as ``"2024-05-01"`` (any year), binaries as base64, lists as
+arrays, structs as objects, maps as objects keyed by the key's text (a
+time's microseconds, a date's days). Other Arrow types (times, durations,
+intervals, unions) have none: a join refuses them when the pipeline is
+planned. A record reads back as it was written, to the microsecond
+(``tests/operators/test_join_buffer.py``). Reading takes each field by name,
+as Spark's ``from_json``: a field the JSON lacks or holds as another type
+reads null (but a string takes any value's text, a timestamp a number of
+seconds), so the records earlier releases buffered with Spark's ``to_json``
+(Java's digits, ``1.0E-5``; a year ``+10000``) read back too.
 """
 
 from __future__ import annotations
@@ -64,8 +49,8 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
-from typing import Any, Callable, ClassVar, Sequence
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
+from typing import Any, Callable, ClassVar, Literal, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -75,12 +60,12 @@ from barrierflow.api.windows import SlidingEventTimeWindows, TumblingEventTimeWi
 from barrierflow.core.arrow import conform
 from barrierflow.core.columns import DELETED, KEY_GROUP, user_columns
 from barrierflow.core.errors import PipelineDefinitionError
-from barrierflow.operators.base import Exchange, Node, Task, with_key_group
+from barrierflow.operators.base import Exchange, Node, Task, key_fields, key_ids, with_key_group
 from barrierflow.state.spec import StateSpec
 
 __all__ = [
     "SIDES", "BUFFER_COLUMNS", "INT64_MIN", "INT64_MAX", "TwoSidedJoin", "SideRecords", "output_columns", "record_json",
-    "record_values", "side_records", "side_candidates", "stage_buffer", "matches", "key_ids", "ranks", "event_time_us",
+    "record_values", "side_records", "side_candidates", "stage_buffer", "matches", "ranks", "event_time_us",
     "greater_than", "at_most", "aligned_windows", "ints", "bools",
 ]  # fmt: skip
 
@@ -127,7 +112,6 @@ class TwoSidedJoin(Node):
     time_columns: tuple[str, str] = ("ts", "ts")
     late_outputs: tuple[str | None, str | None] = (None, None)
 
-    needs_arrival_order = False
     uses_watermark = True
     # Key columns of the join's own in the buffer tables (a window's start).
     own_fields: ClassVar[tuple[pa.Field, ...]] = ()
@@ -183,8 +167,7 @@ class TwoSidedJoin(Node):
 
     def state_specs(self, inputs: Sequence[pa.Schema] | None = None) -> list[StateSpec]:
         """The buffer tables ``<operator_id>__left`` / ``__right`` (see the module docstring)."""
-        types = {k: inputs[0].field(k).type for k in self.key if k in inputs[0].names} if inputs else {}
-        keys = (*(pa.field(k, types.get(k, pa.string())) for k in self.key), *self.own_fields)
+        keys = (*key_fields(self.key, inputs[0] if inputs else None), *self.own_fields)
         return [
             StateSpec(
                 operator_id=self.operator_id,
@@ -321,7 +304,7 @@ def side_records(
     columns["record"] = record_json(kept, [records.schema.field(c) for c in users])
     fresh = pa.table(columns)
     # record_index: 1, 2... per key, by event time, then the JSON's bytes (as Spark's row_number() over them did).
-    _, ids = key_ids([fresh], key)
+    _, (ids,) = key_ids([fresh], key)
     order = pc.sort_indices(
         pa.table({"_id": ids, "t": fresh["event_time_us"], "r": fresh["record"]}),
         sort_keys=[("_id", "ascending"), ("t", "ascending"), ("r", "ascending")],
@@ -364,16 +347,11 @@ def _candidate_values(records: pa.Table, rows_of_fresh: np.ndarray, candidates: 
     schema = pa.schema([f.with_nullable(True) for f in fields])
     is_new = at < fresh
     stored, inverse = np.unique(at[~is_new], return_inverse=True)
-    parts = pa.concat_tables(
-        [
-            conform(records.select(schema.names).take(pa.array(rows_of_fresh[at[is_new]], pa.int64())), schema),
-            record_values(candidates["record"].take(pa.array(stored, pa.int64())), fields).take(pa.array(inverse.reshape(-1))),
-        ]
-    )
-    placed = np.concatenate([np.flatnonzero(is_new), np.flatnonzero(~is_new)])
-    order = np.empty(len(placed), dtype=np.int64)
-    order[placed] = np.arange(len(placed))
-    return parts.take(pa.array(order))
+    read = record_values(candidates["record"].take(pa.array(stored, pa.int64())), fields)
+    index = np.full(len(at), records.num_rows, np.int64)
+    index[is_new] = rows_of_fresh[at[is_new]]
+    index[~is_new] += inverse.reshape(-1)
+    return pa.concat_tables([conform(records.select(schema.names), schema), read]).take(pa.array(index))
 
 
 # -- keys, times, windows ---------------------------------------------------------------------------------------------
@@ -385,27 +363,6 @@ def ints(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 def bools(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.asarray(values.to_numpy(zero_copy_only=False), bool)
-
-
-def key_ids(tables: Sequence[pa.Table], key: Sequence[str]) -> tuple[list[pa.Array], np.ndarray]:
-    """The key columns of ``tables`` one after another (typed as the last's), and each row's key id (ordered by key).
-
-    Keys are equal as Spark groups them, nulls included: -0.0 and 0.0, every
-    NaN (the returned columns hold 0.0 and one NaN for them).
-    """
-    columns = []
-    ids = np.zeros(sum(t.num_rows for t in tables), np.int64)
-    for name in key:
-        type_ = tables[-1].schema.field(name).type
-        column = pa.chunked_array([c for t in tables for c in t[name].cast(type_).chunks], type=type_).combine_chunks()
-        if pa.types.is_floating(type_):
-            zero, nan = pa.scalar(0.0, type_), pa.scalar(float("nan"), type_)
-            column = pc.if_else(pc.is_nan(column), nan, pc.if_else(pc.equal(column, zero), zero, column))
-        columns.append(column)
-        codes = ints(pc.dictionary_encode(column, null_encoding="encode").indices)
-        if len(codes):
-            ids = np.unique(ids * (int(codes.max()) + 1) + codes, return_inverse=True)[1].reshape(-1)
-    return columns, ids
 
 
 def ranks(ids: np.ndarray, order: np.ndarray) -> np.ndarray:
@@ -471,13 +428,6 @@ def aligned_windows(
 
 # -- a record as JSON (see the module docstring) -----------------------------------------------------------------------
 
-_JSON_ESCAPES = {
-    **{c: f"\\u{c:04X}" for c in range(0x20)}, 0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r",
-    0x22: '\\"', 0x5C: "\\\\",
-}  # fmt: skip
-# Java prints a double or float in [1e-3, 1e7) in plain notation, others as d.dddE<n>.
-_PLAIN = (1e-3, 1e7)
-
 
 def _leaves(type_: pa.DataType) -> list[pa.DataType]:
     """The types of a column's values, dictionaries, lists, maps and structs unwrapped."""
@@ -520,108 +470,64 @@ def _array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def record_json(records: pa.Table, fields: Sequence[pa.Field]) -> pa.Array:
-    """Each row's ``fields`` as one JSON object (see the module docstring): in order, null fields left out."""
-    return _object_json([records[f.name] for f in fields], [f.name for f in fields], records.num_rows)
+    """Each row's ``fields`` as one JSON object (see the module docstring)."""
+    return _json(pa.StructArray.from_arrays([_array(records[f.name]) for f in fields], names=[f.name for f in fields]))
 
 
-def _object_json(columns: Sequence[pa.Array | pa.ChunkedArray], names: Sequence[str], n: int) -> pa.Array:
-    if not columns:
-        return pa.repeat(pa.scalar("{}"), n)
-    # Each field as ',"name":value', or nothing when null; the first comma then dropped. (Arrow's join
-    # skipping nulls would drop the rows whose fields are all null.)
-    parts = [
-        pc.fill_null(pc.binary_join_element_wise(f',"{name.translate(_JSON_ESCAPES)}":', _json(_array(c)), ""), "")
-        for c, name in zip(columns, names)
-    ]
-    body = pc.utf8_slice_codeunits(pc.binary_join_element_wise(*parts, ""), 1)
-    return pc.binary_join_element_wise("{", body, "}", "")
-
-
-def _json_strings(column: pa.Array) -> pa.Array:
-    """Strings as JSON string literals (Jackson's escapes)."""
-    escaped = pc.replace_substring(pc.replace_substring(column, "\\", "\\\\"), '"', '\\"')
-    if pc.any(pc.match_substring_regex(column, r"[\x00-\x1f]")).as_py():
-        for code in range(0x20):
-            escaped = pc.replace_substring(escaped, chr(code), _JSON_ESCAPES[code])
-    return pc.binary_join_element_wise('"', escaped, '"', "")
+def _strings(texts: list[str | None]) -> pa.Array:
+    return pa.array([None if t is None else _ENCODE(t) for t in texts], pa.string())
 
 
 def _json(column: pa.Array) -> pa.Array:
     """One column's values as JSON text (null where the value is null)."""
     type_ = column.type
     if pa.types.is_dictionary(type_):
-        return _json(column.cast(type_.value_type))
+        return _json(column.dictionary_decode())
     if pa.types.is_null(type_):
         return pa.nulls(len(column), pa.string())
     if _is_string(type_):
-        return _json_strings(column.cast(pa.string()))
+        return _strings(column.to_pylist())
     if pa.types.is_boolean(type_) or pa.types.is_integer(type_) or pa.types.is_decimal(type_):
-        return column.cast(pa.string())  # digits, true/false; a decimal as BigDecimal.toString
-    if pa.types.is_floating(type_):
-        return _json_floats(column)
+        return column.cast(pa.string())  # digits, true/false
+    if pa.types.is_floating(type_):  # the shortest digits reading back as the double; NaN and infinities as strings
+        text = pc.replace_substring_regex(column.cast(pa.float64()).cast(pa.string()), "^(-?)inf$", r'"\1Infinity"')
+        return pc.replace_substring_regex(pc.replace_substring(text, "nan", '"NaN"'), "^-0$", "-0.0")
     if _is_binary(type_):
-        texts = [None if v is None else f'"{base64.b64encode(v).decode("ascii")}"' for v in column.to_pylist()]
-        return pa.array(texts, pa.string())
-    if pa.types.is_date(type_):
-        days = ints(pc.fill_null(column.cast(pa.date32()).cast(pa.int32()), 0))
-        return _quoted(np.datetime_as_string(days.astype("datetime64[D]"), unit="D"), "", column)
-    if pa.types.is_timestamp(type_):
-        micros, _ = event_time_us(column)
-        return _quoted(
-            np.datetime_as_string(micros.astype("datetime64[us]"), unit="us"), "Z" if type_.tz is not None else "", column
-        )
+        return _strings([None if v is None else base64.b64encode(v).decode("ascii") for v in column.to_pylist()])
+    if pa.types.is_timestamp(type_) or pa.types.is_date(type_):  # ISO text, any year; with a time zone, in UTC
+        unit: Literal["D", "us"] = "us" if pa.types.is_timestamp(type_) else "D"
+        text = np.datetime_as_string(_ticks(column).astype(f"datetime64[{unit}]"), unit=unit)
+        end = 'Z"' if unit == "us" and type_.tz is not None else '"'
+        return pc.if_else(column.is_valid(), pc.binary_join_element_wise('"', pa.array(text, pa.string()), end, ""), None)
     if pa.types.is_map(type_):
         entries = column.cast(pa.list_(pa.struct([type_.key_field, type_.item_field])))
         flat = _array(pc.list_flatten(entries))
         keys, items = _array(pc.struct_field(flat, [0])), _array(pc.struct_field(flat, [1]))
-        pairs = pc.binary_join_element_wise(_json_strings(_key_text(keys)), pc.fill_null(_json(items), "null"), ":")
+        pairs = pc.binary_join_element_wise(_strings(_key_text(keys).to_pylist()), pc.fill_null(_json(items), "null"), ":")
         return _joined_lists(entries, pairs, "{", "}")
     if _is_list(type_):
         return _joined_lists(column, pc.fill_null(_json(_array(pc.list_flatten(column))), "null"), "[", "]")
     if pa.types.is_struct(type_):
-        children = [pc.struct_field(column, [i]) for i in range(type_.num_fields)]
-        body = _object_json(children, [f.name for f in type_], len(column))
-        return pc.if_else(column.is_valid(), body, pa.scalar(None, pa.string()))
+        # Each field as ',"name":value', or nothing when null; the first comma then dropped. (Arrow's join
+        # skipping nulls would drop the rows whose fields are all null.)
+        parts = [
+            pc.fill_null(pc.binary_join_element_wise(f",{_ENCODE(f.name)}:", _json(_array(pc.struct_field(column, [i]))), ""), "")
+            for i, f in enumerate(type_)
+        ]
+        body = pc.utf8_slice_codeunits(pc.binary_join_element_wise(*parts, "", ""), 1)  # (an empty struct's: "")
+        return pc.if_else(column.is_valid(), pc.binary_join_element_wise("{", body, "}", ""), None)
     raise PipelineDefinitionError(f"a column of type {type_} has no JSON form")
 
 
-def _quoted(text: np.ndarray, suffix: str, column: pa.Array) -> pa.Array:
-    """NumPy's ISO dates and times as a JSON string, a year after 9999 with a plus sign (Java's ``yyyy``)."""
-    text = text.astype(str)
-    text = np.where((np.char.find(text, "-", 1) > 4) & (np.char.find(text, "-") != 0), np.char.add("+", text), text)
-    quoted = pc.binary_join_element_wise('"', pa.array(text, pa.string()), f'{suffix}"', "")
-    return pc.if_else(column.is_valid(), quoted, pa.scalar(None, pa.string()))
-
-
-def _json_floats(column: pa.Array) -> pa.Array:
-    """Doubles and floats as Java's ``Double.toString`` / ``Float.toString``; NaN and infinities as strings."""
-    single = not pa.types.is_float64(column.type)
-    if pa.types.is_float16(column.type):
-        column = column.cast(pa.float32())
-    values = np.asarray(pc.fill_null(column, 0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
-    text = column.cast(pa.string())  # shortest digits that read back exactly (plain in Java's plain range)
-    text = pc.if_else(pc.match_substring(text, "."), text, pc.binary_join_element_wise(text, ".0", ""))
-    size = np.abs(values)
-    plain = (values == 0) | ((size >= _PLAIN[0]) & (size < _PLAIN[1]))
-    other = ~(plain & np.isfinite(values)) & bools(column.is_valid())
-    if not other.any():
-        return text
-    fixed = pa.array([_java_float(float(v), single) for v in values[other]], pa.string())  # only values outside the plain range
-    return pc.replace_with_mask(text, pa.array(other), fixed)
-
-
-def _java_float(value: float, single: bool) -> str:
-    """Java's text of a double (or float) outside its plain range: ``d.dddE<n>``; NaN and infinities as JSON strings."""
-    if value != value:
-        return '"NaN"'
-    if value in (float("inf"), float("-inf")):
-        return '"Infinity"' if value > 0 else '"-Infinity"'
-    shortest = str(np.float32(value)) if single else repr(value)
-    sign, digits, exponent = Decimal(shortest).normalize().as_tuple()
-    assert isinstance(exponent, int)
-    text = "".join(map(str, digits))
-    return f"{'-' if sign else ''}{text[0]}.{text[1:] or '0'}E{len(text) - 1 + exponent}"
+def _ticks(column: pa.Array) -> np.ndarray:
+    """A timestamp's microseconds since the Unix epoch, a date's days (a null as 0)."""
+    if pa.types.is_timestamp(column.type):
+        return event_time_us(column)[0]
+    return ints(pc.fill_null(column.cast(pa.date32()).cast(pa.int32()), 0))
 
 
 def _joined_lists(column: pa.Array, values: pa.Array, opening: str, closing: str) -> pa.Array:
@@ -636,13 +542,11 @@ def _key_text(keys: pa.Array) -> pa.Array:
     """Map keys as text, as Spark's ``toString`` of its internal value (a timestamp's microseconds, a date's days)."""
     type_ = keys.type
     if pa.types.is_dictionary(type_):
-        return _key_text(keys.cast(type_.value_type))
+        return _key_text(keys.dictionary_decode())
     if _is_string(type_):
         return keys.cast(pa.string())
-    if pa.types.is_timestamp(type_):
-        return pa.array(event_time_us(keys)[0], pa.int64()).cast(pa.string())
-    if pa.types.is_date(type_):
-        return keys.cast(pa.date32()).cast(pa.int32()).cast(pa.string())
+    if pa.types.is_timestamp(type_) or pa.types.is_date(type_):
+        return pa.array(_ticks(keys)).cast(pa.string())
     text = _json(keys)
     return pc.utf8_trim(text, '"') if pa.types.is_floating(type_) or _is_binary(type_) else text
 
@@ -697,10 +601,8 @@ def _from_json(values: list[Any], type_: pa.DataType) -> pa.Array:
         return pa.array([_decimal(v, type_) for v in values], type_)
     if _is_binary(type_):
         return pa.array([_binary(v) for v in values], pa.binary()).cast(type_)
-    if pa.types.is_date(type_):
-        return _cast_texts([v if isinstance(v, str) else None for v in values], pa.date32()).cast(type_)
-    if pa.types.is_timestamp(type_):
-        return _timestamps(values, type_)
+    if pa.types.is_date(type_) or pa.types.is_timestamp(type_):
+        return _times(values, type_)
     if pa.types.is_map(type_):
         dicts = [v if isinstance(v, dict) else None for v in values]
         keys = [k for v in dicts if v for k in v]
@@ -744,11 +646,14 @@ def _float(value: Any) -> float | None:
     return _NON_NUMBERS.get(value) if isinstance(value, str) else None
 
 
+_DECIMALS = Context(prec=100, rounding=ROUND_HALF_UP)  # beyond the 76 digits of the widest decimal
+
+
 def _decimal(value: Any, type_: pa.DataType) -> Decimal | None:
     if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
         return None
     try:
-        number = Decimal(str(value)).quantize(Decimal(1).scaleb(-type_.scale), rounding=ROUND_HALF_UP)
+        number = Decimal(str(value)).quantize(Decimal(1).scaleb(-type_.scale), context=_DECIMALS)
     except InvalidOperation:
         return None
     return number if len(number.as_tuple().digits) <= type_.precision else None
@@ -763,32 +668,27 @@ def _binary(value: Any) -> bytes | None:
         return None
 
 
-def _cast_texts(texts: list[str | None], type_: pa.DataType) -> pa.Array:
-    """ISO texts as ``type_`` (a date, or a timestamp in microseconds); one that does not read reads null."""
+def _times(values: list[Any], type_: pa.DataType) -> pa.Array:
+    """Dates and timestamps from ISO text (any year NumPy reads); a timestamp also from a number of seconds, as Spark reads one."""
+    unit: Literal["D", "us"] = "D" if pa.types.is_date(type_) else "us"
+    target = pa.date32() if unit == "D" else pa.timestamp("us", tz=None if type_.tz is None else "UTC")
+    texts = [v if isinstance(v, str) else None for v in values]
     try:
-        return pa.array(texts, pa.string()).cast(type_)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return pa.array([None if text is None else _iso_value(text, type_) for text in texts], type_)
-
-
-def _iso_value(text: str, type_: pa.DataType) -> Any:
-    """One ISO text NumPy reads (years beyond four digits, a sign); None if it does not read."""
-    body = text[1:] if text.startswith("+") else text
-    body = body[:-1] if body.endswith("Z") else body
-    try:
-        return int(np.datetime64(body, "D" if pa.types.is_date(type_) else "us").astype(np.int64))
-    except ValueError:
-        return None
-
-
-def _timestamps(values: list[Any], type_: pa.DataType) -> pa.Array:
-    target = pa.timestamp("us", tz="UTC") if type_.tz is not None else pa.timestamp("us")
-    parsed = _cast_texts([v if isinstance(v, str) else None for v in values], target)
-    # A number: seconds since the Unix epoch, as Spark reads one.
+        parsed = pa.array(texts, pa.string()).cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # a year beyond 9999, a sign: NumPy's reading, one by one
+        parsed = pa.array([_iso_value(t, unit) for t in texts], target)
     numbers = [int(v * 1_000_000) if isinstance(v, (int, float, Decimal)) and not isinstance(v, bool) else None for v in values]
-    if any(n is not None for n in numbers):
+    if unit == "us" and any(n is not None for n in numbers):
         parsed = pc.coalesce(parsed, pa.array(numbers, pa.int64()).cast(target))
     return parsed.cast(type_, safe=False)
+
+
+def _iso_value(text: str | None, unit: Literal["D", "us"]) -> int | None:
+    body = (text or "").removeprefix("+").removesuffix("Z")
+    try:
+        return None if text is None else int(np.datetime64(body, unit).astype(np.int64))
+    except ValueError:
+        return None
 
 
 def _key_values(keys: list[str], type_: pa.DataType) -> pa.Array:

@@ -1,8 +1,8 @@
 """Keys computed upstream of a keyed operator, checked just before it, as sources check the keys they read.
 
-A key column a keyed operator takes unchanged from a source is checked there (``Pipeline.source_keys``); one
-computed on the way (``Pipeline.computed_keys``) is checked here: a null or empty key is a ``null_key`` /
-``empty_key`` dead letter (its source, file and line from ``_seq``, its user columns as JSON), never a NULL group.
+A key column a keyed operator takes unchanged from a source is checked there (``Pipeline.source_keys``); one computed
+on the way (``Pipeline.computed_keys``) is checked here: a null or empty key is a ``null_key`` / ``empty_key`` dead
+letter (its source, file and line from ``_seq``, its user columns as JSON), never a NULL group.
 """
 
 from __future__ import annotations

@@ -1,20 +1,18 @@
 """Keyed process functions: user Python with per-key state and timers, over the epoch's Arrow records.
 
-``stream.key_by(k).process(id, fn)`` runs a ``KeyedProcessFunction``. In
-epoch n, every task (holding some key groups, and every record of their keys):
+``stream.key_by(k).process(id, fn)`` runs a ``KeyedProcessFunction``. In epoch n, every task (holding some key groups,
+and every record of their keys):
 
-1. Keys: those of its records (any key type with a key group, null
-   included) and those with a timer due (timers 2.-3.); by key group, then key.
-2. State: each declared state is the table ``<operator_id>__<name>`` (the
-   key columns, ``value`` of the declared type, its TTL); the keys' live rows
-   and timers are read once, handed to the function scoped to the current key.
-3. Per key: its records in arrival order (``_seq``, then sub-positions; an
-   input without positions: by its columns), then its due timers (timers 1.-4.).
-4. The handles a key changed are staged (cleared or emptied: a tombstone),
-   its timers added and removed; the rows emitted are the output.
-5. An exception of the function, or a state value or emitted row that does
-   not fit its declared type (a null in a not-null column included) fails
-   the epoch with a ``UserFunctionError`` naming the operator and key.
+1. Keys: those of its records (any key type with a key group, null included) and those with a timer due (timers
+   2.-3.); by key group, then key.
+2. State: each declared state is the table ``<operator_id>__<name>`` (the key columns, ``value`` of the declared type,
+   its TTL); the keys' live rows and timers are read once, handed to the function scoped to the current key.
+3. Per key: its records in arrival order (``_seq``, then sub-positions; an input without positions: by its columns),
+   then its due timers (timers 1.-4.).
+4. The handles a key changed are staged (cleared or emptied: a tombstone), its timers added and removed; the rows
+   emitted are the output.
+5. An exception of the function, or a state value or emitted row that does not fit its declared type (a null in a
+   not-null column included) fails the epoch with a ``UserFunctionError`` naming the operator and key.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from barrierflow.core.arrow import row_numbers
 from barrierflow.core.columns import DELETED, KEY_GROUP, is_engine_column, position_columns, user_columns
 from barrierflow.core.errors import PipelineDefinitionError, UserFunctionError
 from barrierflow.operators.base import Node, Task, ids_in, key_fields, key_ids, with_key_group
-from barrierflow.operators.timers import TIMER_DOMAIN, TIMER_STATE, TIMER_TIMESTAMP, EpochClocks, due_timer_mask, timer_spec
+from barrierflow.operators.timers import TIMER_DOMAIN, TIMER_STATE, TIMER_TIMESTAMP, due_timer_mask, next_due, timer_spec
 from barrierflow.state.spec import StateSpec
 
 # KeyedProcessFunction and KeyedContext stay importable from here (plan/pipeline.py).
@@ -138,7 +136,6 @@ class KeyedProcess(Node):
         sides_of, rows_of, starts = _processing_order(keyed, part_ids[: len(keyed)], count)
         records = [python_rows(rows) for rows in keyed]
         elements = [getattr(fn, name) for name in self.element_methods]
-        clocks = EpochClocks(task.epoch, task.processing_time_ms, task.watermark_prev_us, task.watermark_us)
         emitted: list[dict[str, Any]] = []
         changed: dict[str, tuple[list[int], list[Any]]] = {d.name: ([], []) for d in descriptors}
         timer_changes: list[tuple[int, str, int, bool]] = []
@@ -152,7 +149,7 @@ class KeyedProcess(Node):
                     elements[sides_of[j]](records[sides_of[j]][rows_of[j]], ctx, emitted.append)
                 if timers is not None:  # timers 2.-3.: due timers, at W(n)
                     service.watermark_us = task.watermark_us
-                    while (timer := clocks.next_due(service.timers)) is not None:
+                    while (timer := next_due(service.timers, task.watermark_us, task.processing_time_ms)) is not None:
                         service.timers.discard(timer)
                         ctx.time_domain = timer[0]
                         fn.on_timer(from_micros(timer[1]), ctx, emitted.append)

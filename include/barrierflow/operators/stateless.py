@@ -1,34 +1,22 @@
-"""Stateless record operators: filter, select, map and flat_map, each one kernel over an epoch's rows as Arrow.
+"""Stateless record operators: filter, select, map and flat_map (README "Declare a pipeline"), one kernel each.
 
-1. Expressions. Given column expressions (Spark SQL strings: ``"amount > 0"``, ``"amount * 100 AS cents"``) they
-   evaluate them with :mod:`barrierflow.operators.expressions`: checked when the pipeline is declared (an unsupported
-   function fails there, naming the operator), typed when it is planned (a missing column, a type no function takes),
-   computed on Arrow columns in the task. A ``pyspark.sql.Column`` is refused at declaration: it has no Arrow form; the
-   SQL string says the same.
-2. Python functions. Given a function they call it once per Arrow record batch (up to :data:`BATCH_ROWS` records) of
-   the records' user columns, never once per record: a filter's function returns one boolean per record, a map's one
-   row per record, a flat_map's one list of rows per record, in the declared ``schema``; anything else fails the epoch
-   with a :class:`~barrierflow.core.errors.UserFunctionError` naming the operator.
-3. Engine columns. A function or expression sees only the record's user columns; the engine's columns (those starting
-   with ``_``: the arrival position ``_seq``, provenance) ride along beside it and come out unchanged, after the user
-   columns, so operators downstream still order and deduplicate by arrival.
+1. Expressions (Spark SQL strings) are evaluated by :mod:`barrierflow.operators.expressions`: checked when the pipeline
+   is declared, typed when it is planned, computed on Arrow columns in the task.
+2. A Python function is called once per Arrow record batch (up to :data:`BATCH_ROWS` records) of the records' user
+   columns: a filter's returns one boolean per record, a map's one row per record, a flat_map's one list of rows per
+   record, in the declared ``schema``; anything else fails the epoch with a ``UserFunctionError`` naming the operator.
+3. Engine columns (``_seq``, provenance...) are never read by a function or expression; they come out unchanged, after
+   the user columns, so operators downstream still order and deduplicate by arrival.
 4. ``filter`` keeps the records whose condition is true; false and null drop them (SQL's ``WHERE``).
-5. ``select`` projects each record onto its expressions (``"*"``: every user column, in order); a plain column keeps
-   its name (as the input spells it), a computed one needs a name (``AS``). Output names are distinct and never start
-   with ``_``.
-6. ``map(name=expression, ...)`` adds or replaces columns (Spark's ``withColumns``: every expression reads the input
-   record; a replaced column keeps its place, new ones follow the record's columns). ``map(function, schema=...)``
-   replaces the user columns by the function's row; each record keeps its position.
-7. ``flat_map(name=array expression)`` gives one record per element of the array, as column ``name`` (after the
-   record's other user columns); a null or empty array gives none. ``flat_map(function, schema=...)`` gives the
-   function's rows. Each output keeps its record's position plus its index among that record's outputs (``_seq_1``,
-   ``_seq_2`` for a flat_map after a flat_map: :func:`~barrierflow.operators.base.position_columns`), which depends on
-   the records alone, never on how they were batched; when the input carries no position (no consumer needs arrival
-   order), neither does the output.
-
-Stateless operators keep no state, so they need no operator id (Flink's ``uid`` is optional for them): the builder
-names them ``<kind>-<n>``, a form no user-given id can take, so adding one never changes a stateful operator's identity
-(its state tables are named by its own id).
+5. ``select`` projects each record onto its expressions (``"*"``: every user column, in order); a plain column keeps its
+   name (as the input spells it), a computed one needs ``AS``. Output names are distinct and never start with ``_``.
+6. ``map(name=expression, ...)`` adds or replaces columns, as Spark's ``withColumns`` (every expression reads the input
+   record; a replaced column keeps its place, new ones follow); ``map(function, schema=...)`` replaces the user columns
+   by the function's row.
+7. ``flat_map(name=array expression)`` gives one record per element, as column ``name`` after the record's other user
+   columns (a null or empty array: none); ``flat_map(function, schema=...)`` gives the function's rows. Each output
+   keeps its record's position plus its index among that record's outputs (``_seq_1``; ``_seq_2`` after another
+   flat_map), from the records alone, never their batching; an input without positions gives none.
 """
 
 from __future__ import annotations
@@ -94,13 +82,6 @@ def check_function(kind: str, operator_id: str | None, function: Any, schema: An
     return schema
 
 
-@dataclass
-class _Stateless(Node):
-    """What every stateless operator shares: arrival order is its consumers' concern."""
-
-    forwards_arrival_order = True
-
-
 def _engine_fields(schema: pa.Schema) -> list[pa.Field]:
     return [f for f in schema if f.name.startswith("_")]
 
@@ -115,7 +96,7 @@ def _table(columns: Mapping[str, pa.Array | pa.ChunkedArray], schema: pa.Schema)
 
 
 @dataclass
-class Filter(_Stateless):
+class Filter(Node):
     """Keep the records for which ``condition`` (an expression) or ``function`` (a batch predicate) is true (4.)."""
 
     condition: Expression | None = None
@@ -151,7 +132,7 @@ class Filter(_Stateless):
 
 
 @dataclass
-class _Projection(_Stateless):
+class _Projection(Node):
     """An operator whose every output user column is an input column or an expression on the input record (5., 6.)."""
 
     def projection(self, schema: pa.Schema) -> list[tuple[str, Compiled | None]]:
@@ -239,7 +220,7 @@ class MapColumns(_Projection):
 
 
 @dataclass
-class _FunctionOperator(_Stateless):
+class _FunctionOperator(Node):
     """A Python ``function`` over Arrow batches of the user columns, returning rows of ``schema`` (2.)."""
 
     function: BatchFunction | None = None
@@ -275,7 +256,7 @@ class MapFunction(_FunctionOperator):
 
 
 @dataclass
-class FlatMapColumn(_Stateless):
+class FlatMapColumn(Node):
     """Each record becomes one record per element of the array ``expression``, as column ``name``; null or empty: none (7.)."""
 
     name: str = ""
@@ -294,11 +275,9 @@ class FlatMapColumn(_Stateless):
                 f"{self.operator_id}: flat_map's {self.name}={self.expression!r} is a {spark_type_name(t)}, not an array "
                 "(e.g. split(text, ' '))"
             )
+        kept = [f for f in _user_fields(schema) if f.name.lower() != self.name.lower()]
         element = pa.field(self.name, pa.null() if pa.types.is_null(t) else t.value_type)
-        return compiled, pa.schema([*self._kept(schema), element, *_engine_fields(schema), *_position_field(schema.names)])
-
-    def _kept(self, schema: pa.Schema) -> list[pa.Field]:
-        return [f for f in _user_fields(schema) if f.name.lower() != self.name.lower()]
+        return compiled, pa.schema([*kept, element, *_engine_fields(schema), *_position_field(schema.names)])
 
     def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
         return self._array(inputs[0])[1]

@@ -1,36 +1,29 @@
-"""Timers of keyed process functions: Flink's ``TimerService``, checkpointed as keyed state.
+"""Timers of keyed process functions: Flink's ``TimerService``, checkpointed as keyed state (README "Timers").
 
-A process function implementing ``on_timer`` registers timers for the
-current key (``ctx.timer_service().register_event_time_timer(ts)``). In an
-epoch, as in Flink where the barrier's watermark follows the records before it:
+A process function implementing ``on_timer`` registers timers for the current key. In an epoch, as in Flink where the
+barrier's watermark follows the records before it, each key:
 
-1. each key's records are processed in arrival order, seeing W(n-1);
-2. then its event-time timers at or below W(n) fire, in timestamp order,
-   with those earlier firings registered;
-3. then its processing-time timers at or below the barrier's time P(n), in
-   timestamp order, each followed by the event-time timers it registered at
-   or below W(n);
-4. the timers left are its rows of ``<operator_id>__timers`` (key columns,
-   ``timer_domain``, ``timer_timestamp``), keyed state like any.
+1. has its records processed in arrival order, seeing W(n-1);
+2. then fires its event-time timers at or below W(n), in timestamp order, those earlier firings registered included;
+3. then its processing-time timers at or below the barrier's time P(n), in timestamp order, each followed by the
+   event-time timers it registered at or below W(n);
+4. keeps the timers left as its rows of ``<operator_id>__timers`` (key columns, ``timer_domain``,
+   ``timer_timestamp``), keyed state like any.
 
-A key with a due timer runs without records. A timer is unique per key,
-domain and timestamp. Without a watermark, event-time timers never fire.
+A key with a due timer runs without records. A timer is unique per key, domain and timestamp. Without a watermark,
+event-time timers never fire.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.api.timers import TimeDomain, to_micros
+from barrierflow.api.timers import TimeDomain
 from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.state.spec import StateSpec
 
-__all__ = [
-    "TimeDomain", "TIMER_STATE", "TIMER_DOMAIN", "TIMER_TIMESTAMP", "timer_spec", "due_timer_mask", "EpochClocks", "to_micros",
-]  # fmt: skip
+__all__ = ["TIMER_STATE", "TIMER_DOMAIN", "TIMER_TIMESTAMP", "timer_spec", "due_timer_mask", "next_due"]
 
 TIMER_STATE, TIMER_DOMAIN, TIMER_TIMESTAMP = "timers", "timer_domain", "timer_timestamp"  # (4.) its name, its key columns
 
@@ -57,17 +50,10 @@ def due_timer_mask(timers: pa.Table, watermark_us: int | None, processing_time_m
     return pc.fill_null(due, False)
 
 
-@dataclass(frozen=True)
-class EpochClocks:
-    """The epoch's number and clocks, as its keys see them: P(n), W(n-1) and W(n)."""
-
-    epoch: int
-    processing_time_ms: int
-    watermark_prev_us: int | None = None
-    watermark_us: int | None = None
-
-    def next_due(self, timers: set[tuple[TimeDomain, int]]) -> tuple[TimeDomain, int] | None:
-        """The next timer to fire (2., 3.): the earliest due event-time one, else processing-time one (asked per firing)."""
-        limits = {TimeDomain.EVENT_TIME: self.watermark_us, TimeDomain.PROCESSING_TIME: self.processing_time_ms * 1000}
-        due = [(d, ts) for d, ts in timers if (limit := limits[d]) is not None and ts <= limit]
-        return min(due, key=lambda timer: (timer[0] is TimeDomain.PROCESSING_TIME, timer[1]), default=None)
+def next_due(
+    timers: set[tuple[TimeDomain, int]], watermark_us: int | None, processing_time_ms: int
+) -> tuple[TimeDomain, int] | None:
+    """The next timer to fire (2., 3.): the earliest due event-time one, else processing-time one (asked per firing)."""
+    limits = {TimeDomain.EVENT_TIME: watermark_us, TimeDomain.PROCESSING_TIME: processing_time_ms * 1000}
+    due = [(d, ts) for d, ts in timers if (limit := limits[d]) is not None and ts <= limit]
+    return min(due, key=lambda timer: (timer[0] is TimeDomain.PROCESSING_TIME, timer[1]), default=None)

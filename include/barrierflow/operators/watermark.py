@@ -1,15 +1,11 @@
 """Event-time watermarks: W(n) = max event time up to epoch n - out-of-orderness, the minimum over assigners.
 
-1. An assigner's watermark is the largest event time of its records up to
-   epoch n minus its out-of-orderness.
-2. One assigner keeps that maximum in the checkpoint record; several (one
-   per source of a join...) each keep theirs in a one-row state table
-   ``<assigner id>__max_event_time``.
-3. W(n) is the minimum of the assigners' watermarks, as Flink's for an
-   operator with several inputs: none while one has seen no record, and
-   never decreasing.
-4. So every event-time operator (windows, joins, timers) must be downstream
-   of all assigners, as the pipeline's declaration checks.
+1. An assigner's watermark is the largest event time of its records up to epoch n minus its out-of-orderness.
+2. One assigner keeps that maximum in the checkpoint record; several (one per source of a join...) each keep theirs in
+   a one-row state table ``<assigner id>__max_event_time``.
+3. W(n) is the minimum of the assigners' watermarks, as Flink's for an operator with several inputs: none while one has
+   seen no record, and never decreasing.
+4. So every event-time operator (windows, joins, timers) must be downstream of all assigners (checked at declaration).
 """
 
 from __future__ import annotations
@@ -25,9 +21,7 @@ from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.operators.base import Node, Task, held_state_table
 from barrierflow.state.spec import StateSpec
 
-__all__ = ["WatermarkAssigner", "WatermarkClock", "MAX_EVENT_TIME_STATE", "max_event_time_spec", "max_event_time_row"]
-
-MAX_EVENT_TIME_STATE = "max_event_time"
+__all__ = ["WatermarkAssigner", "WatermarkClock", "max_event_time_spec", "max_event_time_row"]
 
 
 @dataclass
@@ -63,7 +57,7 @@ class WatermarkAssigner(Node):
 def max_event_time_spec(assigner_id: str) -> StateSpec:
     """(2.) The one-row state table of a tracked assigner's largest event time."""
     key, value = (pa.field("assigner", pa.string()),), (pa.field("max_event_time_us", pa.int64()),)
-    return StateSpec(assigner_id, MAX_EVENT_TIME_STATE, key, value)
+    return StateSpec(assigner_id, "max_event_time", key, value)
 
 
 def max_event_time_row(spec: StateSpec, assigner: str, max_us: int, processing_time_ms: int, epoch: int) -> pa.Table:

@@ -1,76 +1,69 @@
-"""Event-time windows (tumbling, sliding, session) that fire when the watermark passes their end.
+"""Event-time windows (tumbling, sliding, session) that fire when the watermark passes their end (README "Windows").
 
 The window assigners are :mod:`barrierflow.api.windows`' (importable from
 here too). A session record opens its own window ``[ts, ts + gap)``;
-windows that overlap or touch merge, as Flink's (``TimeWindow.intersects``:
-two records exactly ``gap`` apart are one session), also across epochs: a
-record may bridge two stored sessions into one.
+windows that overlap or touch merge, as Flink's (two records exactly
+``gap`` apart are one session), also across epochs: a record may bridge
+two stored sessions into one.
 
 With W(n-1) the watermark at the start of epoch n, W(n) the one at its end
-and L the allowed lateness (a ``timedelta``, default 0, as Flink's
-``allowedLateness``), epoch n does:
+and L the allowed lateness (default 0, as Flink's ``allowedLateness``),
+epoch n does:
 
 1. Assign each record its windows (a session: its own ``[ts, ts + gap)``).
 2. Late records. A window is late when ``end + L <= W(n-1)``: its state was
-   cleared, or would have been. A record all of whose windows are late (for
-   a session: its own window) goes to the side output ``late_output`` if the
-   window declares one, else it is dropped and counted (``late records
-   dropped by window <operator id>``). A record that is not late joins only
-   its windows that are not late (sliding windows). Unlike Flink, a session
-   record's lateness depends on its own window alone, not on the stored
-   session it would merge with.
+   cleared, or would have been. A record all of whose windows are late (a
+   session's: its own window, unlike Flink not the stored session it would
+   merge with) goes to ``late_output`` if the window declares one, else it
+   is dropped and counted. A record that is not late joins only its
+   windows that are not late (sliding windows).
 3. Fold the epoch's other records into the pending windows of their key.
    Every window keeps its values in arrival order: earlier epochs first,
-   then by arrival position within the epoch. So every aggregate (floating
+   then by arrival position within the epoch, so every aggregate (floating
    sums and percentiles included) is exact and never depends on parallelism,
-   on partitioning, or on how the input was cut into epochs. Sessions keep
-   each value with its arrival (epoch, position within the epoch's records
+   on partitioning, or on how the input was cut into epochs. A session keeps
+   each value with its arrival (epoch, position among the epoch's records
    of its key) so that merged sessions interleave their values in arrival
-   order too; stored sessions and the epoch's windows are merged per key as
-   gaps and islands (their union sorted by start: a window opens a new
-   session when it starts after the end of every window of its key before it).
+   order too; stored sessions and the epoch's windows merge per key as gaps
+   and islands (sorted by start, a window opens a new session when it
+   starts after the end of every window of its key before it).
 4. Fire. Every window with ``end <= W(n)`` that has not fired yet, or that
-   got records in step 3 (records late for a fired window but within L),
-   emits one row: the key, ``window_start``, ``window_end`` and the
-   aggregates of all its values so far. A window fires at most once per
-   epoch, with every record the epoch added to it.
+   got records in step 3 (late for a fired window but within L), emits one
+   row: the key, ``window_start``, ``window_end`` and the aggregates of all
+   its values so far; a window fires at most once per epoch.
 5. Purge a window's state once ``end + L <= W(n)``; with L = 0 that is when
    it fires, so each window fires once and the state holds unfired windows
    only (the state table and output columns of windows without lateness).
 6. With L > 0, rows carry ``is_update``: whether a row for this key and
-   ``window_start`` was emitted before (this one replaces it).
-   ``DeltaSink.upsert(name, key=(*key, "window_start"))`` then keeps the
-   latest result of every window. A session that a late record merges into
-   another session with an earlier start no longer exists under its own
-   start: if it had fired, a retraction row is emitted for it (its key,
-   ``window_start`` and ``window_end``, null aggregates, ``is_update`` true,
-   ``retracted`` true; session windows with L > 0 carry ``retracted``,
-   false on every other row), so an upsert sink marks it replaced; a reader
-   of the latest results filters ``not retracted``.
+   ``window_start`` was emitted before (this one replaces it). A fired
+   session that a late record merges into one with an earlier start no
+   longer exists under its own start: a retraction row is emitted for it
+   (its key, ``window_start``, ``window_end``, null aggregates, ``is_update``
+   and ``retracted`` true; sessions with L > 0 carry ``retracted``, false on
+   every other row), so an upsert sink keyed by ``(*key, "window_start")``
+   marks it replaced.
 7. Stage the state changes only: windows that got records, fired for the
    first time (with L > 0) or were purged, and the tombstones of sessions
-   merged into another. A window created and purged in the same epoch is
-   never written.
+   merged into another; never a window created and purged in one epoch.
 
 Records, keys and values, as Spark's SQL treats them:
 
 - A record whose event time is null belongs to no window: it is dropped
-  (neither late nor on time; counted as ``records without an event time
-  dropped by window <operator id>``).
-- A null key is a key like any other (its windows are its own); float keys
-  are grouped as Spark groups them, -0.0 as 0.0 and every NaN as one.
+  and counted (neither late nor on time).
+- A null key is a key like any other; float keys are grouped as Spark
+  groups them, -0.0 as 0.0 and every NaN as one.
 - The aggregated column (any integer, float or decimal) is cast to a double
   as Spark casts it (a long to the nearest double, a decimal correctly
   rounded); a count alone keeps 0.0 per record. A null value stays in its
   window: ``Count`` counts it, ``Sum`` and ``Avg`` of a window holding one are
   null, ``Min``/``Max`` skip it, ``Percentile`` sorts it last.
-- The aggregates of a window's values ``v`` in arrival order: ``Count`` the
-  number of values (a long); ``Sum`` the left fold ``((0.0 + v1) + v2) + ...``
-  in IEEE doubles; ``Avg`` that sum over the count; ``Min``/``Max`` the least
-  or greatest value in Spark's order of doubles (NaN above every number,
-  -0.0 equal to 0.0: the first in arrival order of equal ones); ``Percentile``
-  the value at 1-based position ``ceil(q * n)`` of the values sorted
-  ascending in that order (nulls last; equal ones in arrival order).
+- Of a window's values in arrival order: ``Count`` their number (a long);
+  ``Sum`` the left fold ``((0.0 + v1) + v2) + ...`` in IEEE doubles; ``Avg``
+  that sum over the count; ``Min``/``Max`` the least or greatest in Spark's
+  order of doubles (NaN above every number, -0.0 equal to 0.0: the first in
+  arrival order of equal ones); ``Percentile`` the value at 1-based position
+  ``ceil(q * n)`` of the values sorted ascending in that order (nulls last;
+  equal ones in arrival order).
 - Arrival order within an epoch is by arrival position (``_seq``, then
   sub-positions), a null position first, as Spark sorts ascending; records
   of equal positions (null ones) by value (null first, NaN last).
@@ -97,13 +90,13 @@ from barrierflow.api.windows import (
 from barrierflow.core.arrow import as_double, conform
 from barrierflow.core.columns import DELETED, EPOCH, KEY_GROUP, UPDATED_AT, position_columns, user_columns
 from barrierflow.core.errors import PipelineDefinitionError
-from barrierflow.operators.base import Node, Task, with_key_group
-from barrierflow.operators.join_buffer import INT64_MAX, aligned_windows, at_most, bools, event_time_us, ints, key_ids, ranks
+from barrierflow.operators.base import Node, Task, folded_sums, key_fields, key_ids, with_key_group
+from barrierflow.operators.join_buffer import INT64_MAX, aligned_windows, at_most, bools, event_time_us, ints, ranks
 from barrierflow.state.spec import StateSpec
 
 __all__ = [
     "TumblingEventTimeWindows", "SlidingEventTimeWindows", "EventTimeSessionWindows", "WindowAssigner", "AlignedWindow",
-    "TumblingWindow", "SessionWindow", "window_node",
+    "SessionWindow", "window_node",
 ]  # fmt: skip
 
 _ONE_US = timedelta(microseconds=1)
@@ -112,7 +105,6 @@ _SESSION_VALUE = pa.struct([pa.field("epoch", pa.int64()), pa.field("position", 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _AGGREGATIONS = (Count, Sum, Min, Max, Avg, Percentile)
 # Sums fold a window's values column by column for windows up to this many values, one window at a time beyond.
-_FOLD_COLUMNS = 32
 
 
 @dataclass(frozen=True)
@@ -190,9 +182,8 @@ class _Window(Node):
 
     def state_specs(self, inputs: Sequence[pa.Schema] | None = None) -> list[StateSpec]:
         """The window table: the key, ``window_start``, then the window's values (and ``fired`` with lateness, step 5)."""
-        types = {k: inputs[0].field(k).type for k in self.key if k in inputs[0].names} if inputs else {}
         fired = (pa.field("fired", pa.bool_()),) if self.lateness_us > 0 else ()  # windows that fired stay until purged
-        keys = (*(pa.field(k, types.get(k, pa.string())) for k in self.key), pa.field("window_start", _TIMESTAMP))
+        keys = (*key_fields(self.key, inputs[0] if inputs else None), pa.field("window_start", _TIMESTAMP))
         return [
             StateSpec(operator_id=self.operator_id, name=self.table, key_fields=keys, value_fields=(*self.window_fields, *fired))
         ]
@@ -348,7 +339,7 @@ class AlignedWindow(_Window):
         # sorted by window, a window's stored row first, then its new values by arrival.
         stored = task.state(spec).every_live_row()
         m = stored.num_rows
-        key_columns, ids = key_ids([stored, epoch.rows.take(pa.array(rows, pa.int64()))], self.key)
+        key_columns, ids = _key_ids([stored, epoch.rows.take(pa.array(rows, pa.int64()))], self.key)
         start = np.concatenate([event_time_us(stored["window_start"])[0], starts])
         arrival = np.concatenate([np.zeros(m, np.int64), epoch.arrival[rows]])
         order = np.lexsort((arrival, np.arange(len(start)) >= m, start, ids))
@@ -367,10 +358,6 @@ class AlignedWindow(_Window):
         return self._emit(
             task, spec, schema, stored, key_columns, groups, pending, (window_start, size), epoch.value_array(rows), arrival[m:]
         )
-
-
-# The operator tumbling windows always had (kept for imports of it).
-TumblingWindow = AlignedWindow
 
 
 @dataclass
@@ -396,7 +383,7 @@ class SessionWindow(_Window):
         n = len(epoch.ts)
         stored = task.state(spec).every_live_row()
         m = stored.num_rows
-        key_columns, ids = key_ids([stored, epoch.rows], self.key)
+        key_columns, ids = _key_ids([stored, epoch.rows], self.key)
         # Step 3. Each record a one-value window, tagged with its arrival: its
         # rank (from 1) among its key's on-time records of the epoch by arrival.
         rank = ranks(ids[m:], np.lexsort((epoch.arrival, ids[m:])))
@@ -463,6 +450,19 @@ def window_node(
 
 def _numeric(type_: pa.DataType) -> bool:
     return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_)
+
+
+def _key_ids(parts: Sequence[pa.Table], key: Sequence[str]) -> tuple[list[pa.Array], np.ndarray]:
+    """The key columns of ``parts`` one after another, as Spark groups them (-0.0 as 0.0, one NaN), and each row's key id."""
+    keys, ids = key_ids(parts, key)
+    every = pa.array(np.concatenate(ids), pa.int64())
+    columns = []
+    for column in keys.columns:
+        if pa.types.is_floating(column.type):
+            zero, nan = pa.scalar(0.0, column.type), pa.scalar(float("nan"), column.type)
+            column = pc.if_else(pc.is_nan(column), nan, pc.if_else(pc.equal(column, zero), zero, column))
+        columns.append(column.take(every))
+    return columns, every.to_numpy()
 
 
 def _arrival_ranks(rows: pa.Table, values: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -551,7 +551,7 @@ def _results(aggregations: Sequence[Aggregation], lists: pa.ListArray, windows: 
         if isinstance(agg, Count):
             results.append(pa.array(counts, pa.int64()))
         elif isinstance(agg, (Sum, Avg)):
-            sums = _folded_sums(offsets, values)
+            sums = folded_sums(offsets, values)
             if isinstance(agg, Avg):
                 sums = sums / np.where(empty, 1, counts)
             results.append(pa.array(sums, pa.float64(), mask=has_null | (empty & isinstance(agg, Avg))))
@@ -578,27 +578,6 @@ def _picked(values: np.ndarray, valid: np.ndarray, order: np.ndarray, at: np.nda
     rows = order[at[present]]
     picked[present], found[present] = values[rows], valid[rows]
     return pa.array(picked, pa.float64(), mask=~found)
-
-
-def _folded_sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Each window's left fold ``((0.0 + v1) + v2) + ...`` in IEEE doubles (``aggregate(values, 0.0, (a, x) -> a + x)``).
-
-    Windows of up to :data:`_FOLD_COLUMNS` values add their j-th value all at
-    once, column by column; a longer window folds alone (``cumsum`` adds in
-    order, never pairwise).
-    """
-    counts = np.diff(offsets)
-    sums = np.zeros(len(counts))
-    starts = offsets[:-1]
-    short = np.flatnonzero(counts <= _FOLD_COLUMNS)
-    short = short[np.argsort(-counts[short], kind="stable")]  # longest first: those with a j-th value are a prefix
-    lengths = counts[short]
-    for j in range(int(lengths[0]) if len(short) else 0):
-        active = short[: int(np.count_nonzero(lengths > j))]
-        sums[active] = sums[active] + values[starts[active] + j]
-    for w in np.flatnonzero(counts > _FOLD_COLUMNS):
-        sums[w] = np.cumsum(np.concatenate([[0.0], values[starts[w] : offsets[w + 1]]]))[-1]
-    return sums
 
 
 # -- Arrow ----------------------------------------------------------------------------------------------------

@@ -2,42 +2,34 @@
 
 ``a.join(b).where("k").equal_to("k").window(bf.TumblingEventTimeWindows.of(size), operator_id="j")``
 pairs every record of ``a`` with every record of ``b`` of the same key in
-the same window, once the window is complete. Windows are those of
-:mod:`barrierflow.api.windows`' tumbling and sliding assigners; each side's
-event time is the column of the watermark assigner upstream of it (the
-window assigner's ``time_column`` is not used). Within epoch n, with W(n-1)
-the watermark at its start and W(n) the one at its end:
+the same tumbling or sliding window (README "Window join"). Each side's
+event time is its watermark assigner's column (the window assigner's
+``time_column`` is not used). Buffers, late records and joined rows are
+:mod:`barrierflow.operators.join_buffer`'s. Within epoch n, with W(n-1) the
+watermark at its start and W(n) the one at its end:
 
-1. Alignment: both inputs' records up to barrier n are joined in epoch n;
-   each input is keyed by its own key columns
-   (:mod:`barrierflow.operators.join_buffer`).
-2. Window assignment and lateness, as a window operator without allowed
-   lateness (:mod:`barrierflow.operators.window` steps 1-2): a record
-   belongs to every window holding its event time; a window is late when
-   its end is at or before W(n-1) (it fired already). A record whose
-   windows are all late (or whose key or event time is null) is late: it
-   goes to its side's late output or is dropped and counted; the others
-   join in their windows that are not late. Window bounds are computed
-   exactly, whatever the timestamps (a window that would begin before the
-   earliest microsecond a timestamp holds is left out).
+1. Alignment: both inputs' records up to barrier n are joined in epoch n.
+2. Window assignment and lateness, as a window without allowed lateness
+   (:mod:`barrierflow.operators.window` steps 1-2): a record belongs to
+   every window holding its event time; a window is late when its end is
+   at or before W(n-1) (it fired already). A record whose windows are all
+   late is late; the others join in their windows that are not late.
+   Window bounds are exact, whatever the timestamps (a window that would
+   begin before the earliest microsecond a timestamp holds is left out).
 3. Buffering: each side's records wait, per key and window, in the
-   buffers ``<operator_id>__left`` / ``__right`` (keyed by ``window_start``
-   too).
+   buffers (keyed by ``window_start`` too).
 4. Firing: every window whose end is at or before W(n) fires, in this
    epoch, with one row per pair of a left and a right record of its key
-   and window (none if one side has no record, as Flink's inner join),
-   whether its records arrived in this epoch or before; its buffered
-   records then leave state (its records of this epoch are never stored).
-   Keys are equal as Spark compares them (-0.0 and 0.0 are one key, so are
-   NaNs). Which pairs a window emits never depends on the order of records,
-   on how they were cut into epochs, or on parallelism.
-5. Watermark: the minimum of the inputs' (both inputs need an assigner
-   upstream; with several the pipeline's watermark is the minimum of theirs).
-6. Output: the key columns (the first stream's names), ``window_start``,
-   ``window_end``, then the left record's other columns and the right's, a
-   name on both sides becoming ``left_<name>`` / ``right_<name>``.
-7. Exactly-once: the buffers are keyed state, staged with the epoch, kept
-   by savepoints and redistributed by key group on rescale.
+   and window (none if one side has none, as Flink's inner join), whether
+   its records arrived in this epoch or before; its buffered records then
+   leave state (its records of this epoch are never stored). Keys are
+   equal as Spark compares them (-0.0 and 0.0 are one key, so are NaNs).
+   Which pairs a window emits never depends on the order of records, on
+   how they were cut into epochs, or on parallelism.
+5. Watermark: the minimum of the inputs' (both need an assigner upstream).
+6. Output: the key columns, ``window_start``, ``window_end``, then the left
+   record's other columns and the right's.
+7. Exactly-once: the buffers are keyed state (see join_buffer).
 """
 
 from __future__ import annotations
@@ -52,13 +44,12 @@ import pyarrow.compute as pc
 
 from barrierflow.api.windows import SlidingEventTimeWindows, TumblingEventTimeWindows
 from barrierflow.core.errors import PipelineDefinitionError
-from barrierflow.operators.base import Task
+from barrierflow.operators.base import Task, key_ids
 from barrierflow.operators.join_buffer import (
     TwoSidedJoin,
     aligned_windows,
     at_most,
     event_time_us,
-    key_ids,
     matches,
     side_candidates,
     side_records,
@@ -132,9 +123,8 @@ class WindowJoin(TwoSidedJoin):
     def _pairs(self, candidates: Sequence[pa.Table], fires: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """(4.) Rows of the left and right candidates in the same firing window of the same key, by left row then right row."""
         _, ids = key_ids(candidates, self.key)
-        split = candidates[0].num_rows
         tables = []
-        for c, side_ids, fire, name in zip(candidates, (ids[:split], ids[split:]), fires, ("_l", "_r")):
+        for c, side_ids, fire, name in zip(candidates, ids, fires, ("_l", "_r")):
             at = np.flatnonzero(fire)
             starts = c["window_start"].cast(pa.int64()).take(pa.array(at))
             tables.append(pa.table({"_id": side_ids[at], "_start": starts, name: at}))

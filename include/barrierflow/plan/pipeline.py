@@ -1,22 +1,9 @@
-"""The pipeline API: sources -> keyed operators -> sinks, with stable operator ids.
+"""The pipeline API: sources -> keyed operators -> sinks, with stable operator ids (README: "Declare a pipeline").
 
-A pipeline is declared by a build function that receives a
-:class:`PipelineBuilder` and the resolved parameters::
-
-    @bf.pipeline("sensor_stats", params=[bf.Param("landing_dir", str)])
-    def sensor_stats(p: bf.PipelineBuilder, params: dict) -> None:
-        readings = p.source(bf.FileSource("readings", params["landing_dir"], ...))
-        (readings.filter("temperature > -100")
-                 .key_by("sensor_id")
-                 .aggregate("totals", count=bf.Count(), total=bf.Sum("temperature"))
-                 .sink_to(bf.DeltaSink.upsert(...)))
-
-Every method adds one operator (:mod:`barrierflow.operators`), run as a
-kernel over Arrow tables in the epoch's tasks. Operators with several
-inputs (:meth:`DataStream.union`, :meth:`KeyedStream.connect`,
-:meth:`KeyedStream.interval_join`, :meth:`DataStream.join`) run in epoch n
-once every input's epoch-n output is computed; their watermark is the
-minimum of their inputs'.
+A build function gets a :class:`PipelineBuilder` and the resolved parameters;
+every method adds one operator (:mod:`barrierflow.operators`). An operator with
+several inputs runs in epoch n once every input's epoch-n output is computed;
+its watermark is the minimum of its inputs'.
 """
 
 from __future__ import annotations
@@ -35,6 +22,7 @@ from barrierflow.connectors.delta_sink import DeltaSink, SinkNode
 from barrierflow.connectors.source import Source
 from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.core.settings import DEFAULT_KEY_GROUPS
+from barrierflow.operators import stateless
 from barrierflow.operators.aggregate import RunningAggregate
 from barrierflow.operators.base import Node
 from barrierflow.operators.broadcast import KeyedBroadcastProcess, KeyedBroadcastProcessFunction
@@ -43,20 +31,7 @@ from barrierflow.operators.dedup import Deduplicate
 from barrierflow.operators.interval_join import IntervalBounds, IntervalJoin
 from barrierflow.operators.operator_state import OperatorProcess, ProcessFunction, source_offsets_spec
 from barrierflow.operators.process import KeyedProcess, KeyedProcessFunction
-from barrierflow.operators.stateless import (
-    BatchFunction,
-    Expression,
-    Filter,
-    FlatMapColumn,
-    FlatMapFunction,
-    MapColumns,
-    MapFunction,
-    Select,
-    check_column_name,
-    check_expression,
-    check_function,
-    is_column,
-)
+from barrierflow.operators.stateless import BatchFunction, Expression
 from barrierflow.operators.union import Union
 from barrierflow.operators.watermark import WatermarkAssigner
 from barrierflow.operators.window import WindowAssigner, window_node
@@ -75,7 +50,7 @@ _ID = re.compile(r"^[a-z][a-z0-9_]*$")
 
 @dataclass
 class SourceNode(Node):
-    """A source in the graph: its records are read by the tasks (``Source.read``), its offsets are operator state."""
+    """A source in the graph: its records are read by the tasks, its offsets are operator state."""
 
     source: Source | None = None
 
@@ -107,12 +82,7 @@ class Pipeline:
         return [spec for n in self.nodes for spec in n.state_specs()]
 
     def source_keys(self, source: SourceNode) -> dict[str, str]:
-        """The key columns keyed operators take straight from ``source``'s records, each with the first such operator.
-
-        A key passes unchanged through operators that do not compute it
-        (``Node.passes_through``; through a union, from each input). Keys
-        computed on the way are checked before the operator (:meth:`computed_keys`).
-        """
+        """Key column -> the first keyed operator taking it unchanged (``Node.passes_through``) from ``source``'s records."""
         keys: dict[str, str] = {}
         for node in self.nodes:
             for upstream, key in node.keyed_inputs():
@@ -124,12 +94,10 @@ class Pipeline:
     def computed_keys(self, node: Node) -> list[tuple[int, str, str]]:
         """The key columns ``node`` takes from an input that no source checked: ``(input index, column, computed by)``.
 
-        A key is checked when on every path it reaches ``node`` unchanged
-        from a source (:meth:`source_keys`) or from the key columns of an
-        earlier keyed operator's output. Any other (a map, select or flat_map
-        computes it) is checked before ``node`` consumes it
-        (:mod:`barrierflow.operators.key_check`); ``computed by`` names the
-        first operator found computing it.
+        Checked means: on every path unchanged from a source (:meth:`source_keys`)
+        or from an earlier keyed operator's key columns. Any other (a map,
+        select or flat_map computes it) is checked before ``node``
+        (:mod:`barrierflow.operators.key_check`).
         """
         inputs, taken, found = node.inputs(), set(), []
         for upstream, key in node.keyed_inputs():
@@ -141,19 +109,6 @@ class Pipeline:
                 if computing is not None:
                     found.append((index, column, computing.operator_id))
         return found
-
-    def needs_arrival_order(self, node: Node) -> bool:
-        """Whether ``node`` reads the arrival positions of its input (a stateless operator: if a consumer does)."""
-        if node.forwards_arrival_order:
-            return any(self.needs_arrival_order(child) for child in self.children(node))
-        return node.needs_arrival_order
-
-    def children(self, node: Node) -> list[Node]:
-        """The nodes consuming ``node``'s output, once each (a union of a stream with itself consumes it twice)."""
-        return [n for n in self.nodes if any(i is node for i in n.inputs())]
-
-    def watermark_assigner_ids(self) -> set[str]:
-        return {n.operator_id for n in self.nodes if isinstance(n, WatermarkAssigner)}
 
     def side_output_names(self) -> list[str]:
         return [name for n in self.nodes for name in n.side_outputs()]
@@ -201,8 +156,7 @@ def _check_watermarks(what: str, inputs: tuple[Node, ...], advice: str) -> None:
 def _check_assigners(nodes: list[Node]) -> None:
     """With several watermark assigners, each keeps its maximum in state, and every event-time operator is downstream of all.
 
-    The pipeline's watermark, the minimum over its assigners, is an
-    operator's own (the minimum over its inputs) only if all are upstream of it.
+    (The pipeline's watermark, the minimum over its assigners, is then each operator's own.)
     """
     assigners = [n for n in nodes if isinstance(n, WatermarkAssigner)]
     if len(assigners) < 2:
@@ -269,11 +223,7 @@ class PipelineBuilder:
         return self._add(SourceNode(operator_id=source.source_id, parent=None, source=source))
 
     def stateless_id(self, kind: str, operator_id: str | None) -> tuple[str, bool]:
-        """The id of a stateless operator: the one given, else ``<kind>-<n>`` (the n-th of its kind).
-
-        A generated id holds a ``-``, which no given id may: it never takes
-        an id a later operator wants.
-        """
+        """The id of a stateless operator: the one given, else ``<kind>-<n>`` (a ``-``, which no given id may hold)."""
         if operator_id is not None:
             return operator_id, False
         return f"{kind}-{sum(1 for n in self.nodes if n.operator_id.startswith(f'{kind}-')) + 1}", True
@@ -290,33 +240,30 @@ class DataStream:
         return self.builder._add(make(operator_id=node_id, parent=self.node, **fields), generated)
 
     def filter(self, condition: "Expression | BatchFunction", *, operator_id: str | None = None) -> "DataStream":
-        """Keep the records for which ``condition`` holds.
+        """Keep the records for which ``condition`` holds; null drops (README "Declare a pipeline").
 
-        ``condition`` is a SQL expression (``"amount > 0"``) or a Python
-        function of a ``pyarrow.RecordBatch`` of the user columns returning one
-        boolean per record (:mod:`barrierflow.operators.stateless`); null drops the record.
+        ``condition``: a SQL expression, or a function of a ``pyarrow.RecordBatch`` returning one boolean per record.
         """
-        if isinstance(condition, str) or is_column(condition):
-            check_expression(operator_id or "filter", condition)
-            return self._stateless("filter", operator_id, Filter, condition=condition)
+        if isinstance(condition, str) or stateless.is_column(condition):
+            stateless.check_expression(operator_id or "filter", condition)
+            return self._stateless("filter", operator_id, stateless.Filter, condition=condition)
         if not callable(condition):
             raise PipelineDefinitionError(
                 f"{operator_id or 'filter'}: {condition!r} is neither a column expression (a SQL string or a pyspark "
                 "Column) nor a function of a pyarrow.RecordBatch"
             )
-        return self._stateless("filter", operator_id, Filter, function=condition)
+        return self._stateless("filter", operator_id, stateless.Filter, function=condition)
 
     def select(self, *columns: "Expression", operator_id: str | None = None) -> "DataStream":
-        """Project each record onto ``columns``: column names or SQL expressions (``"amount * 100 AS cents"``).
+        """Project each record onto ``columns``: names or SQL expressions (``"amount * 100 AS cents"``).
 
-        ``"*"`` stands for every user column. The engine's columns (starting
-        with ``_``) are kept whatever is selected.
+        ``"*"`` stands for every user column; the engine's (``_``...) are kept whatever is selected.
         """
         if not columns:
             raise PipelineDefinitionError("select needs at least one column")
         for column in columns:
-            check_expression(operator_id or "select", column)
-        return self._stateless("select", operator_id, Select, columns=tuple(columns))
+            stateless.check_expression(operator_id or "select", column)
+        return self._stateless("select", operator_id, stateless.Select, columns=tuple(columns))
 
     def map(
         self,
@@ -326,27 +273,24 @@ class DataStream:
         operator_id: str | None = None,
         **columns: "Expression",
     ) -> "DataStream":
-        """Transform each record.
+        """Transform each record (README "Declare a pipeline").
 
-        - ``map(cents="amount * 100", user="lower(user)")``: add or replace
-          those columns (Spark's ``withColumns``); the record keeps its others.
-        - ``map(function, schema=...)``: ``function`` takes a
-          ``pyarrow.RecordBatch`` of the user columns and returns one row per
-          record (a ``RecordBatch``, ``Table`` or mapping of column to
-          values) of ``schema``, which replaces the record's user columns; a
-          wrong row count or schema fails the epoch naming the operator.
+        - ``map(cents="amount * 100")``: add or replace those columns (Spark's ``withColumns``).
+        - ``map(function, schema=...)``: one row of ``schema`` per record of the
+          ``pyarrow.RecordBatch`` given (a ``RecordBatch``, ``Table`` or mapping
+          of column to values), replacing the user columns.
         """
         if function is not None:
-            declared = check_function("map", operator_id, function, schema, columns)
-            return self._stateless("map", operator_id, MapFunction, function=function, schema=declared)
+            declared = stateless.check_function("map", operator_id, function, schema, columns)
+            return self._stateless("map", operator_id, stateless.MapFunction, function=function, schema=declared)
         if not columns:
             raise PipelineDefinitionError("map needs a function and schema=, or columns as keywords (map(cents='amount * 100'))")
         if schema is not None:
             raise PipelineDefinitionError("map: schema= is for a Python function; column expressions have their own types")
         for name, value in columns.items():
-            check_column_name(operator_id or "map", name)
-            check_expression(operator_id or "map", value)
-        return self._stateless("map", operator_id, MapColumns, columns=dict(columns))
+            stateless.check_column_name(operator_id or "map", name)
+            stateless.check_expression(operator_id or "map", value)
+        return self._stateless("map", operator_id, stateless.MapColumns, columns=dict(columns))
 
     def flat_map(
         self,
@@ -356,46 +300,36 @@ class DataStream:
         operator_id: str | None = None,
         **column: "Expression",
     ) -> "DataStream":
-        """Turn each record into zero or more records.
+        """Turn each record into zero or more records (README "Declare a pipeline").
 
-        - ``flat_map(word="split(text, ' ')")``: one record per element of
-          the array expression, as that column, the others repeated (Spark's
-          ``explode``); a null or empty array gives none.
-        - ``flat_map(function, schema=...)``: ``function`` takes a
-          ``pyarrow.RecordBatch`` of the user columns and returns one list of
-          rows per record (a list of lists of dicts, a ``pyarrow.ListArray``
-          of structs) of ``schema``, which replaces the record's user columns.
+        - ``flat_map(word="split(text, ' ')")``: one record per element of the
+          array (Spark's ``explode``); a null or empty array gives none.
+        - ``flat_map(function, schema=...)``: one list of rows of ``schema`` per
+          record (a list of lists of dicts, a ``pyarrow.ListArray`` of structs),
+          replacing the user columns.
 
-        Outputs keep their record's arrival position, refined by their index
-        among its outputs, so downstream results never depend on parallelism.
+        Outputs keep their record's arrival position, refined by their index among its outputs.
         """
         if function is not None:
-            declared = check_function("flat_map", operator_id, function, schema, column)
-            return self._stateless("flat_map", operator_id, FlatMapFunction, function=function, schema=declared)
+            declared = stateless.check_function("flat_map", operator_id, function, schema, column)
+            return self._stateless("flat_map", operator_id, stateless.FlatMapFunction, function=function, schema=declared)
         if len(column) != 1 or schema is not None:
             raise PipelineDefinitionError(
                 "flat_map needs a function and schema=, or exactly one column as a keyword (flat_map(word=\"split(text, ' ')\"))"
             )
         ((name, value),) = column.items()
-        check_column_name(operator_id or "flat_map", name)
-        check_expression(operator_id or "flat_map", value)
-        return self._stateless("flat_map", operator_id, FlatMapColumn, name=name, expression=value)
+        stateless.check_column_name(operator_id or "flat_map", name)
+        stateless.check_expression(operator_id or "flat_map", value)
+        return self._stateless("flat_map", operator_id, stateless.FlatMapColumn, name=name, expression=value)
 
     def broadcast(self, *descriptors: MapStateDescriptor) -> "BroadcastStream":
-        """This (low-volume) stream, to fill the broadcast map states ``descriptors``.
-
-        ``keyed.connect(rules.broadcast(RULES)).process(id, fn)`` runs a
-        :class:`KeyedBroadcastProcessFunction` (:mod:`barrierflow.operators.broadcast`).
-        """
+        """This (low-volume) stream, to fill the broadcast map states ``descriptors`` (README "Broadcast state")."""
         return BroadcastStream(self, tuple(descriptors))
 
     def union(self, *others: "DataStream", operator_id: str | None = None) -> "DataStream":
-        """The records of this stream and of ``others``, which must have the same columns and types (:mod:`barrierflow.operators.union`).
+        """The records of this stream and of ``others``, of the same columns and types (README "Union").
 
-        A record keeps its arrival position, refined by its input's index in
-        the union. Every input or none must have a watermark assigner
-        upstream (the union's watermark is the minimum of its inputs'), or
-        assign one after the union.
+        Every input or none has a watermark assigner upstream.
         """
         if not others:
             raise PipelineDefinitionError("union needs at least one other stream: a.union(b) or a.union(b, c)")
@@ -411,12 +345,7 @@ class DataStream:
         return self.builder._add(Union(operator_id=node_id, parent=self.node, others=inputs[1:]), generated)
 
     def process(self, operator_id: str, function: ProcessFunction) -> "DataStream":
-        """Run a non-keyed process function with operator list state, as ``parallelism`` subtasks.
-
-        Record k of an epoch (in arrival order) goes to subtask
-        ``k % parallelism``; list states are redistributed, evenly or as a
-        union, when the parallelism changes (:mod:`barrierflow.operators.operator_state`).
-        """
+        """Run a non-keyed process function with operator list state, as ``parallelism`` subtasks (README "Operator state")."""
         return self.builder._add(OperatorProcess(operator_id=operator_id, parent=self.node, function=function))
 
     def deduplicate(self, operator_id: str, key: str | tuple[str, ...], ttl: timedelta | None = None) -> "DataStream":
@@ -427,10 +356,8 @@ class DataStream:
     def with_watermark(self, column: str, out_of_orderness: timedelta, *, operator_id: str | None = None) -> "DataStream":
         """W = max(column) seen up to epoch n minus ``out_of_orderness`` (:mod:`barrierflow.operators.watermark`).
 
-        With several assigners (one per source of a join) the pipeline's
-        watermark is the minimum of theirs, each keeps its maximum in state
-        under its operator id (``watermark_<column>`` by default), and every
-        event-time operator must be downstream of all of them.
+        With several assigners (README "Interval join"), each keeps its maximum
+        in state under its operator id (``watermark_<column>`` by default).
         """
         node_id = operator_id or f"watermark_{column}"
         if any(isinstance(n, WatermarkAssigner) and n.column == column for n in self.builder.nodes) and operator_id is None:
@@ -470,8 +397,7 @@ class KeyedStream:
     def aggregate(self, operator_id: str, *aggregations: Aggregation, **named: Aggregation) -> DataStream:
         """Running aggregates per key over all records so far (emits changed keys).
 
-        Name outputs by keyword: ``aggregate("totals", count=Count(), total=Sum("amount"))``;
-        positional aggregations keep their own names (``Sum("amount", "total")``).
+        Outputs are named by keyword (``total=Sum("amount")``); positional aggregations keep their own names.
         """
         chosen = named_aggregations(operator_id, aggregations, named, reserved=self.key)
         return self.builder._add(RunningAggregate(operator_id=operator_id, parent=self.node, key=self.key, aggregations=chosen))
@@ -485,15 +411,10 @@ class KeyedStream:
         allowed_lateness: timedelta = timedelta(0),
         **named: Aggregation,
     ) -> DataStream:
-        """Event-time windows that fire once the watermark passes their end (:mod:`barrierflow.operators.window`).
+        """Event-time windows that fire once the watermark passes their end (README "Windows").
 
-        ``assigner``: ``TumblingEventTimeWindows.of(size)``,
-        ``SlidingEventTimeWindows.of(size, slide)`` or
-        ``EventTimeSessionWindows.with_gap(gap)``. Aggregations are named as in
-        :meth:`aggregate` (``count=Count(), p99=Percentile("v", q=0.99)``).
-        Records later than ``allowed_lateness`` go to ``late_output`` (or are
-        dropped, and counted in the log); with ``allowed_lateness`` > 0 a late
-        record within it fires its window again, the row marked ``is_update``.
+        Aggregations are named as in :meth:`aggregate`. Records later than
+        ``allowed_lateness`` go to ``late_output`` (or are dropped and counted).
         """
         if not any(isinstance(n, WatermarkAssigner) for n in self.builder.nodes):
             raise PipelineDefinitionError(f"window {operator_id!r} needs with_watermark() upstream")
@@ -529,11 +450,7 @@ class KeyedStream:
     def connect(self, other: "KeyedStream | BroadcastStream") -> "ConnectedKeyedStreams | BroadcastConnectedStream":
         """This keyed stream and ``other``: a keyed stream for a :class:`KeyedCoProcessFunction`, or a broadcast one.
 
-        Two keyed streams (:mod:`barrierflow.operators.co_process`) are keyed
-        by as many columns, of the same types pairwise (the names may differ;
-        state is keyed by this stream's names). A :class:`BroadcastStream`
-        (``rules.broadcast(descriptor)``) is for a
-        :class:`KeyedBroadcastProcessFunction` (:mod:`barrierflow.operators.broadcast`).
+        README "Connected streams" (state is keyed by this stream's names) and "Broadcast state".
         """
         if isinstance(other, BroadcastStream):
             if other.stream.builder is not self.builder:
@@ -570,9 +487,7 @@ class JoinedStreams:
     ) -> DataStream:
         """Pairs of a left and a right record of a key in each window of ``assigner`` (tumbling or sliding), once W passes its end.
 
-        Output: the key columns, ``window_start``, ``window_end``, then the
-        left record's other columns and the right's (``left_``/``right_``
-        prefixes on names on both sides).
+        Output columns: README "Window join".
         """
         if not self.key or not self.other_key:
             raise PipelineDefinitionError(
@@ -607,13 +522,9 @@ class IntervalJoinedStreams:
         left_late_output: str | None = None,
         right_late_output: str | None = None,
     ) -> DataStream:
-        """Pairs ``(l, r)`` of a key with ``l.ts + lower <= r.ts <= l.ts + upper`` (:mod:`barrierflow.operators.interval_join`).
+        """Pairs ``(l, r)`` of a key with ``l.ts + lower <= r.ts <= l.ts + upper`` (README "Interval join").
 
-        Each side's event time is the column of the watermark assigner
-        upstream of it. Records older than the watermark go to the side's
-        late output (or are dropped and counted). Output: the key columns,
-        then the left record's other columns, then the right's; a name on
-        both sides becomes ``left_<name>`` / ``right_<name>``.
+        Each side's event time is the column of the watermark assigner upstream of it.
         """
         bounds = IntervalBounds.of(lower, upper, lower_inclusive, upper_inclusive)
         times = _event_time_columns(f"interval join {operator_id!r}", self.first.node, self.second.node)
@@ -724,16 +635,8 @@ def pipeline(
 ) -> Callable[[Callable[[PipelineBuilder, dict[str, Any]], None]], PipelineDefinition]:
     """Decorator turning a build function into a :class:`PipelineDefinition`.
 
-    ``state_backend`` is where keyed state meets an epoch's changes, as
-    Flink's choice between RocksDB and the heap (:mod:`barrierflow.state.table`):
-
-    - ``"delta"`` (default): a task reads the live rows of its keys from the
-      state table's files every epoch, through the Python workers' cache
-      (:mod:`barrierflow.state.files`, ``BARRIERFLOW_WORKER_STATE_CACHE_MB``).
-    - ``"heap"``: a task also keeps every live row of its key groups on its
-      host between epochs and uses them while they are exactly the table's
-      committed files (:mod:`barrierflow.state.heap`,
-      ``BARRIERFLOW_RESIDENT_STATE_ROWS`` live rows per key-group range).
+    ``state_backend``: ``"delta"`` (default) or ``"heap"``, as Flink's RocksDB
+    or heap (README "Where the work runs, and the two state backends").
     """
     if not _ID.match(name):
         raise PipelineDefinitionError(f"pipeline name {name!r} must be lower_snake_case")

@@ -1,13 +1,10 @@
 """The planner: a pipeline's schemas, state tables and chains, from its graph and its sources' schemas.
 
-Before any record is read, the planner walks the nodes in pipeline order
-and asks each operator its output's schema, its state tables and its side
-outputs given its inputs' schemas: a pipeline that cannot run (a missing
-column, a key type without a key group, two inputs of a union that differ)
-fails here, naming the operator.
-
-It then cuts the graph into **stages** where records must move between
-tasks, as Flink chains operators between ``keyBy``s:
+Before any record is read, each operator is asked its output's schema, state
+tables and side outputs given its inputs' schemas: a pipeline that cannot run
+(a missing column, a key type without a key group) fails here, naming the
+operator. The graph is then cut into **stages** where records must move
+between tasks (README "Where the work runs, and the two state backends"):
 
 1. Every source is in stage 0, whose tasks each read a split of the input.
 2. An operator joins the latest stage among its inputs when each reaches it
@@ -19,9 +16,7 @@ tasks, as Flink chains operators between ``keyBy``s:
 4. An operator whose inputs all arrive ``GLOBAL`` runs in one task of its
    stage (a *singleton*: an upsert sink, a non-keyed process function).
 
-The stages matter only when an epoch runs in parallel tasks; a small epoch
-runs every node in one task: a size decision, never a semantic one (every
-kernel sees all records of the keys it is given either way).
+The stages matter only when an epoch runs in parallel tasks (a size decision, never a semantic one).
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """Finding pipelines by name: the product's, the ones users register, or ``module:attribute``.
 
-A registered pipeline gets its Airflow DAGs (epochs, savepoints, restores,
-reprocessing, maintenance) and is known to every command by name. Registered
-are, in this order (a name registered twice is an error):
+A registered pipeline gets its Airflow DAGs and is known to every command by
+name (README "Declare a pipeline"). Registered are, in this order (a name
+registered twice is an error):
 
 1. the product's pipelines (``sensor_stats``, ``orders_payments``);
-2. entry points of installed packages in the group ``barrierflow.demo.pipelines``
-   (name = the pipeline's name, value = ``module:attribute``);
+2. entry points in the group ``barrierflow.demo.pipelines`` (name: the pipeline's);
 3. ``$BARRIERFLOW_PIPELINES``: comma-separated ``module:attribute`` targets,
-   each a :class:`~barrierflow.plan.pipeline.PipelineDefinition` (its name is its own),
-   with the modules on ``PYTHONPATH`` wherever Airflow and the CLI run.
+   each a :class:`~barrierflow.plan.pipeline.PipelineDefinition` (its name is its own).
 
 Any other ``module:attribute`` also loads a pipeline, for one command.
 """

@@ -1,15 +1,13 @@
 """Reading a state table's files in a task: the rows of each file cached per key group by the Python worker.
 
 As Flink's RocksDB serves reads from files local to the task, a Python
-worker (reused between tasks) keeps the rows of the state files it has read
-in memory as Arrow, per key group: an epoch's read of its keys reads only
-the files that worker has not read yet (the changelog files of the epochs
-since) and matches the keys in memory. Correct by construction: Delta data
-files are immutable (a path is written once; its size is part of the cache
-key), and the rule of what is live is the scan's, over the same rows.
+worker keeps the rows of the state files it has read in memory, per key
+group: an epoch reads only the files it has not read yet. Correct by
+construction: Delta data files are immutable (a path is written once; its
+size is part of the cache key).
 
-A task's read of its keys' live rows (:func:`live_rows_of`; every live row
-of some key groups: :func:`every_live_row`):
+A task's read of its keys' live rows (:meth:`barrierflow.state.table.TaskStateTable.live_rows`;
+every live row of its key groups: steps 2 and 4):
 
 1. Collect the task's keys.
 2. For each file of the snapshot whose key-group range meets the task's key
@@ -22,10 +20,9 @@ of some key groups: :func:`every_live_row`):
 
 Spark does not send a key-group range to the same worker every epoch, so a
 big read is also saved for the host's other workers as a memory-mapped
-Arrow IPC file in a per-user temporary directory (read once per host, pages
-shared). Bounded by ``BARRIERFLOW_WORKER_STATE_CACHE_MB`` (default 2048;
-``0`` caches nothing) per worker in memory and for the host's directory;
-the least recently used go first.
+Arrow IPC file in a per-user temporary directory. Bounded by
+``BARRIERFLOW_WORKER_STATE_CACHE_MB`` per worker and for the host's
+directory, least recently used first out (README "Where the work runs").
 """
 
 from __future__ import annotations
@@ -43,13 +40,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from barrierflow.core.arrow import conform, latest_rows, rows_with_keys
+from barrierflow.core.arrow import conform
 from barrierflow.core.columns import KEY_GROUP, UPDATED_AT
 from barrierflow.core.settings import HOST_CACHE_MIN_ROWS, WORKER_STATE_CACHE_MB
 from barrierflow.storage.objects import arrow_filesystem
 
 __all__ = [
-    "StateFile", "live_rows_of", "every_live_row", "save_on_host", "take_from_host", "unexpired", "cache_limit_bytes", "clear",
+    "StateFile", "stored_rows_of", "save_on_host", "take_from_host", "unexpired", "cache_limit_bytes", "clear",
 ]  # fmt: skip
 
 
@@ -130,8 +127,7 @@ def _file_rows(file: StateFile, schema: pa.Schema, groups: set[int], limit: int)
             # Read as the table's types: another writer (delta-rs) may have stored strings as views.
             read_as = pa.schema([schema.field(n) for n in schema.names if n in present])
             dataset = ds.dataset(path, format="parquet", filesystem=fs, schema=read_as)
-            rows = dataset.to_table(filter=pc.field(KEY_GROUP).isin(missing))
-            rows = conform(rows, schema)
+            rows = conform(dataset.to_table(filter=pc.field(KEY_GROUP).isin(missing)), schema)
             if limit and rows.num_rows >= HOST_CACHE_MIN_ROWS:
                 rows = _write_host_entry(shared, rows, limit)
         split = _by_group(rows)
@@ -176,10 +172,9 @@ def _read_host_entry(path: str, schema: pa.Schema) -> pa.Table | None:
 def _write_host_entry(path: str, rows: pa.Table, limit: int) -> pa.Table:
     """Save ``rows`` for the other workers of this host and return them memory-mapped (pages shared, not copied).
 
-    Written to a temporary name, then renamed (readers never see a partial
-    entry); the directory is kept under ``limit`` bytes by deleting the
-    least recently used entries (a worker that has one mapped keeps its
-    pages). Best effort: any failure keeps the rows in memory.
+    Renamed into place (readers never see a partial entry); the directory is
+    kept under ``limit`` bytes, least recently used out (a worker that has
+    one mapped keeps its pages). Best effort: any failure keeps the rows.
     """
     directory = _host_dir()
     try:
@@ -205,10 +200,7 @@ def _write_host_entry(path: str, rows: pa.Table, limit: int) -> pa.Table:
 
 
 def save_on_host(name: str, rows: pa.Table) -> bool:
-    """Save ``rows`` under ``name`` for a later task on this host (:func:`take_from_host`); whether it was saved.
-
-    Among the host-shared entries: a saved table no task takes is evicted with them.
-    """
+    """Save ``rows`` under ``name`` among the host-shared entries for a later task (:func:`take_from_host`); whether saved."""
     return _write_host_entry(os.path.join(_host_dir(), f"{name}.arrow"), rows, cache_limit_bytes()) is not rows
 
 
@@ -224,41 +216,7 @@ def take_from_host(name: str, schema: pa.Schema) -> pa.Table | None:
     return rows
 
 
-def live_rows_of(
-    files: Sequence[StateFile],
-    schema: pa.Schema,
-    key_columns: Sequence[str],
-    ttl_ms: int | None,
-    processing_time_ms: int,
-    keys: pa.Table,
-) -> pa.Table:
-    """Steps 2-4 for the keys of ``keys``: their live rows in ``files``.
-
-    ``keys`` holds :data:`KEY_GROUP` and the table's key columns, or their
-    first ones (a join's buffers are keyed by the user's key, then a record's
-    position: given the user's key alone, every row of that key matches).
-    """
-    matched_columns = [c for c in key_columns if c in keys.column_names]
-    names = [*matched_columns, KEY_GROUP]
-    keys = conform(keys.select(names), pa.schema([schema.field(n) for n in names]))
-    stored = _stored_rows(files, schema, set(pc.unique(keys[KEY_GROUP]).to_pylist()))  # 2.
-    matched = rows_with_keys(stored, keys, matched_columns)  # 3.
-    return unexpired(latest_rows(matched, key_columns), ttl_ms, processing_time_ms)  # 4.
-
-
-def every_live_row(
-    files: Sequence[StateFile],
-    schema: pa.Schema,
-    key_columns: Sequence[str],
-    ttl_ms: int | None,
-    processing_time_ms: int,
-    groups: Sequence[int],
-) -> pa.Table:
-    """Every live row of ``groups`` in ``files`` (steps 2 and 4)."""
-    return unexpired(latest_rows(_stored_rows(files, schema, set(groups)), key_columns), ttl_ms, processing_time_ms)
-
-
-def _stored_rows(files: Sequence[StateFile], schema: pa.Schema, groups: set[int]) -> pa.Table:
+def stored_rows_of(files: Sequence[StateFile], schema: pa.Schema, groups: set[int]) -> pa.Table:
     """Step 2: every stored row of ``groups`` in ``files``."""
     limit = cache_limit_bytes()
     stored: list[pa.Table] = []

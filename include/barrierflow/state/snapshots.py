@@ -3,17 +3,16 @@
 Keyed state is kept in Delta tables, one per (operator, state name). An
 epoch appends only the keys it changed, one row per key with the epoch that
 wrote it (a tombstone for a cleared key); a key's value is its row with the
-highest ``_epoch``. Files are clustered by key group. A table whose
-changelog outgrew its base is compacted by the epoch that notices
-(:func:`_needs_compaction`), in the same commit; :func:`compact` rewrites
-one between epochs. Passes over whole tables (savepoints, restores,
-maintenance) read one range of key groups at a time (:func:`live_row_chunks`).
+highest ``_epoch``. A table whose changelog outgrew its base is compacted by
+the epoch that notices (:func:`_needs_compaction`), in the same commit;
+:func:`compact` rewrites one between epochs.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -35,20 +34,16 @@ from barrierflow.storage.staging import write_parquet
 
 __all__ = ["EpochStateTables", "state_files", "read_small_table", "live_row_chunks", "stored_batches", "compact"]
 
-# Rows a driver-side pass over a whole table (savepoint, restore, maintenance
-# compaction) holds at once: its memory stays bounded whatever the state's size.
+# Rows a driver-side pass over a whole table (savepoint, restore, maintenance) holds at once.
 CHUNK_ROWS = 1_000_000
 
 
 class EpochStateTables:
-    """The state tables of one epoch on the driver: each one's plan, and its snapshot until the tasks staged.
+    """The state tables of one epoch on the driver: each one's plan, and its snapshot (borrowed until :meth:`release`).
 
-    A table is read as of the last completed epoch: its snapshot is borrowed
-    (:func:`~barrierflow.storage.delta.borrow_snapshot`) and given back by
-    :meth:`release`. A table holding a newer epoch than the last completed
-    one means recovery has not run: refused. When the epoch compacts the
-    table (:func:`_needs_compaction`), its commit removes every file of the
-    snapshot (at its version) and adds the tasks' share of every live row.
+    A table holding a newer epoch than the last completed one means recovery
+    has not run: refused. An epoch compacting a table removes every file of
+    the snapshot (at its version) and adds the tasks' share of every live row.
     """
 
     def __init__(self, app_id: str, last_completed_epoch: int | None, backend: str) -> None:
@@ -117,9 +112,8 @@ def read_small_table(uri: str, spec: StateSpec) -> pa.Table:
 def live_row_chunks(table: Any, key_columns: list[str], *, max_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
     """The live rows of a state table snapshot, one range of key groups at a time (ascending; empty ones skipped).
 
-    Every key lies in one key group, so its latest row is found within its
-    range, and the driver holds about ``max_rows`` stored rows at once (a
-    range's read skips other files and row groups on their statistics).
+    A key lies in one key group, so its latest row is within its range; the
+    driver holds about ``max_rows`` stored rows at once.
     """
     actions = add_actions(table)
     stored = sum(n or 0 for n in actions.column("num_records").to_pylist())
@@ -156,27 +150,25 @@ def _needs_compaction(actions: pa.Table) -> bool:
     """Size-tiered policy: compact once the changelog outgrows the compacted base.
 
     Files written together (one epoch's changes, one compaction) share a
-    directory: a generation. The base is the largest one. Reads stay within
-    ~2x the live rows, and a full rewrite is amortised over many epochs when
-    few keys change. More than :data:`~barrierflow.core.settings.COMPACTION_MAX_FILES`
-    files are compacted whatever their row counts.
+    directory: a generation; the base is the largest one. Reads stay within
+    ~2x the live rows; a rewrite is amortised over many epochs when few keys
+    change. More than ``COMPACTION_MAX_FILES`` files are compacted anyway.
     """
     paths = actions.column("path").to_pylist()
     rows = [n or 0 for n in actions.column("num_records").to_pylist()]
-    generations: dict[str, int] = {}
+    generations: Counter[str] = Counter()
     for path, n in zip(paths, rows):
-        generations[path.rpartition("/")[0]] = generations.get(path.rpartition("/")[0], 0) + n
+        generations[path.rpartition("/")[0]] += n
     if len(generations) <= 1:
         return False
     return len(paths) > COMPACTION_MAX_FILES or sum(rows) > 2 * max(generations.values())
 
 
 def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) -> int | None:
-    """Rewrite a state table to one live row per key; returns the new version.
+    """Rewrite a state table to one live row per key (between epochs, under the epoch lease); returns the new version.
 
-    A maintenance commit (``dataChange=false``) without an app transaction:
-    the logical content is unchanged, so readers and the consistent cut are
-    unaffected. Called between epochs, under the pipeline's epoch lease.
+    A maintenance commit (``dataChange=false``) without an app transaction: the
+    logical content is unchanged, so readers and the consistent cut are unaffected.
     """
     with latest_snapshot(uri) as table:
         paths = sorted(live_paths(table)) if table is not None else []

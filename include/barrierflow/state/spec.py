@@ -2,8 +2,7 @@
 
 Keys hash into a fixed number of key groups (the pipeline's max
 parallelism); every state row carries its key group in :data:`KEY_GROUP`, so
-an epoch reads only the key groups it touches and the parallelism may change
-between epochs.
+the parallelism may change between epochs.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from barrierflow.core.columns import DELETED, EPOCH, KEY_GROUP, UPDATED_AT
 from barrierflow.state.files import StateFile
@@ -69,9 +67,6 @@ class KeyGroups:
     @classmethod
     def all(cls, total: int) -> "KeyGroups":
         return cls(0, total - 1, total)
-
-    def contains(self, groups: pa.Array | pa.ChunkedArray) -> pa.Array:
-        return pc.and_(pc.greater_equal(groups, self.low), pc.less_equal(groups, self.high))
 
     def __iter__(self) -> Any:
         return iter(range(self.low, self.high + 1))

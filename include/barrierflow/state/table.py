@@ -1,20 +1,10 @@
 """A state table as a task's kernel sees it: the live rows of its keys as of epoch n-1, and the changes it stages.
 
-The driver plans each state table for an epoch (:class:`StateTablePlan`):
-its snapshot's files as of the last completed epoch, and whether the epoch
-compacts it. A task's :class:`TaskStateTable` reads only the task's key
-groups, through the pipeline's state backend (results are the same):
-
-- ``delta``: the snapshot's files, read per key group through the Python
-  worker's cache (:mod:`barrierflow.state.files`), as RocksDB serves reads;
-- ``heap``: every live row of the task's key groups kept on its host
-  between epochs (:mod:`barrierflow.state.heap`), used while it is exactly
-  the snapshot's (the same files), else read as ``delta`` reads them.
-
-:meth:`TaskStateTable.finish` writes the task's changes as staged files
-clustered by key group or, when the epoch compacts the table (its commit
-removes every file of the snapshot), every live row of the task's key
-groups after the epoch.
+A task's :class:`TaskStateTable` reads only the task's key groups of the
+snapshot the driver planned (:class:`StateTablePlan`), through the
+pipeline's state backend (README "Where the work runs, and the two state
+backends"): ``delta`` (:mod:`barrierflow.state.files`) or ``heap``
+(:mod:`barrierflow.state.heap`, else read as ``delta`` reads). Results are the same.
 """
 
 from __future__ import annotations
@@ -22,12 +12,13 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from barrierflow.core.arrow import after_changes, conform, rows_with_keys
+from barrierflow.core.arrow import after_changes, conform, latest_rows, rows_with_keys
 from barrierflow.core.columns import EPOCH, KEY_GROUP, UPDATED_AT
 from barrierflow.core.errors import CheckpointError
 from barrierflow.state import heap
-from barrierflow.state.files import every_live_row, live_rows_of, unexpired
+from barrierflow.state.files import stored_rows_of, unexpired
 from barrierflow.state.spec import KeyGroups, StateSpec, StateTablePlan
 from barrierflow.storage.layout import COMPACTED_DIR
 from barrierflow.storage.staging import write_partition
@@ -72,19 +63,21 @@ class TaskStateTable:
         self._every: pa.Table | None = None if resident is None else unexpired(resident, self.spec.ttl_ms, processing_time_ms)
 
     def live_rows(self, keys: pa.Table) -> pa.Table:
+        """Steps 1-4 of :mod:`barrierflow.state.files` (matched in memory once every live row is held)."""
+        names = [c for c in self.spec.key_columns if c in keys.column_names]
+        wanted = conform(keys.select(names), pa.schema([self.schema.field(n) for n in names]))  # 1.
         if self._every is not None:
-            names = [c for c in self.spec.key_columns if c in keys.column_names]
-            return rows_with_keys(
-                self._every, conform(keys.select(names), pa.schema([self.schema.field(n) for n in names])), names
-            )
-        return live_rows_of(self.plan.files, self.schema, self.spec.key_columns, self.spec.ttl_ms, self.processing_time_ms, keys)
+            return rows_with_keys(self._every, wanted, names)
+        stored = stored_rows_of(self.plan.files, self.schema, set(pc.unique(keys[KEY_GROUP]).to_pylist()))  # 2.
+        return self._live(rows_with_keys(stored, wanted, names))  # 3.
 
     def every_live_row(self) -> pa.Table:
         if self._every is None:
-            self._every = every_live_row(
-                self.plan.files, self.schema, self.spec.key_columns, self.spec.ttl_ms, self.processing_time_ms, list(self.groups)
-            )
+            self._every = self._live(stored_rows_of(self.plan.files, self.schema, set(self.groups)))
         return self._every
+
+    def _live(self, rows: pa.Table) -> pa.Table:
+        return unexpired(latest_rows(rows, self.spec.key_columns), self.spec.ttl_ms, self.processing_time_ms)  # 4.
 
     def stage(self, changes: pa.Table) -> None:
         if self._changes is not None:
@@ -95,12 +88,11 @@ class TaskStateTable:
         self._changes = conform(rows.drop_columns([c for c in rows.column_names if c not in self.schema.names]), self.schema)
 
     def finish(self, prefix: str, ranges: int) -> list[dict[str, Any]]:
-        """Write the task's changes (or its share of a compaction); the staged files' descriptions.
+        """Write the task's changes (or its share of a compaction: every live row after the epoch); the staged files.
 
         ``ranges``: how many key-group ranges the table's files are clustered by.
         """
-        changes = self._changes if self._changes is not None else self.schema.empty_table()
-        rows = changes
+        rows = changes = self._changes if self._changes is not None else self.schema.empty_table()
         after = None
         if self.plan.compact or self.plan.backend == "heap":
             after = after_changes(self.every_live_row(), changes, self.spec.key_columns)

@@ -53,10 +53,9 @@ _MAX_SNAPSHOTS = 64
 def borrow_snapshot(uri: str, *, current: bool = True) -> DeltaTable | None:
     """The latest snapshot of the table at ``uri`` (None if it does not exist), this caller's alone until :func:`give_back`.
 
-    Opening a table reads its log from the last checkpoint on (on S3, a
-    dozen requests or more); a snapshot read before is brought up to date
-    instead (one listing, plus any new commits). ``current=False``: that
-    snapshot as it is, without asking the store (for estimates).
+    A snapshot read before is brought up to date (one listing, plus any new
+    commits) rather than opened again (its log from the last checkpoint on:
+    on S3, a dozen requests or more). ``current=False``: as it is, for estimates.
     """
     with _SNAPSHOTS_LOCK:
         table = _SNAPSHOTS.pop(uri, None)
@@ -116,8 +115,7 @@ def committed_version(uri: str, app: str, epoch: int, table: DeltaTable | None =
     current = table.transaction_version(app)
     if current is None or current < epoch:
         return None
-    # Newest first, widening the window: the commit is almost always the
-    # latest, and reading the whole history would grow with every epoch.
+    # Newest first, widening the window: the commit is almost always the latest.
     limit = 4
     while True:
         entries = table.history(limit=limit)
@@ -127,8 +125,7 @@ def committed_version(uri: str, app: str, epoch: int, table: DeltaTable | None =
         if len(entries) < limit:
             break
         limit *= 8
-    # Committed by an epoch later than ``epoch`` only (history trimmed): the
-    # table is already past it, which is all callers need to know.
+    # Committed by a later epoch only (history trimmed): the table is past it, all callers need to know.
     return table.version()
 
 
@@ -184,14 +181,10 @@ def _committed_before(commit: TableCommit, table: DeltaTable | None, app: str, e
     """Step 1 of :func:`commit_epoch_table`: the version already holding the epoch, if any; refuses a fenced commit."""
     if table is None:
         return None
-    current = table.transaction_version(app)
-    if current is not None and current >= epoch:
-        version = committed_version(commit.uri, app, epoch, table)
-        assert version is not None
-        return version
-    if fence is not None:
+    version = committed_version(commit.uri, app, epoch, table)
+    if version is None and fence is not None:
         check_fence(table, commit.name, fence, f"epoch {epoch}")
-    return None
+    return version
 
 
 def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, properties: CommitProperties) -> int:
@@ -238,17 +231,15 @@ def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, prop
             partition_by=list(commit.partition_by) or None, commit_properties=properties,
         )  # fmt: skip
     faults.maybe_fail("commit.after_delta_commit")
-    # No retries (``max_commit_retries=0``): a commit that returns is the
-    # version after the one read, or the table's first.
+    # No retries (``max_commit_retries=0``): the version after the one read, or the table's first.
     return 0 if table is None else table.version() + 1
 
 
 def _add_new_columns(table: DeltaTable, name: str, schema: Schema) -> None:
     """Give a table the columns its new files carry (a commit of its own), nullable: earlier rows have none.
 
-    An append keeps the table's schema (delta-rs keeps its metadata), so a
-    new column would stay invisible. What may change is checked before the
-    vote (:func:`~barrierflow.core.schema_evolution.check_sink_schema`).
+    An append keeps the table's schema, so a new column would stay invisible.
+    What may change is checked before the vote (:mod:`barrierflow.core.schema_evolution`).
     """
     existing = {f.name for f in table.schema().fields}
     missing = [Field(f.name, f.type, nullable=True, metadata=f.metadata) for f in schema.fields if f.name not in existing]
@@ -279,10 +270,9 @@ def raise_fence(uri: str, fence: Fence, attempts: int = _MAX_COMMIT_ATTEMPTS) ->
         with latest_snapshot(uri) as table:
             if table is None or (table.transaction_version(fence.app_id) or -1) >= fence.version:
                 return
+            metadata = {"barrierflow.operation": "fence", "barrierflow.fence": str(fence)}
             properties = CommitProperties(
-                custom_metadata={"barrierflow.operation": "fence", "barrierflow.fence": str(fence)},
-                app_transactions=[fence_transaction(fence)],
-                max_commit_retries=0,
+                custom_metadata=metadata, app_transactions=[fence_transaction(fence)], max_commit_retries=0
             )
             try:
                 table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)

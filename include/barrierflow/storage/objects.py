@@ -8,18 +8,13 @@ Every location is a URI string, so nothing above this module assumes a local pat
   sidecar ``.<name>.lock``, its version being the inode, size and
   modification time of the file read;
 - ``s3://bucket/key`` through boto3, configured by the standard AWS
-  environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
-  ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``): put-if-absent is a PUT with
-  ``If-None-Match: *`` and compare-and-swap a PUT with ``If-Match: <ETag>``;
-  S3 answers 412 to the writer that lost. No check-then-put anywhere.
+  environment: put-if-absent is a PUT with ``If-None-Match: *`` and
+  compare-and-swap a PUT with ``If-Match: <ETag>``; S3 answers 412 to the
+  writer that lost. No check-then-put anywhere.
 
-A conditional PUT whose answer is lost (a reset connection, a 5xx after the
-write) is retried; if the retry meets 412, the object is read back and the
-write counts as this call's own when it holds exactly its bytes (documents
-of the protocol carry unique tokens, so equal bytes mean the same write).
-
-Executors do their object-store I/O through pyarrow (:func:`arrow_filesystem`,
-:func:`open_input`); Delta commits go through delta-rs (same AWS environment).
+A conditional PUT whose answer is lost is retried (:func:`_s3_conditional_put`).
+Executors do their object-store I/O through pyarrow (:func:`arrow_filesystem`);
+Delta commits go through delta-rs (same AWS environment).
 """
 
 from __future__ import annotations
@@ -64,7 +59,6 @@ def normalize_uri(uri: str) -> str:
 
 
 def is_local(uri: str) -> bool:
-    """Whether ``uri`` is a local path or ``file://`` URI."""
     return urlparse(uri).scheme in ("", "file")
 
 
@@ -139,17 +133,19 @@ def list_files(uri: str) -> list[StoredFile]:
             entries = list(os.scandir(local_path(uri)))
         except (FileNotFoundError, NotADirectoryError):
             return []
-        found = []
-        for entry in entries:
-            try:
-                if entry.is_file():
-                    stat = entry.stat()
-                    found.append(StoredFile(entry.name, stat.st_size, stat.st_mtime_ns))
-            except FileNotFoundError:  # removed meanwhile
-                continue
+        found = [f for entry in entries if entry.is_file() and (f := _local_file(entry.path, entry.name)) is not None]
     else:
         found = [StoredFile.of_s3(item) for item in _s3_list(uri, one_level=True)[0] if item["Key"]]
     return sorted(found, key=lambda f: f.path)
+
+
+def _local_file(path: str, name: str) -> StoredFile | None:
+    """The file at ``path`` listed as ``name``; None when it was removed meanwhile."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return StoredFile(name, stat.st_size, stat.st_mtime_ns)
 
 
 def open_input(uri: str) -> BinaryIO:
@@ -168,13 +164,9 @@ def walk(uri: str) -> Iterator[StoredFile]:
     if is_local(uri):
         root = local_path(uri)
         for directory, _, names in os.walk(root):
-            for name in names:
-                full = os.path.join(directory, name)
-                try:
-                    stat = os.stat(full)
-                except FileNotFoundError:  # removed meanwhile
-                    continue
-                yield StoredFile(os.path.relpath(full, root).replace(os.sep, "/"), stat.st_size, stat.st_mtime_ns)
+            for full in (os.path.join(directory, name) for name in names):
+                if (found := _local_file(full, os.path.relpath(full, root).replace(os.sep, "/"))) is not None:
+                    yield found
         return
     for item in _s3_list(uri, one_level=False)[0]:
         if item["Key"] and not item["Key"].endswith("/"):  # not a directory marker some S3 clients write
@@ -244,9 +236,7 @@ def read_json(uri: str) -> Any | None:
 def put_if_absent(uri: str, data: bytes) -> bool:
     """Atomically create ``uri`` with ``data`` unless it exists: True when this call created it, False when another writer did.
 
-    Locally the content is durable before it is visible: written and fsynced
-    under a temporary name, then hard-linked to its name (which fails if the
-    name is taken). On S3: a PUT with ``If-None-Match: *``.
+    Locally the content is durable before it is visible (fsynced, then hard-linked).
     """
     if not is_local(uri):
         return _s3_conditional_put(uri, data, {"IfNoneMatch": "*"}) is not None
@@ -268,11 +258,10 @@ def put_if_absent(uri: str, data: bytes) -> bool:
 def compare_and_swap(uri: str, data: bytes, version: str) -> str | None:
     """Replace the object at ``uri`` with ``data`` if it is still at ``version`` (from :func:`read_versioned`).
 
-    Returns the new version, or None when another writer replaced or removed
-    it since. On S3: a PUT with ``If-Match: <ETag>``. A version returned is
-    always this call's write, applied once on ``version``; None is
-    conservative: after a lost acknowledgement this call's write may have
-    landed and been replaced, which callers (the lease) treat as lost.
+    Returns the new version (always this call's write, applied once on
+    ``version``), or None when another writer replaced or removed it since.
+    None is conservative: after a lost acknowledgement this call's write may
+    have landed and been replaced, which callers (the lease) treat as lost.
     """
     if not is_local(uri):
         return _s3_conditional_put(uri, data, {"IfMatch": version})
@@ -342,15 +331,12 @@ def arrow_filesystem(uri: str) -> "tuple[Any, str]":
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     options: dict[str, Any] = {
         "region": _s3_region(),
-        # Executors' reads and writes are idempotent (whole objects under unique
-        # names), so transient errors are retried here, with backoff; bounded
-        # timeouts turn a stalled connection into one of them.
+        # Executors' reads and writes are idempotent (whole objects under unique names): retried here,
+        # with backoff; bounded timeouts turn a stalled connection into a transient error.
         "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=10),
         "connect_timeout": 10,
         "request_timeout": 60,
-        # A file written whole under a new name needs no multipart upload until
-        # it outgrows one part: a small staged file is one PUT, not three.
-        "allow_delayed_open": True,
+        "allow_delayed_open": True,  # a small file written whole is one PUT, not a multipart upload's three
     }
     if endpoint:
         parsed = urlparse(endpoint)
@@ -416,9 +402,8 @@ def _s3_client() -> Any:
             endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
             config = Config(
                 region_name=_s3_region(),
-                # Every call is retried here, never by botocore: a conditional PUT must know
-                # whether an attempt before the one answering 412 may have taken effect
-                # (_s3_conditional_put). ("max_attempts" would count retries only.)
+                # Retried here, never by botocore: a conditional PUT must know whether an attempt
+                # before the one answering 412 may have taken effect (_s3_conditional_put).
                 retries={"mode": "standard", "total_max_attempts": 1},
                 # A custom endpoint (a loopback test server, an on-premises store) takes path-style requests.
                 s3={"addressing_style": "path"} if endpoint else {},
@@ -509,7 +494,7 @@ def _s3_conditional_put(uri: str, data: bytes, condition: dict[str, str]) -> str
     2. A transport or server error leaves the outcome unknown: retry.
     3. A retry that meets 412 after an unknown outcome reads the object
        back: holding exactly these bytes, the lost attempt was this call's
-       own write.
+       own write (the protocol's documents carry unique tokens).
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -518,9 +503,10 @@ def _s3_conditional_put(uri: str, data: bytes, condition: dict[str, str]) -> str
     for attempt in range(_CONDITIONAL_ATTEMPTS):
         try:
             return str(_s3_client().put_object(Bucket=bucket, Key=key, Body=data, **condition)["ETag"])  # 1
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        except (BotoCoreError, ClientError) as exc:
+            response: dict[str, Any] = exc.response if isinstance(exc, ClientError) else {}  # a transport error has none
+            code = response.get("Error", {}).get("Code")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
             if status == 412 or code == "PreconditionFailed":
                 if uncertain:  # 3
                     found = read_versioned(uri)
@@ -531,9 +517,6 @@ def _s3_conditional_put(uri: str, data: bytes, condition: dict[str, str]) -> str
             if status == 409 and attempt + 1 < _CONDITIONAL_ATTEMPTS:  # nothing written: try again
                 time.sleep(0.1 * 2**attempt)
                 continue
-            if not _retryable(exc) or attempt + 1 == _CONDITIONAL_ATTEMPTS:
-                raise StorageError(f"cannot write {uri}: {_describe(exc)}") from exc
-        except BotoCoreError as exc:
             if not _retryable(exc) or attempt + 1 == _CONDITIONAL_ATTEMPTS:
                 raise StorageError(f"cannot write {uri}: {_describe(exc)}") from exc
         uncertain = True  # 2

@@ -1,16 +1,14 @@
 """Tasks write an epoch's staged files; the driver only gets their descriptions.
 
-As Spark's own Delta writer divides the work: every task writes its rows as
-Parquet straight into the table's staging directory and returns one
-description per file (path, size, row count, Delta statistics). The epoch's
-add actions are made from those, never from listing a directory, so files of
-a failed or speculative task attempt are never committed (an abort deletes
-the whole directory).
+Every task writes its rows as Parquet straight into the table's staging
+directory and returns one description per file (path, size, row count, Delta
+statistics). The epoch's add actions are made from those, never from listing
+a directory, so files of a failed or speculative task attempt are never
+committed (an abort deletes the whole directory).
 
-State tables are written clustered by key group: rows are sorted by key
-group and a file never spans two of the ``partitions`` contiguous key-group
-ranges, so each file's min/max key-group statistics stay narrow and an
-epoch that touches few key groups skips most files.
+State tables are written clustered by key group: a file never spans two of
+the ``partitions`` contiguous key-group ranges, so its key-group statistics
+stay narrow and an epoch that touches few key groups skips most files.
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ from barrierflow.storage.objects import arrow_filesystem, is_local, join_uri
 __all__ = ["write_partition", "write_parquet"]
 
 _ROW_GROUP_ROWS = 64 * 1024
+_FILE_ROWS = 2_000_000  # at most, in a file of the driver-side writer
 
 
 def write_partition(
@@ -41,23 +40,17 @@ def write_partition(
 ) -> list[dict[str, Any]]:
     """Executor side: write ``rows`` in ``schema``; one description per file.
 
-    With ``ranges = (partitions, key_groups)`` the rows are sorted by key
-    group and a new file starts at each key-group range boundary.
+    ``ranges = (partitions, key_groups)``: rows sorted by key group, a new file at each range boundary.
     """
     rows = rows.select(schema.names).cast(schema)
     return [_write_file(table_uri, prefix, part) for part in _split_ranges(rows, ranges) if part.num_rows]
 
 
-def write_parquet(
-    table_uri: str, prefix: str, data: pa.Table, *, sort_by: Sequence[str] = (), max_rows_per_file: int = 2_000_000
-) -> list[StagedFile]:
+def write_parquet(table_uri: str, prefix: str, data: pa.Table, *, sort_by: Sequence[str] = ()) -> list[StagedFile]:
     """The driver-side writer, for rows already in this process (compaction, tests)."""
     if sort_by:
         data = data.sort_by([(c, "ascending") for c in sort_by])
-    return [
-        StagedFile(**_write_file(table_uri, prefix, data.slice(offset, max_rows_per_file)))
-        for offset in range(0, data.num_rows, max_rows_per_file)
-    ]
+    return [StagedFile(**_write_file(table_uri, prefix, data.slice(i, _FILE_ROWS))) for i in range(0, data.num_rows, _FILE_ROWS)]
 
 
 def _split_ranges(rows: pa.Table, ranges: tuple[int, int] | None) -> Iterator[pa.Table]:
@@ -102,13 +95,9 @@ def _write_file(table_uri: str, prefix: str, rows: pa.Table) -> dict[str, Any]:
 
 
 def _file_stats(rows: pa.Table) -> str:
-    """A file's Delta statistics.
+    """A file's Delta statistics: min/max of integer (exact) and zoned timestamp columns; floats and strings have none.
 
-    Integer columns get exact min/max (key-group and epoch skipping); zoned
-    timestamp columns (skipping by event time) at Delta's millisecond
-    precision, the minimum rounded down and the maximum up, so no reader
-    skips a file holding a row it wants. Floats and strings (subtle
-    truncation rules): none.
+    Timestamps at Delta's millisecond precision, rounded outwards: no reader skips a file holding a row it wants.
     """
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from barrierflow.airflow.dags.environment import repo_root
 from barrierflow.airflow.ui.chart import format_bytes, format_ms
 from barrierflow.api.params import parse_assignments
-from barrierflow.checkpointing.checkpoint_log import CheckpointLog, iso_us
+from barrierflow.checkpointing.checkpoint_log import CheckpointLog, current_lineage_seq, iso_us
 from barrierflow.checkpointing.coordinator import (
     CheckpointCoordinator,
     EpochResult,
@@ -48,10 +48,7 @@ def _warehouse(args: argparse.Namespace) -> str:
 
 
 def _pipeline_name(ref: str) -> str:
-    """The pipeline's name: ``ref`` itself, or the name of the pipeline ``package.module:attribute`` defines.
-
-    A plain name is not loaded, so a pipeline whose code is gone can still be inspected.
-    """
+    """``ref``, or the name of the pipeline ``package.module:attribute`` defines (a plain name is not loaded: its code may be gone)."""
     return get_pipeline(ref).name if ":" in ref else ref
 
 
@@ -77,13 +74,9 @@ def _add_param(p: argparse.ArgumentParser, help: str = "pipeline parameter (repe
 def _add_engine(p: argparse.ArgumentParser) -> None:
     engine = p.add_mutually_exclusive_group()
     engine.add_argument(
-        "--remote",
-        metavar="sc://HOST:PORT",
-        help="run epochs on a warm Spark Connect engine (default: $BARRIERFLOW_SPARK_REMOTE; see 'barrierflow engine')",
+        "--remote", metavar="sc://HOST:PORT", help="a warm Spark Connect engine (default: $BARRIERFLOW_SPARK_REMOTE)"
     )
-    engine.add_argument(
-        "--master", help="start Spark in this process on this master (default: $BARRIERFLOW_SPARK_MASTER or local[*])"
-    )
+    engine.add_argument("--master", help="start Spark in this process (default: $BARRIERFLOW_SPARK_MASTER or local[*])")
 
 
 def _add_restore_point(p: argparse.ArgumentParser, release_hold: bool = False) -> None:
@@ -92,22 +85,14 @@ def _add_restore_point(p: argparse.ArgumentParser, release_hold: bool = False) -
     point.add_argument("--savepoint", metavar="NAME|PATH", help="a savepoint name, or the path of a savepoint directory")
     point.add_argument("--epoch", type=int, metavar="N", help="a retained completed epoch of the current lineage")
     if release_hold:
-        point.add_argument(
-            "--release-hold", action="store_true", help="release the hold of a reprocessing command that died, and exit"
-        )
-    p.add_argument(
-        "--allow-non-restored-state",
-        action="store_true",
-        help="restore even if state would be dropped or start empty (operators removed, added or changed)",
-    )
+        point.add_argument("--release-hold", action="store_true", help="release a dead reprocessing command's hold, and exit")
+    p.add_argument("--allow-non-restored-state", action="store_true", help="restore even if state is dropped or starts empty")
     p.add_argument("--parallelism", type=int, metavar="N", help="parallelism of the new lineage's epochs")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="barrierflow",
-        description="Exactly-once, checkpointed, stateful stream processing as barrier-delimited epochs: "
-        "PySpark computes each epoch, Delta Lake tables hold state and output, committed in two phases.",
+        prog="barrierflow", description="Exactly-once, checkpointed, stateful stream processing in epochs (see README.md)."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -122,15 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         choices=(1, 2),
         default=2,
-        help="2 (default): the next epoch reads its input while the current one commits; "
-        "1: each epoch starts after the previous one completed. Output is the same either way",
+        help="2 (default): the next epoch reads while the current one commits; 1: one at a time (same output)",
     )
-    run.add_argument(
-        "--state-backend",
-        choices=STATE_BACKENDS,
-        help="override the pipeline's state backend: delta (state merged on the executors) or "
-        "heap (running aggregates merged on the driver, state resident there); see README",
-    )
+    run.add_argument("--state-backend", choices=STATE_BACKENDS, help="override the pipeline's state backend (see README)")
 
     _pipeline_command(sub, "status", "last completed epoch, pending work, lineage, table versions", json="print JSON")
     _pipeline_command(sub, "checkpoints", "the checkpoint log: one line per epoch", json="print a JSON array")
@@ -139,22 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "query",
         "SQL over sinks, dead_letter and state tables as of a completed epoch",
-        description="Tables: every sink by its name, dead_letter, every state table as <operator_id>__<state> "
-        "(current value per key; raw incremental rows in <operator_id>__<state>__changelog), and checkpoints, "
-        "all read as of the same completed epoch.",
+        description="Tables: sinks, dead_letter, checkpoints, <operator_id>__<state> and its __changelog (see README).",
     )
     query.add_argument("sql", help="the SQL statement")
     query.add_argument("--as-of-epoch", type=int, metavar="N", help="read every table as of completed epoch N")
     query.add_argument("--format", choices=("table", "json", "csv"), default="table")
 
-    savepoint = sub.add_parser(
-        "savepoint",
-        help="create, list, restore or dispose of savepoints",
-        description="A savepoint is a self-contained copy of a pipeline's state at its last completed epoch "
-        "(compacted state, source offsets, watermark, operator ids and state schemas) under "
-        "<warehouse>/_savepoints/<pipeline>/<name>. It survives vacuum and can be copied to another "
-        "warehouse. Restoring starts a new lineage from a savepoint or a retained completed epoch.",
-    )
+    savepoint = sub.add_parser("savepoint", help="create, list, restore or dispose of savepoints (see README)")
     sp_sub = savepoint.add_subparsers(dest="action", required=True, metavar="ACTION")
     sp_create = _pipeline_command(sp_sub, "create", "take a savepoint at the last completed epoch")
     sp_create.add_argument("--name", help="savepoint name (default: sp-<UTC time>-<random>)")
@@ -164,9 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     _pipeline_command(sp_sub, "list", "list the pipeline's savepoints", json="print a JSON array")
     sp_restore = _pipeline_command(sp_sub, "restore", "start a new lineage from a savepoint or a retained completed epoch")
     _add_restore_point(sp_restore)
-    sp_restore.add_argument(
-        "--rewind-sinks", action="store_true", help="remove sink rows written after the restore point (exactly-once replay)"
-    )
+    sp_restore.add_argument("--rewind-sinks", action="store_true", help="remove sink rows written after the restore point")
     _add_param(sp_restore)
     _pipeline_command(sp_sub, "dispose", "delete a savepoint").add_argument("name", help="the savepoint's name")
 
@@ -174,10 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "reprocess",
         "restore, then replay every data interval after the restore point in order",
-        description="Restores a savepoint or a retained epoch (sinks rewound unless --keep-sinks), then replays the input "
-        "that arrived after the restore point's arrival cut-off, one epoch per data interval of --schedule that holds input, "
-        "up to the last interval that has ended. The pipeline is held meanwhile: the DAG's scheduled runs plan nothing "
-        "until the replay is done. Prints the plan first (--plan-only stops there) and what was replayed.",
+        description="Holds the pipeline, restores, then replays one epoch per --schedule interval holding input (see README).",
     )
     _add_restore_point(rp, release_hold=True)
     rp.add_argument(
@@ -190,12 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine(rp)
     _add_param(rp)
 
-    maintenance = _pipeline_command(
-        sub, "maintenance", "compact state, expire old checkpoints, vacuum (savepoints are never touched)"
-    )
-    maintenance.add_argument(
-        "--retained-checkpoints", type=int, default=10, metavar="N", help="completed checkpoints to keep (default 10)"
-    )
+    maintenance = _pipeline_command(sub, "maintenance", "compact state, expire old checkpoints, vacuum (never savepoints)")
+    maintenance.add_argument("--retained-checkpoints", type=int, default=10, metavar="N", help="checkpoints to keep (default 10)")
     maintenance.add_argument(
         "--vacuum-retention-hours", type=int, default=168, metavar="H", help="vacuum retention (default 168)"
     )
@@ -203,45 +164,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("pipelines", help="list the registered pipelines and their parameters")
 
-    engine = sub.add_parser(
-        "engine",
-        help="run the warm Spark engine (a Spark Connect server) in the foreground",
-        description="A long-lived Spark application that epochs run on: point 'run --remote', "
-        "$BARRIERFLOW_SPARK_REMOTE or the DAGs' Spark Connect connection at the address it prints.",
-    )
+    engine = sub.add_parser("engine", help="run the warm Spark engine (a Spark Connect server) in the foreground")
     engine.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     engine.add_argument("--port", type=int, default=15002, help="Spark Connect port (default 15002)")
     engine.add_argument("--master", default="local[*]", help="Spark master of the engine (default local[*])")
     engine.add_argument("--driver-memory", default="2g", help="the engine driver's memory (default 2g)")
     engine.add_argument(
-        "--warm-up-epochs",
-        type=int,
-        metavar="N",
-        help="throwaway sensor_stats epochs run once it listens, so the first real epochs run warm "
-        "(default 4 for a local[...] master, 0 otherwise: the warm-up reads files on this machine)",
+        "--warm-up-epochs", type=int, metavar="N", help="throwaway epochs once it listens (default 4 on local[...], else 0)"
     )
 
-    airflow = sub.add_parser(
-        "airflow",
-        help="run the Airflow CLI against the running 'make run' stack (its AIRFLOW_HOME and database)",
-        description="Runs Airflow's own CLI with the settings of the stack that 'make run' started (read from "
-        "<home>/barrierflow-stack.json), e.g. 'barrierflow airflow backfill create --dag-id ...'.",
-    )
+    airflow = sub.add_parser("airflow", help="run the Airflow CLI against the running 'make run' stack")
     airflow.add_argument("--home", help="the stack's AIRFLOW_HOME (default: <repo>/.airflow)")
     airflow.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the airflow command")
 
     generate = sub.add_parser("generate", help="write sample input files of a product pipeline into a landing directory")
     generate.add_argument("landing_dir")
-    generate.add_argument(
-        "--pipeline",
-        choices=("sensor_stats", "orders_payments"),
-        default="sensor_stats",
-        help="whose input: sensor_stats readings, or orders_payments' orders/, payments/ and thresholds/ (default sensor_stats)",
-    )
+    generate.add_argument("--pipeline", choices=("sensor_stats", "orders_payments"), default="sensor_stats", help="whose input")
     generate.add_argument("--files", type=int, default=6, help="number of files (per source; default 6)")
-    generate.add_argument(
-        "--records-per-file", type=int, default=200, help="lines per file (orders per file for orders_payments; default 200)"
-    )
+    generate.add_argument("--records-per-file", type=int, default=200, help="lines (orders) per file (default 200)")
     generate.add_argument("--start-index", type=int, default=0, help="index of the first file (default 0)")
     generate.add_argument("--seed", type=int, default=0)
     return parser
@@ -354,9 +294,8 @@ def _ran(args: argparse.Namespace) -> PipelineLayout:
 def _cmd_status(args: argparse.Namespace) -> int:
     layout = _ran(args)
     meta = objects.read_json(layout.pipeline_meta) or {}
-    lineages = [n for n in objects.list_dir(layout.lineages) if n.endswith(".json")]
-    lineage = (objects.read_json(objects.join_uri(layout.lineages, lineages[-1])) or {}) if lineages else {}
-    records = CheckpointLog(layout).lineage_records(lineage.get("lineage_id", ""))
+    lineage = current_lineage_seq(layout)[1]
+    records = CheckpointLog(layout).lineage_records(lineage["lineage_id"])
     last = CheckpointLog.last_completed(records)
     pending = sorted(
         (epoch, r.status.value)
@@ -550,25 +489,10 @@ def _cmd_maintenance(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {
-    "savepoint": _cmd_savepoint,
-    "maintenance": _cmd_maintenance,
-    "run": _cmd_run,
-    "status": _cmd_status,
-    "checkpoints": _cmd_checkpoints,
-    "query": _cmd_query,
-    "pipelines": _cmd_pipelines,
-    "generate": _cmd_generate,
-    "engine": _cmd_engine,
-    "reprocess": _cmd_reprocess,
-    "airflow": _cmd_airflow,
-}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        code = _COMMANDS[args.command](args)
+        code = globals()[f"_cmd_{args.command}"](args)  # each command's handler is _cmd_<command>
     except BarrierflowError as exc:
         print(f"barrierflow: error: {exc}", file=sys.stderr)
         code = 1

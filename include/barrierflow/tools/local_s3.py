@@ -1,13 +1,10 @@
 """A local S3 endpoint for development and tests: moto's server, with its conditional writes made atomic.
 
-moto 5.2.5 honours ``If-None-Match: *`` and ``If-Match`` but checks the
-condition and stores the object as two steps, on a thread per request, so
-two racing conditional PUTs can both succeed. S3 itself decides each
-conditional write atomically, and the checkpoint protocol depends on it
-(first barrier wins, one lease holder). This server therefore runs moto's
-application one request at a time. A request's body (chunked or not) is
-read before it waits for its turn, and its answer is written after, so a
-slow or stalled client holds nobody up.
+moto (5.2.5) checks a conditional PUT's condition and stores the object as two steps, on a thread per
+request, so two racing conditional PUTs can both succeed; S3 decides each atomically, and the checkpoint
+protocol depends on it (first barrier wins, one lease holder). So this server runs moto's application one
+request at a time; a request's body is read before its turn and its answer written after, so a slow
+client holds nobody up.
 """
 
 from __future__ import annotations
@@ -57,12 +54,8 @@ def serve(host: str, port: int, *, access_log: bool = False) -> None:
     from werkzeug.serving import run_simple
 
     class Dispatcher(DomainDispatcherApplication):
-        """moto's dispatcher, remembering each Host header's service.
-
-        It otherwise decides it again for every request by listing moto's
-        package directory: a quarter of this server's CPU (profiled), paid
-        under the lock that serializes requests.
-        """
+        """moto's dispatcher, remembering each Host header's service (deciding it lists moto's package
+        directory: a quarter of this server's CPU, paid under the lock)."""
 
         def get_backend_for_host(self, host: str | None) -> Any:
             if host not in services:

@@ -1,16 +1,10 @@
 """The embedded Airflow metadata database of ``make run``: a PostgreSQL server on loopback.
 
-Airflow's scheduler, API server, triggerer, DAG processor, task processes and the ``airflow``
-CLI all write the metadata database at once. SQLite locks the whole file per writer and answers
-``database is locked`` when a writer waits too long (or at once, in WAL mode, when a reader's
-snapshot went stale), so ``make run`` keeps its metadata in Debian's PostgreSQL: ``initdb`` into
-``<AIRFLOW_HOME>/postgres`` the first time, then ``postgres`` on 127.0.0.1 on its own port, as a
-child of ``make run`` that stops with it.
-
-PostgreSQL refuses to run as root: started by root, the server and its data directory belong to
-the ``postgres`` system user of Debian's package (and the directories above the data directory
-get the search-only permission that user needs to reach it). Connections are trusted, which is
-safe only because the server listens on loopback alone and its socket directory is private.
+Airflow's components, task processes and CLI all write the metadata database at once, which SQLite
+answers with ``database is locked``; so ``make run`` runs Debian's PostgreSQL (``initdb`` into
+``<AIRFLOW_HOME>/postgres`` once) on 127.0.0.1, as a child that stops with it. Started by root, the
+server runs as the ``postgres`` user, which owns its data directory and may traverse the directories
+above it. Connections are trusted: safe only because it listens on loopback and its socket directory is private.
 """
 
 from __future__ import annotations
@@ -20,7 +14,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import tempfile
@@ -114,7 +107,7 @@ class EmbeddedPostgres:
         subprocess.run(initdb, check=True, capture_output=True, preexec_fn=self._run_as(), cwd="/")
 
     def start(self, log: IO[bytes] | int | None = None, wait_s: float = 60.0) -> "EmbeddedPostgres":
-        """Start the server (initializing it first) and create the database; returns once it accepts connections."""
+        """Start the server (initializing it first) and create the database; returns once it takes connections."""
         self.init()
         self._socket_dir.mkdir(mode=0o700, exist_ok=True)
         self._own(self._socket_dir)
@@ -131,42 +124,22 @@ class EmbeddedPostgres:
             start_new_session=True,
             cwd="/",
         )
-        deadline = time.monotonic() + wait_s
-        while not _accepts(self.port):
-            if self.proc.poll() is not None:
-                raise ConfigurationError(
-                    f"PostgreSQL exited with code {self.proc.returncode} before listening on {_HOST}:{self.port} "
-                    f"(data directory {self.data_dir})"
-                )
-            if time.monotonic() > deadline:
-                self.stop()
-                raise ConfigurationError(f"PostgreSQL did not listen on {_HOST}:{self.port} within {wait_s:.0f} s")
-            time.sleep(0.1)
-        self._create_database(bin_dir)
-        return self
-
-    def _create_database(self, bin_dir: Path, wait_s: float = 30.0) -> None:
-        """``createdb`` once the server takes connections (it listens a moment before it does)."""
+        # createdb until the server takes connections (it listens a moment before it does).
         createdb = bin_dir / "createdb"
         cmd = [str(createdb if createdb.exists() else "createdb"), "-h", _HOST, "-p", str(self.port), "-U", ROLE, DATABASE]
         deadline = time.monotonic() + wait_s
         while True:
             result = subprocess.run(cmd, capture_output=True, text=True)
             if result.returncode == 0 or "already exists" in result.stderr:
-                return
+                return self
+            if self.proc.poll() is not None:
+                raise ConfigurationError(f"PostgreSQL exited with code {self.proc.returncode} (data directory {self.data_dir})")
             if time.monotonic() > deadline:
-                raise ConfigurationError(f"cannot create database {DATABASE}: {result.stderr.strip()}")
+                self.stop()
+                raise ConfigurationError(f"cannot create database {DATABASE} on {_HOST}:{self.port}: {result.stderr.strip()}")
             time.sleep(0.2)
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Fast shutdown (SIGINT: roll back open transactions, checkpoint, exit)."""
         if self.proc is not None:
             stop_group(self.proc, signal.SIGINT, grace_s)
-
-
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection((_HOST, port), timeout=0.5):
-            return True
-    except OSError:
-        return False

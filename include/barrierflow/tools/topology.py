@@ -1,31 +1,16 @@
-"""The multi-service deployment: every service's command and settings, shared by docker-compose.yaml and its test.
+"""The multi-service deployment (README, "Deploy as separate services"): every service's command and settings.
 
-Services, in start order:
-
-============== ==============================================================
-``postgres``   Airflow's metadata database (Debian's PostgreSQL, loopback)
-``s3``         an S3 endpoint that decides conditional writes atomically
-               (:mod:`barrierflow.tools.local_s3`, moto's server); holds the warehouse
-``spark-master`` a standalone Spark master (the wheel's ``spark-class``)
-``spark-worker-1``, ``spark-worker-2`` standalone workers, one core each
-``engine``     the warm Spark Connect engine, its executors on the workers
-``airflow-init`` one-shot: migrate the metadata database, create the bucket
-``api-server``, ``scheduler``, ``dag-processor``, ``triggerer``: Airflow
-============== ==============================================================
-
-``docker-compose.yaml`` runs each service in its own container as ``python -m
-barrierflow.tools.topology serve <service>``; with no Docker engine, ``python -m
-barrierflow.tools.topology up`` (and the test of this topology) starts the very same
-commands as child processes. Both share host networking, so every address is
-``127.0.0.1``: ports, the state directory and the bucket come from
-``BARRIERFLOW_TOPOLOGY_*`` variables (:meth:`TopologyConfig.from_env`), the warehouse
-is ``s3://<bucket>/warehouse``, and the landing directory of ``sensor_stats`` is
-``<home>/landing`` (a volume shared by the containers).
+``docker-compose.yaml`` runs each of ``SERVICES`` (in start order) in its own container as ``python -m
+barrierflow.tools.topology serve <service>``; ``... up`` and the test start the very same commands as
+child processes. Both use host networking, so every address is ``127.0.0.1``: ports, the state
+directory and the bucket come from ``BARRIERFLOW_TOPOLOGY_*`` (:meth:`TopologyConfig.from_env`), the
+warehouse is ``s3://<bucket>/warehouse``, and ``sensor_stats`` lands in ``<home>/landing`` (a shared volume).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -246,11 +231,8 @@ def _ready(service: str, config: TopologyConfig, proc: subprocess.Popen[bytes]) 
 def running_topology(
     config: TopologyConfig, log_dir: Path, ready_timeout_s: float = 600.0, base_env: Mapping[str, str] | None = None
 ) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
-    """Every service as a child process, with the commands of the compose file, each up before the next starts.
-
-    ``base_env`` (default ``os.environ``) is what each service's environment starts from, as a container's
-    environment would.
-    """
+    """Every service as a child process (the compose file's commands), each up before the next starts; every
+    environment starts from ``base_env`` (default ``os.environ``), as a container's would."""
     log_dir.mkdir(parents=True, exist_ok=True)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     env = {**(os.environ if base_env is None else base_env), **config.to_env()}
@@ -271,16 +253,10 @@ def running_topology(
                 time.sleep(0.5)
         yield procs
     finally:
-        for service in reversed(list(procs)):
-            _stop(procs[service])
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    stop_group(proc, signal.SIGTERM, grace_s=20.0)
-    try:  # whatever the service left in its process group (task processes, executors)
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        for proc in reversed(list(procs.values())):
+            stop_group(proc, signal.SIGTERM, grace_s=20.0)
+            with contextlib.suppress(ProcessLookupError):  # what it left in its process group (tasks, executors)
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

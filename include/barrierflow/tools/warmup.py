@@ -1,22 +1,12 @@
-"""Engine warm-up: a few throwaway epochs of the reference pipeline on a new engine.
+"""Engine warm-up: a few throwaway epochs of ``sensor_stats`` on a new engine.
 
-A new Spark application runs its first epochs several times slower than
-later ones: the JVM interprets Spark's planner and operators until its JIT
-has compiled them, and each session starts its Python workers on first use.
-Measured on 2 cores, ``sensor_stats`` epochs of ~2,400 records took about
-10, 4.6, 3.9 and 3.6 s on a new engine before settling near 3 s. Most of
-that is planning, not data, so small epochs warm the engine as well as big
-ones: after this warm-up (4 epochs of 480 records, ~25 s), the first real
-epochs took 2.3-3.1 s.
-
-The warm-up runs ``sensor_stats`` for ``epochs`` epochs over generated input
-in a temporary warehouse (deleted afterwards), through Spark Connect like any
-client, in the session of ``session_name`` (the pipeline whose Python workers
-should be warm). Its input is local files, so it suits an engine whose
-executors share this machine's file system (a ``local[*]`` master); a cluster
-engine is warmed by its first epochs. It runs in a process of its own
-(``python -m barrierflow.tools.warmup sc://HOST:PORT``): a Spark Connect
-client switches its whole process into Connect mode.
+A new Spark application runs its first epochs several times slower (the JIT has not compiled Spark's
+planner yet; each session starts its Python workers on first use), and small epochs warm it as well as
+big ones: on 2 cores, 4 epochs of 480 records (~25 s) brought the first real epochs from 10 s to 2.3-3.1 s.
+They run over generated local files (so on a ``local[*]`` engine; a cluster warms on its first epochs)
+in a temporary warehouse, in the session ``session_name`` (the pipeline whose workers to warm), in a
+process of its own (``python -m barrierflow.tools.warmup sc://HOST:PORT``): a Spark Connect client
+switches its whole process into Connect mode.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""barrierflow on Airflow 3: the DAGs that run pipelines epoch by epoch, and their settings.
-
-Importing this package does not import Airflow, so ``environment`` can configure Airflow first. ``pipeline_dag``,
-``savepoint_dag``, ``restore_dag``, ``reprocess_dag`` and ``maintenance_dag`` build the DAGs (sharing ``operations``,
-``params``, ``settings``, ``lifecycle`` and ``spark_submit``); ``factory`` gives them by id to the files in ``dags/``.
+"""barrierflow on Airflow 3: ``<kind>_dag`` modules build the DAGs, ``factory`` gives them by id to the files in
+``dags/``. Importing this package does not import Airflow, so ``environment`` can configure Airflow first.
 """
 
 from __future__ import annotations

@@ -11,21 +11,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from barrierflow.core.errors import ConfigurationError
 from barrierflow.storage.objects import normalize_uri
 
 __all__ = [
-    "LOCAL_SPARK_CONNECTION",
-    "SPARK_CONN_ENV",
-    "engine_connection",
-    "python_env",
-    "airflow_environment",
-    "configure_airflow",
-    "migrate_metadata_db",
-    "repo_root",
-]
+    "LOCAL_SPARK_CONNECTION", "SPARK_CONN_ENV", "engine_connection", "python_env", "airflow_environment", "configure_airflow",
+    "migrate_metadata_db", "repo_root",
+]  # fmt: skip
 
 # The default Spark connection (``spark_default``): Spark embedded in the worker, local[*].
 LOCAL_SPARK_CONNECTION = json.dumps({"conn_type": "spark", "host": "local[*]"})
@@ -59,13 +53,10 @@ def airflow_environment(
     spark_master: str | None = None,
     engine_address: str | None = None,
 ) -> dict[str, str]:
-    """The environment variables that configure Airflow for barrierflow.
-
-    ``home`` becomes ``AIRFLOW_HOME`` with its SQLite metadata database; the DAGs and plugins folders are the
-    project's ``dags/`` and ``plugins/``; example DAGs are off. ``warehouse`` (a local path made absolute, or
-    ``s3://...``) sets ``BARRIERFLOW_WAREHOUSE``; ``spark_master`` sets the default Spark connection (``local[*]``
-    when not given); ``engine_address`` (``sc://host:port``) sets the warm engine's ``spark_connect_default``.
-    """
+    """The environment variables that configure Airflow for barrierflow: ``home`` (``AIRFLOW_HOME``) holds the SQLite
+    metadata database; the DAGs and plugins folders are ``root``'s (the project's) ``dags/`` and ``plugins/``.
+    ``warehouse`` sets ``BARRIERFLOW_WAREHOUSE``; ``spark_master`` the default Spark connection (else ``local[*]``);
+    ``engine_address`` (``sc://host:port``) the warm engine's ``spark_connect_default``."""
     home_path = Path(home).resolve()
     base = Path(root).resolve() if root is not None else repo_root()
     env = {
@@ -89,21 +80,16 @@ def airflow_environment(
     return env
 
 
-def configure_airflow(
-    home: str | os.PathLike[str],
-    *,
-    warehouse: str | os.PathLike[str] | None = None,
-    spark_master: str | None = None,
-    engine_address: str | None = None,
-) -> Mapping[str, str]:
-    """Apply :func:`airflow_environment` to ``os.environ``; ConfigurationError when ``airflow`` is already imported."""
+def configure_airflow(home: str | os.PathLike[str], **options: Any) -> Mapping[str, str]:
+    """Apply :func:`airflow_environment` (``options`` are its keywords) to ``os.environ``; ConfigurationError when
+    ``airflow`` is already imported."""
     current = os.environ.get("AIRFLOW_HOME")
     if "airflow.settings" in sys.modules and current != str(Path(home).resolve()):
         raise ConfigurationError(
             "configure_airflow() must run before airflow is imported: this process already "
             f"configured Airflow with AIRFLOW_HOME={current!r}"
         )
-    env = airflow_environment(home, warehouse=warehouse, spark_master=spark_master, engine_address=engine_address)
+    env = airflow_environment(home, **options)
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     os.environ.update(env)
     return env

@@ -15,23 +15,20 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from barrierflow.airflow.dags.operations import xcom_json
-from barrierflow.checkpointing.checkpoint import EpochStatus
 from barrierflow.checkpointing.coordinator import CheckpointCoordinator, Recovery
 from barrierflow.checkpointing.intervals import ArrivalBound, airflow_run_of, cutoff_text
 from barrierflow.connectors.source import describe_offsets
 from barrierflow.core.errors import CheckpointError
 
-__all__ = ["StepReport", "barrier_step", "process_step", "commit_step", "notify_step", "run_epochs", "completed_epochs"]
+__all__ = ["StepReport", "barrier_step", "process_step", "commit_step", "notify_step", "run_epochs"]
 
 _log = logging.getLogger("barrierflow.airflow.dags")
 
 
 @dataclass(frozen=True)
 class StepReport:
-    """What a step did, for the task log and the UI (XCom); never read by another step.
-
-    ``proceed`` is False when the rest of the epoch must be skipped (no new input, pipeline stopped).
-    """
+    """What a step did, for the task log and the UI (XCom), never read by another step; ``proceed`` is False when the
+    rest of the epoch must be skipped (no new input, pipeline stopped)."""
 
     pipeline: str
     step: str
@@ -151,15 +148,13 @@ def barrier_step(
     return StepReport(name, "barrier", message, barrier.epoch, recovery.lineage_id, details=details)
 
 
-def _hold_of_another(
-    coordinator: CheckpointCoordinator, owner: str, owner_active: Callable[[str], bool]
-) -> dict[str, Any] | None:
+def _hold_of_another(coordinator: CheckpointCoordinator, owner: str, active: Callable[[str], bool]) -> dict[str, Any] | None:
     """The hold in force if another owner holds the pipeline (step 0 of :func:`barrier_step`)."""
     hold = coordinator.held_by()
     if hold is None or hold.get("owner") == owner:
         return None
     holder = str(hold.get("owner"))
-    if airflow_run_of(holder) is not None and not owner_active(holder):
+    if airflow_run_of(holder) is not None and not active(holder):
         coordinator.release_hold(holder)
         _log.warning("released the hold of %s (%s): that run has ended", holder, hold.get("reason"))
         return None
@@ -167,11 +162,8 @@ def _hold_of_another(
 
 
 def process_step(coordinator: CheckpointCoordinator, lease_wait_s: float) -> StepReport:
-    """Step 3: process + pre-commit the planned epoch on the coordinator's Spark (idempotent).
-
-    A voted epoch is never computed again (the first durable manifest wins); a stopped pipeline's planned epoch is not
-    processed.
-    """
+    """Step 3: process + pre-commit the planned epoch on the coordinator's Spark (idempotent: the first durable manifest
+    wins); a stopped pipeline's planned epoch is not processed."""
     name = coordinator.definition.name
     with _epoch_lease(coordinator, lease_wait_s):
         manifest = coordinator.process_planned()
@@ -189,12 +181,8 @@ def process_step(coordinator: CheckpointCoordinator, lease_wait_s: float) -> Ste
 
 
 def commit_step(coordinator: CheckpointCoordinator, lease_wait_s: float) -> StepReport:
-    """Step 4: commit the planned epoch from its barrier and vote (idempotent).
-
-    Committing a voted epoch is exactly the coordinator's roll-forward. When no epoch is pending, the epoch this run
-    planned is already COMPLETED (by an earlier attempt of this task, or rolled forward by a recover): the step
-    reports it and succeeds.
-    """
+    """Step 4: commit the planned epoch from its barrier and vote (idempotent): the coordinator's roll-forward. With no
+    epoch pending, this run's epoch is already COMPLETED (by an earlier attempt, or a recover): reported, success."""
     name = coordinator.definition.name
     with _epoch_lease(coordinator, lease_wait_s):
         recovery = coordinator.recover()
@@ -260,9 +248,3 @@ def run_epochs(
         on_report(notify_step(coordinator, lease_wait_s))
         committed.append(commit)
     return committed
-
-
-def completed_epochs(coordinator: CheckpointCoordinator) -> list[int]:
-    """Completed epochs of the current lineage (for reports and tests)."""
-    lineage_id = coordinator.current_lineage()["lineage_id"]
-    return sorted({r.epoch for r in coordinator.log.lineage_records(lineage_id) if r.status is EpochStatus.COMPLETED})

@@ -32,13 +32,12 @@ def build_maintenance_dag(
 
     names = list(pipelines) if pipelines is not None else pipeline_names()
     settings = settings or DagSettings.from_env(environ)
-    warehouse = settings.warehouse
+    warehouse, schedule = settings.warehouse, settings.maintenance_schedule
     form = form_field("retained_checkpoints", 10, "integer", "epochs kept restorable (older are retired)", minimum=1)
     form |= form_field("vacuum_retention_hours", 168, "integer", "Delta files unreferenced longer are vacuumed", minimum=0)
     description = "barrierflow checkpoint retention and Delta vacuum for every pipeline"
     listed = ", ".join(f"`{n}`" for n in names)
     doc_md = f"# barrierflow maintenance\n\nDaily retention of every pipeline ({listed}) in `{warehouse}`:\n\n{form_doc(form)}"
-    schedule = settings.maintenance_schedule
     with barrierflow_dag(settings, MAINTENANCE_DAG_ID, "maintenance", description, form, doc_md, schedule) as dag:
         for name in names:
 

@@ -6,7 +6,6 @@ import json
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from barrierflow.airflow.dags.params import operational_params
@@ -79,7 +78,9 @@ class PipelineDag:
 
         The connection is looked up when Spark is first needed, never when the DAG is parsed.
         """
-        return partial(_engine_spark, self.settings.conn_id, self.name) if self.settings.process_mode == CONNECT_MODE else None
+        if self.settings.process_mode != CONNECT_MODE:
+            return None
+        return lambda: get_spark(remote=engine_address(self.settings.conn_id), session_name=self.name)
 
     def call(self, operation: Callable[..., Any], **kwargs: Any) -> Any:
         """``operation(definition, warehouse, **kwargs)`` with :meth:`params` and the settings' lease wait."""
@@ -87,12 +88,8 @@ class PipelineDag:
 
 
 def engine_address(conn_id: str) -> str:
-    """``sc://host:port/...`` of the Spark Connect connection ``conn_id``.
-
-    A deployment points the DAGs at a cluster's Connect endpoint by editing one connection. When nobody defined
-    ``spark_connect_default``, it means the engine that ``barrierflow engine`` and ``make run`` start on this machine,
-    as ``spark_default`` means ``local[*]`` for spark-submit.
-    """
+    """``sc://host:port/...`` of the Spark Connect connection ``conn_id``; an undefined ``spark_connect_default`` means
+    the engine that ``barrierflow engine`` and ``make run`` start on this machine (README "Configuration")."""
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
     from airflow.sdk.exceptions import AirflowNotFoundException
 
@@ -110,17 +107,10 @@ def engine_address(conn_id: str) -> str:
         raise ConfigurationError(f"Airflow connection {conn_id!r}: {exc}") from None
 
 
-def _engine_spark(conn_id: str, pipeline: str) -> Any:
-    return get_spark(remote=engine_address(conn_id), session_name=pipeline)
-
-
 @contextmanager
 def fail_without_retry(what: str | None, *errors: type[BaseException]) -> Iterator[None]:
-    """Fail the task at once on ``errors``: a retry of the same request cannot fix them (also a task decorator).
-
-    The message is ``"<what>: <error>"`` (just the error when ``what`` is None), followed by the ``dropped`` and
-    ``missing`` lists an error may carry (an incompatible restore point).
-    """
+    """Fail the task at once on ``errors``, which a retry cannot fix (also a task decorator), with ``"<what>: <error>"``
+    and the ``dropped`` and ``missing`` lists an error may carry (an incompatible restore point)."""
     from airflow.sdk.exceptions import AirflowFailException
 
     try:

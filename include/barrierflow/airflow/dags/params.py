@@ -22,16 +22,9 @@ if TYPE_CHECKING:
     from airflow.sdk import Param
 
 __all__ = [
-    "unset_required_params",
-    "CATCH_UP_PARAM",
-    "pipeline_dag_params",
-    "form_field",
-    "form_doc",
-    "resolve_pipeline_params",
-    "introspection_params",
-    "param_default",
-    "operational_params",
-]
+    "unset_required_params", "CATCH_UP_PARAM", "pipeline_dag_params", "form_field", "form_doc", "resolve_pipeline_params",
+    "introspection_params", "param_default", "operational_params",
+]  # fmt: skip
 
 CATCH_UP_PARAM = "catch_up_epochs"
 # A run drains its cut-off's input in up to this many epochs: input above one epoch's size per interval builds no backlog.
@@ -68,13 +61,9 @@ def pipeline_dag_params(definition: PipelineDefinition, environ: Mapping[str, st
         schema: dict[str, Any] = {} if param.minimum is None else {"minimum": param.minimum}
         if param.choices:
             schema["enum"] = [*param.choices, *([None] if unset else [])]
-        note = (
-            f" (required; default from ${env_var})"
-            if param.required
-            else f" (default {param.default!r}; ${env_var} overrides it)"
-        )
+        note = f"required; default from ${env_var}" if param.required else f"default {param.default!r}; ${env_var} overrides it"
         kind = ["null", param.json_type] if unset else param.json_type
-        out |= form_field(param.name, default, kind, (param.description or param.json_type) + note, **schema)
+        out |= form_field(param.name, default, kind, f"{param.description or param.json_type} ({note})", **schema)
     catch_up = "epochs this run may complete (bounded catch-up): the first through the five steps, up to N-1 more in catch_up"
     return out | form_field(CATCH_UP_PARAM, DEFAULT_CATCH_UP_EPOCHS, "integer", catch_up, minimum=1)
 

@@ -12,7 +12,6 @@ import logging
 import shlex
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
@@ -26,14 +25,7 @@ from barrierflow.airflow.dags.params import (
     resolve_pipeline_params,
     unset_required_params,
 )
-from barrierflow.airflow.dags.settings import (
-    CONNECT_MODE,
-    DagSettings,
-    param_env_var,
-    pipeline_dag_id,
-    restore_dag_id,
-    savepoint_dag_id,
-)
+from barrierflow.airflow.dags.settings import CONNECT_MODE, param_env_var, pipeline_dag_id, restore_dag_id, savepoint_dag_id
 from barrierflow.airflow.dags.spark_submit import ProcessEpochOperator, submit_process_job
 from barrierflow.checkpointing.coordinator import CheckpointCoordinator
 from barrierflow.checkpointing.intervals import ArrivalBound, airflow_owner, airflow_run_of
@@ -44,6 +36,8 @@ from barrierflow.storage.objects import normalize_uri
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG, Asset, Context, Param
+
+    from barrierflow.airflow.dags.settings import DagSettings
 
 __all__ = ["build_pipeline_dag", "pipeline_doc"]
 
@@ -70,60 +64,36 @@ Each DAG run is one **epoch**, a barrier-delimited slice of the stream, committe
 | `commit` | 4. one Delta commit per table with the app transaction (pipeline, epoch), then COMPLETED in the checkpoint log; emits an asset event per sink. 5. clean losing attempts' staging, compact state. Skips `catch_up` when no further input arrived by the cut-off |
 | `catch_up` | up to `catch_up_epochs - 1` more epochs (same arrival cut-off), each through steps 1-5 |
 
-Steps 1-2 and 4-5 share a task because each task costs a scheduling round trip and a task process, more than those
-steps themselves. Every step is idempotent and retried with exponential backoff, except on errors no retry can fix (bad
-parameters, input that blocks the pipeline such as a refused late file): those fail the task at once and the
-checkpoints page shows the pipeline as blocked. State passes between tasks through the warehouse (barrier and manifest
-documents), never through XCom. Epochs never overlap: one active run, and an epoch lease that each step (and the Spark
-job) holds while it works.
+Steps 1-2 and 4-5 share a task because a task costs a scheduling round trip and a process, more than those steps.
+Every step is idempotent and retried with exponential backoff, except on errors no retry can fix (bad parameters, input
+that blocks the pipeline such as a refused late file): those fail the task at once, and the checkpoints page shows the
+pipeline as blocked. Tasks pass state through the warehouse, never XCom. Epochs never overlap: one active run, and an
+epoch lease that each step (and the Spark job) holds while it works.
 """
 
 
-@dataclass(frozen=True)
-class SinkInfo:
-    """One exactly-once output table of a pipeline."""
-
-    name: str
-    mode: str  # append | upsert | side output (late records of a window)
-    uri: str
-    key: tuple[str, ...] = ()
-
-
-def asset_name(pipeline: str, sink: str) -> str:
-    """``barrierflow.<pipeline>.<sink>``; the asset's URI is the sink's Delta table."""
-    return f"barrierflow.{pipeline}.{sink}"
-
-
-def pipeline_sinks(definition: PipelineDefinition, warehouse: str, environ: Mapping[str, str] | None = None) -> list[SinkInfo]:
-    """Sinks and side outputs of the pipeline, in declaration order.
-
-    Finding them builds the pipeline (declaring operators only: no Spark, no data read) with
-    :func:`~barrierflow.airflow.dags.params.introspection_params`.
-    """
-    pipe = definition.build(introspection_params(definition, environ))
-    # Names only (at DAG parse time): a warehouse the tasks will refuse still parses.
-    layout = PipelineLayout(normalize_uri(warehouse), definition.name)
-    sinks = [SinkInfo(n.sink.name, n.sink.mode, _file_uri(layout.sink_table(n.sink.name)), n.sink.key) for n in pipe.sinks]
-    sinks += [SinkInfo(name, "side output", _file_uri(layout.sink_table(name))) for name in pipe.side_output_names()]
-    return sinks
-
-
-def sink_assets(sinks: list[SinkInfo], pipeline: str) -> list["Asset"]:
-    """Each sink as an Airflow asset, so downstream DAGs can schedule on its output."""
+def sink_assets(definition: PipelineDefinition, warehouse: str, environ: Environ = None) -> list["Asset"]:
+    """Each sink and side output as the asset ``barrierflow.<pipeline>.<sink>`` (URI: its Delta table), for downstream
+    DAGs to schedule on; the pipeline is built with :func:`~.params.introspection_params` (declaring only, no Spark)."""
     from airflow.sdk import Asset
 
-    extra = {"pipeline": pipeline, "format": "delta"}
+    pipe = definition.build(introspection_params(definition, environ))
+    # Names only (at DAG parse time): a warehouse the tasks will refuse still parses.
+    layout, name = PipelineLayout(normalize_uri(warehouse), definition.name), definition.name
+    sinks = [(n.sink.name, n.sink.mode, ", ".join(n.sink.key)) for n in pipe.sinks]
+    sinks += [(side, "side output", "") for side in pipe.side_output_names()]  # late records of a window
     return [
-        Asset(name=asset_name(pipeline, s.name), uri=s.uri, group="barrierflow", extra={**extra, "sink": s.name, "mode": s.mode})
-        for s in sinks
+        Asset(
+            name=f"barrierflow.{name}.{sink}",
+            uri=table if "://" in (table := layout.sink_table(sink)) else f"file://{table}",
+            group="barrierflow",
+            extra={"pipeline": name, "format": "delta", "sink": sink, "mode": mode, **({"key": key} if key else {})},
+        )
+        for sink, mode, key in sinks
     ]
 
 
-def _file_uri(location: str) -> str:
-    return location if "://" in location else f"file://{location}"
-
-
-def pipeline_doc(op: PipelineDag, sinks: list[SinkInfo], params: Mapping[str, "Param"]) -> str:
+def pipeline_doc(op: PipelineDag, assets: list["Asset"], params: Mapping[str, "Param"]) -> str:
     """The epoch DAG's ``doc_md``: what the pipeline does, how a run works, its params, outputs and queries."""
     name, settings, unset = op.name, op.settings, unset_required_params(op.definition, op.environ)
     schedule = f"`{settings.schedule or 'manual runs only'}` (env `BARRIERFLOW_SCHEDULE`)"
@@ -135,11 +105,9 @@ def pipeline_doc(op: PipelineDag, sinks: list[SinkInfo], params: Mapping[str, "P
         if settings.process_mode == CONNECT_MODE
         else f"as a spark-submit on connection `{settings.conn_id}` (a new Spark application per epoch)"
     )
-    outputs = "\n".join(
-        f"| `{s.name}` | {s.mode}{' by ' + ', '.join(s.key) if s.key else ''} | `{asset_name(name, s.name)}` | `{s.uri}` |"
-        for s in sinks
-    )
-    first = sinks[0].name if sinks else "dead_letter"
+    by = {a.name: f" by {a.extra['key']}" if "key" in a.extra else "" for a in assets}
+    outputs = "\n".join(f"| `{a.extra['sink']}` | {a.extra['mode']}{by[a.name]} | `{a.name}` | `{a.uri}` |" for a in assets)
+    first = assets[0].extra["sink"] if assets else "dead_letter"
     warehouse = shlex.quote(settings.warehouse)
     return f"""\
 # Pipeline `{name}`
@@ -164,13 +132,11 @@ Also `dead_letter` (malformed input with the reason) and each keyed state table 
 
 ## Query
 Every table is a standard Delta table; `barrierflow query` reads all of them as of one completed epoch (a consistent
-cut):
+cut; `--as-of-epoch N` for an earlier one):
 
 ```bash
 barrierflow status {name} --warehouse {warehouse}
 barrierflow query {name} --warehouse {warehouse} "SELECT * FROM {first} LIMIT 20"
-barrierflow query {name} --warehouse {warehouse} --as-of-epoch 3 "SELECT count(*) FROM {first}"
-barrierflow query {name} --warehouse {warehouse} "SELECT reason, count(*) FROM dead_letter GROUP BY reason"
 ```
 
 ## Operations
@@ -186,10 +152,7 @@ def _arrival_bound(context: "Context", settings: DagSettings) -> ArrivalBound:
 
 
 def _run_active(ti: Any, owner: str) -> bool:
-    """Whether the Airflow run an owner name names is queued or running, as Airflow's API says.
-
-    Any other owner (a ``barrierflow`` command, a name from before owners were recorded) is not an Airflow run: False.
-    """
+    """Whether the Airflow run that ``owner`` names is queued or running; False for any other owner (a command)."""
     if (run := airflow_run_of(owner)) is None:
         return False
     try:
@@ -201,8 +164,7 @@ def _run_active(ti: Any, owner: str) -> bool:
 
 
 def _report(report: StepReport, context: "Context | None" = None) -> dict[str, Any]:
-    """Log the report; with ``context``, also keep it as the task's ``report`` XCom (for the short-circuit tasks, whose
-    return value is their condition)."""
+    """Log the report; with ``context``, also its ``report`` XCom (a short-circuit task's return value is its condition)."""
     _log.info("%s %s: %s", report.pipeline, report.step, report.message)
     payload = report.to_json()
     if context is not None:
@@ -212,11 +174,8 @@ def _report(report: StepReport, context: "Context | None" = None) -> dict[str, A
 
 @contextmanager
 def _epoch_task(op: PipelineDag) -> Iterator[tuple["Context", CheckpointCoordinator]]:
-    """What every epoch task starts with: its context and a coordinator on the run's params.
-
-    Errors a retry cannot fix (bad params, a bad setting, input that blocks the pipeline) fail the task at once,
-    wherever in the task they are raised; the rest are retried.
-    """
+    """The task's context and a coordinator on the run's params; errors a retry cannot fix (:data:`_NOT_RETRYABLE`)
+    fail the task at once wherever in the task they are raised."""
     from airflow.sdk import get_current_context
 
     context = get_current_context()
@@ -256,11 +215,8 @@ def _wait_for_earlier_runs(context: "Context", wait_s: float) -> None:
 
 
 def _more_input(coordinator: CheckpointCoordinator, bound: ArrivalBound) -> bool:
-    """Whether another epoch has input by the cut-off; the epoch is committed either way.
-
-    A source that cannot plan (e.g. a file landed behind the stream position) is the next barrier's error to report,
-    not this commit's.
-    """
+    """Whether another epoch has input by the cut-off. A source that cannot plan (e.g. a file landed behind the stream
+    position) is the next barrier's error to report, not this committed epoch's."""
     try:
         return coordinator.has_new_input(bound)
     except errors.BarrierflowError as exc:
@@ -283,16 +239,14 @@ def build_pipeline_dag(pipeline: PipelineRef, settings: DagSettings | None = Non
 
     op = PipelineDag.of(pipeline, settings, environ)
     definition, settings, name = op.definition, op.settings, op.name
-    sinks = pipeline_sinks(definition, settings.warehouse, environ)
-    assets = sink_assets(sinks, name)
-    lease_wait = settings.lease_wait_s
-    on_engine = settings.process_mode == CONNECT_MODE
+    assets = sink_assets(definition, settings.warehouse, environ)
+    lease_wait, on_engine = settings.lease_wait_s, settings.process_mode == CONNECT_MODE
     # A pipeline missing a required parameter would fail every scheduled run: manual runs only.
     unset = unset_required_params(definition, environ)
     schedule = CronDataIntervalTimetable(settings.schedule, timezone="UTC") if settings.schedule and not unset else None
     description = f"barrierflow pipeline {name}: " + (definition.description or name).strip().splitlines()[0]
     params = pipeline_dag_params(definition, environ)
-    doc_md = pipeline_doc(op, sinks, params)
+    doc_md = pipeline_doc(op, assets, params)
     with barrierflow_dag(settings, pipeline_dag_id(name), "pipeline", description, params, doc_md, schedule) as dag:
 
         @task.short_circuit(task_id="barrier")
@@ -329,11 +283,8 @@ def build_pipeline_dag(pipeline: PipelineRef, settings: DagSettings | None = Non
 
         @task.short_circuit(task_id="commit", outlets=assets)
         def commit() -> dict[str, Any] | bool:
-            """Steps 4-5: one Delta commit per table (app transaction), COMPLETED, then notify.
-
-            Returns False (``catch_up`` is skipped without starting) when no further input arrived by the run's
-            cut-off.
-            """
+            """Steps 4-5: one Delta commit per table (app transaction), COMPLETED, then notify; False (``catch_up`` is
+            skipped) when no further input arrived by the run's cut-off."""
             with _epoch_task(op) as (context, coordinator):
                 report = commit_step(coordinator, lease_wait)
                 payload = _report(report, context)

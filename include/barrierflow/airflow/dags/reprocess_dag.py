@@ -33,14 +33,12 @@ _DOC = """\
 # Reprocess `{name}`
 
 Restore a savepoint (by name) **or** a retained completed epoch, then replay the input that arrived after it, **one
-epoch per data interval** of the pipeline's schedule ({schedule}) that holds input, in order, up to the last interval
-that has ended (`barrierflow.operations.reprocess`). The sinks end up as if the history had run once with the current
-code.
+epoch per data interval** of the schedule ({schedule}) that holds input, in order, up to the last ended interval
+(`barrierflow.operations.reprocess`): the sinks end up as if the history had run once with the current code.
 
 - `plan` reports the restore point and the epochs the replay will produce; nothing changes.
-- `reprocess` **holds** `{pipeline_dag}` (its runs plan nothing meanwhile and say so), restores (the sinks rewound by
-  default), replays, and releases the hold (also when it fails; the schedule then continues the replay interval by
-  interval).
+- `reprocess` **holds** `{pipeline_dag}` (its runs plan nothing meanwhile and say so), restores (sinks rewound by
+  default), replays, and releases the hold (also on failure: the schedule then goes on replaying interval by interval).
 
 {form}
 """

@@ -1,33 +1,9 @@
 """Deployment settings of the barrierflow DAGs, read from the environment once per DAG file parse.
 
-Every value has a default that runs out of the box; each is overridable by an environment variable, which every
-Airflow component (DAG processor, scheduler, workers) should see alike:
-
-=======================================  ==============================================================  =========================
-variable                                 meaning                                                         default
-=======================================  ==============================================================  =========================
-``BARRIERFLOW_WAREHOUSE``                a directory (made absolute) or ``s3://bucket/prefix``           ``./warehouse``
-``BARRIERFLOW_SCHEDULE``                 cron or preset of the pipeline DAGs, ``none``: manual only      ``* * * * *``
-``BARRIERFLOW_MAINTENANCE_SCHEDULE``     cron or preset of ``barrierflow_maintenance``                   ``@daily``
-``BARRIERFLOW_PROCESS_MODE``             ``connect`` (warm engine) or ``spark-submit`` (app per epoch)   ``connect``
-``BARRIERFLOW_SPARK_CONN_ID``            ``process``'s connection; spark-submit: ``spark_default``       ``spark_connect_default``
-``BARRIERFLOW_AWS_CONN_ID``              connection (type ``aws``) of every task for ``s3://``           ``aws_default``
-``BARRIERFLOW_DRIVER_MEMORY``            spark-submit ``--driver-memory``                                ``2g``
-``BARRIERFLOW_TASK_RETRIES``             retries of every task                                           ``3``
-``BARRIERFLOW_RETRY_DELAY_SECONDS``      first retry delay (doubles each retry)                          ``30``
-``BARRIERFLOW_MAX_RETRY_DELAY_SECONDS``  cap of the retry delay                                          ``600``
-``BARRIERFLOW_LEASE_WAIT_SECONDS``       how long a step waits for the epoch lease                       ``600``
-``BARRIERFLOW_SPARK_JOBS_DIR``           directory holding ``process_epoch.py``                          ``<repo>/spark_jobs``
-=======================================  ==============================================================  =========================
-
-Pipeline parameters get their DAG-param defaults from ``BARRIERFLOW_<PIPELINE>__<PARAM>`` (see :func:`param_env_var`).
-
-S3 is reached through the standard ``AWS_*`` environment variables. In Airflow they come from the ``aws`` connection
-as the Amazon provider lays it out (login: access key id, password: secret key, extra ``region_name``,
-``endpoint_url``, ``aws_session_token``), applied by every task to its own process before it runs (its
-``pre_execute``), so the driver side, the Delta commits and a spark-submit child all see it; executors of an engine or
-cluster keep their own deployment's environment. Without the default connection the environment is used as it is; a
-missing named connection fails the task.
+Every value has a default that runs out of the box; :class:`DagSettings` lists the environment variables that override
+them, which every Airflow component (DAG processor, scheduler, workers) should see alike. Pipeline parameters get their
+DAG-param defaults from ``BARRIERFLOW_<PIPELINE>__<PARAM>`` (:func:`param_env_var`). S3 access: README "Configuration",
+and :func:`use_aws_connection`.
 """
 
 from __future__ import annotations
@@ -44,21 +20,10 @@ from barrierflow.core.errors import ConfigurationError
 from barrierflow.core.settings import DEFAULT_LEASE_WAIT_S, LEASE_WAIT_ENV
 
 __all__ = [
-    "DagSettings",
-    "WAREHOUSE_ENV",
-    "PROCESS_MODE_ENV",
-    "pipeline_dag_id",
-    "savepoint_dag_id",
-    "restore_dag_id",
-    "reprocess_dag_id",
-    "MAINTENANCE_DAG_ID",
-    "param_env_var",
-    "CONNECT_MODE",
-    "SPARK_SUBMIT_MODE",
-    "DEFAULT_CONN_IDS",
-    "aws_environment",
-    "use_aws_connection",
-]
+    "DagSettings", "WAREHOUSE_ENV", "PROCESS_MODE_ENV", "pipeline_dag_id", "savepoint_dag_id", "restore_dag_id",
+    "reprocess_dag_id", "MAINTENANCE_DAG_ID", "param_env_var", "CONNECT_MODE", "SPARK_SUBMIT_MODE", "DEFAULT_CONN_IDS",
+    "aws_environment", "use_aws_connection",
+]  # fmt: skip
 
 WAREHOUSE_ENV = "BARRIERFLOW_WAREHOUSE"
 PROCESS_MODE_ENV = "BARRIERFLOW_PROCESS_MODE"
@@ -96,20 +61,23 @@ def param_env_var(pipeline: str, param: str) -> str:
 
 @dataclass(frozen=True)
 class DagSettings:
-    """Where and how the DAGs run; :meth:`from_env` reads the variables of the module docstring."""
+    """Where and how the DAGs run; :meth:`from_env` reads each field from the ``BARRIERFLOW_*`` variable its comment names.
 
-    warehouse: str
-    schedule: str | None = "* * * * *"
-    maintenance_schedule: str | None = "@daily"
-    process_mode: str = CONNECT_MODE
-    spark_conn_id: str | None = None  # None: the mode's default connection
-    aws_conn_id: str = DEFAULT_AWS_CONN_ID
-    driver_memory: str = "2g"
-    retries: int = 3
-    retry_delay: timedelta = timedelta(seconds=30)
-    max_retry_delay: timedelta = timedelta(minutes=10)
-    lease_wait_s: float = DEFAULT_LEASE_WAIT_S
-    spark_jobs_dir: str = str(repo_root() / "spark_jobs")
+    The README's "Configuration" describes them and points here for the complete list.
+    """
+
+    warehouse: str  # WAREHOUSE: a directory (made absolute) or s3://bucket/prefix; default ./warehouse
+    schedule: str | None = "* * * * *"  # SCHEDULE: cron or preset of the pipeline DAGs; none: manual runs only
+    maintenance_schedule: str | None = "@daily"  # MAINTENANCE_SCHEDULE: cron or preset of barrierflow_maintenance
+    process_mode: str = CONNECT_MODE  # PROCESS_MODE: connect (the warm engine) or spark-submit (an application per epoch)
+    spark_conn_id: str | None = None  # SPARK_CONN_ID: process's connection; None: the mode's (DEFAULT_CONN_IDS)
+    aws_conn_id: str = DEFAULT_AWS_CONN_ID  # AWS_CONN_ID: the connection (type aws) of every task, for s3://
+    driver_memory: str = "2g"  # DRIVER_MEMORY: spark-submit --driver-memory
+    retries: int = 3  # TASK_RETRIES: retries of every task
+    retry_delay: timedelta = timedelta(seconds=30)  # RETRY_DELAY_SECONDS: the first retry delay (doubles each retry)
+    max_retry_delay: timedelta = timedelta(minutes=10)  # MAX_RETRY_DELAY_SECONDS: cap of the retry delay
+    lease_wait_s: float = DEFAULT_LEASE_WAIT_S  # LEASE_WAIT_SECONDS: how long a step waits for the epoch lease (600)
+    spark_jobs_dir: str = str(repo_root() / "spark_jobs")  # SPARK_JOBS_DIR: the directory holding process_epoch.py
     # A fixed start date: with catchup=False only the latest interval is scheduled.
     start_date: datetime = datetime(2024, 1, 1, tzinfo=timezone.utc)
 
@@ -183,15 +151,8 @@ def _number(env: Mapping[str, str], name: str, default: Any, kind: type) -> Any:
 
 def aws_environment(login: str | None, password: str | None, extra: Mapping[str, Any]) -> dict[str, str]:
     """The AWS variables a connection's fields stand for (only those it sets)."""
-    env: dict[str, str] = {}
-    if login:
-        env["AWS_ACCESS_KEY_ID"] = login
-    if password:
-        env["AWS_SECRET_ACCESS_KEY"] = password
-    if extra.get("aws_session_token"):
-        env["AWS_SESSION_TOKEN"] = str(extra["aws_session_token"])
-    if extra.get("region_name"):
-        env["AWS_REGION"] = str(extra["region_name"])
+    fields = {"AWS_ACCESS_KEY_ID": login, "AWS_SECRET_ACCESS_KEY": password, "AWS_SESSION_TOKEN": extra.get("aws_session_token")}
+    env = {name: str(value) for name, value in (fields | {"AWS_REGION": extra.get("region_name")}).items() if value}
     endpoint = extra.get("endpoint_url") or (extra.get("service_config") or {}).get("s3", {}).get("endpoint_url")
     if endpoint:
         endpoint = str(endpoint)
@@ -205,7 +166,9 @@ def aws_environment(login: str | None, password: str | None, extra: Mapping[str,
 def use_aws_connection(conn_id: str, context: Any = None) -> dict[str, str]:
     """Set the AWS variables of connection ``conn_id`` in this process (``os.environ``); returns them.
 
-    Every task's ``pre_execute`` (``context`` is the task's, unused).
+    Every task's ``pre_execute`` (``context`` is the task's, unused), so the driver side, the Delta commits and a
+    spark-submit child all see them; an engine's or cluster's executors keep their deployment's environment. Without
+    the default connection the environment is used as it is; a missing named connection fails the task.
     """
     from airflow.sdk import Connection
     from airflow.sdk.exceptions import AirflowNotFoundException

@@ -1,9 +1,8 @@
 """Step 3 (process + pre-commit) as a spark-submit of ``spark_jobs/process_epoch.py``.
 
-:class:`ProcessEpochOperator` fills in, when it runs, what only the worker knows: the run's pipeline parameters,
-the venv's Python (:func:`~barrierflow.airflow.dags.environment.python_env`), and ``spark_default`` = ``local[*]``
-when nobody defined it. The job replays the pending barrier from the warehouse and takes the epoch lease itself; one
-that failed because its input blocks the pipeline (a recorded ``BlockedInputError``) fails the task without retry.
+:class:`ProcessEpochOperator` fills in, when it runs, what only the worker knows: the run's pipeline parameters, the
+venv's Python, and ``spark_default`` = ``local[*]`` when undefined. The job replays the pending barrier and takes the
+epoch lease itself; one whose input blocks the pipeline (a recorded ``BlockedInputError``) fails the task at once.
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ def process_job_arguments(pipeline: str, warehouse: str, params: Mapping[str, An
 
 def _python_conf() -> dict[str, str]:
     python = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable}
-    return {**python, "spark.log.level": "WARN", **application_conf()}
+    return python | {"spark.log.level": "WARN", **application_conf()}
 
 
 def _job_env(warehouse: str) -> dict[str, str]:
@@ -92,7 +91,6 @@ class ProcessEpochOperator(SparkSubmitOperator):
     env_vars: dict[str, Any] | None
 
     def __init__(self, *, pipeline: str, warehouse: str, lease_wait_s: float, **kwargs: Any) -> None:
-        """``kwargs`` are the ``SparkSubmitOperator``'s (``application``, ``conn_id``, ``driver_memory``, ...)."""
         super().__init__(name=f"barrierflow-{pipeline}-process", **kwargs)
         self.pipeline = pipeline
         self.warehouse = warehouse

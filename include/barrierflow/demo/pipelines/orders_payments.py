@@ -1,36 +1,20 @@
 """The reference pipeline ``orders_payments``: two streams, a join, timers, broadcast rules and sessions.
 
-Input: three directories under ``landing_dir``, each of JSON Lines files:
+Input under ``landing_dir``, JSON Lines: ``orders/`` ``{"order_id", "customer_id", "country", "ts",
+"amount"}``, ``payments/`` (the same and a ``payment_id``) and ``thresholds/`` ``{"country", "limit"}``,
+the fraud limit per country (a null ``limit`` removes it). Each stream is deduplicated by its id and has
+its own watermark (max ``ts`` - out-of-orderness); the pipeline's is the lower. Outputs:
 
-- ``orders/``: ``{"order_id", "customer_id", "country", "ts", "amount"}``;
-- ``payments/``: ``{"payment_id", "order_id", "customer_id", "country", "ts", "amount"}``;
-- ``thresholds/``: ``{"country", "limit"}``, the fraud limit per country
-  (a null ``limit`` removes the country's limit).
-
-Orders are deduplicated by ``order_id``, payments by ``payment_id``; each
-stream has its own watermark (max ``ts`` - out-of-orderness) and the
-pipeline's is the minimum of the two. Outputs:
-
-1. ``paid_orders`` (append): an interval join of each order with the payments
-   of its ``order_id`` made within ``PAYMENT_WINDOW`` (15 minutes) after it,
-   bounds inclusive; a payment later than the watermark goes to
-   ``late_payments``.
-2. ``unpaid_orders`` (append): per order a timer at ``ts + PAYMENT_WINDOW``;
-   when the watermark passes it and no payment of that order with ``ts`` in
-   ``[order ts, order ts + PAYMENT_WINDOW]`` has arrived, one "unpaid" row
+1. ``paid_orders`` (append): each order joined with the payments of its ``order_id`` made within
+   ``PAYMENT_WINDOW`` (15 minutes, bounds inclusive) after it; later payments go to ``late_payments``.
+2. ``unpaid_orders`` (append): an order whose window the watermark passed without a payment in it
    (:class:`UnpaidOrders`).
-3. ``flagged_payments`` (append): payments above their country's limit,
-   limits broadcast from ``thresholds/`` (:class:`FlagLargePayments`).
-4. ``customer_sessions`` (append): event-time session windows
-   (``SESSION_GAP``, 10 minutes) of each customer's orders and payments
-   together, with the number of events and the amount ordered plus paid;
-   late activity goes to ``late_activity``.
-5. ``country_totals`` (upsert by ``country``): running count and sum of the
-   orders of each country.
+3. ``flagged_payments`` (append): payments above their country's broadcast limit (:class:`FlagLargePayments`).
+4. ``customer_sessions`` (append): session windows (``SESSION_GAP``, 10 minutes) over each customer's
+   orders and payments, with the event count and the amount; late ones go to ``late_activity``.
+5. ``country_totals`` (upsert by ``country``): running count and sum of each country's orders.
 
-Malformed lines (not JSON, a wrong type, a missing key or timestamp) are
-dead letters. ``barrierflow generate --pipeline orders_payments`` writes a
-messy sample stream (:mod:`barrierflow.demo.order_stream`).
+Malformed lines are dead letters. ``barrierflow generate --pipeline orders_payments`` writes a messy sample.
 """
 
 from __future__ import annotations
@@ -84,17 +68,13 @@ SESSION_GAP = timedelta(minutes=10)
 class UnpaidOrders(KeyedCoProcessFunction):
     """Keyed by ``order_id``: orders on side 1, payments on side 2; an "unpaid" row when an order's window closes unpaid.
 
-    1. An order stores its fields and registers an event-time timer at its
-       deadline, ``ts + PAYMENT_WINDOW``.
-    2. A payment stores its ``ts`` and registers a timer at ``ts +
-       PAYMENT_WINDOW``, after which no order it could pay can still be
-       decided, so that it is not kept forever.
-    3. On a timer at or after the order's deadline: unless a stored payment
-       has ``ts`` in ``[order ts, deadline]``, emit the order as unpaid; the
-       order is forgotten either way. Payments whose own timer time has
-       passed are forgotten too. An order that arrives after the watermark
-       passed its deadline is decided in its epoch, with the payments held
-       then.
+    1. An order stores its fields and registers an event-time timer at its deadline, ``ts + PAYMENT_WINDOW``.
+    2. A payment stores its ``ts`` and registers a timer at ``ts + PAYMENT_WINDOW``, after which no order
+       it could pay is still undecided, so that it is not kept forever.
+    3. On a timer at or after the order's deadline: unless a stored payment has ``ts`` in ``[order ts,
+       deadline]``, emit the order as unpaid; the order is forgotten either way, and so are payments whose
+       own timer time has passed. An order arriving after the watermark passed its deadline is decided in
+       its epoch, with the payments held then.
     """
 
     ordered_at = ValueStateDescriptor("ordered_at", TS)
@@ -112,9 +92,8 @@ class UnpaidOrders(KeyedCoProcessFunction):
             return  # dedup upstream makes this unreachable; the first order of an id stands
         # 1.
         ctx.get_state(self.ordered_at).update(order["ts"])
-        ctx.get_state(self.customer_id).update(order["customer_id"])
-        ctx.get_state(self.country).update(order["country"])
-        ctx.get_state(self.amount).update(order["amount"])
+        for detail in (self.customer_id, self.country, self.amount):
+            ctx.get_state(detail).update(order[detail.name])
         ctx.timer_service().register_event_time_timer(order["ts"] + PAYMENT_WINDOW)
 
     def process_element2(self, payment: dict[str, Any], ctx: KeyedContext, out: Callable[[dict[str, Any]], None]) -> None:
@@ -130,16 +109,8 @@ class UnpaidOrders(KeyedCoProcessFunction):
         if ordered_at is not None and timestamp >= ordered_at + PAYMENT_WINDOW:
             deadline = ordered_at + PAYMENT_WINDOW
             if not any(ordered_at <= t <= deadline for t in times):
-                out(
-                    {
-                        "order_id": ctx.key[0],
-                        "customer_id": ctx.get_state(self.customer_id).value(),
-                        "country": ctx.get_state(self.country).value(),
-                        "ordered_at": ordered_at,
-                        "amount": ctx.get_state(self.amount).value(),
-                        "deadline": deadline,
-                    }
-                )
+                order = {d.name: ctx.get_state(d).value() for d in (self.customer_id, self.country, self.amount)}
+                out({"order_id": ctx.key[0], **order, "ordered_at": ordered_at, "deadline": deadline})
             for state in (self.ordered_at, self.customer_id, self.country, self.amount):
                 ctx.get_state(state).clear()
         kept = [t for t in times if t + PAYMENT_WINDOW > timestamp]
@@ -172,16 +143,8 @@ class FlagLargePayments(KeyedBroadcastProcessFunction):
         flagged = ctx.get_state(self.flagged)
         count = (flagged.value() or 0) + 1
         flagged.update(count)
-        out(
-            {
-                "payment_id": payment["payment_id"],
-                "order_id": payment["order_id"],
-                "country": ctx.key[0],
-                "amount": payment["amount"],
-                "limit": limit,
-                "flagged": count,
-            }
-        )
+        row = {k: payment[k] for k in ("payment_id", "order_id", "amount")}
+        out({**row, "country": ctx.key[0], "limit": limit, "flagged": count})
 
 
 @pipeline(

@@ -1,10 +1,5 @@
-"""A tiny client of Airflow's public REST API on :mod:`httpx` (health check, login, DAGs).
-
-Every call answers ``(status, document)``: the HTTP status and the response body decoded as JSON
-(``None`` when empty, the text when it is not JSON), whatever the status. A request that gets no
-answer (connection refused, a timeout, a dropped connection) raises :class:`ApiConnectionError`,
-an :class:`OSError`.
-"""
+"""A tiny client of Airflow's public REST API on :mod:`httpx`: every call answers ``(status, document)``, whatever
+the status (the body as JSON, ``None`` when empty, the text when not JSON), or raises :class:`ApiConnectionError`."""
 
 from __future__ import annotations
 
@@ -18,7 +13,7 @@ __all__ = ["ApiClient", "ApiConnectionError"]
 
 
 class ApiConnectionError(OSError):
-    """A request to the API that got no HTTP answer (wraps the :class:`httpx.TransportError`)."""
+    """No HTTP answer: refused, timed out or dropped (wraps the :class:`httpx.TransportError`)."""
 
 
 @lru_cache(maxsize=1)
@@ -28,10 +23,7 @@ def _ssl_context() -> ssl.SSLContext:
 
 
 class ApiClient:
-    """Authenticated with a JWT from ``/auth/token``, fetched on the first authenticated call and kept.
-
-    Each call is one short-lived connection (nothing to close; safe to share between threads).
-    """
+    """Authenticated with a JWT from ``/auth/token``, fetched once; a connection per call (thread-safe, nothing to close)."""
 
     def __init__(self, base_url: str, user: str, password: str, timeout_s: float = 10.0) -> None:
         self.base_url = base_url.rstrip("/")
@@ -76,9 +68,6 @@ class ApiClient:
     def get(self, path: str) -> tuple[int, Any]:
         return self._request("GET", path)
 
-    def patch(self, path: str, body: Any) -> tuple[int, Any]:
-        return self._request("PATCH", path, body)
-
     def post(self, path: str, body: Any) -> tuple[int, Any]:
         return self._request("POST", path, body)
 
@@ -91,4 +80,4 @@ class ApiClient:
         return doc if status == 200 and isinstance(doc, dict) else None
 
     def set_paused(self, dag_id: str, paused: bool) -> bool:
-        return self.patch(f"/api/v2/dags/{dag_id}", {"is_paused": paused})[0] == 200
+        return self._request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": paused})[0] == 200

@@ -1,8 +1,5 @@
-"""Where ``make run``'s stack lives and the environment its Airflow runs with (steps 1, 2 and 7 of the package).
-
-The constants, :class:`DevServerConfig`, the Airflow environment (:func:`devserver_environment`),
-the files the stack writes (login, JWT secret, ``barrierflow-stack.json``) and the loopback port helpers.
-"""
+"""Where ``make run``'s stack lives, the environment its Airflow runs with, the files it writes (steps 1, 2 and 7
+of the package), and the loopback port helpers."""
 
 from __future__ import annotations
 
@@ -21,9 +18,8 @@ from barrierflow.execution.engine import DEFAULT_ENGINE_PORT, EngineConfig
 from barrierflow.tools.metadata_db import EmbeddedPostgres
 
 __all__ = [
-    "HOST", "DEFAULT_PORT", "DEFAULT_USER", "DEFAULT_PASSWORD", "PASSWORD_ENV", "PIPELINE", "DEFAULT_DAG_ID",
-    "LANDING_ENV", "STACK_FILE", "DevServerConfig", "devserver_environment", "write_stack_file", "jwt_secret",
-    "write_password_file", "free_port", "port_in_use",
+    "HOST", "DEFAULT_PORT", "DEFAULT_USER", "DEFAULT_PASSWORD", "PASSWORD_ENV", "PIPELINE", "DAG_ID", "LANDING_ENV", "STACK_FILE",
+    "DevServerConfig", "devserver_environment", "write_stack_file", "write_password_file", "free_port", "port_in_use",
 ]  # fmt: skip
 
 HOST = "127.0.0.1"  # never anything but loopback: this is a development server
@@ -32,16 +28,14 @@ DEFAULT_USER = "admin"
 DEFAULT_PASSWORD = "admin"
 PASSWORD_ENV = "BARRIERFLOW_DEV_PASSWORD"
 PIPELINE = "sensor_stats"  # the pipeline whose input the generator writes
-DEFAULT_DAG_ID = pipeline_dag_id(PIPELINE)
+DAG_ID = pipeline_dag_id(PIPELINE)  # unpaused once it appears
 LANDING_ENV = param_env_var(PIPELINE, "landing_dir")  # BARRIERFLOW_SENSOR_STATS__LANDING_DIR
 STACK_FILE = "barrierflow-stack.json"
 # Sized for a laptop, unless the caller's environment says otherwise.
 _TUNING = {
     # LocalExecutor pre-forks one worker per parallelism slot (32 by default).
     "AIRFLOW__CORE__PARALLELISM": "8",
-    # Airflow re-parses every DAG file each 30 s by default, in a fresh process
-    # that imports barrierflow (~1 s of CPU per file, ~15% of a core for the five
-    # files). A file that changes is re-parsed at once whatever this says.
+    # Every 30 s by default, a re-parse costs ~1 s of CPU per DAG file; a changed file is re-parsed at once anyway.
     "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "300",
 }
 
@@ -63,7 +57,6 @@ class DevServerConfig:
     metadata_db: str = "postgres"  # or "sqlite" (one writer at a time: not for the CLI beside the stack)
     db_port: int = 0  # the embedded PostgreSQL's loopback port (0: any free port)
     records_per_file: int = 200
-    dag_id: str = DEFAULT_DAG_ID
 
     @property
     def url(self) -> str:
@@ -89,26 +82,23 @@ class DevServerConfig:
 
 def devserver_environment(config: DevServerConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of every Airflow component for ``config`` (``base`` defaults to ``os.environ``)."""
-    env = {**_TUNING, **(os.environ if base is None else base)}
-    env.update(
-        airflow_environment(config.home, root=config.root, warehouse=config.warehouse, engine_address=config.engine.address)
-    )
-    env.update(
-        {
-            "AIRFLOW__API__HOST": HOST,
-            "AIRFLOW__API__PORT": str(config.port),
-            "AIRFLOW__API__BASE_URL": config.url,
-            "AIRFLOW__API__WORKERS": "1",
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{config.url}/execution/",
-            "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{config.user}:admin",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(config.password_file),
-            "AIRFLOW__API_AUTH__JWT_SECRET": jwt_secret(config.home),
-            LANDING_ENV: str(config.landing),
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
+    env = {
+        **_TUNING,
+        **(os.environ if base is None else base),
+        **airflow_environment(config.home, root=config.root, warehouse=config.warehouse, engine_address=config.engine.address),
+        "AIRFLOW__API__HOST": HOST,
+        "AIRFLOW__API__PORT": str(config.port),
+        "AIRFLOW__API__BASE_URL": config.url,
+        "AIRFLOW__API__WORKERS": "1",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{config.url}/execution/",
+        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{config.user}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(config.password_file),
+        "AIRFLOW__API_AUTH__JWT_SECRET": _jwt_secret(config.home),
+        LANDING_ENV: str(config.landing),
+        "PYTHONUNBUFFERED": "1",
+    }
     if config.metadata_db == "postgres":
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = config.postgres.url
     return env
@@ -131,11 +121,9 @@ def write_stack_file(config: DevServerConfig, env: Mapping[str, str]) -> None:
     )
 
 
-def jwt_secret(home: Path) -> str:
-    """A 64-byte JWT signing secret kept in ``home`` (created once; every component must share it).
-
-    Airflow's generated default is 16 bytes, which PyJWT warns about on every token for HS512.
-    """
+def _jwt_secret(home: Path) -> str:
+    """A 64-byte JWT signing secret kept in ``home`` for every component (Airflow's 16-byte default makes PyJWT
+    warn on every token)."""
     path = home / "jwt_secret"
     value = path.read_text().strip() if path.exists() else ""
     if len(value) < 64:

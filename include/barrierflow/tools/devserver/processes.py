@@ -1,11 +1,9 @@
-"""The processes of ``make run``: Airflow's components as children, and the one routine that stops processes.
-
-With this process a *child subreaper* (:func:`become_subreaper`, Linux), processes that left their
-process group or lost their parent stay its descendants, so :func:`stop_process_tree` finds them too.
-"""
+"""The processes of ``make run``: Airflow's components as children, their prefixed output, and the routine that stops them
+(a *child subreaper*, :func:`become_subreaper`, keeps the processes that left their group among its descendants)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -18,22 +16,30 @@ from typing import Any, Mapping, Sequence
 
 import psutil
 
-from barrierflow.tools.devserver.console import pump
 from barrierflow.tools.devserver.environment import HOST
 
-__all__ = ["AirflowProcesses", "become_subreaper", "descendant_pids", "reap_orphans", "stop_process_tree"]
+__all__ = ["AirflowProcesses", "become_subreaper", "descendant_pids", "reap_orphans", "stop_process_tree", "say", "pump"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def become_subreaper() -> bool:
+def say(message: str) -> None:
+    """Print one of the launcher's own messages (``barrierflow | ...``)."""
+    print(f"barrierflow | {message}", flush=True)
+
+
+def pump(name: str, proc: subprocess.Popen[bytes]) -> None:
+    """Copy ``proc``'s output to this process's, each line prefixed by ``name``, until it closes."""
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        if line := raw.decode("utf-8", errors="replace").rstrip():
+            print(f"{name:13} | {line}", flush=True)
+
+
+def become_subreaper() -> None:
     """Make orphaned descendants re-parent to this process (Linux), so none escapes shutdown."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -54,20 +60,11 @@ def descendant_pids() -> set[int]:
 
 
 def reap_orphans(keep: set[int] | frozenset[int] = frozenset()) -> None:
-    """Wait for exited children of this process (orphans re-parented to this subreaper), except ``keep``.
-
-    ``keep`` holds the pids whose exit status belongs to the ``Popen`` objects that started them.
-    """
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return
-    for child in children:
-        try:
+    """Wait for exited children (orphans re-parented to this subreaper), except ``keep``: pids whose ``Popen`` waits."""
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error, OSError):
             if child.pid not in keep and child.status() == psutil.STATUS_ZOMBIE:
                 os.waitpid(child.pid, os.WNOHANG)
-        except (psutil.Error, OSError):
-            pass
 
 
 def _running(p: psutil.Process) -> bool:
@@ -90,10 +87,9 @@ def stop_process_tree(
 
     1. ``first_signal`` (SIGTERM: every Airflow component shuts down gracefully on it) to each of
        ``procs``, in their order, then up to ``grace_s`` in all for them to exit;
-    2. SIGTERM to every descendant of this process still alive except those in ``baseline`` (the
-       descendants that existed before ``procs`` started) and the processes ``spared`` with their
-       descendants (the metadata database, stopped after everything else; the API server while the
-       rest stops before it); those alive at the start are tracked even if they leave the tree;
+    2. SIGTERM to every live descendant of this process except ``baseline`` (those that existed before
+       ``procs`` started) and the trees of ``spared`` (the metadata database; the API server while the
+       rest stops); those alive at the start are tracked even if they leave the tree;
     3. SIGKILL, after ``term_s``, to those still alive, and to those that appeared meanwhile; then
        ``procs`` and the exited orphans are reaped.
     """
@@ -111,58 +107,42 @@ def stop_process_tree(
     # 1.
     for proc in procs:
         if proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 proc.send_signal(first_signal)
-            except (ProcessLookupError, PermissionError):
-                pass
     deadline = time.monotonic() + grace_s
     for proc in procs:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
     # 2.
     rest = alive()
     for p in rest:
-        try:
+        with contextlib.suppress(psutil.Error):
             p.terminate()
-        except psutil.Error:
-            pass
     # 3.
     _, still = psutil.wait_procs(rest, timeout=term_s)
     killed = []
     for p in {q.pid: q for q in [*still, *alive()]}.values():
-        try:
+        with contextlib.suppress(psutil.Error):
             p.kill()
             killed.append(p.pid)
-        except psutil.Error:
-            pass
     psutil.wait_procs(still, timeout=5)
     for proc in procs:
         if proc.poll() is None:
             proc.kill()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
     reap_orphans(keep=set(baseline) | _tree_pids(spared))
     return killed
 
 
 class AirflowProcesses:
-    """The Airflow components as child processes (each in its own session), output prefixed by name.
-
-    What ``airflow standalone`` runs, with two differences: nothing listens beyond 127.0.0.1
-    (``--skip-serve-logs``: the API server reads the local task logs directly), and the API
-    server is up before the scheduler starts tasks (their first call is to its execution API).
-    """
+    """The Airflow components as child processes (each in its own session), output prefixed by name."""
 
     COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("dag-processor", ("dag-processor",)),
         ("scheduler", ("scheduler", "--skip-serve-logs")),
         ("triggerer", ("triggerer", "--skip-serve-logs")),
     )
-    # Signalled first when stopping, in this order; then the other processes but the API server (the engine).
     STOP_ORDER = ("scheduler", "dag-processor", "triggerer")
 
     def __init__(self, env: Mapping[str, str], cwd: Path, port: int) -> None:
@@ -214,7 +194,6 @@ class AirflowProcesses:
         self.procs["api-server"] = self._spawn("api-server", ("api-server", "--host", HOST, "--port", str(self.port)))
 
     def start_components(self, *names: str) -> None:
-        """Start the named components."""
         for name, args in self.COMPONENTS:
             if name in names:
                 self.procs[name] = self._spawn(name, args)
@@ -230,18 +209,12 @@ class AirflowProcesses:
     def stop(self, baseline: set[int] | frozenset[int], grace_s: float = 5.0) -> list[int]:
         """Stop in an order that lets running tasks report their end to the API server; the pids SIGKILLed.
 
-        Two calls of :func:`stop_process_tree`:
+        Two calls of :func:`stop_process_tree`, ``spared`` trees (the metadata database) and ``baseline`` left alone:
 
-        1. SIGTERM to the scheduler, DAG processor and triggerer (then to the other components but the
-           API server: the Spark engine), up to ``grace_s`` for them to exit; then SIGTERM to every
-           other process except the API server and its descendants (executor workers, task
-           supervisors, spark-submit and its JVM): a task supervisor forwards it to its task, which
-           reports the interruption through the still running API server (an epoch cut short is
-           recovered exactly once by the next run); SIGKILL after 10 s;
-        2. SIGTERM to the API server, up to ``grace_s``, then SIGTERM and, after 5 s, SIGKILL to
-           whatever is left of the process tree.
-
-        The ``spared`` trees (the metadata database) and ``baseline`` are left alone.
+        1. the components in ``STOP_ORDER``, then the others but the API server (the engine); then every
+           other process outside the API server's tree (a task supervisor forwards SIGTERM to its task,
+           which reports the interruption through the API server); SIGKILL after 10 s;
+        2. the API server, then whatever is left of the process tree; SIGKILL after 5 s.
         """
         api = self.procs.get("api-server")
         first = [self.procs[name] for name in self.STOP_ORDER if name in self.procs]

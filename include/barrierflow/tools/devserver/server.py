@@ -1,10 +1,12 @@
-"""``make run``'s order of things: :func:`run` carries out steps 1 to 7 of :mod:`barrierflow.tools.devserver`."""
+"""``make run``'s order of things: :func:`run` carries out steps 1 to 7 of :mod:`barrierflow.tools.devserver`;
+:class:`InputGenerator` is the input stream of step 6."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -16,11 +18,12 @@ from barrierflow.airflow.dags.environment import repo_root
 from barrierflow.airflow.dags.settings import PROCESS_MODE_ENV, SPARK_SUBMIT_MODE, DagSettings
 from barrierflow.core.errors import ConfigurationError, EngineUnavailableError
 from barrierflow.core.settings import DEFAULT_WARM_UP_EPOCHS
+from barrierflow.demo.datagen import SensorStreamSpec, write_sensor_files
 from barrierflow.execution.engine import DEFAULT_ENGINE_PORT, LocalEngine
 from barrierflow.storage.objects import is_local, normalize_uri
 from barrierflow.tools.devserver.client import ApiClient
-from barrierflow.tools.devserver.console import say
 from barrierflow.tools.devserver.environment import (
+    DAG_ID,
     DEFAULT_PASSWORD,
     DEFAULT_PORT,
     DEFAULT_USER,
@@ -33,10 +36,52 @@ from barrierflow.tools.devserver.environment import (
     write_password_file,
     write_stack_file,
 )
-from barrierflow.tools.devserver.generator import InputGenerator
-from barrierflow.tools.devserver.processes import AirflowProcesses, become_subreaper, descendant_pids
+from barrierflow.tools.devserver.processes import AirflowProcesses, become_subreaper, descendant_pids, say
 
-__all__ = ["run", "main", "build_parser", "config_from_args", "first_interval_end"]
+__all__ = ["run", "main", "build_parser", "config_from_args", "first_interval_end", "InputGenerator"]
+
+
+class InputGenerator(threading.Thread):
+    """Writes the next ``sensor_stats`` landing file every ``interval_s`` seconds, atomically
+    (:func:`barrierflow.demo.datagen.write_sensor_files`), numbered after the files already there."""
+
+    def __init__(self, landing: Path, interval_s: float, records_per_file: int = 200) -> None:
+        super().__init__(name="barrierflow-input", daemon=True)
+        self.landing = landing
+        self.interval_s = interval_s
+        self.records_per_file = records_per_file
+        self.stop_event = threading.Event()
+        self.written = 0
+        self.first_written_at: float | None = None  # wall-clock time of this session's first file
+
+    def _spec(self, n_files: int) -> SensorStreamSpec:
+        return SensorStreamSpec(n_files=n_files, records_per_file=self.records_per_file)
+
+    def next_index(self) -> int:
+        """The index after the highest of the stream's files already landed (0 when none has)."""
+        name = re.compile(rf"{re.escape(self._spec(0).file_prefix)}-(\d+)\.jsonl")
+        landed = os.listdir(self.landing) if self.landing.is_dir() else []
+        return max((int(m[1]) for n in landed if (m := name.fullmatch(n))), default=-1) + 1
+
+    def write_one(self) -> Path:
+        index = self.next_index()
+        (path,) = write_sensor_files(self.landing, self._spec(index + 1), start_index=index, count=1)
+        self.written += 1
+        if self.first_written_at is None:
+            self.first_written_at = path.stat().st_mtime
+        return path
+
+    def run(self) -> None:
+        self.landing.mkdir(parents=True, exist_ok=True)
+        while not self.stop_event.is_set():
+            try:
+                say(f"input: wrote {self.write_one().name}")
+            except Exception as exc:  # noqa: BLE001 - keep the stream going
+                say(f"input: cannot write a file: {exc}")
+            self.stop_event.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self.stop_event.set()
 
 
 def _wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float, stop: threading.Event) -> bool:
@@ -55,7 +100,7 @@ def _banner(config: DevServerConfig) -> str:
         f"Airflow UI:        {config.url}/",
         f"login:             {config.user} / {config.password}",
         f"checkpoints page:  {config.url}/barrierflow/   (Browse > Checkpoints)",
-        f"DAG:               {config.url}/dags/{config.dag_id}",
+        f"DAG:               {config.url}/dags/{DAG_ID}",
         f"Spark engine:      {config.engine.address}   (Spark Connect; connection spark_connect_default)",
         f"warehouse:         {config.warehouse}",
         f"landing dir:       {config.landing}{every}",
@@ -66,12 +111,8 @@ def _banner(config: DevServerConfig) -> str:
     return "\n".join(["", rule, *(f"  {line}" for line in lines), rule, ""])
 
 
-class _Stop(Exception):
-    pass
-
-
 def _raise_stop(signum: int, frame: Any) -> None:
-    raise _Stop(signal.Signals(signum).name)
+    raise KeyboardInterrupt(signal.Signals(signum).name)  # SIGTERM and SIGHUP too
 
 
 def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
@@ -115,8 +156,7 @@ def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
         engine.start(wait_s=None)
         airflow.adopt("engine", engine.proc)
         say(f"preparing the metadata database in {config.home}")
-        migrated = airflow.migrate()
-        if migrated != 0:
+        if (migrated := airflow.migrate()) != 0:
             say(f"error: airflow db migrate exited with code {migrated}")
             return 1
         say(f"starting the Airflow API server on {config.url}")
@@ -145,7 +185,7 @@ def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
                 time.sleep(max(0.0, ready_at - time.time()))
         say("starting the DAG processor")
         airflow.start_components("dag-processor")
-        threading.Thread(target=_ensure_unpaused, args=(client, config.dag_id, stopping), name="unpause", daemon=True).start()
+        threading.Thread(target=_ensure_unpaused, args=(client, DAG_ID, stopping), name="unpause", daemon=True).start()
         while (gone := airflow.exited()) is None:
             time.sleep(0.5)
             airflow.reap_orphans()
@@ -154,7 +194,7 @@ def run(config: DevServerConfig, *, ready_timeout_s: float = 300.0) -> int:
     except (EngineUnavailableError, ConfigurationError) as exc:
         say(f"error: {exc}")
         code = 1
-    except (_Stop, KeyboardInterrupt) as exc:
+    except KeyboardInterrupt as exc:
         say(f"stopping ({exc or 'SIGINT'})...")
     finally:
         for s in previous:  # a second Ctrl-C must not interrupt the shutdown
@@ -183,9 +223,9 @@ def _report_warm_up(engine: LocalEngine, wait_s: float, stop: threading.Event) -
         say(said if warm else f"note: the engine's warm-up failed, its first epochs run cold: {said}")
 
 
-def first_interval_end(first_input_at: float, interval_s: float = 60.0) -> float:
-    """When the first schedule interval (aligned to ``interval_s``) holding ``first_input_at`` ends."""
-    return (int(first_input_at // interval_s) + 1) * interval_s
+def first_interval_end(first_input_at: float) -> float:
+    """When the one-minute schedule interval holding ``first_input_at`` ends."""
+    return (first_input_at // 60 + 1) * 60
 
 
 def _ensure_unpaused(client: ApiClient, dag_id: str, stop: threading.Event, timeout_s: float = 600.0) -> None:
@@ -210,44 +250,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"API server port (default {DEFAULT_PORT}; 0 = any free port)")
     p.add_argument("--home", type=Path, help="AIRFLOW_HOME (default <repo>/.airflow)")
     p.add_argument(
-        "--warehouse",
-        type=_location_arg,
-        help="barrierflow warehouse: a local path, file:// or s3://<bucket>/<prefix> (default <repo>/warehouse)",
+        "--warehouse", type=_location_arg, help="a local path, file:// or s3://<bucket>/<prefix> (default <repo>/warehouse)"
     )
-    p.add_argument(
-        "--landing",
-        type=_local_dir_arg,
-        help="sensor_stats landing directory, local: the input generator writes it (default <repo>/landing)",
-    )
-    p.add_argument(
-        "--engine-port",
-        type=int,
-        default=DEFAULT_ENGINE_PORT,
-        help=f"the Spark engine's Spark Connect port (default {DEFAULT_ENGINE_PORT}; 0 = any free port)",
-    )
+    p.add_argument("--landing", type=_local_dir_arg, help="the generator's local landing directory (default <repo>/landing)")
+    port = DEFAULT_ENGINE_PORT
+    p.add_argument("--engine-port", type=int, default=port, help=f"the engine's Spark Connect port (default {port}; 0 = any)")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between generated input files (0: no generator)")
     p.add_argument("--records-per-file", type=int, default=200)
     p.add_argument(
         "--warm-up-epochs",
         type=int,
-        help=f"throwaway epochs the new engine runs while Airflow starts (default {DEFAULT_WARM_UP_EPOCHS}, "
-        f"or 0 when ${PROCESS_MODE_ENV}={SPARK_SUBMIT_MODE}: then no epoch runs on the engine)",
+        help=f"throwaway epochs on the new engine (default {DEFAULT_WARM_UP_EPOCHS}; 0 if ${PROCESS_MODE_ENV}={SPARK_SUBMIT_MODE})",
     )
     p.add_argument("--user", default=DEFAULT_USER, help=f"login name (default {DEFAULT_USER})")
-    p.add_argument(
-        "--password",
-        default=os.environ.get(PASSWORD_ENV, DEFAULT_PASSWORD),
-        help=f"login password (default ${PASSWORD_ENV} or {DEFAULT_PASSWORD!r})",
-    )
+    password = os.environ.get(PASSWORD_ENV, DEFAULT_PASSWORD)
+    p.add_argument("--password", default=password, help=f"login password (default ${PASSWORD_ENV} or {DEFAULT_PASSWORD})")
     p.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for the API server")
     p.add_argument(
         "--metadata-db",
         choices=("postgres", "sqlite"),
         default="postgres",
-        help="Airflow's metadata database: an embedded PostgreSQL (default; Debian's package) or SQLite "
-        "(no PostgreSQL needed, but one writer at a time: the Airflow CLI beside the stack can meet 'database is locked')",
+        help="an embedded PostgreSQL (default) or SQLite (one writer at a time: 'database is locked' for a CLI beside it)",
     )
-    p.add_argument("--db-port", type=int, default=0, help="the embedded PostgreSQL's port on 127.0.0.1 (default: any free port)")
+    p.add_argument("--db-port", type=int, default=0, help="the embedded PostgreSQL's port (default: any free port)")
     return p
 
 
