@@ -448,14 +448,13 @@ def _parser_records(
             row = parser(text)
         except RecordError as exc:
             errors[i] = problem(exc.reason, str(exc) or "invalid record")
-            continue
         except Exception as exc:  # a parser bug must not crash the epoch
             errors[i] = problem(DeadLetterReason.PARSER_FAILED, f"{type(exc).__name__}: {exc}")
-            continue
-        if type(row) is dict or isinstance(row, Mapping):
-            rows[i] = row
-        else:  # 2.
-            errors[i] = problem(DeadLetterReason.PARSER_FAILED, f"the parser returned a {type(row).__name__}, not a mapping")
+        else:
+            if type(row) is dict or isinstance(row, Mapping):
+                rows[i] = row
+            else:  # 2.
+                errors[i] = problem(DeadLetterReason.PARSER_FAILED, f"the parser returned a {type(row).__name__}, not a mapping")
     values = {f.name: list(map(operator.methodcaller("get", f.name), rows.values())) for f in declared}
     checked = dict.fromkeys([f.name for f in declared if not f.nullable] + sorted(keys))
     seen = pa.table({name: _presence(values[name]) for name in checked})  # 3.-4.
@@ -490,11 +489,8 @@ def _converted(values: list[Any], f: pa.Field) -> tuple[pa.Array, dict[int, Any]
     accepted = next((kinds for test, kinds in _PYTHON_TYPES if test(f.type)), None)
     wrong: dict[int, Any] = {}
     if accepted is not None and not set(map(type, values)) <= {*accepted, type(None)}:
-        wrong = {
-            j: v
-            for j, v in enumerate(values)
-            if v is not None and (not isinstance(v, accepted) or (isinstance(v, bool) and bool not in accepted))
-        }
+        wrong = {j: v for j, v in enumerate(values) if v is not None and not isinstance(v, accepted)}
+        wrong.update({j: v for j, v in enumerate(values) if isinstance(v, bool) and bool not in accepted})
     try:
         return pa.array([None if j in wrong else v for j, v in enumerate(values)] if wrong else values, type=f.type), wrong
     except _CONVERSION_ERRORS:

@@ -118,13 +118,11 @@ def decoded(raw: bytes) -> tuple[str, str | None]:
         return raw.decode("utf-8", errors="replace"), problem(DeadLetterReason.INVALID_UTF8, detail)
 
 
+@dataclass(slots=True)
 class _Number:
     """A JSON number as written (Python's parser hands over its text: values are converted by Arrow alone)."""
 
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
+    text: str
 
 
 class _Object(dict[str, Any]):
@@ -393,25 +391,16 @@ class _Parser:
         self.pieces.append(pa.Table.from_arrays([*table.columns, numbers], schema=self.out_schema))
 
     def _slow(self, idx: list[int]) -> None:
-        objects: list[tuple[int, dict[str, Any]]] = []  # (line index, object)
-        for i in idx:
-            text = self.lines.raw(i).decode("utf-8")
-            if text.strip():  # L2
-                found = _json_object(text, self.records_schema)  # 2, 3
-                if isinstance(found, str):
-                    self.dead.append((i, found))
-                else:
-                    objects.append((i, found))
+        texts = [(i, text) for i in idx if (text := self.lines.raw(i).decode("utf-8")).strip()]  # L2
+        found = [(i, _json_object(text, self.records_schema)) for i, text in texts]  # 2, 3
+        self.dead += [(i, why) for i, why in found if isinstance(why, str)]
+        objects = [(i, obj) for i, obj in found if isinstance(obj, dict)]  # (line index, object)
         # 4: each present field of each object alone on a line, numbers and booleans of string fields as their text.
         present = [
             [(f, name, _as_text(obj[f.name], f.type), shown) for f, name, shown in self.names if obj.get(f.name) is not None]
             for _, obj in objects
         ]
-        pairs = [
-            (k, f, name, value, _keys(f.name, shown, value))
-            for k, fields in enumerate(present)
-            for f, name, value, shown in fields
-        ]
+        pairs = [(k, f, name, v, _keys(f.name, shown, v)) for k, fields in enumerate(present) for f, name, v, shown in fields]
         unusual = [j for j, (_, f, _, v, _) in enumerate(pairs) if _unusual(f.type, v)]
         usual = sorted(set(range(len(pairs))) - set(unusual))
         wrong: set[int] = set()
@@ -488,10 +477,9 @@ def _reading_type(t: pa.DataType, loose: bool = False) -> pa.DataType:
         return pa.float64()
     if pa.types.is_struct(t):
         return pa.struct([f.with_type(_reading_type(f.type, loose)) for f in t])
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_reading_type(t.value_type, loose)))
-    if pa.types.is_large_list(t):
-        return pa.large_list(t.value_field.with_type(_reading_type(t.value_type, loose)))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        list_type = pa.list_ if pa.types.is_list(t) else pa.large_list
+        return list_type(t.value_field.with_type(_reading_type(t.value_type, loose)))
     return t
 
 

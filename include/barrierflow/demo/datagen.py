@@ -19,6 +19,7 @@ then renamed into place.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
@@ -26,7 +27,7 @@ import pathlib
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from barrierflow.storage import objects
 
@@ -52,6 +53,30 @@ _OFFSETS = (("Z", 0), ("+00:00", 0), ("+02:00", 120), ("-05:00", -300), ("+05:30
 _BLANKS: tuple[str, ...] = ("", "   ", "\t", " \t ")
 _HUGE_SENTINEL = "__barrierflow_huge_int__"
 _HUGE_LITERAL = "1" + "0" * 400  # json.loads -> int that float() cannot hold
+
+_UNPARSEABLE_TS = ["yesterday at noon", "2023-13-45T25:61:00Z", "not-a-time", "", "1700000000000"]
+_DELETE = object()  # a _BREAKS value: remove the field
+# Malformed kind -> (field, its broken value from (rng, ts_us)); the draws and their order make the stream's bytes.
+_BREAKS: dict[str, tuple[str, Callable[[random.Random, int], Any]]] = {
+    "missing_event_id": ("event_id", lambda rng, ts_us: _DELETE),
+    "empty_event_id": ("event_id", lambda rng, ts_us: ""),
+    "non_string_event_id": ("event_id", lambda rng, ts_us: rng.choice([12345, None, 3.5, ["a"], True])),
+    "missing_sensor_id": ("sensor_id", lambda rng, ts_us: _DELETE),
+    "empty_sensor_id": ("sensor_id", lambda rng, ts_us: ""),
+    "non_string_sensor_id": ("sensor_id", lambda rng, ts_us: rng.choice([7, None, {"id": "s"}, False])),
+    "missing_ts": ("ts", lambda rng, ts_us: _DELETE if rng.random() < 0.7 else None),
+    "naive_ts": ("ts", lambda rng, ts_us: (_EPOCH + timedelta(microseconds=ts_us)).strftime("%Y-%m-%dT%H:%M:%S")),
+    # Including an integral float: 1.7e12 written as "1700000000000.0" is still a float.
+    "float_ts": ("ts", lambda rng, ts_us: rng.choice([ts_us / 1000 + 0.5, float(ts_us // 1000)])),
+    "bool_ts": ("ts", lambda rng, ts_us: rng.choice([True, False])),
+    "unparseable_ts": ("ts", lambda rng, ts_us: rng.choice(_UNPARSEABLE_TS)),
+    "ts_out_of_range": ("ts", lambda rng, ts_us: rng.choice([10**20, -(10**20)])),  # epoch ms beyond datetime's range
+    "string_temperature": ("temperature", lambda rng, ts_us: "21.5"),
+    "bool_temperature": ("temperature", lambda rng, ts_us: rng.choice([True, False])),
+    "missing_temperature": ("temperature", lambda rng, ts_us: _DELETE),
+    "nan_temperature": ("temperature", lambda rng, ts_us: float("nan")),  # json.dumps writes the bare token NaN
+    "infinity_temperature": ("temperature", lambda rng, ts_us: rng.choice([float("inf"), float("-inf")])),  # Infinity / -Infinity
+}
 
 # Slot kinds of a file's plan.
 _VALID, _DUP, _BAD, _BLANK = "valid", "duplicate", "malformed", "blank"
@@ -100,17 +125,11 @@ def _plan(spec: SensorStreamSpec, file_index: int) -> list[str]:
     """Kind of every slot of a file, from its own RNG stream: a later file learns which event ids an earlier
     one emitted validly without generating its content."""
     rng = random.Random(f"{spec.seed}:{file_index}:plan")
+    # Cumulative rate bounds: a draw below the first is blank, then malformed, then duplicate, else valid.
+    bounds = (b := spec.blank_line_rate, b + spec.malformed_rate, b + spec.malformed_rate + spec.duplicate_rate)
     kinds: list[str] = []
     for _ in range(spec.records_per_file):
-        u = rng.random()
-        if u < spec.blank_line_rate:
-            kind = _BLANK
-        elif u < spec.blank_line_rate + spec.malformed_rate:
-            kind = _BAD
-        elif u < spec.blank_line_rate + spec.malformed_rate + spec.duplicate_rate:
-            kind = _DUP
-        else:
-            kind = _VALID
+        kind = (_BLANK, _BAD, _DUP, _VALID)[bisect.bisect_right(bounds, rng.random())]
         # A duplicate needs an earlier id; the very first ids of the stream cannot be one.
         if kind == _DUP and file_index == 0 and _VALID not in kinds:
             kind = _VALID
@@ -174,49 +193,15 @@ def _malformed_line(kind: str, rng: random.Random, base: dict[str, Any], ts_us: 
         return rng.choice(["42", "-3.5", "1e3"])
     if kind == "json_string":
         return _dump(rng.choice(["hello", _dump(rec)]))
-    if kind == "missing_event_id":
-        del rec["event_id"]
-    elif kind == "empty_event_id":
-        rec["event_id"] = ""
-    elif kind == "non_string_event_id":
-        rec["event_id"] = rng.choice([12345, None, 3.5, ["a"], True])
-    elif kind == "missing_sensor_id":
-        del rec["sensor_id"]
-    elif kind == "empty_sensor_id":
-        rec["sensor_id"] = ""
-    elif kind == "non_string_sensor_id":
-        rec["sensor_id"] = rng.choice([7, None, {"id": "s"}, False])
-    elif kind == "missing_ts":
-        if rng.random() < 0.7:
-            del rec["ts"]
-        else:
-            rec["ts"] = None
-    elif kind == "naive_ts":
-        rec["ts"] = (_EPOCH + timedelta(microseconds=ts_us)).strftime("%Y-%m-%dT%H:%M:%S")
-    elif kind == "float_ts":
-        # Including an integral float: 1.7e12 written as "1700000000000.0" is still a float.
-        rec["ts"] = rng.choice([ts_us / 1000 + 0.5, float(ts_us // 1000)])
-    elif kind == "bool_ts":
-        rec["ts"] = rng.choice([True, False])
-    elif kind == "unparseable_ts":
-        rec["ts"] = rng.choice(["yesterday at noon", "2023-13-45T25:61:00Z", "not-a-time", "", "1700000000000"])
-    elif kind == "ts_out_of_range":
-        rec["ts"] = rng.choice([10**20, -(10**20)])  # epoch ms beyond datetime's range
-    elif kind == "string_temperature":
-        rec["temperature"] = "21.5"
-    elif kind == "bool_temperature":
-        rec["temperature"] = rng.choice([True, False])
-    elif kind == "missing_temperature":
-        del rec["temperature"]
-    elif kind == "nan_temperature":
-        rec["temperature"] = float("nan")  # json.dumps writes the bare token NaN
-    elif kind == "infinity_temperature":
-        rec["temperature"] = rng.choice([float("inf"), float("-inf")])  # Infinity / -Infinity
-    elif kind == "huge_temperature":
+    if kind == "huge_temperature":
         rec["temperature"] = _HUGE_SENTINEL
         return _dump(rec).replace(f'"{_HUGE_SENTINEL}"', _HUGE_LITERAL)
-    else:  # pragma: no cover - guarded by MALFORMED_KINDS
-        raise ValueError(f"unknown malformed kind {kind!r}")
+    field, value = _BREAKS[kind]
+    broken = value(rng, ts_us)
+    if broken is _DELETE:
+        del rec[field]
+    else:
+        rec[field] = broken
     return _dump(rec)
 
 
@@ -286,18 +271,14 @@ def generate_sensor_lines(spec: SensorStreamSpec, file_index: int) -> list[str]:
             continue
 
         if kind == _DUP:
-            choices = ["same_file"] if emitted else []
-            if earlier_ids:
-                choices.append("earlier_file")
-            source = rng.choice(choices)
-            if source == "same_file" and rng.random() < 0.5:
+            choices = ["same_file"] * bool(emitted) + ["earlier_file"] * bool(earlier_ids)
+            if rng.choice(choices) == "earlier_file":
+                record["event_id"] = rng.choice(earlier_ids[rng.choice(sorted(earlier_ids))])
+            elif rng.random() < 0.5:
                 lines.append(rng.choice(emitted)[1])  # exact replay of an earlier line
                 continue
-            if source == "same_file":
-                record["event_id"] = rng.choice(emitted)[0]
             else:
-                k = rng.choice(sorted(earlier_ids))
-                record["event_id"] = rng.choice(earlier_ids[k])
+                record["event_id"] = rng.choice(emitted)[0]
             # Different values under a seen id; the walk is not advanced because
             # a deduplicating reader drops this line.
             lines.append(_dump(record))

@@ -2,66 +2,12 @@
 
 An expression (``"amount >= 0"``, ``"cast(round(amount * 100) as long)"``, ``"split(text, '[.]')"``) is parsed with
 sqlglot (dialect ``spark``) when the pipeline is declared and compiled to ``pyarrow.compute`` over the operator's input
-rows: the same rows give the same values, whatever the epoch's size or placement. Anything not listed below (another
+rows: the same rows give the same values, whatever the epoch's size or placement. Anything outside the subset (another
 function, a subquery, an aggregate or window function) is refused at declaration with a
 :class:`~barrierflow.core.errors.PipelineDefinitionError` naming the operator and the construct; so is a
 ``pyspark.sql.Column``, which has no form outside a Spark session (``F.col("amount") > 0`` is ``"amount > 0"``).
 
-Supported expressions
----------------------
-
-- **Columns** by name, case-insensitively as in Spark (backticks quote odd names); those starting with ``_`` are the
-  engine's and cannot be read.
-- **Literals**: integers (``int`` if they fit 32 bits, else ``bigint``; ``100L`` is a ``bigint``), numbers with a point
-  or exponent (``1.5``, ``1e3``: ``double``, where Spark types ``1.5`` as a decimal), ``'strings'`` or ``"strings"``,
-  ``true``/``false``, ``null``, ``date'2024-01-31'``, ``timestamp'2024-01-31 12:00:00'``.
-- **Arithmetic** ``+ - * %`` and unary ``-`` in the wider operand type (``int`` < ``bigint`` < ``float`` < ``double``);
-  ``/`` gives a ``double``; ``a div b`` (integers) a ``bigint`` truncated toward zero; ``%`` has the dividend's sign.
-- **Comparisons** ``= == <> != < <= > >=`` and null-safe ``<=>``; a string literal compared with a number, date or
-  timestamp is read as one (``day = '2024-01-31'``). As in Spark, ``NaN = NaN`` and ``NaN`` is above every number.
-- **Logic** ``AND``, ``OR``, ``NOT`` with three-valued logic (``null AND false`` is false, ``null OR true`` true, else
-  null stays null); ``IS [NOT] NULL``, ``IS [NOT] TRUE|FALSE``, ``isnull(x)``, ``isnotnull(x)``; ``x [NOT] IN (v, ...)``
-  (null when nothing matches and ``x`` or a value is null); ``x [NOT] BETWEEN a AND b``; ``[NOT] LIKE 'pattern'
-  [ESCAPE 'c']`` (``%``, ``_``; backslash escapes by default), ``ILIKE``, ``RLIKE``/``regexp``/``regexp_like``.
-- **Conditionals** ``CASE WHEN ... THEN ... [ELSE ...] END``, ``CASE x WHEN v THEN ...``, ``if(c, a, b)``,
-  ``coalesce(...)``/``nvl``/``ifnull``, ``nullif(a, b)``. As in Spark, a branch is evaluated only for the records that
-  take it, and the right side of ``AND``/``OR`` only where the left does not decide (``d <> 0 AND n / d > 1`` never
-  divides by zero).
-- **Casts** ``cast(x AS t)`` (``x::t``, ``int(x)``...) to ``string``, ``tinyint``/``byte``, ``smallint``/``short``,
-  ``int``/``integer``, ``bigint``/``long``, ``float``/``real``, ``double``, ``boolean``, ``date``, ``timestamp``, as
-  Spark's ANSI casts: a string that is not a value of the type fails (strings are trimmed; booleans read
-  ``true/false/t/f/yes/no/y/n/1/0``; dates ``yyyy-MM-dd``; timestamps ``yyyy-MM-dd[( |T)HH:mm[:ss[.ffffff]]][Z|+HH:mm]``,
-  in UTC without a zone), so does a number out of the target's range; a floating-point number is truncated toward zero;
-  numbers and timestamps do not cast to each other (use ``timestamp_seconds``, ``unix_seconds``...). Numbers, booleans,
-  dates and timestamps print as Spark prints them (``1.0``, ``1.0E10``, ``2024-01-31 12:00:00.5``).
-- **Strings** (other values cast to string first): ``upper``/``ucase``, ``lower``/``lcase``, ``length``/``char_length``
-  (characters, ``int``), ``trim``/``ltrim``/``rtrim`` (spaces; ``trim(BOTH|LEADING|TRAILING 'chars' FROM s)``),
-  ``substring``/``substr(s, pos[, len])`` (1-based, a negative ``pos`` counts from the end), ``concat`` and ``||`` (null
-  if any argument is), ``concat_ws(sep, ...)`` (skips nulls), ``replace(s, search[, replacement])``,
-  ``regexp_replace(s, regex, replacement)`` (``$1`` is a group), ``split(s, regex[, limit])`` (an ``array<string>``,
-  trailing empty strings kept), ``startswith``, ``endswith``, ``contains``. Positions, lengths, patterns, separators
-  and replacements are literals.
-- **Arrays**: ``element_at(array, i)`` (1-based, a negative ``i`` counts from the end), ``size``/``cardinality``/
-  ``array_size`` (``int``).
-- **Math**: ``abs``, ``round(x[, d])`` (half away from zero as Spark's HALF_UP, on the number's shortest decimal form:
-  ``round(1.005, 2)`` is ``1.01``), ``floor``/``ceil``/``ceiling`` (``bigint``), ``sqrt``, ``pow``/``power``
-  (``double``), ``greatest``/``least`` (nulls skipped).
-- **Time** in UTC (barrierflow's Spark session time zone): ``timestamp_seconds`` (integer or fractional),
-  ``timestamp_millis``, ``timestamp_micros``, ``unix_seconds``, ``unix_millis``, ``unix_micros``, ``to_date(x)``,
-  ``year``, ``month``, ``day``/``dayofmonth``, ``hour``, ``minute``, ``second`` (``int``).
-
-Not accepted: non-deterministic functions (``current_date``, ``now``, ``rand``, ``uuid``...): a replayed epoch must
-compute the same rows. In ``select``, a computed expression needs a name (``"amount * 100 AS cents"``).
-
-Run-time errors, as in Spark 4's default ANSI mode: an integer overflow (``+ - * abs``, a cast out of range), a division
-or remainder by zero (``/``, ``%``, ``div``; a null operand gives null), an ``element_at`` index out of bounds and a
-string no cast can read fail the epoch with a :class:`~barrierflow.core.errors.UserFunctionError` naming the operator
-and the expression; a retry replays the same records, so change the expression (``CASE WHEN d <> 0 THEN n / d END``).
-Floating-point results never fail (``sqrt(-1)`` is NaN, ``pow(0, -1)`` infinity).
-
-Differences from Spark: regular expressions are RE2's (Java's without lookaround, backreferences and possessive
-quantifiers; a pattern RE2 cannot compile is refused at declaration); decimals (columns and literals with a point)
-compute as ``double``; strings are ``string`` (not ``varchar``); ``upper``/``lower`` map one character to one.
+The supported subset, its run-time errors and where it differs from Spark: ``docs/expressions.md``.
 """
 
 from __future__ import annotations
@@ -147,7 +93,7 @@ def check_expression(operator_id: str, value: Any) -> None:
                 "records' source)"
             )
     if not isinstance(tree, exp.Star):
-        _Compiler(operator_id, value, None).compile(tree.this if isinstance(tree, exp.Alias) else tree)
+        _Compiler(operator_id, value, None).compile(_body(tree))
 
 
 def is_star(text: str) -> bool:
@@ -158,9 +104,13 @@ def is_star(text: str) -> bool:
 def declared_name(operator_id: str, text: str) -> tuple[str | None, str | None]:
     """The output name the expression declares (its alias, or the column it is), and the column it is (None: computed)."""
     tree = _parse(operator_id, text)
-    inner = (tree.this if isinstance(tree, exp.Alias) else tree).unnest()
+    inner = _body(tree).unnest()
     source = inner.name if isinstance(inner, exp.Column) and isinstance(inner.this, exp.Identifier) else None
     return (tree.alias if isinstance(tree, exp.Alias) else source), source
+
+
+def _body(tree: exp.Expr) -> exp.Expr:
+    return tree.this if isinstance(tree, exp.Alias) else tree
 
 
 _parsed = functools.lru_cache(maxsize=1024)(functools.partial(sqlglot.parse_one, dialect="spark"))
@@ -249,24 +199,20 @@ _RULES: dict[type[exp.Expr], _Rule] = {
         (exp.Add, "+"), (exp.Sub, "-"), (exp.Mul, "*"), (exp.Div, "/"), (exp.Mod, "%"), (exp.IntDiv, "div"))},
     **{c: _Rule(op, "compare", _BINARY) for c, op in (
         (exp.EQ, "="), (exp.NEQ, "<>"), (exp.GT, ">"), (exp.GTE, ">="), (exp.LT, "<"), (exp.LTE, "<="), (exp.NullSafeEQ, "<=>"))},
-    exp.Neg: _Rule("unary -", call=pc.negate_checked, args="n", fails=True),
-    exp.Negative: _Rule("negative", call=pc.negate_checked, args="n", fails=True),
-    exp.And: _Rule("AND", "logic", _BINARY),
-    exp.Or: _Rule("OR", "logic", _BINARY),
+    **{c: _Rule(name, call=pc.negate_checked, args="n", fails=True) for c, name in ((exp.Neg, "unary -"), (exp.Negative, "negative"))},
+    **{c: _Rule(op, "logic", _BINARY) for c, op in ((exp.And, "AND"), (exp.Or, "OR"))},
     exp.Not: _Rule("NOT", call=pc.invert, args="b", out=_B),
     exp.Is: _Rule("IS", "is_", _BINARY),
     exp.In: _Rule("IN", "in_", ("this", "expressions"), (2, _MANY)),
     exp.Between: _Rule("BETWEEN", "between", ("this", "low", "high")),
-    exp.Like: _Rule("LIKE", "like", _BINARY, literals={1: "like"}, flags=("negate",)),
-    exp.ILike: _Rule("ILIKE", "like", _BINARY, literals={1: "like"}, flags=("negate",)),
-    exp.Escape: _Rule("ESCAPE", "like", _BINARY, literals={1: "string"}),
+    **{c: _Rule(op, "like", _BINARY, literals={1: "like"}, flags=("negate",)) for c, op in ((exp.Like, "LIKE"), (exp.ILike, "ILIKE"))},
+    exp.Escape: _Rule("ESCAPE", "like", _BINARY),
     exp.RegexpLike: _Rule("RLIKE", keys=_BINARY, literals={1: "regex"}, call=pc.match_substring_regex, args="s", out=_B),
     exp.Case: _Rule("CASE", "case", ("this", "ifs", "default"), (0, _MANY)),
     exp.If: _Rule("if", "if_", ("this", "true", "false")),
     exp.Coalesce: _Rule("coalesce", "coalesce", ("this", "expressions"), (1, _MANY), flags=("is_nvl", "is_null")),
     exp.Nullif: _Rule("nullif", "nullif", _BINARY),
-    exp.Cast: _Rule("cast", "cast", flags=("to", "safe")),
-    exp.TryCast: _Rule("cast", "cast", flags=("to", "safe")),
+    **dict.fromkeys((exp.Cast, exp.TryCast), _Rule("cast", "cast", flags=("to", "safe"))),
     exp.Upper: _Rule("upper", call=pc.utf8_upper, args="s", out=_S),
     exp.Lower: _Rule("lower", call=pc.utf8_lower, args="s", out=_S),
     exp.Length: _Rule("length", call=pc.utf8_length, args="s", out=_I32),
@@ -299,12 +245,12 @@ _RULES: dict[type[exp.Expr], _Rule] = {
     exp.ArraySize: _Rule("size", call=pc.list_value_length, args="A", out=_I32),
     exp.Abs: _Rule("abs", call=pc.abs_checked, args="n", fails=True),
     exp.Round: _Rule("round", keys=("this", "decimals"), arity=(1, 2), literals={1: "integer"}, call=_round, args="x", fails=True),
-    exp.Floor: _Rule("floor", call=functools.partial(_to_long, pc.floor), args="n", out=_I64),
-    exp.Ceil: _Rule("ceil", call=functools.partial(_to_long, pc.ceil), args="n", out=_I64),
+    **{c: _Rule(name, call=functools.partial(_to_long, f), args="n", out=_I64) for c, name, f in (
+        (exp.Floor, "floor", pc.floor), (exp.Ceil, "ceil", pc.ceil))},
     exp.Sqrt: _Rule("sqrt", call=pc.sqrt, args="d", out=_F64),
     exp.Pow: _Rule("pow", keys=_BINARY, call=pc.power, args="d", out=_F64),
-    exp.Greatest: _Rule("greatest", "extreme", ("this", "expressions"), (2, _MANY), flags=("ignore_nulls",)),
-    exp.Least: _Rule("least", "extreme", ("this", "expressions"), (2, _MANY), flags=("ignore_nulls",)),
+    **{c: _Rule(name, "extreme", ("this", "expressions"), (2, _MANY), flags=("ignore_nulls",)) for c, name in (
+        (exp.Greatest, "greatest"), (exp.Least, "least"))},
     **{c: _Rule(name, call=f, args=kind, out=_I32) for c, name, f, kind in (
         (exp.Year, "year", pc.year, "D"), (exp.Month, "month", pc.month, "D"), (exp.Day, "day", pc.day, "D"),
         (exp.DayOfMonth, "dayofmonth", pc.day, "D"), (exp.Hour, "hour", pc.hour, "T"), (exp.Minute, "minute", pc.minute, "T"),
@@ -316,9 +262,8 @@ _RULES: dict[type[exp.Expr], _Rule] = {
 }  # fmt: skip
 # Functions sqlglot leaves as they are written (exp.Anonymous), by lower-case name.
 _ANONYMOUS: dict[str, _Rule] = {
-    "timestamp_seconds": _Rule("timestamp_seconds", call=functools.partial(_from_epoch, 1_000_000), args="n", out=_TIMESTAMP),
-    "timestamp_millis": _Rule("timestamp_millis", call=functools.partial(_from_epoch, 1_000), args="i", out=_TIMESTAMP),
-    "timestamp_micros": _Rule("timestamp_micros", call=functools.partial(_from_epoch, 1), args="i", out=_TIMESTAMP),
+    **{f"timestamp_{unit}": _Rule(f"timestamp_{unit}", call=functools.partial(_from_epoch, factor), args=kind, out=_TIMESTAMP)
+       for unit, factor, kind in (("seconds", 1_000_000, "n"), ("millis", 1_000, "i"), ("micros", 1, "i"))},
     "isnull": _Rule("isnull", call=pc.is_null, args="*", out=_B),
     "isnotnull": _Rule("isnotnull", call=pc.is_valid, args="*", out=_B),
     "regexp": _Rule("regexp", arity=(2, 2), literals={1: "regex"}, call=pc.match_substring_regex, args="s", out=_B),
@@ -410,22 +355,14 @@ def _re2_replacement(java: str) -> str:
 # -- types ------------------------------------------------------------------------------------------
 
 
-def _is_string(t: pa.DataType) -> bool:
-    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+def _any_of(*checks: Callable[[pa.DataType], bool]) -> Callable[[pa.DataType], bool]:
+    return lambda t: any(check(t) for check in checks)
 
 
-def _is_numeric(t: pa.DataType) -> bool:
-    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t))
-
-
-def _is_list(t: pa.DataType) -> bool:
-    return bool(pa.types.is_list(t) or pa.types.is_large_list(t))
-
-
-def _is_datetime(t: pa.DataType) -> bool:
-    return bool(pa.types.is_timestamp(t) or pa.types.is_date(t))
-
-
+_is_string = _any_of(pa.types.is_string, pa.types.is_large_string)
+_is_numeric = _any_of(pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal)
+_is_list = _any_of(pa.types.is_list, pa.types.is_large_list)
+_is_datetime = _any_of(pa.types.is_timestamp, pa.types.is_date)
 _is_null = pa.types.is_null
 _NUMERIC_ORDER = (pa.int8(), pa.int16(), _I32, _I64, pa.float32(), _F64)
 
@@ -763,7 +700,7 @@ def compile_expression(operator_id: str, text: str, schema: pa.Schema) -> Compil
     tree = _parse(operator_id, text)
     if isinstance(tree, exp.Star):
         raise PipelineDefinitionError(f"{operator_id}: * stands for every column only in select")
-    body = (tree.this if isinstance(tree, exp.Alias) else tree).unnest()
+    body = _body(tree).unnest()
     compiler = _Compiler(operator_id, text, schema)
     value = compiler.compile(body)
     column = next(iter(compiler.read)) if isinstance(body, exp.Column) else None
@@ -831,22 +768,17 @@ class _Compiler:
             t = pa.null() if self.schema is None else self.schema.field(column).type
             return _Value(t.value_type if pa.types.is_dictionary(t) else t, lambda rows: rows.column(column), _sql(node))
         value: Any
-        if isinstance(node, exp.Null):
-            value, type_ = None, pa.null()
-        elif isinstance(node, exp.Boolean):
-            value, type_ = bool(node.this), _B
-        elif isinstance(node, exp.Literal) and node.is_string:
-            value, type_ = node.name, _S
-        elif isinstance(node, exp.Literal):  # int if it fits, else bigint; double with a point or exponent
+        if isinstance(node, exp.Literal) and not node.is_string:  # int if it fits, else bigint; double with a point or exponent
             try:
                 value = int(node.name) if re.fullmatch(r"[0-9]+", node.name) else float(node.name)
             except ValueError:
                 raise PipelineDefinitionError(f"{self.operator_id}: {node.name!r} in {self.text!r} is not a number") from None
             if isinstance(value, int) and value > _INT64_MAX:
-                raise PipelineDefinitionError(
-                    f"{self.operator_id}: the number {node.name} in {self.text!r} does not fit a bigint"
-                )
+                raise PipelineDefinitionError(f"{self.operator_id}: the number {node.name} in {self.text!r} does not fit a bigint")
             type_ = _F64 if isinstance(value, float) else _I32 if value < 2**31 else _I64
+        elif isinstance(node, (exp.Null, exp.Boolean, exp.Literal)):  # null, a boolean, a string
+            value = None if isinstance(node, exp.Null) else bool(node.this) if isinstance(node, exp.Boolean) else node.name
+            type_ = pa.scalar(value).type
         else:
             rule = _rule(node)
             if rule is None:
@@ -871,7 +803,6 @@ class _Compiler:
             raise self.refuse(
                 f"{rule.name} with {len(operands)} argument(s)", f"it takes {low}{'' if low == high else ' or more'}"
             )
-        getattr(self, f"_v_{rule.kind}", lambda *_: None)(node, operands)
         for position, kind in (rule.literals or {}).items():
             if position < len(operands):
                 self.check_literal(rule, position, operands[position], kind)
@@ -909,47 +840,6 @@ class _Compiler:
         except ValueError as exc:
             raise PipelineDefinitionError(f"{self.operator_id}: {what} in {self.text!r}: {exc}") from None
 
-    # Structural checks of single constructs (the literals are checked after).
-
-    def _v_is_(self, node: exp.Expr, operands: list[exp.Expr]) -> None:
-        if not isinstance(operands[1], (exp.Null, exp.Boolean)):
-            raise self.refuse(f"IS {_sql(operands[1])}", "IS takes NULL, TRUE or FALSE")
-
-    def _v_like(self, node: exp.Expr, operands: list[exp.Expr]) -> None:
-        if not isinstance(node, exp.Escape):
-            return
-        escape = _literal(operands[1])
-        if not isinstance(operands[0], (exp.Like, exp.ILike)) or not isinstance(escape, str) or len(escape) != 1:
-            raise self.refuse("ESCAPE", "write x LIKE 'pattern' ESCAPE 'c' with one character")
-        try:
-            _like_pattern(_literal(operands[0].expression) or "", escape)
-        except ValueError as exc:
-            raise PipelineDefinitionError(f"{self.operator_id}: the LIKE pattern in {self.text!r}: {exc}") from None
-
-    def _v_cast(self, node: exp.Expr, operands: list[exp.Expr]) -> None:
-        if node.args.get("safe"):
-            raise self.refuse("try_cast", "cast fails on a value the type cannot hold, as Spark's ANSI cast")
-        to = node.args.get("to")
-        if not isinstance(to, exp.DataType) or to.this not in _CAST_TARGETS:
-            target = _sql(to) if isinstance(to, exp.Expr) else to
-            raise self.refuse(
-                f"cast to {target}", "cast to string, tinyint, smallint, int, bigint, float, double, boolean, date or timestamp"
-            )
-
-    def _v_trim(self, node: exp.Expr, operands: list[exp.Expr]) -> None:
-        if len(operands) == 2 and (_literal(node.this) is not None or not isinstance(_literal(node.expression), str)):
-            raise self.refuse(
-                f"{_sql(node)!r}", "write trim(s), or TRIM(BOTH|LEADING|TRAILING 'chars' FROM s) with literal chars"
-            )
-
-    def _v_element_at(self, node: exp.Expr, operands: list[exp.Expr]) -> None:
-        if node.args.get("offset") != 1:
-            raise self.refuse("array[index]", "write element_at(array, position), 1-based")
-        if node.args.get("safe"):
-            raise self.refuse("try_element_at", "element_at fails on a position out of bounds, as Spark's ANSI mode")
-        if _literal(operands[1]) == 0:
-            raise PipelineDefinitionError(f"{self.operator_id}: element_at position 0 in {self.text!r}: SQL arrays start at 1")
-
     # -- helpers
 
     @staticmethod
@@ -959,16 +849,10 @@ class _Compiler:
 
     @staticmethod
     def apply(
-        where: exp.Expr | str,
-        type_: pa.DataType,
-        call: Callable[..., pa.Array],
-        *inputs: Any,
-        fallible: bool = False,
-        note: str = "",
+        where: exp.Expr | str, type_: pa.DataType, call: Callable[..., pa.Array], *inputs: Any, fallible: bool = False, note: str = ""
     ) -> _Value:
         """The value ``call`` computes from its inputs' arrays (literals passed as they are); a failure names ``where``."""
         sql = where if isinstance(where, str) else _sql(where)
-        values = [i for i in inputs if isinstance(i, _Value)]
 
         def run(rows: _Rows) -> pa.Array:
             arguments = [i.run(rows) if isinstance(i, _Value) else i for i in inputs]
@@ -979,20 +863,24 @@ class _Compiler:
             except pa.ArrowInvalid as exc:  # an overflow of a checked kernel
                 raise _Failure(f"{sql}: {'integer ' if pa.types.is_integer(type_) else ''}{exc}{note}") from None
 
-        return _Value(type_, run, sql, fallible or any(v.fallible for v in values))
+        return _Value(type_, run, sql, fallible or any(isinstance(i, _Value) and i.fallible for i in inputs))
 
     def coerce(self, value: _Value, target: pa.DataType) -> _Value:
         """``value`` in the type ``target``, as Spark casts implicitly (a string literal read as that type, here)."""
         if value.type == target:
             return value
-        if isinstance(value.constant, str) and not _is_string(target):
+        return self.cast(value, target, value.sql, f"{value.sql} is not a {spark_type_name(target)}")
+
+    def cast(self, value: _Value, target: pa.DataType, where: exp.Expr | str, what: str) -> _Value:
+        """``value`` cast to ``target``: a literal once (a failure is the error ``what: why``), else for each record."""
+        if value.constant is not _NO_CONSTANT:
             try:
-                converted = _cast_values(pa.array([value.constant]), target)[0]
+                converted = _cast_values(pa.array([value.constant], value.type), target)[0]
             except _Failure as exc:
-                raise self.error(f"{value.sql} is not a {spark_type_name(target)}: {exc}") from None
-            return self.constant(converted.as_py(), target, value.sql)
+                raise self.error(f"{what}: {exc}") from None
+            return self.constant(converted.as_py(), target, where if isinstance(where, str) else _sql(where))
         cast = functools.partial(_cast_values, target=target)
-        return self.apply(value.sql, target, cast, value, fallible=_cast_may_fail(value.type, target))
+        return self.apply(where, target, cast, value, fallible=_cast_may_fail(value.type, target))
 
     def typed(self, value: _Value, kind: str, what: str) -> _Value:
         """``value`` as an operand of kind ``kind`` (:data:`_KINDS`) of ``what``, or the error saying it is not one."""
@@ -1004,11 +892,8 @@ class _Compiler:
         return value if target is None else self.coerce(value, target)
 
     def meet(self, values: Sequence[_Value], what: str, literals: bool = False) -> tuple[pa.DataType, list[_Value]]:
-        """The common type of ``values`` and the values in it; with ``literals``, string literals read as the others' type.
-
-        Spark reads ``x = '5'`` as ``x = 5`` for a number ``x`` (and a date or timestamp likewise): comparisons, IN and
-        BETWEEN do.
-        """
+        """The common type of ``values`` and the values in it; with ``literals`` (comparisons, IN, BETWEEN), string
+        literals read as the others' type, as Spark reads ``x = '5'`` as ``x = 5`` for a number (date, timestamp) ``x``."""
         target = _common_type([v.type for v in values])
         others = [v.type for v in values if not isinstance(v.constant, str)]
         if literals and len(others) < len(values):
@@ -1078,6 +963,8 @@ class _Compiler:
         return _Value(_B, run, _sql(node), a.fallible or b.fallible)
 
     def _c_is_(self, node: exp.Expr, rule: _Rule, operands: list[exp.Expr]) -> _Value:
+        if not isinstance(operands[1], (exp.Null, exp.Boolean)):
+            raise self.refuse(f"IS {_sql(operands[1])}", "IS takes NULL, TRUE or FALSE")
         if isinstance(operands[1], exp.Null):
             return self.apply(node, _B, pc.is_null, self.compile(operands[0]))
         a, truth = self.typed(self.compile(operands[0]), "b", "IS TRUE/FALSE"), bool(operands[1].this)
@@ -1086,10 +973,8 @@ class _Compiler:
     def _c_in_(self, node: exp.Expr, rule: _Rule, operands: list[exp.Expr]) -> _Value:
         _, values = self.meet([self.compile(o) for o in operands], "IN", literals=True)
 
-        def matches(x: pa.Array, *candidates: pa.Array) -> pa.Array:  # x = v1 OR x = v2 ...: null when none is and a null was met
-            return functools.reduce(pc.or_kleene, [_compare("=", x, c) for c in candidates])
-
-        return self.apply(node, _B, matches, *values)
+        # x = v1 OR x = v2 ...: null when none is and a null was met
+        return self.apply(node, _B, lambda x, *vs: functools.reduce(pc.or_kleene, [_compare("=", x, v) for v in vs]), *values)
 
     def _c_between(self, node: exp.Expr, rule: _Rule, operands: list[exp.Expr]) -> _Value:
         x, low, high = (self.compile(o) for o in operands)
@@ -1098,17 +983,20 @@ class _Compiler:
     def _c_like(self, node: exp.Expr, rule: _Rule, operands: list[exp.Expr]) -> _Value:
         escape = "\\"
         if isinstance(node, exp.Escape):
-            escape, node = _literal(operands[1]), operands[0]
+            escape = _literal(operands[1])
+            if not isinstance(operands[0], (exp.Like, exp.ILike)) or not isinstance(escape, str) or len(escape) != 1:
+                raise self.refuse("ESCAPE", "write x LIKE 'pattern' ESCAPE 'c' with one character")
+            try:
+                _like_pattern(_literal(operands[0].expression) or "", escape)
+            except ValueError as exc:
+                raise PipelineDefinitionError(f"{self.operator_id}: the LIKE pattern in {self.text!r}: {exc}") from None
+            node = operands[0]
             operands = _operands(_RULES[type(node)], node)
         a = self.typed(self.compile(operands[0]), "s", _RULES[type(node)].name)
         pattern = _like_pattern(_literal(operands[1]), escape)
         ignore_case, negate = isinstance(node, exp.ILike), bool(node.args.get("negate"))
-
-        def like(strings: pa.Array) -> pa.Array:
-            matched = pc.match_like(strings, pattern, ignore_case=ignore_case)
-            return pc.invert(matched) if negate else matched
-
-        return self.apply(node, _B, like, a)
+        like = functools.partial(pc.match_like, pattern=pattern, ignore_case=ignore_case)
+        return self.apply(node, _B, (lambda strings: pc.invert(like(strings))) if negate else like, a)
 
     def branches(self, node: exp.Expr, conditions: Sequence[_Value], results: Sequence[_Value], default: _Value | None) -> _Value:
         """The first result whose condition is true (else ``default``, else null), each computed only for its records."""
@@ -1133,8 +1021,7 @@ class _Compiler:
         return _Value(target, run, _sql(node), any(v.fallible for v in [*conditions, *typed]))
 
     def _c_case(self, node: exp.Expr, rule: _Rule, operands: list[exp.Expr]) -> _Value:
-        base = node.args.get("this")
-        subject = self.compile(base) if base is not None else None
+        subject = None if node.this is None else self.compile(node.this)
         conditions, results = [], []
         for branch in node.args.get("ifs") or []:
             if subject is None:
@@ -1170,15 +1057,19 @@ class _Compiler:
         a, b = (self.compile(o) for o in operands)
         if _is_null(a.type):
             return a
-
-        def nullif(x: pa.Array, equal: pa.Array) -> pa.Array:
-            return pc.if_else(pc.fill_null(equal, False), pa.nulls(len(x), x.type), x)
-
-        return self.apply(node, a.type, nullif, a, self.comparison(node, "=", a, b))
+        equal = self.comparison(node, "=", a, b)
+        return self.apply(node, a.type, lambda x, eq: pc.if_else(pc.fill_null(eq, False), pa.nulls(len(x), x.type), x), a, equal)
 
     def _c_cast(self, node: exp.Expr, rule: _Rule, operands: list[exp.Expr]) -> _Value:
-        a = self.compile(operands[0])
-        target = _CAST_TARGETS[node.args["to"].this]
+        if node.args.get("safe"):
+            raise self.refuse("try_cast", "cast fails on a value the type cannot hold, as Spark's ANSI cast")
+        to = node.args.get("to")
+        if not isinstance(to, exp.DataType) or to.this not in _CAST_TARGETS:
+            target = _sql(to) if isinstance(to, exp.Expr) else to
+            raise self.refuse(
+                f"cast to {target}", "cast to string, tinyint, smallint, int, bigint, float, double, boolean, date or timestamp"
+            )
+        a, target = self.compile(operands[0]), _CAST_TARGETS[to.this]
         if not _castable(a.type, target):
             hint = ""
             if _is_numeric(a.type) and _is_datetime(target):
@@ -1188,21 +1079,17 @@ class _Compiler:
             raise self.error(
                 f"cast of {a.sql} ({spark_type_name(a.type)}) to {spark_type_name(target)} is not allowed (as in Spark's ANSI mode){hint}"
             )
-        if a.constant is not _NO_CONSTANT:  # cast('2024-01-31' as date), 100L: typed literals
-            try:
-                converted = _cast_values(pa.array([a.constant], a.type), target)[0]
-            except _Failure as exc:
-                raise self.error(f"{_sql(node)}: {exc}") from None
-            return self.constant(converted.as_py(), target, _sql(node))
-        cast = functools.partial(_cast_values, target=target)
-        return self.apply(node, target, cast, a, fallible=_cast_may_fail(a.type, target))
+        return self.cast(a, target, node, _sql(node))  # cast('2024-01-31' as date), 100L: typed literals
 
     def _c_trim(self, node: exp.Expr, rule: _Rule, operands: list[exp.Expr]) -> _Value:
+        if len(operands) == 2 and (_literal(node.this) is not None or not isinstance(_literal(node.expression), str)):
+            raise self.refuse(
+                f"{_sql(node)!r}", "write trim(s), or TRIM(BOTH|LEADING|TRAILING 'chars' FROM s) with literal chars"
+            )
         a = self.typed(self.compile(node.this), "s", "trim")
         chars = _literal(node.expression) if node.args.get("expression") is not None else " "
-        function = {"LEADING": pc.utf8_ltrim, "TRAILING": pc.utf8_rtrim}.get(
-            str(node.args.get("position") or "BOTH").upper(), pc.utf8_trim
-        )
+        position = str(node.args.get("position") or "BOTH").upper()
+        function = {"LEADING": pc.utf8_ltrim, "TRAILING": pc.utf8_rtrim}.get(position, pc.utf8_trim)
         return self.apply(node, _S, lambda strings: function(strings, chars) if chars else strings, a)
 
     def _c_concat_ws(self, node: exp.Expr, rule: _Rule, operands: list[exp.Expr]) -> _Value:
@@ -1212,6 +1099,12 @@ class _Compiler:
         return self.apply(node, _S, functools.partial(_concat_ws, _literal(operands[0])), *parts)
 
     def _c_element_at(self, node: exp.Expr, rule: _Rule, operands: list[exp.Expr]) -> _Value:
+        if node.args.get("offset") != 1:
+            raise self.refuse("array[index]", "write element_at(array, position), 1-based")
+        if node.args.get("safe"):
+            raise self.refuse("try_element_at", "element_at fails on a position out of bounds, as Spark's ANSI mode")
+        if _literal(operands[1]) == 0:
+            raise PipelineDefinitionError(f"{self.operator_id}: element_at position 0 in {self.text!r}: SQL arrays start at 1")
         array = self.typed(self.compile(operands[0]), "A", "element_at")
         position = self.coerce(self.typed(self.compile(operands[1]), "i", "element_at's position"), _I64)
         if _is_null(array.type):

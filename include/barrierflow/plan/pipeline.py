@@ -190,6 +190,13 @@ def _event_time_columns(what: str, *inputs: Node) -> tuple[str, str]:
     return found[0], found[1]
 
 
+def _check_of_pipeline(builder: PipelineBuilder, what: str, other: Any, kind: type[Any], advice: str) -> None:
+    """Refuse ``other`` unless it is a ``kind`` stream of ``builder``'s pipeline."""
+    if not isinstance(other, kind) or other.builder is not builder:
+        keyed = "keyed " if kind is KeyedStream else ""
+        raise PipelineDefinitionError(f"{what}: {other!r} is not a {keyed}stream of this pipeline; give {advice}")
+
+
 def _upstream(node: Node) -> list[Node]:
     """``node`` and every node it depends on."""
     seen: list[Node] = []
@@ -266,13 +273,9 @@ class DataStream:
         return self._stateless("select", operator_id, stateless.Select, columns=tuple(columns))
 
     def map(
-        self,
-        function: "BatchFunction | None" = None,
-        *,
-        schema: pa.Schema | None = None,
-        operator_id: str | None = None,
+        self, function: "BatchFunction | None" = None, *, schema: pa.Schema | None = None, operator_id: str | None = None,
         **columns: "Expression",
-    ) -> "DataStream":
+    ) -> "DataStream":  # fmt: skip
         """Transform each record (README "Declare a pipeline").
 
         - ``map(cents="amount * 100")``: add or replace those columns (Spark's ``withColumns``).
@@ -293,13 +296,9 @@ class DataStream:
         return self._stateless("map", operator_id, stateless.MapColumns, columns=dict(columns))
 
     def flat_map(
-        self,
-        function: "BatchFunction | None" = None,
-        *,
-        schema: pa.Schema | None = None,
-        operator_id: str | None = None,
+        self, function: "BatchFunction | None" = None, *, schema: pa.Schema | None = None, operator_id: str | None = None,
         **column: "Expression",
-    ) -> "DataStream":
+    ) -> "DataStream":  # fmt: skip
         """Turn each record into zero or more records (README "Declare a pipeline").
 
         - ``flat_map(word="split(text, ' ')")``: one record per element of the
@@ -334,11 +333,8 @@ class DataStream:
         if not others:
             raise PipelineDefinitionError("union needs at least one other stream: a.union(b) or a.union(b, c)")
         for other in others:
-            if not isinstance(other, DataStream) or other.builder is not self.builder:
-                raise PipelineDefinitionError(
-                    f"union: {other!r} is not a stream of this pipeline; give streams made by the same PipelineBuilder "
-                    "(a KeyedStream is not a stream to union: union first, then key_by)"
-                )
+            advice = "streams made by the same PipelineBuilder (a KeyedStream is not a stream to union: union first, then key_by)"
+            _check_of_pipeline(self.builder, "union", other, DataStream, advice)
         node_id, generated = self.builder.stateless_id("union", operator_id)
         inputs = (self.node, *(o.node for o in others))
         _check_watermarks(f"union {node_id!r}", inputs, "assign the watermark after the union, or one upstream of every input")
@@ -372,11 +368,8 @@ class DataStream:
 
     def join(self, other: "DataStream") -> "JoinedStreams":
         """This stream (left) and ``other`` (right), to join per event-time window: ``.where(k).equal_to(k).window(assigner, operator_id=...)``."""
-        if not isinstance(other, DataStream) or other.builder is not self.builder:
-            raise PipelineDefinitionError(
-                f"join: {other!r} is not a stream of this pipeline; give another stream of the same PipelineBuilder "
-                "(not keyed: the join's keys are given by where() and equal_to())"
-            )
+        advice = "another stream of the same PipelineBuilder (not keyed: the join's keys are given by where() and equal_to())"
+        _check_of_pipeline(self.builder, "join", other, DataStream, advice)
         return JoinedStreams(self, other)
 
     def key_by(self, *columns: str) -> "KeyedStream":
@@ -403,14 +396,9 @@ class KeyedStream:
         return self.builder._add(RunningAggregate(operator_id=operator_id, parent=self.node, key=self.key, aggregations=chosen))
 
     def window(
-        self,
-        operator_id: str,
-        assigner: WindowAssigner,
-        *aggregations: Aggregation,
-        late_output: str | None = None,
-        allowed_lateness: timedelta = timedelta(0),
-        **named: Aggregation,
-    ) -> DataStream:
+        self, operator_id: str, assigner: WindowAssigner, *aggregations: Aggregation, late_output: str | None = None,
+        allowed_lateness: timedelta = timedelta(0), **named: Aggregation,
+    ) -> DataStream:  # fmt: skip
         """Event-time windows that fire once the watermark passes their end (README "Windows").
 
         Aggregations are named as in :meth:`aggregate`. Records later than
@@ -436,11 +424,8 @@ class KeyedStream:
         return IntervalJoinedStreams(self, other)
 
     def _check_other(self, what: str, other: "KeyedStream") -> None:
-        if not isinstance(other, KeyedStream) or other.builder is not self.builder:
-            raise PipelineDefinitionError(
-                f"{what}: {other!r} is not a keyed stream of this pipeline; give another stream of the same "
-                f"PipelineBuilder, keyed: a.key_by(k).{what}(b.key_by(k))"
-            )
+        advice = f"another stream of the same PipelineBuilder, keyed: a.key_by(k).{what}(b.key_by(k))"
+        _check_of_pipeline(self.builder, what, other, KeyedStream, advice)
         if len(other.key) != len(self.key):
             raise PipelineDefinitionError(
                 f"{what}: the streams are keyed by {list(self.key)} and {list(other.key)}; two keyed streams "
@@ -478,13 +463,9 @@ class JoinedStreams:
         return replace(self, other_key=self.second.key_by(*columns).key)
 
     def window(
-        self,
-        assigner: WindowAssigner,
-        *,
-        operator_id: str,
-        left_late_output: str | None = None,
+        self, assigner: WindowAssigner, *, operator_id: str, left_late_output: str | None = None,
         right_late_output: str | None = None,
-    ) -> DataStream:
+    ) -> DataStream:  # fmt: skip
         """Pairs of a left and a right record of a key in each window of ``assigner`` (tumbling or sliding), once W passes its end.
 
         Output columns: README "Window join".
@@ -512,16 +493,9 @@ class IntervalJoinedStreams:
     second: KeyedStream
 
     def between(
-        self,
-        lower: timedelta,
-        upper: timedelta,
-        *,
-        operator_id: str,
-        lower_inclusive: bool = True,
-        upper_inclusive: bool = True,
-        left_late_output: str | None = None,
-        right_late_output: str | None = None,
-    ) -> DataStream:
+        self, lower: timedelta, upper: timedelta, *, operator_id: str, lower_inclusive: bool = True, upper_inclusive: bool = True,
+        left_late_output: str | None = None, right_late_output: str | None = None,
+    ) -> DataStream:  # fmt: skip
         """Pairs ``(l, r)`` of a key with ``l.ts + lower <= r.ts <= l.ts + upper`` (README "Interval join").
 
         Each side's event time is the column of the watermark assigner upstream of it.
@@ -581,14 +555,10 @@ class BroadcastConnectedStream:
 
 def _window_lateness(operator_id: str, allowed_lateness: Any) -> bool:
     """Whether ``allowed_lateness`` is positive; refuses one that is not a timedelta or is negative."""
-    if not isinstance(allowed_lateness, timedelta):
-        raise PipelineDefinitionError(
-            f"window {operator_id!r}: allowed_lateness must be a datetime.timedelta (zero or positive), got {allowed_lateness!r}"
-        )
-    if allowed_lateness < timedelta(0):
-        raise PipelineDefinitionError(
-            f"window {operator_id!r}: allowed_lateness must be zero or positive, got {allowed_lateness!r}"
-        )
+    is_delta = isinstance(allowed_lateness, timedelta)
+    if not is_delta or allowed_lateness < timedelta(0):
+        must = "zero or positive" if is_delta else "a datetime.timedelta (zero or positive)"
+        raise PipelineDefinitionError(f"window {operator_id!r}: allowed_lateness must be {must}, got {allowed_lateness!r}")
     return allowed_lateness > timedelta(0)
 
 
@@ -627,12 +597,9 @@ class PipelineDefinition:
 
 
 def pipeline(
-    name: str,
-    params: list[Param] | tuple[Param, ...] = (),
-    description: str = "",
-    key_groups: int = DEFAULT_KEY_GROUPS,
+    name: str, params: list[Param] | tuple[Param, ...] = (), description: str = "", key_groups: int = DEFAULT_KEY_GROUPS,
     state_backend: str = "delta",
-) -> Callable[[Callable[[PipelineBuilder, dict[str, Any]], None]], PipelineDefinition]:
+) -> Callable[[Callable[[PipelineBuilder, dict[str, Any]], None]], PipelineDefinition]:  # fmt: skip
     """Decorator turning a build function into a :class:`PipelineDefinition`.
 
     ``state_backend``: ``"delta"`` (default) or ``"heap"``, as Flink's RocksDB

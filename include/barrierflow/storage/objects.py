@@ -2,19 +2,15 @@
 
 Every location is a URI string, so nothing above this module assumes a local path:
 
-- local paths and ``file://`` URIs: put-if-absent is an fsynced temporary
-  file hard-linked to its name (the link fails if the name is taken);
-  compare-and-swap replaces the file under an exclusive ``flock`` of a
-  sidecar ``.<name>.lock``, its version being the inode, size and
-  modification time of the file read;
-- ``s3://bucket/key`` through boto3, configured by the standard AWS
-  environment: put-if-absent is a PUT with ``If-None-Match: *`` and
-  compare-and-swap a PUT with ``If-Match: <ETag>``; S3 answers 412 to the
-  writer that lost. No check-then-put anywhere.
+- local paths and ``file://`` URIs: put-if-absent is an fsynced temporary file hard-linked to its name (the link fails
+  if the name is taken); compare-and-swap replaces the file under an exclusive ``flock`` of a sidecar ``.<name>.lock``,
+  its version being the inode, size and modification time of the file read;
+- ``s3://bucket/key`` through boto3, configured by the standard AWS environment: put-if-absent is a PUT with
+  ``If-None-Match: *`` and compare-and-swap a PUT with ``If-Match: <ETag>``; S3 answers 412 to the writer that lost.
+  No check-then-put anywhere.
 
-A conditional PUT whose answer is lost is retried (:func:`_s3_conditional_put`).
-Executors do their object-store I/O through pyarrow (:func:`arrow_filesystem`);
-Delta commits go through delta-rs (same AWS environment).
+A conditional PUT whose answer is lost is retried (:func:`_s3_conditional_put`). Executors do their object-store I/O
+through pyarrow (:func:`arrow_filesystem`); Delta commits go through delta-rs (same AWS environment).
 """
 
 from __future__ import annotations
@@ -153,10 +149,8 @@ def open_input(uri: str) -> BinaryIO:
     if is_local(uri):
         return open(local_path(uri), "rb")
     filesystem, path = arrow_filesystem(uri)
-    try:
+    with _failing("read", uri):
         return io.BufferedReader(filesystem.open_input_file(path), buffer_size=8 * 1024 * 1024)
-    except OSError as exc:
-        raise StorageError(f"cannot read {uri}: {exc}") from exc
 
 
 def walk(uri: str) -> Iterator[StoredFile]:
@@ -185,13 +179,9 @@ def prune_empty_dirs(uri: str) -> None:
 
 def sync_file(uri: str) -> None:
     """Make a file written through :func:`arrow_filesystem` durable (an fsync locally; an S3 PUT already is)."""
-    if not is_local(uri):
-        return
-    try:
-        with open(local_path(uri), "rb") as fh:
+    if is_local(uri):
+        with _failing("sync", uri), open(local_path(uri), "rb") as fh:
             os.fsync(fh.fileno())
-    except OSError as exc:
-        raise StorageError(f"cannot sync {uri}: {exc}") from exc
 
 
 def read_bytes(uri: str) -> bytes | None:
@@ -203,13 +193,9 @@ def read_bytes(uri: str) -> bytes | None:
 def read_versioned(uri: str) -> tuple[bytes, str] | None:
     """The object at ``uri`` and its version (for :func:`compare_and_swap`), or None when there is none."""
     if is_local(uri):
-        try:
-            with open(local_path(uri), "rb") as fh:
-                return fh.read(), _local_version(os.fstat(fh.fileno()))
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:
-            raise StorageError(f"cannot read {uri}: {exc}") from exc
+        with _failing("read", uri), contextlib.suppress(FileNotFoundError, NotADirectoryError), open(local_path(uri), "rb") as fh:
+            return fh.read(), _local_version(os.fstat(fh.fileno()))
+        return None
     bucket, key = _s3_location(uri)
 
     def get(client: Any) -> tuple[bytes, str] | None:
@@ -225,12 +211,8 @@ def read_versioned(uri: str) -> tuple[bytes, str] | None:
 def read_json(uri: str) -> Any | None:
     """The JSON document at ``uri``, or None when it does not exist."""
     data = read_bytes(uri)
-    if data is None:
-        return None
-    try:
-        return json.loads(data)
-    except ValueError as exc:
-        raise StorageError(f"cannot read {uri}: {exc}") from exc
+    with _failing("read", uri, ValueError):
+        return None if data is None else json.loads(data)
 
 
 def put_if_absent(uri: str, data: bytes) -> bool:
@@ -242,7 +224,7 @@ def put_if_absent(uri: str, data: bytes) -> bool:
         return _s3_conditional_put(uri, data, {"IfNoneMatch": "*"}) is not None
     path = local_path(uri)
     directory = os.path.dirname(path)
-    try:
+    with _failing("write", uri):
         os.makedirs(directory, exist_ok=True)
         try:
             with _synced_copy(directory, data) as tmp:
@@ -251,17 +233,14 @@ def put_if_absent(uri: str, data: bytes) -> bool:
             return False
         _fsync_dir(directory)
         return True
-    except OSError as exc:
-        raise StorageError(f"cannot write {uri}: {_describe(exc)}") from exc
 
 
 def compare_and_swap(uri: str, data: bytes, version: str) -> str | None:
     """Replace the object at ``uri`` with ``data`` if it is still at ``version`` (from :func:`read_versioned`).
 
-    Returns the new version (always this call's write, applied once on
-    ``version``), or None when another writer replaced or removed it since.
-    None is conservative: after a lost acknowledgement this call's write may
-    have landed and been replaced, which callers (the lease) treat as lost.
+    Returns the new version (always this call's write, applied once on ``version``), or None when another writer
+    replaced or removed it since. None is conservative: after a lost acknowledgement this call's write may have landed
+    and been replaced, which callers (the lease) treat as lost.
     """
     if not is_local(uri):
         return _s3_conditional_put(uri, data, {"IfMatch": version})
@@ -269,23 +248,19 @@ def compare_and_swap(uri: str, data: bytes, version: str) -> str | None:
     directory, name = os.path.split(path)
     if not os.path.exists(path):
         return None  # nothing to swap (and maybe no directory for the lock)
-    try:
-        # Every compare-and-swap of this name holds the same lock; put-if-absent
-        # needs none, as it only ever creates (never replaces) the file.
-        with open(os.path.join(directory, f".{name}.lock"), "a") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released by close
-            try:
-                current = _local_version(os.stat(path))
-            except FileNotFoundError:
-                return None
-            if current != version:
-                return None
-            with _synced_copy(directory, data) as tmp:
-                os.replace(tmp, path)
-            _fsync_dir(directory)
-            return _local_version(os.stat(path))
-    except OSError as exc:
-        raise StorageError(f"cannot write {uri}: {_describe(exc)}") from exc
+    # Every compare-and-swap of this name holds the same lock; put-if-absent needs none (it never replaces the file).
+    with _failing("write", uri), open(os.path.join(directory, f".{name}.lock"), "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released by close
+        try:
+            current = _local_version(os.stat(path))
+        except FileNotFoundError:
+            return None
+        if current != version:
+            return None
+        with _synced_copy(directory, data) as tmp:
+            os.replace(tmp, path)
+        _fsync_dir(directory)
+        return _local_version(os.stat(path))
 
 
 def write_json_if_absent(uri: str, document: Any) -> bool:
@@ -298,12 +273,8 @@ def remove_document(uri: str) -> None:
         bucket, key = _s3_location(uri)
         _s3_call(uri, "delete", lambda c: c.delete_object(Bucket=bucket, Key=key))
         return
-    try:
+    with _failing("delete", uri), contextlib.suppress(FileNotFoundError):
         os.unlink(local_path(uri))
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise StorageError(f"cannot delete {uri}: {exc}") from exc
 
 
 def remove_tree(uri: str) -> None:
@@ -345,6 +316,15 @@ def arrow_filesystem(uri: str) -> "tuple[Any, str]":
 
 
 @contextlib.contextmanager
+def _failing(action: str, uri: str, errors: type[Exception] = OSError) -> Iterator[None]:
+    """``errors`` raised in the block as a :class:`StorageError` saying what could not be done to ``uri``."""
+    try:
+        yield
+    except errors as exc:
+        raise StorageError(f"cannot {action} {uri}: {exc}") from exc
+
+
+@contextlib.contextmanager
 def _synced_copy(directory: str, data: bytes) -> Iterator[str]:
     """``data`` written and fsynced under a unique temporary name in ``directory``, removed after the block."""
     tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
@@ -360,8 +340,7 @@ def _synced_copy(directory: str, data: bytes) -> Iterator[str]:
 
 
 def _local_version(stat: os.stat_result) -> str:
-    # A replace always makes a new inode, and inode numbers are reused only
-    # after a delete; the modification time and size tell those apart.
+    # A replace always makes a new inode, and inode numbers are reused only after a delete: mtime and size tell them apart.
     return f"{stat.st_ino}:{stat.st_mtime_ns}:{stat.st_size}"
 
 
@@ -394,8 +373,7 @@ def _s3_client() -> Any:
     names = ("ENDPOINT_URL", "ENDPOINT_URL_S3", "ACCESS_KEY_ID", "SECRET_ACCESS_KEY", "SESSION_TOKEN", "PROFILE")
     key = (*(os.environ.get(f"AWS_{name}") for name in names), _s3_region())
     with _clients_lock:
-        client = _clients.get(key)
-        if client is None:
+        if key not in _clients:
             import boto3
             from botocore.config import Config
 
@@ -410,9 +388,8 @@ def _s3_client() -> Any:
                 connect_timeout=10,
                 read_timeout=30,
             )
-            client = boto3.session.Session().client("s3", config=config)
-            _clients[key] = client
-    return client
+            _clients[key] = boto3.session.Session().client("s3", config=config)
+        return _clients[key]
 
 
 def _s3_list(uri: str, *, one_level: bool) -> tuple[list[dict[str, Any]], list[str]]:
@@ -421,8 +398,7 @@ def _s3_list(uri: str, *, one_level: bool) -> tuple[list[dict[str, Any]], list[s
     prefix = f"{key}/" if key else ""
 
     def listing(client: Any) -> tuple[list[dict[str, Any]], list[str]]:
-        found: list[dict[str, Any]] = []
-        directories: list[str] = []
+        found, directories = list[dict[str, Any]](), list[str]()
         delimiter = {"Delimiter": "/"} if one_level else {}
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, **delimiter):
             found += [{**item, "Key": item["Key"][len(prefix) :]} for item in page.get("Contents", [])]
@@ -478,23 +454,20 @@ def _s3_call(uri: str, action: str, call: Callable[[Any], _T]) -> _T:
         try:
             return call(_s3_client())
         except (BotoCoreError, ClientError) as exc:
-            if _retryable(exc) and attempt + 1 < _CONDITIONAL_ATTEMPTS:
-                time.sleep(0.1 * 2**attempt)
-                continue
-            raise StorageError(f"cannot {action} {uri}: {_describe(exc)}") from exc
+            if not _retryable(exc) or attempt + 1 == _CONDITIONAL_ATTEMPTS:
+                raise StorageError(f"cannot {action} {uri}: {_describe(exc)}") from exc
+            time.sleep(0.1 * 2**attempt)
     raise AssertionError("unreachable")
 
 
 def _s3_conditional_put(uri: str, data: bytes, condition: dict[str, str]) -> str | None:
     """A PUT under ``condition``: the new ETag when it took effect, None when another writer won.
 
-    1. PUT with the condition. 412 means another writer won: None (also
-       404: the object to swap is gone). 409 (a conflicting conditional
-       write in flight) wrote nothing: try again.
+    1. PUT with the condition. 412 means another writer won: None (also 404: the object to swap is gone). 409 (a
+       conflicting conditional write in flight) wrote nothing: try again.
     2. A transport or server error leaves the outcome unknown: retry.
-    3. A retry that meets 412 after an unknown outcome reads the object
-       back: holding exactly these bytes, the lost attempt was this call's
-       own write (the protocol's documents carry unique tokens).
+    3. A retry that meets 412 after an unknown outcome reads the object back: holding exactly these bytes, the lost
+       attempt was this call's own write (the protocol's documents carry unique tokens).
     """
     from botocore.exceptions import BotoCoreError, ClientError
 

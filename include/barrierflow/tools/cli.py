@@ -90,6 +90,13 @@ def _add_restore_point(p: argparse.ArgumentParser, release_hold: bool = False) -
     p.add_argument("--parallelism", type=int, metavar="N", help="parallelism of the new lineage's epochs")
 
 
+# ``generate --pipeline``: the spec of a product pipeline's input and its files.
+_GENERATORS: dict[str, tuple[Any, Any]] = {
+    "sensor_stats": (SensorStreamSpec, sensor_files),
+    "orders_payments": (OrderStreamSpec, order_files),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="barrierflow", description="Exactly-once, checkpointed, stateful stream processing in epochs (see README.md)."
@@ -103,23 +110,18 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--until-caught-up", action="store_true", help="run epochs until no source has new input")
     _add_engine(run)
     run.add_argument(
-        "--max-concurrent-checkpoints",
-        type=int,
-        choices=(1, 2),
-        default=2,
+        "--max-concurrent-checkpoints", type=int, choices=(1, 2), default=2,
         help="2 (default): the next epoch reads while the current one commits; 1: one at a time (same output)",
-    )
+    )  # fmt: skip
     run.add_argument("--state-backend", choices=STATE_BACKENDS, help="override the pipeline's state backend (see README)")
 
     _pipeline_command(sub, "status", "last completed epoch, pending work, lineage, table versions", json="print JSON")
     _pipeline_command(sub, "checkpoints", "the checkpoint log: one line per epoch", json="print a JSON array")
 
     query = _pipeline_command(
-        sub,
-        "query",
-        "SQL over sinks, dead_letter and state tables as of a completed epoch",
+        sub, "query", "SQL over sinks, dead_letter and state tables as of a completed epoch",
         description="Tables: sinks, dead_letter, checkpoints, <operator_id>__<state> and its __changelog (see README).",
-    )
+    )  # fmt: skip
     query.add_argument("sql", help="the SQL statement")
     query.add_argument("--as-of-epoch", type=int, metavar="N", help="read every table as of completed epoch N")
     query.add_argument("--format", choices=("table", "json", "csv"), default="table")
@@ -139,11 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     _pipeline_command(sp_sub, "dispose", "delete a savepoint").add_argument("name", help="the savepoint's name")
 
     rp = _pipeline_command(
-        sub,
-        "reprocess",
-        "restore, then replay every data interval after the restore point in order",
+        sub, "reprocess", "restore, then replay every data interval after the restore point in order",
         description="Holds the pipeline, restores, then replays one epoch per --schedule interval holding input (see README).",
-    )
+    )  # fmt: skip
     _add_restore_point(rp, release_hold=True)
     rp.add_argument(
         "--schedule",
@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     generate = sub.add_parser("generate", help="write sample input files of a product pipeline into a landing directory")
     generate.add_argument("landing_dir")
-    generate.add_argument("--pipeline", choices=("sensor_stats", "orders_payments"), default="sensor_stats", help="whose input")
+    generate.add_argument("--pipeline", choices=tuple(_GENERATORS), default="sensor_stats", help="whose input")
     generate.add_argument("--files", type=int, default=6, help="number of files (per source; default 6)")
     generate.add_argument("--records-per-file", type=int, default=200, help="lines (orders) per file (default 200)")
     generate.add_argument("--start-index", type=int, default=0, help="index of the first file (default 0)")
@@ -208,18 +208,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     def report(result: EpochResult) -> None:
         r = result.record
         print(
-            f"epoch {r.epoch} COMPLETED: rows_in={r.rows_in} rows_out={r.rows_out} "
-            f"dead_letters={r.dead_letters} watermark={iso_us(r.watermark_us)} "
-            f"duration_ms={r.duration_ms} bytes_written={r.bytes_written}",
+            f"epoch {r.epoch} COMPLETED: rows_in={r.rows_in} rows_out={r.rows_out} dead_letters={r.dead_letters} "
+            f"watermark={iso_us(r.watermark_us)} duration_ms={r.duration_ms} bytes_written={r.bytes_written}",
             flush=True,
         )
 
     results = coordinator.run(
-        epochs=args.epochs,
-        until_caught_up=args.until_caught_up,
-        on_epoch=report,
+        epochs=args.epochs, until_caught_up=args.until_caught_up, on_epoch=report,
         max_concurrent_checkpoints=args.max_concurrent_checkpoints,
-    )
+    )  # fmt: skip
     if not results:
         print("no new input: nothing to do")
     return 0
@@ -244,17 +241,11 @@ def _cmd_reprocess(args: argparse.Namespace) -> int:
         return 0
     _select_engine(args)
     result = reprocess(
-        definition,
-        warehouse,
-        schedule=args.schedule,
-        owner=f"barrierflow reprocess (pid {os.getpid()} on {socket.gethostname()})",
-        rewind_sinks=not args.keep_sinks,
-        allow_non_restored_state=args.allow_non_restored_state,
-        parallelism=args.parallelism,
-        params=params,
-        on_plan=lambda plan: print("\n".join(plan.describe()), flush=True),
-        **point,
-    )
+        definition, warehouse, schedule=args.schedule,
+        owner=f"barrierflow reprocess (pid {os.getpid()} on {socket.gethostname()})", rewind_sinks=not args.keep_sinks,
+        allow_non_restored_state=args.allow_non_restored_state, parallelism=args.parallelism, params=params,
+        on_plan=lambda plan: print("\n".join(plan.describe()), flush=True), **point,
+    )  # fmt: skip
     print("\n".join(result.describe()))
     return 0
 
@@ -347,26 +338,15 @@ def _cmd_checkpoints(args: argparse.Namespace) -> int:
     latest = CheckpointLog.current_status(CheckpointLog(_ran(args)).records())
     rows = [
         {
-            "epoch": r.epoch,
-            "lineage_id": r.lineage_id,
-            "status": r.status.value,
-            "offsets": r.offsets_json(),
+            "epoch": r.epoch, "lineage_id": r.lineage_id, "status": r.status.value, "offsets": r.offsets_json(),
             "watermark": iso_us(r.watermark_us),
-            "rows_in": r.rows_in,
-            "rows_out": r.rows_out,
-            "dead_letters": r.dead_letters,
-            "duration_ms": r.duration_ms,
-            "bytes_written": r.bytes_written,
-            "state_bytes_written": r.state_bytes_written,
-            "recorded_at": iso_us(r.recorded_at_us),
-            "arrival_cutoff": _cutoff(r.arrival_cutoff_ms),
-            "table_versions": r.versions(),
-            "backlog_files": r.backlog_files,
-            "backlog_bytes": r.backlog_bytes,
-            "input_lag_ms": r.input_lag_ms,
+            **{k: getattr(r, k) for k in ("rows_in", "rows_out", "dead_letters", "duration_ms", "bytes_written")},
+            "state_bytes_written": r.state_bytes_written, "recorded_at": iso_us(r.recorded_at_us),
+            "arrival_cutoff": _cutoff(r.arrival_cutoff_ms), "table_versions": r.versions(),
+            **{k: getattr(r, k) for k in ("backlog_files", "backlog_bytes", "input_lag_ms")},
         }
         for r in sorted(latest.values(), key=lambda r: r.recorded_at_us)
-    ]
+    ]  # fmt: skip
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -403,10 +383,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise ParameterError("--files and --records-per-file must be >= 1, --start-index >= 0")
     landing = objects.normalize_uri(args.landing_dir)  # a local path, file:// or s3://; anything else is refused
     n_files = args.start_index + args.files
-    if args.pipeline == "orders_payments":
-        files = order_files(OrderStreamSpec(n_files, args.records_per_file, args.seed), args.start_index, args.files)
-    else:
-        files = sensor_files(SensorStreamSpec(n_files, args.records_per_file, seed=args.seed), args.start_index, args.files)
+    spec, files_of = _GENERATORS[args.pipeline]
+    files = files_of(spec(n_files, args.records_per_file, seed=args.seed), args.start_index, args.files)
     # Each file lands whole under its final name with put-if-absent, on either store: readers never see part of
     # a file, and a file that already landed is never changed.
     names = []
@@ -453,15 +431,9 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
     if args.parallelism is not None and args.parallelism < 1:
         raise ParameterError("--parallelism must be >= 1")
     result = restore(
-        definition,
-        warehouse,
-        savepoint=args.savepoint,
-        epoch=args.epoch,
-        allow_non_restored_state=args.allow_non_restored_state,
-        rewind_sinks=args.rewind_sinks,
-        parallelism=args.parallelism,
-        params=_params(args, definition),
-    )
+        definition, warehouse, savepoint=args.savepoint, epoch=args.epoch, allow_non_restored_state=args.allow_non_restored_state,
+        rewind_sinks=args.rewind_sinks, parallelism=args.parallelism, params=_params(args, definition),
+    )  # fmt: skip
     print(
         f"restored {result.pipeline} from {result.restored_from} into lineage {result.lineage_id}: "
         f"the next epoch is {result.epoch + 1}"
@@ -479,12 +451,9 @@ def _cmd_savepoint(args: argparse.Namespace) -> int:
 def _cmd_maintenance(args: argparse.Namespace) -> int:
     definition = get_pipeline(args.pipeline)
     report = run_maintenance(
-        definition,
-        _warehouse(args),
-        retained_checkpoints=args.retained_checkpoints,
-        vacuum_retention_hours=args.vacuum_retention_hours,
-        params=_params(args, definition),
-    )
+        definition, _warehouse(args), retained_checkpoints=args.retained_checkpoints,
+        vacuum_retention_hours=args.vacuum_retention_hours, params=_params(args, definition),
+    )  # fmt: skip
     print(json.dumps(report.to_json(), indent=2))
     return 0
 
