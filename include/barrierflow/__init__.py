@@ -1,9 +1,7 @@
 """barrierflow: Flink's checkpointed, exactly-once stream processing on Airflow, PySpark and Delta Lake.
 
-``import barrierflow as bf`` gives what a pipeline author needs (README "Declare a pipeline"). Names load on
-first use (PEP 562): DAG files and Spark's Python workers import this package, and importing it must cost
-nothing (no PySpark, no Delta) until a name is used.
-"""
+``import barrierflow as bf`` gives what a pipeline author needs (README "Declare a pipeline"). Names load on first use (PEP 562):
+DAG files and Spark's Python workers import this package, which must cost nothing (no PySpark, no Delta) until a name is used."""
 
 from __future__ import annotations
 
@@ -117,11 +115,8 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """This package, keeping its public names when a submodule of the same name loads.
-
-    ``bf.pipeline`` is the decorator, yet loading the module ``barrierflow.plan.pipeline``
-    would set the package's attribute ``pipeline`` to that module.
-    """
+    """This package, keeping its public names when a submodule of the same name loads. ``bf.pipeline`` is the decorator, yet
+    loading the module ``barrierflow.plan.pipeline`` would set the package's attribute ``pipeline`` to that module."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in __all__ and isinstance(value, types.ModuleType):
@@ -129,8 +124,7 @@ class _Package(types.ModuleType):
         super().__setattr__(name, value)
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
-        # Pickled by name, as any module: cloudpickle (shipping a user function that says ``bf.X``)
-        # recognises modules by their exact type, not this subclass.
+        # Pickled by name like any module: cloudpickle (shipping a user function that says ``bf.X``) knows modules by exact type.
         return importlib.import_module, (self.__name__,)
 
 

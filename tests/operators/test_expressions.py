@@ -616,6 +616,7 @@ def test_time_parts_read_other_zones_in_utc() -> None:
         ("split(s, 'x*')", "matches the empty string"),
         ("s like 'a\\\\b'", r"the escape character '\\\\' is not allowed to precede 'b'"),
         ("s like 'a!b' escape '!'", "not allowed to precede 'b'"),
+        ("s like s escape '!'", r"argument 2 of LIKE as 's' .* give a string literal"),
         ("regexp_replace(s, 'a', '$x')", r"\$ must be followed by one group number"),
         ("element_at(split(s, ' '), 0)", "element_at position 0 .*SQL arrays start at 1"),
         ("split(s, ' ')[0]", r"array\[index\] .* write element_at"),

@@ -83,11 +83,9 @@ def named_aggregations(
 ) -> tuple[Aggregation, ...]:
     """The aggregations of one operator, each under its output column.
 
-    Positional ones keep their own ``name`` (``Sum("v", "total")``, or the
-    class's default); a keyword names its aggregation (``total=Sum("v")``).
-    Output columns must be unique, not start with ``_`` (the engine's) and
-    not clash with ``reserved`` (the key and, for windows, the window's
-    columns).
+    Positional ones keep their own ``name`` (``Sum("v", "total")``, or the class's default); a keyword names its aggregation
+    (``total=Sum("v")``). Output columns must be unique, not start with ``_`` (the engine's) and not clash with ``reserved`` (the
+    key and, for windows, the window's columns).
     """
     given = [*positional, *named.values()]
     wrong = [f"{a!r}" for a in given if not isinstance(a, Aggregation)]

@@ -23,15 +23,13 @@ __all__ = [
     "OperatorContext", "ProcessFunction",
 ]  # fmt: skip
 
-# ``out``: emits one row (a dict of the function's output_schema columns).
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[dict[str, Any]], None]  # ``out``: emits one row (a dict of the function's output_schema columns)
 
 
 def declared_states(cls: type) -> tuple[StateDescriptor, ...]:
     """The state descriptors of a function class: its ``state_descriptors`` tuple, then its attributes', then its bases'.
 
-    The state's name (its table) is the descriptor's, not the attribute's. One
-    name declared twice differently is an error: both would be one state table.
+    State names (tables) are the descriptors', not the attributes'; one name declared twice differently is an error (one table).
     """
     listed = tuple(cls.__dict__.get("state_descriptors", ()))
     wrong = [d for d in listed if not isinstance(d, StateDescriptor)]

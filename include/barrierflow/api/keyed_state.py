@@ -58,8 +58,7 @@ class ListState(State):
 
 class MapState(State):
     def __init__(self, descriptor: StateDescriptor, stored: Any) -> None:
-        # Arrow maps arrive as lists of (key, value) pairs.
-        super().__init__(descriptor, dict(stored) if stored else None)
+        super().__init__(descriptor, dict(stored) if stored else None)  # Arrow maps arrive as lists of (key, value) pairs
 
     def get(self, key: Any) -> Any:
         return (self._stored or {}).get(key)

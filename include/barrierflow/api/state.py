@@ -50,8 +50,7 @@ class StateDescriptor:
 
     @property
     def ttl(self) -> StateTtlConfig | None:
-        # Every concrete descriptor has a ``ttl_config`` field (None: no TTL).
-        return getattr(self, "ttl_config", None)
+        return getattr(self, "ttl_config", None)  # every concrete descriptor has a ``ttl_config`` field (None: no TTL)
 
     def signature(self) -> str:
         """Kind and stored type: what a savepoint checks for compatibility."""
@@ -73,9 +72,8 @@ class ValueStateDescriptor(StateDescriptor):
 class ListStateDescriptor(StateDescriptor):
     """A list per key; or, in a non-keyed ``ProcessFunction``, a list per parallel subtask (operator state).
 
-    ``redistribution`` (operator state only) is what a subtask gets when the
-    parallelism changes (README "Operator state"): ``"even_split"`` (Flink's
-    ``getListState``) or ``"union"`` (Flink's ``getUnionListState``).
+    ``redistribution`` (operator state only) is what a subtask gets when the parallelism changes (README "Operator state"):
+    ``"even_split"`` (Flink's ``getListState``) or ``"union"`` (Flink's ``getUnionListState``).
     """
 
     element_type: pa.DataType = pa.float64()

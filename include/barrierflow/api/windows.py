@@ -1,9 +1,8 @@
 """Event-time window assigners: which windows a record belongs to (README "Windows"); times in microseconds (UTC).
 
 - :class:`TumblingEventTimeWindows` ``.of(size)``: the window ``[k * size, (k + 1) * size)`` holding the record.
-- :class:`SlidingEventTimeWindows` ``.of(size, slide)``: every window ``[k * slide, k * slide + size)`` holding it
-  (aligned to the Unix epoch, as Flink's with offset 0). A slide larger than the size is refused: records between
-  two windows would belong to none and vanish.
+- :class:`SlidingEventTimeWindows` ``.of(size, slide)``: every window ``[k * slide, k * slide + size)`` holding it (aligned to the
+  Unix epoch, as Flink's with offset 0). A slide above the size is refused: records between two windows would belong to none.
 - :class:`EventTimeSessionWindows` ``.with_gap(gap)``: per key, records at most ``gap`` apart form one session
   ``[first ts, last ts + gap)``.
 

@@ -33,10 +33,8 @@ def app_id(pipeline: str, lineage_id: str) -> str:
 @dataclass(frozen=True)
 class Barrier:
     """Barrier n: the end offsets of every source for epoch n (and a copy of the start offsets: a replay needs nothing else).
-
-    Epoch n stages ``end_offsets`` into each source's offsets state (``operator_state`` 8.): what a restore starts
-    from. Barriers written before the defaulted fields read with the defaults.
-    """
+    Epoch n stages ``end_offsets`` into each source's offsets state (``operator_state`` 8.): what a restore starts from. Barriers
+    written before the defaulted fields read with the defaults."""
 
     pipeline: str
     lineage_id: str

@@ -1,8 +1,7 @@
 """The checkpoint log: a Delta table with one row per epoch status change (``barrierflow checkpoints``).
 
 Rows are blind appends (never conflicting): readers keep the first row per
-``(lineage_id, epoch, status)``, and every ABORTED row (each failed attempt).
-"""
+``(lineage_id, epoch, status)``, and every ABORTED row (each failed attempt)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ For epoch n of pipeline P (every step idempotent and safe to retry):
 Two checkpoints in flight (``run(max_concurrent_checkpoints=2)``, README "How an epoch flows"): barrier n+1 follows
 from barrier n alone; epoch n+1 touches state, sinks, the previous watermark and its vote only after n completed
 (``EpochContext.restore_point``). A restore starts a new lineage; a pipeline stopped with a savepoint plans no barrier
-until restored. The epoch lease is checked before each barrier and vote.
-"""
+until restored. The epoch lease is checked before each barrier and vote."""
 
 from __future__ import annotations
 
@@ -180,8 +179,7 @@ class CheckpointCoordinator:
         1. Any failure is an ABORTED row (the error its message; recovery never
            reads it): the staged files are discarded, the epoch retried from its barrier.
         2. A :class:`BlockedInputError` is also the pipeline's blocked state until an
-           epoch completes; a spark-submit task reads it to fail without retry.
-        """
+           epoch completes; a spark-submit task reads it to fail without retry."""
         try:
             yield
         except EpochInProgressError:
@@ -344,10 +342,8 @@ class CheckpointCoordinator:
     # -- step 3: process + pre-commit -------------------------------------
 
     def process_planned(self) -> Manifest | None:
-        """Step 3 as its own task: recover, then process + pre-commit the planned epoch; the winning manifest.
-
-        None when no epoch is planned or the pipeline is stopped (its state stays exactly at the savepoint).
-        """
+        """Step 3 as its own task: recover, then process + pre-commit the planned epoch; the winning manifest. None when no epoch
+        is planned or the pipeline is stopped (its state stays exactly at the savepoint)."""
         recovery = self.recover()
         barrier = recovery.pending_barrier
         if barrier is None or self.stopped() is not None:
@@ -447,10 +443,8 @@ class CheckpointCoordinator:
         self, epochs: int | None = None, until_caught_up: bool = False, on_epoch: Callable[[EpochResult], None] | None = None,
         max_concurrent_checkpoints: int = 2, bound: ArrivalBound = ArrivalBound(),
     ) -> list[EpochResult]:  # fmt: skip
-        """Steps 1-5 for ``epochs`` epochs, or until no source has new input within ``bound``.
-
-        A pipeline held by another owner than ``bound.owner`` refuses to run.
-        """
+        """Steps 1-5 for ``epochs`` epochs, or until no source has new input within ``bound``. A pipeline held by another owner
+        than ``bound.owner`` refuses to run."""
         if epochs is None and not until_caught_up:
             raise CheckpointError("give a number of epochs or until_caught_up=True")
         if max_concurrent_checkpoints not in (1, 2):
@@ -565,10 +559,8 @@ def blocked_state(warehouse: str, pipeline: str) -> dict[str, Any] | None:
 
 
 def backlog_report(warehouse: str, pipeline: str) -> dict[str, Any]:
-    """The pipeline's backlog measured now (with its newest barrier's parameters), per source and in all, as JSON.
-
-    ``{"error": ...}`` if it cannot be measured.
-    """
+    """The pipeline's backlog measured now (with its newest barrier's parameters), per source and in all, as JSON;
+    ``{"error": ...}`` if it cannot be measured."""
     try:
         coordinator = CheckpointCoordinator(get_pipeline(pipeline), recorded_params(pipeline, warehouse), warehouse)
         measured = coordinator.backlog()

@@ -1,8 +1,7 @@
 """Process + pre-commit of one epoch on the driver, up to its vote.
 
 The driver never reads a record: it plans the epoch, runs the tasks (:mod:`barrierflow.execution.runner`),
-collects the descriptions of the files they staged, and votes with a manifest.
-"""
+collects the descriptions of the files they staged, and votes with a manifest."""
 
 from __future__ import annotations
 
@@ -40,11 +39,8 @@ Staged = tuple[list[StagedFile], tuple[str, ...]]
 
 
 class EpochContext:
-    """The driver's side of one epoch: its barrier and clocks, the restore point it builds on, and the tables it stages.
-
-    Epoch n-1's completed checkpoint is a future (n may start while n-1 commits):
-    all that depends on it goes through :meth:`restore_point`.
-    """
+    """The driver's side of one epoch: barrier, clocks, the restore point it builds on, the tables it stages. Epoch n-1's
+    completed checkpoint is a future (n may start while n-1 commits): what depends on it goes through :meth:`restore_point`."""
 
     def __init__(
         self, spark: "SparkSession | None", layout: PipelineLayout, pipeline: Pipeline, barrier: Barrier,
@@ -102,10 +98,8 @@ class EpochContext:
         self, *, name: str, uri: str, kind: TableKind, schema: pa.Schema, primary_key: tuple[str, ...] = (),
         base_version: int | None = None, removes: tuple[str, ...] = (), table_schema: pa.Schema | None = None,
     ) -> "Future[Staged]":  # fmt: skip
-        """A table the tasks will write, registered first (an error aborts its staging directory).
-
-        The runner completes the returned future with what the tasks staged (and the stored files they replace).
-        """
+        """A table the tasks will write, registered first (an error aborts its staging directory). The runner completes the
+        returned future with what the tasks staged (and the stored files they replace)."""
         staged: Future[Staged] = Future()
         commit: Future[TableCommit] = Future()
 
@@ -184,14 +178,11 @@ def process_epoch(
 ) -> Manifest:  # fmt: skip
     """Compute epoch ``barrier.epoch`` and vote; returns the manifest that won.
 
-    ``compute`` stages the tables and returns the rows read (the protocol tests' stand-in for
-    :func:`barrierflow.execution.runner.run_epoch`).
+    ``compute`` stages the tables and returns the rows read (tests' stand-in for :func:`barrierflow.execution.runner.run_epoch`).
 
     1. Compute the epoch: every table staged.
     2. Wait for the restore point: no vote before epoch n-1 completed.
-    3. Write the manifest put-if-absent; if an earlier attempt's was durable, it wins
-       and this attempt's staged files are discarded.
-    """
+    3. Write the manifest put-if-absent; an earlier attempt's durable one wins and this attempt's staged files are discarded."""
     started = time.monotonic()
     ctx = EpochContext(spark, layout, pipe, barrier, restore_point, on_restore)
     try:

@@ -1,8 +1,7 @@
 """Which input an epoch may take: arrival bounds and the data intervals that cut them.
 
 Epochs follow the data intervals, not the timing of runs: waiting input of several
-intervals (a rewind, a failed run, a late backfill) becomes one epoch per interval.
-"""
+intervals (a rewind, a failed run, a late backfill) becomes one epoch per interval."""
 
 from __future__ import annotations
 
@@ -62,10 +61,7 @@ def cutoff_text(arrival_cutoff_ms: int | None) -> str:
 @dataclass(frozen=True)
 class ArrivalBound:
     """What one run may plan: input that arrived by ``cutoff_ms`` (None: all), cut at ``schedule``'s interval ends (None: no cut).
-
-    ``owner`` names who plans (an Airflow run, or :data:`CLI_OWNER`); a barrier records it, and only its
-    owner replays it unannounced.
-    """
+    ``owner`` (an Airflow run, or :data:`CLI_OWNER`) is recorded by a barrier; only it replays it unannounced."""
 
     cutoff_ms: int | None = None
     schedule: str | None = None

@@ -1,36 +1,25 @@
 """The epoch lease: at most one process runs a pipeline's epochs, across machines.
 
-One document (``<pipeline>/_lease``) written only with conditional writes
-(put-if-absent, compare-and-swap), locally as on ``s3://``. A holder proves it
-is alive by heart-beating, never by host name or pid. Protocol (the code is
-marked with the same numbers):
+One document (``<pipeline>/_lease``) written only with conditional writes (put-if-absent, compare-and-swap), locally as on
+``s3://``. A holder proves it is alive by heart-beating, never by host name or pid. Protocol (the code marks the steps alike):
 
-1. **Read** the document and its version. None: create it held by this
-   process with put-if-absent; losing that race means reading again.
-2. **Released** (the last holder let go): take it with compare-and-swap
-   against the version read; losing means reading again.
-3. **Held by another process**: expired when this process has seen the same
-   version for ``ttl_s`` of its own monotonic clock (a: clock skew cannot
-   matter), or when its heartbeat is older than ``2 x ttl_s`` by this machine's
-   clock (b: clocks may differ by up to ``ttl_s``; spares the wait after a
-   holder died long ago). Expired: take it as in 2; else
-   :class:`~barrierflow.core.errors.EpochInProgressError` names the holder and
-   when its lease would expire.
-4. **Heartbeat**: a thread swaps in a new heartbeat every ``ttl_s / 4``; a
-   failed swap means another process took the lease over.
-5. **Check** before each barrier and vote: :meth:`EpochLease.check` raises
-   :class:`~barrierflow.core.errors.LeaseLostError` once the lease is lost, or
-   when no heartbeat succeeded for ``ttl_s`` (another process may judge it expired).
-6. **Release**: swap in a released document (kept, so the next holder takes it
-   by compare-and-swap); a lost lease is left to its new holder.
+1. **Read** the document and its version. None: create it, held by us, put-if-absent; losing that race means reading again.
+2. **Released** (the last holder let go): take it with compare-and-swap against the version read; losing means reading again.
+3. **Held by another process**: expired when this process has seen the same version for ``ttl_s`` of its own monotonic clock (a:
+   clock skew cannot matter), or when its heartbeat is older than ``2 x ttl_s`` by this machine's clock (b: clocks may differ by
+   up to ``ttl_s``; spares the wait after a holder died long ago). Expired: take it as in 2; else
+   :class:`~barrierflow.core.errors.EpochInProgressError` names the holder and when its lease would expire.
+4. **Heartbeat**: a thread swaps in a new heartbeat every ``ttl_s / 4``; a failed swap means another process took the lease over.
+5. **Check** before each barrier and vote: :meth:`EpochLease.check` raises :class:`~barrierflow.core.errors.LeaseLostError` once
+   the lease is lost, or when no heartbeat succeeded for ``ttl_s`` (another process may judge it expired).
+6. **Release**: swap in a released document (kept for the next holder's compare-and-swap); a lost lease stays with its new holder.
 
-What a process that lost the lease may still have in flight is safe by the
-checkpoint protocol: the first durable vote wins, every commit carries the
-fencing token.
-"""
+What a process that lost the lease may still have in flight is safe by the checkpoint protocol: the first durable vote wins, every
+commit carries the fencing token."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -58,11 +47,9 @@ def lease_ttl_s() -> float:
     raw = os.environ.get(TTL_ENV)
     if raw is None or not raw.strip():
         return DEFAULT_TTL_S
-    try:
+    with contextlib.suppress(ValueError):
         if 1.0 <= (value := float(raw)) <= 3600.0:
             return value
-    except ValueError:
-        pass
     raise ConfigurationError(f"{TTL_ENV}={raw!r} is invalid: expected seconds between 1 and 3600")
 
 

@@ -1,19 +1,14 @@
 """Steps 5-9 of a restore, from its durable intent: the new lineage's first consistent cut.
 
-:mod:`barrierflow.operations.restore` does steps 1-4 and writes the intent
-``_restoring.json``; :func:`complete_restore` does the rest, also when
-``recover`` finds the intent of a restore that crashed (before anything reads
-state). Each step skips what is already done:
+:mod:`barrierflow.operations.restore` does steps 1-4 and writes the intent ``_restoring.json``; :func:`complete_restore` does the
+rest, also when ``recover`` finds the intent of a crashed restore (before anything reads state). Each step skips what is done:
 
-  5. replace every state table's content with the restore point's rows
-     (converted to the code's schema when it evolved), in a commit carrying the
-     new lineage's app transaction at the restore epoch N;
-  6. with ``rewind_sinks``, remove from append sinks and ``dead_letter`` every
-     row of an epoch after N, and set upsert sinks back to their rows at N (in
-     the restore point's schema; an absent upsert sink is always seeded), in
-     commits carrying the same app transaction; then raise the fencing token
-     (new lineage sequence, N) on every other table with an empty commit: from
-     here on no commit of the old lineage lands on any table;
+  5. replace every state table's content with the restore point's rows (converted to the code's schema when it evolved), in a
+     commit carrying the new lineage's app transaction at the restore epoch N;
+  6. with ``rewind_sinks``, remove from append sinks and ``dead_letter`` every row of an epoch after N, and set upsert sinks back
+     to their rows at N (in the restore point's schema; an absent upsert sink is always seeded), in commits carrying the same app
+     transaction; then raise the fencing token (new lineage sequence, N) on every other table with an empty commit: from here on
+     no commit of the old lineage lands on any table;
   7. record epoch N COMPLETED in the new lineage, with the restore point's
      offsets, watermark and the tables' versions after steps 5-6;
   8. write the lineage document: from here on the new lineage is current and
@@ -21,8 +16,7 @@ state). Each step skips what is already done:
   9. remove the stop marker and the intent.
 
 The app id names the lineage: replayed epochs are never mistaken for the old
-lineage's commits, and an old lineage's zombie is fenced.
-"""
+lineage's commits, and an old lineage's zombie is fenced."""
 
 from __future__ import annotations
 

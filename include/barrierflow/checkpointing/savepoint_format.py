@@ -4,10 +4,8 @@
     <attempt>/state/<operator>/<state>/part-*.parquet  compacted state: one live row per key
     <attempt>/sinks/<name>/part-*.parquet              upsert sinks' rows at the cut (for rewinds)
 
-It holds all a restore needs (state with the sources' offsets, watermark, key
-groups, operator ids, state schemas), so it can be copied to another warehouse.
-The metadata's ``offsets`` copy the checkpoint record's (see ``restore`` step 2).
-"""
+It holds all a restore needs (state with the sources' offsets, watermark, key groups, operator ids, state schemas), so it can be
+copied to another warehouse. The metadata's ``offsets`` copy the checkpoint record's (see ``restore`` step 2)."""
 
 from __future__ import annotations
 

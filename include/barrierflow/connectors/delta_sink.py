@@ -1,31 +1,25 @@
 """Exactly-once Delta sinks: a two-phase-commit sink per table.
 
-As Flink's ``TwoPhaseCommitSinkFunction``, per epoch: ``begin_transaction`` makes the attempt's staging directory in the
-table (:func:`plan_sink_table`, on the driver, with the schema checks); at ``pre_commit`` tasks write the epoch's rows
-there unseen (:meth:`SinkNode.run`) and the files join the manifest, the epoch's vote; ``commit`` is one idempotent
-Delta commit of them with the epoch's app transaction (``storage.delta.commit_epoch_table``); ``abort`` deletes the
-staging directory (:func:`abort`).
+As Flink's ``TwoPhaseCommitSinkFunction``, per epoch: ``begin_transaction`` makes the attempt's staging directory in the table
+(:func:`plan_sink_table`, on the driver, with the schema checks); at ``pre_commit`` tasks write the epoch's rows there unseen
+(:meth:`SinkNode.run`) and the files join the manifest, the epoch's vote; ``commit`` is one idempotent Delta commit of them with
+the epoch's app transaction (``storage.delta.commit_epoch_table``); ``abort`` deletes the staging directory (:func:`abort`).
 
-``append`` adds the epoch's rows; ``upsert`` keeps one current row per key by rewriting the files holding changed keys
-(every file of a table up to ``UPSERT_WHOLE_REWRITE_ROWS`` rows). Every row carries the ``_epoch`` that wrote it. Of an
-epoch's rows for one key the last wins, as in Flink's upsert sinks: the last in arrival order (``_seq``, then a
-flat_map's sub-positions) where the stream carries it, else the last the upstream operator emitted (a keyed process
-function emits a key's rows in the order of its calls); a running aggregate's one row per key is taken as it is. A null
-key is a key like any other.
+``append`` adds the epoch's rows; ``upsert`` keeps one current row per key by rewriting the files holding changed keys (every file
+of a table up to ``UPSERT_WHOLE_REWRITE_ROWS`` rows). Every row carries the ``_epoch`` that wrote it. Of an epoch's rows for one
+key the last wins, as in Flink's upsert sinks: the last in arrival order (``_seq``, then a flat_map's sub-positions) where the
+stream carries it, else the last the upstream operator emitted (a keyed process function emits a key's rows in the order of its
+calls); a running aggregate's one row per key is taken as it is. A null key is a key like any other.
 
 An output widening a column (int to long, float to double; :func:`~barrierflow.core.schema_evolution.check_sink_schema`)
 widens the table, in either mode, with no Delta table feature (every reader reads it):
 
-  1. before the vote, :func:`plan_sink_table` finds the widening on the table as it is (a restore may have narrowed it
-     since this process saw it);
+  1. before the vote, :func:`plan_sink_table` finds the widening on the table as it is (a restore may have narrowed it since);
   2. the stored rows (every live file) are read with the wider type and staged with the epoch's own rows;
-  3. the TableCommit in the manifest names the new schema, the live files it replaces (removes) and the rewritten files
-     (adds);
-  4. the commit is one Delta commit: metaData with the widened schema, the removes, the adds, the epoch's app
-     transaction and fencing token.
+  3. the TableCommit in the manifest names the new schema, the live files it replaces (removes) and the rewritten files (adds);
+  4. one Delta commit: metaData with the widened schema, the removes, the adds, the epoch's app transaction and fencing token.
 
-An output column narrower than the table's (code rolled back after a widening) is staged as the table's type, which
-holds each value exactly.
+An output column narrower than the table's (code rolled back after a widening) is staged as the table's type (lossless).
 """
 
 from __future__ import annotations

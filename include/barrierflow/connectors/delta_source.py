@@ -1,11 +1,10 @@
 """A Delta-table source whose offsets are table versions.
 
-Epoch n reads the rows added by the commits after the previous barrier's version up to this barrier's. Only appends are
-supported (as Spark's Delta streaming source without ``ignoreChanges``): a commit that removes data files is refused,
-and so is one changing the schema other than by adding columns or widening types. Rows with a null or empty key are dead
-letters. The driver reads only the Delta log: the table's schema and, per epoch, the data files its versions added (by
-version, then path). Tasks read those Parquet files with pyarrow, each file's rows in order, widened to the table's
-schema, a column a file lacks (added later) null, a partition column its add action's value.
+Epoch n reads the rows the commits after the previous barrier's version, up to this barrier's, added. Only appends are read (as by
+Spark's Delta streaming source without ``ignoreChanges``): a commit removing data files is refused, as is one changing the schema
+other than by adding columns or widening types. Rows with null or empty keys are dead letters. The driver reads only the Delta
+log: the table's schema and, per epoch, the files its versions added (by version, then path). Tasks read those files with pyarrow,
+each file's rows in order, widened to the table's schema, a column a file lacks null, a partition column its add action's value.
 """
 
 from __future__ import annotations
@@ -84,8 +83,7 @@ class DeltaSource:
     def _files_added(self, version: int) -> list[tuple[str, int, tuple[tuple[str, Any], ...]]]:
         """(path, size, partition values) of each data file ``version`` added, by path.
 
-        A version removing files, or changing the schema other than by adding columns or widening types, is refused
-        (:class:`BlockedInputError`).
+        Refused (:class:`BlockedInputError`): a version removing files, or changing the schema beyond new columns or wider types.
         """
         table = self._table(version)
         after = _data_files(table)
@@ -125,8 +123,7 @@ class DeltaSource:
         base = normalize_uri(self.table_uri)
         added = [entry for v in range(end["from_version"] + 1, end["version"] + 1) for entry in self._files_added(v)]
         schema = self.record_schema(end)
-        # An add action's path is URI-encoded, relative to the table (or absolute).
-        files = [
+        files = [  # an add action's path is URI-encoded, relative to the table (or absolute)
             FileRange(p, unquote(p) if "://" in p else join_uri(base, unquote(p)), size, i)
             for i, (p, size, _) in enumerate(added)
         ]

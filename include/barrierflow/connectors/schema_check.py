@@ -1,8 +1,7 @@
 """Whether rows written with one schema can be read as another, and reading them so (landing Parquet files, Delta tables).
 
-A column reads as a wider type of its kind (Delta's and Spark's type widening: a larger integer, ``float`` to
-``double``, an integer of up to 32 bits to ``double``, a decimal with room for every value), never a narrower or other
-one.
+A column reads as a wider type of its kind (Delta's and Spark's type widening: a larger integer, ``float`` to ``double``, an
+integer of up to 32 bits to ``double``, a decimal with room for every value), never a narrower or other one.
 """
 
 from __future__ import annotations
@@ -52,8 +51,7 @@ def widens(actual: pa.DataType, expected: pa.DataType) -> bool:
 def schema_mismatches(expected: pa.Schema, actual: pa.Schema, *, absent_nullable_ok: bool) -> list[ColumnMismatch]:
     """The columns of ``expected`` that rows of ``actual`` cannot fill (others of ``actual`` are ignored).
 
-    An absent column is one unless ``absent_nullable_ok`` and the expected column is nullable (then it reads as null, as
-    in Spark's readers).
+    An absent column is one unless ``absent_nullable_ok`` and it is nullable (it then reads null, as in Spark's readers).
     """
     mismatches = []
     for field in expected:

@@ -29,9 +29,8 @@ def row_numbers(n: int) -> pa.Array:
 def null_safe_keys(table: pa.Table, key_columns: Sequence[str], all_flags: bool = False) -> pa.Table:
     """The key columns as keys compare: null-safe for Arrow's join (which never matches nulls), -0.0 as 0.0.
 
-    Each column with nulls (every column, with ``all_flags``) gets a null flag
-    ``_null_<name>`` and its nulls filled; a float column's -0.0 becomes 0.0
-    (one key, as its key group says).
+    Each column with nulls (every column, with ``all_flags``) gets a null flag ``_null_<name>`` and its nulls filled; a float
+    column's -0.0 becomes 0.0 (one key, as its key group says).
     """
     columns = {}
     for name in key_columns:
@@ -118,9 +117,8 @@ def in_arrival_order(rows: pa.Table) -> pa.Table:
 def as_double(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     """A numeric column as doubles, as Spark's ``cast(... as double)``; nulls stay null.
 
-    A long rounds to the nearest double (Java's ``(double)``); a decimal is
-    correctly rounded, as ``BigDecimal.doubleValue`` (Arrow's direct cast is
-    not, so it goes through the decimal's exact text).
+    A long rounds to the nearest double (Java's ``(double)``); a decimal is correctly rounded, as ``BigDecimal.doubleValue``
+    (Arrow's direct cast is not, so it goes through the decimal's exact text).
     """
     if pa.types.is_decimal(column.type):
         return pc.cast(pc.cast(column, pa.string()), pa.float64())

@@ -2,11 +2,9 @@
 
 User columns never start with ``_``; every engine column does:
 
-- ``_seq``: a record's arrival position, one long packing (source index,
-  file index within the epoch, line): :func:`arrival_seq`. A flat_map's
-  outputs add sub-positions ``_seq_1``, ``_seq_2``... (their index among
-  their input's outputs); together, a unique position derived from the
-  records alone, so order never depends on parallelism.
+- ``_seq``: a record's arrival position, one long packing (source index, file index within the epoch, line): :func:`arrival_seq`.
+  A flat_map's outputs add sub-positions ``_seq_1``, ``_seq_2``... (their index among their input's outputs); together, a unique
+  position derived from the records alone, so order never depends on parallelism.
 - ``_key_group``: a state row's key group (:mod:`barrierflow.core.keys`).
 - ``_epoch``: the epoch that wrote a row (every table).
 - ``_deleted``, ``_updated_at_ms``: a state row's tombstone and write time.
@@ -31,8 +29,7 @@ EPOCH = "_epoch"
 DELETED = "_deleted"
 UPDATED_AT = "_updated_at_ms"
 
-# ``_seq``: source (7 bits), file (20 bits), line (36 bits).
-FILE_BITS, LINE_BITS = 20, 36
+FILE_BITS, LINE_BITS = 20, 36  # ``_seq``: source (7 bits), file (20 bits), line (36 bits)
 _SUB_POSITION = re.compile(r"^_seq_([0-9]+)$")
 
 

@@ -61,9 +61,8 @@ def key_problem(reason: DeadLetterReason, column: str, operator_id: str, note: s
 def record_problems(records: pa.Table, schema: pa.Schema, keys: Mapping[str, str]) -> list[str | None]:
     """Each record's first problem as a :func:`problem` string (None: a record), by the checks every source applies, in order.
 
-    A non-nullable field of ``schema`` must not be null (``missing_field``);
-    each key of ``keys`` (column -> the operator keyed by it, in name order)
-    must not be null (``null_key``) nor, for a string key, empty (``empty_key``).
+    A non-nullable field of ``schema`` must not be null (``missing_field``); each key of ``keys`` (column -> the operator keyed by
+    it, in name order) must not be null (``null_key``) nor, for a string key, empty (``empty_key``).
     """
     missing = DeadLetterReason.MISSING_FIELD
     checks = [
@@ -90,17 +89,9 @@ def dead_letter_rows(
 ) -> pa.Table:
     """Dead-letter rows (without ``_epoch``) of one source: a file name, line, raw text and problem string each."""
     parts = [p.split(": ", 1) for p in problems]
-    return pa.table(
-        {
-            "source": pa.array([source] * len(parts), pa.string()),
-            "source_file": pa.array(list(names), pa.string()),
-            "line": pa.array(list(lines), pa.int64()),
-            "raw": pa.array(list(raws), pa.string()),
-            "reason": pa.array([p[0] for p in parts], pa.string()),
-            "detail": pa.array([p[1] if len(p) > 1 else "" for p in parts], pa.string()),
-        },
-        schema=pa.schema(DEAD_LETTER_COLUMNS),
-    )
+    reasons, details = [p[0] for p in parts], [p[1] if len(p) > 1 else "" for p in parts]
+    columns = [[source] * len(parts), list(names), list(lines), list(raws), reasons, details]  # DEAD_LETTER_COLUMNS' order
+    return pa.table(columns, schema=pa.schema(DEAD_LETTER_COLUMNS))
 
 
 def row_json(rows: pa.Table) -> list[str]:

@@ -62,10 +62,7 @@ def _parse(spec: str) -> dict[str, tuple[int, str]]:
 
 def maybe_fail(point: str) -> None:
     """Count a crossing of ``point`` and fail here if the plan says so."""
-    spec = os.environ.get(ENV_VAR)
-    if not spec:
-        return
-    plan = _parse(spec)
+    plan = _parse(os.environ.get(ENV_VAR) or "")
     if point not in plan:
         return
     state_dir = os.environ.get(STATE_ENV_VAR)

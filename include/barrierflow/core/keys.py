@@ -1,11 +1,8 @@
 """Key groups: every key hashes into one of a fixed number of key groups, the pipeline's max parallelism.
 
-A key's group is ``pmod(xxhash64(key columns), key_groups)`` exactly as
-Spark's SQL function ``xxhash64`` computes it (seed 42, the columns folded
-left to right, each hashed with the previous hash as seed, a null leaving
-it unchanged), so that state written by any release of barrierflow, and
-any reader computing it with Spark, agrees on where a key lives. Per type,
-as Spark hashes it:
+A key's group is ``pmod(xxhash64(key columns), key_groups)`` exactly as Spark's SQL function ``xxhash64`` computes it (seed 42,
+the columns folded left to right, each hashed with the previous hash as seed, a null leaving it unchanged), so that state written
+by any release of barrierflow, and any reader computing it with Spark, agrees on where a key lives. Per type, as Spark hashes it:
 
 - boolean: the 4-byte int 1 or 0; int8, int16, int32, date: the 4-byte int;
 - int64, timestamp (in microseconds): the 8-byte long;
@@ -13,9 +10,8 @@ as Spark hashes it:
 - decimal of precision 18 or less: the unscaled value as a long;
 - string, binary: the bytes (a string's UTF-8).
 
-Fixed-width types hash vectorized (NumPy's wrapping uint64 arithmetic is
-XXH64's); strings and binaries by the ``xxhash`` library, once per
-distinct value. Other types are refused when the pipeline is planned.
+Fixed-width types hash vectorized (NumPy's wrapping uint64 arithmetic is XXH64's); strings and binaries by the ``xxhash`` library,
+once per distinct value. Other types are refused when the pipeline is planned.
 """
 
 from __future__ import annotations
@@ -133,8 +129,7 @@ def _hash_long(values: np.ndarray, seeds: np.ndarray) -> np.ndarray:
 
 def _hash_bytes(column: pa.Array, seeds: np.ndarray) -> np.ndarray:
     """XXH64 of each value's bytes: once per distinct (value, seed)."""
-    if len(seeds) and (seeds == seeds[0]).all():
-        # One seed (a first key column): hash the distinct values, then take.
+    if len(seeds) and (seeds == seeds[0]).all():  # one seed (a first key column): hash the distinct values, then take
         encoded = pc.dictionary_encode(column)
         seed = int(seeds[0])
         distinct = [xxhash.xxh64_intdigest(v.encode() if isinstance(v, str) else v, seed) for v in encoded.dictionary.to_pylist()]

@@ -5,15 +5,13 @@ on restore"). :func:`compare_schemas` lists each change, field by field (into st
      default (:func:`field_with_default`); a non-nullable field without one is INCOMPATIBLE;
   2. a field whose type only widened is WIDENED (an integer to a wider signed integer, a float to a wider float:
      every stored value converts exactly);
-  3. a field only the restore point has is REMOVED: its values would be lost, so the restore refuses it unless
-     told to drop non-restored state;
+  3. a field only the restore point has is REMOVED: a restore refuses to lose its values unless told to drop non-restored state;
   4. any other type change (or any change of a column the caller fixes, such as a key column, whose values place
      rows in key groups) is INCOMPATIBLE.
 
-:func:`evolve` converts stored rows into the code's schema (steps 1-3). :func:`check_sink_schema` checks an epoch's
-output against its sink table before the vote: added, nullable left-out, widened (the table's rows are then
-rewritten in the epoch's commit, :mod:`barrierflow.connectors.delta_sink`) and narrower columns pass; any other
-change is refused, naming the columns.
+:func:`evolve` converts stored rows into the code's schema (steps 1-3). :func:`check_sink_schema` checks an epoch's output against
+its sink table before the vote: added, nullable left-out, widened (the table's rows are then rewritten in the epoch's commit,
+:mod:`barrierflow.connectors.delta_sink`) and narrower columns pass; any other change is refused, naming the columns.
 """
 
 from __future__ import annotations
@@ -188,8 +186,7 @@ def _evolve_array(array: pa.Array | pa.ChunkedArray, field: pa.Field) -> pa.Arra
             for child in target
         ]
         return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
-    # A list or map whose elements declare a default: evolve the elements this array's offsets cover.
-    offsets = array.offsets
+    offsets = array.offsets  # a list or map whose elements declare a default: evolve the elements this array's offsets cover
     start = offsets[0].as_py()
     elements = array.values.slice(start, offsets[-1].as_py() - start)
     offsets = pc.subtract(offsets, pa.scalar(start, offsets.type))
@@ -214,9 +211,8 @@ def _declares_defaults(t: pa.DataType) -> bool:
 def check_sink_schema(sink: str, table: pa.Schema, output: pa.Schema, rows: int | None = None) -> list[str]:
     """The changes an epoch's ``output`` makes to sink table ``sink``, said for a warning, or SchemaEvolutionError.
 
-    Columns are compared by name. A widened column (step 2, at any depth) has
-    the table's ``rows`` rewritten; a narrower one (code rolled back after a
-    widening) is written with the table's type (:func:`fitted_output_schema`).
+    Columns are compared by name. A widened column (step 2, at any depth) has the table's ``rows`` rewritten; a narrower one (code
+    rolled back after a widening) is written with the table's type (:func:`fitted_output_schema`).
     """
     accepted, refused = [], []
     widened = set(widened_columns(table, output))

@@ -47,8 +47,7 @@ DEFAULT_KEY_GROUPS = 128
 # Operator list state and broadcast state are held whole by every task that reads them (Flink keeps them
 # on each task's heap): a state of more elements fails the epoch, naming it.
 MAX_HELD_STATE_ELEMENTS = 1_000_000
-# A broadcast stream is for low volume: more records in one epoch fail it.
-MAX_BROADCAST_RECORDS = 100_000
+MAX_BROADCAST_RECORDS = 100_000  # a broadcast stream is for low volume: more records in one epoch fail it
 
 # Waiting this long for a running epoch's lease is enough for any epoch on a healthy cluster; a
 # process job and the Airflow steps read BARRIERFLOW_LEASE_WAIT_SECONDS (seconds, a decimal) instead when set.
@@ -70,12 +69,10 @@ MIN_SPLIT_BYTES = 1024 * 1024
 # A parallel epoch has a key-group range task per this many bytes of input when that is more than
 # the pipeline's parallelism: a bulk load run at the parallelism of steady epochs would hold too much per task.
 INPUT_BYTES_PER_PARTITION = 32 * 1024 * 1024
-# Throwaway epochs a new warm engine on a local master runs before serving (barrierflow.tools.warmup).
-DEFAULT_WARM_UP_EPOCHS = 4
+DEFAULT_WARM_UP_EPOCHS = 4  # throwaway epochs a new warm engine on a local master runs before serving (barrierflow.tools.warmup)
 
 # -- state and sinks ---------------------------------------------------------
-# An upsert sink up to this many rows is rewritten whole each epoch; a larger one rewrites the files
-# that hold a changed key.
+# An upsert sink up to this many rows is rewritten whole each epoch; a larger one rewrites the files that hold a changed key.
 UPSERT_WHOLE_REWRITE_ROWS = 100_000
 # More files than this and a state table is compacted in the epoch that notices, whatever its row counts.
 COMPACTION_MAX_FILES = 32

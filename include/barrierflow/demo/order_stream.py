@@ -5,14 +5,11 @@ event times ``[start + k·span, start + (k+1)·span)``; as in :mod:`barrierflow.
 only on ``(seed, k)`` and the spec. A stream exercises every rule of the pipeline:
 
 1. Orders up to ``out_of_order_s`` out of order, over ``n_customers`` customers and ``COUNTRIES``.
-2. Per order, from its own random stream: no payment (``unpaid_rate``), one 16-25 minutes late
-   (``overdue_rate``), two halves (``split_rate``), or one within 15 minutes, sometimes exactly at 0
-   or 15 (the join's inclusive bounds). A payment lands in the file of its event time, or one file
-   before its order (``early_rate``).
-3. Late records: an order 40 minutes behind its file (``late_rate``), and a payment of an order four
-   files back.
-4. Duplicates of the previous file's lines (``duplicate_rate``), blank lines, and malformed lines
-   of random ``MALFORMED_KINDS``.
+2. Per order, from its own random stream: no payment (``unpaid_rate``), one 16-25 minutes late (``overdue_rate``), two halves
+   (``split_rate``), or one within 15 minutes, sometimes exactly at 0 or 15 (the join's inclusive bounds). A payment lands in the
+   file of its event time, or one file before its order (``early_rate``).
+3. Late records: an order 40 minutes behind its file (``late_rate``), and a payment of an order four files back.
+4. Duplicates of the previous file's lines (``duplicate_rate``), blank lines, and malformed lines of random ``MALFORMED_KINDS``.
 5. Thresholds: file 0 sets every country's limit; later files sometimes change or remove one
    (``"limit": null``), or hold a malformed limit or no country.
 """

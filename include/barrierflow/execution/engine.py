@@ -1,11 +1,9 @@
 """The warm engine: a long-lived Spark application that epochs run on, through Spark Connect.
 
-Starting a Spark application costs more than a small epoch once warm, so
-the Airflow tasks connect to one Spark Connect server that stays up between
-epochs, each pipeline in its own session (:func:`barrierflow.execution.spark.get_spark`).
-``barrierflow engine`` runs PySpark's own server in the foreground (what
-``docker-compose.yaml`` runs); ``make run`` and the tests start the same
-command through :class:`LocalEngine`. Its Python workers run this interpreter.
+Starting a Spark application costs more than a small epoch once warm, so the Airflow tasks connect to one Spark Connect server
+that stays up between epochs, each pipeline in its own session (:func:`barrierflow.execution.spark.get_spark`). ``barrierflow
+engine`` runs PySpark's own server in the foreground (what ``docker-compose.yaml`` runs); ``make run`` and the tests start the
+same command through :class:`LocalEngine`. Its Python workers run this interpreter.
 """
 
 from __future__ import annotations
@@ -75,10 +73,8 @@ class EngineConfig:
             **application_conf(),
             **worker_conf(self.master),
         }
-        if self.host in ("127.0.0.1", "localhost"):
-            # A loopback engine keeps its driver's ports on loopback too.
-            conf["spark.driver.host"] = "127.0.0.1"
-            conf["spark.driver.bindAddress"] = "127.0.0.1"
+        if self.host in ("127.0.0.1", "localhost"):  # a loopback engine keeps its driver's ports on loopback too
+            conf["spark.driver.host"] = conf["spark.driver.bindAddress"] = "127.0.0.1"
         return conf
 
     def command(self) -> list[str]:

@@ -1,13 +1,11 @@
 """How rows cross from one stage's tasks to the next: partitioned by key-group range, as Arrow files.
 
-Where Flink sends a keyed stream's records over the network, a task here
-writes, for each edge to a later stage, one Arrow IPC file per receiving task
-into the attempt's exchange directory (inside its staging directory: deleted
-with it on abort, or once the epoch's tables are staged).
+Where Flink sends a keyed stream's records over the network, a task here writes, for each edge to a later stage, one Arrow IPC
+file per receiving task into the attempt's exchange directory (inside its staging directory: deleted with it on abort, or once the
+epoch's tables are staged).
 
-Task ``t`` of ``n`` owns key groups ``ceil(t * G / n)`` to
-``floor(((t + 1) * G - 1) / n)`` of ``G``, and key group ``g`` belongs to
-task ``g * n // G``, as Flink's ``KeyGroupRangeAssignment``.
+Task ``t`` of ``n`` owns key groups ``ceil(t * G / n)`` to ``floor(((t + 1) * G - 1) / n)`` of ``G``, and key group ``g`` belongs
+to task ``g * n // G``, as Flink's ``KeyGroupRangeAssignment``.
 """
 
 from __future__ import annotations

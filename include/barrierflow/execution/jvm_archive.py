@@ -1,13 +1,10 @@
 """A class-data-sharing archive of Spark's classes for the JVMs barrierflow starts (the JDK's AppCDS).
 
-Every Spark JVM loads and verifies the same thousands of classes before its
-first job. A dynamic archive of them, dumped once per installation by a
-throwaway local session (``-XX:ArchiveClassesAtExit``; ``make setup``), is
-mapped read-only by each JVM (``-XX:SharedArchiveFile``; README "Run a
-pipeline from the command line"). A JVM starts as without it (CDS messages
-silenced) when it is stale or missing. It is keyed by the JDK, the Spark
-version and the jars, kept in ``sys.prefix`` or ``$BARRIERFLOW_JVM_ARCHIVE_DIR``;
-``BARRIERFLOW_JVM_ARCHIVE=off`` leaves it out.
+Every Spark JVM loads and verifies the same thousands of classes before its first job. A dynamic archive of them, dumped once per
+installation by a throwaway local session (``-XX:ArchiveClassesAtExit``; ``make setup``), is mapped read-only by each JVM
+(``-XX:SharedArchiveFile``; README "Run a pipeline from the command line"). A JVM starts as without it (CDS messages silenced)
+when it is stale or missing. It is keyed by the JDK, the Spark version and the jars, kept in ``sys.prefix`` or
+``$BARRIERFLOW_JVM_ARCHIVE_DIR``; ``BARRIERFLOW_JVM_ARCHIVE=off`` leaves it out.
 """
 
 from __future__ import annotations
@@ -28,9 +25,8 @@ __all__ = ["archive_path", "java_options", "dump"]
 SWITCH_ENV = "BARRIERFLOW_JVM_ARCHIVE"
 DIR_ENV = "BARRIERFLOW_JVM_ARCHIVE_DIR"
 
-# Driven in a child process: a local session running the jobs epochs run (Python tasks over Arrow:
-# the runner's over a range, the file counter's over a few strings), then an orderly exit, at which
-# the driver JVM writes the archive. It prints the JVM's pid, which the parent waits for.
+# Run in a child process: a local session runs the jobs epochs run (Python tasks over Arrow: the runner's over a range, the file
+# counter's over a few strings) and exits, the driver JVM writing the archive. It prints the JVM's pid for the parent to await.
 _DUMP = r"""
 import sys
 import pyarrow as pa
@@ -97,8 +93,7 @@ def dump(*, timeout_s: float = 300) -> Path | None:
         # The JVM writes to the same stdout (its CDS messages as it dumps): find the line.
         pids = re.findall(r"^driver JVM pid (\d+)$", run.stdout, re.MULTILINE)
         pid = pids[-1] if run.returncode == 0 and pids else ""
-        # The driver JVM writes the archive as it exits, after the Python side has.
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s  # the driver JVM writes the archive as it exits, after the Python side has
         while pid.isdigit() and Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         if pid.isdigit() and partial.exists() and not Path(f"/proc/{pid}").exists():

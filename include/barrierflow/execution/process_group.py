@@ -1,7 +1,6 @@
 """Stopping a child started in its own session: signal its whole process group, wait, then SIGKILL.
 
-Every long-running child barrierflow starts (the engine, PostgreSQL, the
-topology's services) runs in a new session: one signal reaches all it started.
+Every long-running child (the engine, PostgreSQL, the topology's services) has its own session: one signal reaches all it started.
 """
 
 from __future__ import annotations

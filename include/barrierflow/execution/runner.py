@@ -1,26 +1,18 @@
 """The Spark runner of an epoch: plans its tasks, runs them as Spark jobs, and hands their staged files to the epoch.
 
-Spark places the tasks on executors, retries a lost one, and runs each in a
-Python worker (:func:`~barrierflow.execution.task.run_task`). The driver
-(:func:`run_epoch`, for the checkpoint coordinator) reads no record:
+Spark places the tasks on executors, retries a lost one, and runs each in a Python worker
+(:func:`~barrierflow.execution.task.run_task`). The driver (:func:`run_epoch`, for the checkpoint coordinator) reads no record:
 
-1. Plan: the pipeline's schemas, state tables and stages
-   (:func:`~barrierflow.plan.planner.physical_plan`); each source's part of
-   the barrier as splits.
-2. Placement, a size decision (never a semantic one; README "Where the work
-   runs"): a small epoch runs its whole pipeline in one task; a larger one
-   runs stage by stage, exchanging rows through files (:mod:`barrierflow.execution.exchange`).
+1. Plan: the pipeline's schemas, state tables and stages (:func:`~barrierflow.plan.planner.physical_plan`); each source's splits.
+2. Placement, a size decision (never a semantic one; README "Where the work runs"): a small epoch runs its whole pipeline in one
+   task; a larger one runs stage by stage, exchanging rows through files (:mod:`barrierflow.execution.exchange`).
 3. Wait for the restore point (epoch n-1 completed): the state it reads.
-4. Register every table the epoch stages, in pipeline order, before any task
-   writes (an error then aborts their staging directories): each state table
-   as of epoch n-1, each sink and side output after its schema checks
-   (:func:`~barrierflow.connectors.delta_sink.plan_sink_table`), the dead
-   letters, each source's offsets.
-5. Run the tasks: one Spark job per stage; each stage's watermark
-   observations advance the epoch's clock, which the next stage starts from.
-6. Complete the registrations with the tasks' files; stage on the driver the
-   few rows it holds (each source's offsets, the largest event time of each
-   tracked watermark assigner).
+4. Register every table the epoch stages, in pipeline order, before any task writes (an error then aborts their staging
+   directories): each state table as of epoch n-1, each sink and side output after its schema checks
+   (:func:`~barrierflow.connectors.delta_sink.plan_sink_table`), the dead letters, each source's offsets.
+5. Run the tasks: one Spark job per stage; each stage's watermark observations advance the epoch's clock for the next stage.
+6. Complete the registrations with the tasks' files; stage on the driver the few rows it holds (each source's offsets, the largest
+   event time of each tracked watermark assigner).
 """
 
 from __future__ import annotations
@@ -129,11 +121,9 @@ def run_epoch(epoch: Epoch) -> int:
     single = input_bytes <= SINGLE_TASK_INPUT_BYTES.value()  # 2.
     splits = split(None if single else split_bytes)
     plan = physical_plan(pipe, {i: s.record_schema(ends[i]).append(pa.field(SEQ, pa.int64())) for i, s in sources.items()})
-    # 3.
-    prior = epoch.restore_point()
+    prior = epoch.restore_point()  # 3.
     assert epoch.state_tables is not None  # made by the restore point
-    # 4.
-    registry = _Registry(epoch)
+    registry = _Registry(epoch)  # 4.
     results: list[TaskResult] = []
     try:
         registry.register(plan, epoch.state_tables)
@@ -154,17 +144,14 @@ def run_epoch(epoch: Epoch) -> int:
         _ship_user_code(pipe)
         results = _run_tasks(epoch, plan, registry, clock, splits, None if single else parallelism, base)  # 5.
         faults.maybe_fail("process.after_read")
-        # 6.
-        registry.complete(results)
+        registry.complete(results)  # 6.
         epoch.watermark_us = clock.watermark_us
         epoch.max_event_time_us = clock.max_event_time_us
         registry.stage_driver_rows(clock)
     except BaseException as exc:
         registry.fail(exc)
         raise
-    counts: Counter[str] = Counter()
-    for result in results:
-        counts.update(result.counts)
+    counts: Counter[str] = sum((Counter(r.counts) for r in results), Counter())
     for what, n in sorted(counts.items()):  # a kernel's count: a message with {n} in it
         _log.warning("epoch %d: %s", epoch.epoch, what.format(n=n))
     rows_in = sum(r.rows_in for r in results)
@@ -231,8 +218,7 @@ def _run_job(spark: Any, description: str, plan: TaskPlan, inputs: list[TaskInpu
     started = time.monotonic()
     job = spark.range(len(inputs), numPartitions=len(inputs)).mapInArrow(task_function(plan, inputs), "result string")
     try:
-        # collect(), not first(): a task whose output is not read to the end loses its Python worker.
-        rows = job.collect()
+        rows = job.collect()  # collect(), not first(): a task whose output is not read to the end loses its Python worker
     except Exception as exc:
         raise task_error(exc) or exc from exc
     _log.info("%s: %d task(s) in %.0f ms", description, len(inputs), (time.monotonic() - started) * 1000)

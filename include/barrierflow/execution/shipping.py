@@ -1,9 +1,7 @@
 """The barrierflow package as an archive that executors import.
 
-Executors need not have barrierflow installed (nor use the driver's
-interpreter path): Spark ships a zip (``spark.submit.pyFiles``, ``addPyFile``)
-first on their Python workers' path. It is built once per version of the
-code (its name carries a digest of the package's files).
+Executors need not have barrierflow installed (nor the driver's interpreter path): Spark ships a zip (``spark.submit.pyFiles``,
+``addPyFile``) first on their Python workers' path, built once per code version (its name carries the package files' digest).
 """
 
 from __future__ import annotations

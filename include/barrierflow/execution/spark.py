@@ -1,11 +1,9 @@
 """The Spark session barrierflow runs epochs in: a warm Spark Connect engine or an embedded one.
 
-- **remote** (``sc://host:port``, Spark Connect): the epoch's jobs go to a
-  long-lived Spark application (``barrierflow engine``, or a cluster's
-  Connect endpoint). Chosen by ``remote=``, ``$BARRIERFLOW_SPARK_REMOTE`` or ``$SPARK_REMOTE``.
-- **classic**: this process starts the Spark driver (a JVM), or is the driver
-  ``spark-submit`` started. Chosen by ``master=`` or ``$BARRIERFLOW_SPARK_MASTER``
-  (default ``local[*]``).
+- **remote** (``sc://host:port``, Spark Connect): the epoch's jobs go to a long-lived Spark application (``barrierflow engine``,
+  or a cluster's Connect endpoint). Chosen by ``remote=``, ``$BARRIERFLOW_SPARK_REMOTE`` or ``$SPARK_REMOTE``.
+- **classic**: this process starts the Spark driver (a JVM), or is the driver ``spark-submit`` started. Chosen by ``master=`` or
+  ``$BARRIERFLOW_SPARK_MASTER`` (default ``local[*]``).
 
 PySpark's Connect mode is process-wide, so one process uses one kind only.
 """
@@ -33,19 +31,17 @@ __all__ = [
 
 MASTER_ENV = "BARRIERFLOW_SPARK_MASTER"
 REMOTE_ENV = "BARRIERFLOW_SPARK_REMOTE"
-# The driver JVM's options when this process starts it ($BARRIERFLOW_DRIVER_JAVA_OPTIONS replaces them).
-# The throughput collector: G1's concurrent threads took CPU from the tasks. C1 alone: C2 kept compiling
-# the driver's planning code all run long (executors in their own JVMs keep both). C1 alone would shrink
-# the code cache to 48 MiB, which Spark fills. Figures: bench/README.md, "The driver's compiler".
+# The driver JVM's options when started here ($BARRIERFLOW_DRIVER_JAVA_OPTIONS replaces them). Throughput collector: G1's
+# concurrent threads took CPU from the tasks. C1 only: C2 kept compiling the driver's planning code all run long (executors' own
+# JVMs keep both); C1 only shrinks the code cache to 48 MiB, which Spark fills. Figures: bench/README.md, "The driver's compiler".
 DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
 def session_conf() -> dict[str, str]:
     """SQL settings, set per session: a shared Connect engine gets them from each client.
 
-    Spark runs only jobs of Python tasks over Arrow (``mapInArrow`` over a
-    range or a few strings, with their partition counts given): no Spark
-    file I/O, timestamps, cache, pandas conversion or default-sized shuffle.
+    Spark runs only jobs of Python tasks over Arrow (``mapInArrow`` over a range or a few strings, with their partition counts
+    given): no Spark file I/O, timestamps, cache, pandas conversion or default-sized shuffle.
     """
     return {"spark.sql.adaptive.enabled": os.environ.get("BARRIERFLOW_SPARK_AQE", "false")}
 
@@ -60,8 +56,7 @@ def driver_java_options(base: str | None = None) -> str:
 def application_conf() -> dict[str, str]:
     """Settings read once, when a driver JVM starts: every way barrierflow starts one passes them."""
     conf = {"spark.driver.extraJavaOptions": driver_java_options()}
-    # Executors in JVMs of their own map the same archive (where its path exists).
-    archive = jvm_archive.java_options()
+    archive = jvm_archive.java_options()  # executors in JVMs of their own map the same archive (where its path exists)
     if archive:
         conf["spark.executor.extraJavaOptions"] = archive
     return conf
@@ -120,9 +115,8 @@ def launched_by_spark_submit() -> bool:
 def get_spark(master: str | None = None, remote: str | None = None, session_name: str | None = None) -> "SparkSession":
     """One session per process and engine: remote or classic (the module docstring; under ``spark-submit``, its ``--master``).
 
-    ``session_name`` (a pipeline's name) makes every process driving that
-    pipeline join one Connect session, whose Python workers stay warm from
-    one Airflow task to the next.
+    ``session_name`` (a pipeline's name) makes every process driving that pipeline join one Connect session, whose Python workers
+    stay warm from one Airflow task to the next.
     """
     if master is None and remote is None and launched_by_spark_submit():
         return _classic_session(None)  # spark-submit's --master holds; no environment overrides it
@@ -153,8 +147,7 @@ def _remote_session(address: str, session_name: str | None) -> "SparkSession":
             f"this process already runs a classic Spark session; it cannot also use the Spark Connect "
             f"engine at {address} (PySpark's Connect mode is process-wide)"
         )
-    # An id in the address is the user's choice; else one session per pipeline (or a fresh one).
-    candidates = [address]
+    candidates = [address]  # an id in the address is the user's choice; else one session per pipeline (or a fresh one)
     if session_name is not None and "session_id=" not in address:
         candidates = [with_session_id(address, sid) for sid in session_ids(session_name)]
     for url in candidates:
@@ -232,8 +225,7 @@ def _classic_session(master: str | None) -> "SparkSession":
             "this process already uses a Spark Connect engine; it cannot also start a classic Spark "
             "session (PySpark's Connect mode is process-wide)"
         )
-    # PySpark marks Connect mode in the environment, which child processes inherit: a
-    # classic session started by a child of a Connect client must clear it first.
+    # PySpark marks Connect mode in the (inherited) environment: a classic session in a Connect client's child clears it first.
     for key in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
         os.environ.pop(key, None)
     # Python workers must run the interpreter that has barrierflow's packages.

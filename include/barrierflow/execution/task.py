@@ -1,19 +1,13 @@
 """One task of an epoch: reads its input, runs its operators' kernels in pipeline order, stages what they wrote.
 
-A Spark task runs the whole pipeline of a small epoch or one stage of a
-large one, given a :class:`TaskPlan` (the same for every task of a stage)
-and a :class:`TaskInput` (its own part). A task (:func:`run_task`):
+A Spark task runs the whole pipeline of a small epoch or one stage of a large one, given a :class:`TaskPlan` (the same for every
+task of a stage) and a :class:`TaskInput` (its own part). A task (:func:`run_task`):
 
-1. Reads each source split it was given (records with ``_seq``, dead
-   letters), or the exchange files of its inputs from an earlier stage.
-2. Runs its nodes in pipeline order, each kernel given its inputs' rows;
-   keys computed on the way are checked before a keyed operator
-   (:mod:`barrierflow.operators.key_check`). W(n) is final when an
-   event-time operator runs (the planner's step 3).
-3. Writes its outputs that a later stage consumes as exchange files, one
-   per edge and receiving task.
-4. Stages every table it wrote (state changes or its share of a
-   compaction, sink rows, side outputs, dead letters).
+1. Reads its source splits (records with ``_seq``, dead letters), or its inputs' exchange files from an earlier stage.
+2. Runs its nodes in pipeline order, each kernel given its inputs' rows; keys computed on the way are checked before a keyed
+   operator (:mod:`barrierflow.operators.key_check`). W(n) is final when an event-time operator runs (the planner's step 3).
+3. Writes its outputs that a later stage consumes as exchange files, one per edge and receiving task.
+4. Stages every table it wrote (state changes or its share of a compaction, sink rows, side outputs, dead letters).
 """
 
 from __future__ import annotations
@@ -48,9 +42,8 @@ DEAD_LETTER = "dead_letter"
 class OutputTable:
     """A table tasks append to or rewrite this epoch: a sink, a side output, the dead letters.
 
-    ``stored``: the table's live files an upsert or a widening may rewrite;
-    ``rewrite_all``: every one is (a widening, an upsert of a small table),
-    else an upsert rewrites those holding a key it writes.
+    ``stored``: the table's live files an upsert or a widening may rewrite; ``rewrite_all``: every one is (a widening, an upsert
+    of a small table), else an upsert rewrites those holding a key it writes.
     """
 
     name: str
@@ -240,8 +233,7 @@ def run_task(plan: TaskPlan, task: TaskInput) -> TaskResult:
             outputs[position] = plan.schemas[position].empty_table()
             continue
         source = getattr(node, "source", None)
-        if source is not None:
-            # Step 1: the source's splits.
+        if source is not None:  # Step 1: the source's splits.
             parts = []
             for split in task.splits.get(position, ()):
                 records, dead = source.read(split, plan.source_keys.get(position, {}))
@@ -258,16 +250,14 @@ def run_task(plan: TaskPlan, task: TaskInput) -> TaskResult:
             ]
             # Step 2: keys computed on the way are checked before the keyed operator.
             for i, column, computed_by in plan.computed_keys.get(position, ()):
-                good, dead = split_computed_keys(
+                inputs[i], dead = split_computed_keys(
                     inputs[i], node.operator_id, [(column, computed_by)], plan.source_ids, plan.source_files
                 )
-                inputs[i] = good
                 runtime.emit(DEAD_LETTER, dead)
             out = node.run(runtime, inputs)
         schema = plan.schemas[position]
         outputs[position] = out.select(schema.names).cast(schema) if out.schema != schema else out
-    # Step 3.
-    exchange = {
+    exchange = {  # Step 3.
         edge.name: {
             receiver: [write_exchange(plan.exchange_dir, edge, task.index, receiver, part)]
             for receiver, part in partition(outputs[edge.producer], edge, plan.key_groups, plan.receivers).items()
@@ -275,8 +265,7 @@ def run_task(plan: TaskPlan, task: TaskInput) -> TaskResult:
         }
         for edge in plan.outgoing
     }
-    # Step 4.
-    files, removes = runtime.stage_all()
+    files, removes = runtime.stage_all()  # Step 4.
     return TaskResult(files, removes, exchange, rows_in, runtime.clock.observations, runtime.counts)
 
 

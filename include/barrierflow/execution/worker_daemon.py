@@ -1,12 +1,9 @@
 """PySpark's Python worker daemon, with the libraries barrierflow's tasks use imported and frozen before it forks.
 
-An executor forks its Python workers from one daemon process
-(``spark.python.daemon.module``: :func:`barrierflow.execution.spark.worker_conf`
-on a ``local[...]`` master). Without this one, each worker's first task
-imported those libraries (about half a second), and the full ``gc.collect()``
-after every task walked the ~80,000 objects they made (some 40 ms a task).
-Frozen (``gc.freeze()``), they are skipped. barrierflow's own modules are not
-preloaded: a worker imports them from the path its task gives.
+An executor forks its Python workers from one daemon process (``spark.python.daemon.module``:
+:func:`barrierflow.execution.spark.worker_conf` on a ``local[...]`` master). Without this one, each worker's first task imported
+those libraries (~0.5 s), and the full ``gc.collect()`` after every task walked their ~80,000 objects (~40 ms a task); frozen
+(``gc.freeze()``), they are skipped. barrierflow's own modules are not preloaded: a worker imports them from its task's path.
 """
 
 from __future__ import annotations

@@ -5,15 +5,11 @@
   2. recover, so the checkpoint log ends at a completed epoch;
   3. compact every state table of several files (``dataChange=false``: the
      content at every version is unchanged) and the checkpoint log;
-  4. expire completed checkpoints beyond the newest ``retained_checkpoints`` of
-     the current lineage, and all of earlier lineages: their epoch directories
-     go, so they can no longer be restored or queried;
-  5. vacuum every table keeping the versions of the retained checkpoints,
-     whatever the retention (savepoints live outside every table);
-  6. sweep barrierflow's own data directories of every table (delta-rs's vacuum
-     never lists ``_`` directories): delete each file older than the retention
-     that neither the current nor a retained version references, except staged
-     files of an epoch after the last completed one;
+  4. expire completed checkpoints beyond the newest ``retained_checkpoints`` of the current lineage, and all of earlier lineages:
+     their epoch directories go, so they can no longer be restored or queried;
+  5. vacuum every table keeping the retained checkpoints' versions, whatever the retention (savepoints live outside every table);
+  6. sweep barrierflow's own (``_``) data directories of every table, which delta-rs's vacuum never lists: delete files older than
+     the retention that no current or retained version references, except staged files of epochs after the last completed one;
   7. release the lease.
 """
 

@@ -1,8 +1,7 @@
 """SQL over a pipeline's tables as of a completed epoch (a consistent cut), on delta-rs (DataFusion).
 
 Tables: every sink by its name, ``dead_letter``, ``checkpoints`` (the log), and per state
-``<operator_id>__<state>`` (the current value per key) and ``<operator_id>__<state>__changelog``.
-"""
+``<operator_id>__<state>`` (the current value per key) and ``<operator_id>__<state>__changelog``."""
 
 from __future__ import annotations
 

@@ -9,11 +9,9 @@ so the sinks end up as if the history had run once with the current code:
   3. restore (sinks rewound by default);
   4. replay epochs one interval at a time up to the last ended interval, again
      until nothing is left, so the schedule takes over from the present;
-  5. release the hold, also on failure (the schedule then goes on with the
-     replay, as every run cuts its epochs at interval ends).
+  5. release the hold, also on failure (the schedule then goes on with the replay, as every run cuts its epochs at interval ends).
 
-``replay`` runs step 4: the coordinator's loop in this process by default; the DAG passes its own.
-"""
+``replay`` runs step 4: the coordinator's loop in this process by default; the DAG passes its own."""
 
 from __future__ import annotations
 

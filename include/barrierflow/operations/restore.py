@@ -3,19 +3,14 @@
 :func:`restore` (each step idempotent; the next ``recover`` finishes a crashed one):
 
   1. take the pipeline's epoch lease;
-  2. resolve the restore point: a savepoint (by name or path) or a retained
-     completed epoch of the current lineage. Its start offsets are its
-     sources' offsets state (:mod:`barrierflow.operators.operator_state` 8.),
-     each checked against the copy in the checkpoint record or savepoint
-     metadata (a :class:`CheckpointError` when they differ); a restore point
-     from before offsets were state has only the copy, which is used (and
-     logged) and seeds the offsets state in step 5. Offsets state of a source
-     the code no longer has is dropped state (step 3) and starts no source;
-  3. check it against the code: key groups must match; state whose schema
-     evolved compatibly (added fields, widened types) is restored converted;
-     state the code no longer declares (or with an incompatible schema, or
-     without fields it had) would be dropped, state the restore point lacks
-     would start empty: either refuses unless ``allow_non_restored_state``;
+  2. resolve the restore point: a savepoint (by name or path) or a retained completed epoch of the current lineage. Its start
+     offsets are its sources' offsets state (:mod:`barrierflow.operators.operator_state` 8.), each checked against the copy in the
+     checkpoint record or savepoint metadata (a :class:`CheckpointError` when they differ); a restore point from before offsets
+     were state has only the copy, which is used (and logged) and seeds the offsets state in step 5. Offsets state of a source the
+     code no longer has is dropped state (step 3) and starts no source;
+  3. check it against the code: key groups must match; state whose schema evolved compatibly (added fields, widened types) is
+     restored converted; state the code no longer declares (or with an incompatible schema, or without fields it had) would be
+     dropped, state the restore point lacks would start empty: either refuses unless ``allow_non_restored_state``;
   4. write the intent ``_restoring.json`` put-if-absent (the new lineage id and
      all steps 5-9 need), so a crash is rolled forward, never redone differently;
   5-9. :mod:`barrierflow.checkpointing.restore_intent`; then release the lease.
@@ -64,12 +59,9 @@ def check_compatibility(
     pipe: Pipeline, key_groups: int, saved: Mapping[str, tuple[tuple[str, str], ...]], allow_non_restored_state: bool,
     stored_schema: Callable[[str], pa.Schema | None] = lambda name: None, seeded: Collection[str] = (),
 ) -> Compatibility:  # fmt: skip
-    """Step 3, or IncompatibleSavepointError; ``seeded``: states restored from the record (step 2).
-
-    A changed schema is compared field by field with ``stored_schema(name)``:
-    added and widened fields restore, converted; removed ones only with
-    ``allow_non_restored_state``; any other change (or an unreadable schema) drops the state, when allowed.
-    """
+    """Step 3, or IncompatibleSavepointError; ``seeded``: states restored from the record (step 2). A changed schema is compared
+    field by field with ``stored_schema(name)``: added and widened fields restore, converted; removed ones only with
+    ``allow_non_restored_state``; any other change (or an unreadable schema) drops the state, when allowed."""
     if key_groups != pipe.key_groups:
         raise IncompatibleSavepointError(
             f"the restore point has {key_groups} key groups and pipeline {pipe.name} declares "
@@ -156,10 +148,8 @@ def restore(
 def restore_coordinator(
     definition: PipelineDefinition, warehouse: str, savepoint: str | None, epoch: int | None, params: Mapping[str, Any] | None
 ) -> tuple[CheckpointCoordinator, SavepointMetadata | None]:
-    """The coordinator of a restore from ``savepoint`` xor ``epoch``, and the savepoint.
-
-    A savepoint carries its parameters (``params`` override them): it restores into an empty warehouse as is.
-    """
+    """The coordinator of a restore from ``savepoint`` xor ``epoch``, and the savepoint. A savepoint carries its parameters
+    (``params`` override them): it restores into an empty warehouse as is."""
     if (savepoint is None) == (epoch is None):
         raise SavepointError("restore needs exactly one of a savepoint (name or path) and a retained epoch")
     meta = load_savepoint(definition.name, warehouse, savepoint) if savepoint is not None else None

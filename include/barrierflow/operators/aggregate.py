@@ -1,18 +1,17 @@
 """Running aggregates per key: count, sum, min, max and average over all records so far.
 
-Each key keeps one row of accumulators in ``<operator_id>__accumulators``: ``count``, then ``sum_<c>``, ``min_<c>``,
-``max_<c>`` as the aggregations need them (``Sum("v")`` and ``Avg("v")`` share ``sum_v``). Epoch n:
+Each key keeps one row of accumulators in ``<operator_id>__accumulators``: ``count``, then ``sum_<c>``, ``min_<c>``, ``max_<c>``
+as the aggregations need them (``Sum("v")`` and ``Avg("v")`` share ``sum_v``). Epoch n:
 
-1. Aggregates its records per key, as doubles: how many, each summed column's exact sum (below), each min/max column's
-   least and greatest value (nulls skipped; NaN above every number; -0.0 below 0.0).
+1. Aggregates its records per key, as doubles: how many, each summed column's exact sum (below), each min/max column's least and
+   greatest value (nulls skipped; NaN above every number; -0.0 below 0.0).
 2. Reads the touched keys' accumulators as of epoch n-1.
-3. Merges: ``count + n``; ``sum + epoch sum`` (one IEEE addition); the least/greatest of the stored value and the
-   epoch's, the stored on a tie.
-4. Stages them and emits one row per touched key: the key, then each aggregation's running result (``Avg`` = sum /
-   count).
+3. Merges: ``count + n``; ``sum + epoch sum`` (one IEEE addition); the least/greatest of the stored value and the epoch's, the
+   stored on a tie.
+4. Stages them and emits one row per touched key: the key, then each aggregation's running result (``Avg`` = sum / count).
 
-Results never depend on record order or parallelism: a key's epoch sum is the exact sum of its values' decimal forms
-(the shortest reading back as the double), rounded once, by the first method that applies:
+Results never depend on record order or parallelism: a key's epoch sum is the exact sum of its values' decimal forms (the shortest
+reading back as the double), rounded once, by the first method that applies:
 
 a. all whole millionths below 1e9: their integer sum (exact below 2**53) / 1e6;
 b. all of at most 18 decimals, the largest times the count below 1e19: their exact ``decimal(38,18)`` sum;
@@ -32,7 +31,7 @@ from barrierflow.api.aggregations import Aggregation, Avg, Count, Max, Min, Sum
 from barrierflow.core.arrow import as_double
 from barrierflow.core.columns import DELETED, KEY_GROUP
 from barrierflow.core.errors import PipelineDefinitionError
-from barrierflow.operators.base import Node, Task, folded_sums, ids_in, key_fields, key_ids, with_key_group
+from barrierflow.operators.base import Node, Task, check_numeric_columns, folded_sums, ids_in, key_fields, key_ids, with_key_group
 from barrierflow.state.spec import StateSpec
 
 __all__ = ["RunningAggregate", "accumulator_columns", "epoch_sums"]
@@ -83,13 +82,7 @@ class RunningAggregate(Node):
 
     def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
         (schema,) = inputs
-        for agg in self.aggregations:
-            column = agg.value_column
-            if column is not None and (column not in schema.names or not _numeric(schema.field(column).type)):
-                found = schema.field(column).type if column in schema.names else "no such column"
-                raise PipelineDefinitionError(
-                    f"{self.operator_id}: {type(agg).__name__}({column!r}) needs a numeric column (found: {found})"
-                )
+        check_numeric_columns(self.operator_id, self.aggregations, schema)
         results = [pa.field(agg.name, pa.int64() if isinstance(agg, Count) else pa.float64()) for agg in self.aggregations]
         return pa.schema([*(schema.field(k) for k in self.key), *results])
 
@@ -123,10 +116,6 @@ class RunningAggregate(Node):
         return pa.table(out)
 
 
-def _numeric(type_: pa.DataType) -> bool:
-    return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_)
-
-
 def _doubles(values: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Doubles as numpy: the values (nulls as 0.0) and whether each is valid."""
     filled = pc.fill_null(values, 0.0).to_numpy(zero_copy_only=False)
@@ -135,11 +124,9 @@ def _doubles(values: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray
 
 @np.errstate(invalid="ignore", over="ignore")  # NaN and infinities are values (method c)
 def epoch_sums(values: pa.ChunkedArray | pa.Array, group_of: np.ndarray, groups: int) -> pa.Array:
-    """Each group's exact sum of its non-null ``values`` (methods a-c of the module docstring), as doubles.
-
-    Vector operations, no Python call per group or value: the values sorted by group, ascending within one (NaN
-    last), each method reducing the slices of the groups it applies to.
-    """
+    """Each group's exact sum of its non-null ``values`` (methods a-c of the module docstring), as doubles. Vector operations, no
+    Python call per group or value: the values sorted by group, ascending within one (NaN last), each method reducing the slices
+    of the groups it applies to."""
     v, valid = _doubles(values)
     order = np.lexsort((v[valid], group_of[valid]))
     v, of = v[valid][order], group_of[valid][order]

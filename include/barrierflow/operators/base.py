@@ -1,9 +1,9 @@
 """What every operator is: a node of the pipeline graph whose semantics are one kernel over Arrow data.
 
-When the pipeline is planned, a node declares from its inputs' schemas its output schema, state tables, side outputs
-and how each input reaches it (:class:`Exchange`: the planner cuts chains there, as Flink between ``keyBy``s). Its
-kernel, :meth:`Node.run`, computes an epoch's output through the :class:`Task`, in one task holding every key group or
-in parallel tasks holding some each: it sees every record of its keys, never every key group.
+When the pipeline is planned, a node declares from its inputs' schemas its output schema, state tables, side outputs and how each
+input reaches it (:class:`Exchange`: the planner cuts chains there, as Flink between ``keyBy``s). Its kernel, :meth:`Node.run`,
+computes an epoch's output through the :class:`Task`, in one task holding every key group or in parallel tasks holding some each:
+it sees every record of its keys, never every key group.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barrierflow.core.columns import EPOCH, KEY_GROUP, UPDATED_AT, position_columns, user_columns
-from barrierflow.core.errors import UserFunctionError
+from barrierflow.core.errors import PipelineDefinitionError, UserFunctionError
 from barrierflow.core.keys import key_groups
 from barrierflow.core.settings import MAX_HELD_STATE_ELEMENTS
 from barrierflow.state.spec import StateSpec
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Node", "Exchange", "Task", "with_key_group", "key_fields", "key_ids", "ids_in", "held_state_table", "check_held_state_size",
-    "ship_user_code", "folded_sums", "user_columns", "position_columns",
+    "ship_user_code", "folded_sums", "user_columns", "position_columns", "check_event_time", "check_numeric_columns",
 ]  # fmt: skip
 
 _INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})  # on every worker's path
@@ -144,9 +144,7 @@ def key_fields(key: Sequence[str], schema: pa.Schema | None) -> tuple[pa.Field, 
 
 def key_ids(parts: Sequence[pa.Table], columns: Sequence[str]) -> tuple[pa.Table, list[np.ndarray]]:
     """The sorted distinct values of ``columns`` in ``parts`` (NaN above numbers, nulls last), each part's rows' index among them.
-
-    Nulls equal nulls and NaN equals NaN, as Spark groups keys.
-    """
+    Nulls equal nulls and NaN equals NaN, as Spark groups keys."""
     schema = pa.schema([f.with_nullable(True) for f in parts[0].select(list(columns)).schema])
     every = pa.concat_tables([p.select(list(columns)).cast(schema) for p in parts])
     order = pc.sort_indices(every, sort_keys=[(c, "ascending") for c in columns]).to_numpy()
@@ -168,6 +166,27 @@ def ids_in(keys: pa.Table, rows: pa.Table, key: Sequence[str]) -> np.ndarray:
     position = np.full(len(of_keys) + len(of_rows), -1, dtype=np.int64)
     position[of_keys] = np.arange(len(of_keys))
     return position[of_rows]
+
+
+def check_event_time(what: str, schema: pa.Schema, column: str) -> None:
+    """Refuse an event-time ``column`` that ``schema`` lacks or holds as other than a timestamp (``what``: the operator)."""
+    if column not in schema.names or not pa.types.is_timestamp(schema.field(column).type):
+        found = schema.field(column).type if column in schema.names else "no such column"
+        raise PipelineDefinitionError(
+            f"{what}: its event-time column {column!r} must be a timestamp "
+            f"(found: {found}; columns: {user_columns(schema.names)})"
+        )
+
+
+def check_numeric_columns(what: str, aggregations: Sequence[Any], schema: pa.Schema) -> None:
+    """Refuse an aggregation of a column ``schema`` lacks or holds as other than an integer, float or decimal."""
+    for agg in aggregations:
+        column = agg.value_column
+        type_ = schema.field(column).type if column in schema.names else None
+        numeric = type_ is not None and (pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_))
+        if column is not None and not numeric:
+            found = "no such column" if type_ is None else type_
+            raise PipelineDefinitionError(f"{what}: {type(agg).__name__}({column!r}) needs a numeric column (found: {found})")
 
 
 def held_state_table(spec: StateSpec, rows: list[dict[str, Any]], epoch: int, updated_at_ms: int, misfit: str = "") -> pa.Table:
@@ -208,12 +227,9 @@ FOLD_COLUMNS = 32  # windows this short fold column by column; longer ones alone
 
 
 def folded_sums(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Each window's left fold ``((0.0 + v1) + v2) + ...`` in IEEE doubles (``aggregate(values, 0.0, (a, x) -> a + x)``).
-
-    Windows of up to :data:`FOLD_COLUMNS` values add their j-th value all at
-    once, column by column; a longer window folds alone (``cumsum`` adds in
-    order, never pairwise).
-    """
+    """Each window's left fold ``((0.0 + v1) + v2) + ...`` in IEEE doubles (``aggregate(values, 0.0, (a, x) -> a + x)``). Windows
+    of up to :data:`FOLD_COLUMNS` values add their j-th value all at once, column by column; a longer window folds alone
+    (``cumsum`` adds in order, never pairwise)."""
     counts = np.diff(offsets)
     sums = np.zeros(len(counts))
     starts = offsets[:-1]

@@ -2,8 +2,7 @@
 
 1. Within the epoch, each key's first record by arrival position is kept.
 2. A key the state table ``<operator_id>__seen`` holds (seen in an earlier epoch, not expired by ``ttl``) drops too.
-3. The keys kept are staged with the epoch that first saw them (``first_epoch``); the kept records go on, in arrival
-   order.
+3. The keys kept are staged with the epoch that first saw them (``first_epoch``); the kept records go on, in arrival order.
 """
 
 from __future__ import annotations

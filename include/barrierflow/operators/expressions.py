@@ -986,8 +986,11 @@ class _Compiler:
             escape = _literal(operands[1])
             if not isinstance(operands[0], (exp.Like, exp.ILike)) or not isinstance(escape, str) or len(escape) != 1:
                 raise self.refuse("ESCAPE", "write x LIKE 'pattern' ESCAPE 'c' with one character")
+            like_rule, pattern = _RULES[type(operands[0])], operands[0].expression
+            if not isinstance(_literal(pattern), str):
+                raise self.refuse(f"argument 2 of {like_rule.name} as {_sql(pattern)!r}", "give a string literal")
             try:
-                _like_pattern(_literal(operands[0].expression) or "", escape)
+                _like_pattern(_literal(pattern), escape)
             except ValueError as exc:
                 raise PipelineDefinitionError(f"{self.operator_id}: the LIKE pattern in {self.text!r}: {exc}") from None
             node = operands[0]

@@ -1,33 +1,24 @@
 """Interval join of two keyed streams on event time, as Flink's ``IntervalJoin`` (README "Interval join").
 
-``a.key_by("k").interval_join(b.key_by("k")).between(lower, upper, operator_id="j")``
-joins a record ``l`` of ``a`` with a record ``r`` of ``b`` of the same key when
-``l.ts + lower <= r.ts <= l.ts + upper`` (an exclusive bound moves by one
-microsecond, the timestamps' unit, as Flink's by one millisecond). Each
-side's event time is its watermark assigner's column. Buffers, late records
-and joined rows are :mod:`barrierflow.operators.join_buffer`'s. Within
-epoch n, with W(n-1) the watermark at its start and W(n) the one at its end:
+``a.key_by("k").interval_join(b.key_by("k")).between(lower, upper, operator_id="j")`` joins a record ``l`` of ``a`` with a record
+``r`` of ``b`` of the same key when ``l.ts + lower <= r.ts <= l.ts + upper`` (an exclusive bound moves by one microsecond, the
+timestamps' unit, as Flink's by one millisecond). Each side's event time is its watermark assigner's column. Buffers, late records
+and joined rows are :mod:`barrierflow.operators.join_buffer`'s. Within epoch n, with W(n-1) the watermark at its start and W(n)
+the one at its end:
 
 1. Alignment: both inputs' records up to barrier n are joined in epoch n.
-2. Late records: a record whose event time is before W(n-1) can no longer
-   join, as Flink drops an element older than the watermark: it is late.
-3. Join: every other record of the epoch is paired with the other side's
-   records of this epoch and with those kept in state; each pair is emitted
-   once, in the epoch in which the later of its two records arrives. Which
-   pairs join never depends on the order of records within an epoch, nor on
-   parallelism: records of one epoch all see W(n-1). Keys are equal as
-   Spark compares them (-0.0 and 0.0 are one key, so are NaNs); the
-   interval is compared exactly, whatever the timestamps.
-4. State cleanup: a left record can join no record arriving later once
-   W >= l.ts + upper (if upper > 0, else l.ts), a right record once
-   W >= r.ts - lower (if lower < 0, else r.ts), Flink's cleanup times. At
-   the end of the epoch, records whose cleanup time is at or below W(n)
-   leave state (or are never stored), whether or not their key had records
-   this epoch; the others wait in the buffers.
-5. Watermark: the minimum of the inputs' (both need an assigner upstream;
-   :mod:`barrierflow.operators.watermark`).
-6. Output: the key columns, then the left record's other columns and the
-   right's; no arrival position.
+2. Late records: a record whose event time is before W(n-1) can no longer join, as Flink drops an element older than the
+   watermark: it is late.
+3. Join: every other record of the epoch is paired with the other side's records of this epoch and with those kept in state; each
+   pair is emitted once, in the epoch in which the later of its two records arrives. Which pairs join never depends on the order
+   of records within an epoch, nor on parallelism: records of one epoch all see W(n-1). Keys are equal as Spark compares them
+   (-0.0 and 0.0 are one key, so are NaNs); the interval is compared exactly, whatever the timestamps.
+4. State cleanup: a left record can join no record arriving later once W >= l.ts + upper (if upper > 0, else l.ts), a right record
+   once W >= r.ts - lower (if lower < 0, else r.ts), Flink's cleanup times. At the end of the epoch, records whose cleanup time is
+   at or below W(n) leave state (or are never stored), whether or not their key had records this epoch; the others wait in the
+   buffers.
+5. Watermark: the minimum of the inputs' (both need an assigner upstream; :mod:`barrierflow.operators.watermark`).
+6. Output: the key columns, then the left record's other columns and the right's; no arrival position.
 """
 
 from __future__ import annotations
@@ -130,8 +121,8 @@ class IntervalJoin(TwoSidedJoin):
             ts, valid = event_time_us(records[time])
             sides.append(side_records(task, records, self.key, key, ts, ~valid if wp is None else ~valid | (ts < wp)))
         self.send_late(task, sides, schemas)
-        # 3./4. Buffered records: those of the epoch's keys pair, those W(n) reaches leave state, whatever their key.
-        # None is due unless the watermark advanced: every record kept has its cleanup time after W(n-1).
+        # 3./4. Buffered records: those of the epoch's keys pair, those W(n) reaches leave state, whatever their key. None is due
+        # unless the watermark advanced: every record kept has its cleanup time after W(n-1).
         advanced = wn is not None and (wp is None or wn > wp)
         touched = np.union1d(*(ints(s.fresh[KEY_GROUP]) for s in sides))
         candidates = [
@@ -156,12 +147,9 @@ class IntervalJoin(TwoSidedJoin):
         return valid & at_most(ts, watermark_us - self.bounds.cleanup_shift(SIDES[index]))
 
     def _pairs(self, candidates: Sequence[pa.Table], news: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(3.) The rows of the left and right candidates that pair, by left row then right row.
-
-        Each side's candidates are its ``news`` records of the epoch, then its
-        stored ones: a pair has the same key, ``low <= r.ts - l.ts <= high``,
-        and at least one record of this epoch (stored pairs joined before).
-        """
+        """(3.) The rows of the left and right candidates that pair, by left row then right row. Each side's candidates are its
+        ``news`` records of the epoch, then its stored ones: a pair has the same key, ``low <= r.ts - l.ts <= high``, and at least
+        one record of this epoch (stored pairs joined before)."""
         _, (left, right) = key_ids(candidates, self.key)
 
         def same_key(lefts: slice, rights: slice) -> tuple[np.ndarray, np.ndarray]:

@@ -1,47 +1,32 @@
 """What the event-time operators share: the joins' buffers, late records and joined rows; keys, times, windows.
 
-An interval join (:mod:`barrierflow.operators.interval_join`) and a window
-join (:mod:`barrierflow.operators.window_join`) take two inputs, each KEYED
-by its own key columns (as many, of the same types pairwise): the kernel
-sees every record of its keys from both sides. Each side's records wait in a
-state table until the watermark passes the last time they can join (keyed
-state: staged with the epoch, kept by savepoints, redistributed by key
-group on rescale):
+An interval join (:mod:`barrierflow.operators.interval_join`) and a window join (:mod:`barrierflow.operators.window_join`) take
+two inputs, each KEYED by its own key columns (as many, of the same types pairwise): the kernel sees every record of its keys from
+both sides. Each side's records wait in a state table until the watermark passes the last time they can join (keyed state: staged
+with the epoch, kept by savepoints, redistributed by key group on rescale):
 
-- ``<operator_id>__left`` / ``<operator_id>__right``: the key columns (named
-  as the left side's, typed as its), any columns of the join's own (a
-  window's ``window_start``), ``record_epoch`` (the epoch the record
-  arrived in) and ``record_index`` (its rank among its key's records of that
-  epoch, by event time, then by its JSON's bytes: identical records are
-  interchangeable, so the rank is deterministic), then ``event_time_us`` and
-  ``record``, the record's user columns as JSON (:func:`record_json`).
+- ``<operator_id>__left`` / ``<operator_id>__right``: the key columns (named as the left side's, typed as its), any columns of the
+  join's own (a window's ``window_start``), ``record_epoch`` (the epoch the record arrived in) and ``record_index`` (its rank
+  among its key's records of that epoch, by event time, then by its JSON's bytes: identical records are interchangeable, so the
+  rank is deterministic), then ``event_time_us`` and ``record``, the record's user columns as JSON (:func:`record_json`).
 
-A joined row holds the key columns, the join's own columns, then the left
-record's other columns and the right's, a name on both sides becoming
-``left_<name>`` / ``right_<name>`` (:func:`output_columns`). The epoch's own
-records go into it as they arrived; a buffered one as its JSON reads back
-(:func:`record_values`).
+A joined row holds the key columns, the join's own columns, then the left record's other columns and the right's, a name on both
+sides becoming ``left_<name>`` / ``right_<name>`` (:func:`output_columns`). The epoch's own records go into it as they arrived; a
+buffered one as its JSON reads back (:func:`record_values`).
 
-A record with a null key or event time (one a source could not make a dead
-letter) can join nothing: it counts as late. Late records go to the side's
-late output if declared (the side's user columns), else they are dropped
-and counted (``late records dropped by <operator_id>``).
+A record with a null key or event time (one a source could not make a dead letter) can join nothing: it counts as late. Late
+records go to the side's late output if declared (the side's user columns), else they are dropped and counted
+(``late records dropped by <operator_id>``).
 
-**The buffered record's JSON** is one object, the fields in column order, a
-null field left out: strings, numbers and booleans as JSON writes them (a
-float as the shortest digits reading back as it, NaN and infinities as the
-strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``; a decimal as its digits),
-timestamps as ISO text with six decimals (in UTC, ``Z``, for one with a time
-zone) and dates as ``"2024-05-01"`` (any year), binaries as base64, lists as
-arrays, structs as objects, maps as objects keyed by the key's text (a
-time's microseconds, a date's days). Other Arrow types (times, durations,
-intervals, unions) have none: a join refuses them when the pipeline is
-planned. A record reads back as it was written, to the microsecond
-(``tests/operators/test_join_buffer.py``). Reading takes each field by name,
-as Spark's ``from_json``: a field the JSON lacks or holds as another type
-reads null (but a string takes any value's text, a timestamp a number of
-seconds), so the records earlier releases buffered with Spark's ``to_json``
-(Java's digits, ``1.0E-5``; a year ``+10000``) read back too.
+**The buffered record's JSON** is one object, the fields in column order, a null field left out: strings, numbers and booleans as
+JSON writes them (a float as the shortest digits reading back as it, NaN and infinities as the strings ``"NaN"``, ``"Infinity"``,
+``"-Infinity"``; a decimal as its digits), timestamps as ISO text with six decimals (in UTC, ``Z``, for one with a time zone) and
+dates as ``"2024-05-01"`` (any year), binaries as base64, lists as arrays, structs as objects, maps as objects keyed by the key's
+text (a time's microseconds, a date's days). Other Arrow types (times, durations, intervals, unions) have none: a join refuses
+them when the pipeline is planned. A record reads back as it was written, to the microsecond
+(``tests/operators/test_join_buffer.py``). Reading takes each field by name, as Spark's ``from_json``: a field the JSON lacks or
+holds as another type reads null (but a string takes any value's text, a timestamp a number of seconds), so the records earlier
+releases buffered with Spark's ``to_json`` (Java's digits, ``1.0E-5``; a year ``+10000``) read back too.
 """
 
 from __future__ import annotations
@@ -80,12 +65,9 @@ _SAFE = 2**61
 def output_columns(
     key: Sequence[str], left: Sequence[str], right: Sequence[str], right_key: Sequence[str], reserved: Sequence[str] = ()
 ) -> list[tuple[str, str, str]]:
-    """The joined row's columns as (side, column of that side's record, output name); key columns from the left.
-
-    Records' other columns keep their names; one on both sides becomes
-    ``left_<name>`` and ``right_<name>``. ``reserved`` are the join's own
-    output columns (a window's start and end), which no record column may take.
-    """
+    """The joined row's columns as (side, column of that side's record, output name); key columns from the left. Records' other
+    columns keep their names; one on both sides becomes ``left_<name>`` and ``right_<name>``. ``reserved`` are the join's own
+    output columns (a window's start and end), which no record column may take."""
     left_rest = [c for c in left if c not in key]
     right_rest = [c for c in right if c not in right_key]
     both = set(left_rest) & set(right_rest)
@@ -261,9 +243,9 @@ class TwoSidedJoin(Node):
         self, schema: pa.Schema, inputs: Sequence[pa.Table], fresh: Sequence[tuple[np.ndarray, int]],
         candidates: Sequence[pa.Table], pairs: tuple[np.ndarray, np.ndarray], own: Sequence[pa.Array] = (),
     ) -> pa.Table:  # fmt: skip
-        """The output rows of ``pairs`` (candidate rows per side): the left record's key columns, the join's ``own``
-        columns, then both records' other columns. ``fresh``: per side, the input row of each of its first candidates
-        (the epoch's records) and how many those are."""
+        """The output rows of ``pairs`` (candidate rows per side): the left record's key columns, the join's ``own`` columns, then
+        both records' other columns. ``fresh``: per side, the input row of each of its first candidates (the epoch's records) and
+        how many those are."""
         values = [
             _candidate_values(records, rows, candidate, n, at)
             for records, (rows, n), candidate, at in zip(inputs, fresh, candidates, pairs)
@@ -341,8 +323,8 @@ def matches(lefts: pa.Table, rights: pa.Table) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _candidate_values(records: pa.Table, rows_of_fresh: np.ndarray, candidates: pa.Table, fresh: int, at: np.ndarray) -> pa.Table:
-    """The user columns of one side's candidates at rows ``at``: an epoch's record (a row before ``fresh``)
-    as its input row, a buffered one as its JSON reads back (once however many pairs it is in)."""
+    """The user columns of one side's candidates at rows ``at``: an epoch's record (a row before ``fresh``) as its input row, a
+    buffered one as its JSON reads back (once however many pairs it is in)."""
     fields = [records.schema.field(c) for c in user_columns(records.column_names)]
     schema = pa.schema([f.with_nullable(True) for f in fields])
     is_new = at < fresh
@@ -399,11 +381,8 @@ def at_most(values: np.ndarray, bound: int) -> np.ndarray:
 def aligned_windows(
     assigner: TumblingEventTimeWindows | SlidingEventTimeWindows, ts: np.ndarray, valid: np.ndarray, after: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The windows of each valid record starting after ``after`` (None: all), as (row, start) pairs by row, then start.
-
-    Exact whatever the timestamps: a window that would begin before the
-    earliest microsecond a long holds is left out.
-    """
+    """The windows of each valid record starting after ``after`` (None: all), as (row, start) pairs by row, then start. Exact
+    whatever the timestamps: a window that would begin before the earliest microsecond a long holds is left out."""
     size, slide = assigner.size_us, assigner.slide_us
     safe = valid & (ts >= -_SAFE) & (ts <= _SAFE) if size <= _SAFE else np.zeros(len(ts), dtype=bool)
     at = np.flatnonzero(safe)
@@ -512,8 +491,8 @@ def _json(column: pa.Array) -> pa.Array:
     if _is_list(type_):
         return _joined_lists(column, pc.fill_null(_json(_array(pc.list_flatten(column))), "null"), "[", "]")
     if pa.types.is_struct(type_):
-        # Each field as ',"name":value', or nothing when null; the first comma then dropped. (Arrow's join
-        # skipping nulls would drop the rows whose fields are all null.)
+        # Each field as ',"name":value', or nothing when null; the first comma then dropped. (Arrow's join skipping nulls would
+        # drop the rows whose fields are all null.)
         parts = [
             pc.fill_null(pc.binary_join_element_wise(f",{_ENCODE(f.name)}:", _json(_array(pc.struct_field(column, [i]))), ""), "")
             for i, f in enumerate(type_)

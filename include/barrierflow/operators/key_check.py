@@ -1,8 +1,8 @@
 """Keys computed upstream of a keyed operator, checked just before it, as sources check the keys they read.
 
-A key column a keyed operator takes unchanged from a source is checked there (``Pipeline.source_keys``); one computed
-on the way (``Pipeline.computed_keys``) is checked here: a null or empty key is a ``null_key`` / ``empty_key`` dead
-letter (its source, file and line from ``_seq``, its user columns as JSON), never a NULL group.
+A key column a keyed operator takes unchanged from a source is checked there (``Pipeline.source_keys``); one computed on the way
+(``Pipeline.computed_keys``) is checked here: a null or empty key is a ``null_key`` / ``empty_key`` dead letter (its source, file
+and line from ``_seq``, its user columns as JSON), never a NULL group.
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ def split_computed_keys(
     source_files: Mapping[int, Sequence[str]],
 ) -> tuple[pa.Table, pa.Table]:
     """``rows`` whose computed ``keys`` ``(column, computed by)`` are neither null nor empty, and the others' dead letters.
-
-    ``source_ids`` and ``source_files`` (source index -> the epoch's files) name where a dead row came from; a key
-    column the rows lack is left to the operator's own error.
-    """
+    ``source_ids`` and ``source_files`` (source index -> the epoch's files) name where a dead row came from; a key column the rows
+    lack is left to the operator's own error."""
     problems = np.full(rows.num_rows, None, dtype=object)
     bad = np.zeros(rows.num_rows, dtype=bool)
     for column, computed_by in keys:

@@ -1,32 +1,31 @@
 """Operator (non-keyed) list state, as Flink's ``CheckpointedFunction`` with ``getListState`` / ``getUnionListState``.
 
-``stream.process("batches", fn)`` on a stream that is not keyed runs a :class:`ProcessFunction`, whose list states
-belong to a subtask, not a key:
+``stream.process("batches", fn)`` on a stream that is not keyed runs a :class:`ProcessFunction`, whose list states belong to a
+subtask, not a key:
 
 1. Subtasks: ``parallelism``, the pipeline's parameter as the barrier fixed it.
-2. Records, numbered in arrival order, go round-robin: record k to subtask ``k % parallelism`` (Flink's
-   ``rebalance``), in arrival order; a retry reproduces it. The input must carry arrival positions.
-3. A subtask starts with its lists as epoch n-1 committed them (after 5.); what they hold at the epoch's end is its
-   snapshot (``get_list_state``: an ``even_split`` state, ``get_union_list_state``: a ``union`` one).
-4. Table ``<operator_id>__<name>``: one row per element (``subtask``, ``position`` in its list, ``value``,
-   ``parallelism`` the lists belong to; key group 0). An epoch writes the changed positions and tombstones those past
-   a list's end.
-5. Redistribution, in the first epoch whose parallelism P differs from the stored rows' (a changed parameter, a
-   restore with ``parallelism=``), every subtask's lists then written with P:
+2. Records, numbered in arrival order, go round-robin: record k to subtask ``k % parallelism`` (Flink's ``rebalance``), in arrival
+   order; a retry reproduces it. The input must carry arrival positions.
+3. A subtask starts with its lists as epoch n-1 committed them (after 5.); what they hold at the epoch's end is its snapshot
+   (``get_list_state``: an ``even_split`` state, ``get_union_list_state``: a ``union`` one).
+4. Table ``<operator_id>__<name>``: one row per element (``subtask``, ``position`` in its list, ``value``, ``parallelism`` the
+   lists belong to; key group 0). An epoch writes the changed positions and tombstones those past a list's end.
+5. Redistribution, in the first epoch whose parallelism P differs from the stored rows' (a changed parameter, a restore with
+   ``parallelism=``), every subtask's lists then written with P:
    a. the old lists are concatenated in subtask order;
-   b. even split: new subtask i gets the next ``N // P + (1 if i < N % P else 0)`` of the N elements (Flink's
-      round-robin repartitioner);
+   b. even split: new subtask i gets the next ``N // P + (1 if i < N % P else 0)`` of the N elements (Flink's round-robin
+      repartitioner);
    c. union: every new subtask gets the whole concatenation;
    d. an unchanged P moves nothing (no retry is a restore).
 6. Results depend on the parallelism (2., 5.), as in Flink.
-7. The state is held whole, as on a Flink task's heap: the input arrives in one task (a global exchange), which reads
-   each state whole; more than ``MAX_HELD_STATE_ELEMENTS`` elements fail the epoch.
-8. Source offsets: a source owns the union list state ``offsets``, as a Flink source reader's splits; its one split's
-   element is its end offsets as JSON (keys sorted). In epoch n, on the driver:
-   a. every subtask sees the stored lists' union: barrier n's start offsets, or none (a first epoch, an older
-      release's table), else a :class:`CheckpointError`;
-   b. split k's subtask ``k % parallelism`` snapshots it with barrier n's end offsets, every epoch; a restore takes
-      them from there.
+7. The state is held whole, as on a Flink task's heap: the input arrives in one task (a global exchange), which reads each state
+   whole; more than ``MAX_HELD_STATE_ELEMENTS`` elements fail the epoch.
+8. Source offsets: a source owns the union list state ``offsets``, as a Flink source reader's splits; its one split's element is
+   its end offsets as JSON (keys sorted). In epoch n, on the driver:
+   a. every subtask sees the stored lists' union: barrier n's start offsets, or none (a first epoch, an older release's table),
+      else a :class:`CheckpointError`;
+   b. split k's subtask ``k % parallelism`` snapshots it with barrier n's end offsets, every epoch; a restore takes them from
+      there.
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
 """Keyed process functions: user Python with per-key state and timers, over the epoch's Arrow records.
 
-``stream.key_by(k).process(id, fn)`` runs a ``KeyedProcessFunction``. In epoch n, every task (holding some key groups,
-and every record of their keys):
+``stream.key_by(k).process(id, fn)`` runs a ``KeyedProcessFunction``. In epoch n, every task (holding some key groups, and every
+record of their keys):
 
-1. Keys: those of its records (any key type with a key group, null included) and those with a timer due (timers
-   2.-3.); by key group, then key.
-2. State: each declared state is the table ``<operator_id>__<name>`` (the key columns, ``value`` of the declared type,
-   its TTL); the keys' live rows and timers are read once, handed to the function scoped to the current key.
-3. Per key: its records in arrival order (``_seq``, then sub-positions; an input without positions: by its columns),
-   then its due timers (timers 1.-4.).
-4. The handles a key changed are staged (cleared or emptied: a tombstone), its timers added and removed; the rows
-   emitted are the output.
-5. An exception of the function, or a state value or emitted row that does not fit its declared type (a null in a
-   not-null column included) fails the epoch with a ``UserFunctionError`` naming the operator and key.
+1. Keys: those of its records (any key type with a key group, null included) and those with a timer due (timers 2.-3.); by key
+   group, then key.
+2. State: each declared state is the table ``<operator_id>__<name>`` (the key columns, ``value`` of the declared type, its TTL);
+   the keys' live rows and timers are read once, handed to the function scoped to the current key.
+3. Per key: its records in arrival order (``_seq``, then sub-positions; an input without positions: by its columns), then its due
+   timers (timers 1.-4.).
+4. The handles a key changed are staged (cleared or emptied: a tombstone), its timers added and removed; the rows emitted are the
+   output.
+5. An exception of the function, or a state value or emitted row that does not fit its declared type (a null in a not-null column
+   included) fails the epoch with a ``UserFunctionError`` naming the operator and key.
 """
 
 from __future__ import annotations
@@ -215,11 +215,9 @@ def python_rows(rows: pa.Table) -> list[dict[str, Any]]:
 
 
 def _processing_order(sides: Sequence[pa.Table], ids: Sequence[np.ndarray], count: int) -> tuple[list[int], list[int], list[int]]:
-    """(3.) The records of every input, by key then arrival: each one's input and row, and where each key's run starts.
-
-    Arrival: the positions any input carries (0 where it lacks one), then the input (a record reaching both: the
-    first first); without positions, a single input's records order by their columns.
-    """
+    """(3.) The records of every input, by key then arrival: each one's input and row, and where each key's run starts. Arrival:
+    the positions any input carries (0 where it lacks one), then the input (a record reaching both: the first first); without
+    positions, a single input's records order by their columns."""
     carried = position_columns(list({c for rows in sides for c in rows.column_names}))
     unsorted = (pa.types.is_nested, pa.types.is_dictionary, pa.types.is_null)  # types Arrow does not sort by
     users = [] if carried or len(sides) > 1 else [f for f in sides[0].schema if not is_engine_column(f.name)]

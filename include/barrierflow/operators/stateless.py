@@ -1,22 +1,22 @@
 """Stateless record operators: filter, select, map and flat_map (README "Declare a pipeline"), one kernel each.
 
-1. Expressions (Spark SQL strings) are evaluated by :mod:`barrierflow.operators.expressions`: checked when the pipeline
-   is declared, typed when it is planned, computed on Arrow columns in the task.
-2. A Python function is called once per Arrow record batch (up to :data:`BATCH_ROWS` records) of the records' user
-   columns: a filter's returns one boolean per record, a map's one row per record, a flat_map's one list of rows per
-   record, in the declared ``schema``; anything else fails the epoch with a ``UserFunctionError`` naming the operator.
-3. Engine columns (``_seq``, provenance...) are never read by a function or expression; they come out unchanged, after
-   the user columns, so operators downstream still order and deduplicate by arrival.
+1. Expressions (Spark SQL strings) are evaluated by :mod:`barrierflow.operators.expressions`: checked when the pipeline is
+   declared, typed when it is planned, computed on Arrow columns in the task.
+2. A Python function is called once per Arrow record batch (up to :data:`BATCH_ROWS` records) of the records' user columns: a
+   filter's returns one boolean per record, a map's one row per record, a flat_map's one list of rows per record, in the declared
+   ``schema``; anything else fails the epoch with a ``UserFunctionError`` naming the operator.
+3. Engine columns (``_seq``, provenance...) are never read by a function or expression; they come out unchanged, after the user
+   columns, so operators downstream still order and deduplicate by arrival.
 4. ``filter`` keeps the records whose condition is true; false and null drop them (SQL's ``WHERE``).
-5. ``select`` projects each record onto its expressions (``"*"``: every user column, in order); a plain column keeps its
-   name (as the input spells it), a computed one needs ``AS``. Output names are distinct and never start with ``_``.
-6. ``map(name=expression, ...)`` adds or replaces columns, as Spark's ``withColumns`` (every expression reads the input
-   record; a replaced column keeps its place, new ones follow); ``map(function, schema=...)`` replaces the user columns
-   by the function's row.
-7. ``flat_map(name=array expression)`` gives one record per element, as column ``name`` after the record's other user
-   columns (a null or empty array: none); ``flat_map(function, schema=...)`` gives the function's rows. Each output
-   keeps its record's position plus its index among that record's outputs (``_seq_1``; ``_seq_2`` after another
-   flat_map), from the records alone, never their batching; an input without positions gives none.
+5. ``select`` projects each record onto its expressions (``"*"``: every user column, in order); a plain column keeps its name (as
+   the input spells it), a computed one needs ``AS``. Output names are distinct and never start with ``_``.
+6. ``map(name=expression, ...)`` adds or replaces columns, as Spark's ``withColumns`` (every expression reads the input record; a
+   replaced column keeps its place, new ones follow); ``map(function, schema=...)`` replaces the user columns by the function's
+   row.
+7. ``flat_map(name=array expression)`` gives one record per element, as column ``name`` after the record's other user columns (a
+   null or empty array: none); ``flat_map(function, schema=...)`` gives the function's rows. Each output keeps its record's
+   position plus its index among that record's outputs (``_seq_1``; ``_seq_2`` after another flat_map), from the records alone,
+   never their batching; an input without positions gives none.
 """
 
 from __future__ import annotations
@@ -370,11 +370,9 @@ def _call(function: BatchFunction, batch: pa.RecordBatch, label: str) -> Any:
 
 def conform(result: Any, schema: pa.Schema, label: str, rows: int | None = None) -> list[pa.Array]:
     """The columns of a function's ``result`` as its declared ``schema`` says, or a :class:`UserFunctionError` saying why not.
-
-    ``result`` is a ``pyarrow.RecordBatch``, ``pyarrow.Table`` or a mapping of column name to values; it must hold
-    exactly the schema's columns (in any order), each convertible to its declared type without loss, no null in a
-    non-nullable one, and ``rows`` rows if given.
-    """
+    ``result`` is a ``pyarrow.RecordBatch``, ``pyarrow.Table`` or a mapping of column name to values; it must hold exactly the
+    schema's columns (in any order), each convertible to its declared type without loss, no null in a non-nullable one, and
+    ``rows`` rows if given."""
     if not isinstance(result, (pa.RecordBatch, pa.Table, Mapping)):
         raise UserFunctionError(
             f"{label} returned {type(result).__name__}; it must return a pyarrow.RecordBatch, a pyarrow.Table "
@@ -457,9 +455,7 @@ def _batches(records: pa.Table) -> list[pa.RecordBatch]:
 
 
 def _from_batches(batches: Sequence[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
-    if not batches:
-        return schema.empty_table()
-    return pa.Table.from_batches(batches).select(schema.names).cast(schema)
+    return pa.Table.from_batches(batches).select(schema.names).cast(schema) if batches else schema.empty_table()
 
 
 def _label(node: Node, function: Any) -> str:

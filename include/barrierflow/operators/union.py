@@ -1,15 +1,14 @@
 """Union: one stream of the records of several streams of the same schema, as Flink's ``DataStream.union``.
 
 1. Alignment. Epoch n's output is every input's records up to barrier n.
-2. Schema. Every input has the same user columns (by name, in any order) of the same types; the output has the first
-   input's order, a column nullable if it is on any input. Otherwise planning fails, naming the missing, extra and
-   differently typed columns of the input that differs.
-3. Order. A record keeps its arrival position (``_seq``, ``_seq_1``...; one an input lacks is 0) refined by its
-   input's index, a new sub-position: unique, from the records alone, so results never depend on parallelism or
-   interleaving (two sources order by source, one record reaching the union twice by input). When some input carries
-   no position, the output carries none.
-4. Watermark. The minimum of the inputs'; one without an assigner upstream has none, so every input or none must have
-   one upstream.
+2. Schema. Every input has the same user columns (by name, in any order) of the same types; the output has the first input's
+   order, a column nullable if it is on any input. Otherwise planning fails, naming the missing, extra and differently typed
+   columns of the input that differs.
+3. Order. A record keeps its arrival position (``_seq``, ``_seq_1``...; one an input lacks is 0) refined by its input's index, a
+   new sub-position: unique, from the records alone, so results never depend on parallelism or interleaving (two sources order by
+   source, one record reaching the union twice by input). When some input carries no position, the output carries none.
+4. Watermark. The minimum of the inputs'; one without an assigner upstream has none, so every input or none must have one
+   upstream.
 5. Keys. Columns pass through unchanged: a key taken downstream is checked at every source upstream.
 6. Exactly-once. No state: replaying the sources reproduces the epoch.
 """

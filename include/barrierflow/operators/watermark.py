@@ -1,10 +1,10 @@
 """Event-time watermarks: W(n) = max event time up to epoch n - out-of-orderness, the minimum over assigners.
 
 1. An assigner's watermark is the largest event time of its records up to epoch n minus its out-of-orderness.
-2. One assigner keeps that maximum in the checkpoint record; several (one per source of a join...) each keep theirs in
-   a one-row state table ``<assigner id>__max_event_time``.
-3. W(n) is the minimum of the assigners' watermarks, as Flink's for an operator with several inputs: none while one has
-   seen no record, and never decreasing.
+2. One assigner keeps that maximum in the checkpoint record; several (one per source of a join...) each keep theirs in a one-row
+   state table ``<assigner id>__max_event_time``.
+3. W(n) is the minimum of the assigners' watermarks, as Flink's for an operator with several inputs: none while one has seen no
+   record, and never decreasing.
 4. So every event-time operator (windows, joins, timers) must be downstream of all assigners (checked at declaration).
 """
 
@@ -16,9 +16,8 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.core.columns import DELETED, user_columns
-from barrierflow.core.errors import PipelineDefinitionError
-from barrierflow.operators.base import Node, Task, held_state_table
+from barrierflow.core.columns import DELETED
+from barrierflow.operators.base import Node, Task, check_event_time, held_state_table
 from barrierflow.state.spec import StateSpec
 
 __all__ = ["WatermarkAssigner", "WatermarkClock", "max_event_time_spec", "max_event_time_row"]
@@ -35,12 +34,7 @@ class WatermarkAssigner(Node):
 
     def output_schema(self, inputs: Sequence[pa.Schema]) -> pa.Schema:
         (schema,) = inputs
-        if self.column not in schema.names or not pa.types.is_timestamp(schema.field(self.column).type):
-            found = schema.field(self.column).type if self.column in schema.names else "no such column"
-            raise PipelineDefinitionError(
-                f"watermark {self.operator_id!r}: its event-time column {self.column!r} must be a timestamp "
-                f"(found: {found}; columns: {user_columns(schema.names)})"
-            )
+        check_event_time(f"watermark {self.operator_id!r}", schema, self.column)
         return schema
 
     def state_specs(self, inputs: Sequence[pa.Schema] | None = None) -> list[StateSpec]:

@@ -1,72 +1,49 @@
 """Event-time windows (tumbling, sliding, session) that fire when the watermark passes their end (README "Windows").
 
-The window assigners are :mod:`barrierflow.api.windows`' (importable from
-here too). A session record opens its own window ``[ts, ts + gap)``;
-windows that overlap or touch merge, as Flink's (two records exactly
-``gap`` apart are one session), also across epochs: a record may bridge
-two stored sessions into one.
+The window assigners are :mod:`barrierflow.api.windows`' (importable from here too). A session record opens its own window
+``[ts, ts + gap)``; windows that overlap or touch merge, as Flink's (two records exactly ``gap`` apart are one session), also
+across epochs: a record may bridge two stored sessions into one.
 
-With W(n-1) the watermark at the start of epoch n, W(n) the one at its end
-and L the allowed lateness (default 0, as Flink's ``allowedLateness``),
-epoch n does:
+With W(n-1) the watermark at the start of epoch n, W(n) the one at its end and L the allowed lateness (default 0, as Flink's
+``allowedLateness``), epoch n does:
 
 1. Assign each record its windows (a session: its own ``[ts, ts + gap)``).
-2. Late records. A window is late when ``end + L <= W(n-1)``: its state was
-   cleared, or would have been. A record all of whose windows are late (a
-   session's: its own window, unlike Flink not the stored session it would
-   merge with) goes to ``late_output`` if the window declares one, else it
-   is dropped and counted. A record that is not late joins only its
-   windows that are not late (sliding windows).
-3. Fold the epoch's other records into the pending windows of their key.
-   Every window keeps its values in arrival order: earlier epochs first,
-   then by arrival position within the epoch, so every aggregate (floating
-   sums and percentiles included) is exact and never depends on parallelism,
-   on partitioning, or on how the input was cut into epochs. A session keeps
-   each value with its arrival (epoch, position among the epoch's records
-   of its key) so that merged sessions interleave their values in arrival
-   order too; stored sessions and the epoch's windows merge per key as gaps
-   and islands (sorted by start, a window opens a new session when it
-   starts after the end of every window of its key before it).
-4. Fire. Every window with ``end <= W(n)`` that has not fired yet, or that
-   got records in step 3 (late for a fired window but within L), emits one
-   row: the key, ``window_start``, ``window_end`` and the aggregates of all
-   its values so far; a window fires at most once per epoch.
-5. Purge a window's state once ``end + L <= W(n)``; with L = 0 that is when
-   it fires, so each window fires once and the state holds unfired windows
-   only (the state table and output columns of windows without lateness).
-6. With L > 0, rows carry ``is_update``: whether a row for this key and
-   ``window_start`` was emitted before (this one replaces it). A fired
-   session that a late record merges into one with an earlier start no
-   longer exists under its own start: a retraction row is emitted for it
-   (its key, ``window_start``, ``window_end``, null aggregates, ``is_update``
-   and ``retracted`` true; sessions with L > 0 carry ``retracted``, false on
-   every other row), so an upsert sink keyed by ``(*key, "window_start")``
+2. Late records. A window is late when ``end + L <= W(n-1)``: its state was cleared, or would have been. A record all of whose
+   windows are late (a session's: its own window, unlike Flink not the stored session it would merge with) goes to ``late_output``
+   if the window declares one, else it is dropped and counted. A record that is not late joins only its windows that are not late
+   (sliding windows).
+3. Fold the epoch's other records into the pending windows of their key. Every window keeps its values in arrival order: earlier
+   epochs first, then by arrival position within the epoch, so every aggregate (floating sums and percentiles included) is exact
+   and never depends on parallelism, on partitioning, or on how the input was cut into epochs. A session keeps each value with its
+   arrival (epoch, position among the epoch's records of its key) so that merged sessions interleave their values in arrival order
+   too; stored sessions and the epoch's windows merge per key as gaps and islands (sorted by start, a window opens a new session
+   when it starts after the end of every window of its key before it).
+4. Fire. Every window with ``end <= W(n)`` that has not fired yet, or that got records in step 3 (late for a fired window but
+   within L), emits one row: the key, ``window_start``, ``window_end`` and the aggregates of all its values so far; a window fires
+   at most once per epoch.
+5. Purge a window's state once ``end + L <= W(n)``; with L = 0 that is when it fires, so each window fires once and the state
+   holds unfired windows only (the state table and output columns of windows without lateness).
+6. With L > 0, rows carry ``is_update``: whether a row for this key and ``window_start`` was emitted before (this one replaces
+   it). A fired session that a late record merges into one with an earlier start no longer exists under its own start: a
+   retraction row is emitted for it (its key, ``window_start``, ``window_end``, null aggregates, ``is_update`` and ``retracted``
+   true; sessions with L > 0 carry ``retracted``, false on every other row), so an upsert sink keyed by ``(*key, "window_start")``
    marks it replaced.
-7. Stage the state changes only: windows that got records, fired for the
-   first time (with L > 0) or were purged, and the tombstones of sessions
-   merged into another; never a window created and purged in one epoch.
+7. Stage the state changes only: windows that got records, fired for the first time (with L > 0) or were purged, and the
+   tombstones of sessions merged into another; never a window created and purged in one epoch.
 
 Records, keys and values, as Spark's SQL treats them:
 
-- A record whose event time is null belongs to no window: it is dropped
-  and counted (neither late nor on time).
-- A null key is a key like any other; float keys are grouped as Spark
-  groups them, -0.0 as 0.0 and every NaN as one.
-- The aggregated column (any integer, float or decimal) is cast to a double
-  as Spark casts it (a long to the nearest double, a decimal correctly
-  rounded); a count alone keeps 0.0 per record. A null value stays in its
-  window: ``Count`` counts it, ``Sum`` and ``Avg`` of a window holding one are
-  null, ``Min``/``Max`` skip it, ``Percentile`` sorts it last.
-- Of a window's values in arrival order: ``Count`` their number (a long);
-  ``Sum`` the left fold ``((0.0 + v1) + v2) + ...`` in IEEE doubles; ``Avg``
-  that sum over the count; ``Min``/``Max`` the least or greatest in Spark's
-  order of doubles (NaN above every number, -0.0 equal to 0.0: the first in
-  arrival order of equal ones); ``Percentile`` the value at 1-based position
-  ``ceil(q * n)`` of the values sorted ascending in that order (nulls last;
-  equal ones in arrival order).
-- Arrival order within an epoch is by arrival position (``_seq``, then
-  sub-positions), a null position first, as Spark sorts ascending; records
-  of equal positions (null ones) by value (null first, NaN last).
+- A record whose event time is null belongs to no window: it is dropped and counted (neither late nor on time).
+- A null key is a key like any other; float keys are grouped as Spark groups them, -0.0 as 0.0 and every NaN as one.
+- The aggregated column (any integer, float or decimal) is cast to a double as Spark casts it (a long to the nearest double, a
+  decimal correctly rounded); a count alone keeps 0.0 per record. A null value stays in its window: ``Count`` counts it, ``Sum``
+  and ``Avg`` of a window holding one are null, ``Min``/``Max`` skip it, ``Percentile`` sorts it last.
+- Of a window's values in arrival order: ``Count`` their number (a long); ``Sum`` the left fold ``((0.0 + v1) + v2) + ...`` in
+  IEEE doubles; ``Avg`` that sum over the count; ``Min``/``Max`` the least or greatest in Spark's order of doubles (NaN above
+  every number, -0.0 equal to 0.0: the first in arrival order of equal ones); ``Percentile`` the value at 1-based position
+  ``ceil(q * n)`` of the values sorted ascending in that order (nulls last; equal ones in arrival order).
+- Arrival order within an epoch is by arrival position (``_seq``, then sub-positions), a null position first, as Spark sorts
+  ascending; records of equal positions (null ones) by value (null first, NaN last).
 """
 
 from __future__ import annotations
@@ -90,7 +67,16 @@ from barrierflow.api.windows import (
 from barrierflow.core.arrow import as_double, conform
 from barrierflow.core.columns import DELETED, EPOCH, KEY_GROUP, UPDATED_AT, position_columns, user_columns
 from barrierflow.core.errors import PipelineDefinitionError
-from barrierflow.operators.base import Node, Task, folded_sums, key_fields, key_ids, with_key_group
+from barrierflow.operators.base import (
+    Node,
+    Task,
+    check_event_time,
+    check_numeric_columns,
+    folded_sums,
+    key_fields,
+    key_ids,
+    with_key_group,
+)
 from barrierflow.operators.join_buffer import INT64_MAX, aligned_windows, at_most, bools, event_time_us, ints, ranks
 from barrierflow.state.spec import StateSpec
 
@@ -104,7 +90,6 @@ _ONE_US = timedelta(microseconds=1)
 _SESSION_VALUE = pa.struct([pa.field("epoch", pa.int64()), pa.field("position", pa.int64()), pa.field("value", pa.float64())])
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _AGGREGATIONS = (Count, Sum, Min, Max, Avg, Percentile)
-# Sums fold a window's values column by column for windows up to this many values, one window at a time beyond.
 
 
 @dataclass(frozen=True)
@@ -195,20 +180,8 @@ class _Window(Node):
             raise PipelineDefinitionError(
                 f"window {self.operator_id}: its key column {missing[0]!r} is not among its input's columns {user_columns(schema.names)}"
             )
-        time = self.assigner.time_column
-        if time not in schema.names or not pa.types.is_timestamp(schema.field(time).type):
-            found = schema.field(time).type if time in schema.names else "no such column"
-            raise PipelineDefinitionError(
-                f"window {self.operator_id}: its event-time column {time!r} must be a timestamp "
-                f"(found: {found}; columns: {user_columns(schema.names)})"
-            )
-        for agg in self.aggregations:
-            column = agg.value_column
-            if column is not None and (column not in schema.names or not _numeric(schema.field(column).type)):
-                found = schema.field(column).type if column in schema.names else "no such column"
-                raise PipelineDefinitionError(
-                    f"window {self.operator_id}: {type(agg).__name__}({column!r}) needs a numeric column (found: {found})"
-                )
+        check_event_time(f"window {self.operator_id}", schema, self.assigner.time_column)
+        check_numeric_columns(f"window {self.operator_id}", self.aggregations, schema)
         return pa.schema(
             [
                 *(schema.field(k) for k in self.key),
@@ -225,18 +198,15 @@ class _Window(Node):
     def side_output_schemas(self, inputs: Sequence[pa.Schema]) -> dict[str, pa.Schema]:
         """Step 2's side output: the late records' user columns."""
         (schema,) = inputs
-        return (
-            {self.late_output: pa.schema([f for f in schema if f.name in user_columns(schema.names)])} if self.late_output else {}
-        )
+        users = pa.schema([f for f in schema if f.name in user_columns(schema.names)])
+        return {self.late_output: users} if self.late_output else {}
 
     # -- what both kernels share
 
     def _on_time(self, task: Task, records: pa.Table, latest_start: Callable[[np.ndarray], np.ndarray], span: int) -> _Records:
         """Steps 1-2 for every record: its event time, late ones to the side output (or dropped and counted), the others.
-
-        ``latest_start``: the start of a record's latest window from its event
-        time; ``span``: how long that window is (a size or a gap).
-        """
+        ``latest_start``: the start of a record's latest window from its event time; ``span``: how long that window is (a size or
+        a gap)."""
         records = with_key_group(records, self.key, task.key_groups)
         # Step 1. A record without an event time has no window (Spark's unix_micros(null) is null: every test on it fails).
         ts, timed = event_time_us(records[self.assigner.time_column])
@@ -268,20 +238,17 @@ class _Window(Node):
         groups: np.ndarray, windows: _Pending, reach: tuple[np.ndarray, int], new_values: pa.Array, new_order: np.ndarray,
         tombstones: dict[str, Any] | None = None,
     ) -> pa.Table:  # fmt: skip
-        """Steps 3-7 for the pending windows: the fired windows' rows; their state changes (and ``tombstones``) staged.
-
-        ``reach``: the bound that with W(n) and L decides a window's firing
-        and purge (its start and its size, or its end and 0); ``new_values``:
-        the value each of the epoch's rows adds (``new_order``: its arrival).
-        """
+        """Steps 3-7 for the pending windows: the fired windows' rows; their state changes (and ``tombstones``) staged. ``reach``:
+        the bound that with W(n) and L decides a window's firing and purge (its start and its size, or its end and 0);
+        ``new_values``: the value each of the epoch's rows adds (``new_order``: its arrival)."""
         w, m, lateness = windows, stored.num_rows, self.lateness_us
         # Steps 4-5.
         fires, purged = np.zeros(len(w.start), bool), np.zeros(len(w.start), bool)
         if task.watermark_us is not None:
             fires = at_most(reach[0], task.watermark_us - reach[1]) & (w.touched | ~w.fired)
             purged = at_most(reach[0], task.watermark_us - reach[1] - lateness)
-        # Step 7's changes: new values, a first firing (kept, with L > 0) or a purge (a tombstone),
-        # never a window never stored and purged.
+        # Step 7's changes: new values, a first firing (kept, with L > 0) or a purge (a tombstone), never a window never stored
+        # and purged.
         changed = (w.touched | fires | purged) & (w.kept | ~purged)
         # Step 3's values of the windows that change or fire, in arrival order.
         needed = np.flatnonzero(changed | fires)
@@ -330,13 +297,13 @@ class AlignedWindow(_Window):
         (records,) = inputs
         schema, [spec] = self.output_schema([records.schema]), self.state_specs([records.schema])
         size, slide, wp = self.assigner.size_us, self.assigner.slide_us, task.watermark_prev_us
-        # Steps 1-2. A record's latest window starts at ts - pmod(ts, slide) (numpy's % is a floor modulo); it
-        # belongs to every window holding ts that is not late itself.
+        # Steps 1-2. A record's latest window starts at ts - pmod(ts, slide) (numpy's % is a floor modulo); it belongs to every
+        # window holding ts that is not late itself.
         epoch = self._on_time(task, records, lambda ts: ts - ts % slide, size)
         after = None if wp is None else wp - size - self.lateness_us
         rows, starts = aligned_windows(self.assigner, epoch.ts, np.ones(len(epoch.ts), bool), after)
-        # Step 3. The stored windows (every live one of the task's key groups) and the epoch's elements,
-        # sorted by window, a window's stored row first, then its new values by arrival.
+        # Step 3. The stored windows (every live one of the task's key groups) and the epoch's elements, sorted by window, a
+        # window's stored row first, then its new values by arrival.
         stored = task.state(spec).every_live_row()
         m = stored.num_rows
         key_columns, ids = _key_ids([stored, epoch.rows.take(pa.array(rows, pa.int64()))], self.key)
@@ -384,8 +351,8 @@ class SessionWindow(_Window):
         stored = task.state(spec).every_live_row()
         m = stored.num_rows
         key_columns, ids = _key_ids([stored, epoch.rows], self.key)
-        # Step 3. Each record a one-value window, tagged with its arrival: its
-        # rank (from 1) among its key's on-time records of the epoch by arrival.
+        # Step 3. Each record a one-value window, tagged with its arrival: its rank (from 1) among its key's on-time records of
+        # the epoch by arrival.
         rank = ranks(ids[m:], np.lexsort((epoch.arrival, ids[m:])))
         # Gaps and islands: the stored sessions and the epoch's windows of a key sorted by (start, end, rank).
         start = np.concatenate([event_time_us(stored["window_start"])[0], epoch.ts])
@@ -448,10 +415,6 @@ def window_node(
 # -- records, keys and values -----------------------------------------------------------------------
 
 
-def _numeric(type_: pa.DataType) -> bool:
-    return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_)
-
-
 def _key_ids(parts: Sequence[pa.Table], key: Sequence[str]) -> tuple[list[pa.Array], np.ndarray]:
     """The key columns of ``parts`` one after another, as Spark groups them (-0.0 as 0.0, one NaN), and each row's key id."""
     keys, ids = key_ids(parts, key)
@@ -466,12 +429,9 @@ def _key_ids(parts: Sequence[pa.Table], key: Sequence[str]) -> tuple[list[pa.Arr
 
 
 def _arrival_ranks(rows: pa.Table, values: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """Each record's rank in arrival order: by its positions (a null first), then (equal positions) by value.
-
-    Values as Spark's struct order compares them: null first, NaN last; of
-    equal ones (-0.0 and 0.0) the bits decide, so the order never depends on
-    how the records were given.
-    """
+    """Each record's rank in arrival order: by its positions (a null first), then (equal positions) by value. Values as Spark's
+    struct order compares them: null first, NaN last; of equal ones (-0.0 and 0.0) the bits decide, so the order never depends on
+    how the records were given."""
     keys: list[np.ndarray] = []  # most significant first
     for name in position_columns(rows.column_names):
         keys += [bools(pc.is_valid(rows[name])), ints(pc.fill_null(rows[name], 0))]
@@ -506,14 +466,10 @@ def _heads(columns: list[np.ndarray]) -> np.ndarray:
 
 
 def _islands(new_key: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Gaps and islands of windows sorted by key, start: each window's island and each island's first window.
-
-    A window opens an island when it starts a key or starts after the greatest
-    end of its key's windows before it (touching ones merge, as in Flink). That
-    greatest end is one running maximum over all keys of (key's index, end's
-    rank among all ends): each key's values exceed every earlier key's, so it
-    restarts at every key.
-    """
+    """Gaps and islands of windows sorted by key, start: each window's island and each island's first window. A window opens an
+    island when it starts a key or starts after the greatest end of its key's windows before it (touching ones merge, as in
+    Flink). That greatest end is one running maximum over all keys of (key's index, end's rank among all ends): each key's values
+    exceed every earlier key's, so it restarts at every key."""
     opens = new_key.copy()
     if len(end) > 1:
         ends, end_rank = np.unique(end, return_inverse=True)

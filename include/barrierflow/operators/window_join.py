@@ -1,34 +1,23 @@
 """Window join of two streams on event time, as Flink's ``DataStream.join(...).where(...).equal_to(...).window(...)``.
 
-``a.join(b).where("k").equal_to("k").window(bf.TumblingEventTimeWindows.of(size), operator_id="j")``
-pairs every record of ``a`` with every record of ``b`` of the same key in
-the same tumbling or sliding window (README "Window join"). Each side's
-event time is its watermark assigner's column (the window assigner's
-``time_column`` is not used). Buffers, late records and joined rows are
-:mod:`barrierflow.operators.join_buffer`'s. Within epoch n, with W(n-1) the
-watermark at its start and W(n) the one at its end:
+``a.join(b).where("k").equal_to("k").window(bf.TumblingEventTimeWindows.of(size), operator_id="j")`` pairs every record of ``a``
+with every record of ``b`` of the same key in the same tumbling or sliding window (README "Window join"). Each side's event time
+is its watermark assigner's column (the window assigner's ``time_column`` is not used). Buffers, late records and joined rows are
+:mod:`barrierflow.operators.join_buffer`'s. Within epoch n, with W(n-1) the watermark at its start and W(n) the one at its end:
 
 1. Alignment: both inputs' records up to barrier n are joined in epoch n.
-2. Window assignment and lateness, as a window without allowed lateness
-   (:mod:`barrierflow.operators.window` steps 1-2): a record belongs to
-   every window holding its event time; a window is late when its end is
-   at or before W(n-1) (it fired already). A record whose windows are all
-   late is late; the others join in their windows that are not late.
-   Window bounds are exact, whatever the timestamps (a window that would
-   begin before the earliest microsecond a timestamp holds is left out).
-3. Buffering: each side's records wait, per key and window, in the
-   buffers (keyed by ``window_start`` too).
-4. Firing: every window whose end is at or before W(n) fires, in this
-   epoch, with one row per pair of a left and a right record of its key
-   and window (none if one side has none, as Flink's inner join), whether
-   its records arrived in this epoch or before; its buffered records then
-   leave state (its records of this epoch are never stored). Keys are
-   equal as Spark compares them (-0.0 and 0.0 are one key, so are NaNs).
-   Which pairs a window emits never depends on the order of records, on
-   how they were cut into epochs, or on parallelism.
+2. Window assignment and lateness, as a window without allowed lateness (:mod:`barrierflow.operators.window` steps 1-2): a record
+   belongs to every window holding its event time; a window is late when its end is at or before W(n-1) (it fired already). A
+   record whose windows are all late is late; the others join in their windows that are not late. Window bounds are exact,
+   whatever the timestamps (a window that would begin before the earliest microsecond a timestamp holds is left out).
+3. Buffering: each side's records wait, per key and window, in the buffers (keyed by ``window_start`` too).
+4. Firing: every window whose end is at or before W(n) fires, in this epoch, with one row per pair of a left and a right record of
+   its key and window (none if one side has none, as Flink's inner join), whether its records arrived in this epoch or before; its
+   buffered records then leave state (its records of this epoch are never stored). Keys are equal as Spark compares them (-0.0 and
+   0.0 are one key, so are NaNs). Which pairs a window emits never depends on the order of records, on how they were cut into
+   epochs, or on parallelism.
 5. Watermark: the minimum of the inputs' (both need an assigner upstream).
-6. Output: the key columns, ``window_start``, ``window_end``, then the left
-   record's other columns and the right's.
+6. Output: the key columns, ``window_start``, ``window_end``, then the left record's other columns and the right's.
 7. Exactly-once: the buffers are keyed state (see join_buffer).
 """
 
@@ -101,8 +90,8 @@ class WindowJoin(TwoSidedJoin):
             per_window = per_window.append_column("window_start", pa.array(starts[kept], pa.int64()).cast(_TIMESTAMP))
             fresh.append((per_window, side.rows[at]))
         self.send_late(task, sides, schemas)
-        # 3./4. A buffered window fires only once W(n) passes its end: none unless the watermark advanced
-        # (every window kept ends after W(n-1)); its rows are read whatever their key.
+        # 3./4. A buffered window fires only once W(n) passes its end: none unless the watermark advanced (every window kept ends
+        # after W(n-1)); its rows are read whatever their key.
         advanced = wn is not None and (wp is None or wn > wp)
         fire_through = None if wn is None else wn - size  # a window fires when its start is at or before this
         candidates = [

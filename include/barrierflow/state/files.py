@@ -1,28 +1,20 @@
 """Reading a state table's files in a task: the rows of each file cached per key group by the Python worker.
 
-As Flink's RocksDB serves reads from files local to the task, a Python
-worker keeps the rows of the state files it has read in memory, per key
-group: an epoch reads only the files it has not read yet. Correct by
-construction: Delta data files are immutable (a path is written once; its
-size is part of the cache key).
+As Flink's RocksDB serves reads from files local to the task, a Python worker keeps the rows of the state files it has read in
+memory, per key group: an epoch reads only the files it has not read yet. Correct by construction: Delta data files are immutable
+(a path is written once; its size is part of the cache key).
 
-A task's read of its keys' live rows (:meth:`barrierflow.state.table.TaskStateTable.live_rows`;
-every live row of its key groups: steps 2 and 4):
+A task reads its keys' live rows (:meth:`barrierflow.state.table.TaskStateTable.live_rows`; every live row of its groups: 2, 4):
 
 1. Collect the task's keys.
-2. For each file of the snapshot whose key-group range meets the task's key
-   groups, take the cached rows of each of those key groups; read the rest
-   from the file in one read (filtered to them, so Parquet statistics skip
-   row groups) and cache them per key group.
+2. For each snapshot file whose key-group range meets the task's key groups, take those key groups' cached rows; read the rest in
+   one read of the file (filtered to them, so Parquet statistics skip row groups) and cache them per key group.
 3. Match: the rows of those key groups that hold one of the keys.
-4. Keep the latest row per key by ``_epoch``; drop tombstones, and rows
-   past their TTL at the epoch's processing time.
+4. Keep the latest row per key by ``_epoch``; drop tombstones, and rows past their TTL at the epoch's processing time.
 
-Spark does not send a key-group range to the same worker every epoch, so a
-big read is also saved for the host's other workers as a memory-mapped
-Arrow IPC file in a per-user temporary directory. Bounded by
-``BARRIERFLOW_WORKER_STATE_CACHE_MB`` per worker and for the host's
-directory, least recently used first out (README "Where the work runs").
+Spark does not send a key-group range to the same worker every epoch, so a big read is also saved for the host's other workers as
+a memory-mapped Arrow IPC file in a per-user temporary directory. Bounded by ``BARRIERFLOW_WORKER_STATE_CACHE_MB`` per worker and
+for the host's directory, least recently used first out (README "Where the work runs").
 """
 
 from __future__ import annotations
@@ -172,9 +164,8 @@ def _read_host_entry(path: str, schema: pa.Schema) -> pa.Table | None:
 def _write_host_entry(path: str, rows: pa.Table, limit: int) -> pa.Table:
     """Save ``rows`` for the other workers of this host and return them memory-mapped (pages shared, not copied).
 
-    Renamed into place (readers never see a partial entry); the directory is
-    kept under ``limit`` bytes, least recently used out (a worker that has
-    one mapped keeps its pages). Best effort: any failure keeps the rows.
+    Renamed into place (readers never see a partial entry); the directory is kept under ``limit`` bytes, least recently used out
+    (a worker that has one mapped keeps its pages). Best effort: any failure keeps the rows.
     """
     directory = _host_dir()
     try:

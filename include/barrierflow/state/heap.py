@@ -1,16 +1,12 @@
 """The ``heap`` state backend: every live row of a task's key groups kept on its host between epochs.
 
-As Flink's HashMap backend, a task keeps every live row of its key groups
-after the epoch, named by the state files they equal: the snapshot's files
-that may hold its key groups plus the files it staged (only those, after a
-compaction). The next epoch's task for the same key groups uses them when
-the table's snapshot is exactly those files; otherwise (a failed commit, a
-restore, a rescale, another host) it reads the files as ``delta`` does.
-Correct by construction: Delta data files never change.
+As Flink's HashMap backend, a task keeps every live row of its key groups after the epoch, named by the state files they equal:
+the snapshot's files that may hold its key groups plus the files it staged (only those, after a compaction). The next epoch's task
+for the same key groups uses them when the table's snapshot is exactly those files; otherwise (a failed commit, a restore, a
+rescale, another host) it reads the files as ``delta`` does. Correct by construction: Delta data files never change.
 
-The copy is kept in the worker's memory and saved for the host's other
-workers (:func:`barrierflow.state.files.save_on_host`), at most
-``BARRIERFLOW_RESIDENT_STATE_ROWS`` live rows.
+The copy is kept in the worker's memory and saved for the host's other workers (:func:`barrierflow.state.files.save_on_host`), at
+most ``BARRIERFLOW_RESIDENT_STATE_ROWS`` live rows.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """State tables on the driver: planning an epoch's reads, and passes over whole tables.
 
-Keyed state is kept in Delta tables, one per (operator, state name). An
-epoch appends only the keys it changed, one row per key with the epoch that
-wrote it (a tombstone for a cleared key); a key's value is its row with the
-highest ``_epoch``. A table whose changelog outgrew its base is compacted by
-the epoch that notices (:func:`_needs_compaction`), in the same commit;
-:func:`compact` rewrites one between epochs.
+Keyed state is kept in Delta tables, one per (operator, state name). An epoch appends one row per key it changed, with its epoch
+(a tombstone for a cleared key); a key's value is its row with the highest ``_epoch``. A table whose changelog outgrew its base is
+compacted by the epoch that notices (:func:`_needs_compaction`), in its commit; :func:`compact` compacts one between epochs.
 """
 
 from __future__ import annotations
@@ -34,16 +31,14 @@ from barrierflow.storage.staging import write_parquet
 
 __all__ = ["EpochStateTables", "state_files", "read_small_table", "live_row_chunks", "stored_batches", "compact"]
 
-# Rows a driver-side pass over a whole table (savepoint, restore, maintenance) holds at once.
-CHUNK_ROWS = 1_000_000
+CHUNK_ROWS = 1_000_000  # rows a driver-side pass over a whole table (savepoint, restore, maintenance) holds at once
 
 
 class EpochStateTables:
     """The state tables of one epoch on the driver: each one's plan, and its snapshot (borrowed until :meth:`release`).
 
-    A table holding a newer epoch than the last completed one means recovery
-    has not run: refused. An epoch compacting a table removes every file of
-    the snapshot (at its version) and adds the tasks' share of every live row.
+    A table holding a newer epoch than the last completed one means recovery has not run: refused. An epoch compacting a table
+    removes every file of the snapshot (at its version) and adds the tasks' share of every live row.
     """
 
     def __init__(self, app_id: str, last_completed_epoch: int | None, backend: str) -> None:
@@ -112,8 +107,7 @@ def read_small_table(uri: str, spec: StateSpec) -> pa.Table:
 def live_row_chunks(table: Any, key_columns: list[str], *, max_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
     """The live rows of a state table snapshot, one range of key groups at a time (ascending; empty ones skipped).
 
-    A key lies in one key group, so its latest row is within its range; the
-    driver holds about ``max_rows`` stored rows at once.
+    A key lies in one key group, so its latest row is within its range; the driver holds about ``max_rows`` stored rows at once.
     """
     actions = add_actions(table)
     stored = sum(n or 0 for n in actions.column("num_records").to_pylist())
@@ -149,10 +143,9 @@ def stored_batches(table: Any, *, max_rows: int = CHUNK_ROWS) -> Iterator[pa.Tab
 def _needs_compaction(actions: pa.Table) -> bool:
     """Size-tiered policy: compact once the changelog outgrows the compacted base.
 
-    Files written together (one epoch's changes, one compaction) share a
-    directory: a generation; the base is the largest one. Reads stay within
-    ~2x the live rows; a rewrite is amortised over many epochs when few keys
-    change. More than ``COMPACTION_MAX_FILES`` files are compacted anyway.
+    Files written together (one epoch's changes, one compaction) share a directory: a generation; the base is the largest one.
+    Reads stay within ~2x the live rows; a rewrite is amortised over many epochs when few keys change. More than
+    ``COMPACTION_MAX_FILES`` files are compacted anyway.
     """
     paths = actions.column("path").to_pylist()
     rows = [n or 0 for n in actions.column("num_records").to_pylist()]
@@ -167,8 +160,7 @@ def _needs_compaction(actions: pa.Table) -> bool:
 def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) -> int | None:
     """Rewrite a state table to one live row per key (between epochs, under the epoch lease); returns the new version.
 
-    A maintenance commit (``dataChange=false``) without an app transaction: the
-    logical content is unchanged, so readers and the consistent cut are unaffected.
+    A maintenance commit (``dataChange=false``, no app transaction): same logical content, for readers and the consistent cut.
     """
     with latest_snapshot(uri) as table:
         paths = sorted(live_paths(table)) if table is not None else []
@@ -192,5 +184,4 @@ def compact(spec: StateSpec, uri: str, app: str, epoch: int, attempt_id: str) ->
             table.create_write_transaction(actions, mode="append", schema=table.schema(), commit_properties=properties)
         except CommitFailedError:
             return None  # someone else moved the table; compaction is best effort
-        # No retries (``max_commit_retries=0``): the commit is the version after the snapshot's.
-        return int(table.version()) + 1
+        return int(table.version()) + 1  # no retries (``max_commit_retries=0``): the commit is the version after the snapshot's

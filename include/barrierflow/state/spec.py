@@ -1,8 +1,7 @@
 """What a keyed state table is (its columns, key group, name), and what a task reads of it in an epoch.
 
-Keys hash into a fixed number of key groups (the pipeline's max
-parallelism); every state row carries its key group in :data:`KEY_GROUP`, so
-the parallelism may change between epochs.
+Keys hash into a fixed number of key groups (the pipeline's max parallelism); every state row carries its key group in
+:data:`KEY_GROUP`, so the parallelism may change between epochs.
 """
 
 from __future__ import annotations
@@ -22,9 +21,8 @@ __all__ = ["StateSpec", "KEY_GROUP", "KeyGroups", "StateTablePlan"]
 class StateSpec:
     """A keyed state table: ``state/<operator_id>/<name>``.
 
-    Rows: key columns, ``_key_group``, value columns, ``_updated_at_ms``,
-    ``_deleted`` (tombstone) and ``_epoch`` (the epoch that wrote the row).
-    The latest row per key (highest ``_epoch``) is the current value.
+    Rows: key columns, ``_key_group``, value columns, ``_updated_at_ms``, ``_deleted`` (tombstone) and ``_epoch`` (the epoch that
+    wrote the row). The latest row per key (highest ``_epoch``) is the current value.
     """
 
     operator_id: str

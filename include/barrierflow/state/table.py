@@ -1,10 +1,8 @@
 """A state table as a task's kernel sees it: the live rows of its keys as of epoch n-1, and the changes it stages.
 
-A task's :class:`TaskStateTable` reads only the task's key groups of the
-snapshot the driver planned (:class:`StateTablePlan`), through the
-pipeline's state backend (README "Where the work runs, and the two state
-backends"): ``delta`` (:mod:`barrierflow.state.files`) or ``heap``
-(:mod:`barrierflow.state.heap`, else read as ``delta`` reads). Results are the same.
+A task's :class:`TaskStateTable` reads only the task's key groups of the snapshot the driver planned (:class:`StateTablePlan`),
+through the pipeline's state backend (README "Where the work runs, and the two state backends"): ``delta``
+(:mod:`barrierflow.state.files`) or ``heap`` (:mod:`barrierflow.state.heap`, else read as ``delta`` reads). Results are the same.
 """
 
 from __future__ import annotations
@@ -34,8 +32,7 @@ class StateTable(Protocol):
     def live_rows(self, keys: pa.Table) -> pa.Table:
         """The live rows (the table's schema) of the keys of ``keys`` as of epoch n-1.
 
-        ``keys`` holds :data:`KEY_GROUP` and the key columns, or only their
-        first ones: then every row whose first key columns match.
+        ``keys``: :data:`KEY_GROUP` and the key columns, or only their first ones (then every row whose first key columns match).
         """
         ...
 

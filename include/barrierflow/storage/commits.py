@@ -1,9 +1,8 @@
 """What one epoch's Delta commit of one table is made of: staged files, removes, the fencing token.
 
-Written by the executors and the driver before the vote (:class:`StagedFile`),
-gathered per table into a :class:`TableCommit` that the manifest holds, and
-committed by :func:`barrierflow.storage.delta.commit_epoch_table` with the
-epoch's app transaction and the pipeline's :class:`Fence`.
+Written by the executors and the driver before the vote (:class:`StagedFile`), gathered per table into a :class:`TableCommit` that
+the manifest holds, and committed by :func:`barrierflow.storage.delta.commit_epoch_table` with the epoch's app transaction and the
+pipeline's :class:`Fence`.
 """
 
 from __future__ import annotations
@@ -25,12 +24,9 @@ class TableKind(str, enum.Enum):
 class Fence:
     """A pipeline-level fencing token: (lineage sequence, epoch), carried by every commit of an epoch.
 
-    Recorded as the Delta app transaction ``barrierflow-fence:<pipeline>``
-    (a standard ``txn`` action) whose version is ``lineage_seq * 2**32 +
-    epoch``, so tokens order as (lineage, epoch) pairs. A table refuses a
-    commit whose token is below the one it holds: a restore raises the token
-    of every table (a new lineage sequence), so a zombie of the old lineage
-    or of an older epoch can never commit after it, whatever the timing.
+    Recorded as the Delta app transaction ``barrierflow-fence:<pipeline>`` whose version is ``lineage_seq * 2**32 + epoch``:
+    tokens order as (lineage, epoch) pairs. A table refuses a commit whose token is below its own: a restore raises every table's
+    token (a new lineage sequence), so a zombie of an older lineage or epoch can never commit after it, whatever the timing.
     """
 
     pipeline: str

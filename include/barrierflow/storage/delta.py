@@ -1,8 +1,7 @@
 """Committing staged Parquet files to Delta tables exactly once.
 
-Every add action comes from the writer's own description of its file (path,
-size, row count, statistics; see :mod:`barrierflow.storage.staging`), never from
-listing a directory.
+Every add action comes from the writer's own description of its file (path, size, row count, statistics; see
+:mod:`barrierflow.storage.staging`), never from listing a directory.
 """
 
 from __future__ import annotations
@@ -53,9 +52,8 @@ _MAX_SNAPSHOTS = 64
 def borrow_snapshot(uri: str, *, current: bool = True) -> DeltaTable | None:
     """The latest snapshot of the table at ``uri`` (None if it does not exist), this caller's alone until :func:`give_back`.
 
-    A snapshot read before is brought up to date (one listing, plus any new
-    commits) rather than opened again (its log from the last checkpoint on:
-    on S3, a dozen requests or more). ``current=False``: as it is, for estimates.
+    A snapshot read before is brought up to date (one listing, plus any new commits) rather than opened again (its log from the
+    last checkpoint on: on S3, a dozen requests or more). ``current=False``: as it is, for estimates.
     """
     with _SNAPSHOTS_LOCK:
         table = _SNAPSHOTS.pop(uri, None)
@@ -115,8 +113,7 @@ def committed_version(uri: str, app: str, epoch: int, table: DeltaTable | None =
     current = table.transaction_version(app)
     if current is None or current < epoch:
         return None
-    # Newest first, widening the window: the commit is almost always the latest.
-    limit = 4
+    limit = 4  # newest first, widening the window: the commit is almost always the latest
     while True:
         entries = table.history(limit=limit)
         for entry in entries:
@@ -125,31 +122,22 @@ def committed_version(uri: str, app: str, epoch: int, table: DeltaTable | None =
         if len(entries) < limit:
             break
         limit *= 8
-    # Committed by a later epoch only (history trimmed): the table is past it, all callers need to know.
-    return table.version()
+    return table.version()  # committed by a later epoch only (history trimmed): the table is past it, all callers need to know
 
 
 def commit_epoch_table(commit: TableCommit, app: str, epoch: int, attempt_id: str, fence: Fence | None = None) -> int:
     """Commit one table's share of epoch ``epoch`` with the fencing token ``fence``; idempotent. Returns its version.
 
     Protocol (each step safe to retry):
-      1. Open the latest snapshot. If its app transaction for ``app`` is
-         already >= ``epoch``, the epoch is committed (by us or a concurrent
-         attempt): return the version holding it. If the table holds a
-         fencing token above ``fence`` (a restore, a newer epoch), refuse.
-      2. Check that every file the manifest removes is still live; if not,
-         the table moved under the epoch (a zombie of an older epoch): fence
-         it. A sink widening (``table_schema_json``) rewrote every live file,
-         so its removes must be exactly the live files.
-      3. Commit adds + removes in one Delta transaction carrying the app
-         transactions ``(app, epoch)`` and ``fence``, and commit metadata
-         tracing the epoch. A sink widening is an overwrite (the write mode
-         that may change the schema): it removes every live file (step 2:
-         the rewritten ones) and writes the widened schema as the commit's
-         metaData. No automatic retry: a commit landing first makes this one
-         fail, so two attempts never both commit, and no token can be raised
-         between step 1's check and this commit. The commit that returns is
-         the version after the snapshot read (or 0).
+      1. Open the latest snapshot. If its app transaction for ``app`` is >= ``epoch``, the epoch is committed (by us or another
+         attempt): return its version. If the table holds a fencing token above ``fence`` (a restore, a newer epoch), refuse.
+      2. Check every file the manifest removes is still live; if not, the table moved under the epoch (a zombie of an older
+         epoch): fence it. A sink widening (``table_schema_json``) rewrote every live file: its removes must equal the live files.
+      3. Commit adds + removes in one Delta transaction carrying the app transactions ``(app, epoch)`` and ``fence``, and commit
+         metadata tracing the epoch. A sink widening is an overwrite (the write mode that may change the schema): it removes every
+         live file (step 2: the rewritten ones) and writes the widened schema as the commit's metaData. No automatic retry: a
+         commit landing first makes this one fail, so two attempts never both commit, and no token can be raised between step 1's
+         check and this commit. The commit that returns is the version after the snapshot read (or 0).
       4. On any commit error, go back to step 1: re-read before deciding.
     """
     metadata = {
@@ -169,8 +157,7 @@ def commit_epoch_table(commit: TableCommit, app: str, epoch: int, attempt_id: st
             try:
                 return _commit_once(commit, table, epoch, properties)
             except (CommitFailedError, DeltaError, OSError) as exc:
-                # Step 4: a concurrent writer may have won; decide after re-reading.
-                last_error = exc
+                last_error = exc  # Step 4: a concurrent writer may have won; decide after re-reading
         time.sleep(0.05)
     raise CommitConflictError(
         f"could not commit epoch {epoch} to table {commit.name} after {_MAX_COMMIT_ATTEMPTS} attempts: {last_error}"
@@ -205,8 +192,7 @@ def _commit_once(commit: TableCommit, table: DeltaTable | None, epoch: int, prop
             configuration=TABLE_CONFIGURATION, commit_properties=properties,
         )  # fmt: skip
     else:
-        # Step 2.
-        if commit.removes or widened is not None:
+        if commit.removes or widened is not None:  # Step 2.
             live = live_paths(table)
             missing = set(commit.removes) - live
             if missing:

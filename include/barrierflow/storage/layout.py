@@ -15,9 +15,8 @@
 <table>/_staging/<lineage>/<epoch>/<attempt>/...   pre-committed files, invisible
 <warehouse>/_savepoints/<pipeline>/<name>/         self-contained savepoints
 ```
-Staged files sit inside their table's directory because a Delta add action
-must point into the table; names starting with ``_`` are never read by Delta
-readers, so nothing staged is visible until a commit adds it.
+Staged files sit inside their table's directory because a Delta add action must point into the table; names starting with ``_``
+are never read by Delta readers, so nothing staged is visible until a commit adds it.
 """
 
 from __future__ import annotations
@@ -29,13 +28,10 @@ from barrierflow.storage.objects import join_uri, list_dir, normalize_uri
 __all__ = ["PipelineLayout", "STAGING_DIR", "COMPACTED_DIR", "RESTORED_DIR", "DATA_DIRS"]
 
 STAGING_DIR = "_staging"
-# Staged files of a compaction: under an epoch's staging directory, or here for maintenance's.
-COMPACTED_DIR = "_compacted"
-# Files a restore writes.
-RESTORED_DIR = "_restored"
-# The directories of a table that barrierflow writes data files into. Their
-# names start with '_', so Delta readers never list them, and neither does
-# delta-rs's vacuum: maintenance sweeps them itself.
+COMPACTED_DIR = "_compacted"  # staged files of a compaction: under an epoch's staging directory, or here for maintenance's
+RESTORED_DIR = "_restored"  # files a restore writes
+# The directories of a table that barrierflow writes data files into. Their names start with '_', so Delta readers never list
+# them, and neither does delta-rs's vacuum: maintenance sweeps them itself.
 DATA_DIRS = (STAGING_DIR, COMPACTED_DIR, RESTORED_DIR)
 
 

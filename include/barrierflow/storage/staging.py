@@ -1,14 +1,11 @@
 """Tasks write an epoch's staged files; the driver only gets their descriptions.
 
-Every task writes its rows as Parquet straight into the table's staging
-directory and returns one description per file (path, size, row count, Delta
-statistics). The epoch's add actions are made from those, never from listing
-a directory, so files of a failed or speculative task attempt are never
-committed (an abort deletes the whole directory).
+Every task writes its rows as Parquet straight into the table's staging directory and returns one description per file (path,
+size, row count, Delta statistics). The epoch's add actions are made from those, never from listing a directory, so files of a
+failed or speculative task attempt are never committed (an abort deletes the whole directory).
 
-State tables are written clustered by key group: a file never spans two of
-the ``partitions`` contiguous key-group ranges, so its key-group statistics
-stay narrow and an epoch that touches few key groups skips most files.
+State tables are written clustered by key group: a file never spans two of the ``partitions`` contiguous key-group ranges, so its
+key-group statistics stay narrow and an epoch that touches few key groups skips most files.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """A local S3 endpoint for development and tests: moto's server, with its conditional writes made atomic.
 
-moto (5.2.5) checks a conditional PUT's condition and stores the object as two steps, on a thread per
-request, so two racing conditional PUTs can both succeed; S3 decides each atomically, and the checkpoint
-protocol depends on it (first barrier wins, one lease holder). So this server runs moto's application one
-request at a time; a request's body is read before its turn and its answer written after, so a slow
-client holds nobody up.
-"""
+moto (5.2.5) checks a conditional PUT's condition and stores the object as two steps, on a thread per request, so two racing
+conditional PUTs can both succeed; S3 decides each atomically, and the checkpoint protocol depends on it (first barrier wins, one
+lease holder). So this server runs moto's application one request at a time; a request's body is read before its turn and its
+answer written after, so a slow client holds nobody up."""
 
 from __future__ import annotations
 
@@ -46,11 +44,7 @@ def serialized(app: WsgiApp) -> WsgiApp:
 
 def serve(host: str, port: int, *, access_log: bool = False) -> None:
     """Serve moto's S3 (and its other services) on ``host:port`` until interrupted; ``access_log``: a line per request."""
-    from moto.moto_server.werkzeug_app import (
-        DomainDispatcherApplication,
-        MotoRequestHandler,
-        create_backend_app,
-    )
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import run_simple
 
     class Dispatcher(DomainDispatcherApplication):

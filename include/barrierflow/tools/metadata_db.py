@@ -1,11 +1,9 @@
 """The embedded Airflow metadata database of ``make run``: a PostgreSQL server on loopback.
 
-Airflow's components, task processes and CLI all write the metadata database at once, which SQLite
-answers with ``database is locked``; so ``make run`` runs Debian's PostgreSQL (``initdb`` into
-``<AIRFLOW_HOME>/postgres`` once) on 127.0.0.1, as a child that stops with it. Started by root, the
-server runs as the ``postgres`` user, which owns its data directory and may traverse the directories
-above it. Connections are trusted: safe only because it listens on loopback and its socket directory is private.
-"""
+Airflow's components, task processes and CLI write the metadata database at once; SQLite answers ``database is locked``, so
+``make run`` runs Debian's PostgreSQL (``initdb`` into ``<AIRFLOW_HOME>/postgres`` once) on 127.0.0.1 as a child that stops with
+it. Started by root, the server runs as user ``postgres``, which owns its data directory and may traverse the directories above
+it. Connections are trusted: safe only as it listens on loopback and its socket directory is private."""
 
 from __future__ import annotations
 

@@ -196,8 +196,7 @@ def _init(config: TopologyConfig, env: Mapping[str, str]) -> int:
 
     config.landing.mkdir(parents=True, exist_ok=True)
     airflow = str(Path(sys.executable).with_name("airflow"))
-    migrated = subprocess.run([airflow, "db", "migrate"], env=dict(env)).returncode
-    if migrated != 0:
+    if (migrated := subprocess.run([airflow, "db", "migrate"], env=dict(env)).returncode) != 0:
         return migrated
     client = boto3.session.Session().client(
         "s3", endpoint_url=config.s3_endpoint, region_name=_CREDENTIALS["AWS_REGION"],
@@ -271,16 +270,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(args.service, config)
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
-    try:
-        with running_topology(config, config.home / "logs"):
-            print(
-                f"topology up: Airflow on {config.api_url} (admin/admin), warehouse {config.warehouse}; Ctrl-C stops it",
-                flush=True,
-            )
-            while not stop:
-                time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+    with contextlib.suppress(KeyboardInterrupt), running_topology(config, config.home / "logs"):
+        up = f"topology up: Airflow on {config.api_url} (admin/admin), warehouse {config.warehouse}; Ctrl-C stops it"
+        print(up, flush=True)
+        while not stop:
+            time.sleep(0.5)
     return 0
 
 

@@ -1,13 +1,11 @@
 """Engine warm-up: a few throwaway epochs of ``sensor_stats`` on a new engine.
 
-A new Spark application runs its first epochs several times slower (the JIT has not compiled Spark's
-planner yet; each session starts its Python workers on first use), and small epochs warm it as well as
-big ones: on 2 cores, 4 epochs of 480 records (~25 s) brought the first real epochs from 10 s to 2.3-3.1 s.
-They run over generated local files (so on a ``local[*]`` engine; a cluster warms on its first epochs)
-in a temporary warehouse, in the session ``session_name`` (the pipeline whose workers to warm), in a
-process of its own (``python -m barrierflow.tools.warmup sc://HOST:PORT``): a Spark Connect client
-switches its whole process into Connect mode.
-"""
+A new Spark application runs its first epochs several times slower (the JIT has not compiled Spark's planner yet; each session
+starts its Python workers on first use), and small epochs warm it as well as big ones: on 2 cores, 4 epochs of 480 records (~25 s)
+brought the first real epochs from 10 s to 2.3-3.1 s. They run over generated local files (so on a ``local[*]`` engine; a cluster
+warms on its first epochs) in a temporary warehouse, in session ``session_name`` (the pipeline whose workers to warm), in their
+own process (``python -m barrierflow.tools.warmup sc://HOST:PORT``): a Spark Connect client switches its whole process to Connect
+mode."""
 
 from __future__ import annotations
 

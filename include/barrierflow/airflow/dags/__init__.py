@@ -1,6 +1,5 @@
 """barrierflow on Airflow 3: ``<kind>_dag`` modules build the DAGs, ``factory`` gives them by id to the files in
-``dags/``. Importing this package does not import Airflow, so ``environment`` can configure Airflow first.
-"""
+``dags/``. Importing this package does not import Airflow, so ``environment`` can configure Airflow first."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Call :func:`configure_airflow` **before anything imports airflow**: Airflow reads its configuration (home, metadata
 database, DAGs folder) when ``airflow`` is first imported. The configuration is plain environment variables
-(``AIRFLOW__SECTION__KEY``), so subprocesses (``airflow`` CLI, api-server, scheduler, spark-submit) inherit it.
-"""
+(``AIRFLOW__SECTION__KEY``), so subprocesses (``airflow`` CLI, api-server, scheduler, spark-submit) inherit it."""
 
 from __future__ import annotations
 
@@ -81,8 +80,7 @@ def airflow_environment(
 
 
 def configure_airflow(home: str | os.PathLike[str], **options: Any) -> Mapping[str, str]:
-    """Apply :func:`airflow_environment` (``options`` are its keywords) to ``os.environ``; ConfigurationError when
-    ``airflow`` is already imported."""
+    """Apply :func:`airflow_environment` (keywords ``options``) to ``os.environ``; ConfigurationError if Airflow is imported."""
     current = os.environ.get("AIRFLOW_HOME")
     if "airflow.settings" in sys.modules and current != str(Path(home).resolve()):
         raise ConfigurationError(

@@ -3,8 +3,7 @@
 Each function is one step of :class:`~barrierflow.checkpointing.coordinator.CheckpointCoordinator` for the current
 epoch, under the epoch lease (waited for, bounded). What a step needs (the pending barrier, the vote) is read from the
 warehouse, so each step can be retried alone and the run after a failed one resumes from the last committed epoch.
-No Airflow here: the DAG turns a :class:`StepReport` into log lines, a skip, or an asset event.
-"""
+No Airflow here: the DAG turns a :class:`StepReport` into log lines, a skip, or an asset event."""
 
 from __future__ import annotations
 
@@ -78,9 +77,8 @@ def barrier_step(
 ) -> StepReport:
     """Steps 1 and 2 for the run ``bound.owner``: recover, then plan or replay barrier n.
 
-    0. A pipeline held by another owner (a reprocessing replaying its intervals) plans nothing for this run. A hold
-       whose Airflow run has ended is stale and released; a hold of a ``barrierflow`` command stays until that command
-       releases it.
+    0. A pipeline held by another owner (a reprocessing replaying its intervals) plans nothing for this run. A hold whose Airflow
+       run has ended is stale and released; a hold of a ``barrierflow`` command stays until that command releases it.
     1. Recover: roll forward a voted epoch; the last COMPLETED epoch is the restore point.
     2. A pending barrier (planned, not committed) belongs to the run that planned it:
        a. this run's own (a retry, or its ``catch_up``): replayed as recorded;
@@ -88,11 +86,9 @@ def barrier_step(
           step): left to it, and this run does nothing; its input is in that run's epochs;
        c. another run's that has ended without committing it (failed, or a ``barrierflow run``): finished here as
           recorded, with its own cut-off, and said so; this run's input follows in ``catch_up``.
-    3. Otherwise plan a new barrier within ``bound``: the input of the earliest data interval holding any (see
-       :mod:`barrierflow.checkpointing.intervals`).
+    3. Otherwise plan a barrier within ``bound``: the earliest interval with input (:mod:`barrierflow.checkpointing.intervals`).
 
-    ``proceed=False`` when there is nothing to process.
-    """
+    ``proceed=False`` when there is nothing to process."""
     name = coordinator.definition.name
     with _epoch_lease(coordinator, lease_wait_s):
         recovery = coordinator.recover()  # 1

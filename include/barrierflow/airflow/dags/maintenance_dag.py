@@ -1,7 +1,6 @@
 """``barrierflow_maintenance``: daily retention and vacuum, one ``maintain_<pipeline>`` task per pipeline.
 
-Each calls :func:`barrierflow.operations.maintenance.run_maintenance`; a pipeline that never ran is skipped, saying so.
-"""
+Each calls :func:`barrierflow.operations.maintenance.run_maintenance`; a pipeline that never ran is skipped, saying so."""
 
 from __future__ import annotations
 

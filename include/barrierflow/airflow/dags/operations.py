@@ -74,10 +74,8 @@ class PipelineDag:
         return operational_params(self.definition, self.warehouse, self.environ)
 
     def spark_factory(self) -> Callable[[], Any] | None:
-        """The pipeline's session on the warm engine of the settings' connection (None in spark-submit mode).
-
-        The connection is looked up when Spark is first needed, never when the DAG is parsed.
-        """
+        """The pipeline's session on the warm engine of the settings' connection (None in spark-submit mode). The connection is
+        looked up when Spark is first needed, never when the DAG is parsed."""
         if self.settings.process_mode != CONNECT_MODE:
             return None
         return lambda: get_spark(remote=engine_address(self.settings.conn_id), session_name=self.name)

@@ -3,8 +3,7 @@
 Each :class:`barrierflow.api.params.Param` becomes an ``airflow.sdk.Param`` with its JSON-schema type, minimum,
 choices (``enum``), description and default. The default comes from ``BARRIERFLOW_<PIPELINE>__<PARAM>`` when set (how
 a required parameter such as ``landing_dir`` gets a value for scheduled runs), else from the pipeline. A required
-parameter without either is nullable in the form and fails the run's first task with a message saying how to set it.
-"""
+parameter without either is nullable in the form and fails the run's first task with a message saying how to set it."""
 
 from __future__ import annotations
 
@@ -103,12 +102,9 @@ def introspection_params(definition: PipelineDefinition, environ: Mapping[str, s
 def operational_params(
     definition: PipelineDefinition, warehouse: str, environ: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """The pipeline parameters of a savepoint, restore, reprocess or maintenance run (at task run time).
-
-    Those runs build the pipeline only to know its operators and tables: the parameters its newest barrier ran with
-    (:func:`~barrierflow.checkpointing.coordinator.recorded_params`), overridden by any
-    ``$BARRIERFLOW_<PIPELINE>__<PARAM>``, over the declared defaults.
-    """
+    """The pipeline parameters of a savepoint, restore, reprocess or maintenance run (at task run time): the ones its newest
+    barrier ran with (:func:`~barrierflow.checkpointing.coordinator.recorded_params`), overridden by any
+    ``$BARRIERFLOW_<PIPELINE>__<PARAM>``, over the declared defaults."""
     env = os.environ if environ is None else environ
     declared = {p.name for p in definition.params}
     given = {k: v for k, v in recorded_params(definition.name, warehouse).items() if k in declared and v is not None}

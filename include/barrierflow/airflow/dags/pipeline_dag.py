@@ -2,8 +2,7 @@
 
 ``barrier >> process >> commit >> catch_up`` drive the five steps of :mod:`barrierflow.checkpointing.coordinator`
 through :mod:`~barrierflow.airflow.dags.lifecycle`; :func:`pipeline_doc` says what each task does and why. Building
-the DAG reads environment variables and the pipeline's operator graph only (no Spark, no warehouse access).
-"""
+the DAG reads environment variables and the pipeline's operator graph only (no Spark, no warehouse access)."""
 
 from __future__ import annotations
 
@@ -116,9 +115,8 @@ def pipeline_doc(op: PipelineDag, assets: list["Asset"], params: Mapping[str, "P
 
 ## How a run works
 {_LIFECYCLE}
-Schedule: {schedule}; warehouse `{settings.warehouse}` (env `BARRIERFLOW_WAREHOUSE`); `process` runs {process}.
-A **backfill** over a range runs one epoch per data interval, in order; an interval already covered is a no-op that
-says so in the `barrier` log.
+Schedule: {schedule}; warehouse `{settings.warehouse}` (env `BARRIERFLOW_WAREHOUSE`); `process` runs {process}. A **backfill**
+over a range runs one epoch per data interval, in order; an interval already covered is a no-op that says so in the `barrier` log.
 
 ## Parameters
 {form_doc(params)}
@@ -185,20 +183,16 @@ def _epoch_task(op: PipelineDag) -> Iterator[tuple["Context", CheckpointCoordina
 
 
 def _wait_for_earlier_runs(context: "Context", wait_s: float) -> None:
-    """Block (bounded) while a run of this DAG with an earlier logical date is queued or running.
-
-    Airflow's own ``max_active_runs`` does not order a backfill's runs against scheduled ones, and ``depends_on_past``
-    would wait forever behind a failed run; so each run asks Airflow for earlier runs that are queued or running (a
-    run whose task awaits a retry is running) and waits for them.
-    """
+    """Block (bounded) while a run of this DAG with an earlier logical date is queued or running (a run awaiting a retry is
+    running). Airflow's ``max_active_runs`` does not order a backfill's runs against scheduled ones, and ``depends_on_past`` would
+    wait forever behind a failed run."""
     from airflow.sdk import DagRunState
 
     ti = context["ti"]
     deadline = time.monotonic() + wait_s
     announced: str | None = None
     while True:
-        # Queued first: a run moving from queued to running between the two questions is then
-        # seen as running (asked in the other order, it would be missed by both).
+        # Queued first: a run going from queued to running between the two calls is then seen running (the other order misses it).
         earlier = ti.get_previous_dagrun(state=DagRunState.QUEUED) or ti.get_previous_dagrun(state=DagRunState.RUNNING)
         if earlier is None:
             return

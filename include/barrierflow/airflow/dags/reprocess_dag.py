@@ -1,7 +1,6 @@
 """``barrierflow_<pipeline>_reprocess``: restore, then replay every data interval since, as one manual run (``_DOC``).
 
-``process`` work runs as the epoch DAG's does: on the warm engine, or as one spark-submit per epoch.
-"""
+``process`` work runs as the epoch DAG's does: on the warm engine, or as one spark-submit per epoch."""
 
 from __future__ import annotations
 

@@ -20,9 +20,8 @@ _log = logging.getLogger("barrierflow.airflow.dags")
 _DOC = """\
 # Restore `{name}`
 
-Restart the pipeline from a savepoint (by name) **or** a retained completed epoch: exactly one of `savepoint` and
-`epoch` (`barrierflow.operations.restore.restore`). The restore starts a new lineage whose first completed epoch is the
-restore point.
+Restart the pipeline from a savepoint (by name) **or** a retained completed epoch: exactly one of `savepoint` and `epoch`
+(`barrierflow.operations.restore.restore`). The restore starts a new lineage whose first completed epoch is the restore point.
 
 {form}
 

@@ -20,10 +20,9 @@ _log = logging.getLogger("barrierflow.airflow.dags")
 _DOC = """\
 # Savepoint of `{name}`
 
-Trigger with the form to write a self-contained savepoint of the last completed epoch to
-`{warehouse}/_savepoints/{name}/<name>/` (`barrierflow.operations.savepoint.create_savepoint`). The task takes the
-pipeline's epoch lease, so it waits for a running epoch and never races one. Stopping the pipeline makes its epoch DAG
-skip every run, saying why, until a restore.
+Trigger with the form to write a self-contained savepoint of the last completed epoch to `{warehouse}/_savepoints/{name}/<name>/`
+(`barrierflow.operations.savepoint.create_savepoint`). The task takes the pipeline's epoch lease, so it waits for a running epoch
+and never races one. Stopping the pipeline makes its epoch DAG skip every run, saying why, until a restore.
 
 {form}
 

@@ -1,10 +1,8 @@
 """Deployment settings of the barrierflow DAGs, read from the environment once per DAG file parse.
 
-Every value has a default that runs out of the box; :class:`DagSettings` lists the environment variables that override
-them, which every Airflow component (DAG processor, scheduler, workers) should see alike. Pipeline parameters get their
-DAG-param defaults from ``BARRIERFLOW_<PIPELINE>__<PARAM>`` (:func:`param_env_var`). S3 access: README "Configuration",
-and :func:`use_aws_connection`.
-"""
+Every value has a working default; :class:`DagSettings` lists the environment variables that override them, which every Airflow
+component (DAG processor, scheduler, workers) should see alike. Pipeline parameters get their DAG-param defaults from
+``BARRIERFLOW_<PIPELINE>__<PARAM>`` (:func:`param_env_var`). S3 access: README "Configuration", :func:`use_aws_connection`."""
 
 from __future__ import annotations
 
@@ -61,10 +59,8 @@ def param_env_var(pipeline: str, param: str) -> str:
 
 @dataclass(frozen=True)
 class DagSettings:
-    """Where and how the DAGs run; :meth:`from_env` reads each field from the ``BARRIERFLOW_*`` variable its comment names.
-
-    The README's "Configuration" describes them and points here for the complete list.
-    """
+    """Where and how the DAGs run; :meth:`from_env` reads each field from the ``BARRIERFLOW_*`` variable its comment names. The
+    README's "Configuration" describes them and points here for the complete list."""
 
     warehouse: str  # WAREHOUSE: a directory (made absolute) or s3://bucket/prefix; default ./warehouse
     schedule: str | None = "* * * * *"  # SCHEDULE: cron or preset of the pipeline DAGs; none: manual runs only
@@ -164,12 +160,10 @@ def aws_environment(login: str | None, password: str | None, extra: Mapping[str,
 
 
 def use_aws_connection(conn_id: str, context: Any = None) -> dict[str, str]:
-    """Set the AWS variables of connection ``conn_id`` in this process (``os.environ``); returns them.
-
-    Every task's ``pre_execute`` (``context`` is the task's, unused), so the driver side, the Delta commits and a
-    spark-submit child all see them; an engine's or cluster's executors keep their deployment's environment. Without
-    the default connection the environment is used as it is; a missing named connection fails the task.
-    """
+    """Set the AWS variables of connection ``conn_id`` in this process (``os.environ``); returns them. Every task's
+    ``pre_execute`` (``context`` is the task's, unused), so the driver side, the Delta commits and a spark-submit child all see
+    them; an engine's or cluster's executors keep their deployment's environment. Without the default connection the environment
+    is used as it is; a missing named connection fails the task."""
     from airflow.sdk import Connection
     from airflow.sdk.exceptions import AirflowNotFoundException
 

@@ -2,8 +2,7 @@
 
 :class:`ProcessEpochOperator` fills in, when it runs, what only the worker knows: the run's pipeline parameters, the
 venv's Python, and ``spark_default`` = ``local[*]`` when undefined. The job replays the pending barrier and takes the
-epoch lease itself; one whose input blocks the pipeline (a recorded ``BlockedInputError``) fails the task at once.
-"""
+epoch lease itself; one whose input blocks the pipeline (a recorded ``BlockedInputError``) fails the task at once."""
 
 from __future__ import annotations
 

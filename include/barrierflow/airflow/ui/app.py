@@ -12,8 +12,7 @@ Routes (relative to the mount point, ``/barrierflow`` in Airflow):
 checks itself: the caller presents Airflow's own credentials (the UI's ``_token`` cookie, or a ``Bearer`` JWT),
 resolved by Airflow's ``get_user``; a pipeline is shown only to users who may read its DAG's runs
 (``is_authorized_dag``). A browser without a session is redirected to Airflow's login page; API calls get 401/403.
-Airflow is imported only when a request is authenticated, so loading the plugin stays cheap.
-"""
+Airflow is imported only when a request is authenticated, so loading the plugin stays cheap."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """An inline SVG chart of epoch durations and state size, rendered in Python.
 
 No JavaScript, no external assets (it works offline and in Airflow's sandboxed iframe). Bars: epoch durations (left
-axis, s); line: state size (right axis, bytes) per completed epoch; dashed rules: where a lineage (a restore) begins.
-"""
+axis, s); line: state size (right axis, bytes) per completed epoch; dashed rules: where a lineage (a restore) begins."""
 
 from __future__ import annotations
 
@@ -80,11 +79,8 @@ def nice_bytes_ceiling(value: float) -> float:
 
 
 def chart_points(epochs: Sequence[EpochRow], limit: int = 200) -> tuple[list[ChartPoint], str]:
-    """The completed epochs in commit order (the last ``limit`` of them), and the size series' name.
-
-    The size series is the live state size; when no epoch has one (state sizes were not computed) it is the cumulative
-    state bytes written instead, never a mix of both.
-    """
+    """The completed epochs in commit order (the last ``limit``), and the size series' name: the live state size, or when no epoch
+    has one (not computed) the cumulative state bytes written, never a mix of both."""
     done = sorted((e for e in epochs if e.completed), key=lambda e: e.recorded_at_us)[-limit:]
     live = any(e.state_bytes is not None for e in done)
     points = [

@@ -8,8 +8,7 @@ out-of-orderness waited for); ``processing_lag_ms`` = commit time - watermark (t
 tolerant: a pipeline whose log cannot be read is reported with an ``error`` rather than failing the page.
 
 A DAG run's "Checkpoint" tab (:func:`run_view`) shows the epochs that run planned (barriers record ``planned_by`` =
-``<dag_id>:<run_id>``), their failed attempts and the pipeline's state now, which a run's failure may cause or show.
-"""
+``<dag_id>:<run_id>``), their failed attempts and the pipeline's state now, which a run's failure may cause or show."""
 
 from __future__ import annotations
 
@@ -188,11 +187,8 @@ _SIZE_LOCK = threading.Lock()
 
 
 def _live_bytes(uri: str, versions: Sequence[int]) -> dict[int, int]:
-    """Live-file bytes of the Delta table at ``uri`` at each of ``versions`` (left out: versions retention removed).
-
-    Opens the table once at the smallest missing version and moves forward (delta-rs applies only the new commits):
-    one log replay per table, not one per epoch.
-    """
+    """Live-file bytes of the Delta table at ``uri`` at each of ``versions`` (left out: versions retention removed). Opens the
+    table once at the smallest missing version and moves forward (delta-rs applies only new commits): one log replay per table."""
     with _SIZE_LOCK:
         out = {v: _SIZE_CACHE[(uri, v)] for v in versions if (uri, v) in _SIZE_CACHE}
     table: Any = None
@@ -308,12 +304,9 @@ def pipeline_history(
     backlog: bool = True,
     savepoints: bool = True,
 ) -> PipelineHistory:
-    """The checkpoint history, lineages and savepoints of one pipeline.
-
-    ``state_size=False`` skips opening the state tables (only the cumulative bytes written are reported);
-    ``savepoint_lister`` replaces ``list_savepoints`` (tests); ``backlog`` measures the input waiting now (it needs
-    the pipeline's code); ``savepoints=False`` skips listing the savepoints.
-    """
+    """The checkpoint history, lineages and savepoints of one pipeline. ``state_size=False`` skips opening the state tables (only
+    the cumulative bytes written are reported); ``savepoint_lister`` replaces ``list_savepoints`` (tests); ``backlog`` measures
+    the input waiting now (it needs the pipeline's code); ``savepoints=False`` skips listing the savepoints."""
     warehouse = objects.normalize_uri(warehouse)
     layout = PipelineLayout.of(warehouse, pipeline)
     generated_at = iso_us(int(datetime.now(timezone.utc).timestamp() * 1e6)) or ""

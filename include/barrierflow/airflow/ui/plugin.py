@@ -2,8 +2,7 @@
 
 :func:`fastapi_app_spec` mounts the checkpoints app at ``/barrierflow`` in Airflow's API server; :func:`external_view_spec`
 is the "Checkpoints" page under Browse; :func:`run_view_spec` is a "Checkpoint" tab on every DAG run's page, the way back
-from a run to its epochs. Each ``href`` is relative, so the UI resolves it against its base URL (behind a path prefix too).
-"""
+from a run to its epochs. Each ``href`` is relative, so the UI resolves it against its base URL (behind a path prefix too)."""
 
 from __future__ import annotations
 
@@ -47,9 +46,6 @@ def external_view_spec() -> dict[str, Any]:
 
 
 def run_view_spec() -> dict[str, Any]:
-    """The ``external_views`` entry of a DAG run's "Checkpoint" tab.
-
-    The UI fills ``{DAG_ID}`` and ``{RUN_ID}`` in ``href`` (URL-encoded) for views whose destination is ``dag_run``;
-    it shows the tab on the runs of every DAG, and the page says when a run is not one of a pipeline's.
-    """
+    """The ``external_views`` entry of a DAG run's "Checkpoint" tab: the UI fills ``{DAG_ID}`` and ``{RUN_ID}`` (URL-encoded) for
+    destination ``dag_run`` and shows it on every DAG's runs; the page says when a run is not a pipeline's."""
     return _view("Checkpoint", "/run?dag_id={DAG_ID}&run_id={RUN_ID}", RUN_VIEW_ROUTE, "dag_run")

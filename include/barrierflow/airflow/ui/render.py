@@ -2,8 +2,7 @@
 
 Pure functions of :class:`~barrierflow.airflow.ui.history.PipelineHistory` values, tested without a web server. The
 templates are autoescaped: every value from the warehouse is HTML-escaped unless it is markup built here (the chart,
-whose module escapes its own labels); auto-refresh is a meta refresh.
-"""
+whose module escapes its own labels); auto-refresh is a meta refresh."""
 
 from __future__ import annotations
 

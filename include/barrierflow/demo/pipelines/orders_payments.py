@@ -7,15 +7,13 @@ its own watermark (max ``ts`` - out-of-orderness); the pipeline's is the lower. 
 
 1. ``paid_orders`` (append): each order joined with the payments of its ``order_id`` made within
    ``PAYMENT_WINDOW`` (15 minutes, bounds inclusive) after it; later payments go to ``late_payments``.
-2. ``unpaid_orders`` (append): an order whose window the watermark passed without a payment in it
-   (:class:`UnpaidOrders`).
+2. ``unpaid_orders`` (append): an order whose window the watermark passed without a payment in it (:class:`UnpaidOrders`).
 3. ``flagged_payments`` (append): payments above their country's broadcast limit (:class:`FlagLargePayments`).
 4. ``customer_sessions`` (append): session windows (``SESSION_GAP``, 10 minutes) over each customer's
    orders and payments, with the event count and the amount; late ones go to ``late_activity``.
 5. ``country_totals`` (upsert by ``country``): running count and sum of each country's orders.
 
-Malformed lines are dead letters. ``barrierflow generate --pipeline orders_payments`` writes a messy sample.
-"""
+Malformed lines are dead letters. ``barrierflow generate --pipeline orders_payments`` writes a messy sample."""
 
 from __future__ import annotations
 
@@ -71,11 +69,9 @@ class UnpaidOrders(KeyedCoProcessFunction):
     1. An order stores its fields and registers an event-time timer at its deadline, ``ts + PAYMENT_WINDOW``.
     2. A payment stores its ``ts`` and registers a timer at ``ts + PAYMENT_WINDOW``, after which no order
        it could pay is still undecided, so that it is not kept forever.
-    3. On a timer at or after the order's deadline: unless a stored payment has ``ts`` in ``[order ts,
-       deadline]``, emit the order as unpaid; the order is forgotten either way, and so are payments whose
-       own timer time has passed. An order arriving after the watermark passed its deadline is decided in
-       its epoch, with the payments held then.
-    """
+    3. On a timer at or after the order's deadline: unless a stored payment has ``ts`` in ``[order ts, deadline]``, emit the order
+       as unpaid; the order is forgotten either way, and so are payments whose own timer time has passed. An order arriving after
+       the watermark passed its deadline is decided in its epoch, with the payments held then."""
 
     ordered_at = ValueStateDescriptor("ordered_at", TS)
     customer_id = ValueStateDescriptor("customer_id", pa.string())

@@ -1,11 +1,8 @@
 """The reference pipeline ``sensor_stats``.
 
-Input: JSON Lines files ``{"event_id", "sensor_id", "ts", "temperature"}`` in
-``landing_dir``. Dedup by ``event_id``; watermark = max ts - out-of-orderness;
-outputs ``sensor_totals`` (upsert), ``sensor_minute`` (one-minute windows with
-count, avg, p75, p99), ``late_readings`` and ``alerts`` (three rising
-temperatures in a row per sensor, via a keyed process function).
-"""
+Input: JSON Lines files ``{"event_id", "sensor_id", "ts", "temperature"}`` in ``landing_dir``. Dedup by ``event_id``; watermark =
+max ts - out-of-orderness; outputs ``sensor_totals`` (upsert), ``sensor_minute`` (one-minute windows with count, avg, p75, p99),
+``late_readings`` and ``alerts`` (three rising temperatures in a row per sensor, via a keyed process function)."""
 
 from __future__ import annotations
 

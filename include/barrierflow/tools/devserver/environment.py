@@ -122,8 +122,7 @@ def write_stack_file(config: DevServerConfig, env: Mapping[str, str]) -> None:
 
 
 def _jwt_secret(home: Path) -> str:
-    """A 64-byte JWT signing secret kept in ``home`` for every component (Airflow's 16-byte default makes PyJWT
-    warn on every token)."""
+    """A 64-byte JWT signing secret in ``home`` for all components (Airflow's 16-byte default makes PyJWT warn on each token)."""
     path = home / "jwt_secret"
     value = path.read_text().strip() if path.exists() else ""
     if len(value) < 64:

@@ -90,9 +90,7 @@ def stop_process_tree(
     2. SIGTERM to every live descendant of this process except ``baseline`` (those that existed before
        ``procs`` started) and the trees of ``spared`` (the metadata database; the API server while the
        rest stops); those alive at the start are tracked even if they leave the tree;
-    3. SIGKILL, after ``term_s``, to those still alive, and to those that appeared meanwhile; then
-       ``procs`` and the exited orphans are reaped.
-    """
+    3. SIGKILL after ``term_s`` to those still alive or that appeared meanwhile; then ``procs`` and exited orphans are reaped."""
 
     def targets() -> dict[int, psutil.Process]:
         keep = set(baseline) | _tree_pids(spared)  # again each time: the database forks a process per connection
@@ -214,8 +212,7 @@ class AirflowProcesses:
         1. the components in ``STOP_ORDER``, then the others but the API server (the engine); then every
            other process outside the API server's tree (a task supervisor forwards SIGTERM to its task,
            which reports the interruption through the API server); SIGKILL after 10 s;
-        2. the API server, then whatever is left of the process tree; SIGKILL after 5 s.
-        """
+        2. the API server, then whatever is left of the process tree; SIGKILL after 5 s."""
         api = self.procs.get("api-server")
         first = [self.procs[name] for name in self.STOP_ORDER if name in self.procs]
         others = [p for n, p in self.procs.items() if n != "api-server" and n not in self.STOP_ORDER]
