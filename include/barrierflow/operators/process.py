@@ -115,8 +115,9 @@ class KeyedProcess(Node):
         # 1. The keys of the records (named as the first input's), and those holding a due timer.
         key_parts = [rows.select([*names, KEY_GROUP]).rename_columns([*key, KEY_GROUP]) for rows, names in zip(keyed, side_keys)]
         every_timer = task.state(timers).every_live_row() if timers else None
+        watermark_us = task.watermark_us  # W(n): no assigner observes while this operator runs (the clock computes it per call)
         if every_timer is not None:
-            due = every_timer.filter(due_timer_mask(every_timer, task.watermark_us, task.processing_time_ms))
+            due = every_timer.filter(due_timer_mask(every_timer, watermark_us, task.processing_time_ms))
             key_parts.append(due.select([*key, KEY_GROUP]))
         keys, part_ids = key_ids(key_parts, [KEY_GROUP, *key])
         count = keys.num_rows
@@ -148,8 +149,8 @@ class KeyedProcess(Node):
                 for j in range(starts[i], starts[i + 1]):  # timers 1.: records, at W(n-1)
                     elements[sides_of[j]](records[sides_of[j]][rows_of[j]], ctx, emitted.append)
                 if timers is not None:  # timers 2.-3.: due timers, at W(n)
-                    service.watermark_us = task.watermark_us
-                    while (timer := next_due(service.timers, task.watermark_us, task.processing_time_ms)) is not None:
+                    service.watermark_us = watermark_us
+                    while (timer := next_due(service.timers, watermark_us, task.processing_time_ms)) is not None:
                         service.timers.discard(timer)
                         ctx.time_domain = timer[0]
                         fn.on_timer(from_micros(timer[1]), ctx, emitted.append)
