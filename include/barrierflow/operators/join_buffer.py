@@ -457,8 +457,18 @@ def record_json(records: pa.Table, fields: Sequence[pa.Field]) -> pa.Array:
     return _json(pa.StructArray.from_arrays([_array(records[f.name]) for f in fields], names=[f.name for f in fields]))
 
 
-def _strings(texts: list[str | None]) -> pa.Array:
-    return pa.array([None if t is None else _ENCODE(t) for t in texts], pa.string())
+# Python's json escapes (ensure_ascii=False): these, a backslash and a double quote; everything else as it is.
+_CONTROL_ESCAPES = {**{chr(c): f"\\u{c:04x}" for c in range(0x20)}, "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _strings(texts: pa.Array) -> pa.Array:
+    """Strings as JSON string literals, escaped as :data:`_ENCODE` escapes them, on the whole column at once."""
+    texts = texts.cast(pa.string())
+    escaped = pc.replace_substring(pc.replace_substring(texts, "\\", "\\\\"), '"', '\\"')
+    if pc.any(pc.match_substring_regex(texts, r"[\x00-\x1f]")).as_py():
+        for control, escape in _CONTROL_ESCAPES.items():
+            escaped = pc.replace_substring(escaped, control, escape)
+    return pc.binary_join_element_wise('"', escaped, '"', "")
 
 
 def _json(column: pa.Array) -> pa.Array:
@@ -469,14 +479,14 @@ def _json(column: pa.Array) -> pa.Array:
     if pa.types.is_null(type_):
         return pa.nulls(len(column), pa.string())
     if _is_string(type_):
-        return _strings(column.to_pylist())
+        return _strings(column)
     if pa.types.is_boolean(type_) or pa.types.is_integer(type_) or pa.types.is_decimal(type_):
         return column.cast(pa.string())  # digits, true/false
     if pa.types.is_floating(type_):  # the shortest digits reading back as the double; NaN and infinities as strings
         text = pc.replace_substring_regex(column.cast(pa.float64()).cast(pa.string()), "^(-?)inf$", r'"\1Infinity"')
         return pc.replace_substring_regex(pc.replace_substring(text, "nan", '"NaN"'), "^-0$", "-0.0")
     if _is_binary(type_):
-        return _strings([None if v is None else base64.b64encode(v).decode("ascii") for v in column.to_pylist()])
+        return _strings(pa.array([None if v is None else base64.b64encode(v).decode("ascii") for v in column.to_pylist()]))
     if pa.types.is_timestamp(type_) or pa.types.is_date(type_):  # ISO text, any year; with a time zone, in UTC
         unit: Literal["D", "us"] = "us" if pa.types.is_timestamp(type_) else "D"
         text = np.datetime_as_string(_ticks(column).astype(f"datetime64[{unit}]"), unit=unit)
@@ -486,7 +496,7 @@ def _json(column: pa.Array) -> pa.Array:
         entries = column.cast(pa.list_(pa.struct([type_.key_field, type_.item_field])))
         flat = _array(pc.list_flatten(entries))
         keys, items = _array(pc.struct_field(flat, [0])), _array(pc.struct_field(flat, [1]))
-        pairs = pc.binary_join_element_wise(_strings(_key_text(keys).to_pylist()), pc.fill_null(_json(items), "null"), ":")
+        pairs = pc.binary_join_element_wise(_strings(_key_text(keys)), pc.fill_null(_json(items), "null"), ":")
         return _joined_lists(entries, pairs, "{", "}")
     if _is_list(type_):
         return _joined_lists(column, pc.fill_null(_json(_array(pc.list_flatten(column))), "null"), "[", "]")
