@@ -266,3 +266,27 @@ def test_timestamps_are_microsecond_utc_and_compaction_keeps_content(
     # Queries of the latest cut see the same state whatever compaction did.
     n = run_query(str(warehouse), "sensor_stats", "select count(*) as n from dedup__seen").to_pylist()[0]["n"]
     assert n == len(latest_rows(DeltaTable(uri).to_pyarrow_table(), spec.key_columns))
+
+
+def test_the_session_handed_out_is_pysparks_active_one_after_an_engine_went_away(
+    spark_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PySpark's ``functions`` ask the active session once per process; one whose engine is gone must not be it."""
+    import pyspark.errors.utils
+    import pyspark.sql.functions as F
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+    from barrierflow.execution.spark import get_spark
+    from barrierflow.tools.devserver import free_port
+
+    gone = RemoteSession.builder.remote(f"sc://127.0.0.1:{free_port()}").create()  # no round trip: its engine never ran
+    gone.client.set_retry_policies([DefaultPolicy(max_retries=1, initial_backoff=50)])  # fail fast, not in 10 minutes
+    monkeypatch.setattr(RemoteSession, "_default_session", gone)
+    monkeypatch.setattr(RemoteSession._active_session, "session", gone)
+    monkeypatch.setattr(pyspark.errors.utils, "_enable_debugging_cache", None)
+    try:
+        spark = get_spark(remote=spark_engine.address)
+        assert spark.range(3).select(F.xxhash64("id")).count() == 3
+    finally:
+        gone.client.close()

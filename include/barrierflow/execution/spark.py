@@ -141,7 +141,7 @@ def _remote_session(address: str, session_name: str | None) -> "SparkSession":
         raise ConfigurationError(f"Spark Connect address {address!r}: expected sc://host:port")
     key = f"{address}#{session_name}"
     if (session := _sessions.get(key)) is not None:
-        return session
+        return _current(session)
     if "classic" in _sessions:
         raise ConfigurationError(
             f"this process already runs a classic Spark session; it cannot also use the Spark Connect "
@@ -154,7 +154,7 @@ def _remote_session(address: str, session_name: str | None) -> "SparkSession":
         session = _connect(url, address)
         if session is not None:
             _sessions[key] = session
-            return session
+            return _current(session)
     raise EngineUnavailableError(
         f"the Spark engine at {address} refused all {len(candidates)} session ids of {session_name!r} as closed"
     )
@@ -202,6 +202,16 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             f"the Spark engine at {address} is not reachable ({exc.strerror or exc}); start it "
             "(barrierflow engine, or make run) or point the Spark Connect connection at a live one"
         ) from exc
+
+
+def _current(session: "SparkSession") -> "SparkSession":
+    """``session``, made PySpark's default and active one: PySpark's helpers (``functions``' debugging switch) query the active
+    session, which would otherwise stay the first one this process opened, even after its engine is gone."""
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+    RemoteSession._default_session = session  # type: ignore[assignment]
+    RemoteSession._active_session.session = session
+    return session
 
 
 def _discard(session: Any) -> None:
