@@ -72,6 +72,9 @@ def spark_engine(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> It
     engine.start(wait_s=300)
     os.environ[REMOTE_ENV] = engine.address
     yield engine
+    from barrierflow.execution.spark import get_spark
+
+    get_spark(remote=ENGINE_ADDRESS).stop()  # released while the engine answers: at exit PySpark would retry for ~20 s
     engine.stop()
     log.close()
 
