@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +14,7 @@ from barrierflow.airflow.dags.environment import engine_connection
 from barrierflow.airflow.dags.settings import CONNECT_MODE, SPARK_SUBMIT_MODE, DagSettings
 from barrierflow.core.errors import ConfigurationError, EngineUnavailableError
 from barrierflow.execution.engine import CONNECT_SERVER_CLASS, EngineConfig
-from barrierflow.execution.spark import _check_reachable, session_ids, with_session_id
+from barrierflow.execution.spark import _check_reachable, application_conf, session_ids, with_session_id
 from barrierflow.tools.devserver import first_interval_end
 
 
@@ -78,3 +80,14 @@ def test_a_local_engine_warms_up_by_default_and_a_cluster_engine_does_not() -> N
     # The warm-up is a client of the engine: a wildcard bind is reached on loopback.
     cmd = EngineConfig(host="0.0.0.0", port=15123, warm_up_epochs=3, warm_up_session="clicks").warm_up_command()
     assert cmd[1:] == ["-m", "barrierflow.tools.warmup", "sc://127.0.0.1:15123", "--epochs", "3", "--session", "clicks"]
+
+
+def test_spark_talks_to_its_python_workers_over_unix_sockets_where_tmpdir_is_short_enough(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep = tmp_path / ("d" * 80)
+    for tmpdir, unix in (("/tmp", True), (str(deep), False)):  # a socket's path has at most 103 bytes
+        monkeypatch.setattr(tempfile, "tempdir", tmpdir)
+        conf = application_conf()
+        assert (conf.get("spark.python.unix.domain.socket.enabled") == "true") is unix, conf
+        assert conf.get("spark.python.unix.domain.socket.dir") == (tmpdir if unix else None)

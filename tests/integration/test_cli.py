@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +160,28 @@ def test_process_step_runs_as_a_separate_spark_job(tmp_path: Path, warehouse: st
     assert objects.read_json(coordinator.layout.manifest(barrier.lineage_id, 1)) is not None
     recovery = coordinator.recover()  # rolls the pre-committed epoch forward: the commit step
     assert recovery.rolled_forward == (1,) and recovery.last_completed_epoch == 1
+
+
+def test_a_run_on_its_own_spark_leaves_no_file_in_the_temporary_directory(tmp_path: Path) -> None:
+    """Its JVM and Python workers talk over Unix sockets in $TMPDIR; the CLI leaves with ``os._exit`` and still removes them."""
+    landing = tmp_path / "landing"
+    scratch = Path(tempfile.mkdtemp(prefix="bf-", dir="/tmp"))  # short: a socket's path has at most 103 bytes
+    try:
+        env = {**cli_env(master="local[1]"), "TMPDIR": str(scratch)}
+        assert _cli("generate", str(landing), "--files", "1", "--records-per-file", "20", env=env).returncode == 0
+        run = _cli(
+            "run",
+            "sensor_stats",
+            "--warehouse",
+            str(tmp_path / "wh"),
+            "--param",
+            f"landing_dir={landing}",
+            "--epochs",
+            "1",
+            env=env,
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert "epoch 1 COMPLETED" in run.stdout
+        assert sorted(p.name for p in scratch.iterdir()) == []
+    finally:
+        shutil.rmtree(scratch)

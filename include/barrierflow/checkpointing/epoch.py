@@ -66,14 +66,14 @@ class EpochContext:
         self._on_release: list[Callable[[], None]] = []
 
     def restore_point(self) -> CheckpointRecord | None:
-        """Epoch n-1's completed checkpoint (None before the first), once completed; the first call runs ``on_restore``."""
+        """Epoch n-1's completed checkpoint (None before the first), once completed; the first call then runs ``on_restore``."""
         with self._lock:
             if not self._restored:
-                if self._on_restore is not None:
-                    self._on_restore()
                 waiting = time.monotonic()
                 record = self._restore_point.result()
                 self.wait_ms += int((time.monotonic() - waiting) * 1000)
+                if self._on_restore is not None:
+                    self._on_restore()  # barrier n+1 follows: its first stage queues behind this epoch's jobs
                 check_follows(self.epoch, record)
                 self._last_completed = record
                 self.max_event_time_us = record.max_event_time_us if record else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import tempfile
 import uuid
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "get_spark", "describe_jobs", "engine_address", "engine_lost", "launched_by_spark_submit", "MASTER_ENV", "REMOTE_ENV",
-    "DRIVER_JAVA_OPTIONS", "driver_java_options", "session_conf", "worker_conf",
+    "DRIVER_JAVA_OPTIONS", "driver_java_options", "session_conf", "worker_conf", "remove_socket_file",
 ]  # fmt: skip
 
 MASTER_ENV = "BARRIERFLOW_SPARK_MASTER"
@@ -34,6 +35,7 @@ REMOTE_ENV = "BARRIERFLOW_SPARK_REMOTE"
 # The driver JVM's options when started here ($BARRIERFLOW_DRIVER_JAVA_OPTIONS replaces them). Throughput collector: G1's
 # concurrent threads took CPU from the tasks. C1 only: C2 kept compiling the driver's planning code all run long (executors' own
 # JVMs keep both); C1 only shrinks the code cache to 48 MiB, which Spark fills. Figures: bench/README.md, "The driver's compiler".
+_SOCKET_PATH_BYTES = 104  # a Unix socket's path, its final NUL included: 108 on Linux, 104 on macOS
 DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
@@ -54,8 +56,16 @@ def driver_java_options(base: str | None = None) -> str:
 
 
 def application_conf() -> dict[str, str]:
-    """Settings read once, when a driver JVM starts: every way barrierflow starts one passes them."""
+    """Settings read once, when a driver JVM starts: every way barrierflow starts one passes them.
+
+    JVMs and their Python workers talk over Unix domain sockets (Spark 4.1+) in ``$TMPDIR``: over loopback TCP, a task's first
+    Arrow batch waited ~40 ms for the kernel's delayed acknowledgement, which made a one-row Python job take 94 ms instead of 52
+    (median). Over TCP still where a socket's path there would be too long for the system (Spark names them ``.<uuid>.sock``).
+    """
     conf = {"spark.driver.extraJavaOptions": driver_java_options()}
+    sockets = tempfile.gettempdir()
+    if len(os.path.join(sockets, f".{uuid.uuid4()}.sock").encode()) < _SOCKET_PATH_BYTES:
+        conf |= {"spark.python.unix.domain.socket.enabled": "true", "spark.python.unix.domain.socket.dir": sockets}
     archive = jvm_archive.java_options()  # executors in JVMs of their own map the same archive (where its path exists)
     if archive:
         conf["spark.executor.extraJavaOptions"] = archive
@@ -262,6 +272,16 @@ def _classic_session(master: str | None) -> "SparkSession":
         session.sparkContext.addPyFile(package_archive())
     _sessions["classic"] = session
     return session
+
+
+def remove_socket_file() -> None:
+    """Delete the Unix socket file of this process's classic session (its accumulator server's), for a process that ends
+    without stopping Spark (the CLI leaves with ``os._exit``): PySpark deletes it only when the session stops."""
+    session = _sessions.get("classic")
+    server = getattr(session._sc, "_accumulatorServer", None) if session is not None else None
+    path = getattr(server, "server_address", None)
+    if isinstance(path, str) and os.path.exists(path):
+        os.remove(path)
 
 
 def _first_line(exc: BaseException) -> str:

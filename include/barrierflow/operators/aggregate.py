@@ -125,11 +125,12 @@ def _doubles(values: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray
 @np.errstate(invalid="ignore", over="ignore")  # NaN and infinities are values (method c)
 def epoch_sums(values: pa.ChunkedArray | pa.Array, group_of: np.ndarray, groups: int) -> pa.Array:
     """Each group's exact sum of its non-null ``values`` (methods a-c of the module docstring), as doubles. Vector operations, no
-    Python call per group or value: the values sorted by group, ascending within one (NaN last), each method reducing the slices
-    of the groups it applies to."""
+    Python call per group or value: the values sorted by group, each method reducing the slices of the groups it applies to (c's
+    sorted ascending within each, NaN last; a's and b's sums are exact in any order)."""
     v, valid = _doubles(values)
-    order = np.lexsort((v[valid], group_of[valid]))
-    v, of = v[valid][order], group_of[valid][order]
+    of = group_of[valid]
+    order = np.argsort(of)  # any order within a group: c sorts its own below
+    v, of = v[valid][order], of[order]
     starts = np.flatnonzero(np.diff(of, prepend=-1))
     counts = np.diff(starts, append=len(v))
     sums = np.zeros(groups)
@@ -158,7 +159,9 @@ def epoch_sums(values: pa.ChunkedArray | pa.Array, group_of: np.ndarray, groups:
     exact = forms.group_by("of").aggregate([("form", "sum")])
     sums[exact["of"].to_numpy()] = as_double(exact["form_sum"]).to_numpy()  # rounded once
     c = ~a & ~b  # c.
-    sums[of[starts[c]]] = folded_sums(np.concatenate([[0], np.cumsum(counts[c])]), v[np.repeat(c, counts)])
+    in_c = np.repeat(c, counts)
+    ascending = np.lexsort((v[in_c], of[in_c]))
+    sums[of[starts[c]]] = folded_sums(np.concatenate([[0], np.cumsum(counts[c])]), v[in_c][ascending])
     return pa.array(sums, pa.float64())
 
 

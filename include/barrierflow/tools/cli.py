@@ -26,7 +26,7 @@ from barrierflow.core.errors import BarrierflowError, ConfigurationError, Parame
 from barrierflow.demo.datagen import SensorStreamSpec, sensor_files
 from barrierflow.demo.order_stream import OrderStreamSpec, order_files
 from barrierflow.execution.engine import EngineConfig, default_warm_up_epochs, serve
-from barrierflow.execution.spark import MASTER_ENV, REMOTE_ENV
+from barrierflow.execution.spark import MASTER_ENV, REMOTE_ENV, remove_socket_file
 from barrierflow.operations.maintenance import run_maintenance
 from barrierflow.operations.query import format_rows, run_query
 from barrierflow.operations.reprocess import plan_reprocess, reprocess
@@ -466,5 +466,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"barrierflow: error: {exc}", file=sys.stderr)
         code = 1
     sys.stdout.flush()
+    remove_socket_file()
     # delta-rs' runtime threads can abort the interpreter at exit; leave at once.
     os._exit(code)
