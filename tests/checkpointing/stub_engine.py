@@ -75,7 +75,7 @@ def stub_compute(ctx: EpochContext) -> int:
             ids.append(f"{name}:{number + 1}")
             texts.append(lines[number])
     faults.maybe_fail("process.after_read")
-    ctx.restore_point()
+    ctx.started_on_state()  # as the runner: restored, then on state
     spec = next(s for s in ctx.pipeline.state_specs() if s.table_name == "dedup__seen")
     n = len(ids)
     # Line ids are unique in this input, so every line is new: the dedup state gains each id once.

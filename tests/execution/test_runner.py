@@ -102,6 +102,9 @@ class _StubEpoch:
         assert [f.path for f in objects.walk(staged) if f.path.endswith(".parquet")], "stage 0 staged its dead letters by now"
         raise CheckpointError("epoch 2 stopped before its vote: epoch 1 failed")
 
+    def started_on_state(self) -> None:
+        raise AssertionError("started on state though epoch 1 failed")
+
     def stage_files(self, **table: Any) -> Any:
         raise AssertionError(f"registered {table['name']} though epoch 1 failed")
 

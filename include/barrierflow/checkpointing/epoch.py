@@ -66,14 +66,12 @@ class EpochContext:
         self._on_release: list[Callable[[], None]] = []
 
     def restore_point(self) -> CheckpointRecord | None:
-        """Epoch n-1's completed checkpoint (None before the first), once completed; the first call then runs ``on_restore``."""
+        """Epoch n-1's completed checkpoint (None before the first), once completed."""
         with self._lock:
             if not self._restored:
                 waiting = time.monotonic()
                 record = self._restore_point.result()
                 self.wait_ms += int((time.monotonic() - waiting) * 1000)
-                if self._on_restore is not None:
-                    self._on_restore()  # barrier n+1 follows: its first stage queues behind this epoch's jobs
                 check_follows(self.epoch, record)
                 self._last_completed = record
                 self.max_event_time_us = record.max_event_time_us if record else None
@@ -81,6 +79,15 @@ class EpochContext:
                 self.state_tables = EpochStateTables(self.app_id, record.epoch if record else None, self.pipeline.state_backend)
                 self._restored = True
             return self._last_completed
+
+    def started_on_state(self) -> None:
+        """The epoch, restored, starts its jobs on state: the first call runs ``on_restore`` (barrier n+1 follows, and its first
+        chain's job queues behind this epoch's)."""
+        self.restore_point()
+        with self._lock:
+            on_restore, self._on_restore = self._on_restore, None
+        if on_restore is not None:
+            on_restore()
 
     def stage(
         self, *, name: str, uri: str, kind: TableKind, data: pa.Table, primary_key: tuple[str, ...] = (),
@@ -189,7 +196,7 @@ def process_epoch(
         rows_in = (compute or run_epoch)(ctx)  # 1.
         ctx.commits()  # every staged file written (or its error raised) before the fault point
         faults.maybe_fail("process.after_stage")
-        ctx.restore_point()  # 2.
+        ctx.started_on_state()  # 2. (the runner said so already, unless it failed first)
     except BaseException:
         # E.g. epoch n-1 failed to complete: this attempt can never vote.
         ctx.discard_staged()

@@ -8,7 +8,8 @@ Spark places the tasks on executors, retries a lost one, and runs each in a Pyth
    task; a larger one runs stage by stage, exchanging rows through files (:mod:`barrierflow.execution.exchange`). Its first
    stage runs now if it reads nothing epoch n-1 commits (sources and stateless operators before the first key exchange, as
    Flink's sources read on past a barrier): it stages only exchange files and dead letters.
-3. Wait for the restore point (epoch n-1 completed): the state it reads.
+3. Wait for the restore point (epoch n-1 completed): the state it reads. Tell the coordinator the epoch started on state
+   once its tables are registered (4.): barrier n+1 follows, its first chain's job queuing behind this epoch's.
 4. Register every table the epoch stages, in pipeline order, before any task writes (an error then aborts their staging
    directories): each state table as of epoch n-1, each sink and side output after its schema checks
    (:func:`~barrierflow.connectors.delta_sink.plan_sink_table`), the dead letters, each source's offsets.
@@ -92,6 +93,8 @@ class Epoch(Protocol):
 
     def restore_point(self) -> Any: ...
 
+    def started_on_state(self) -> None: ...
+
     def stage_files(
         self, *, name: str, uri: str, kind: TableKind, schema: pa.Schema, primary_key: tuple[str, ...] = (),
         base_version: int | None = None, removes: tuple[str, ...] = (), table_schema: pa.Schema | None = None,
@@ -152,6 +155,7 @@ def run_epoch(epoch: Epoch) -> int:
             single = False
             splits = split(split_bytes)
         clock = _watermark_clock(pipe, prior, epoch.layout)
+        epoch.started_on_state()
         results = _run_tasks(epoch, plan, registry, clock, splits, None if single else parallelism, base, results)  # 5.
         faults.maybe_fail("process.after_read")
         registry.complete(results)  # 6.
@@ -262,14 +266,12 @@ def _run_job(spark: Any, description: str, plan: TaskPlan, inputs: list[TaskInpu
     """One Spark job running a task per input; their results, in task order."""
     describe_jobs(spark, description)
     started = time.monotonic()
-    _a = time.time()
 
     job = spark.range(len(inputs), numPartitions=len(inputs)).mapInArrow(task_function(plan, inputs), "result string")
     try:
         rows = job.collect()  # collect(), not first(): a task whose output is not read to the end loses its Python worker
     except Exception as exc:
         raise task_error(exc) or exc from exc
-    open("/tmp/tasktimes", "a").write(f"J {description[:20]} {_a:.3f} {time.time():.3f}\n")
     _log.info("%s: %d task(s) in %.0f ms", description, len(inputs), (time.monotonic() - started) * 1000)
     return [TaskResult.from_json(row["result"]) for row in rows]
 
