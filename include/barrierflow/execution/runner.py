@@ -155,7 +155,7 @@ def run_epoch(epoch: Epoch) -> int:
             single = False
             splits = split(split_bytes)
         clock = _watermark_clock(pipe, prior, epoch.layout)
-        epoch.started_on_state()
+        epoch.started_on_state()  # 3., once 4. registered every table
         results = _run_tasks(epoch, plan, registry, clock, splits, None if single else parallelism, base, results)  # 5.
         faults.maybe_fail("process.after_read")
         registry.complete(results)  # 6.
@@ -266,7 +266,6 @@ def _run_job(spark: Any, description: str, plan: TaskPlan, inputs: list[TaskInpu
     """One Spark job running a task per input; their results, in task order."""
     describe_jobs(spark, description)
     started = time.monotonic()
-
     job = spark.range(len(inputs), numPartitions=len(inputs)).mapInArrow(task_function(plan, inputs), "result string")
     try:
         rows = job.collect()  # collect(), not first(): a task whose output is not read to the end loses its Python worker

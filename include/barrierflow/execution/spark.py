@@ -32,10 +32,10 @@ __all__ = [
 
 MASTER_ENV = "BARRIERFLOW_SPARK_MASTER"
 REMOTE_ENV = "BARRIERFLOW_SPARK_REMOTE"
+_SOCKET_PATH_BYTES = 104  # a Unix socket's path, its final NUL included: 108 on Linux, 104 on macOS
 # The driver JVM's options when started here ($BARRIERFLOW_DRIVER_JAVA_OPTIONS replaces them). Throughput collector: G1's
 # concurrent threads took CPU from the tasks. C1 only: C2 kept compiling the driver's planning code all run long (executors' own
 # JVMs keep both); C1 only shrinks the code cache to 48 MiB, which Spark fills. Figures: bench/README.md, "The driver's compiler".
-_SOCKET_PATH_BYTES = 104  # a Unix socket's path, its final NUL included: 108 on Linux, 104 on macOS
 DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
