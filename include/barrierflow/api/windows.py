@@ -54,15 +54,8 @@ class WindowAssigner:
         raise NotImplementedError
 
 
-@dataclass(frozen=True)
-class TumblingEventTimeWindows(WindowAssigner):
+class _FixedWindows(WindowAssigner):  # windows of ``size`` every ``slide_us`` (tumbling: the size)
     size: timedelta
-    time_column: str = "ts"
-    kind: ClassVar[str] = "tumbling"
-
-    @classmethod
-    def of(cls, size: timedelta, time_column: str = "ts") -> "TumblingEventTimeWindows":
-        return cls(size, time_column)
 
     @property
     def size_us(self) -> int:
@@ -73,12 +66,24 @@ class TumblingEventTimeWindows(WindowAssigner):
         return self.size_us
 
     def windows(self, ts_us: int) -> list[tuple[int, int]]:
-        start = ts_us - ts_us % self.size_us  # Python's % is a floor modulo, as Spark's pmod
-        return [(start, start + self.size_us)]
+        last = ts_us - ts_us % self.slide_us  # Python's % is a floor modulo, as Spark's pmod
+        starts = [last - k * self.slide_us for k in range(math.ceil(self.size_us / self.slide_us))]
+        return [(s, s + self.size_us) for s in starts if s + self.size_us > ts_us]
 
 
 @dataclass(frozen=True)
-class SlidingEventTimeWindows(WindowAssigner):
+class TumblingEventTimeWindows(_FixedWindows):
+    size: timedelta
+    time_column: str = "ts"
+    kind: ClassVar[str] = "tumbling"
+
+    @classmethod
+    def of(cls, size: timedelta, time_column: str = "ts") -> "TumblingEventTimeWindows":
+        return cls(size, time_column)
+
+
+@dataclass(frozen=True)
+class SlidingEventTimeWindows(_FixedWindows):
     size: timedelta
     slide: timedelta
     time_column: str = "ts"
@@ -97,17 +102,8 @@ class SlidingEventTimeWindows(WindowAssigner):
         return cls(size, slide, time_column)
 
     @property
-    def size_us(self) -> int:
-        return self.size // _ONE_US
-
-    @property
     def slide_us(self) -> int:
         return self.slide // _ONE_US
-
-    def windows(self, ts_us: int) -> list[tuple[int, int]]:
-        last = ts_us - ts_us % self.slide_us
-        starts = [last - k * self.slide_us for k in range(math.ceil(self.size_us / self.slide_us))]
-        return [(s, s + self.size_us) for s in starts if s + self.size_us > ts_us]
 
 
 @dataclass(frozen=True)

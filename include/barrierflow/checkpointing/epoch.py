@@ -81,11 +81,9 @@ class EpochContext:
             return self._last_completed
 
     def started_on_state(self) -> None:
-        """The epoch, restored, starts its jobs on state: the first call runs ``on_restore`` (barrier n+1 follows, and its first
-        chain's job queues behind this epoch's)."""
+        """Restored, the epoch starts its jobs on state: the first call runs ``on_restore`` (barrier n+1 follows, behind them)."""
         self.restore_point()
-        with self._lock:
-            on_restore, self._on_restore = self._on_restore, None
+        on_restore, self._on_restore = self._on_restore, None  # the epoch's own thread: the runner's, then process_epoch's
         if on_restore is not None:
             on_restore()
 

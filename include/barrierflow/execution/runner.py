@@ -5,11 +5,9 @@ Spark places the tasks on executors, retries a lost one, and runs each in a Pyth
 
 1. Plan: the pipeline's schemas, state tables and stages (:func:`~barrierflow.plan.planner.physical_plan`); each source's splits.
 2. Placement, a size decision (never a semantic one; README "Where the work runs"): a small epoch runs its whole pipeline in one
-   task; a larger one runs stage by stage, exchanging rows through files (:mod:`barrierflow.execution.exchange`). Its first
-   stage runs now if it reads nothing epoch n-1 commits (sources and stateless operators before the first key exchange, as
-   Flink's sources read on past a barrier): it stages only exchange files and dead letters.
-3. Wait for the restore point (epoch n-1 completed): the state it reads. Tell the coordinator the epoch started on state
-   once its tables are registered (4.): barrier n+1 follows, its first chain's job queuing behind this epoch's.
+   task; a larger one runs stage by stage, exchanging rows through files (:mod:`barrierflow.execution.exchange`), its first now
+   if it reads nothing epoch n-1 commits (sources, stateless operators: as Flink's sources read on past a barrier).
+3. Wait for the restore point (epoch n-1 completed): the state it reads. Once 4. is done, barrier n+1 may follow.
 4. Register every table the epoch stages, in pipeline order, before any task writes (an error then aborts their staging
    directories): each state table as of epoch n-1, each sink and side output after its schema checks
    (:func:`~barrierflow.connectors.delta_sink.plan_sink_table`), the dead letters, each source's offsets.
@@ -136,27 +134,22 @@ def run_epoch(epoch: Epoch) -> int:
         source_files={k: _file_names(splits[p]) for k, p in enumerate(sources)},
     )  # fmt: skip
     _ship_user_code(pipe)
-    results: list[TaskResult] = []
+    registry = _Registry(epoch)
     early = not single and _reads_nothing_committed(pipe, plan)
+    results: list[TaskResult] = []
     try:
-        if early:  # 2. (its dead letters are staged before the table is registered: discarded here if the epoch stops)
-            dead = {DEAD_LETTER: _dead_letter_table(epoch.layout)}
-            results = _run_stage(epoch, plan, 0, {}, dead, WatermarkClock(None, {}, {}, False), splits, parallelism, base, [])
+        if early:  # 2. (its dead letters are staged before their table is registered: discarded below if the epoch stops)
+            results = _run_tasks(epoch, plan, registry, WatermarkClock(None, {}, {}, False), splits, parallelism, base, [], 0, 1)
         prior = epoch.restore_point()  # 3.
-    except BaseException:
-        abort(epoch.layout.dead_letter, epoch.staging_prefix)
-        raise
-    assert epoch.state_tables is not None  # made by the restore point
-    registry = _Registry(epoch)  # 4.
-    try:
-        registry.register(plan, epoch.state_tables)
+        assert epoch.state_tables is not None  # made by the restore point
+        registry.register(plan, epoch.state_tables)  # 4.
         stored_rows = sum(epoch.state_tables.stored_rows(p.uri) or 0 for p in registry.states.values())
         if single and stored_rows > SINGLE_TASK_STATE_ROWS.value():
             single = False
             splits = split(split_bytes)
         clock = _watermark_clock(pipe, prior, epoch.layout)
-        epoch.started_on_state()  # 3., once 4. registered every table
-        results = _run_tasks(epoch, plan, registry, clock, splits, None if single else parallelism, base, results)  # 5.
+        epoch.started_on_state()  # 3., once 4. registered every table; 5.
+        results = _run_tasks(epoch, plan, registry, clock, splits, None if single else parallelism, base, results, int(early))
         faults.maybe_fail("process.after_read")
         registry.complete(results)  # 6.
         epoch.watermark_us = clock.watermark_us
@@ -165,7 +158,7 @@ def run_epoch(epoch: Epoch) -> int:
     except BaseException as exc:
         registry.fail(exc)
         if early:
-            abort(epoch.layout.dead_letter, epoch.staging_prefix)  # in case its registration did not happen
+            abort(epoch.layout.dead_letter, epoch.staging_prefix)
         raise
     counts: Counter[str] = sum((Counter(r.counts) for r in results), Counter())
     for what, n in sorted(counts.items()):  # a kernel's count: a message with {n} in it
@@ -193,73 +186,49 @@ def task_error(exc: BaseException) -> BarrierflowError | None:
 
 def _run_tasks(
     epoch: Epoch, plan: PhysicalPlan, registry: "_Registry", clock: WatermarkClock, splits: Mapping[int, list[Split]],
-    parallelism: int | None, base: dict[str, Any], early: list[TaskResult],
+    parallelism: int | None, base: dict[str, Any], done: list[TaskResult], first: int = 0, stop: int | None = None,
 ) -> list[TaskResult]:  # fmt: skip
-    """Step 5: each stage a job (``parallelism`` None: every node in one task), its tasks reading what earlier stages wrote;
-    each stage's watermark observations advance the clock for the next. ``early``: the first stage's results, if it ran in 2."""
-    results: list[TaskResult] = []
-    for stage, members in enumerate(plan.stages if parallelism else [tuple(range(len(epoch.pipeline.nodes)))]):
-        if stage == 0 and early:
-            results += early
-            continue
+    """Step 5: stages ``first`` to ``stop`` (``done``: the results of those before), each a job (``parallelism`` None: every node
+    in one task), its tasks reading what earlier stages wrote; each stage's watermark observations advance the clock."""
+    pipe = epoch.pipeline
+    every = KeyGroups.all(pipe.key_groups)
+    ranges = key_group_ranges(parallelism or 1, pipe.key_groups)
+    results = list(done)
+    for stage, members in list(enumerate(plan.stages if parallelism else [tuple(range(len(pipe.nodes)))]))[first:stop]:
+        incoming, outgoing = plan.crossing(stage) if parallelism else ([], [])
+        names = ", ".join(pipe.nodes[i].operator_id for i in members)
+        description = f"epoch {epoch.epoch}: " + (f"stage {stage} ({names})" if parallelism else "every operator in one task")
+        if not parallelism:
+            inputs = [TaskInput(0, every, {p: tuple(s) for p, s in splits.items()})]
+        elif stage == 0:
+            parts = [(p, split) for p in members if p in splits for split in splits[p]]
+            inputs = [TaskInput(i, every, {p: (split,)}) for i, (p, split) in enumerate(parts)] or [TaskInput(0, every)]
+        else:
+            inputs = [
+                TaskInput(t, groups, exchanged={e.name: tuple(f for r in results for f in r.exchange.get(e.name, {}).get(t, [])) for e in incoming})
+                for t, groups in enumerate(ranges)
+            ]  # fmt: skip
         held = set(members)
-        states = {k: v for k, v in registry.states.items() if registry.owner[k] in held}
-        tables = {k: v for k, v in registry.tables.items() if registry.owner.get(k, -1) in held or k == DEAD_LETTER}
-        stage_results = _run_stage(epoch, plan, stage, states, tables, clock, splits, parallelism, base, results)
+        task_plan = TaskPlan(
+            nodes=tuple(_detached(n) if i in held else None for i, n in enumerate(pipe.nodes)), members=members, watermark=clock,
+            states={k: v for k, v in registry.states.items() if registry.owner[k] in held},
+            tables={k: v for k, v in registry.tables.items() if registry.owner.get(k, -1) in held or k == DEAD_LETTER},
+            outgoing=tuple(outgoing), incoming=tuple(incoming), receivers=len(ranges), **base,
+        )  # fmt: skip
+        stage_results = _run_job(epoch.spark, description, task_plan, inputs)
         for result in stage_results:
             clock.merge(result.observations)
         results += stage_results
     return results
 
 
-def _run_stage(
-    epoch: Epoch, plan: PhysicalPlan, stage: int, states: dict[str, StateTablePlan], tables: dict[str, OutputTable],
-    clock: WatermarkClock, splits: Mapping[int, list[Split]], parallelism: int | None, base: dict[str, Any],
-    earlier: list[TaskResult],
-) -> list[TaskResult]:  # fmt: skip
-    """One stage's Spark job (``parallelism`` None: every node in one task); ``earlier``: the results of the stages before."""
-    pipe = epoch.pipeline
-    members = plan.stages[stage] if parallelism else tuple(range(len(pipe.nodes)))
-    incoming, outgoing = plan.crossing(stage) if parallelism else ([], [])
-    ranges = key_group_ranges(parallelism or 1, pipe.key_groups)
-    names = ", ".join(pipe.nodes[i].operator_id for i in members)
-    description = f"epoch {epoch.epoch}: " + (f"stage {stage} ({names})" if parallelism else "every operator in one task")
-    if not parallelism:
-        inputs = [TaskInput(0, KeyGroups.all(pipe.key_groups), {p: tuple(s) for p, s in splits.items()})]
-    elif stage == 0:
-        parts = [(p, split) for p in members if p in splits for split in splits[p]]
-        every = KeyGroups.all(pipe.key_groups)
-        inputs = [TaskInput(i, every, {p: (split,)}) for i, (p, split) in enumerate(parts)] or [TaskInput(0, every)]
-    else:
-        inputs = [
-            TaskInput(t, groups, exchanged={e.name: tuple(f for r in earlier for f in r.exchange.get(e.name, {}).get(t, [])) for e in incoming})
-            for t, groups in enumerate(ranges)
-        ]  # fmt: skip
-    held = set(members)
-    task_plan = TaskPlan(
-        nodes=tuple(_detached(n) if i in held else None for i, n in enumerate(pipe.nodes)), members=members, watermark=clock,
-        states=states, tables=tables, outgoing=tuple(outgoing), incoming=tuple(incoming), receivers=len(ranges), **base,
-    )  # fmt: skip
-    return _run_job(epoch.spark, description, task_plan, inputs)
-
-
 def _reads_nothing_committed(pipe: Pipeline, plan: PhysicalPlan) -> bool:
-    """Whether the first of several stages reads nothing epoch n-1 commits: sources and operators without state, side outputs
-    or event time (a source's offsets are written on the driver, after the restore point)."""
-    if len(plan.stages) < 2:
-        return False
+    """Whether the first of several stages reads nothing epoch n-1 commits: sources (their offsets are staged on the driver, after
+    the restore point) and operators without state, side outputs or event time."""
     owners = {owner for owner, _ in plan.side_outputs.values()}
-    for i in plan.stages[0]:
-        node = pipe.nodes[i]
-        if isinstance(node, SourceNode):
-            continue
-        if plan.state_specs[i] or i in owners or node.uses_watermark or isinstance(node, WatermarkAssigner):
-            return False
-    return True
-
-
-def _dead_letter_table(layout: PipelineLayout) -> OutputTable:
-    return OutputTable(DEAD_LETTER, layout.dead_letter, DEAD_LETTER_SCHEMA)
+    nodes = [(i, pipe.nodes[i]) for i in plan.stages[0]]
+    clean = [isinstance(n, SourceNode) or not (plan.state_specs[i] or i in owners or n.uses_watermark) for i, n in nodes]
+    return len(plan.stages) > 1 and all(clean) and not any(isinstance(n, WatermarkAssigner) for _, n in nodes)
 
 
 def _run_job(spark: Any, description: str, plan: TaskPlan, inputs: list[TaskInput]) -> list[TaskResult]:
@@ -281,7 +250,7 @@ class _Registry:
     def __init__(self, epoch: Epoch) -> None:
         self.epoch = epoch
         self.states: dict[str, StateTablePlan] = {}
-        self.tables: dict[str, OutputTable] = {}
+        self.tables = {DEAD_LETTER: OutputTable(DEAD_LETTER, epoch.layout.dead_letter, DEAD_LETTER_SCHEMA)}  # by any stage
         self.owner: dict[str, int] = {}  # table -> the node writing it
         self.futures: dict[str, Future[tuple[list[StagedFile], tuple[str, ...]]]] = {}
         self.driver_rows: list[tuple[StateSpec, str, Node]] = []  # tables the driver writes (offsets, watermark maxima)
@@ -319,7 +288,6 @@ class _Registry:
                     name=name, uri=uri, kind=TableKind.SINK, schema=sink.schema, primary_key=key,
                     base_version=sink.base_version if (key or sink.rewrite_all) else None, table_schema=sink.table_schema,
                 )  # fmt: skip
-        self.tables[DEAD_LETTER] = _dead_letter_table(layout)
         self.futures[DEAD_LETTER] = epoch.stage_files(
             name=DEAD_LETTER, uri=layout.dead_letter, kind=TableKind.DEAD_LETTER, schema=DEAD_LETTER_SCHEMA
         )

@@ -56,12 +56,8 @@ def driver_java_options(base: str | None = None) -> str:
 
 
 def application_conf() -> dict[str, str]:
-    """Settings read once, when a driver JVM starts: every way barrierflow starts one passes them.
-
-    JVMs and their Python workers talk over Unix domain sockets (Spark 4.1+) in ``$TMPDIR``: over loopback TCP, a task's first
-    Arrow batch waited ~40 ms for the kernel's delayed acknowledgement, which made a one-row Python job take 94 ms instead of 52
-    (median). Over TCP still where a socket's path there would be too long for the system (Spark names them ``.<uuid>.sock``).
-    """
+    """Settings read once, when a driver JVM starts: every way barrierflow starts one passes them. Its Python workers talk over
+    Unix sockets in ``$TMPDIR`` where their paths fit (a one-row Python job: 52 ms, 94 over TCP and its delayed ACK; median)."""
     conf = {"spark.driver.extraJavaOptions": driver_java_options()}
     sockets = tempfile.gettempdir()
     if len(os.path.join(sockets, f".{uuid.uuid4()}.sock").encode()) < _SOCKET_PATH_BYTES:
@@ -215,12 +211,10 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
 
 def _current(session: "SparkSession") -> "SparkSession":
-    """``session``, made PySpark's default and active one: PySpark's helpers (``functions``' debugging switch) query the active
-    session, which would otherwise stay the first one this process opened, even after its engine is gone."""
+    """``session`` as PySpark's default and active one (``functions`` query it; else the first opened stays, its engine gone)."""
     from pyspark.sql.connect.session import SparkSession as RemoteSession
 
-    RemoteSession._default_session = session  # type: ignore[assignment]
-    RemoteSession._active_session.session = session
+    RemoteSession._default_session = RemoteSession._active_session.session = session  # type: ignore[assignment]
     return session
 
 
@@ -275,11 +269,8 @@ def _classic_session(master: str | None) -> "SparkSession":
 
 
 def remove_socket_file() -> None:
-    """Delete the Unix socket file of this process's classic session (its accumulator server's), for a process that ends
-    without stopping Spark (the CLI leaves with ``os._exit``): PySpark deletes it only when the session stops."""
-    session = _sessions.get("classic")
-    server = getattr(session._sc, "_accumulatorServer", None) if session is not None else None
-    path = getattr(server, "server_address", None)
+    """Delete the classic session's accumulator socket, which only stopping Spark does (the CLI leaves with ``os._exit``)."""
+    path = getattr(getattr(getattr(_sessions.get("classic"), "_sc", None), "_accumulatorServer", None), "server_address", None)
     if isinstance(path, str) and os.path.exists(path):
         os.remove(path)
 

@@ -3,10 +3,8 @@
 An executor forks its Python workers from one daemon process (``spark.python.daemon.module``:
 :func:`barrierflow.execution.spark.worker_conf` on a ``local[...]`` master). Without this one, each worker's first task imported
 those libraries (~0.5 s), and the full ``gc.collect()`` after every task walked their ~80,000 objects (~40 ms a task); frozen
-(``gc.freeze()``), they are skipped. barrierflow's own modules are not preloaded: a worker imports them from its task's path.
-PySpark's full collection after each task still took 20-40 ms of the task's slot (measured in a forked worker with only
-~21,000 objects unfrozen); a young one (generations 0 and 1) takes none, and Python's own thresholds still run the full
-collections.
+(``gc.freeze()``), they are skipped; the full collection after each task still took 20-40 ms, a young one takes none (Python's
+thresholds still run full ones). barrierflow's own modules are not preloaded: a worker imports them from its task's path.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ def preload() -> None:
             pass  # the worker imports it with its task, as without this daemon
     gc.collect()
     gc.freeze()
-    # After each task, pyspark.daemon collects: a young collection there (its module attribute stands in for the gc module).
     pyspark.daemon.gc = types.SimpleNamespace(collect=functools.partial(gc.collect, 1))  # type: ignore[assignment]
 
 
