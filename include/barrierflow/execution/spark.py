@@ -40,11 +40,8 @@ DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC -XX:TieredStopAtLevel=1 -XX:ReservedCo
 
 
 def session_conf() -> dict[str, str]:
-    """SQL settings, set per session: a shared Connect engine gets them from each client.
-
-    Spark runs only jobs of Python tasks over Arrow (``mapInArrow`` over a range or a few strings, with their partition counts
-    given): no Spark file I/O, timestamps, cache, pandas conversion or default-sized shuffle.
-    """
+    """SQL settings, set per session: a shared Connect engine gets them from each client. Spark runs only jobs of Python tasks
+    over Arrow (``mapInArrow`` over a range or a few strings, partitions given): no Spark file I/O, cache or default shuffle."""
     return {"spark.sql.adaptive.enabled": os.environ.get("BARRIERFLOW_SPARK_AQE", "false")}
 
 
@@ -69,10 +66,8 @@ def application_conf() -> dict[str, str]:
 
 
 def worker_conf(master: str | None) -> dict[str, str]:
-    """Settings for the Python workers of ``master``: forked from :mod:`.worker_daemon` where they run here (``local[...]``).
-
-    Not elsewhere: those workers may not have barrierflow installed (they import the package shipped with the task).
-    """
+    """Settings for the Python workers of ``master``: forked from :mod:`.worker_daemon` where they run here (``local[...]``), not
+    elsewhere: those workers may not have barrierflow installed (they import the package shipped with the task)."""
     if master is None or ships_package(master):
         return {}
     return {"spark.python.daemon.module": "barrierflow.execution.worker_daemon"}

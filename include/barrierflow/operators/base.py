@@ -11,8 +11,9 @@ from __future__ import annotations
 import enum
 import sys
 import sysconfig
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Node", "Exchange", "Task", "with_key_group", "key_fields", "key_ids", "ids_in", "held_state_table", "check_held_state_size",
     "ship_user_code", "folded_sums", "user_columns", "position_columns", "check_event_time", "check_numeric_columns",
+    "calling_user_code",
 ]  # fmt: skip
 
 _INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})  # on every worker's path
@@ -176,6 +178,17 @@ def check_event_time(what: str, schema: pa.Schema, column: str) -> None:
             f"{what}: its event-time column {column!r} must be a timestamp "
             f"(found: {found}; columns: {user_columns(schema.names)})"
         )
+
+
+@contextmanager
+def calling_user_code(label: str, where: Callable[[], str] = lambda: "", what: str = "the function") -> Iterator[None]:
+    """Around user code: API errors get ``label`` and ``where()`` (the key); any other is a UserFunctionError naming them."""
+    try:
+        yield
+    except (PipelineDefinitionError, UserFunctionError) as exc:
+        raise type(exc)(f"{label}{where()}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - the user's function failed: the epoch fails, naming it
+        raise UserFunctionError(f"{label}: {what} raised {type(exc).__name__}: {exc}{where()}") from exc
 
 
 def check_numeric_columns(what: str, aggregations: Sequence[Any], schema: pa.Schema) -> None:

@@ -29,7 +29,7 @@ from barrierflow.core.arrow import in_arrival_order
 from barrierflow.core.columns import DELETED, EPOCH, SEQ, UPDATED_AT
 from barrierflow.core.errors import PipelineDefinitionError, UserFunctionError
 from barrierflow.core.settings import MAX_BROADCAST_RECORDS
-from barrierflow.operators.base import Exchange, Node, Task, check_held_state_size, held_state_table
+from barrierflow.operators.base import Exchange, Node, Task, calling_user_code, check_held_state_size, held_state_table
 from barrierflow.operators.process import KeyedProcess, python_rows, python_values, rows_table
 from barrierflow.state.spec import StateSpec
 
@@ -119,13 +119,9 @@ class KeyedBroadcastProcess(KeyedProcess):
         states = {name: BroadcastState(dict(stored)) for name, stored in before.items()}
         bctx = BroadcastContext(states, task.epoch, task.processing_time_ms, task.watermark_prev_us)
         emitted: list[dict[str, Any]] = []
-        try:
+        with calling_user_code(label, what="process_broadcast_element"):
             for record in python_rows(in_arrival_order(broadcast)):
                 fn.process_broadcast_element(record, bctx, emitted.append)
-        except (PipelineDefinitionError, UserFunctionError) as exc:
-            raise type(exc)(f"{label}: {exc}") from exc
-        except Exception as exc:  # noqa: BLE001 - the user's function failed: the epoch fails, naming it
-            raise UserFunctionError(f"{label}: process_broadcast_element raised {type(exc).__name__}: {exc}") from exc
         # 4. Every task stages the same changes; the first task's are written.
         for name, spec in specs.items():
             check_held_state_size(self.operator_id, name, len(after := states[name].snapshot()))

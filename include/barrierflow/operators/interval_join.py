@@ -37,6 +37,7 @@ from barrierflow.operators.join_buffer import (
     SIDES,
     TwoSidedJoin,
     at_most,
+    due_rows,
     event_time_us,
     greater_than,
     ints,
@@ -141,10 +142,8 @@ class IntervalJoin(TwoSidedJoin):
 
     def _due(self, index: int, rows: pa.Table, watermark_us: int | None) -> np.ndarray:
         """(4.) Rows whose cleanup time is at or below ``watermark_us`` (a stored row without an event time never is)."""
-        if watermark_us is None:
-            return np.zeros(rows.num_rows, dtype=bool)
-        ts, valid = event_time_us(rows["event_time_us"])
-        return valid & at_most(ts, watermark_us - self.bounds.cleanup_shift(SIDES[index]))
+        shift = self.bounds.cleanup_shift(SIDES[index])
+        return due_rows(rows["event_time_us"], None if watermark_us is None else watermark_us - shift)
 
     def _pairs(self, candidates: Sequence[pa.Table], news: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """(3.) The rows of the left and right candidates that pair, by left row then right row. Each side's candidates are its

@@ -51,7 +51,7 @@ from barrierflow.state.spec import StateSpec
 __all__ = [
     "SIDES", "BUFFER_COLUMNS", "INT64_MIN", "INT64_MAX", "TwoSidedJoin", "SideRecords", "output_columns", "record_json",
     "record_values", "side_records", "side_candidates", "stage_buffer", "matches", "ranks", "event_time_us",
-    "greater_than", "at_most", "aligned_windows", "ints", "bools",
+    "greater_than", "at_most", "due_rows", "aligned_windows", "ints", "bools",
 ]  # fmt: skip
 
 SIDES = ("left", "right")
@@ -376,6 +376,14 @@ def greater_than(values: np.ndarray, bound: int) -> np.ndarray:
 
 def at_most(values: np.ndarray, bound: int) -> np.ndarray:
     return ~greater_than(values, bound)
+
+
+def due_rows(times: pa.ChunkedArray, through: int | None) -> np.ndarray:
+    """Rows whose ``times`` (event times, window starts) are at or before ``through``; none without it (no watermark)."""
+    if through is None:
+        return np.zeros(len(times), dtype=bool)
+    values, valid = event_time_us(times)
+    return valid & at_most(values, through)
 
 
 def aligned_windows(

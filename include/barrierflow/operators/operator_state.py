@@ -41,8 +41,8 @@ from barrierflow.api.keyed_state import ListState
 from barrierflow.api.state import UNION, ListStateDescriptor
 from barrierflow.core.arrow import in_arrival_order
 from barrierflow.core.columns import DELETED, EPOCH, SEQ, UPDATED_AT
-from barrierflow.core.errors import CheckpointError, PipelineDefinitionError, UserFunctionError
-from barrierflow.operators.base import Exchange, Node, Task, check_held_state_size, held_state_table
+from barrierflow.core.errors import CheckpointError, PipelineDefinitionError
+from barrierflow.operators.base import Exchange, Node, Task, calling_user_code, check_held_state_size, held_state_table
 from barrierflow.operators.process import python_rows, python_values, rows_table
 from barrierflow.state.spec import StateSpec
 
@@ -212,7 +212,8 @@ class OperatorProcess(Node):
         # 2. Record k of the epoch, in arrival order, to subtask k % parallelism; each subtask's in arrival order.
         rows = python_rows(in_arrival_order(records))
         emitted: list[dict[str, Any]] = []
-        try:
+        subtask = 0
+        with calling_user_code(label, lambda: f" (subtask {subtask})"):
             for subtask in range(parallelism):
                 if not (mine := rows[subtask::parallelism]):
                     continue
@@ -223,10 +224,6 @@ class OperatorProcess(Node):
                 for name, handle in handles.items():
                     if handle.dirty:
                         lists[name][subtask] = handle.get()
-        except (PipelineDefinitionError, UserFunctionError) as exc:
-            raise type(exc)(f"{label} (subtask {subtask}): {exc}") from exc
-        except Exception as exc:  # noqa: BLE001 - the user's function failed: the epoch fails, naming it
-            raise UserFunctionError(f"{label}: the function raised {type(exc).__name__}: {exc} (subtask {subtask})") from exc
         # 4. The rows taking each table to the lists, staged every epoch, even empty: an epoch's cut names only what it committed.
         for name, spec in specs.items():
             check_held_state_size(self.operator_id, name, sum(len(values) for values in lists[name]))  # 7.

@@ -37,7 +37,7 @@ from barrierflow.operators.base import Task, key_ids
 from barrierflow.operators.join_buffer import (
     TwoSidedJoin,
     aligned_windows,
-    at_most,
+    due_rows,
     event_time_us,
     matches,
     side_candidates,
@@ -95,10 +95,10 @@ class WindowJoin(TwoSidedJoin):
         advanced = wn is not None and (wp is None or wn > wp)
         fire_through = None if wn is None else wn - size  # a window fires when its start is at or before this
         candidates = [
-            side_candidates(task, spec, per_window, advanced, lambda rows: _fires(rows, fire_through))
+            side_candidates(task, spec, per_window, advanced, lambda rows: due_rows(rows["window_start"], fire_through))
             for (per_window, _), spec in zip(fresh, specs)
         ]
-        fires = [_fires(c, fire_through) for c in candidates]
+        fires = [due_rows(c["window_start"], fire_through) for c in candidates]  # (4.)
         pairs = self._pairs(candidates, fires)
         lefts = pa.array(pairs[0], pa.int64())
         starts = candidates[0]["window_start"].cast(pa.int64()).take(lefts)
@@ -118,11 +118,3 @@ class WindowJoin(TwoSidedJoin):
             starts = c["window_start"].cast(pa.int64()).take(pa.array(at))
             tables.append(pa.table({"_id": side_ids[at], "_start": starts, name: at}))
         return matches(*tables)
-
-
-def _fires(rows: pa.Table, fire_through: int | None) -> np.ndarray:
-    """(4.) Rows whose window ends at or before W(n) (its start at or before W(n) - size); none without a watermark."""
-    if fire_through is None:
-        return np.zeros(rows.num_rows, dtype=bool)
-    starts, valid = event_time_us(rows["window_start"])
-    return valid & at_most(starts, fire_through)
