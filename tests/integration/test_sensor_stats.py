@@ -78,7 +78,7 @@ def test_parallelism_changes_between_epochs(
         _coordinator(spark, landing, varied, parallelism=7).run(epochs=1)
         monkeypatch.delenv(settings.WORKER_STATE_CACHE_MB.env)
         # Epoch 3's input (two files of ~15 KB) gets more key-group ranges than its parallelism.
-        monkeypatch.setattr("barrierflow.execution.runner.INPUT_BYTES_PER_PARTITION", 5_000)
+        monkeypatch.setattr("barrierflow.core.settings.INPUT_BYTES_PER_PARTITION", 5_000)
         _coordinator(spark, landing, varied, parallelism=3).run(epochs=1)
         _coordinator(spark, landing, varied, parallelism=2).run(epochs=1)
     assert len(re.findall(r"epoch \d: \d+ stages in", caplog.text)) == 4, caplog.text

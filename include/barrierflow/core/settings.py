@@ -58,7 +58,7 @@ DEFAULT_LEASE_WAIT_S = 600.0
 # An epoch reading at most this many bytes of input, whose state tables hold at most SINGLE_TASK_STATE_ROWS
 # rows, runs its whole pipeline in one task; a larger one in parallel tasks, split at the key exchanges.
 SINGLE_TASK_INPUT_BYTES = Setting(
-    "BARRIERFLOW_SINGLE_TASK_INPUT_BYTES", 16 * 2**20, "input bytes up to which an epoch runs its whole pipeline in one task"
+    "BARRIERFLOW_SINGLE_TASK_INPUT_BYTES", 2 * 2**20, "input bytes up to which an epoch runs its whole pipeline in one task"
 )
 SINGLE_TASK_STATE_ROWS = Setting(
     "BARRIERFLOW_SINGLE_TASK_STATE_ROWS", 2_000_000, "state rows up to which an epoch may run its whole pipeline in one task"

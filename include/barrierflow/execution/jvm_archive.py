@@ -25,7 +25,7 @@ __all__ = ["archive_path", "java_options", "dump"]
 SWITCH_ENV = "BARRIERFLOW_JVM_ARCHIVE"
 DIR_ENV = "BARRIERFLOW_JVM_ARCHIVE_DIR"
 
-# Run in a child process: a local session runs the jobs epochs run (Python tasks over Arrow: the runner's over a range, the file
+# Run in a child process: a local session runs the jobs epochs run (Python tasks: the runner's over an RDD or Arrow, the file
 # counter's over a few strings) and exits, the driver JVM writing the archive. It prints the JVM's pid for the parent to await.
 _DUMP = r"""
 import sys
@@ -38,6 +38,7 @@ def task(batches):
         yield pa.RecordBatch.from_pydict({"result": [str(i) for i in batch.column(0).to_pylist()]})
 spark.range(2, numPartitions=2).mapInArrow(task, "result string").collect()
 spark.createDataFrame([("a",), ("b",)], "uri string").repartition(2).mapInArrow(lambda b: b, "uri string").collect()
+spark.sparkContext.parallelize(range(2), 2).mapPartitions(lambda indices: (str(i) for i in indices)).collect()
 print("driver JVM pid", spark.sparkContext._jvm.ProcessHandle.current().pid(), flush=True)
 spark.stop()
 """

@@ -31,19 +31,12 @@ import pyarrow as pa
 
 from barrierflow.connectors.delta_sink import SinkNode, abort, plan_sink_table
 from barrierflow.connectors.source import Split, planned_bytes
-from barrierflow.core import errors, faults
+from barrierflow.core import errors, faults, settings
 from barrierflow.core.columns import SEQ
 from barrierflow.core.dead_letters import DEAD_LETTER_SCHEMA
 from barrierflow.core.errors import BarrierflowError
-from barrierflow.core.settings import (
-    INPUT_BYTES_PER_PARTITION,
-    MIN_SPLIT_BYTES,
-    SINGLE_TASK_INPUT_BYTES,
-    SINGLE_TASK_STATE_ROWS,
-    SPLIT_BYTES,
-)
 from barrierflow.execution.exchange import key_group_ranges
-from barrierflow.execution.spark import describe_jobs
+from barrierflow.execution.spark import describe_jobs, spark_context
 from barrierflow.execution.task import DEAD_LETTER, OutputTable, TaskInput, TaskPlan, TaskResult, task_function
 from barrierflow.operators.base import Node, ship_user_code
 from barrierflow.operators.operator_state import source_offsets_table
@@ -103,7 +96,7 @@ class Epoch(Protocol):
 
 def epoch_parallelism(parallelism: int, input_bytes: int) -> int:
     """The key-group range tasks of a parallel epoch: the pipeline's parallelism, more for big input."""
-    return max(parallelism, -(-input_bytes // INPUT_BYTES_PER_PARTITION))
+    return max(parallelism, -(-input_bytes // settings.INPUT_BYTES_PER_PARTITION))
 
 
 def run_epoch(epoch: Epoch) -> int:
@@ -115,13 +108,13 @@ def run_epoch(epoch: Epoch) -> int:
     ends = {i: barrier.end_offsets.get(s.source_id) or {} for i, s in sources.items()}
     input_bytes = sum(planned_bytes({"_": end}) if end else 0 for end in ends.values())
     parallelism = epoch_parallelism(pipe.parallelism, input_bytes)
-    split_bytes = max(MIN_SPLIT_BYTES, min(SPLIT_BYTES, -(-input_bytes // parallelism)))
+    split_bytes = max(settings.MIN_SPLIT_BYTES, min(settings.SPLIT_BYTES, -(-input_bytes // parallelism)))
 
     def split(size: int | None) -> dict[int, list[Split]]:
         """Each source's part of the barrier as splits of about ``size`` bytes (None: one)."""
         return {p: s.splits(ends[p], k, size) for k, (p, s) in enumerate(sources.items())}
 
-    single = input_bytes <= SINGLE_TASK_INPUT_BYTES.value()  # 2.
+    single = input_bytes <= settings.SINGLE_TASK_INPUT_BYTES.value()  # 2.
     splits = split(None if single else split_bytes)
     plan = physical_plan(pipe, {i: s.record_schema(ends[i]).append(pa.field(SEQ, pa.int64())) for i, s in sources.items()})
     exchange_dir = join_uri(epoch.layout.dead_letter, epoch.staging_prefix, "_exchange")
@@ -144,7 +137,7 @@ def run_epoch(epoch: Epoch) -> int:
         assert epoch.state_tables is not None  # made by the restore point
         registry.register(plan, epoch.state_tables)  # 4.
         stored_rows = sum(epoch.state_tables.stored_rows(p.uri) or 0 for p in registry.states.values())
-        if single and stored_rows > SINGLE_TASK_STATE_ROWS.value():
+        if single and stored_rows > settings.SINGLE_TASK_STATE_ROWS.value():
             single = False
             splits = split(split_bytes)
         clock = _watermark_clock(pipe, prior, epoch.layout)
@@ -232,16 +225,20 @@ def _reads_nothing_committed(pipe: Pipeline, plan: PhysicalPlan) -> bool:
 
 
 def _run_job(spark: Any, description: str, plan: TaskPlan, inputs: list[TaskInput]) -> list[TaskResult]:
-    """One Spark job running a task per input; their results, in task order."""
+    """One Spark job running a task per input; their results, in task order. On a classic session the tasks are an RDD's
+    partitions (a DataFrame job cost Spark's driver 45-80 ms of planning, an RDD's 20); Spark Connect has DataFrames only."""
     describe_jobs(spark, description)
-    started = time.monotonic()
-    job = spark.range(len(inputs), numPartitions=len(inputs)).mapInArrow(task_function(plan, inputs), "result string")
-    try:
-        rows = job.collect()  # collect(), not first(): a task whose output is not read to the end loses its Python worker
+    started, count, sc = time.monotonic(), len(inputs), spark_context(spark)
+    run = task_function(plan, inputs, arrow=sc is None)
+    try:  # collect(), not first(): a task whose output is not read to the end loses its Python worker
+        if sc is not None:
+            results = sc.parallelize(range(count), count).mapPartitions(run).collect()
+        else:
+            results = [r["result"] for r in spark.range(count, numPartitions=count).mapInArrow(run, "result string").collect()]
     except Exception as exc:
         raise task_error(exc) or exc from exc
-    _log.info("%s: %d task(s) in %.0f ms", description, len(inputs), (time.monotonic() - started) * 1000)
-    return [TaskResult.from_json(row["result"]) for row in rows]
+    _log.info("%s: %d task(s) in %.0f ms", description, count, (time.monotonic() - started) * 1000)
+    return [TaskResult.from_json(result) for result in results]
 
 
 class _Registry:

@@ -84,9 +84,14 @@ def engine_address(remote: str | None = None) -> str | None:
     return remote or os.environ.get(REMOTE_ENV) or os.environ.get("SPARK_REMOTE") or None
 
 
+def spark_context(spark: Any) -> Any:
+    """A classic session's SparkContext; None for a Spark Connect session (it has none)."""
+    return getattr(spark, "sparkContext", None) if not type(spark).__module__.startswith("pyspark.sql.connect") else None
+
+
 def describe_jobs(spark: Any, text: str) -> None:
     """Name the Spark jobs the calling thread starts from now on in Spark's UI and event log (classic sessions only)."""
-    sc = getattr(spark, "sparkContext", None) if not type(spark).__module__.startswith("pyspark.sql.connect") else None
+    sc = spark_context(spark)
     if sc is not None:
         sc.setJobDescription(text)
 

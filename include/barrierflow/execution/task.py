@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -269,13 +269,13 @@ def run_task(plan: TaskPlan, task: TaskInput) -> TaskResult:
     return TaskResult(files, removes, exchange, rows_in, runtime.clock.observations, runtime.counts)
 
 
-def task_function(plan: TaskPlan, inputs: Sequence[TaskInput]) -> Any:
-    """The ``mapInArrow`` function of a stage: each partition holds task indices; yields one JSON ``result`` string per task."""
+def task_function(plan: TaskPlan, inputs: Sequence[TaskInput], arrow: bool = False) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """A stage's tasks as a Spark partition function: task indices in, one JSON result per task out (``arrow``: both as batches
+    of ``mapInArrow``, for Spark Connect, which has no RDDs)."""
 
-    def run(batches: Any) -> Any:
-        for batch in batches:
-            for index in batch.column(0).to_pylist():
-                result = run_task(plan, inputs[index])
-                yield pa.RecordBatch.from_pydict({"result": [result.to_json()]})
+    def run(parts: Iterable[Any]) -> Iterator[Any]:
+        for index in (i for batch in parts for i in batch[0].to_pylist()) if arrow else parts:
+            result = run_task(plan, inputs[index]).to_json()
+            yield pa.record_batch([[result]], ["result"]) if arrow else result
 
     return run

@@ -17,7 +17,6 @@ record of their keys):
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Mapping, Sequence
@@ -130,11 +129,11 @@ class KeyedProcess(Node):
             stored[d.name] = values = [None] * count
             for i, value in zip(ids_in(keys, live, key), python_values(live.column("value"))):
                 values[i] = value
-        stored_timers: defaultdict[int, set[tuple[TimeDomain, int]]] = defaultdict(set)  # by key (-1: keys not run)
+        stored_timers: dict[int, set[tuple[TimeDomain, int]]] = {}  # by key (-1: keys not run)
         if every_timer is not None:
             stamps = pc.cast(every_timer.column(TIMER_TIMESTAMP), pa.int64()).to_pylist()
             for i, domain, ts in zip(ids_in(keys, every_timer, key), every_timer.column(TIMER_DOMAIN).to_pylist(), stamps):
-                stored_timers[i].add((_DOMAINS[domain], ts))
+                stored_timers.setdefault(i, set()).add((_DOMAINS[domain], ts))
         # 3. Each key's records in arrival order: their input and row, as one run per key.
         sides_of, rows_of, starts = _processing_order(keyed, part_ids[: len(keyed)], count)
         records = [python_rows(rows) for rows in keyed]
@@ -146,12 +145,12 @@ class KeyedProcess(Node):
         with calling_user_code(label, lambda: f" (key {current!r})"):  # 5. errors name the operator and the key
             for i, current in enumerate(zip(*(python_values(keys.column(k)) for k in key))):
                 handles = {d.name: state_for(d, stored[d.name][i]) for d in descriptors}
-                before = stored_timers[i]
+                before = stored_timers.get(i, set())
                 service = TimerService(task.watermark_prev_us, task.processing_time_ms, set(before), enabled=timers is not None)
                 ctx = KeyedContext(current, task.epoch, task.processing_time_ms, handles, service, broadcast)
                 for j in range(starts[i], starts[i + 1]):  # timers 1.: records, at W(n-1)
                     elements[sides_of[j]](records[sides_of[j]][rows_of[j]], ctx, emitted.append)
-                if timers is not None:  # timers 2.-3.: due timers, at W(n)
+                if service.timers:  # timers 2.-3.: due timers, at W(n)
                     service.watermark_us = watermark_us
                     while (timer := next_due(service.timers, watermark_us, task.processing_time_ms)) is not None:
                         service.timers.discard(timer)

@@ -26,6 +26,7 @@ from barrierflow.state.spec import StateSpec
 __all__ = ["TIMER_STATE", "TIMER_DOMAIN", "TIMER_TIMESTAMP", "timer_spec", "due_timer_mask", "next_due"]
 
 TIMER_STATE, TIMER_DOMAIN, TIMER_TIMESTAMP = "timers", "timer_domain", "timer_timestamp"  # (4.) its name, its key columns
+_EVENT, _PROCESSING = TimeDomain.EVENT_TIME, TimeDomain.PROCESSING_TIME
 
 
 def timer_spec(operator_id: str, key_fields: tuple[pa.Field, ...]) -> StateSpec:
@@ -54,6 +55,5 @@ def next_due(
     timers: set[tuple[TimeDomain, int]], watermark_us: int | None, processing_time_ms: int
 ) -> tuple[TimeDomain, int] | None:
     """The next timer to fire (2., 3.): the earliest due event-time one, else processing-time one (asked per firing)."""
-    limits = {TimeDomain.EVENT_TIME: watermark_us, TimeDomain.PROCESSING_TIME: processing_time_ms * 1000}
-    due = [(d, ts) for d, ts in timers if (limit := limits[d]) is not None and ts <= limit]
-    return min(due, key=lambda timer: (timer[0] is TimeDomain.PROCESSING_TIME, timer[1]), default=None)
+    limits = {_EVENT: float("-inf") if watermark_us is None else watermark_us, _PROCESSING: processing_time_ms * 1000}
+    return min(((d, ts) for d, ts in timers if ts <= limits[d]), key=lambda t: (t[0] is _PROCESSING, t[1]), default=None)
