@@ -226,7 +226,7 @@ def _reads_nothing_committed(pipe: Pipeline, plan: PhysicalPlan) -> bool:
 
 def _run_job(spark: Any, description: str, plan: TaskPlan, inputs: list[TaskInput]) -> list[TaskResult]:
     """One Spark job running a task per input; their results, in task order. On a classic session the tasks are an RDD's
-    partitions (a DataFrame job cost Spark's driver 45-80 ms of planning, an RDD's 20); Spark Connect has DataFrames only."""
+    partitions (a two-task DataFrame job cost the driver JVM 46-80 ms of CPU, an RDD's 20-33); Spark Connect has no RDDs."""
     describe_jobs(spark, description)
     started, count, sc = time.monotonic(), len(inputs), spark_context(spark)
     run = task_function(plan, inputs, arrow=sc is None)
