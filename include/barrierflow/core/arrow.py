@@ -69,10 +69,10 @@ def _matched(rows: pa.Table, keys: pa.Table, key_columns: Sequence[str]) -> np.n
     left = null_safe_keys(rows, key_columns, all_flags=True)
     right = null_safe_keys(keys, key_columns, all_flags=True)
     names = left.column_names
-    right = right.select(names).group_by(names, use_threads=False).aggregate([])
-    # Joined on the keys and a row number, then taken: Arrow's join carries no nested columns.
+    # Joined on the keys and a row number, then taken: Arrow's join carries no nested columns. A semi join emits a row once
+    # however many keys match it, so ``keys`` need not be distinct.
     numbered = left.append_column("_row", row_numbers(rows.num_rows))
-    hit = numbered.join(right, keys=names, join_type="left semi", use_threads=False)["_row"]
+    hit = numbered.join(right.select(names), keys=names, join_type="left semi", use_threads=False)["_row"]
     found[hit.to_numpy()] = True
     return found
 
