@@ -41,7 +41,7 @@ DRIVER_JAVA_OPTIONS = "-XX:+UseParallelGC -XX:TieredStopAtLevel=1 -XX:ReservedCo
 
 def session_conf() -> dict[str, str]:
     """SQL settings, set per session: a shared Connect engine gets them from each client. Spark runs only jobs of Python tasks
-    over Arrow (``mapInArrow`` over a range or a few strings, partitions given): no Spark file I/O, cache or default shuffle."""
+    (an RDD's partitions, or ``mapInArrow`` over a range or a few strings): no Spark file I/O, cache or default shuffle."""
     return {"spark.sql.adaptive.enabled": os.environ.get("BARRIERFLOW_SPARK_AQE", "false")}
 
 
