@@ -41,9 +41,8 @@ from barrierflow.state.spec import StateSpec
 __all__ = ["KeyedProcessFunction", "KeyedProcess", "python_values", "python_rows", "rows_table"]
 
 _UTC_EPOCH = datetime(1970, 1, 1, tzinfo=ZoneInfo("UTC"))
-
-
 _DOMAINS = {d.value: d for d in TimeDomain}  # a stored timer's domain: a dict lookup per timer, not an Enum call
+
 
 @dataclass
 class KeyedProcess(Node):
