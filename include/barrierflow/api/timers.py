@@ -54,7 +54,8 @@ class TimerService:
 
     watermark_us: int | None
     processing_time_ms: int
-    timers: set[tuple[TimeDomain, int]] = field(default_factory=set)
+    event_timers: set[int] = field(default_factory=set)
+    processing_timers: set[int] = field(default_factory=set)
     enabled: bool = True
 
     def current_watermark(self) -> datetime | None:
@@ -64,23 +65,21 @@ class TimerService:
         return from_micros(self.processing_time_ms * 1000)
 
     def register_event_time_timer(self, timestamp: datetime | int) -> None:
-        self._change(TimeDomain.EVENT_TIME, timestamp, add=True)
+        self._of(TimeDomain.EVENT_TIME, "register").add(to_micros(timestamp, "register_event_time_timer"))
 
     def register_processing_time_timer(self, timestamp: datetime | int) -> None:
-        self._change(TimeDomain.PROCESSING_TIME, timestamp, add=True)
+        self._of(TimeDomain.PROCESSING_TIME, "register").add(to_micros(timestamp, "register_processing_time_timer"))
 
     def delete_event_time_timer(self, timestamp: datetime | int) -> None:
-        self._change(TimeDomain.EVENT_TIME, timestamp, add=False)
+        self._of(TimeDomain.EVENT_TIME, "delete").discard(to_micros(timestamp, "delete_event_time_timer"))
 
     def delete_processing_time_timer(self, timestamp: datetime | int) -> None:
-        self._change(TimeDomain.PROCESSING_TIME, timestamp, add=False)
+        self._of(TimeDomain.PROCESSING_TIME, "delete").discard(to_micros(timestamp, "delete_processing_time_timer"))
 
-    def _change(self, domain: TimeDomain, timestamp: datetime | int, *, add: bool) -> None:
-        verb = "register" if add else "delete"
+    def _of(self, domain: TimeDomain, verb: str) -> set[int]:
         if not self.enabled:
             raise PipelineDefinitionError(
                 f"{verb}_{domain.value}_timer: this process function does not implement on_timer, so its "
                 "timers could never fire; implement on_timer(self, timestamp, ctx, out) to use timers"
             )
-        timer = (domain, to_micros(timestamp, f"{verb}_{domain.value}_timer"))
-        (self.timers.add if add else self.timers.discard)(timer)
+        return self.event_timers if domain is TimeDomain.EVENT_TIME else self.processing_timers

@@ -1,10 +1,9 @@
-"""PySpark's Python worker daemon, with the libraries barrierflow's tasks use imported and frozen before it forks.
+"""PySpark's Python worker daemon, with barrierflow's task runner and the libraries it uses imported and frozen before it forks.
 
-An executor forks its Python workers from one daemon process (``spark.python.daemon.module``:
-:func:`barrierflow.execution.spark.worker_conf` on a ``local[...]`` master). Without this one, each worker's first task imported
-those libraries (~0.5 s), and the full ``gc.collect()`` after every task walked their ~80,000 objects (~40 ms a task); frozen
-(``gc.freeze()``), they are skipped; the full collection after each task still took 20-40 ms, a young one takes none (Python's
-thresholds still run full ones). barrierflow's own modules are not preloaded: a worker imports them from its task's path.
+An executor forks its Python workers from one daemon (``spark.python.daemon.module``, set by :func:`.spark.worker_conf` on a
+``local[...]`` master, where the driver's barrierflow is installed). Without it, each worker imported them (~0.6 s), and the full
+``gc.collect()`` PySpark runs after each task walked their ~80,000 objects (~40 ms); frozen (``gc.freeze()``) they are skipped,
+and a young collection replaces the full one. A pipeline's own modules are imported from its task's path.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ import pyspark.daemon
 
 __all__ = ["PRELOADED", "preload"]
 
-# What barrierflow's Python tasks import from other packages.
-PRELOADED = ("pyspark.worker", "pyarrow", "pyarrow.compute", "pyarrow.json", "pyarrow.parquet", "numpy", "pandas", "deltalake")
+# PySpark's worker and barrierflow's task runner, which imports what tasks use of pyarrow, numpy, pandas and deltalake.
+PRELOADED = ("pyspark.worker", "barrierflow.execution.task")
 
 
 def preload() -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import AbstractSet, Any, ClassVar, Mapping, Sequence
 from zoneinfo import ZoneInfo
 
 import numpy as np
@@ -34,14 +34,14 @@ from barrierflow.core.arrow import row_numbers
 from barrierflow.core.columns import DELETED, KEY_GROUP, is_engine_column, position_columns, user_columns
 from barrierflow.core.errors import PipelineDefinitionError, UserFunctionError
 from barrierflow.operators.base import Node, Task, calling_user_code, ids_in, key_fields, key_ids, with_key_group
-from barrierflow.operators.timers import TIMER_DOMAIN, TIMER_STATE, TIMER_TIMESTAMP, due_timer_mask, next_due, timer_spec
+from barrierflow.operators.timers import TIMER_DOMAIN, TIMER_STATE, TIMER_TIMESTAMP, due_timer_mask, pop_due, timer_spec
 from barrierflow.state.spec import StateSpec
 
 # KeyedProcessFunction and KeyedContext stay importable from here (plan/pipeline.py).
 __all__ = ["KeyedProcessFunction", "KeyedProcess", "python_values", "python_rows", "rows_table"]
 
 _UTC_EPOCH = datetime(1970, 1, 1, tzinfo=ZoneInfo("UTC"))
-_DOMAINS = {d.value: d for d in TimeDomain}  # a stored timer's domain: a dict lookup per timer, not an Enum call
+_DOMAINS = (TimeDomain.EVENT_TIME.value, TimeDomain.PROCESSING_TIME.value)  # a stored timer's domain, as the service's sets
 
 
 @dataclass
@@ -128,31 +128,32 @@ class KeyedProcess(Node):
             stored[d.name] = values = [None] * count
             for i, value in zip(ids_in(keys, live, key), python_values(live.column("value"))):
                 values[i] = value
-        stored_timers: dict[int, set[tuple[TimeDomain, int]]] = {}  # by key (-1: keys not run)
+        stored_timers: dict[int, tuple[set[int], set[int]]] = {}  # by key (-1: keys not run): event-, processing-time stamps
         if every_timer is not None:
             stamps = pc.cast(every_timer.column(TIMER_TIMESTAMP), pa.int64()).to_pylist()
             for i, domain, ts in zip(ids_in(keys, every_timer, key), every_timer.column(TIMER_DOMAIN).to_pylist(), stamps):
-                stored_timers.setdefault(i, set()).add((_DOMAINS[domain], ts))
+                stored_timers.setdefault(i, (set(), set()))[_DOMAINS.index(domain)].add(ts)
         # 3. Each key's records in arrival order: their input and row, as one run per key.
         sides_of, rows_of, starts = _processing_order(keyed, part_ids[: len(keyed)], count)
         records = [python_rows(rows) for rows in keyed]
         elements = [getattr(fn, name) for name in self.element_methods]
+        makers = [(d.name, type(state_for(d, None)), d, stored[d.name]) for d in descriptors]  # each handle class, looked up once
         emitted: list[dict[str, Any]] = []
         changed: dict[str, tuple[list[int], list[Any]]] = {d.name: ([], []) for d in descriptors}
         timer_changes: list[tuple[int, str, int, bool]] = []
         current: tuple[Any, ...] = ()
         with calling_user_code(label, lambda: f" (key {current!r})"):  # 5. errors name the operator and the key
             for i, current in enumerate(zip(*(python_values(keys.column(k)) for k in key))):
-                handles = {d.name: state_for(d, stored[d.name][i]) for d in descriptors}
-                before = stored_timers.get(i, set())
-                service = TimerService(task.watermark_prev_us, task.processing_time_ms, set(before), enabled=timers is not None)
+                handles = {name: make(d, values[i]) for name, make, d, values in makers}
+                before: tuple[AbstractSet[int], AbstractSet[int]] = stored_timers.get(i) or (frozenset(), frozenset())
+                clocks = (task.watermark_prev_us, task.processing_time_ms)
+                service = TimerService(*clocks, set(before[0]), set(before[1]), enabled=timers is not None)
                 ctx = KeyedContext(current, task.epoch, task.processing_time_ms, handles, service, broadcast)
                 for j in range(starts[i], starts[i + 1]):  # timers 1.: records, at W(n-1)
                     elements[sides_of[j]](records[sides_of[j]][rows_of[j]], ctx, emitted.append)
-                if service.timers:  # timers 2.-3.: due timers, at W(n)
+                if service.event_timers or service.processing_timers:  # timers 2.-3.: due timers, at W(n)
                     service.watermark_us = watermark_us
-                    while (timer := next_due(service.timers, watermark_us, task.processing_time_ms)) is not None:
-                        service.timers.discard(timer)
+                    while (timer := pop_due(service, watermark_us, task.processing_time_ms)) is not None:
                         ctx.time_domain = timer[0]
                         fn.on_timer(from_micros(timer[1]), ctx, emitted.append)
                 # 4. Changed handles; timers 4.: the key's timers registered and removed.
@@ -160,10 +161,9 @@ class KeyedProcess(Node):
                     if handle.dirty:
                         changed[name][0].append(i)
                         changed[name][1].append(handle.stored)
-                timer_changes += sorted(
-                    [(i, d.value, ts, False) for d, ts in service.timers - before]
-                    + [(i, d.value, ts, True) for d, ts in before - service.timers]
-                )
+                for domain, was, now in zip(_DOMAINS, before, (service.event_timers, service.processing_timers)):
+                    if was != now:  # registered: (.., False), removed: (.., True)
+                        timer_changes += sorted((i, domain, t, t in was) for t in now ^ was)
         # 4. Staged: every state's changed keys, the timers' changes; the output.
         for d, spec in zip(descriptors, states):
             ids, values = changed[d.name]

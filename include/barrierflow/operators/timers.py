@@ -19,11 +19,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from barrierflow.api.timers import TimeDomain
+from barrierflow.api.timers import TimeDomain, TimerService
 from barrierflow.core.errors import PipelineDefinitionError
 from barrierflow.state.spec import StateSpec
 
-__all__ = ["TIMER_STATE", "TIMER_DOMAIN", "TIMER_TIMESTAMP", "timer_spec", "due_timer_mask", "next_due"]
+__all__ = ["TIMER_STATE", "TIMER_DOMAIN", "TIMER_TIMESTAMP", "timer_spec", "due_timer_mask", "pop_due"]
 
 TIMER_STATE, TIMER_DOMAIN, TIMER_TIMESTAMP = "timers", "timer_domain", "timer_timestamp"  # (4.) its name, its key columns
 _EVENT, _PROCESSING = TimeDomain.EVENT_TIME, TimeDomain.PROCESSING_TIME
@@ -51,9 +51,12 @@ def due_timer_mask(timers: pa.Table, watermark_us: int | None, processing_time_m
     return pc.fill_null(due, False)
 
 
-def next_due(
-    timers: set[tuple[TimeDomain, int]], watermark_us: int | None, processing_time_ms: int
-) -> tuple[TimeDomain, int] | None:
-    """The next timer to fire (2., 3.): the earliest due event-time one, else processing-time one (asked per firing)."""
-    limits = {_EVENT: float("-inf") if watermark_us is None else watermark_us, _PROCESSING: processing_time_ms * 1000}
-    return min(((d, ts) for d, ts in timers if ts <= limits[d]), key=lambda t: (t[0] is _PROCESSING, t[1]), default=None)
+def pop_due(service: TimerService, watermark_us: int | None, processing_time_ms: int) -> tuple[TimeDomain, int] | None:
+    """The next timer to fire (2., 3.), taken from the key's: the earliest event-time one at or below W(n), else processing-time
+    one at or below P(n) (asked per firing: a firing may register or delete timers)."""
+    clocks = ((_EVENT, service.event_timers, watermark_us), (_PROCESSING, service.processing_timers, processing_time_ms * 1000))
+    for domain, stamps, limit in clocks:
+        if stamps and limit is not None and (first := min(stamps)) <= limit:
+            stamps.discard(first)
+            return domain, first
+    return None
