@@ -1,19 +1,22 @@
 """PySpark's Python worker daemon, with barrierflow's task runner and the libraries it uses imported and frozen before it forks.
 
-An executor forks its Python workers from one daemon (``spark.python.daemon.module``, set by :func:`.spark.worker_conf` on a
-``local[...]`` master, where the driver's barrierflow is installed). Without it, each worker imported them (~0.6 s), and the full
-``gc.collect()`` PySpark runs after each task walked their ~80,000 objects (~40 ms); frozen (``gc.freeze()``) they are skipped,
-and a young collection replaces the full one. A pipeline's own modules are imported from its task's path.
-"""
+An executor forks its Python workers from one daemon (``spark.python.daemon.module``: :func:`.spark.worker_conf`, on a ``local``
+master, where the driver's barrierflow is installed). Without it each worker imported them (~0.6 s), and PySpark's full
+``gc.collect()`` after each task walked their ~80,000 objects (~40 ms); frozen (``gc.freeze()``), they are skipped, and a young
+collection replaces the full one. A pipeline's own modules are imported from its task's path."""
 
 from __future__ import annotations
 
 import functools
 import gc
 import importlib
+import sys
 import types
 
-import pyspark.daemon
+# PySpark puts its pyspark.zip first on a worker's path: sources only, compiled anew by every daemon (~0.6 s). Where it ships in
+# pip's PySpark (one release), the installed package, with its cached bytecode, goes first.
+sys.path.sort(key=lambda entry: entry.endswith("/pyspark/python/lib/pyspark.zip"))
+import pyspark.daemon  # noqa: E402 - after the path above
 
 __all__ = ["PRELOADED", "preload"]
 
@@ -22,12 +25,9 @@ PRELOADED = ("pyspark.worker", "barrierflow.execution.task")
 
 
 def preload() -> None:
-    """Import :data:`PRELOADED` (each that can be), then move every object made so far out of the collector's way."""
+    """Import :data:`PRELOADED`, then move every object made so far out of the collector's way."""
     for name in PRELOADED:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass  # the worker imports it with its task, as without this daemon
+        importlib.import_module(name)
     gc.collect()
     gc.freeze()
     pyspark.daemon.gc = types.SimpleNamespace(collect=functools.partial(gc.collect, 1))  # type: ignore[assignment]
