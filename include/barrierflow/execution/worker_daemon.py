@@ -13,9 +13,9 @@ import importlib
 import sys
 import types
 
-# PySpark puts its pyspark.zip first on a worker's path: sources only, compiled anew by every daemon (~0.6 s). Where it ships in
-# pip's PySpark (one release), the installed package, with its cached bytecode, goes first.
-sys.path.sort(key=lambda entry: entry.endswith("/pyspark/python/lib/pyspark.zip"))
+# PySpark puts its zips (pyspark, py4j) first on a worker's path: sources only, compiled anew by every daemon (~0.6 s). Where they
+# ship in pip's PySpark (one release, py4j pinned), the installed packages, with their cached bytecode, go first.
+sys.path.sort(key=lambda entry: "/pyspark/python/lib/" in entry and entry.endswith(".zip"))
 import pyspark.daemon  # noqa: E402 - after the path above
 
 __all__ = ["PRELOADED", "preload"]
