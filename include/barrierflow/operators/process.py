@@ -139,34 +139,33 @@ class KeyedProcess(Node):
         elements = [getattr(fn, name) for name in self.element_methods]
         makers = [(d.name, type(state_for(d, None)), d, stored[d.name]) for d in descriptors]  # each handle class, looked up once
         emitted: list[dict[str, Any]] = []
-        changed: dict[str, tuple[list[int], list[Any]]] = {d.name: ([], []) for d in descriptors}
+        emit, clocks, enabled = emitted.append, (task.watermark_prev_us, task.processing_time_ms), timers is not None
+        changed: list[tuple[list[int], list[Any]]] = [([], []) for _ in descriptors]  # per state: the keys changed, their values
         timer_changes: list[tuple[int, str, int, bool]] = []
         current: tuple[Any, ...] = ()
         with calling_user_code(label, lambda: f" (key {current!r})"):  # 5. errors name the operator and the key
             for i, current in enumerate(zip(*(python_values(keys.column(k)) for k in key))):
                 handles = {name: make(d, values[i]) for name, make, d, values in makers}
                 before: tuple[AbstractSet[int], AbstractSet[int]] = stored_timers.get(i) or (frozenset(), frozenset())
-                clocks = (task.watermark_prev_us, task.processing_time_ms)
-                service = TimerService(*clocks, set(before[0]), set(before[1]), enabled=timers is not None)
-                ctx = KeyedContext(current, task.epoch, task.processing_time_ms, handles, service, broadcast)
+                service = TimerService(*clocks, set(before[0]), set(before[1]), enabled=enabled)
+                ctx = KeyedContext(current, task.epoch, clocks[1], handles, service, broadcast)
                 for j in range(starts[i], starts[i + 1]):  # timers 1.: records, at W(n-1)
-                    elements[sides_of[j]](records[sides_of[j]][rows_of[j]], ctx, emitted.append)
+                    elements[sides_of[j]](records[sides_of[j]][rows_of[j]], ctx, emit)
                 if service.event_timers or service.processing_timers:  # timers 2.-3.: due timers, at W(n)
                     service.watermark_us = watermark_us
-                    while (timer := pop_due(service, watermark_us, task.processing_time_ms)) is not None:
+                    while (timer := pop_due(service, watermark_us, clocks[1])) is not None:
                         ctx.time_domain = timer[0]
-                        fn.on_timer(from_micros(timer[1]), ctx, emitted.append)
+                        fn.on_timer(from_micros(timer[1]), ctx, emit)
                 # 4. Changed handles; timers 4.: the key's timers registered and removed.
-                for name, handle in handles.items():
+                for (ids, values), handle in zip(changed, handles.values()):
                     if handle.dirty:
-                        changed[name][0].append(i)
-                        changed[name][1].append(handle.stored)
+                        ids.append(i)
+                        values.append(handle.stored)
                 for domain, was, now in zip(_DOMAINS, before, (service.event_timers, service.processing_timers)):
                     if was != now:  # registered: (.., False), removed: (.., True)
                         timer_changes += sorted((i, domain, t, t in was) for t in now ^ was)
         # 4. Staged: every state's changed keys, the timers' changes; the output.
-        for d, spec in zip(descriptors, states):
-            ids, values = changed[d.name]
+        for d, spec, (ids, values) in zip(descriptors, states, changed):
             try:
                 value = pa.array(values, d.value_type)
             except Exception as exc:  # noqa: BLE001 - the values came from the user's function
