@@ -36,10 +36,9 @@ a pair only in barrierflow must hold a record Spark dropped as late. Each kind
 is counted; anything else is ``[MISMATCH]``.
 
 Default scale: 8 files x 5,000 orders per source (76,950 events with seed 7, 4
-epochs / batches). Most of a barrierflow epoch's cost at this scale does
-not depend on its size (about 8 s for a steady epoch of 20,000 events on 2
-cores, four fifths of it also for 400: see ``bench/README.md`` for the
-figures measured and where an epoch's time goes).
+epochs / batches; a steady barrierflow epoch of ~20,000 events took 1.3-1.6 s
+on 2 cores in December 2026, its first epoch ~2 s: see ``bench/README.md`` for
+every run and where an epoch's time goes).
 
 CLI: ``python bench/orders_payments_bench.py [--files N] [--orders-per-file M] [--work-dir D]
 [--files-per-batch 2] [--runs R] [--no-check]``; the last line is
