@@ -13,7 +13,7 @@ from barrierflow.api.state import (
     ValueStateDescriptor,
 )
 
-__all__ = ["State", "ValueState", "ListState", "MapState", "ReducingState", "AggregatingState", "state_for"]
+__all__ = ["State", "ValueState", "ListState", "MapState", "ReducingState", "AggregatingState", "HANDLES", "state_for"]
 
 
 class State:
@@ -108,7 +108,7 @@ class AggregatingState(State):
         self.dirty = True
 
 
-_HANDLES: dict[type, type[State]] = {
+HANDLES: dict[type, type[State]] = {  # the handle class of each descriptor class
     ValueStateDescriptor: ValueState,
     ListStateDescriptor: ListState,
     MapStateDescriptor: MapState,
@@ -118,4 +118,4 @@ _HANDLES: dict[type, type[State]] = {
 
 
 def state_for(descriptor: StateDescriptor, stored: Any) -> State:
-    return _HANDLES[type(descriptor)](descriptor, stored)
+    return HANDLES[type(descriptor)](descriptor, stored)

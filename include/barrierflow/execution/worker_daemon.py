@@ -15,7 +15,8 @@ import types
 
 # PySpark puts its zips (pyspark, py4j) first on a worker's path: sources only, compiled anew by every daemon (~0.6 s). Where they
 # ship in pip's PySpark (one release, py4j pinned), the installed packages, with their cached bytecode, go first.
-sys.path.sort(key=lambda entry: "/pyspark/python/lib/" in entry and entry.endswith(".zip"))
+if __name__ == "__main__":  # the daemon's process; an import elsewhere leaves the path alone
+    sys.path.sort(key=lambda entry: "/pyspark/python/lib/" in entry and entry.endswith(".zip"))
 import pyspark.daemon  # noqa: E402 - after the path above
 
 __all__ = ["PRELOADED", "preload"]

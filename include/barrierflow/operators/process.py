@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from barrierflow.api.functions import KeyedContext, KeyedFunction, KeyedProcessFunction
-from barrierflow.api.keyed_state import state_for
+from barrierflow.api.keyed_state import HANDLES
 from barrierflow.api.state import EVEN_SPLIT, ListStateDescriptor
 from barrierflow.api.timers import TimeDomain, TimerService, from_micros
 from barrierflow.core.arrow import row_numbers
@@ -137,7 +137,7 @@ class KeyedProcess(Node):
         sides_of, rows_of, starts = _processing_order(keyed, part_ids[: len(keyed)], count)
         records = [python_rows(rows) for rows in keyed]
         elements = [getattr(fn, name) for name in self.element_methods]
-        makers = [(d.name, type(state_for(d, None)), d, stored[d.name]) for d in descriptors]  # each handle class, looked up once
+        makers = [(d.name, HANDLES[type(d)], d, stored[d.name]) for d in descriptors]  # each handle class, looked up once
         emitted: list[dict[str, Any]] = []
         emit, clocks, enabled = emitted.append, (task.watermark_prev_us, task.processing_time_ms), timers is not None
         changed: list[tuple[list[int], list[Any]]] = [([], []) for _ in descriptors]  # per state: the keys changed, their values
@@ -153,7 +153,7 @@ class KeyedProcess(Node):
                     elements[sides_of[j]](records[sides_of[j]][rows_of[j]], ctx, emit)
                 if service.event_timers or service.processing_timers:  # timers 2.-3.: due timers, at W(n)
                     service.watermark_us = watermark_us
-                    while (timer := pop_due(service, watermark_us, clocks[1])) is not None:
+                    while (timer := pop_due(service)) is not None:
                         ctx.time_domain = timer[0]
                         fn.on_timer(from_micros(timer[1]), ctx, emit)
                 # 4. Changed handles; timers 4.: the key's timers registered and removed.

@@ -51,10 +51,10 @@ def due_timer_mask(timers: pa.Table, watermark_us: int | None, processing_time_m
     return pc.fill_null(due, False)
 
 
-def pop_due(service: TimerService, watermark_us: int | None, processing_time_ms: int) -> tuple[TimeDomain, int] | None:
-    """The next timer to fire (2., 3.), taken from the key's: the earliest event-time one at or below W(n), else processing-time
-    one at or below P(n) (asked per firing: a firing may register or delete timers)."""
-    clocks = ((_EVENT, service.event_timers, watermark_us), (_PROCESSING, service.processing_timers, processing_time_ms * 1000))
+def pop_due(service: TimerService) -> tuple[TimeDomain, int] | None:
+    """Take the key's next due timer (2., 3.), per firing: earliest event time <= its watermark (W(n)), else processing <= P(n)"""
+    now_us = service.processing_time_ms * 1000
+    clocks = ((_EVENT, service.event_timers, service.watermark_us), (_PROCESSING, service.processing_timers, now_us))
     for domain, stamps, limit in clocks:
         if stamps and limit is not None and (first := min(stamps)) <= limit:
             stamps.discard(first)
