@@ -7,8 +7,8 @@ For epoch n of pipeline P (every step idempotent and safe to retry):
   2. barrier: fix every source's end offsets for epoch n, written put-if-absent before any processing; a retry reuses them.
   3. process: the Spark job reads exactly the records between barriers n-1 and n, stages outputs and state (each source's
      offsets state gets barrier n's end offsets), and votes: the first manifest written put-if-absent wins.
-  4. commit: one Delta commit per table carrying the app transaction (P + lineage, n) and the fencing token (lineage
-     sequence, n), skipped where done, refused where a table holds a higher token; then the log records n COMPLETED
+  4. commit: one Delta commit per table, side by side, carrying the app transaction (P + lineage, n) and the fencing token
+     (lineage sequence, n), skipped where done, refused where a table holds a higher token; then the log records n COMPLETED
      with every table's Delta version (the consistent cut).
   5. notify: remove staged files of attempts that lost the vote; compact the checkpoint log once it has many files.
 
@@ -398,7 +398,10 @@ class CheckpointCoordinator:
         app = self.app_id(manifest.lineage_id)
         # A restore landing after the check above is caught by every table: it raised their tokens.
         fence = Fence(self.definition.name, seq, manifest.epoch)
-        versions = {t.name: commit_epoch_table(t, app, manifest.epoch, manifest.attempt_id, fence) for t in manifest.tables}
+        # Each table is fenced and idempotent on its own: they commit side by side (delta-rs releases the GIL).
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="barrierflow-commit") as pool:
+            done_at = pool.map(lambda t: commit_epoch_table(t, app, manifest.epoch, manifest.attempt_id, fence), manifest.tables)
+            versions = {t.name: version for t, version in zip(manifest.tables, done_at)}
         faults.maybe_fail("commit.before_completed")
         commit_ms = int((time.monotonic() - started) * 1000)
         duration_ms = (

@@ -10,8 +10,8 @@ by any release of barrierflow, and any reader computing it with Spark, agrees on
 - decimal of precision 18 or less: the unscaled value as a long;
 - string, binary: the bytes (a string's UTF-8).
 
-Fixed-width types hash vectorized (NumPy's wrapping uint64 arithmetic is XXH64's); strings and binaries by the ``xxhash`` library,
-once per distinct value. Other types are refused when the pipeline is planned.
+Every type hashes vectorized (NumPy's wrapping uint64 arithmetic is XXH64's), strings and binaries per length (one of 32 bytes or
+more by the ``xxhash`` library). Other types are refused when the pipeline is planned.
 """
 
 from __future__ import annotations
@@ -67,21 +67,21 @@ def xxhash64(column: "pa.Array | pa.ChunkedArray", seeds: np.ndarray) -> np.ndar
     if type_ in _BYTES_TYPES:
         hashed = _hash_bytes(column, seeds)
     elif type_ in _INT_TYPES:
-        hashed = _hash_int(_filled(column.cast(pa.int32()), np.int32), seeds)
+        hashed = _hash_fixed(_filled(column.cast(pa.int32()), np.int32), seeds)
     elif pa.types.is_integer(type_):
-        hashed = _hash_long(_filled(column.cast(pa.int64()), np.int64), seeds)
+        hashed = _hash_fixed(_filled(column.cast(pa.int64()), np.int64), seeds)
     elif pa.types.is_timestamp(type_):
         micros = column.cast(pa.timestamp("us", tz=type_.tz)).cast(pa.int64())
-        hashed = _hash_long(_filled(micros, np.int64), seeds)
+        hashed = _hash_fixed(_filled(micros, np.int64), seeds)
     elif pa.types.is_float32(type_) or pa.types.is_float64(type_):
         wide = pa.types.is_float64(type_)
         values = _filled(column, np.float64 if wide else np.float32)
         values = np.where(values == 0, values.dtype.type(0.0), values)  # -0.0 hashes as 0.0
         bits = np.where(np.isnan(values), 0x7FF8000000000000 if wide else 0x7FC00000, values.view(np.int64 if wide else np.int32))
-        hashed = (_hash_long if wide else _hash_int)(bits, seeds)
+        hashed = _hash_fixed(bits.astype(np.int64 if wide else np.int32), seeds)
     elif pa.types.is_decimal(type_) and type_.precision <= 18:
         unscaled = [0 if v is None else int(v.scaleb(type_.scale)) for v in column.to_pylist()]
-        hashed = _hash_long(np.array(unscaled, dtype=np.int64), seeds)
+        hashed = _hash_fixed(np.array(unscaled, dtype=np.int64), seeds)
     else:
         raise TypeError(
             f"a key column of type {type_} has no key group; key columns may be booleans, integers, floats, strings, "
@@ -100,44 +100,43 @@ def _rotl(x: np.ndarray, r: int) -> np.ndarray:
     return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
 
 
-def _fmix(h: np.ndarray) -> np.ndarray:
-    h = h ^ (h >> np.uint64(33))
-    h = h * _P2
-    h = h ^ (h >> np.uint64(29))
-    h = h * _P3
-    return h ^ (h >> np.uint64(32))
-
-
-def _hash_int(values: np.ndarray, seeds: np.ndarray) -> np.ndarray:
-    """XXH64 of 4-byte inputs (Spark's ``hashInt``)."""
+def _xxh64(data: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    """XXH64 of each row of ``data`` (uint8, rows of one length under 32 bytes), each with its seed: 8-, 4-, 1-byte steps."""
+    size = data.shape[1]
     with np.errstate(over="ignore"):
-        h = seeds + _P5 + np.uint64(4)
-        h = h ^ (values.astype(np.int64).astype(np.uint64) & np.uint64(0xFFFFFFFF)) * _P1
-        h = _rotl(h, 23) * _P2 + _P3
-        return _fmix(h)
+        h = seeds + _P5 + np.uint64(size)
+        for at in range(0, size - 7, 8):
+            h ^= _rotl(np.ascontiguousarray(data[:, at : at + 8]).view("<u8").ravel() * _P2, 31) * _P1
+            h = _rotl(h, 27) * _P1 + _P4
+        for at in range(size // 8 * 8, size - 3, 4):  # at most once
+            h ^= np.ascontiguousarray(data[:, at : at + 4]).view("<u4").ravel().astype(np.uint64) * _P1
+            h = _rotl(h, 23) * _P2 + _P3
+        for at in range(size // 4 * 4, size):
+            h ^= data[:, at].astype(np.uint64) * _P5
+            h = _rotl(h, 11) * _P1
+        h = (h ^ (h >> np.uint64(33))) * _P2
+        h = (h ^ (h >> np.uint64(29))) * _P3
+        return h ^ (h >> np.uint64(32))
 
 
-def _hash_long(values: np.ndarray, seeds: np.ndarray) -> np.ndarray:
-    """XXH64 of 8-byte inputs (Spark's ``hashLong``)."""
-    with np.errstate(over="ignore"):
-        h = seeds + _P5 + np.uint64(8)
-        k = _rotl(values.astype(np.int64).view(np.uint64) * _P2, 31) * _P1
-        h = h ^ k
-        h = _rotl(h, 27) * _P1 + _P4
-        return _fmix(h)
+def _hash_fixed(values: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    """XXH64 of 4- or 8-byte values, their little-endian bytes (Spark's ``hashInt`` / ``hashLong``)."""
+    return _xxh64(values.astype(values.dtype.newbyteorder("<")).view(np.uint8).reshape(len(values), values.dtype.itemsize), seeds)
 
 
 def _hash_bytes(column: pa.Array, seeds: np.ndarray) -> np.ndarray:
-    """XXH64 of each value's bytes: once per distinct (value, seed)."""
-    if len(seeds) and (seeds == seeds[0]).all():  # one seed (a first key column): hash the distinct values, then take
-        encoded = pc.dictionary_encode(column)
-        seed = int(seeds[0])
-        distinct = [xxhash.xxh64_intdigest(v.encode() if isinstance(v, str) else v, seed) for v in encoded.dictionary.to_pylist()]
-        indices = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
-        return np.array(distinct, dtype=np.uint64)[indices] if distinct else np.full(len(column), seed, dtype=np.uint64)
-    values, seed_list = column.to_pylist(), seeds.tolist()
-    memo: dict[tuple[Any, int], int] = {}
-    for value, seed in zip(values, seed_list):
-        if value is not None and (value, seed) not in memo:
-            memo[value, seed] = xxhash.xxh64_intdigest(value.encode() if isinstance(value, str) else value, seed)
-    return np.array([seed if value is None else memo[value, seed] for value, seed in zip(values, seed_list)], dtype=np.uint64)
+    """XXH64 of each value's bytes: vectorised per length under 32 bytes, else by the ``xxhash`` library (a null's: discarded)."""
+    _, offsets_buffer, data_buffer = column.buffers()
+    wide = column.type in (pa.large_string(), pa.large_binary())
+    offsets = np.frombuffer(offsets_buffer, np.int64 if wide else np.int32)[column.offset : column.offset + len(column) + 1]
+    data = np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    starts, lengths = offsets[:-1].astype(np.int64), np.diff(offsets)
+    hashed = np.empty(len(column), np.uint64)
+    order = np.argsort(lengths, kind="stable")
+    sizes, firsts = np.unique(lengths[order], return_index=True)
+    for size, rows in zip(sizes.tolist(), np.split(order, firsts[1:])):
+        if size < 32:
+            hashed[rows] = _xxh64(data[starts[rows, None] + np.arange(size)], seeds[rows])
+        else:
+            hashed[rows] = [xxhash.xxh64_intdigest(data[starts[r] : starts[r] + size].tobytes(), int(seeds[r])) for r in rows]
+    return hashed

@@ -10,7 +10,7 @@ Spark places the tasks on executors, retries a lost one, and runs each in a Pyth
 3. Wait for the restore point (epoch n-1 completed): the state it reads. Once 4. is done, barrier n+1 may follow.
 4. Register every table the epoch stages, in pipeline order, before any task writes (an error then aborts their staging
    directories): each state table as of epoch n-1, each sink and side output after its schema checks
-   (:func:`~barrierflow.connectors.delta_sink.plan_sink_table`), the dead letters, each source's offsets.
+   (:func:`~barrierflow.connectors.delta_sink.plan_sink_table`), then the dead letters; every table's log read side by side.
 5. Run the tasks: one Spark job per stage; each stage's watermark observations advance the epoch's clock for the next stage.
 6. Complete the registrations with the tasks' files; stage on the driver the few rows it holds (each source's offsets, the largest
    event time of each tracked watermark assigner).
@@ -23,7 +23,7 @@ import logging
 import re
 import time
 from collections import Counter
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any, Mapping, Protocol
 
@@ -253,32 +253,33 @@ class _Registry:
         self.driver_rows: list[tuple[StateSpec, str, Node]] = []  # tables the driver writes (offsets, watermark maxima)
 
     def register(self, plan: PhysicalPlan, state_tables: EpochStateTables) -> None:
-        """Every table of the epoch, in pipeline order; a registration failing (a sink's schema refused) fails the others."""
+        """Every table of the epoch, in pipeline order, what each holds read first and side by side (delta-rs reads a Delta log
+        without the GIL); a registration failing (a sink's schema refused) fails the others."""
         epoch, pipe, layout = self.epoch, self.epoch.pipeline, self.epoch.layout
-        offsets = []
+        on_driver = [isinstance(n, (SourceNode, WatermarkAssigner)) for n in pipe.nodes]  # their rows are staged here (6.)
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="barrierflow-register") as pool:
+            # Broadcast state is read whole by every task, other state per key group.
+            planned = {s.table_name: pool.submit(state_tables.plan, s, layout.state_table(s.operator_id, s.name),
+                                                 whole=s.name in getattr(pipe.nodes[p], "broadcast_state_names", ()))
+                       for p in range(len(pipe.nodes)) if not on_driver[p] for s in plan.state_specs[p]}  # fmt: skip
+            sinks = {name: pool.submit(plan_sink_table, name, layout.sink_table(name), rows, _sink_key(pipe.nodes[owner]))
+                     for name, (owner, rows) in plan.side_outputs.items()}  # fmt: skip
         for position, node in enumerate(pipe.nodes):
             for spec in plan.state_specs[position]:
                 uri = layout.state_table(spec.operator_id, spec.name)
-                if isinstance(node, SourceNode):
-                    offsets.append((spec, uri, node))
-                elif isinstance(node, WatermarkAssigner):
-                    self._driver_table(spec, uri, node)
+                state, removes, version = (None, (), None) if on_driver[position] else planned[spec.table_name].result()
+                if state is None:
+                    self.driver_rows.append((spec, uri, node))
                 else:
-                    # Broadcast state is read whole by every task, other state per key group.
-                    whole = spec.name in getattr(node, "broadcast_state_names", ())
-                    state, removes, version = state_tables.plan(spec, uri, whole=whole)
-                    self.states[spec.table_name] = state
-                    self.owner[spec.table_name] = position
-                    self.futures[spec.table_name] = epoch.stage_files(
-                        name=spec.table_name, uri=uri, kind=TableKind.STATE, schema=spec.arrow_schema(),
-                        primary_key=tuple(spec.key_columns), base_version=version, removes=removes,
-                    )  # fmt: skip
+                    self.states[spec.table_name], self.owner[spec.table_name] = state, position
+                self.futures[spec.table_name] = epoch.stage_files(
+                    name=spec.table_name, uri=uri, kind=TableKind.STATE, schema=spec.arrow_schema(),
+                    primary_key=tuple(spec.key_columns), base_version=version, removes=removes,
+                )  # fmt: skip
             for name, (owner, rows) in plan.side_outputs.items():
                 if owner != position:
                     continue
-                key = node.sink.key if isinstance(node, SinkNode) and node.sink is not None else ()
-                uri = layout.sink_table(name)
-                sink = plan_sink_table(name, uri, rows, key)
+                key, uri, sink = _sink_key(node), layout.sink_table(name), sinks[name].result()
                 self.tables[name] = OutputTable(name, uri, sink.schema, sink.stored, sink.rewrite_all)
                 self.owner[name] = position
                 self.futures[name] = epoch.stage_files(
@@ -287,14 +288,6 @@ class _Registry:
                 )  # fmt: skip
         self.futures[DEAD_LETTER] = epoch.stage_files(
             name=DEAD_LETTER, uri=layout.dead_letter, kind=TableKind.DEAD_LETTER, schema=DEAD_LETTER_SCHEMA
-        )
-        for spec, uri, node in offsets:  # each source's offsets last: staged on the driver once the tasks ran
-            self._driver_table(spec, uri, node)
-
-    def _driver_table(self, spec: StateSpec, uri: str, node: Node) -> None:
-        self.driver_rows.append((spec, uri, node))
-        self.futures[spec.table_name] = self.epoch.stage_files(
-            name=spec.table_name, uri=uri, kind=TableKind.STATE, schema=spec.arrow_schema(), primary_key=tuple(spec.key_columns)
         )
 
     def complete(self, results: list[TaskResult]) -> None:
@@ -312,26 +305,25 @@ class _Registry:
     def stage_driver_rows(self, clock: WatermarkClock) -> None:
         """Step 6: each source's offsets and each tracked assigner's largest event time, written here."""
         epoch, barrier = self.epoch, self.epoch.barrier
-        for spec, uri, node in self.driver_rows:
-            future = self.futures[spec.table_name]
-            try:
-                stored = read_small_table(uri, spec)
-                if isinstance(node, WatermarkAssigner):
-                    # A row only when the assigner's largest event time grew this epoch.
-                    previous = stored.column("max_event_time_us")[0].as_py() if stored.num_rows else None
-                    seen = clock.maxima.get(node.operator_id)
-                    rows = spec.arrow_schema().empty_table()
-                    if seen is not None and seen != previous:
-                        rows = max_event_time_row(spec, node.operator_id, seen, epoch.processing_time_ms, epoch.epoch)
-                else:
-                    rows = source_offsets_table(
-                        stored, node.operator_id, barrier.start_offsets.get(node.operator_id), barrier.end_offsets[node.operator_id],
-                        epoch.pipeline.parallelism, epoch.epoch, epoch.processing_time_ms,
-                    )  # fmt: skip
-                future.set_result((write_parquet(uri, epoch.staging_prefix, rows), ()))
-            except BaseException as exc:
-                future.set_exception(exc)
-                raise
+
+        def stage(spec: StateSpec, uri: str, node: Node) -> None:  # an error fails every registration left (run_epoch)
+            stored = read_small_table(uri, spec)
+            if isinstance(node, WatermarkAssigner):
+                # A row only when the assigner's largest event time grew this epoch.
+                previous = stored.column("max_event_time_us")[0].as_py() if stored.num_rows else None
+                seen = clock.maxima.get(node.operator_id)
+                rows = spec.arrow_schema().empty_table()
+                if seen is not None and seen != previous:
+                    rows = max_event_time_row(spec, node.operator_id, seen, epoch.processing_time_ms, epoch.epoch)
+            else:
+                rows = source_offsets_table(
+                    stored, node.operator_id, barrier.start_offsets.get(node.operator_id), barrier.end_offsets[node.operator_id],
+                    epoch.pipeline.parallelism, epoch.epoch, epoch.processing_time_ms,
+                )  # fmt: skip
+            self.futures[spec.table_name].set_result((write_parquet(uri, epoch.staging_prefix, rows), ()))
+
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="barrierflow-driver-rows") as pool:  # tables apart
+            list(pool.map(lambda row: stage(*row), self.driver_rows))
 
 
 def _watermark_clock(pipe: Pipeline, prior: Any, layout: PipelineLayout) -> WatermarkClock:
@@ -347,6 +339,10 @@ def _watermark_clock(pipe: Pipeline, prior: Any, layout: PipelineLayout) -> Wate
             maxima[a.operator_id] = prior.max_event_time_us if prior is not None else None
     bounds = {a.operator_id: a.out_of_orderness_us for a in assigners}
     return WatermarkClock(prior.watermark_us if prior is not None else None, maxima, bounds, any(a.tracked for a in assigners))
+
+
+def _sink_key(node: Node) -> tuple[str, ...]:
+    return node.sink.key if isinstance(node, SinkNode) and node.sink is not None else ()
 
 
 def _file_names(splits: list[Split]) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import CommitProperties
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
@@ -26,7 +27,7 @@ from barrierflow.state.files import StateFile
 from barrierflow.state.spec import StateSpec, StateTablePlan
 from barrierflow.storage.delta import add_actions, borrow_snapshot, give_back, latest_snapshot, live_paths, stored_rows
 from barrierflow.storage.layout import COMPACTED_DIR
-from barrierflow.storage.objects import join_uri
+from barrierflow.storage.objects import arrow_filesystem, join_uri
 from barrierflow.storage.staging import write_parquet
 
 __all__ = ["EpochStateTables", "state_files", "read_small_table", "live_row_chunks", "stored_batches", "compact"]
@@ -99,9 +100,10 @@ def _group_bounds(actions: pa.Table, bound: str) -> list[Any]:
 def read_small_table(uri: str, spec: StateSpec) -> pa.Table:
     """Every live row of a small state table as of its latest snapshot, on the driver (a watermark's maxima, offsets)."""
     with latest_snapshot(uri) as table:
-        if table is None:
-            return spec.arrow_schema().empty_table()
-        return latest_rows(conform(table.to_pyarrow_table(), spec.arrow_schema()), spec.key_columns)
+        files = table.file_uris() if table is not None else []
+    # File by file: a few small files, where a Delta dataset's set-up (to_pyarrow_table) took 4-5 ms a table.
+    parts = [conform(pq.read_table(path, filesystem=fs), spec.arrow_schema()) for fs, path in map(arrow_filesystem, files)]
+    return latest_rows(pa.concat_tables(parts) if parts else spec.arrow_schema().empty_table(), spec.key_columns)
 
 
 def live_row_chunks(table: Any, key_columns: list[str], *, max_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
