@@ -15,6 +15,9 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	# The package's bytecode, as a wheel install writes it (an editable one does not, nor does Python under
+	# PYTHONDONTWRITEBYTECODE): each driver and Spark Python worker daemon imports it ~0.2 s faster.
+	$(BIN)/python -m compileall -q include
 	# A class-data-sharing archive of Spark's classes, which every Spark JVM barrierflow starts maps (faster start).
 	$(BIN)/python -m barrierflow.execution.jvm_archive || echo "no JVM class archive: Spark JVMs start without one"
 	touch $(STAMP)

@@ -9,12 +9,12 @@ import pyarrow as pa
 import pytest
 
 from barrierflow.api.keyed_state import (
+    HANDLES,
     AggregatingState,
     ListState,
     MapState,
     ReducingState,
     ValueState,
-    state_for,
 )
 from barrierflow.api.state import (
     AggregatingStateDescriptor,
@@ -24,6 +24,11 @@ from barrierflow.api.state import (
     StateTtlConfig,
     ValueStateDescriptor,
 )
+
+
+def state_for(descriptor: Any, stored: Any) -> Any:
+    """The handle the runtime scopes to a key whose stored value is ``stored``."""
+    return HANDLES[type(descriptor)](descriptor, stored)
 
 
 class MeanAggregate:
@@ -131,6 +136,17 @@ def test_map_state_from_arrow_pairs() -> None:
     assert dict(handle.items()) == {"a": 1, "b": 2}
     assert not handle.dirty
     assert handle.stored == [("a", 1), ("b", 2)]
+
+
+def test_a_handle_loaded_for_the_next_key_holds_its_value_and_is_clean() -> None:
+    # The runtime keeps one handle per state and scopes it to each key in turn (as Flink's).
+    handle = state_for(MAP, [("a", 1)])
+    handle.put("b", 2)
+    assert handle.dirty
+    handle.load([("c", 3)])
+    assert not handle.dirty and handle.get("c") == 3 and handle.get("a") is None
+    handle.load(None)
+    assert not handle.dirty and handle.stored is None and list(handle.items()) == []
 
 
 def test_map_state_put_and_remove() -> None:

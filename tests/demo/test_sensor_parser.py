@@ -9,7 +9,7 @@ from typing import Any, Callable
 import pytest
 
 import barrierflow as bf
-from barrierflow.api.keyed_state import state_for
+from barrierflow.api.keyed_state import HANDLES
 from barrierflow.demo.pipelines.sensor_stats import READING_SCHEMA, RisingTemperatureAlert, parse_reading
 
 
@@ -128,7 +128,7 @@ def alert_run() -> Callable[..., tuple[list[dict[str, Any]], bf.ListState]]:
 
     def _run(temperatures: list[float], stored: list[float] | None = None) -> tuple[list[dict[str, Any]], bf.ListState]:
         fn = RisingTemperatureAlert()
-        handles = {d.name: state_for(d, stored) for d in fn.state_descriptors}
+        handles = {d.name: HANDLES[type(d)](d, stored) for d in fn.state_descriptors}
         ctx = bf.KeyedContext(("s-1",), epoch=1, processing_time_ms=0, states=handles)
         alerts: list[dict[str, Any]] = []
         for i, temperature in enumerate(temperatures):
@@ -196,7 +196,8 @@ def test_state_keeps_only_the_last_two_readings(alert_run: Callable[..., Any]) -
 
 
 def test_undeclared_state_is_a_definition_error() -> None:
-    ctx = bf.KeyedContext(("k",), 0, 0, {"last_two": state_for(RisingTemperatureAlert.last_two, None)})
+    last_two = RisingTemperatureAlert.last_two
+    ctx = bf.KeyedContext(("k",), 0, 0, {"last_two": HANDLES[type(last_two)](last_two, None)})
     with pytest.raises(bf.PipelineDefinitionError, match="'other' is not declared"):
         ctx.get_state(bf.ValueStateDescriptor("other"))
     assert ctx.get_state(bf.ListStateDescriptor("last_two")) is ctx._states["last_two"]

@@ -13,7 +13,7 @@ from barrierflow.api.state import (
     ValueStateDescriptor,
 )
 
-__all__ = ["State", "ValueState", "ListState", "MapState", "ReducingState", "AggregatingState", "HANDLES", "state_for"]
+__all__ = ["State", "ValueState", "ListState", "MapState", "ReducingState", "AggregatingState", "HANDLES"]
 
 
 class State:
@@ -21,8 +21,11 @@ class State:
 
     def __init__(self, descriptor: StateDescriptor, stored: Any) -> None:
         self.descriptor = descriptor
-        self._stored = stored
-        self.dirty = False
+        self.load(stored)
+
+    def load(self, stored: Any) -> None:
+        """Scope the handle to another key, whose stored value is ``stored`` (the runtime keeps one handle per state)."""
+        self._stored, self.dirty = stored, False
 
     def clear(self) -> None:
         self._stored = None
@@ -57,8 +60,8 @@ class ListState(State):
 
 
 class MapState(State):
-    def __init__(self, descriptor: StateDescriptor, stored: Any) -> None:
-        super().__init__(descriptor, dict(stored) if stored else None)  # Arrow maps arrive as lists of (key, value) pairs
+    def load(self, stored: Any) -> None:
+        super().load(dict(stored) if stored else None)  # Arrow maps arrive as lists of (key, value) pairs
 
     def get(self, key: Any) -> Any:
         return (self._stored or {}).get(key)
@@ -109,13 +112,6 @@ class AggregatingState(State):
 
 
 HANDLES: dict[type, type[State]] = {  # the handle class of each descriptor class
-    ValueStateDescriptor: ValueState,
-    ListStateDescriptor: ListState,
-    MapStateDescriptor: MapState,
-    ReducingStateDescriptor: ReducingState,
-    AggregatingStateDescriptor: AggregatingState,
-}
-
-
-def state_for(descriptor: StateDescriptor, stored: Any) -> State:
-    return HANDLES[type(descriptor)](descriptor, stored)
+    ValueStateDescriptor: ValueState, ListStateDescriptor: ListState, MapStateDescriptor: MapState,
+    ReducingStateDescriptor: ReducingState, AggregatingStateDescriptor: AggregatingState,
+}  # fmt: skip

@@ -439,7 +439,7 @@ class _Parser:
         if (np.diff(records[LINE].to_numpy()) < 0).any():
             records = records.sort_by(LINE)  # the records keep their lines' order
         found = record_problems(records, self.schema, self.keys)  # 5, 6
-        bad = [row for row, text in enumerate(found) if text is not None]
+        bad = [row for row, text in enumerate(found) if text is not None] if found.count(None) < len(found) else []
         if bad:
             numbers = records[LINE].to_numpy()
             self.dead += [(int(numbers[row]) - self.first_line, found[row] or "") for row in bad]

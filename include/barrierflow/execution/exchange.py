@@ -54,7 +54,7 @@ def write_exchange(directory: str, edge: Edge, sender: int, receiver: int, rows:
     fs, path = arrow_filesystem(uri)
     if is_local(uri):  # an object store has no directories
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    options = ipc.IpcWriteOptions(compression="lz4")
+    options = ipc.IpcWriteOptions(compression=None if is_local(uri) else "lz4")  # a local file: in the page cache
     with fs.open_output_stream(path) as sink, ipc.new_file(sink, rows.schema, options=options) as writer:
         writer.write_table(rows)
     return uri

@@ -121,11 +121,13 @@ class KeyedProcess(Node):
             key_parts.append(due.select([*key, KEY_GROUP]))
         keys, part_ids = key_ids(key_parts, [KEY_GROUP, *key])
         count = keys.num_rows
-        # 2. The state of those keys: each state's value per key, each key's stored timers.
-        stored: dict[str, list[Any]] = {}
+        # 2. The state of those keys: each state's value per key, each key's stored timers. One handle per state, one timer service
+        # and one context, scoped to each key in turn (as Flink's).
+        handles = {d.name: HANDLES[type(d)](d, None) for d in descriptors}
+        scoped: list[tuple[Any, list[Any]]] = []  # each handle's load, and the values it takes per key
         for d, spec in zip(descriptors, states):
             live = task.state(spec).live_rows(keys)
-            stored[d.name] = values = [None] * count
+            scoped.append((handles[d.name].load, values := [None] * count))
             for i, value in zip(ids_in(keys, live, key), python_values(live.column("value"))):
                 values[i] = value
         stored_timers: dict[int, tuple[set[int], set[int]]] = {}  # by key (-1: keys not run): event-, processing-time stamps
@@ -137,18 +139,20 @@ class KeyedProcess(Node):
         sides_of, rows_of, starts = _processing_order(keyed, part_ids[: len(keyed)], count)
         records = [python_rows(rows) for rows in keyed]
         elements = [getattr(fn, name) for name in self.element_methods]
-        makers = [(d.name, HANDLES[type(d)], d, stored[d.name]) for d in descriptors]  # each handle class, looked up once
         emitted: list[dict[str, Any]] = []
-        emit, clocks, enabled = emitted.append, (task.watermark_prev_us, task.processing_time_ms), timers is not None
+        emit, clocks = emitted.append, (task.watermark_prev_us, task.processing_time_ms)
+        service = TimerService(*clocks, enabled=timers is not None)
+        ctx = KeyedContext((), task.epoch, clocks[1], handles, service, broadcast)
         changed: list[tuple[list[int], list[Any]]] = [([], []) for _ in descriptors]  # per state: the keys changed, their values
         timer_changes: list[tuple[int, str, int, bool]] = []
         current: tuple[Any, ...] = ()
         with calling_user_code(label, lambda: f" (key {current!r})"):  # 5. errors name the operator and the key
             for i, current in enumerate(zip(*(python_values(keys.column(k)) for k in key))):
-                handles = {name: make(d, values[i]) for name, make, d, values in makers}
+                for load, values in scoped:
+                    load(values[i])
                 before: tuple[AbstractSet[int], AbstractSet[int]] = stored_timers.get(i) or (frozenset(), frozenset())
-                service = TimerService(*clocks, set(before[0]), set(before[1]), enabled=enabled)
-                ctx = KeyedContext(current, task.epoch, clocks[1], handles, service, broadcast)
+                service.watermark_us, service.event_timers, service.processing_timers = clocks[0], set(before[0]), set(before[1])
+                ctx.key, ctx.time_domain = current, None
                 for j in range(starts[i], starts[i + 1]):  # timers 1.: records, at W(n-1)
                     elements[sides_of[j]](records[sides_of[j]][rows_of[j]], ctx, emit)
                 if service.event_timers or service.processing_timers:  # timers 2.-3.: due timers, at W(n)
