@@ -14,7 +14,7 @@ from barrierflow.core.errors import PipelineDefinitionError, UserFunctionError
 
 __all__ = ["TimeDomain", "TimerService", "to_micros", "from_micros"]
 
-_UTC_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_UTC_EPOCH, _MICROSECOND = datetime(1970, 1, 1, tzinfo=timezone.utc), timedelta(microseconds=1)
 
 
 class TimeDomain(enum.Enum):
@@ -32,7 +32,7 @@ def to_micros(timestamp: datetime | int, what: str) -> int:
                 f"{what}: timestamp {timestamp.isoformat()} has no time zone; give a zone-aware datetime "
                 "(record timestamps are UTC) or int milliseconds since the epoch"
             )
-        return (timestamp - _UTC_EPOCH) // timedelta(microseconds=1)
+        return (timestamp - _UTC_EPOCH) // _MICROSECOND
     if isinstance(timestamp, int) and not isinstance(timestamp, bool):
         return timestamp * 1000
     raise UserFunctionError(

@@ -305,7 +305,6 @@ class _Registry:
     def stage_driver_rows(self, clock: WatermarkClock) -> None:
         """Step 6: each source's offsets and each tracked assigner's largest event time, written here."""
         epoch, barrier = self.epoch, self.epoch.barrier
-
         def stage(spec: StateSpec, uri: str, node: Node) -> None:  # an error fails every registration left (run_epoch)
             stored = read_small_table(uri, spec)
             if isinstance(node, WatermarkAssigner):
@@ -321,7 +320,6 @@ class _Registry:
                     epoch.pipeline.parallelism, epoch.epoch, epoch.processing_time_ms,
                 )  # fmt: skip
             self.futures[spec.table_name].set_result((write_parquet(uri, epoch.staging_prefix, rows), ()))
-
         with ThreadPoolExecutor(max_workers=8, thread_name_prefix="barrierflow-driver-rows") as pool:  # tables apart
             list(pool.map(lambda row: stage(*row), self.driver_rows))
 

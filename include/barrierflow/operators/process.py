@@ -167,7 +167,7 @@ class KeyedProcess(Node):
                         values.append(handle.stored)
                 for domain, was, now in zip(_DOMAINS, before, (service.event_timers, service.processing_timers)):
                     if was != now:  # registered: (.., False), removed: (.., True)
-                        timer_changes += sorted((i, domain, t, t in was) for t in now ^ was)
+                        timer_changes += [(i, domain, t, t in was) for t in now ^ was]
         # 4. Staged: every state's changed keys, the timers' changes; the output.
         for d, spec, (ids, values) in zip(descriptors, states, changed):
             try:
@@ -178,6 +178,7 @@ class KeyedProcess(Node):
             rows = keys.take(pa.array(ids, pa.int64())).append_column("value", value)
             task.state(spec).stage(rows.append_column(DELETED, pa.array([v is None for v in values], pa.bool_())))
         if timers is not None:
+            timer_changes.sort()  # by key, domain and time stamp
             of_key, domains, stamps, deleted = zip(*timer_changes) if timer_changes else ((), (), (), ())
             rows = keys.take(pa.array(of_key, pa.int64())).append_column(TIMER_DOMAIN, pa.array(domains, pa.string()))
             rows = rows.append_column(TIMER_TIMESTAMP, pa.array(stamps, pa.timestamp("us", tz="UTC")))
