@@ -136,8 +136,8 @@ def run_epoch(epoch: Epoch) -> int:
         prior = epoch.restore_point()  # 3.
         assert epoch.state_tables is not None  # made by the restore point
         registry.register(plan, epoch.state_tables)  # 4.
-        stored_rows = sum(epoch.state_tables.stored_rows(p.uri) or 0 for p in registry.states.values())
-        if single and stored_rows > settings.SINGLE_TASK_STATE_ROWS.value():
+        stored_rows = (epoch.state_tables.stored_rows(p.uri) or 0 for p in registry.states.values())  # summed only for one task
+        if single and sum(stored_rows) > settings.SINGLE_TASK_STATE_ROWS.value():
             single = False
             splits = split(split_bytes)
         clock = _watermark_clock(pipe, prior, epoch.layout)
