@@ -199,7 +199,7 @@ def _run_tasks(
         else:
             inputs = [
                 TaskInput(t, groups, exchanged={e.name: tuple(f for r in results for f in r.exchange.get(e.name, {}).get(t, [])) for e in incoming})
-                for t, groups in enumerate(ranges)
+                for t, groups in enumerate(ranges[:1] if set(members) <= plan.singletons else ranges)  # singletons: task 0
             ]  # fmt: skip
         held = set(members)
         task_plan = TaskPlan(
