@@ -136,11 +136,12 @@ def run_epoch(epoch: Epoch) -> int:
         prior = epoch.restore_point()  # 3.
         assert epoch.state_tables is not None  # made by the restore point
         registry.register(plan, epoch.state_tables)  # 4.
-        stored_rows = (epoch.state_tables.stored_rows(p.uri) or 0 for p in registry.states.values())  # summed only for one task
-        if single and sum(stored_rows) > settings.SINGLE_TASK_STATE_ROWS.value():
+        row_counts = (epoch.state_tables.stored_rows(p.uri) or 0 for p in registry.states.values())  # summed only for one task
+        if single and sum(row_counts) > settings.SINGLE_TASK_STATE_ROWS.value():
             single = False
             splits = split(split_bytes)
         clock = _watermark_clock(pipe, prior, epoch.layout)
+        registry.stored_maxima = dict(clock.maxima)  # as stored: step 6 writes an assigner's row only if it grew
         epoch.started_on_state()  # 3., once 4. registered every table; 5.
         results = _run_tasks(epoch, plan, registry, clock, splits, None if single else parallelism, base, results, int(early))
         faults.maybe_fail("process.after_read")
@@ -251,6 +252,7 @@ class _Registry:
         self.owner: dict[str, int] = {}  # table -> the node writing it
         self.futures: dict[str, Future[tuple[list[StagedFile], tuple[str, ...]]]] = {}
         self.driver_rows: list[tuple[StateSpec, str, Node]] = []  # tables the driver writes (offsets, watermark maxima)
+        self.stored_maxima: dict[str, int | None] = {}  # each assigner's largest event time as epoch n-1 stored it
 
     def register(self, plan: PhysicalPlan, state_tables: EpochStateTables) -> None:
         """Every table of the epoch, in pipeline order, what each holds read first and side by side (delta-rs reads a Delta log
@@ -267,10 +269,12 @@ class _Registry:
         for position, node in enumerate(pipe.nodes):
             for spec in plan.state_specs[position]:
                 uri = layout.state_table(spec.operator_id, spec.name)
-                state, removes, version = (None, (), None) if on_driver[position] else planned[spec.table_name].result()
-                if state is None:
+                removes: tuple[str, ...] = ()
+                version: int | None = None
+                if on_driver[position]:
                     self.driver_rows.append((spec, uri, node))
                 else:
+                    state, removes, version = planned[spec.table_name].result()
                     self.states[spec.table_name], self.owner[spec.table_name] = state, position
                 self.futures[spec.table_name] = epoch.stage_files(
                     name=spec.table_name, uri=uri, kind=TableKind.STATE, schema=spec.arrow_schema(),
@@ -306,19 +310,16 @@ class _Registry:
         """Step 6: each source's offsets and each tracked assigner's largest event time, written here."""
         epoch, barrier = self.epoch, self.epoch.barrier
         def stage(spec: StateSpec, uri: str, node: Node) -> None:  # an error fails every registration left (run_epoch)
-            stored = read_small_table(uri, spec)
             if isinstance(node, WatermarkAssigner):
                 # A row only when the assigner's largest event time grew this epoch.
-                previous = stored.column("max_event_time_us")[0].as_py() if stored.num_rows else None
                 seen = clock.maxima.get(node.operator_id)
                 rows = spec.arrow_schema().empty_table()
-                if seen is not None and seen != previous:
+                if seen is not None and seen != self.stored_maxima.get(node.operator_id):
                     rows = max_event_time_row(spec, node.operator_id, seen, epoch.processing_time_ms, epoch.epoch)
             else:
-                rows = source_offsets_table(
-                    stored, node.operator_id, barrier.start_offsets.get(node.operator_id), barrier.end_offsets[node.operator_id],
-                    epoch.pipeline.parallelism, epoch.epoch, epoch.processing_time_ms,
-                )  # fmt: skip
+                offsets = (barrier.start_offsets.get(node.operator_id), barrier.end_offsets[node.operator_id])
+                rows = source_offsets_table(read_small_table(uri, spec), node.operator_id, *offsets,
+                                            epoch.pipeline.parallelism, epoch.epoch, epoch.processing_time_ms)  # fmt: skip
             self.futures[spec.table_name].set_result((write_parquet(uri, epoch.staging_prefix, rows), ()))
         with ThreadPoolExecutor(max_workers=8, thread_name_prefix="barrierflow-driver-rows") as pool:  # tables apart
             list(pool.map(lambda row: stage(*row), self.driver_rows))
